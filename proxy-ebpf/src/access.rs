@@ -1,0 +1,66 @@
+//! Thin wrappers around the raw context and helpers: the only `unsafe` code.
+use aya_ebpf::{
+    helpers::generated::{bpf_get_prandom_u32, bpf_set_retval},
+    programs::SockAddrContext,
+};
+
+/// The `bpf_sock_addr` of a cgroup socket-address hook.
+pub struct SockAddr<'a> {
+    ctx: &'a SockAddrContext,
+}
+
+impl<'a> SockAddr<'a> {
+    #[inline(always)]
+    pub fn new(ctx: &'a SockAddrContext) -> Self {
+        Self { ctx }
+    }
+
+    /// IP protocol of the socket (6 TCP, 17 UDP).
+    #[inline(always)]
+    pub fn protocol(&self) -> u32 {
+        // SAFETY: the kernel hands every sock_addr program a valid context.
+        unsafe { (*self.ctx.sock_addr).protocol }
+    }
+
+    /// Destination address, network byte order.
+    #[inline(always)]
+    pub fn user_ip4(&self) -> u32 {
+        // SAFETY: as in `protocol`.
+        unsafe { (*self.ctx.sock_addr).user_ip4 }
+    }
+
+    /// Destination port, network byte order (the kernel keeps it in the low
+    /// 16 bits of a 32-bit field).
+    #[inline(always)]
+    #[expect(clippy::cast_possible_truncation, reason = "the port is the low 16 bits")]
+    pub fn user_port(&self) -> u16 {
+        // SAFETY: as in `protocol`.
+        unsafe { (*self.ctx.sock_addr).user_port as u16 }
+    }
+
+    #[inline(always)]
+    pub fn set_user_ip4(&self, addr: u32) {
+        // SAFETY: `user_ip4` is writable in connect4/sendmsg4 programs.
+        unsafe { (*self.ctx.sock_addr).user_ip4 = addr }
+    }
+
+    #[inline(always)]
+    pub fn set_user_port(&self, port: u16) {
+        // SAFETY: `user_port` is writable in connect4/sendmsg4 programs.
+        unsafe { (*self.ctx.sock_addr).user_port = u32::from(port) }
+    }
+}
+
+#[inline(always)]
+pub fn random_u32() -> u32 {
+    // SAFETY: the helper takes no arguments and cannot fail.
+    unsafe { bpf_get_prandom_u32() }
+}
+
+/// Sets the error the syscall returns when the program rejects it.
+#[inline(always)]
+pub fn set_syscall_error(errno: i32) {
+    // SAFETY: cgroup programs may call bpf_set_retval (5.18+). Its result is
+    // an error only when the value is not a valid errno, which ours are.
+    unsafe { bpf_set_retval(-errno) };
+}

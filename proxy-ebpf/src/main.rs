@@ -1,0 +1,27 @@
+//! eBPF programs of ebpf-proxy. One file per hook family; `unsafe` lives in
+//! the thin accessors of `access.rs`.
+#![no_std]
+#![no_main]
+
+mod access;
+mod maps;
+mod sock;
+
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+
+/// Translates `connect()` to a service address (TCP, and connected UDP) into
+/// a connection to one of its backends.
+#[cgroup_sock_addr(connect4)]
+pub fn connect4(ctx: SockAddrContext) -> i32 {
+    sock::connect4(&ctx)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

@@ -1,0 +1,98 @@
+//! In-memory maps for the reconciler's tests. After every single write they
+//! check what a reader in the kernel relies on, and they can fail a chosen
+//! write or refuse entries past a capacity, as a full kernel map does.
+use std::collections::BTreeMap;
+
+use proxy_common::{BackendV4, RevNatV4, ServiceKeyV4, ServiceValue};
+
+use super::maps::{Dump, MapError, MapName, ServiceMaps};
+
+#[derive(Default)]
+pub struct FakeMaps {
+    pub state: Dump,
+    /// Fail the write with this index (0-based, counting every call).
+    pub fail_at: Option<usize>,
+    /// Most entries per map (like a kernel map's max_entries).
+    pub capacity: Option<usize>,
+    pub ops: usize,
+}
+
+impl FakeMaps {
+    fn step(&mut self, map: MapName) -> Result<(), MapError> {
+        let n = self.ops;
+        self.ops += 1;
+        if self.fail_at == Some(n) {
+            return Err(MapError::Syscall { map, op: "injected", source: std::io::Error::other("injected fault") });
+        }
+        Ok(())
+    }
+
+    fn insert<K: Ord, V>(map: &mut BTreeMap<K, V>, cap: Option<usize>, name: MapName, k: K, v: V) -> Result<(), MapError> {
+        if !map.contains_key(&k) && cap.is_some_and(|c| map.len() >= c) {
+            return Err(MapError::Full { map: name });
+        }
+        map.insert(k, v);
+        Ok(())
+    }
+
+    /// Panics if a reader could find a slot 0 whose count reaches an
+    /// unwritten slot, a slot naming a missing backend, or no rev-NAT entry.
+    pub fn check_reader_view(&self) {
+        for (key, master) in self.state.services.iter().filter(|(k, _)| k.slot == 0) {
+            assert!(self.state.rev_nat.contains_key(&master.rev_nat), "rev-NAT {} of {key:?} missing", master.rev_nat);
+            for slot in 1..=master.count {
+                let slot_key = ServiceKeyV4 { slot, ..*key };
+                let entry = self.state.services.get(&slot_key).unwrap_or_else(|| panic!("{key:?}: slot {slot} of {} missing", master.count));
+                assert!(self.state.backends.contains_key(&entry.backend_id), "{key:?} slot {slot}: backend {} missing", entry.backend_id);
+            }
+        }
+    }
+}
+
+impl ServiceMaps for FakeMaps {
+    fn set_backend(&mut self, id: u32, value: &BackendV4) -> Result<(), MapError> {
+        self.step(MapName::Backends)?;
+        Self::insert(&mut self.state.backends, self.capacity, MapName::Backends, id, *value)?;
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn remove_backend(&mut self, id: u32) -> Result<(), MapError> {
+        self.step(MapName::Backends)?;
+        self.state.backends.remove(&id);
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn set_service(&mut self, key: &ServiceKeyV4, value: &ServiceValue) -> Result<(), MapError> {
+        self.step(MapName::Services)?;
+        Self::insert(&mut self.state.services, self.capacity, MapName::Services, *key, *value)?;
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn remove_service(&mut self, key: &ServiceKeyV4) -> Result<(), MapError> {
+        self.step(MapName::Services)?;
+        self.state.services.remove(key);
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn set_rev_nat(&mut self, id: u16, value: &RevNatV4) -> Result<(), MapError> {
+        self.step(MapName::RevNat)?;
+        Self::insert(&mut self.state.rev_nat, self.capacity, MapName::RevNat, id, *value)?;
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn remove_rev_nat(&mut self, id: u16) -> Result<(), MapError> {
+        self.step(MapName::RevNat)?;
+        self.state.rev_nat.remove(&id);
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn dump(&self) -> Result<Dump, MapError> {
+        Ok(self.state.clone())
+    }
+}

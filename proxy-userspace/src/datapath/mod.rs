@@ -1,0 +1,14 @@
+//! Everything that touches the kernel: loading and attaching the programs,
+//! and keeping the maps equal to the desired table. Only this module knows aya.
+mod ids;
+pub mod loader;
+pub mod maps;
+pub mod reconcile;
+
+pub use maps::{KernelMaps, MapError, ServiceMaps};
+pub use reconcile::{Change, ChangeKind, Reconciler, Report};
+
+#[cfg(test)]
+mod fake_maps;
+#[cfg(test)]
+mod reconcile_tests;

@@ -1,0 +1,418 @@
+//! Keeps the maps equal to the desired table by writing only the difference,
+//! in an order that never lets a reader in the kernel see a `count` that
+//! points at an unwritten slot or a removed backend (DESIGN.md):
+//!
+//! 1. upsert the backends the table needs;
+//! 2. per frontend: write changed slots `1..=N`, then slot 0 with the new
+//!    count (the switch-over), then delete slots above `N`;
+//! 3. per removed frontend: slot 0 first, then its slots, then its rev-NAT;
+//! 4. delete backends no frontend slot refers to any more.
+//!
+//! The applied state mirrors what the maps hold, write by write, so a failed
+//! write leaves a state the next `apply` diffs against and retries.
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    fmt,
+    net::Ipv4Addr,
+};
+
+use proxy_common::{BackendV4, RevNatV4, ServiceKeyV4, ServiceValue, backend_state, service_flags};
+
+use super::{
+    ids::IdPool,
+    maps::{Dump, MapError, ServiceMaps},
+};
+use crate::model::{BackendState, FrontendKey, Protocol, ServiceTable};
+
+/// A backend as the maps know it: address, port and protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendAddr {
+    pub addr: Ipv4Addr,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for BackendAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.addr, self.port)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct AppliedFrontend {
+    service_port: String,
+    /// Allocated rev-NAT id (0: none yet).
+    rev_nat: u16,
+    /// Whether `REVNAT_V4[rev_nat]` holds this frontend's address.
+    rev_nat_written: bool,
+    /// Slot 0 as it is in the map.
+    master: Option<ServiceValue>,
+    /// `slots[i]` is the backend id in slot `i + 1` (0: unknown id).
+    slots: Vec<u32>,
+}
+
+impl AppliedFrontend {
+    fn new(service_port: String) -> Self {
+        Self { service_port, rev_nat: 0, rev_nat_written: false, master: None, slots: Vec::new() }
+    }
+
+    /// Backend ids reachable by readers (slots `1..=count`).
+    fn live_slots(&self) -> &[u32] {
+        let count = self.master.map_or(0, |m| usize::from(m.count));
+        &self.slots[..count.min(self.slots.len())]
+    }
+}
+
+/// What happened to one frontend, for the logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub service_port: String,
+    pub frontend: FrontendKey,
+    pub kind: ChangeKind,
+    pub backends: usize,
+    pub added: Vec<BackendAddr>,
+    pub removed: Vec<BackendAddr>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeKind {
+    Added,
+    Updated,
+    Removed,
+}
+
+/// A write that failed; the rest of the table was still applied.
+#[derive(Debug)]
+pub struct Failure {
+    /// The frontend or backend the write was for.
+    pub subject: String,
+    pub error: MapError,
+}
+
+/// The outcome of one `apply`.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub changes: Vec<Change>,
+    pub failures: Vec<Failure>,
+    /// Map writes and deletes issued.
+    pub writes: usize,
+    pub backends_added: usize,
+    pub backends_removed: usize,
+}
+
+/// What `recover` found in the maps and removed as unreachable.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    pub frontends: usize,
+    pub backends: usize,
+    pub stale_entries_removed: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct Reconciler {
+    frontends: BTreeMap<FrontendKey, AppliedFrontend>,
+    /// Backend id per address (the lowest, should the maps hold two).
+    backend_ids: HashMap<BackendAddr, u32>,
+    /// Every backend in the map, by id.
+    backends: BTreeMap<u32, (BackendAddr, BackendV4)>,
+    backend_pool: IdPool<u32>,
+    rev_nat_pool: IdPool<u16>,
+}
+
+fn frontend_key(key: FrontendKey, slot: u16) -> ServiceKeyV4 {
+    ServiceKeyV4::new(u32::from_ne_bytes(key.addr.octets()), key.port.to_be(), key.protocol.number(), slot)
+}
+
+fn backend_value(b: BackendAddr, state: BackendState) -> BackendV4 {
+    BackendV4 {
+        addr: u32::from_ne_bytes(b.addr.octets()),
+        port: b.port.to_be(),
+        proto: b.protocol.number(),
+        state: match state {
+            BackendState::Active => backend_state::ACTIVE,
+            BackendState::Terminating => backend_state::TERMINATING,
+        },
+    }
+}
+
+fn slot_number(i: usize) -> u16 {
+    u16::try_from(i + 1).expect("the model caps backends at u16::MAX")
+}
+
+impl Reconciler {
+    /// A reconciler for empty maps.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Rebuilds the applied state from the maps (after a restart), and
+    /// deletes entries no reader can reach: slots without a slot 0, rev-NAT
+    /// entries of no frontend, entries of unknown protocols.
+    pub fn recover(maps: &mut impl ServiceMaps) -> Result<(Self, Recovery), MapError> {
+        let Dump { services, backends, rev_nat } = maps.dump()?;
+        let mut this = Self::default();
+        let mut recovery = Recovery::default();
+        let mut stale_services = Vec::new();
+        let mut stale_backends = Vec::new();
+
+        for (id, value) in &backends {
+            let Some(protocol) = Protocol::from_number(value.proto).filter(|_| *id != 0) else {
+                stale_backends.push(*id);
+                continue;
+            };
+            let addr = BackendAddr { addr: Ipv4Addr::from(value.addr.to_ne_bytes()), port: u16::from_be(value.port), protocol };
+            this.backend_ids.entry(addr).or_insert(*id);
+            this.backends.insert(*id, (addr, *value));
+        }
+        for (key, value) in &services {
+            let Some(protocol) = Protocol::from_number(key.proto).filter(|_| key.scope == 0) else {
+                stale_services.push(*key);
+                continue;
+            };
+            let fk = FrontendKey { addr: Ipv4Addr::from(key.addr.to_ne_bytes()), port: u16::from_be(key.port), protocol };
+            let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(fk.to_string()));
+            if key.slot == 0 {
+                fe.master = Some(*value);
+                fe.rev_nat = value.rev_nat;
+                fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| {
+                    *r == RevNatV4 { addr: key.addr, port: key.port, pad: 0 }
+                });
+            } else {
+                let i = usize::from(key.slot) - 1;
+                if fe.slots.len() <= i {
+                    fe.slots.resize(i + 1, 0);
+                }
+                fe.slots[i] = value.backend_id;
+            }
+        }
+        // Slots of a frontend without slot 0 are unreachable: delete them.
+        let orphans: Vec<FrontendKey> = this.frontends.iter().filter(|(_, f)| f.master.is_none()).map(|(k, _)| *k).collect();
+        for fk in orphans {
+            let fe = this.frontends.remove(&fk).expect("listed above");
+            let keys = (0..fe.slots.len()).map(|i| frontend_key(fk, slot_number(i)));
+            stale_services.extend(keys.filter(|k| services.contains_key(k)));
+        }
+        let used_rev_nat: BTreeSet<u16> = this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
+        let stale_rev_nat: Vec<u16> = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
+
+        for key in &stale_services {
+            maps.remove_service(key)?;
+        }
+        for id in &stale_rev_nat {
+            maps.remove_rev_nat(*id)?;
+        }
+        for id in &stale_backends {
+            maps.remove_backend(*id)?;
+        }
+        this.backend_pool = IdPool::with_used(this.backends.keys().copied());
+        this.rev_nat_pool = IdPool::with_used(used_rev_nat.iter().copied());
+        recovery.frontends = this.frontends.len();
+        recovery.backends = this.backends.len();
+        recovery.stale_entries_removed = stale_services.len() + stale_rev_nat.len() + stale_backends.len();
+        Ok((this, recovery))
+    }
+
+    /// Number of frontends in the maps.
+    #[must_use]
+    pub fn frontend_count(&self) -> usize {
+        self.frontends.len()
+    }
+
+    /// Number of backends in the maps.
+    #[must_use]
+    pub fn backend_count(&self) -> usize {
+        self.backends.len()
+    }
+
+    /// Makes the maps hold `desired`, writing only what differs.
+    pub fn apply(&mut self, maps: &mut impl ServiceMaps, desired: &ServiceTable) -> Report {
+        let mut report = Report::default();
+        let wanted = wanted_backends(desired);
+        self.upsert_backends(maps, &wanted, &mut report);
+        for (key, frontend) in desired {
+            let targets: Option<Vec<(BackendAddr, u32)>> = frontend
+                .backends
+                .iter()
+                .map(|b| {
+                    let addr = BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol };
+                    self.backend_ids.get(&addr).map(|id| (addr, *id))
+                })
+                .collect();
+            // A missing backend failed to be written above (and is reported).
+            let Some(targets) = targets else { continue };
+            if let Err(error) = self.update_frontend(maps, *key, &frontend.service_port, &targets, &mut report) {
+                report.failures.push(Failure { subject: format!("{} {key}", frontend.service_port), error });
+            }
+        }
+        let removed: Vec<FrontendKey> = self.frontends.keys().filter(|k| !desired.contains_key(k)).copied().collect();
+        for key in removed {
+            if let Err(error) = self.remove_frontend(maps, key, &mut report) {
+                let subject = format!("{} {key}", self.frontends[&key].service_port);
+                report.failures.push(Failure { subject, error });
+            }
+        }
+        self.remove_unused_backends(maps, &wanted, &mut report);
+        report
+    }
+
+    fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, wanted: &BTreeMap<BackendAddr, BackendState>, report: &mut Report) {
+        for (addr, state) in wanted {
+            let value = backend_value(*addr, *state);
+            let result = match self.backend_ids.get(addr) {
+                Some(id) if self.backends[id].1 == value => continue,
+                Some(id) => maps.set_backend(*id, &value).map(|()| *id),
+                None => match self.backend_pool.allocate() {
+                    Some(id) => maps.set_backend(id, &value).map(|()| id).inspect_err(|_| self.backend_pool.release(id)),
+                    None => Err(MapError::Full { map: super::maps::MapName::Backends }),
+                },
+            };
+            report.writes += 1;
+            match result {
+                Ok(id) => {
+                    if self.backend_ids.insert(*addr, id).is_none() {
+                        report.backends_added += 1;
+                    }
+                    self.backends.insert(id, (*addr, value));
+                }
+                Err(error) => report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error }),
+            }
+        }
+    }
+
+    fn update_frontend(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        key: FrontendKey,
+        service_port: &str,
+        targets: &[(BackendAddr, u32)],
+        report: &mut Report,
+    ) -> Result<(), MapError> {
+        let existed = self.frontends.contains_key(&key);
+        let before: Vec<u32> = self.frontends.get(&key).map(|f| f.live_slots().to_vec()).unwrap_or_default();
+        let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(service_port.to_owned()));
+        fe.service_port = service_port.to_owned();
+        let writes_before = report.writes;
+
+        if fe.rev_nat == 0 {
+            fe.rev_nat = self.rev_nat_pool.allocate().ok_or(MapError::Full { map: super::maps::MapName::RevNat })?;
+        }
+        if !fe.rev_nat_written {
+            let value = RevNatV4 { addr: u32::from_ne_bytes(key.addr.octets()), port: key.port.to_be(), pad: 0 };
+            report.writes += 1;
+            maps.set_rev_nat(fe.rev_nat, &value)?;
+            fe.rev_nat_written = true;
+        }
+        for (i, (_, id)) in targets.iter().enumerate() {
+            if fe.slots.get(i) == Some(id) {
+                continue;
+            }
+            report.writes += 1;
+            maps.set_service(&frontend_key(key, slot_number(i)), &ServiceValue { backend_id: *id, ..ServiceValue::default() })?;
+            if i < fe.slots.len() {
+                fe.slots[i] = *id;
+            } else {
+                fe.slots.push(*id);
+            }
+        }
+        let master = ServiceValue {
+            backend_id: 0,
+            count: u16::try_from(targets.len()).expect("the model caps backends at u16::MAX"),
+            rev_nat: fe.rev_nat,
+            flags: service_flags::CLUSTER_IP,
+            pad: 0,
+            affinity_timeout: 0,
+        };
+        if fe.master != Some(master) {
+            report.writes += 1;
+            maps.set_service(&frontend_key(key, 0), &master)?;
+            fe.master = Some(master);
+        }
+        while fe.slots.len() > targets.len() {
+            report.writes += 1;
+            maps.remove_service(&frontend_key(key, slot_number(fe.slots.len() - 1)))?;
+            fe.slots.pop();
+        }
+        if report.writes > writes_before {
+            let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
+            let before: Vec<BackendAddr> = before.iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
+            report.changes.push(Change {
+                service_port: service_port.to_owned(),
+                frontend: key,
+                kind: if existed { ChangeKind::Updated } else { ChangeKind::Added },
+                backends: after.len(),
+                added: after.iter().filter(|a| !before.contains(a)).copied().collect(),
+                removed: before.iter().filter(|a| !after.contains(a)).copied().collect(),
+            });
+        }
+        Ok(())
+    }
+
+    fn remove_frontend(&mut self, maps: &mut impl ServiceMaps, key: FrontendKey, report: &mut Report) -> Result<(), MapError> {
+        let fe = self.frontends.get_mut(&key).expect("caller lists applied frontends");
+        let before: Vec<BackendAddr> = fe.live_slots().iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
+        if fe.master.is_some() {
+            report.writes += 1;
+            maps.remove_service(&frontend_key(key, 0))?;
+            fe.master = None;
+        }
+        while !fe.slots.is_empty() {
+            report.writes += 1;
+            maps.remove_service(&frontend_key(key, slot_number(fe.slots.len() - 1)))?;
+            fe.slots.pop();
+        }
+        if fe.rev_nat != 0 {
+            report.writes += 1;
+            maps.remove_rev_nat(fe.rev_nat)?;
+            self.rev_nat_pool.release(fe.rev_nat);
+        }
+        let fe = self.frontends.remove(&key).expect("present");
+        report.changes.push(Change {
+            service_port: fe.service_port,
+            frontend: key,
+            kind: ChangeKind::Removed,
+            backends: 0,
+            added: Vec::new(),
+            removed: before,
+        });
+        Ok(())
+    }
+
+    fn remove_unused_backends(&mut self, maps: &mut impl ServiceMaps, wanted: &BTreeMap<BackendAddr, BackendState>, report: &mut Report) {
+        let referenced: HashSet<u32> = self.frontends.values().flat_map(|f| f.slots.iter().copied()).collect();
+        let unused: Vec<(u32, BackendAddr)> = self
+            .backends
+            .iter()
+            .filter(|(id, (addr, _))| {
+                !referenced.contains(id) && (!wanted.contains_key(addr) || self.backend_ids.get(addr) != Some(id))
+            })
+            .map(|(id, (addr, _))| (*id, *addr))
+            .collect();
+        for (id, addr) in unused {
+            report.writes += 1;
+            match maps.remove_backend(id) {
+                Ok(()) => {
+                    self.backends.remove(&id);
+                    if self.backend_ids.get(&addr) == Some(&id) {
+                        self.backend_ids.remove(&addr);
+                    }
+                    self.backend_pool.release(id);
+                    report.backends_removed += 1;
+                }
+                Err(error) => report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error }),
+            }
+        }
+    }
+}
+
+/// Every backend the table uses, with its best state.
+fn wanted_backends(desired: &ServiceTable) -> BTreeMap<BackendAddr, BackendState> {
+    let mut wanted = BTreeMap::new();
+    for (key, frontend) in desired {
+        for b in &frontend.backends {
+            let addr = BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol };
+            wanted.entry(addr).and_modify(|s: &mut BackendState| *s = (*s).min(b.state)).or_insert(b.state);
+        }
+    }
+    wanted
+}

@@ -1,0 +1,142 @@
+//! Endpoints of a service port, from all of the service's EndpointSlices.
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+use super::{Backend, BackendState, ObjectRef, Problem, Protocol, frontends::{PortSpec, valid_port}};
+
+/// Label naming the service a slice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+pub fn object_ref(slice: &EndpointSlice) -> ObjectRef {
+    ObjectRef::new("EndpointSlice", slice.metadata.namespace.as_deref(), slice.metadata.name.as_deref())
+}
+
+/// The service (`namespace`, `name`) a slice belongs to, if it says.
+pub fn owning_service(slice: &EndpointSlice) -> Option<(String, String)> {
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some((slice.metadata.namespace.clone().unwrap_or_else(|| "default".into()), name.clone()))
+}
+
+/// Endpoint selection rules for one service.
+pub struct Selection<'a> {
+    /// Keep only endpoints on this node (`internalTrafficPolicy: Local`).
+    pub local_node: Option<&'a str>,
+    /// Most backends one frontend may have.
+    pub max_backends: usize,
+}
+
+/// Backends of `port` in slot order: ready endpoints, or when there are none
+/// the serving-and-terminating ones; de-duplicated across slices; sorted by
+/// address and port.
+pub fn backends_for_port(
+    service: &ObjectRef,
+    port: &PortSpec,
+    slices: &[&EndpointSlice],
+    selection: &Selection<'_>,
+    problems: &mut Vec<Problem>,
+) -> Vec<Backend> {
+    // (addr, port) -> best state seen across slices.
+    let mut found: BTreeMap<(Ipv4Addr, u16), BackendState> = BTreeMap::new();
+    for slice in slices {
+        if slice.address_type != "IPv4" {
+            continue;
+        }
+        let Some(target) = slice_port(slice, port, problems) else {
+            continue;
+        };
+        let object = object_ref(slice);
+        for (k, endpoint) in slice.endpoints.iter().flatten().enumerate() {
+            let conditions = endpoint.conditions.as_ref();
+            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+            let serving = conditions.and_then(|c| c.serving).unwrap_or(true);
+            let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+            let state = if ready {
+                BackendState::Active
+            } else if serving && terminating {
+                BackendState::Terminating
+            } else {
+                continue;
+            };
+            if let Some(node) = selection.local_node
+                && endpoint.node_name.as_deref() != Some(node)
+            {
+                continue;
+            }
+            // Like kube-proxy, only an endpoint's first address is used.
+            let Some(raw) = endpoint.addresses.first() else {
+                problems.push(Problem::error(&object, format!("endpoints[{k}].addresses"), "endpoint has no address; skipped"));
+                continue;
+            };
+            let addr = match raw.parse::<IpAddr>() {
+                Ok(IpAddr::V4(v4)) => v4,
+                _ => {
+                    problems.push(Problem::error(&object, format!("endpoints[{k}].addresses[0]"), format!("{raw:?} is not an IPv4 address; endpoint skipped")));
+                    continue;
+                }
+            };
+            found.entry((addr, target)).and_modify(|s| *s = (*s).min(state)).or_insert(state);
+        }
+    }
+    let any_ready = found.values().any(|s| *s == BackendState::Active);
+    let wanted = if any_ready { BackendState::Active } else { BackendState::Terminating };
+    let mut backends: Vec<Backend> = found
+        .into_iter()
+        .filter(|(_, state)| *state == wanted)
+        .map(|((addr, port), state)| Backend { addr, port, state })
+        .collect();
+    if backends.len() > selection.max_backends {
+        problems.push(Problem::warning(
+            service,
+            format!("port {}", port.port),
+            format!("{} endpoints, more than the {} a frontend holds; the first {} by address are used", backends.len(), selection.max_backends, selection.max_backends),
+        ));
+        backends.truncate(selection.max_backends);
+    }
+    backends
+}
+
+/// The target port for `port` in `slice`, matched by name and protocol.
+fn slice_port(slice: &EndpointSlice, port: &PortSpec, problems: &mut Vec<Problem>) -> Option<u16> {
+    let (j, sp) = slice.ports.iter().flatten().enumerate().find(|(_, sp)| {
+        sp.name.as_deref().unwrap_or("") == port.name
+            && protocol_matches(sp.protocol.as_deref(), port.protocol)
+    })?;
+    match sp.port.map(valid_port) {
+        Some(Some(n)) => Some(n),
+        Some(None) => {
+            problems.push(Problem::error(&object_ref(slice), format!("ports[{j}].port"), format!("{} is not a port number (1-65535)", sp.port.unwrap_or_default())));
+            None
+        }
+        None => {
+            problems.push(Problem::warning(&object_ref(slice), format!("ports[{j}].port"), "no port number; its endpoints are not used"));
+            None
+        }
+    }
+}
+
+fn protocol_matches(slice_proto: Option<&str>, protocol: Protocol) -> bool {
+    matches!((slice_proto.unwrap_or("TCP"), protocol), ("TCP", Protocol::Tcp) | ("UDP", Protocol::Udp))
+}
+
+/// Slice ports no service port names, as warnings on the slice.
+pub fn unmatched_slice_ports(slice: &EndpointSlice, ports: &[PortSpec], problems: &mut Vec<Problem>) {
+    for (j, sp) in slice.ports.iter().flatten().enumerate() {
+        let name = sp.name.as_deref().unwrap_or("");
+        let proto = sp.protocol.as_deref().unwrap_or("TCP");
+        if proto == "SCTP" {
+            continue;
+        }
+        let matched = ports.iter().any(|p| p.name == name && protocol_matches(Some(proto), p.protocol));
+        if !matched {
+            problems.push(Problem::warning(
+                &object_ref(slice),
+                format!("ports[{j}].name"),
+                format!("port {name:?}/{proto} matches no port of the service; it is not used"),
+            ));
+        }
+    }
+}

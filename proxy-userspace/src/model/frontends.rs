@@ -1,0 +1,135 @@
+//! Which services are proxied, on which addresses and ports.
+use std::net::{IpAddr, Ipv4Addr};
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::{ObjectRef, Problem, Protocol};
+
+/// Label that hands a service to another proxy.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+
+/// Why a service is not programmed at all (not an error).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    Headless,
+    ExternalName,
+    OtherProxy,
+    NoClusterIp,
+    NoIpv4ClusterIp,
+}
+
+impl SkipReason {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Headless => "headless (clusterIP: None)",
+            Self::ExternalName => "type ExternalName",
+            Self::OtherProxy => "handed to another proxy by service.kubernetes.io/service-proxy-name",
+            Self::NoClusterIp => "no clusterIP allocated",
+            Self::NoIpv4ClusterIp => "no IPv4 clusterIP (only IPv4 is programmed)",
+        }
+    }
+}
+
+/// One port of a service that the proxy serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortSpec {
+    /// The port's name (`""` when unnamed), matched against slice ports.
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// What the proxy must serve for one service.
+#[derive(Clone, Debug)]
+pub struct ServiceFrontends {
+    pub object: ObjectRef,
+    pub addrs: Vec<Ipv4Addr>,
+    pub ports: Vec<PortSpec>,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_local: bool,
+}
+
+pub fn object_ref(svc: &Service) -> ObjectRef {
+    ObjectRef::new("Service", svc.metadata.namespace.as_deref(), svc.metadata.name.as_deref())
+}
+
+/// The frontends of `svc`, or why it has none. Problems with parts of the
+/// service (a bad address, an unsupported protocol) go to `problems`.
+pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<ServiceFrontends, SkipReason> {
+    let object = object_ref(svc);
+    if svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL)) {
+        return Err(SkipReason::OtherProxy);
+    }
+    let Some(spec) = svc.spec.as_ref() else {
+        return Err(SkipReason::NoClusterIp);
+    };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Err(SkipReason::ExternalName);
+    }
+    let addrs = cluster_ips(&object, spec.cluster_ip.as_deref(), spec.cluster_ips.as_deref(), problems)?;
+    let mut ports: Vec<PortSpec> = Vec::new();
+    for (i, port) in spec.ports.iter().flatten().enumerate() {
+        let field = |f: &str| format!("spec.ports[{i}].{f}");
+        let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
+            "TCP" => Protocol::Tcp,
+            "UDP" => Protocol::Udp,
+            "SCTP" => {
+                problems.push(Problem::warning(&object, field("protocol"), "SCTP is not proxied; this port is skipped"));
+                continue;
+            }
+            other => {
+                problems.push(Problem::error(&object, field("protocol"), format!("unknown protocol {other:?}; expected TCP, UDP or SCTP")));
+                continue;
+            }
+        };
+        let Some(number) = valid_port(port.port) else {
+            problems.push(Problem::error(&object, field("port"), format!("{} is not a port number (1-65535)", port.port)));
+            continue;
+        };
+        let name = port.name.clone().unwrap_or_default();
+        if ports.iter().any(|p| p.port == number && p.protocol == protocol) {
+            problems.push(Problem::error(&object, field("port"), format!("{number}/{protocol} is listed twice; the first one is used")));
+            continue;
+        }
+        ports.push(PortSpec { name, port: number, protocol });
+    }
+    let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    Ok(ServiceFrontends { object, addrs, ports, internal_local })
+}
+
+fn cluster_ips(
+    object: &ObjectRef,
+    cluster_ip: Option<&str>,
+    cluster_ips: Option<&[String]>,
+    problems: &mut Vec<Problem>,
+) -> Result<Vec<Ipv4Addr>, SkipReason> {
+    // `clusterIPs` is authoritative when set; `clusterIP` is its first entry.
+    let (field, list): (&str, Vec<&str>) = match cluster_ips {
+        Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().map(String::as_str).collect()),
+        _ => ("spec.clusterIP", cluster_ip.into_iter().collect()),
+    };
+    if list.first().is_some_and(|ip| *ip == "None") {
+        return Err(SkipReason::Headless);
+    }
+    if list.iter().all(|ip| ip.is_empty()) {
+        return Err(SkipReason::NoClusterIp);
+    }
+    let mut addrs = Vec::new();
+    for (i, ip) in list.iter().enumerate() {
+        let path = if field == "spec.clusterIPs" { format!("{field}[{i}]") } else { field.to_owned() };
+        match ip.parse::<IpAddr>() {
+            Ok(IpAddr::V4(v4)) if !addrs.contains(&v4) => addrs.push(v4),
+            Ok(_) => {}
+            Err(_) => problems.push(Problem::error(object, path, format!("{ip:?} is not an IP address"))),
+        }
+    }
+    if addrs.is_empty() {
+        return Err(SkipReason::NoIpv4ClusterIp);
+    }
+    Ok(addrs)
+}
+
+pub(super) fn valid_port(port: i32) -> Option<u16> {
+    u16::try_from(port).ok().filter(|p| *p != 0)
+}

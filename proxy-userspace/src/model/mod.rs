@@ -1,0 +1,90 @@
+//! The pure model: Kubernetes Services and EndpointSlices in, the desired
+//! service table out. No I/O, no aya, no kube client: every Kubernetes rule
+//! of the proxy lives here and is tested without a kernel.
+mod endpoints;
+mod frontends;
+mod problem;
+mod table;
+
+use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+
+pub use problem::{ObjectRef, Problem, Severity};
+pub use table::{NodeContext, Translation, translate};
+
+/// Transport protocol of a frontend or backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// The IP protocol number.
+    #[must_use]
+    pub const fn number(self) -> u8 {
+        match self {
+            Self::Tcp => proxy_common::proto::TCP,
+            Self::Udp => proxy_common::proto::UDP,
+        }
+    }
+
+    #[must_use]
+    pub const fn from_number(n: u8) -> Option<Self> {
+        match n {
+            proxy_common::proto::TCP => Some(Self::Tcp),
+            proxy_common::proto::UDP => Some(Self::Udp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+        })
+    }
+}
+
+/// What clients connect to: a service address, port and protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrontendKey {
+    pub addr: Ipv4Addr,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for FrontendKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}/{}", self.addr, self.port, self.protocol)
+    }
+}
+
+/// Whether a backend is a ready endpoint or a serving-and-terminating one
+/// used because the service has no ready endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BackendState {
+    Active,
+    Terminating,
+}
+
+/// One endpoint address and port a frontend sends to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Backend {
+    pub addr: Ipv4Addr,
+    pub port: u16,
+    pub state: BackendState,
+}
+
+/// A frontend with the backends it spreads new connections over, in slot
+/// order (active first, then by address and port).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frontend {
+    /// `namespace/name:port-name` of the service port it comes from.
+    pub service_port: String,
+    pub backends: Vec<Backend>,
+}
+
+/// The desired service table: every frontend the node must translate.
+pub type ServiceTable = BTreeMap<FrontendKey, Frontend>;

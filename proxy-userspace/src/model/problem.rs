@@ -1,0 +1,62 @@
+//! Problems found in input objects: each names the object and the field, so
+//! an operator can find and fix it.
+use std::fmt;
+
+/// `Kind namespace/name` of a Kubernetes object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectRef {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectRef {
+    #[must_use]
+    pub fn new(kind: &'static str, namespace: Option<&str>, name: Option<&str>) -> Self {
+        Self {
+            kind,
+            namespace: namespace.unwrap_or("default").to_owned(),
+            name: name.unwrap_or("<unnamed>").to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// Part of the object is left out; the rest is programmed.
+    Warning,
+    /// The object (or the part named by the field) is rejected.
+    Error,
+}
+
+/// Something in an object the proxy cannot program as written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub object: ObjectRef,
+    /// Path of the field, as in the object's YAML (`spec.ports[1].protocol`).
+    pub field: String,
+    pub message: String,
+    pub severity: Severity,
+}
+
+impl Problem {
+    pub fn error(object: &ObjectRef, field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { object: object.clone(), field: field.into(), message: message.into(), severity: Severity::Error }
+    }
+
+    pub fn warning(object: &ObjectRef, field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { object: object.clone(), field: field.into(), message: message.into(), severity: Severity::Warning }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.object, self.field, self.message)
+    }
+}

@@ -1,0 +1,95 @@
+//! Services + EndpointSlices -> the desired service table.
+use std::collections::{BTreeMap, btree_map::Entry};
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+
+use super::{
+    Frontend, FrontendKey, ObjectRef, Problem, ServiceTable,
+    endpoints::{self, Selection},
+    frontends::{self, SkipReason},
+};
+
+/// What the model needs to know about the node it runs on.
+#[derive(Clone, Debug)]
+pub struct NodeContext {
+    pub node_name: String,
+    /// Most backends one frontend may have (its slot array).
+    pub max_backends: usize,
+}
+
+impl NodeContext {
+    #[must_use]
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self { node_name: node_name.into(), max_backends: usize::from(u16::MAX) }
+    }
+}
+
+/// The result of a translation: the table, and what could not be used.
+#[derive(Debug, Default)]
+pub struct Translation {
+    pub table: ServiceTable,
+    pub problems: Vec<Problem>,
+    /// Services deliberately not programmed, and why.
+    pub skipped: Vec<(ObjectRef, SkipReason)>,
+}
+
+/// Translates services and their slices into the frontends of this node.
+///
+/// Deterministic: the same objects give the same table whatever their order.
+pub fn translate<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    node: &NodeContext,
+) -> Translation {
+    let mut out = Translation::default();
+    let mut by_service: BTreeMap<(String, String), Vec<&EndpointSlice>> = BTreeMap::new();
+    for slice in slices {
+        if let Some(owner) = endpoints::owning_service(slice) {
+            by_service.entry(owner).or_default().push(slice);
+        }
+    }
+    let mut services: Vec<&Service> = services.into_iter().collect();
+    services.sort_by_key(|s| frontends::object_ref(s));
+
+    for svc in services {
+        let svc_frontends = match frontends::service_frontends(svc, &mut out.problems) {
+            Ok(f) => f,
+            Err(reason) => {
+                out.skipped.push((frontends::object_ref(svc), reason));
+                continue;
+            }
+        };
+        let object = &svc_frontends.object;
+        let owner = (object.namespace.clone(), object.name.clone());
+        let mut slices: Vec<&EndpointSlice> = by_service.get(&owner).cloned().unwrap_or_default();
+        slices.sort_by_key(|s| endpoints::object_ref(s));
+        for slice in &slices {
+            endpoints::unmatched_slice_ports(slice, &svc_frontends.ports, &mut out.problems);
+        }
+        let selection = Selection {
+            local_node: svc_frontends.internal_local.then_some(node.node_name.as_str()),
+            max_backends: node.max_backends,
+        };
+        for port in &svc_frontends.ports {
+            let backends = endpoints::backends_for_port(object, port, &slices, &selection, &mut out.problems);
+            for addr in &svc_frontends.addrs {
+                let key = FrontendKey { addr: *addr, port: port.port, protocol: port.protocol };
+                let frontend = Frontend {
+                    service_port: format!("{}/{}:{}", object.namespace, object.name, port.name),
+                    backends: backends.clone(),
+                };
+                match out.table.entry(key) {
+                    Entry::Vacant(v) => {
+                        v.insert(frontend);
+                    }
+                    Entry::Occupied(o) => out.problems.push(Problem::error(
+                        object,
+                        "spec.clusterIP",
+                        format!("{key} is already served by {}; this port is skipped", o.get().service_port),
+                    )),
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,148 @@
+//! The services file: a YAML stream of `v1/Service` and
+//! `discovery.k8s.io/v1/EndpointSlice` objects, as `kubectl get -o yaml`
+//! prints them (`kind: List` documents are unpacked).
+use std::{
+    fs,
+    io,
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use serde::{Deserialize, de::DeserializeOwned};
+use serde_yaml::Value;
+
+use super::Objects;
+
+/// The file as a whole could not be read; nothing from it is used.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("cannot read services file {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("services file {path} is not valid YAML: {source}; the last good content stays in effect")]
+    Yaml { path: PathBuf, source: serde_yaml::Error },
+}
+
+/// One object of the file that is skipped, with where and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectError {
+    /// 1-based index of the YAML document in the stream.
+    pub document: usize,
+    /// `Kind namespace/name` where the object says so.
+    pub object: String,
+    /// Path of the offending field, `.` when the object as a whole is wrong.
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ObjectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "document {}: {}: {}: {}; object skipped", self.document, self.object, self.field, self.message)
+    }
+}
+
+/// The parsed file: the objects that are valid and the ones that are not.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub objects: Objects,
+    pub errors: Vec<ObjectError>,
+}
+
+/// Reads and parses `path`.
+pub fn load(path: &Path) -> Result<Parsed, FileError> {
+    let text = fs::read_to_string(path).map_err(|source| FileError::Read { path: path.into(), source })?;
+    parse(&text).map_err(|source| FileError::Yaml { path: path.into(), source })
+}
+
+/// Parses a YAML stream. A syntax error fails the whole stream (its extent is
+/// unknown); an object of the wrong shape is skipped and reported.
+pub fn parse(text: &str) -> Result<Parsed, serde_yaml::Error> {
+    let mut parsed = Parsed::default();
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(doc)?;
+        let document = i + 1;
+        if value.is_null() {
+            continue; // an empty document, e.g. a trailing `---`
+        }
+        if kind_of(&value) == Some("List") {
+            match value.get("items").and_then(Value::as_sequence) {
+                Some(items) => {
+                    for (j, item) in items.iter().enumerate() {
+                        add_object(&mut parsed, document, &format!("items[{j}]."), item.clone());
+                    }
+                }
+                None => parsed.errors.push(ObjectError {
+                    document,
+                    object: "List".into(),
+                    field: "items".into(),
+                    message: "a List needs an `items` sequence".into(),
+                }),
+            }
+        } else {
+            add_object(&mut parsed, document, "", value);
+        }
+    }
+    Ok(parsed)
+}
+
+fn kind_of(value: &Value) -> Option<&str> {
+    value.get("kind").and_then(Value::as_str)
+}
+
+fn describe(value: &Value) -> String {
+    let kind = kind_of(value).unwrap_or("<no kind>");
+    let meta = value.get("metadata");
+    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("<unnamed>");
+    let ns = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str).unwrap_or("default");
+    format!("{kind} {ns}/{name}")
+}
+
+fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) {
+    let object = describe(&value);
+    let api_version = value.get("apiVersion").and_then(Value::as_str);
+    let error = |field: String, message: String| ObjectError { document, object: object.clone(), field, message };
+    let result = match (api_version, kind_of(&value)) {
+        (Some("v1"), Some("Service")) => typed::<Service>(value).map(|s| parsed.objects.services.push(s)),
+        (Some("discovery.k8s.io/v1"), Some("EndpointSlice")) => {
+            typed::<EndpointSlice>(value).map(|s| parsed.objects.slices.push(s))
+        }
+        (_, Some("Endpoints")) => Err((".".into(), "legacy v1/Endpoints are not read; use discovery.k8s.io/v1 EndpointSlices".into())),
+        (api, kind) => Err((
+            ".".into(),
+            format!(
+                "apiVersion {:?} kind {:?} is not a v1/Service or discovery.k8s.io/v1/EndpointSlice",
+                api.unwrap_or(""),
+                kind.unwrap_or("")
+            ),
+        )),
+    };
+    if let Err((field, message)) = result {
+        let field = if field == "." && !prefix.is_empty() { prefix.trim_end_matches('.').to_owned() } else { format!("{prefix}{field}") };
+        parsed.errors.push(error(field, message));
+    }
+}
+
+/// Deserializes with the failing field's path in the error.
+fn typed<T: DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let path = err.path().to_string();
+        let message = err.into_inner().to_string();
+        (path, message)
+    })
+}
+
+/// Identity of the file's content on disk, to notice changes cheaply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+/// The file's stamp, or `None` when it cannot be read.
+#[must_use]
+pub fn stamp(path: &Path) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = fs::metadata(path).ok()?;
+    Some(Stamp { modified: meta.modified().ok(), len: meta.len(), inode: meta.ino() })
+}

@@ -1,0 +1,5 @@
+//! Where Services and EndpointSlices come from.
+pub mod file;
+pub mod objects;
+
+pub use objects::Objects;
