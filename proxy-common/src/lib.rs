@@ -7,6 +7,9 @@
 #![no_std]
 
 /// Map names, as the eBPF object declares them and as they are pinned.
+/// Name of the eBPF global that switches its debug logging on.
+pub const LOG_ENABLED: &str = "LOG_ENABLED";
+
 pub mod map_names {
     pub const SERVICES_V4: &str = "SERVICES_V4";
     pub const BACKENDS_V4: &str = "BACKENDS_V4";

@@ -7,7 +7,17 @@ mod access;
 mod maps;
 mod sock;
 
-use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use aya_ebpf::{Global, macros::cgroup_sock_addr, programs::SockAddrContext};
+
+/// Set to 1 by the agent's `--bpf-log`. It is read-only data, frozen at load,
+/// so with 0 the verifier removes every logging branch from the hot path.
+#[unsafe(no_mangle)]
+static LOG_ENABLED: Global<u8> = Global::new(0);
+
+#[inline(always)]
+fn log_enabled() -> bool {
+    LOG_ENABLED.load() != 0
+}
 
 /// Translates `connect()` to a service address (TCP, and connected UDP) into
 /// a connection to one of its backends.

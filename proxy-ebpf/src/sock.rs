@@ -1,10 +1,12 @@
 //! Socket-address hooks: translate a service address into a backend once,
 //! when the socket connects.
 use aya_ebpf::programs::SockAddrContext;
+use aya_log_ebpf::debug;
 use proxy_common::{ServiceKeyV4, proto};
 
 use crate::{
     access::{SockAddr, random_u32, set_syscall_error},
+    log_enabled,
     maps::{backend_v4, service_v4},
 };
 
@@ -29,6 +31,9 @@ pub fn connect4(ctx: &SockAddrContext) -> i32 {
     };
     if frontend.count == 0 {
         // A service without endpoints: refuse, as kube-proxy's REJECT rule does.
+        if log_enabled() {
+            debug!(ctx, "connect4 {:i}:{} refused: no backends", u32::from_be(key.addr), u16::from_be(key.port));
+        }
         set_syscall_error(ECONNREFUSED);
         return REJECT;
     }
@@ -44,6 +49,17 @@ pub fn connect4(ctx: &SockAddrContext) -> i32 {
     let Some(backend) = backend_v4(entry.backend_id) else {
         return ALLOW;
     };
+    if log_enabled() {
+        debug!(
+            ctx,
+            "connect4 {:i}:{} -> {:i}:{} (slot {})",
+            u32::from_be(key.addr),
+            u16::from_be(key.port),
+            u32::from_be(backend.addr),
+            u16::from_be(backend.port),
+            key.slot
+        );
+    }
     sa.set_user_ip4(backend.addr);
     sa.set_user_port(backend.port);
     ALLOW

@@ -1,5 +1,11 @@
 //! ebpf-proxy: a Kubernetes service proxy that translates service addresses
 //! in the kernel with eBPF instead of iptables DNAT.
+pub mod agent;
+pub mod args;
+pub mod cmd;
 pub mod datapath;
+pub mod fs;
 pub mod model;
+pub mod paths;
 pub mod source;
+pub mod testkit;

@@ -1,1 +1,163 @@
-//! placeholder
+//! Loads the eBPF object, pins its maps and attaches the socket programs to
+//! a cgroup v2.
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfError, EbpfLoader,
+    maps::{Map, MapError as AyaMapError},
+    programs::{CgroupAttachMode, CgroupSockAddr, ProgramError},
+};
+use proxy_common::{BackendV4, LOG_ENABLED, RevNatV4, ServiceKeyV4, ServiceValue, map_names};
+
+use super::maps::{KernelMaps, MapError};
+
+/// The eBPF object, built by build.rs.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
+
+/// The cgroup socket-address programs, by their function names.
+const SOCK_PROGRAMS: &[&str] = &["connect4"];
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Directory (on a bpffs) for the pinned maps.
+    pub pin_dir: PathBuf,
+    /// cgroup v2 directory the socket programs attach to.
+    pub cgroup: PathBuf,
+    /// Turn on the programs' debug logging (aya-log).
+    pub bpf_log: bool,
+    pub services_map_size: u32,
+    pub backends_map_size: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot load the eBPF object (pinned maps in {pin_dir}): {source}")]
+    Load { pin_dir: String, source: EbpfError },
+    #[error(
+        "pinned map {path} has {found}, this build needs {wanted}; it was made by an \
+         incompatible version: remove the pin directory (or run the matching cleanup) and start again"
+    )]
+    PinnedLayout { path: String, found: String, wanted: String },
+    #[error("map {name} is missing from the eBPF object")]
+    MissingMap { name: &'static str },
+    #[error("program {name} is missing from the eBPF object")]
+    MissingProgram { name: &'static str },
+    #[error("program {name}: {source}")]
+    Program { name: &'static str, source: ProgramError },
+    #[error("cannot attach {name} to cgroup {cgroup}: {source}")]
+    Attach { name: &'static str, cgroup: String, source: ProgramError },
+    #[error("cannot open cgroup {cgroup}: {source}")]
+    Cgroup { cgroup: String, source: std::io::Error },
+    #[error("cannot read map {name}: {source}")]
+    MapInfo { name: &'static str, source: AyaMapError },
+    #[error(transparent)]
+    Maps(#[from] MapError),
+}
+
+/// The loaded datapath. Dropping it detaches the programs; the pinned maps
+/// stay, so a restarted agent finds its state again.
+pub struct Datapath {
+    /// Owns the programs and their links.
+    ebpf: Ebpf,
+    pub maps: KernelMaps,
+}
+
+impl Datapath {
+    /// Loads and attaches everything, reusing maps already pinned in
+    /// `opts.pin_dir` (after checking their layout).
+    pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
+        let log_flag: u8 = opts.bpf_log.into();
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&opts.pin_dir)
+            .map_max_entries(map_names::SERVICES_V4, opts.services_map_size)
+            .map_max_entries(map_names::BACKENDS_V4, opts.backends_map_size)
+            .override_global(LOG_ENABLED, &log_flag, true)
+            .load(OBJECT)
+            .map_err(|source| LoadError::Load { pin_dir: opts.pin_dir.display().to_string(), source })?;
+
+        check_layout::<ServiceKeyV4, ServiceValue>(&ebpf, &opts.pin_dir, map_names::SERVICES_V4)?;
+        check_layout::<u32, BackendV4>(&ebpf, &opts.pin_dir, map_names::BACKENDS_V4)?;
+        check_layout::<u16, RevNatV4>(&ebpf, &opts.pin_dir, map_names::REVNAT_V4)?;
+
+        if opts.bpf_log {
+            start_bpf_log(&mut ebpf);
+        }
+
+        let cgroup = File::open(&opts.cgroup)
+            .map_err(|source| LoadError::Cgroup { cgroup: opts.cgroup.display().to_string(), source })?;
+        for name in SOCK_PROGRAMS {
+            let program: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or(LoadError::MissingProgram { name })?
+                .try_into()
+                .map_err(|source| LoadError::Program { name, source })?;
+            program.load().map_err(|source| LoadError::Program { name, source })?;
+            // Through a bpf_link (kernel 5.7+) the kernel takes no attach
+            // flags, and links always coexist with other programs on the
+            // cgroup (a CNI's, say): `Single` is what passes flags 0.
+            program.attach(&cgroup, CgroupAttachMode::Single).map_err(|source| LoadError::Attach {
+                name,
+                cgroup: opts.cgroup.display().to_string(),
+                source,
+            })?;
+        }
+
+        let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap { name });
+        let services = take(&mut ebpf, map_names::SERVICES_V4)?;
+        let backends = take(&mut ebpf, map_names::BACKENDS_V4)?;
+        let rev_nat = take(&mut ebpf, map_names::REVNAT_V4)?;
+        let maps = KernelMaps::from_maps(services, backends, rev_nat)?;
+        tracing::info!(pin_dir = %opts.pin_dir.display(), cgroup = %opts.cgroup.display(), programs = ?SOCK_PROGRAMS, "datapath loaded and attached");
+        Ok(Self { ebpf, maps })
+    }
+
+    /// Ids of the loaded programs (for logs and tests).
+    #[must_use]
+    pub fn program_ids(&self) -> Vec<u32> {
+        self.ebpf.programs().filter_map(|(_, p)| p.info().ok().map(|i| i.id())).collect()
+    }
+}
+
+/// Fails when a map reused from a pin has another key or value size than
+/// this build's types (aya reuses pins without checking).
+fn check_layout<K, V>(ebpf: &Ebpf, pin_dir: &Path, name: &'static str) -> Result<(), LoadError> {
+    let map = ebpf.map(name).ok_or(LoadError::MissingMap { name })?;
+    let Map::HashMap(data) = map else {
+        return Err(LoadError::MissingMap { name });
+    };
+    let info = data.info().map_err(|source| LoadError::MapInfo { name, source })?;
+    let wanted = (size_of::<K>(), size_of::<V>());
+    let found = (info.key_size() as usize, info.value_size() as usize);
+    if found != wanted {
+        return Err(LoadError::PinnedLayout {
+            path: pin_dir.join(name).display().to_string(),
+            found: format!("key {} / value {} bytes", found.0, found.1),
+            wanted: format!("key {} / value {} bytes", wanted.0, wanted.1),
+        });
+    }
+    Ok(())
+}
+
+/// Forwards the programs' aya-log records to the agent's log.
+fn start_bpf_log(ebpf: &mut Ebpf) {
+    match aya_log::EbpfLogger::init(ebpf) {
+        // SAFETY: the logger owns the ring buffer fd and the AsyncFd owns the
+        // logger, so the fd stays open for as long as it is registered.
+        Ok(logger) => match unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
+            Ok(mut logger) => {
+                tokio::spawn(async move {
+                    loop {
+                        let Ok(mut guard) = logger.readable_mut().await else { return };
+                        guard.get_inner_mut().flush();
+                        guard.clear_ready();
+                    }
+                });
+            }
+            Err(err) => tracing::warn!(%err, "--bpf-log: cannot poll the eBPF log buffer; eBPF logging is off"),
+        },
+        Err(err) => tracing::warn!(%err, "--bpf-log: cannot read the eBPF log buffer; eBPF logging is off"),
+    }
+}

@@ -1,0 +1,72 @@
+//! Command-line arguments.
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::paths::DEFAULT_PIN_DIR;
+
+/// Kubernetes service proxy that translates service addresses with eBPF at
+/// the socket, instead of iptables DNAT.
+#[derive(Debug, Parser)]
+#[command(name = "ebpf-proxy", version)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load the programs, attach them and keep the maps equal to the services.
+    Run(RunArgs),
+    /// Run a self-contained demo in its own network namespace and cgroup.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// YAML stream of v1 Service and discovery.k8s.io/v1 EndpointSlice
+    /// objects (as `kubectl get -o yaml` prints them). Re-read when it
+    /// changes; only the difference is applied.
+    #[arg(long, value_name = "FILE")]
+    pub services_file: PathBuf,
+    /// cgroup v2 directory to attach the socket programs to (they act on
+    /// every process in it and below). Default: the root of the cgroup2
+    /// hierarchy, mounted at /run/ebpf-proxy/cgroup2 if none is.
+    #[arg(long, value_name = "DIR")]
+    pub cgroup: Option<PathBuf>,
+    /// Directory on a bpffs where the maps are pinned (bpffs is mounted at
+    /// /sys/fs/bpf when this lies below it and none is mounted).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub bpffs_dir: PathBuf,
+    /// Name of this node, for internalTrafficPolicy: Local.
+    /// Default: the NODE_NAME environment variable, else the hostname.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Log every translation the eBPF programs make (debug level; costs
+    /// time on every connect, for troubleshooting only).
+    #[arg(long)]
+    pub bpf_log: bool,
+    /// Entries of the services map: one per frontend plus one per backend slot.
+    #[arg(long, default_value_t = proxy_common::map_sizes::SERVICES)]
+    pub services_map_size: u32,
+    /// Entries of the backends map.
+    #[arg(long, default_value_t = proxy_common::map_sizes::BACKENDS)]
+    pub backends_map_size: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Run the demo's check (requests spread over the backends), print the
+    /// result and exit instead of waiting for Ctrl-C.
+    #[arg(long)]
+    pub check: bool,
+}

@@ -1,0 +1,95 @@
+//! A minimal HTTP/1.1 server bound inside a test namespace: it answers every
+//! request with its own name and closes, and counts connections.
+use std::{
+    io::{self, Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use super::NetNs;
+
+pub struct HttpBackend {
+    name: String,
+    addr: SocketAddrV4,
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl HttpBackend {
+    /// Listens on `addr:port` inside `ns`, answering with body `NAME\n`.
+    pub fn start(ns: &NetNs, addr: Ipv4Addr, port: u16, name: &str) -> io::Result<Self> {
+        let sock = SocketAddrV4::new(addr, port);
+        let listener = ns.run_inside(move || TcpListener::bind(sock))??;
+        listener.set_nonblocking(true)?;
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (accepted, stop, body) = (accepted.clone(), stop.clone(), format!("{name}\n"));
+            std::thread::spawn(move || serve(&listener, &accepted, &stop, &body))
+        };
+        Ok(Self { name: name.to_owned(), addr: sock, accepted, stop, thread: Some(thread) })
+    }
+
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    #[must_use]
+    pub fn addr(&self) -> SocketAddrV4 {
+        self.addr
+    }
+
+    /// Connections accepted so far.
+    #[must_use]
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+fn serve(listener: &TcpListener, accepted: &AtomicUsize, stop: &AtomicBool, body: &str) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let body = body.to_owned();
+                std::thread::spawn(move || answer(stream, &body));
+            }
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+fn answer(mut stream: TcpStream, body: &str) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 16 * 1024 {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    let response = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes());
+}
+
+impl Drop for HttpBackend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
