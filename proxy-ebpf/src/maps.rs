@@ -3,8 +3,7 @@ use aya_ebpf::{macros::map, maps::HashMap};
 use proxy_common::{BackendV4, RevNatV4, ServiceKeyV4, ServiceValue, map_sizes};
 
 #[map]
-pub static SERVICES_V4: HashMap<ServiceKeyV4, ServiceValue> =
-    HashMap::pinned(map_sizes::SERVICES, 0);
+pub static SERVICES_V4: HashMap<ServiceKeyV4, ServiceValue> = HashMap::pinned(map_sizes::SERVICES, 0);
 
 #[map]
 pub static BACKENDS_V4: HashMap<u32, BackendV4> = HashMap::pinned(map_sizes::BACKENDS, 0);

@@ -91,15 +91,12 @@ pub async fn run(
                 continue; // still being written
             }
             state.read_once = true;
-            match read_table(&config, &node, &mut state.counters) {
-                Some(table) => state.table = Some(table),
-                None => {
-                    // Keep what is applied; read again when the file changes.
-                    state.applied_stamp = stamp;
-                    continue;
-                }
-            }
             state.applied_stamp = stamp;
+            let Some(table) = read_table(&config, &node, &mut state.counters) else {
+                // Keep what is applied; read again when the file changes.
+                continue;
+            };
+            state.table = Some(table);
         }
         let Some(table) = state.table.as_ref() else { continue };
         let started = Instant::now();

@@ -16,7 +16,9 @@ const BPF_FS_MAGIC: FsType = FsType(0xcafe_4a11);
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
-    #[error("{path} is not on a bpf filesystem; mount one there with `mount -t bpf bpf {path}` or pick another --bpffs-dir")]
+    #[error(
+        "{path} is not on a bpf filesystem; mount one there with `mount -t bpf bpf {path}` or pick another --bpffs-dir"
+    )]
     NotBpffs { path: String },
     #[error("{path} is not a cgroup v2 directory; pass a directory of the cgroup2 hierarchy (see /proc/self/mounts)")]
     NotCgroup2 { path: String },

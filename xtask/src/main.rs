@@ -1,1 +1,143 @@
-fn main(){}
+//! Developer tasks: `cargo xtask setup | build | run | test`.
+//!
+//! Every task first runs `setup`, which installs what is missing (Debian
+//! packages, the nightly's rust-src, bpf-linker) and is quiet when nothing is.
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need, if missing (idempotent).
+    Setup,
+    /// Build the agent (and the eBPF object it embeds).
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build and run the agent. With no arguments: the local demo. With
+    /// arguments: `ebpf-proxy run ARGS` (e.g. `--services-file FILE`).
+    Run {
+        #[arg(long)]
+        release: bool,
+        /// Arguments for `ebpf-proxy run`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run every test: unit and property tests, then the kernel tests (as
+    /// root, one at a time).
+    Test {
+        /// Only tests whose name contains this.
+        filter: Option<String>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    std::env::set_current_dir(&root)?;
+    match cli.task {
+        Task::Setup => setup::run(),
+        Task::Build { release } => {
+            setup::run()?;
+            build(release)
+        }
+        Task::Run { release, args } => {
+            setup::run()?;
+            require_root("run")?;
+            build(release)?;
+            let bin = root.join("target").join(if release { "release" } else { "debug" }).join("ebpf-proxy");
+            let mut cmd = Command::new(&bin);
+            if args.is_empty() {
+                cmd.arg("demo");
+            } else {
+                cmd.arg("run").args(&args);
+            }
+            exec(&mut cmd)
+        }
+        Task::Test { filter } => {
+            setup::run()?;
+            require_root("test")?;
+            test(filter.as_deref())
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_owned()
+}
+
+fn require_root(task: &str) -> anyhow::Result<()> {
+    if nix_euid() != 0 {
+        bail!("`cargo xtask {task}` loads eBPF programs and makes network namespaces: run it as root");
+    }
+    Ok(())
+}
+
+fn nix_euid() -> u32 {
+    // /proc/self/status: "Uid: real effective saved fs".
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)?.parse().ok()))
+        .unwrap_or(u32::MAX)
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.env("PATH", setup::path_with_tools());
+    cmd
+}
+
+fn build(release: bool) -> anyhow::Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--package", "proxy-userspace", "--bins"]);
+    if release {
+        cmd.arg("--release");
+    }
+    status(&mut cmd)
+}
+
+fn test(filter: Option<&str>) -> anyhow::Result<()> {
+    // Lints first: pedantic clippy is the workspace's standard.
+    if filter.is_none() {
+        status(cargo().args(["clippy", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
+    }
+    // One cargo invocation runs every test binary; --test-threads=1 keeps
+    // the kernel tests (namespaces, cgroups, attached programs) one at a
+    // time, so their log expectations and counters stay theirs.
+    let mut cmd = cargo();
+    // The default members: the eBPF crate only builds for the bpf target.
+    cmd.args(["test", "--", "--test-threads=1"]);
+    if let Some(f) = filter {
+        cmd.arg(f);
+    }
+    status(&mut cmd)
+}
+
+fn status(cmd: &mut Command) -> anyhow::Result<()> {
+    let st = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !st.success() {
+        bail!("{cmd:?} failed with {st}");
+    }
+    Ok(())
+}
+
+/// Runs `cmd` in place of this process (so Ctrl-C reaches it directly).
+fn exec(cmd: &mut Command) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let err = cmd.exec();
+    Err(err).with_context(|| format!("running {cmd:?}"))
+}

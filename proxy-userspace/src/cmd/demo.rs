@@ -2,7 +2,7 @@
 //! all inside a network namespace and cgroup made for the demo, removed on
 //! exit. Nothing is attached to the machine's own cgroups and no traffic
 //! leaves the demo namespace.
-use std::{collections::BTreeMap, fs, net::Ipv4Addr, path::Path, time::Duration};
+use std::{collections::BTreeMap, fmt::Write as _, fs, net::Ipv4Addr, path::Path, time::Duration};
 
 use anyhow::{Context as _, bail};
 use tokio::sync::{oneshot, watch};
@@ -25,9 +25,14 @@ fn backend_ip(i: u8) -> Ipv4Addr {
 }
 
 fn services_yaml() -> String {
-    let endpoints: String = (1..=3)
-        .map(|i| format!("  - addresses: [\"{}\"]\n    conditions: {{ready: true}}\n    nodeName: demo-node\n", backend_ip(i)))
-        .collect();
+    let mut endpoints = String::new();
+    for i in 1..=3 {
+        let _ = write!(
+            endpoints,
+            "  - addresses: [\"{}\"]\n    conditions: {{ready: true}}\n    nodeName: demo-node\n",
+            backend_ip(i)
+        );
+    }
     format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: demo}}\n\
 spec:\n  type: ClusterIP\n  clusterIP: {CLUSTER_IP}\n  clusterIPs: [\"{CLUSTER_IP}\"]\n  ports:\n  - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n\
@@ -83,8 +88,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         cgroup.procs_file().display(),
         ns.path().display()
     );
-    println!("\nTry it yourself (a shell that joins the demo cgroup, then enters the demo namespace):\n\n  {try_cmd}\n");
-    println!("Edit {} (add or remove an endpoint, change the port) and the agent applies only the difference.", services_file.display());
+    println!(
+        "\nTry it yourself (a shell that joins the demo cgroup, then enters the demo namespace):\n\n  {try_cmd}\n"
+    );
+    println!(
+        "Edit {} (add or remove an endpoint, change the port) and the agent applies only the difference.",
+        services_file.display()
+    );
     if !args.check && outcome.is_ok() {
         println!("Press Ctrl-C to stop the demo and remove everything it made.");
         shutdown_signal().await;

@@ -27,7 +27,13 @@ impl FakeMaps {
         Ok(())
     }
 
-    fn insert<K: Ord, V>(map: &mut BTreeMap<K, V>, cap: Option<usize>, name: MapName, k: K, v: V) -> Result<(), MapError> {
+    fn insert<K: Ord, V>(
+        map: &mut BTreeMap<K, V>,
+        cap: Option<usize>,
+        name: MapName,
+        k: K,
+        v: V,
+    ) -> Result<(), MapError> {
         if !map.contains_key(&k) && cap.is_some_and(|c| map.len() >= c) {
             return Err(MapError::Full { map: name });
         }
@@ -42,8 +48,16 @@ impl FakeMaps {
             assert!(self.state.rev_nat.contains_key(&master.rev_nat), "rev-NAT {} of {key:?} missing", master.rev_nat);
             for slot in 1..=master.count {
                 let slot_key = ServiceKeyV4 { slot, ..*key };
-                let entry = self.state.services.get(&slot_key).unwrap_or_else(|| panic!("{key:?}: slot {slot} of {} missing", master.count));
-                assert!(self.state.backends.contains_key(&entry.backend_id), "{key:?} slot {slot}: backend {} missing", entry.backend_id);
+                let entry = self
+                    .state
+                    .services
+                    .get(&slot_key)
+                    .unwrap_or_else(|| panic!("{key:?}: slot {slot} of {} missing", master.count));
+                assert!(
+                    self.state.backends.contains_key(&entry.backend_id),
+                    "{key:?} slot {slot}: backend {} missing",
+                    entry.backend_id
+                );
             }
         }
     }

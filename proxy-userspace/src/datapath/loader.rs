@@ -35,7 +35,7 @@ pub struct LoadOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("cannot load the eBPF object (pinned maps in {pin_dir}): {source}")]
-    Load { pin_dir: String, source: EbpfError },
+    Load { pin_dir: String, source: Box<EbpfError> },
     #[error(
         "pinned map {path} has {found}, this build needs {wanted}; it was made by an \
          incompatible version: remove the pin directory (or run the matching cleanup) and start again"
@@ -76,7 +76,10 @@ impl Datapath {
             .map_max_entries(map_names::BACKENDS_V4, opts.backends_map_size)
             .override_global(LOG_ENABLED, &log_flag, true)
             .load(OBJECT)
-            .map_err(|source| LoadError::Load { pin_dir: opts.pin_dir.display().to_string(), source })?;
+            .map_err(|source| LoadError::Load {
+                pin_dir: opts.pin_dir.display().to_string(),
+                source: Box::new(source),
+            })?;
 
         check_layout::<ServiceKeyV4, ServiceValue>(&ebpf, &opts.pin_dir, map_names::SERVICES_V4)?;
         check_layout::<u32, BackendV4>(&ebpf, &opts.pin_dir, map_names::BACKENDS_V4)?;
@@ -146,18 +149,20 @@ fn start_bpf_log(ebpf: &mut Ebpf) {
     match aya_log::EbpfLogger::init(ebpf) {
         // SAFETY: the logger owns the ring buffer fd and the AsyncFd owns the
         // logger, so the fd stays open for as long as it is registered.
-        Ok(logger) => match unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
-            Ok(mut logger) => {
-                tokio::spawn(async move {
-                    loop {
-                        let Ok(mut guard) = logger.readable_mut().await else { return };
-                        guard.get_inner_mut().flush();
-                        guard.clear_ready();
-                    }
-                });
+        Ok(logger) => {
+            match unsafe { tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
+                Ok(mut logger) => {
+                    tokio::spawn(async move {
+                        loop {
+                            let Ok(mut guard) = logger.readable_mut().await else { return };
+                            guard.get_inner_mut().flush();
+                            guard.clear_ready();
+                        }
+                    });
+                }
+                Err(err) => tracing::warn!(%err, "--bpf-log: cannot poll the eBPF log buffer; eBPF logging is off"),
             }
-            Err(err) => tracing::warn!(%err, "--bpf-log: cannot poll the eBPF log buffer; eBPF logging is off"),
-        },
+        }
         Err(err) => tracing::warn!(%err, "--bpf-log: cannot read the eBPF log buffer; eBPF logging is off"),
     }
 }

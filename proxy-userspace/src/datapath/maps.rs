@@ -106,7 +106,10 @@ fn delete_result(map: MapName, result: Result<(), AyaMapError>) -> Result<(), Ma
     }
 }
 
-fn collect<K: Ord, V>(map: MapName, iter: impl Iterator<Item = Result<(K, V), AyaMapError>>) -> Result<BTreeMap<K, V>, MapError> {
+fn collect<K: Ord, V>(
+    map: MapName,
+    iter: impl Iterator<Item = Result<(K, V), AyaMapError>>,
+) -> Result<BTreeMap<K, V>, MapError> {
     iter.collect::<Result<_, _>>().map_err(|source| MapError::Aya { map, source })
 }
 

@@ -161,7 +161,11 @@ impl Reconciler {
                 stale_backends.push(*id);
                 continue;
             };
-            let addr = BackendAddr { addr: Ipv4Addr::from(value.addr.to_ne_bytes()), port: u16::from_be(value.port), protocol };
+            let addr = BackendAddr {
+                addr: Ipv4Addr::from(value.addr.to_ne_bytes()),
+                port: u16::from_be(value.port),
+                protocol,
+            };
             this.backend_ids.entry(addr).or_insert(*id);
             this.backends.insert(*id, (addr, *value));
         }
@@ -170,14 +174,15 @@ impl Reconciler {
                 stale_services.push(*key);
                 continue;
             };
-            let fk = FrontendKey { addr: Ipv4Addr::from(key.addr.to_ne_bytes()), port: u16::from_be(key.port), protocol };
+            let fk =
+                FrontendKey { addr: Ipv4Addr::from(key.addr.to_ne_bytes()), port: u16::from_be(key.port), protocol };
             let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(fk.to_string()));
             if key.slot == 0 {
                 fe.master = Some(*value);
                 fe.rev_nat = value.rev_nat;
-                fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| {
-                    *r == RevNatV4 { addr: key.addr, port: key.port, pad: 0 }
-                });
+                fe.rev_nat_written = rev_nat
+                    .get(&value.rev_nat)
+                    .is_some_and(|r| *r == RevNatV4 { addr: key.addr, port: key.port, pad: 0 });
             } else {
                 let i = usize::from(key.slot) - 1;
                 if fe.slots.len() <= i {
@@ -187,7 +192,8 @@ impl Reconciler {
             }
         }
         // Slots of a frontend without slot 0 are unreachable: delete them.
-        let orphans: Vec<FrontendKey> = this.frontends.iter().filter(|(_, f)| f.master.is_none()).map(|(k, _)| *k).collect();
+        let orphans: Vec<FrontendKey> =
+            this.frontends.iter().filter(|(_, f)| f.master.is_none()).map(|(k, _)| *k).collect();
         for fk in orphans {
             let fe = this.frontends.remove(&fk).expect("listed above");
             let keys = (0..fe.slots.len()).map(|i| frontend_key(fk, slot_number(i)));
@@ -256,14 +262,21 @@ impl Reconciler {
         report
     }
 
-    fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, wanted: &BTreeMap<BackendAddr, BackendState>, report: &mut Report) {
+    fn upsert_backends(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        wanted: &BTreeMap<BackendAddr, BackendState>,
+        report: &mut Report,
+    ) {
         for (addr, state) in wanted {
             let value = backend_value(*addr, *state);
             let result = match self.backend_ids.get(addr) {
                 Some(id) if self.backends[id].1 == value => continue,
                 Some(id) => maps.set_backend(*id, &value).map(|()| *id),
                 None => match self.backend_pool.allocate() {
-                    Some(id) => maps.set_backend(id, &value).map(|()| id).inspect_err(|_| self.backend_pool.release(id)),
+                    Some(id) => {
+                        maps.set_backend(id, &value).map(|()| id).inspect_err(|_| self.backend_pool.release(id))
+                    }
                     None => Err(MapError::Full { map: super::maps::MapName::Backends }),
                 },
             };
@@ -275,7 +288,9 @@ impl Reconciler {
                     }
                     self.backends.insert(id, (*addr, value));
                 }
-                Err(error) => report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error }),
+                Err(error) => {
+                    report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error })
+                }
             }
         }
     }
@@ -291,7 +306,7 @@ impl Reconciler {
         let existed = self.frontends.contains_key(&key);
         let before: Vec<u32> = self.frontends.get(&key).map(|f| f.live_slots().to_vec()).unwrap_or_default();
         let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(service_port.to_owned()));
-        fe.service_port = service_port.to_owned();
+        service_port.clone_into(&mut fe.service_port);
         let writes_before = report.writes;
 
         if fe.rev_nat == 0 {
@@ -308,7 +323,10 @@ impl Reconciler {
                 continue;
             }
             report.writes += 1;
-            maps.set_service(&frontend_key(key, slot_number(i)), &ServiceValue { backend_id: *id, ..ServiceValue::default() })?;
+            maps.set_service(
+                &frontend_key(key, slot_number(i)),
+                &ServiceValue { backend_id: *id, ..ServiceValue::default() },
+            )?;
             if i < fe.slots.len() {
                 fe.slots[i] = *id;
             } else {
@@ -335,7 +353,8 @@ impl Reconciler {
         }
         if report.writes > writes_before {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
-            let before: Vec<BackendAddr> = before.iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
+            let before: Vec<BackendAddr> =
+                before.iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
             report.changes.push(Change {
                 service_port: service_port.to_owned(),
                 frontend: key,
@@ -348,9 +367,15 @@ impl Reconciler {
         Ok(())
     }
 
-    fn remove_frontend(&mut self, maps: &mut impl ServiceMaps, key: FrontendKey, report: &mut Report) -> Result<(), MapError> {
+    fn remove_frontend(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        key: FrontendKey,
+        report: &mut Report,
+    ) -> Result<(), MapError> {
         let fe = self.frontends.get_mut(&key).expect("caller lists applied frontends");
-        let before: Vec<BackendAddr> = fe.live_slots().iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
+        let before: Vec<BackendAddr> =
+            fe.live_slots().iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
         if fe.master.is_some() {
             report.writes += 1;
             maps.remove_service(&frontend_key(key, 0))?;
@@ -378,7 +403,12 @@ impl Reconciler {
         Ok(())
     }
 
-    fn remove_unused_backends(&mut self, maps: &mut impl ServiceMaps, wanted: &BTreeMap<BackendAddr, BackendState>, report: &mut Report) {
+    fn remove_unused_backends(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        wanted: &BTreeMap<BackendAddr, BackendState>,
+        report: &mut Report,
+    ) {
         let referenced: HashSet<u32> = self.frontends.values().flat_map(|f| f.slots.iter().copied()).collect();
         let unused: Vec<(u32, BackendAddr)> = self
             .backends
@@ -399,7 +429,9 @@ impl Reconciler {
                     self.backend_pool.release(id);
                     report.backends_removed += 1;
                 }
-                Err(error) => report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error }),
+                Err(error) => {
+                    report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error })
+                }
             }
         }
     }

@@ -20,7 +20,10 @@ fn be(last: u8, port: u16) -> Backend {
 }
 
 fn table(entries: &[(FrontendKey, Vec<Backend>)]) -> ServiceTable {
-    entries.iter().map(|(k, b)| (*k, Frontend { service_port: format!("ns/svc-{}:{}", k.addr, k.port), backends: b.clone() })).collect()
+    entries
+        .iter()
+        .map(|(k, b)| (*k, Frontend { service_port: format!("ns/svc-{}:{}", k.addr, k.port), backends: b.clone() }))
+        .collect()
 }
 
 /// Reads the maps back into a table: what a reader in the kernel sees.
@@ -180,8 +183,9 @@ fn recovery_removes_unreachable_entries() {
 fn arb_table() -> impl Strategy<Value = ServiceTable> {
     let key = (0u8..3, prop_oneof![Just(80u16), Just(443)], prop_oneof![Just(Protocol::Tcp), Just(Protocol::Udp)]);
     // One state per address and port, as the model gives.
-    let backends = prop::collection::btree_map((1u8..8, prop_oneof![Just(8080u16), Just(9090)]), prop::bool::weighted(0.2), 0..6)
-        .prop_map(|m| m.into_iter().map(|((l, p), t)| (l, p, t)).collect::<Vec<_>>());
+    let backends =
+        prop::collection::btree_map((1u8..8, prop_oneof![Just(8080u16), Just(9090)]), prop::bool::weighted(0.2), 0..6)
+            .prop_map(|m| m.into_iter().map(|((l, p), t)| (l, p, t)).collect::<Vec<_>>());
     prop::collection::btree_map(key, backends, 0..6).prop_map(|m| {
         m.into_iter()
             .map(|((a, p, proto), bs)| {

@@ -6,7 +6,10 @@ use std::{
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use super::{Backend, BackendState, ObjectRef, Problem, Protocol, frontends::{PortSpec, valid_port}};
+use super::{
+    Backend, BackendState, ObjectRef, Problem, Protocol,
+    frontends::{PortSpec, valid_port},
+};
 
 /// Label naming the service a slice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -68,15 +71,20 @@ pub fn backends_for_port(
             }
             // Like kube-proxy, only an endpoint's first address is used.
             let Some(raw) = endpoint.addresses.first() else {
-                problems.push(Problem::error(&object, format!("endpoints[{k}].addresses"), "endpoint has no address; skipped"));
+                problems.push(Problem::error(
+                    &object,
+                    format!("endpoints[{k}].addresses"),
+                    "endpoint has no address; skipped",
+                ));
                 continue;
             };
-            let addr = match raw.parse::<IpAddr>() {
-                Ok(IpAddr::V4(v4)) => v4,
-                _ => {
-                    problems.push(Problem::error(&object, format!("endpoints[{k}].addresses[0]"), format!("{raw:?} is not an IPv4 address; endpoint skipped")));
-                    continue;
-                }
+            let Ok(IpAddr::V4(addr)) = raw.parse::<IpAddr>() else {
+                problems.push(Problem::error(
+                    &object,
+                    format!("endpoints[{k}].addresses[0]"),
+                    format!("{raw:?} is not an IPv4 address; endpoint skipped"),
+                ));
+                continue;
             };
             found.entry((addr, target)).and_modify(|s| *s = (*s).min(state)).or_insert(state);
         }
@@ -92,7 +100,12 @@ pub fn backends_for_port(
         problems.push(Problem::warning(
             service,
             format!("port {}", port.port),
-            format!("{} endpoints, more than the {} a frontend holds; the first {} by address are used", backends.len(), selection.max_backends, selection.max_backends),
+            format!(
+                "{} endpoints, more than the {} a frontend holds; the first {} by address are used",
+                backends.len(),
+                selection.max_backends,
+                selection.max_backends
+            ),
         ));
         backends.truncate(selection.max_backends);
     }
@@ -102,17 +115,24 @@ pub fn backends_for_port(
 /// The target port for `port` in `slice`, matched by name and protocol.
 fn slice_port(slice: &EndpointSlice, port: &PortSpec, problems: &mut Vec<Problem>) -> Option<u16> {
     let (j, sp) = slice.ports.iter().flatten().enumerate().find(|(_, sp)| {
-        sp.name.as_deref().unwrap_or("") == port.name
-            && protocol_matches(sp.protocol.as_deref(), port.protocol)
+        sp.name.as_deref().unwrap_or("") == port.name && protocol_matches(sp.protocol.as_deref(), port.protocol)
     })?;
     match sp.port.map(valid_port) {
         Some(Some(n)) => Some(n),
         Some(None) => {
-            problems.push(Problem::error(&object_ref(slice), format!("ports[{j}].port"), format!("{} is not a port number (1-65535)", sp.port.unwrap_or_default())));
+            problems.push(Problem::error(
+                &object_ref(slice),
+                format!("ports[{j}].port"),
+                format!("{} is not a port number (1-65535)", sp.port.unwrap_or_default()),
+            ));
             None
         }
         None => {
-            problems.push(Problem::warning(&object_ref(slice), format!("ports[{j}].port"), "no port number; its endpoints are not used"));
+            problems.push(Problem::warning(
+                &object_ref(slice),
+                format!("ports[{j}].port"),
+                "no port number; its endpoints are not used",
+            ));
             None
         }
     }

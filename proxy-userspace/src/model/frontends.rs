@@ -75,21 +75,37 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
             "TCP" => Protocol::Tcp,
             "UDP" => Protocol::Udp,
             "SCTP" => {
-                problems.push(Problem::warning(&object, field("protocol"), "SCTP is not proxied; this port is skipped"));
+                problems.push(Problem::warning(
+                    &object,
+                    field("protocol"),
+                    "SCTP is not proxied; this port is skipped",
+                ));
                 continue;
             }
             other => {
-                problems.push(Problem::error(&object, field("protocol"), format!("unknown protocol {other:?}; expected TCP, UDP or SCTP")));
+                problems.push(Problem::error(
+                    &object,
+                    field("protocol"),
+                    format!("unknown protocol {other:?}; expected TCP, UDP or SCTP"),
+                ));
                 continue;
             }
         };
         let Some(number) = valid_port(port.port) else {
-            problems.push(Problem::error(&object, field("port"), format!("{} is not a port number (1-65535)", port.port)));
+            problems.push(Problem::error(
+                &object,
+                field("port"),
+                format!("{} is not a port number (1-65535)", port.port),
+            ));
             continue;
         };
         let name = port.name.clone().unwrap_or_default();
         if ports.iter().any(|p| p.port == number && p.protocol == protocol) {
-            problems.push(Problem::error(&object, field("port"), format!("{number}/{protocol} is listed twice; the first one is used")));
+            problems.push(Problem::error(
+                &object,
+                field("port"),
+                format!("{number}/{protocol} is listed twice; the first one is used"),
+            ));
             continue;
         }
         ports.push(PortSpec { name, port: number, protocol });

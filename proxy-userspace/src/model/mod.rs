@@ -88,3 +88,26 @@ pub struct Frontend {
 
 /// The desired service table: every frontend the node must translate.
 pub type ServiceTable = BTreeMap<FrontendKey, Frontend>;
+
+/// The table as text, one frontend a line (`ADDR:PORT/PROTO -> B1 B2 ...`,
+/// terminating backends marked `~`), for logs and golden-file tests.
+#[must_use]
+pub fn render(table: &ServiceTable) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for (key, frontend) in table {
+        let _ = write!(out, "{key} {} ->", frontend.service_port);
+        if frontend.backends.is_empty() {
+            out.push_str(" (none)");
+        }
+        for b in &frontend.backends {
+            let mark = if b.state == BackendState::Terminating { "~" } else { "" };
+            let _ = write!(out, " {mark}{}:{}", b.addr, b.port);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,9 +1,9 @@
 //! The services file: a YAML stream of `v1/Service` and
 //! `discovery.k8s.io/v1/EndpointSlice` objects, as `kubectl get -o yaml`
-//! prints them (`kind: List` documents are unpacked).
+//! prints them. `kind: List` documents and typed lists (`ServiceList`, as the
+//! API returns them) are unpacked.
 use std::{
-    fs,
-    io,
+    fs, io,
     path::{Path, PathBuf},
     time::SystemTime,
 };
@@ -64,18 +64,29 @@ pub fn parse(text: &str) -> Result<Parsed, serde_yaml::Error> {
         if value.is_null() {
             continue; // an empty document, e.g. a trailing `---`
         }
-        if kind_of(&value) == Some("List") {
+        if let Some(kind) = kind_of(&value).filter(|k| k.ends_with("List")) {
+            // `kind: List` from kubectl, or a typed list (`ServiceList`) as
+            // the API returns it, whose items carry no kind or apiVersion.
+            let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty()).map(str::to_owned);
+            let api_version = value.get("apiVersion").cloned();
             match value.get("items").and_then(Value::as_sequence) {
                 Some(items) => {
                     for (j, item) in items.iter().enumerate() {
-                        add_object(&mut parsed, document, &format!("items[{j}]."), item.clone());
+                        let mut item = item.clone();
+                        if let (Some(map), Some(k)) = (item.as_mapping_mut(), &item_kind) {
+                            map.entry("kind".into()).or_insert_with(|| k.as_str().into());
+                            if let Some(v) = &api_version {
+                                map.entry("apiVersion".into()).or_insert_with(|| v.clone());
+                            }
+                        }
+                        add_object(&mut parsed, document, &format!("items[{j}]."), item);
                     }
                 }
                 None => parsed.errors.push(ObjectError {
                     document,
-                    object: "List".into(),
+                    object: kind.to_owned(),
                     field: "items".into(),
-                    message: "a List needs an `items` sequence".into(),
+                    message: "a list needs an `items` sequence".into(),
                 }),
             }
         } else {
@@ -106,7 +117,9 @@ fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) 
         (Some("discovery.k8s.io/v1"), Some("EndpointSlice")) => {
             typed::<EndpointSlice>(value).map(|s| parsed.objects.slices.push(s))
         }
-        (_, Some("Endpoints")) => Err((".".into(), "legacy v1/Endpoints are not read; use discovery.k8s.io/v1 EndpointSlices".into())),
+        (_, Some("Endpoints")) => {
+            Err((".".into(), "legacy v1/Endpoints are not read; use discovery.k8s.io/v1 EndpointSlices".into()))
+        }
         (api, kind) => Err((
             ".".into(),
             format!(
@@ -117,7 +130,11 @@ fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) 
         )),
     };
     if let Err((field, message)) = result {
-        let field = if field == "." && !prefix.is_empty() { prefix.trim_end_matches('.').to_owned() } else { format!("{prefix}{field}") };
+        let field = if field == "." && !prefix.is_empty() {
+            prefix.trim_end_matches('.').to_owned()
+        } else {
+            format!("{prefix}{field}")
+        };
         parsed.errors.push(error(field, message));
     }
 }
@@ -145,4 +162,40 @@ pub fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt as _;
     let meta = fs::metadata(path).ok()?;
     Some(Stamp { modified: meta.modified().ok(), len: meta.len(), inode: meta.ino() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn a_type_error_names_document_object_and_field() {
+        let yaml = "apiVersion: v1\nkind: Service\nmetadata: {name: ok}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: x}\nspec:\n  ports:\n  - {port: eighty}\n";
+        let parsed = parse(yaml).unwrap();
+        assert_eq!(parsed.objects.services.len(), 1);
+        let err = &parsed.errors[0];
+        assert_eq!((err.document, err.object.as_str(), err.field.as_str()), (2, "Service x/bad", "spec.ports[0].port"));
+    }
+
+    #[test]
+    fn other_kinds_and_legacy_endpoints_are_rejected() {
+        let yaml = "apiVersion: v1\nkind: Endpoints\nmetadata: {name: e}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n---\n";
+        let parsed = parse(yaml).unwrap();
+        assert_eq!(parsed.errors.len(), 2);
+        assert!(parsed.errors[0].message.contains("EndpointSlices"));
+        assert!(parsed.errors[1].message.contains("apps/v1"));
+    }
+
+    #[test]
+    fn list_items_are_unpacked_with_their_path() {
+        let yaml = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service, metadata: {name: a}}\n- {apiVersion: v1, kind: Service, metadata: {name: b}, spec: {ports: 3}}\n";
+        let parsed = parse(yaml).unwrap();
+        assert_eq!(parsed.objects.services.len(), 1);
+        assert_eq!(parsed.errors[0].field, "items[1].spec.ports");
+    }
+
+    #[test]
+    fn a_syntax_error_fails_the_whole_stream() {
+        assert!(parse("apiVersion: v1\nkind: Service\nmetadata: {name: [\n").is_err());
+    }
 }

@@ -6,12 +6,14 @@
 //! Safety rule: nothing here sends traffic from the machine's own network
 //! namespace. Servers are bound inside a test namespace; clients are
 //! started inside it.
+mod agent;
 mod bpffs;
 mod cgroup;
 mod client;
 mod http;
 mod netns;
 
+pub use agent::{AgentProcess, field, message};
 pub use bpffs::BpfFs;
 pub use cgroup::TestCgroup;
 pub use client::{ClientCommand, spawn_in};

@@ -1,0 +1,136 @@
+//! One test per Kubernetes rule of the model.
+use super::{NodeContext, render, translate};
+use crate::source::file;
+
+/// Translates a YAML stream of Services and EndpointSlices for node `n1`.
+fn table(yaml: &str) -> (String, Vec<String>) {
+    let parsed = file::parse(yaml).expect("yaml");
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+    let t = translate(&parsed.objects.services, &parsed.objects.slices, &NodeContext::new("n1"));
+    (render(&t.table), t.problems.iter().map(ToString::to_string).collect())
+}
+
+const SVC: &str = "
+apiVersion: v1
+kind: Service
+metadata: {name: s, namespace: ns}
+spec:
+  clusterIP: 10.96.0.1
+  ports:
+  - {name: http, port: 80, targetPort: web}
+  - {name: dns, port: 53, protocol: UDP}
+";
+
+fn slice(name: &str, ports: &str, endpoints: &str) -> String {
+    format!(
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}, namespace: ns, labels: {{kubernetes.io/service-name: s}}}}\naddressType: IPv4\nports: {ports}\nendpoints: {endpoints}\n"
+    )
+}
+
+const PORTS: &str = "[{name: http, port: 8080, protocol: TCP}, {name: dns, port: 5353, protocol: UDP}]";
+
+#[test]
+fn ports_are_matched_by_name_and_protocol() {
+    let yaml = format!("{SVC}{}", slice("a", PORTS, "[{addresses: [10.0.0.1]}]"));
+    let (t, problems) = table(&yaml);
+    assert_eq!(t, "10.96.0.1:53/UDP ns/s:dns -> 10.0.0.1:5353\n10.96.0.1:80/TCP ns/s:http -> 10.0.0.1:8080\n");
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+#[test]
+fn slices_are_merged_and_deduplicated() {
+    let yaml = format!(
+        "{SVC}{}{}",
+        slice("a", PORTS, "[{addresses: [10.0.0.2]}, {addresses: [10.0.0.1]}]"),
+        slice("b", PORTS, "[{addresses: [10.0.0.1]}, {addresses: [10.0.0.3]}]")
+    );
+    let (t, _) = table(&yaml);
+    assert!(t.contains("10.96.0.1:80/TCP ns/s:http -> 10.0.0.1:8080 10.0.0.2:8080 10.0.0.3:8080\n"), "{t}");
+}
+
+#[test]
+fn ready_endpoints_win_over_terminating_ones() {
+    let eps = "[{addresses: [10.0.0.1], conditions: {ready: true}}, {addresses: [10.0.0.2], conditions: {ready: false, serving: true, terminating: true}}, {addresses: [10.0.0.3], conditions: {ready: false, serving: false}}]";
+    let (t, _) = table(&format!("{SVC}{}", slice("a", PORTS, eps)));
+    assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.1:8080\n"), "{t}");
+}
+
+#[test]
+fn serving_terminating_endpoints_are_the_fallback() {
+    let eps = "[{addresses: [10.0.0.2], conditions: {ready: false, serving: true, terminating: true}}, {addresses: [10.0.0.3], conditions: {ready: false, serving: false, terminating: true}}]";
+    let (t, _) = table(&format!("{SVC}{}", slice("a", PORTS, eps)));
+    assert!(t.contains(":80/TCP ns/s:http -> ~10.0.0.2:8080\n"), "{t}");
+}
+
+#[test]
+fn no_usable_endpoint_gives_an_empty_frontend() {
+    let (t, _) = table(SVC);
+    assert_eq!(t, "10.96.0.1:53/UDP ns/s:dns -> (none)\n10.96.0.1:80/TCP ns/s:http -> (none)\n");
+}
+
+#[test]
+fn internal_traffic_policy_local_keeps_this_nodes_endpoints() {
+    let svc = SVC.replace("  clusterIP: 10.96.0.1\n", "  clusterIP: 10.96.0.1\n  internalTrafficPolicy: Local\n");
+    let eps = "[{addresses: [10.0.0.1], nodeName: n1}, {addresses: [10.0.0.2], nodeName: n2}]";
+    let (t, _) = table(&format!("{svc}{}", slice("a", PORTS, eps)));
+    assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.1:8080\n"), "{t}");
+}
+
+#[test]
+fn skipped_kinds_are_not_programmed() {
+    for (patch, label) in [
+        ("  clusterIP: None\n", ""),
+        ("  clusterIP: 10.96.0.1\n  type: ExternalName\n  externalName: example.com\n", ""),
+        ("  clusterIP: 10.96.0.1\n", "  labels: {service.kubernetes.io/service-proxy-name: other}\n"),
+    ] {
+        let svc = SVC.replace("  clusterIP: 10.96.0.1\n", patch).replace(
+            "metadata: {name: s, namespace: ns}\n",
+            &format!("metadata:\n  name: s\n  namespace: ns\n{label}"),
+        );
+        let (t, _) = table(&svc);
+        assert_eq!(t, "", "{svc}");
+    }
+}
+
+#[test]
+fn sctp_and_unknown_protocols_are_skipped_with_a_problem() {
+    let svc = SVC.replace("protocol: UDP}", "protocol: SCTP}")
+        + "---\napiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: ns}\nspec: {clusterIP: 10.96.0.2, ports: [{port: 1, protocol: QUIC}]}\n";
+    let (t, problems) = table(&svc);
+    assert_eq!(t, "10.96.0.1:80/TCP ns/s:http -> (none)\n");
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].contains("spec.ports[1].protocol: SCTP"), "{problems:?}");
+    assert!(problems[1].contains("Service ns/x: spec.ports[0].protocol"), "{problems:?}");
+}
+
+#[test]
+fn bad_endpoint_addresses_and_ports_are_reported_and_skipped() {
+    let eps = "[{addresses: [10.0.0.1]}, {addresses: [not-an-ip]}, {addresses: []}]";
+    let ports = "[{name: http, port: 8080}, {name: nope, port: 1}, {name: dns, port: 70000, protocol: UDP}]";
+    let (t, problems) = table(&format!("{SVC}{}", slice("a", ports, eps)));
+    assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.1:8080\n"), "{t}");
+    assert!(t.contains(":53/UDP ns/s:dns -> (none)\n"), "{t}");
+    let all = problems.join("\n");
+    assert!(all.contains("EndpointSlice ns/a: endpoints[1].addresses[0]"), "{all}");
+    assert!(all.contains("EndpointSlice ns/a: endpoints[2].addresses"), "{all}");
+    assert!(all.contains("EndpointSlice ns/a: ports[1].name: port \"nope\""), "{all}");
+    assert!(all.contains("EndpointSlice ns/a: ports[2].port: 70000"), "{all}");
+}
+
+#[test]
+fn two_services_on_one_frontend_keep_the_first() {
+    let other = SVC.replace("name: s,", "name: t,");
+    let (t, problems) = table(&format!("{other}---{SVC}"));
+    assert!(t.contains("ns/s:http"), "{t}");
+    assert!(
+        problems.iter().any(|p| p.starts_with("Service ns/t") && p.contains("already served by ns/s:http")),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn order_of_objects_does_not_matter() {
+    let a = slice("a", PORTS, "[{addresses: [10.0.0.2]}]");
+    let b = slice("b", PORTS, "[{addresses: [10.0.0.1]}]");
+    assert_eq!(table(&format!("{SVC}{a}{b}")).0, table(&format!("{b}---{SVC}{a}")).0);
+}

@@ -1,0 +1,126 @@
+//! The `ebpf-proxy` binary as a child process whose JSON log lines the test
+//! reads, to wait for "applied" and to check what it reported.
+use std::{
+    ffi::OsStr,
+    io::{self, BufRead as _, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Condvar, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+pub struct AgentProcess {
+    child: Child,
+    log: Arc<(Mutex<Vec<Value>>, Condvar)>,
+}
+
+impl AgentProcess {
+    /// Starts `BIN run ARGS --log-format json`.
+    pub fn start<I, S>(bin: &Path, args: I) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut child = Command::new(bin)
+            .arg("--log-format")
+            .arg("json")
+            .arg("run")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().expect("piped");
+        let log: Arc<(Mutex<Vec<Value>>, Condvar)> = Arc::default();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("agent: {line}");
+                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+                sink.0.lock().expect("log lock").push(value);
+                sink.1.notify_all();
+            }
+        });
+        Ok(Self { child, log })
+    }
+
+    /// Every log record so far.
+    #[must_use]
+    pub fn records(&self) -> Vec<Value> {
+        self.log.0.lock().expect("log lock").clone()
+    }
+
+    /// Waits for a record that satisfies `pred` among those after the first
+    /// `skip`, returning it.
+    pub fn wait_for(&self, skip: usize, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Result<Value, String> {
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &*self.log;
+        let mut records = lock.lock().expect("log lock");
+        loop {
+            if let Some(found) = records.iter().skip(skip).find(|r| pred(r)) {
+                return Ok(found.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(format!("no matching agent log record within {timeout:?}; saw {} records", records.len()));
+            }
+            records = cv.wait_timeout(records, deadline - now).expect("log lock").0;
+        }
+    }
+
+    /// Waits for the next "services file applied" record after the first
+    /// `skip` records, returning it.
+    #[must_use]
+    pub fn wait_applied(&self, skip: usize) -> Value {
+        self.wait_for(skip, Duration::from_secs(20), |r| message(r) == Some("services file applied"))
+            .unwrap_or_else(|e| panic!("agent did not apply the services file: {e}"))
+    }
+
+    /// Number of records so far (a mark to wait after).
+    #[must_use]
+    pub fn mark(&self) -> usize {
+        self.log.0.lock().expect("log lock").len()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Stops the agent with SIGTERM (SIGKILL after 10 s) and waits for it.
+    pub fn stop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits i32"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `message` of a JSON log record.
+#[must_use]
+pub fn message(record: &Value) -> Option<&str> {
+    record.get("fields")?.get("message")?.as_str()
+}
+
+/// A field of a JSON log record.
+#[must_use]
+pub fn field<'a>(record: &'a Value, name: &str) -> Option<&'a Value> {
+    record.get("fields")?.get(name)
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,139 @@
+//! ClusterIP through the kernel: the real agent binary, attached to a test
+//! cgroup, in front of HTTP backends in a test namespace; real curl and
+//! socat clients inside that namespace.
+mod common;
+
+use common::{Env, backend_ip, service, slice, web};
+
+#[test]
+fn spreads_300_connections_over_three_backends() {
+    let mut env = Env::new(3);
+    env.write_services(&web(&[1, 2, 3]));
+    env.start_agent();
+
+    let answers = env.requests("10.96.0.10", 300);
+    assert_eq!(answers.len(), 300, "every connection succeeds");
+    for b in &env.backends {
+        let by_body = answers.iter().filter(|a| a.as_str() == b.name()).count();
+        assert_eq!(by_body, b.accepted(), "{} answered what it accepted", b.name());
+        assert!((60..=141).contains(&by_body), "{} got {by_body} of 300 (wanted 20%-47%)", b.name());
+    }
+}
+
+#[test]
+fn client_outside_the_cgroup_is_not_rewritten() {
+    let mut env = Env::new(1);
+    env.write_services(&web(&[1]));
+    env.start_agent();
+
+    // Same namespace, not in the cgroup: the service address has no route here.
+    let (ok, err) = env.socat_connect(false, "10.96.0.10:80");
+    assert!(!ok, "a client outside the cgroup reached something");
+    assert!(err.contains("Network is unreachable"), "expected no route, got: {err}");
+    assert_eq!(env.accepted(), vec![0]);
+    // The same connection from inside the cgroup is translated.
+    assert_eq!(env.requests("10.96.0.10", 1), vec!["backend-1"]);
+}
+
+#[test]
+fn service_without_endpoints_refuses_connections() {
+    let mut env = Env::new(1);
+    let yaml = service("empty", "10.96.0.20", &[("http", 80)])
+        + &slice("empty-1", "empty", &[("http", 8080)], &[])
+        + &service("lonely", "10.96.0.21", &[("http", 80)]);
+    env.write_services(&yaml);
+    env.start_agent();
+
+    for addr in ["10.96.0.20:80", "10.96.0.21:80"] {
+        let (ok, err) = env.socat_connect(true, addr);
+        assert!(!ok, "{addr}: connect succeeded");
+        assert!(err.contains("Connection refused"), "{addr}: expected ECONNREFUSED, got: {err}");
+    }
+}
+
+#[test]
+fn services_file_edits_are_applied() {
+    let mut env = Env::new(3);
+    env.write_services(&web(&[1, 2]));
+    env.start_agent();
+    let mut answers = env.requests("10.96.0.10", 40);
+    assert!(answers.iter().all(|a| a == "backend-1" || a == "backend-2"), "{answers:?}");
+
+    // Add a backend.
+    env.apply(&web(&[1, 2, 3]));
+    answers = env.requests("10.96.0.10", 60);
+    assert!(answers.iter().any(|a| a == "backend-3"), "the added backend gets connections");
+
+    // Remove one: once applied it gets no new connection.
+    env.apply(&web(&[2, 3]));
+    let before = env.accepted()[0];
+    answers = env.requests("10.96.0.10", 60);
+    assert!(!answers.iter().any(|a| a == "backend-1"), "{answers:?}");
+    assert_eq!(env.accepted()[0], before, "the removed backend accepted a connection");
+
+    // Change the service port: the old one is no longer translated.
+    let moved =
+        service("web", "10.96.0.10", &[("http", 8000)]) + &slice("web-1", "web", &[("http", 8080)], &[backend_ip(2)]);
+    env.apply(&moved);
+    assert_eq!(env.requests("10.96.0.10:8000", 5), vec!["backend-2"; 5]);
+    let (ok, err) = env.socat_connect(true, "10.96.0.10:80");
+    assert!(!ok && err.contains("Network is unreachable"), "old port still translated: {err}");
+
+    // Delete the service: its address is left alone.
+    env.apply("");
+    let (ok, err) = env.socat_connect(true, "10.96.0.10:8000");
+    assert!(!ok && err.contains("Network is unreachable"), "deleted service still translated: {err}");
+}
+
+#[test]
+fn same_ip_other_port_and_same_port_other_ip_stay_apart() {
+    let mut env = Env::new(3);
+    let yaml = service("a", "10.96.0.10", &[("http", 80)])
+        + &slice("a-1", "a", &[("http", 8080)], &[backend_ip(1)])
+        + &service("b", "10.96.0.10", &[("http", 81)])
+        + &slice("b-1", "b", &[("http", 8080)], &[backend_ip(2)])
+        + &service("c", "10.96.0.11", &[("http", 80)])
+        + &slice("c-1", "c", &[("http", 8080)], &[backend_ip(3)]);
+    env.write_services(&yaml);
+    env.start_agent();
+
+    assert_eq!(env.requests("10.96.0.10:80", 20), vec!["backend-1"; 20]);
+    assert_eq!(env.requests("10.96.0.10:81", 20), vec!["backend-2"; 20]);
+    assert_eq!(env.requests("10.96.0.11:80", 20), vec!["backend-3"; 20]);
+}
+
+#[test]
+fn malformed_objects_are_reported_and_skipped() {
+    let mut env = Env::new(1);
+    let broken_type = "---\napiVersion: v1\nkind: Service\nmetadata: {name: broken, namespace: test}\nspec:\n  clusterIP: 10.96.0.30\n  ports:\n  - {name: http, port: eighty}\n";
+    let bad_ip = service("badip", "10.96.0.300", &[("http", 80)]);
+    env.write_services(&(web(&[1]) + broken_type + &bad_ip));
+    let applied = env.start_agent();
+    assert_eq!(common::applied_frontends(&applied), 1, "only the good service is programmed");
+
+    let records = env.agent().records();
+    let logged = |object: &str, field: &str| {
+        records.iter().any(|r| {
+            ebpf_proxy::testkit::field(r, "object").and_then(|v| v.as_str()).is_some_and(|o| o.contains(object))
+                && ebpf_proxy::testkit::field(r, "field").and_then(|v| v.as_str()) == Some(field)
+                && r.get("level").and_then(|l| l.as_str()) == Some("ERROR")
+        })
+    };
+    assert!(logged("Service test/broken", "spec.ports[0].port"), "type error not reported with object and field");
+    assert!(logged("Service test/badip", "spec.clusterIPs[0]"), "bad clusterIP not reported with object and field");
+    assert_eq!(env.requests("10.96.0.10", 10), vec!["backend-1"; 10], "the good service still works");
+}
+
+#[test]
+fn restarted_agent_reads_its_pins_and_writes_nothing_new() {
+    let mut env = Env::new(2);
+    env.write_services(&web(&[1, 2]));
+    let first = env.start_agent();
+    assert!(common::writes(&first) > 0);
+    env.agent.take(); // stop it (programs detach, maps stay pinned)
+
+    let second = env.start_agent();
+    assert_eq!(common::writes(&second), 0, "the maps were already right");
+    let answers = env.requests("10.96.0.10", 20);
+    assert_eq!(answers.len(), 20);
+}

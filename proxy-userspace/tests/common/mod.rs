@@ -1,0 +1,198 @@
+//! Kernel-test environment: one network namespace, one cgroup, one private
+//! bpffs, a services file, HTTP backends and the real agent binary, all
+//! removed when the environment is dropped (also when a test fails).
+#![allow(dead_code, reason = "each test binary uses a different part")]
+
+use std::{
+    fmt::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::Output,
+};
+
+use ebpf_proxy::testkit::{AgentProcess, BpfFs, HttpBackend, NetNs, TestCgroup, spawn_in, unique_name};
+
+pub const AGENT: &str = env!("CARGO_BIN_EXE_ebpf-proxy");
+
+/// Fails the test unless it runs as root (the kernel tests cannot run
+/// otherwise; they must not pass by doing nothing).
+pub fn require_root() {
+    assert!(nix::unistd::geteuid().is_root(), "kernel tests need root: run them with `cargo xtask test`");
+}
+
+/// Address of backend `i` (1-based) inside the test namespace.
+pub fn backend_ip(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, 0, 10 + i)
+}
+
+// Fields drop in declaration order: the agent (programs detach) first, the
+// namespace last.
+pub struct Env {
+    pub agent: Option<AgentProcess>,
+    pub backends: Vec<HttpBackend>,
+    pub cgroup: TestCgroup,
+    pub bpffs: BpfFs,
+    pub ns: NetNs,
+    pub dir: tempfile::TempDir,
+}
+
+impl Env {
+    /// A namespace with `backends` HTTP servers on 10.244.0.11.. port 8080.
+    pub fn new(backends: u8) -> Self {
+        require_root();
+        let name = unique_name("ebpf-proxy-test");
+        let ns = NetNs::create(&name).expect("create netns");
+        let mut list = Vec::new();
+        for i in 1..=backends {
+            ns.add_lo_addr(&format!("{}/32", backend_ip(i))).expect("add address");
+            list.push(HttpBackend::start(&ns, backend_ip(i), 8080, &format!("backend-{i}")).expect("start backend"));
+        }
+        let cgroup = TestCgroup::create(&name).expect("create cgroup");
+        let bpffs = BpfFs::mount_temp(&name).expect("mount bpffs");
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self { agent: None, backends: list, cgroup, bpffs, ns, dir }
+    }
+
+    pub fn services_file(&self) -> PathBuf {
+        self.dir.path().join("services.yaml")
+    }
+
+    pub fn pin_dir(&self) -> PathBuf {
+        self.bpffs.path().join("ebpf-proxy")
+    }
+
+    /// Replaces the services file atomically (write, then rename).
+    pub fn write_services(&self, yaml: &str) {
+        let tmp = self.dir.path().join(".services.yaml.tmp");
+        std::fs::write(&tmp, yaml).expect("write services");
+        std::fs::rename(&tmp, self.services_file()).expect("rename services");
+    }
+
+    /// Writes `yaml`, waits for the running agent to apply it and returns
+    /// the "applied" record.
+    pub fn apply(&self, yaml: &str) -> serde_json::Value {
+        let agent = self.agent.as_ref().expect("agent running");
+        let mark = agent.mark();
+        self.write_services(yaml);
+        agent.wait_applied(mark)
+    }
+
+    /// Starts the agent on the current services file and waits for its
+    /// first sync; returns the "applied" record.
+    pub fn start_agent(&mut self) -> serde_json::Value {
+        let agent = AgentProcess::start(Path::new(AGENT), self.agent_args()).expect("start agent");
+        let applied = agent.wait_applied(0);
+        self.agent = Some(agent);
+        applied
+    }
+
+    pub fn agent_args(&self) -> Vec<String> {
+        vec![
+            "--services-file".into(),
+            self.services_file().display().to_string(),
+            "--cgroup".into(),
+            self.cgroup.path().display().to_string(),
+            "--bpffs-dir".into(),
+            self.pin_dir().display().to_string(),
+            "--node-name".into(),
+            "test-node".into(),
+        ]
+    }
+
+    pub fn agent(&self) -> &AgentProcess {
+        self.agent.as_ref().expect("agent running")
+    }
+
+    /// curl inside the namespace (and the cgroup when `in_cgroup`).
+    pub fn curl(&self, in_cgroup: bool, url: &str) -> Output {
+        let cgroup = in_cgroup.then_some(&self.cgroup);
+        spawn_in(&self.ns, cgroup, "curl")
+            .expect("prepare curl")
+            .args(["-sS", "--connect-timeout", "3", "--max-time", "10", url])
+            .output()
+            .expect("run curl")
+    }
+
+    /// `n` requests to `http://ADDR/`, one connection each, from the
+    /// cgroup; returns the body lines (backend names) in order.
+    pub fn requests(&self, addr: &str, n: usize) -> Vec<String> {
+        let out = self.curl(true, &format!("http://{addr}/?[1-{n}]"));
+        assert!(out.status.success(), "curl to {addr} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+    }
+
+    /// socat TCP connect to `addr` from inside the namespace; returns
+    /// (success, stderr).
+    pub fn socat_connect(&self, in_cgroup: bool, addr: &str) -> (bool, String) {
+        let cgroup = in_cgroup.then_some(&self.cgroup);
+        let out = spawn_in(&self.ns, cgroup, "socat")
+            .expect("prepare socat")
+            .args(["-T", "2", "-u", "OPEN:/dev/null", &format!("TCP:{addr},connect-timeout=2")])
+            .output()
+            .expect("run socat");
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    pub fn accepted(&self) -> Vec<usize> {
+        self.backends.iter().map(HttpBackend::accepted).collect()
+    }
+}
+
+/// A ClusterIP Service with TCP ports `(name, port)`.
+pub fn service(name: &str, cluster_ip: &str, ports: &[(&str, u16)]) -> String {
+    let mut s = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: test\nspec:\n  type: ClusterIP\n  clusterIP: {cluster_ip}\n  clusterIPs: [\"{cluster_ip}\"]\n  ports:\n"
+    );
+    for (pname, port) in ports {
+        writeln!(s, "  - {{name: {pname}, port: {port}, protocol: TCP, targetPort: {pname}}}").unwrap();
+    }
+    s
+}
+
+/// An EndpointSlice of service `service` with TCP ports `(name, port)` and
+/// ready endpoints at `ips`.
+pub fn slice(name: &str, service: &str, ports: &[(&str, u16)], ips: &[Ipv4Addr]) -> String {
+    let mut s = format!(
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: test\n  labels: {{kubernetes.io/service-name: {service}}}\naddressType: IPv4\nports:\n"
+    );
+    for (pname, port) in ports {
+        writeln!(s, "- {{name: {pname}, port: {port}, protocol: TCP}}").unwrap();
+    }
+    s.push_str("endpoints:\n");
+    if ips.is_empty() {
+        s.truncate(s.len() - 1);
+        s.push_str(" []\n");
+    }
+    for ip in ips {
+        writeln!(s, "- addresses: [\"{ip}\"]\n  conditions: {{ready: true}}\n  nodeName: test-node").unwrap();
+    }
+    s
+}
+
+/// Service `web` on 10.96.0.10:80 in front of backends `which` (1-based).
+pub fn web(which: &[u8]) -> String {
+    let ips: Vec<Ipv4Addr> = which.iter().map(|i| backend_ip(*i)).collect();
+    service("web", "10.96.0.10", &[("http", 80)]) + &slice("web-1", "web", &[("http", 8080)], &ips)
+}
+
+/// `frontends` of an "applied" record.
+pub fn applied_frontends(applied: &serde_json::Value) -> u64 {
+    ebpf_proxy::testkit::field(applied, "frontends").and_then(serde_json::Value::as_u64).expect("frontends field")
+}
+
+/// `writes` of an "applied" record.
+pub fn writes(applied: &serde_json::Value) -> u64 {
+    ebpf_proxy::testkit::field(applied, "writes").and_then(serde_json::Value::as_u64).expect("writes field")
+}
+
+/// `BPF_PROG_TYPE_CGROUP_SOCK_ADDR` in linux/bpf.h (aya does not re-export
+/// the enum its `ProgramInfo::program_type` returns).
+const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
+
+/// Number of cgroup socket-address programs loaded in the kernel.
+pub fn sock_addr_programs() -> usize {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|p| p.program_type() as u32 == BPF_PROG_TYPE_CGROUP_SOCK_ADDR)
+        .count()
+}

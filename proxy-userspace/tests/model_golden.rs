@@ -1,0 +1,46 @@
+//! Objects captured from a real kube-apiserver, through the parser and the
+//! model, against the expected table in a small text file.
+use std::path::Path;
+
+use ebpf_proxy::{
+    model::{self, NodeContext},
+    source::file,
+};
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+#[test]
+fn real_apiserver_objects_translate_to_the_expected_table() {
+    let services = file::load(&fixture("real-apiserver/services.yaml")).expect("services parse");
+    let slices = file::load(&fixture("real-apiserver/endpointslices.yaml")).expect("slices parse");
+    assert!(services.errors.is_empty(), "{:?}", services.errors);
+    assert!(slices.errors.is_empty(), "{:?}", slices.errors);
+    assert_eq!(services.objects.services.len(), 8);
+    assert_eq!(slices.objects.slices.len(), 5);
+
+    let t = model::translate(&services.objects.services, &slices.objects.slices, &NodeContext::new("n1"));
+    let expected = std::fs::read_to_string(fixture("model/real-apiserver-node-n1.txt")).unwrap();
+    assert_eq!(model::render(&t.table), expected);
+
+    let skipped: Vec<String> = t.skipped.iter().map(|(o, r)| format!("{o}: {}", r.as_str())).collect();
+    assert_eq!(
+        skipped,
+        vec![
+            "Service shop/db: headless (clusterIP: None)",
+            "Service shop/ext: type ExternalName",
+            "Service shop/other-proxy: handed to another proxy by service.kubernetes.io/service-proxy-name",
+        ]
+    );
+    let problems: Vec<String> = t.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(problems, vec!["Service shop/sctp: spec.ports[0].protocol: SCTP is not proxied; this port is skipped"]);
+}
+
+#[test]
+fn json_list_response_parses_like_yaml() {
+    // A list response body (JSON is YAML) holds the same slices.
+    let parsed = file::load(&fixture("real-apiserver/endpointslices-list.json")).expect("parse");
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+    assert_eq!(parsed.objects.slices.len(), 5);
+}

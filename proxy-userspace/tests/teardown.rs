@@ -1,0 +1,40 @@
+//! What the tests and the demo make, they remove: programs, namespace,
+//! cgroup and bpffs.
+mod common;
+
+use std::{path::Path, process::Command};
+
+use common::{Env, sock_addr_programs, web};
+
+#[test]
+fn an_environment_leaves_nothing_behind() {
+    let before = sock_addr_programs();
+    let (ns, cgroup, bpffs) = {
+        let mut env = Env::new(1);
+        env.write_services(&web(&[1]));
+        env.start_agent();
+        assert_eq!(sock_addr_programs(), before + 1, "connect4 is loaded while the agent runs");
+        (env.ns.path(), env.cgroup.path().to_owned(), env.bpffs.path().to_owned())
+    };
+    assert_eq!(sock_addr_programs(), before, "programs left loaded");
+    assert!(!ns.exists(), "namespace left: {}", ns.display());
+    assert!(!cgroup.exists(), "cgroup left: {}", cgroup.display());
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(&bpffs.display().to_string()), "bpffs left mounted");
+}
+
+#[test]
+fn the_demo_check_passes_and_cleans_up() {
+    common::require_root();
+    let before = sock_addr_programs();
+    let out = Command::new(common::AGENT).args(["demo", "--check"]).output().expect("run demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for b in ["backend-1", "backend-2", "backend-3"] {
+        assert!(stdout.contains(b), "{stdout}");
+    }
+    assert!(stdout.contains("nsenter --net=/var/run/netns/ebpf-proxy-demo curl"), "{stdout}");
+    assert_eq!(sock_addr_programs(), before);
+    assert!(!Path::new("/var/run/netns/ebpf-proxy-demo").exists());
+    assert!(!Path::new("/run/ebpf-proxy-demo").exists());
+}
