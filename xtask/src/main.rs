@@ -127,10 +127,15 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     status(&mut cmd)
 }
 
+/// `program arg arg …`, for messages.
+fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program()).chain(cmd.get_args()).map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ")
+}
+
 fn status(cmd: &mut Command) -> anyhow::Result<()> {
-    let st = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    let st = cmd.status().with_context(|| format!("running `{}`", describe(cmd)))?;
     if !st.success() {
-        bail!("{cmd:?} failed with {st}");
+        bail!("`{}` failed ({st})", describe(cmd));
     }
     Ok(())
 }
@@ -139,5 +144,5 @@ fn status(cmd: &mut Command) -> anyhow::Result<()> {
 fn exec(cmd: &mut Command) -> anyhow::Result<()> {
     use std::os::unix::process::CommandExt as _;
     let err = cmd.exec();
-    Err(err).with_context(|| format!("running {cmd:?}"))
+    Err(err).with_context(|| format!("running `{}`", describe(cmd)))
 }

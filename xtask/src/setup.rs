@@ -59,9 +59,9 @@ fn output(program: &str, args: &[&str]) -> Option<String> {
 }
 
 fn run_loud(cmd: &mut Command) -> anyhow::Result<()> {
-    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    let status = cmd.status().with_context(|| format!("running `{}`", crate::describe(cmd)))?;
     if !status.success() {
-        bail!("{cmd:?} failed with {status}");
+        bail!("`{}` failed ({status})", crate::describe(cmd));
     }
     Ok(())
 }

@@ -289,7 +289,7 @@ impl Reconciler {
                     self.backends.insert(id, (*addr, value));
                 }
                 Err(error) => {
-                    report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error })
+                    report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error });
                 }
             }
         }
@@ -430,7 +430,7 @@ impl Reconciler {
                     report.backends_removed += 1;
                 }
                 Err(error) => {
-                    report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error })
+                    report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error });
                 }
             }
         }
