@@ -5,8 +5,9 @@
 mod setup;
 
 use std::{
+    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
 };
 
 use anyhow::{Context as _, bail};
@@ -115,16 +116,58 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     if filter.is_none() {
         status(cargo().args(["clippy", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
     }
-    // One cargo invocation runs every test binary; --test-threads=1 keeps
-    // the kernel tests (namespaces, cgroups, attached programs) one at a
-    // time, so their log expectations and counters stay theirs.
+    // The default members (the eBPF crate only builds for the bpf target).
+    // --test-threads=1 keeps the kernel tests (namespaces, cgroups, attached
+    // programs) one at a time, so their log expectations and counters stay
+    // theirs.
     let mut cmd = cargo();
-    // The default members: the eBPF crate only builds for the bpf target.
     cmd.args(["test", "--", "--test-threads=1"]);
     if let Some(f) = filter {
         cmd.arg(f);
     }
-    status(&mut cmd)
+    let mut child = cmd.stdout(Stdio::piped()).spawn().with_context(|| format!("running `{}`", describe(&cmd)))?;
+    let mut totals = Totals::default();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        totals.add(&line);
+    }
+    let st = child.wait()?;
+    // One closing line over every test binary (cargo's last lines are the
+    // doc-test runs, which have no tests).
+    println!("\nxtask: {} passed, {} failed, {} skipped", totals.passed, totals.failed, totals.ignored);
+    if !st.success() {
+        bail!("`{}` failed ({st})", describe(&cmd));
+    }
+    if totals.passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+/// Sums of cargo's `test result: ok. N passed; M failed; K ignored; …` lines.
+#[derive(Default)]
+struct Totals {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl Totals {
+    fn add(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else { return };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
 }
 
 /// `program arg arg …`, for messages.
