@@ -52,8 +52,8 @@ pub struct Counters {
     pub map_write_failures: u64,
 }
 
-/// Runs until `shutdown` resolves. Dropping the datapath on the way out
-/// detaches the programs; the pinned maps stay for the next start.
+/// Runs until `shutdown` resolves. The datapath stays in place afterwards
+/// (pinned links and maps), translating with the last table applied.
 pub async fn run(
     config: AgentConfig,
     applied: watch::Sender<Applied>,
@@ -122,7 +122,10 @@ pub async fn run(
         );
         applied.send_replace(snapshot);
     }
-    info!(pin_dir = %config.load.pin_dir.display(), "stopping: programs detached, maps stay pinned for the next start");
+    info!(
+        pin_dir = %config.load.pin_dir.display(),
+        "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
+    );
     drop(datapath);
     Ok(())
 }

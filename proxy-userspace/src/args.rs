@@ -26,9 +26,20 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Load the programs, attach them and keep the maps equal to the services.
+    /// On exit the datapath stays in place (see `cleanup`).
     Run(RunArgs),
     /// Run a self-contained demo in its own network namespace and cgroup.
     Demo(DemoArgs),
+    /// Remove the datapath the agent leaves in place when it stops: detach
+    /// the programs (unpin their links) and unpin the maps.
+    Cleanup(CleanupArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// The agent's pin directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub bpffs_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]

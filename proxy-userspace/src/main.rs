@@ -13,6 +13,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cmd::run::run(args).await,
         Command::Demo(args) => cmd::demo::run(args).await,
+        Command::Cleanup(args) => cmd::cleanup::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

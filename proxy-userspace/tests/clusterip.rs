@@ -125,15 +125,22 @@ fn malformed_objects_are_reported_and_skipped() {
 }
 
 #[test]
-fn restarted_agent_reads_its_pins_and_writes_nothing_new() {
+fn restarted_agent_takes_over_without_a_gap_and_writes_nothing_new() {
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     let first = env.start_agent();
     assert!(common::writes(&first) > 0);
-    env.agent.take(); // stop it (programs detach, maps stay pinned)
+    env.agent.take(); // stop it: links and maps stay pinned
+
+    // While it is down, new connections are still translated.
+    assert_eq!(env.requests("10.96.0.10", 20).len(), 20);
 
     let second = env.start_agent();
     assert_eq!(common::writes(&second), 0, "the maps were already right");
-    let answers = env.requests("10.96.0.10", 20);
-    assert_eq!(answers.len(), 20);
+    let updated = env.agent().records().iter().any(|r| {
+        ebpf_proxy::testkit::message(r) == Some("program attached")
+            && ebpf_proxy::testkit::field(r, "outcome").and_then(|v| v.as_str()) == Some("Updated")
+    });
+    assert!(updated, "the new agent did not take over the pinned link");
+    assert_eq!(env.requests("10.96.0.10", 20).len(), 20);
 }

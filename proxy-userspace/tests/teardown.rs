@@ -16,7 +16,7 @@ fn an_environment_leaves_nothing_behind() {
         assert_eq!(sock_addr_programs(), before + 1, "connect4 is loaded while the agent runs");
         (env.ns.path(), env.cgroup.path().to_owned(), env.bpffs.path().to_owned())
     };
-    assert_eq!(sock_addr_programs(), before, "programs left loaded");
+    assert_eq!(common::wait_sock_addr_programs(before), before, "programs left loaded");
     assert!(!ns.exists(), "namespace left: {}", ns.display());
     assert!(!cgroup.exists(), "cgroup left: {}", cgroup.display());
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
@@ -34,7 +34,25 @@ fn the_demo_check_passes_and_cleans_up() {
         assert!(stdout.contains(b), "{stdout}");
     }
     assert!(stdout.contains("nsenter --net=/var/run/netns/ebpf-proxy-demo curl"), "{stdout}");
-    assert_eq!(sock_addr_programs(), before);
+    assert_eq!(common::wait_sock_addr_programs(before), before);
     assert!(!Path::new("/var/run/netns/ebpf-proxy-demo").exists());
     assert!(!Path::new("/run/ebpf-proxy-demo").exists());
+}
+
+#[test]
+fn cleanup_detaches_and_unpins_everything() {
+    let before = sock_addr_programs();
+    let mut env = Env::new(1);
+    env.write_services(&web(&[1]));
+    env.start_agent();
+    env.agent.take(); // stopped: the datapath stays and still translates
+    assert_eq!(env.requests("10.96.0.10", 3), vec!["backend-1"; 3]);
+
+    let out =
+        Command::new(common::AGENT).args(["cleanup", "--bpffs-dir"]).arg(env.pin_dir()).output().expect("run cleanup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!env.pin_dir().exists(), "pin directory left");
+    assert_eq!(common::wait_sock_addr_programs(before), before, "programs left loaded");
+    let (ok, err) = env.socat_connect(true, "10.96.0.10:80");
+    assert!(!ok && err.contains("Network is unreachable"), "still translated after cleanup: {err}");
 }

@@ -1,3 +1,4 @@
 //! One file per subcommand.
+pub mod cleanup;
 pub mod demo;
 pub mod run;

@@ -1,18 +1,19 @@
 //! Loads the eBPF object, pins its maps and attaches the socket programs to
 //! a cgroup v2.
-use std::{
-    fs::File,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{Map, MapError as AyaMapError},
-    programs::{CgroupAttachMode, CgroupSockAddr, ProgramError},
+    programs::{CgroupSockAddr, ProgramError},
 };
 use proxy_common::{BackendV4, LOG_ENABLED, RevNatV4, ServiceKeyV4, ServiceValue, map_names};
 
-use super::maps::{KernelMaps, MapError};
+use super::{
+    links::{self, LinkError},
+    maps::{KernelMaps, MapError},
+};
+use crate::paths::LINKS_SUBDIR;
 
 /// The eBPF object, built by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
@@ -47,18 +48,20 @@ pub enum LoadError {
     MissingProgram { name: &'static str },
     #[error("program {name}: {source}")]
     Program { name: &'static str, source: ProgramError },
-    #[error("cannot attach {name} to cgroup {cgroup}: {source}")]
-    Attach { name: &'static str, cgroup: String, source: ProgramError },
-    #[error("cannot open cgroup {cgroup}: {source}")]
-    Cgroup { cgroup: String, source: std::io::Error },
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error("cannot create {path}: {source}")]
+    Dir { path: String, source: std::io::Error },
     #[error("cannot read map {name}: {source}")]
     MapInfo { name: &'static str, source: AyaMapError },
     #[error(transparent)]
     Maps(#[from] MapError),
 }
 
-/// The loaded datapath. Dropping it detaches the programs; the pinned maps
-/// stay, so a restarted agent finds its state again.
+/// The loaded datapath. Programs are attached through links pinned under
+/// `PIN_DIR/links` and the maps are pinned in `PIN_DIR`: dropping this
+/// leaves translation running, and a restarted agent takes both over.
+/// `cleanup` removes them.
 pub struct Datapath {
     /// Owns the programs and their links.
     ebpf: Ebpf,
@@ -89,8 +92,9 @@ impl Datapath {
             start_bpf_log(&mut ebpf);
         }
 
-        let cgroup = File::open(&opts.cgroup)
-            .map_err(|source| LoadError::Cgroup { cgroup: opts.cgroup.display().to_string(), source })?;
+        let links_dir = opts.pin_dir.join(LINKS_SUBDIR);
+        std::fs::create_dir_all(&links_dir)
+            .map_err(|source| LoadError::Dir { path: links_dir.display().to_string(), source })?;
         for name in SOCK_PROGRAMS {
             let program: &mut CgroupSockAddr = ebpf
                 .program_mut(name)
@@ -98,14 +102,8 @@ impl Datapath {
                 .try_into()
                 .map_err(|source| LoadError::Program { name, source })?;
             program.load().map_err(|source| LoadError::Program { name, source })?;
-            // Through a bpf_link (kernel 5.7+) the kernel takes no attach
-            // flags, and links always coexist with other programs on the
-            // cgroup (a CNI's, say): `Single` is what passes flags 0.
-            program.attach(&cgroup, CgroupAttachMode::Single).map_err(|source| LoadError::Attach {
-                name,
-                cgroup: opts.cgroup.display().to_string(),
-                source,
-            })?;
+            let outcome = links::attach_pinned(program, name, &opts.cgroup, &links_dir.join(name))?;
+            tracing::info!(program = name, ?outcome, cgroup = %opts.cgroup.display(), "program attached");
         }
 
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap { name });
@@ -113,7 +111,7 @@ impl Datapath {
         let backends = take(&mut ebpf, map_names::BACKENDS_V4)?;
         let rev_nat = take(&mut ebpf, map_names::REVNAT_V4)?;
         let maps = KernelMaps::from_maps(services, backends, rev_nat)?;
-        tracing::info!(pin_dir = %opts.pin_dir.display(), cgroup = %opts.cgroup.display(), programs = ?SOCK_PROGRAMS, "datapath loaded and attached");
+        tracing::info!(pin_dir = %opts.pin_dir.display(), "datapath loaded");
         Ok(Self { ebpf, maps })
     }
 

@@ -25,13 +25,14 @@ pub fn backend_ip(i: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, 0, 10 + i)
 }
 
-// Fields drop in declaration order: the agent (programs detach) first, the
+// Fields drop in declaration order: the agent first; then the private bpffs,
+// whose unmount drops the pinned links (the programs detach) and maps; the
 // namespace last.
 pub struct Env {
     pub agent: Option<AgentProcess>,
     pub backends: Vec<HttpBackend>,
-    pub cgroup: TestCgroup,
     pub bpffs: BpfFs,
+    pub cgroup: TestCgroup,
     pub ns: NetNs,
     pub dir: tempfile::TempDir,
 }
@@ -50,7 +51,7 @@ impl Env {
         let cgroup = TestCgroup::create(&name).expect("create cgroup");
         let bpffs = BpfFs::mount_temp(&name).expect("mount bpffs");
         let dir = tempfile::tempdir().expect("tempdir");
-        Self { agent: None, backends: list, cgroup, bpffs, ns, dir }
+        Self { agent: None, backends: list, bpffs, cgroup, ns, dir }
     }
 
     pub fn services_file(&self) -> PathBuf {
@@ -188,6 +189,19 @@ pub fn writes(applied: &serde_json::Value) -> u64 {
 /// `BPF_PROG_TYPE_CGROUP_SOCK_ADDR` in linux/bpf.h (aya does not re-export
 /// the enum its `ProgramInfo::program_type` returns).
 const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
+
+/// Waits (up to 5 s) until the number of loaded socket-address programs is
+/// `n` (the kernel frees a detached program shortly after, not at once).
+pub fn wait_sock_addr_programs(n: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let now = sock_addr_programs();
+        if now == n || std::time::Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
 
 /// Number of cgroup socket-address programs loaded in the kernel.
 pub fn sock_addr_programs() -> usize {

@@ -1,0 +1,46 @@
+//! `ebpf-proxy cleanup`: removes the datapath the agent leaves in place.
+//! Unpinning the links detaches the programs (translation stops at once);
+//! unpinning the maps frees them.
+use std::{fs, io, path::Path};
+
+use anyhow::Context as _;
+use tracing::info;
+
+use crate::{args::CleanupArgs, paths::LINKS_SUBDIR};
+
+pub fn run(args: &CleanupArgs) -> anyhow::Result<()> {
+    let dir = &args.bpffs_dir;
+    if !dir.exists() {
+        info!(pin_dir = %dir.display(), "nothing to clean up");
+        return Ok(());
+    }
+    // Links first, so no program runs against maps that are going away.
+    let links = remove_pins(&dir.join(LINKS_SUBDIR))?;
+    let maps = remove_pins(dir)?;
+    fs::remove_dir(dir).with_context(|| format!("removing {}", dir.display()))?;
+    info!(pin_dir = %dir.display(), ?links, ?maps, "cleaned up: programs detached, maps unpinned");
+    Ok(())
+}
+
+/// Removes every pin (file) in `dir`, then `dir` if it is a subdirectory.
+fn remove_pins(dir: &Path) -> anyhow::Result<Vec<String>> {
+    let mut removed = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(removed),
+        Err(err) => return Err(err).with_context(|| format!("reading {}", dir.display())),
+    };
+    for entry in entries {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            continue;
+        }
+        fs::remove_file(entry.path()).with_context(|| format!("unpinning {}", entry.path().display()))?;
+        removed.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    if dir.file_name().is_some_and(|n| n == LINKS_SUBDIR) {
+        fs::remove_dir(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    removed.sort();
+    Ok(removed)
+}
