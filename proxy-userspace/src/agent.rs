@@ -1,8 +1,8 @@
-//! The agent: load the datapath, then keep the maps equal to what the
-//! source says, applying only the difference.
+//! The agent: load (or take over) the datapath, then keep the maps equal to
+//! what the source says, applying only the difference.
 use std::{
     path::PathBuf,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use tokio::sync::watch;
@@ -13,22 +13,34 @@ use crate::{
         ChangeKind, Reconciler, Report,
         loader::{Datapath, LoadOptions},
     },
+    metrics::Histogram,
     model::{self, NodeContext, Severity},
-    source::file,
+    source::{Objects, file, kube::KubeSource},
 };
 
 /// How often the services file is checked for changes.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
-/// A change is read once the file has stayed the same for this long, so a
+/// A file change is read once the file has stayed the same this long, so a
 /// file being written is not read half-way.
 const SETTLE: Duration = Duration::from_millis(50);
+/// A burst of API events is gathered for this long into one sync.
+const COALESCE: Duration = Duration::from_millis(20);
 /// Backoff between retries of failed map writes.
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// Where the Services and EndpointSlices come from.
+#[derive(Debug, Clone)]
+pub enum SourceConfig {
+    /// A services file, re-read when it changes.
+    File(PathBuf),
+    /// The Kubernetes API (`None`: the usual client configuration).
+    Kube { kubeconfig: Option<PathBuf> },
+}
+
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    pub services_file: PathBuf,
+    pub source: SourceConfig,
     pub node_name: String,
     pub load: LoadOptions,
 }
@@ -44,12 +56,102 @@ pub struct Applied {
     pub failures: usize,
 }
 
-/// Counters of bad input and failed writes since start.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Counters {
+/// Counters and measurements since start.
+#[derive(Debug, Clone)]
+pub struct Stats {
     pub objects_rejected: u64,
     pub problems: u64,
     pub map_write_failures: u64,
+    /// From an EndpointSlice's last-change-trigger-time to its map write.
+    pub network_programming: Histogram,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self {
+            objects_rejected: 0,
+            problems: 0,
+            map_write_failures: 0,
+            network_programming: Histogram::network_programming(),
+        }
+    }
+}
+
+enum Source {
+    File(FileSource),
+    Kube(KubeSource),
+}
+
+impl Source {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::File(_) => "file",
+            Self::Kube(_) => "kubernetes",
+        }
+    }
+
+    /// Resolves when there is something new to read.
+    async fn changed(&mut self) {
+        match self {
+            Self::File(f) => f.changed().await,
+            Self::Kube(k) => {
+                k.changed().await;
+                tokio::time::sleep(COALESCE).await;
+                k.absorb_pending();
+            }
+        }
+    }
+
+    /// The objects now, and trigger times of the changes they carry; `None`
+    /// when nothing usable could be read (keep what is applied).
+    fn snapshot(&mut self, stats: &mut Stats) -> Option<(Objects, Vec<SystemTime>)> {
+        match self {
+            Self::File(f) => f.read(stats).map(|o| (o, Vec::new())),
+            Self::Kube(k) => Some(k.snapshot()),
+        }
+    }
+}
+
+struct FileSource {
+    path: PathBuf,
+    read_once: bool,
+    stamp: Option<file::Stamp>,
+}
+
+impl FileSource {
+    async fn changed(&mut self) {
+        let mut ticker = tokio::time::interval(POLL_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            ticker.tick().await;
+            let stamp = file::stamp(&self.path);
+            if self.read_once && stamp == self.stamp {
+                continue;
+            }
+            tokio::time::sleep(SETTLE).await;
+            if file::stamp(&self.path) != stamp {
+                continue; // still being written
+            }
+            self.read_once = true;
+            self.stamp = stamp;
+            return;
+        }
+    }
+
+    fn read(&self, stats: &mut Stats) -> Option<Objects> {
+        let parsed = match file::load(&self.path) {
+            Ok(parsed) => parsed,
+            Err(err) => {
+                error!(%err, "services file not applied");
+                return None;
+            }
+        };
+        for err in &parsed.errors {
+            error!(document = err.document, object = %err.object, field = %err.field, "rejected object: {}", err.message);
+        }
+        stats.objects_rejected += parsed.errors.len() as u64;
+        Some(parsed.objects)
+    }
 }
 
 /// Runs until `shutdown` resolves. The datapath stays in place afterwards
@@ -59,8 +161,22 @@ pub async fn run(
     applied: watch::Sender<Applied>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    tokio::pin!(shutdown);
     crate::fs::ensure_bpffs_dir(&config.load.pin_dir)?;
     crate::fs::check_cgroup2(&config.load.cgroup)?;
+    let mut source = match &config.source {
+        SourceConfig::File(path) => Source::File(FileSource { path: path.clone(), read_once: false, stamp: None }),
+        SourceConfig::Kube { kubeconfig } => {
+            let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
+            let kube = KubeSource::start(&client);
+            info!("waiting for the initial lists of Services and EndpointSlices before the first write");
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                ready = kube.wait_ready() => ready?,
+            }
+            Source::Kube(kube)
+        }
+    };
     let mut datapath = Datapath::load(&config.load)?;
     let (mut reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
     info!(
@@ -71,39 +187,28 @@ pub async fn run(
     );
     let node = NodeContext::new(config.node_name.clone());
     let mut state = SyncState::default();
-    tokio::pin!(shutdown);
-    let mut ticker = tokio::time::interval(POLL_INTERVAL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
-        tokio::select! {
+        let retry_at = state.retry_at;
+        let changed = tokio::select! {
             () = &mut shutdown => break,
-            _ = ticker.tick() => {}
-        }
-        let stamp = file::stamp(&config.services_file);
-        let changed = !state.read_once || stamp != state.applied_stamp;
-        let retry_due = state.retry_at.is_some_and(|at| Instant::now() >= at);
-        if !changed && !retry_due {
-            continue;
-        }
+            () = source.changed() => true,
+            () = sleep_until(retry_at) => false,
+        };
+        let mut triggers = Vec::new();
         if changed {
-            tokio::time::sleep(SETTLE).await;
-            if file::stamp(&config.services_file) != stamp {
-                continue; // still being written
-            }
-            state.read_once = true;
-            state.applied_stamp = stamp;
-            let Some(table) = read_table(&config, &node, &mut state.counters) else {
-                // Keep what is applied; read again when the file changes.
-                continue;
-            };
-            state.table = Some(table);
+            let Some((objects, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
+            state.table = Some(translate(&objects, &node, &mut state.stats));
+            triggers = new_triggers;
         }
         let Some(table) = state.table.as_ref() else { continue };
         let started = Instant::now();
         let report = reconciler.apply(&mut datapath.maps, table);
         log_report(&report, started.elapsed());
-        state.counters.map_write_failures += report.failures.len() as u64;
+        state.stats.map_write_failures += report.failures.len() as u64;
         state.schedule_retry(!report.failures.is_empty());
+        if report.failures.is_empty() {
+            record_latency(&mut state.stats, &triggers);
+        }
         state.generation += 1;
         let snapshot = Applied {
             generation: state.generation,
@@ -112,13 +217,14 @@ pub async fn run(
             failures: report.failures.len(),
         };
         info!(
+            source = source.name(),
             generation = snapshot.generation,
             frontends = snapshot.frontends,
             backends = snapshot.backends,
             writes = report.writes,
             failures = snapshot.failures,
-            objects_rejected = state.counters.objects_rejected,
-            "services file applied"
+            objects_rejected = state.stats.objects_rejected,
+            "service table applied"
         );
         applied.send_replace(snapshot);
     }
@@ -126,19 +232,23 @@ pub async fn run(
         pin_dir = %config.load.pin_dir.display(),
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
-    drop(datapath);
     Ok(())
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 #[derive(Default)]
 struct SyncState {
-    read_once: bool,
-    applied_stamp: Option<file::Stamp>,
     table: Option<model::ServiceTable>,
     generation: u64,
     retry_at: Option<Instant>,
     retry_delay: Option<Duration>,
-    counters: Counters,
+    stats: Stats,
 }
 
 impl SyncState {
@@ -154,32 +264,31 @@ impl SyncState {
     }
 }
 
-/// Reads and translates the services file, logging every problem once.
-/// `None` when the file cannot be used at all.
-fn read_table(config: &AgentConfig, node: &NodeContext, counters: &mut Counters) -> Option<model::ServiceTable> {
-    let parsed = match file::load(&config.services_file) {
-        Ok(parsed) => parsed,
-        Err(err) => {
-            error!(%err, "services file not applied");
-            return None;
-        }
-    };
-    for err in &parsed.errors {
-        error!(document = err.document, object = %err.object, field = %err.field, "rejected object: {}", err.message);
-    }
-    counters.objects_rejected += parsed.errors.len() as u64;
-    let translation = model::translate(&parsed.objects.services, &parsed.objects.slices, node);
+/// Translates the objects, logging every problem.
+fn translate(objects: &Objects, node: &NodeContext, stats: &mut Stats) -> model::ServiceTable {
+    let translation = model::translate(&objects.services, &objects.slices, node);
     for p in &translation.problems {
         match p.severity {
             Severity::Error => error!(object = %p.object, field = %p.field, "{}", p.message),
             Severity::Warning => warn!(object = %p.object, field = %p.field, "{}", p.message),
         }
     }
-    counters.problems += translation.problems.len() as u64;
+    stats.problems += translation.problems.len() as u64;
     for (object, reason) in &translation.skipped {
         debug!(%object, reason = reason.as_str(), "service not proxied");
     }
-    Some(translation.table)
+    translation.table
+}
+
+/// Records, for each slice change just applied, the time from its trigger
+/// to now.
+fn record_latency(stats: &mut Stats, triggers: &[SystemTime]) {
+    let now = SystemTime::now();
+    for t in triggers {
+        let seconds = now.duration_since(*t).unwrap_or_default().as_secs_f64();
+        stats.network_programming.observe(seconds);
+        debug!(seconds, "network programming latency");
+    }
 }
 
 fn log_report(report: &Report, took: Duration) {

@@ -44,11 +44,16 @@ pub struct CleanupArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// YAML stream of v1 Service and discovery.k8s.io/v1 EndpointSlice
-    /// objects (as `kubectl get -o yaml` prints them). Re-read when it
-    /// changes; only the difference is applied.
+    /// Read Services and EndpointSlices from this file instead of the
+    /// Kubernetes API: a YAML stream of v1 Service and discovery.k8s.io/v1
+    /// EndpointSlice objects (as `kubectl get -o yaml` prints them),
+    /// re-read when it changes.
+    #[arg(long, value_name = "FILE", conflicts_with = "kubeconfig")]
+    pub services_file: Option<PathBuf>,
+    /// Kubeconfig for the API server. Default: in-cluster service account,
+    /// else KUBECONFIG, else ~/.kube/config.
     #[arg(long, value_name = "FILE")]
-    pub services_file: PathBuf,
+    pub kubeconfig: Option<PathBuf>,
     /// cgroup v2 directory to attach the socket programs to (they act on
     /// every process in it and below). Default: the root of the cgroup2
     /// hierarchy, mounted at /run/ebpf-proxy/cgroup2 if none is.

@@ -57,7 +57,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     fs::write(&services_file, services_yaml())?;
 
     let config = AgentConfig {
-        services_file: services_file.clone(),
+        source: agent::SourceConfig::File(services_file.clone()),
         node_name: "demo-node".into(),
         load: LoadOptions {
             pin_dir: bpffs.path().join("ebpf-proxy"),

@@ -20,8 +20,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .to_string_lossy()
             .into_owned(),
     };
+    let source = match args.services_file {
+        Some(path) => agent::SourceConfig::File(path),
+        None => agent::SourceConfig::Kube { kubeconfig: args.kubeconfig },
+    };
     let config = AgentConfig {
-        services_file: args.services_file,
+        source,
         node_name,
         load: LoadOptions {
             pin_dir: args.bpffs_dir,
@@ -32,7 +36,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
     };
     tracing::info!(
-        services_file = %config.services_file.display(),
+        source = ?config.source,
         cgroup = %config.load.cgroup.display(),
         node = %config.node_name,
         "starting"

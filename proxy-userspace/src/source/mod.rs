@@ -1,5 +1,6 @@
 //! Where Services and EndpointSlices come from.
 pub mod file;
+pub mod kube;
 pub mod objects;
 
 pub use objects::Objects;

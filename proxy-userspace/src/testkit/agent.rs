@@ -72,11 +72,11 @@ impl AgentProcess {
         }
     }
 
-    /// Waits for the next "services file applied" record after the first
+    /// Waits for the next "service table applied" record after the first
     /// `skip` records, returning it.
     #[must_use]
     pub fn wait_applied(&self, skip: usize) -> Value {
-        self.wait_for(skip, Duration::from_secs(20), |r| message(r) == Some("services file applied"))
+        self.wait_for(skip, Duration::from_secs(20), |r| message(r) == Some("service table applied"))
             .unwrap_or_else(|e| panic!("agent did not apply the services file: {e}"))
     }
 

@@ -1,0 +1,193 @@
+//! The Kubernetes API as a source: reflectors over `v1/Service` and
+//! `discovery.k8s.io/v1/EndpointSlice` cluster-wide (never the legacy
+//! Endpoints). kube-runtime's watcher lists, watches, re-lists after a 410
+//! and reconnects with backoff; its store swaps a re-list in atomically, so
+//! a reconnect never shows an empty cluster. While the API server is away
+//! the stores keep the last state, and so does the datapath.
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::SystemTime,
+};
+
+use futures::{Stream, StreamExt as _};
+use k8s_openapi::{
+    api::{core::v1::Service, discovery::v1::EndpointSlice},
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, Resource, ResourceExt as _,
+    runtime::{WatchStreamExt as _, reflector, watcher},
+};
+use tokio::{sync::Notify, task::JoinHandle};
+use tracing::{debug, info, warn};
+
+use super::Objects;
+
+/// Annotation the EndpointSlice controller sets to when the change that
+/// made this version of the slice happened.
+pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+/// Large and useless to the proxy: dropped from the stores to save memory.
+const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Watch errors since start (each is retried with backoff).
+#[derive(Debug, Default)]
+pub struct WatchCounters {
+    pub errors: AtomicU64,
+    pub events: AtomicU64,
+}
+
+pub struct KubeSource {
+    services: reflector::Store<Service>,
+    slices: reflector::Store<EndpointSlice>,
+    changed: Arc<Notify>,
+    pub counters: Arc<WatchCounters>,
+    /// resourceVersion of each slice at the last snapshot, to find the
+    /// slices that changed since.
+    seen_slices: HashMap<(String, String), String>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl KubeSource {
+    /// Starts both reflectors.
+    #[must_use]
+    pub fn start(client: &Client) -> Self {
+        let changed = Arc::new(Notify::new());
+        let counters = Arc::new(WatchCounters::default());
+        let (services, svc_writer) = reflector::store::<Service>();
+        let (slices, eps_writer) = reflector::store::<EndpointSlice>();
+        let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default())
+            .modify(slim)
+            .default_backoff()
+            .reflect(svc_writer);
+        let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default())
+            .modify(slim)
+            .default_backoff()
+            .reflect(eps_writer);
+        let tasks = vec![
+            tokio::spawn(drive(svc_stream, "Service", changed.clone(), counters.clone())),
+            tokio::spawn(drive(eps_stream, "EndpointSlice", changed.clone(), counters.clone())),
+        ];
+        Self { services, slices, changed, counters, seen_slices: HashMap::new(), tasks }
+    }
+
+    /// Resolves once both initial lists are complete.
+    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+        self.services.wait_until_ready().await?;
+        self.slices.wait_until_ready().await?;
+        info!(services = self.services.state().len(), slices = self.slices.state().len(), "initial lists complete");
+        Ok(())
+    }
+
+    /// Resolves when something changed since the last call.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// Drops a pending change notice (its change is in the next snapshot).
+    pub fn absorb_pending(&self) {
+        let _ = futures::FutureExt::now_or_never(self.changed.notified());
+    }
+
+    /// The objects as the stores hold them now, and the trigger times of
+    /// the slice versions that are new since the last snapshot.
+    pub fn snapshot(&mut self) -> (Objects, Vec<SystemTime>) {
+        let services: Vec<Service> = self.services.state().iter().map(|s| (**s).clone()).collect();
+        let slices: Vec<EndpointSlice> = self.slices.state().iter().map(|s| (**s).clone()).collect();
+        let mut triggers = Vec::new();
+        let mut seen = HashMap::with_capacity(slices.len());
+        for slice in &slices {
+            let key = (slice.namespace().unwrap_or_default(), slice.name_any());
+            let version = slice.resource_version().unwrap_or_default();
+            if self.seen_slices.get(&key) != Some(&version)
+                && let Some(at) = slice.annotations().get(TRIGGER_TIME_ANNOTATION).and_then(|t| parse_time(t))
+            {
+                triggers.push(at);
+            }
+            seen.insert(key, version);
+        }
+        self.seen_slices = seen;
+        (Objects { services, slices }, triggers)
+    }
+}
+
+impl Drop for KubeSource {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn parse_time(text: &str) -> Option<SystemTime> {
+    text.parse::<Timestamp>().ok().map(SystemTime::from)
+}
+
+/// Removes what the proxy never reads, to keep the stores small.
+fn slim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED_ANNOTATION);
+    }
+}
+
+async fn drive<K>(
+    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    kind: &'static str,
+    changed: Arc<Notify>,
+    counters: Arc<WatchCounters>,
+) {
+    let mut stream = std::pin::pin!(stream);
+    let mut failing = false;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(event) => {
+                if failing {
+                    info!(kind, "watch is back");
+                    failing = false;
+                }
+                counters.events.fetch_add(1, Ordering::Relaxed);
+                match event {
+                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone => {
+                        changed.notify_one();
+                    }
+                    watcher::Event::Init => debug!(kind, "(re-)listing"),
+                    watcher::Event::InitApply(_) => {}
+                }
+            }
+            Err(err) => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                if failing {
+                    debug!(kind, %err, "watch still failing");
+                } else {
+                    warn!(kind, %err, "watch failed; retrying with backoff, the datapath keeps the last applied state");
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
+/// A client from `--kubeconfig` when given, else the usual inference
+/// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`).
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+    use anyhow::Context as _;
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "no Kubernetes configuration: not in a pod, no KUBECONFIG and no ~/.kube/config; \
+             pass --kubeconfig, or --services-file to run without a cluster",
+        )?,
+    };
+    Client::try_from(config).context("building the Kubernetes client")
+}
