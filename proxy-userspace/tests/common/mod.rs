@@ -3,6 +3,9 @@
 //! removed when the environment is dropped (also when a test fails).
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
+pub mod apiserver;
+pub mod cluster;
+
 use std::{
     fmt::Write as _,
     net::Ipv4Addr,
@@ -87,10 +90,26 @@ impl Env {
         applied
     }
 
+    /// Starts the agent watching `cluster` and waits for its first sync;
+    /// returns the "applied" record.
+    pub fn start_agent_kube(&mut self, cluster: &cluster::Cluster) -> serde_json::Value {
+        let mut args = vec!["--kubeconfig".to_owned(), cluster.kubeconfig.display().to_string()];
+        args.extend(self.datapath_args());
+        let agent = AgentProcess::start(Path::new(AGENT), args).expect("start agent");
+        let applied = agent.wait_applied(0);
+        self.agent = Some(agent);
+        applied
+    }
+
     pub fn agent_args(&self) -> Vec<String> {
+        let mut args = vec!["--services-file".to_owned(), self.services_file().display().to_string()];
+        args.extend(self.datapath_args());
+        args
+    }
+
+    /// Where the agent attaches and pins: this environment's cgroup and bpffs.
+    pub fn datapath_args(&self) -> Vec<String> {
         vec![
-            "--services-file".into(),
-            self.services_file().display().to_string(),
             "--cgroup".into(),
             self.cgroup.path().display().to_string(),
             "--bpffs-dir".into(),

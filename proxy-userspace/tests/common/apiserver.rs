@@ -1,0 +1,478 @@
+//! A test API server that speaks the list/watch protocol a kube-rs client
+//! uses, for `v1` Services, `discovery.k8s.io/v1` EndpointSlices and
+//! Namespaces, on loopback, over plain HTTP:
+//!
+//! - list (cluster-wide or per namespace) with `resourceVersion`, `limit`
+//!   and `continue` pages; a continue token older than the last compaction
+//!   gets `410 Gone` with the Status body a real kube-apiserver sends;
+//! - watch as a chunked stream of `ADDED`/`MODIFIED`/`DELETED` events from
+//!   the asked resourceVersion on, with `BOOKMARK`s when asked for, ending
+//!   at `timeoutSeconds`; a watch from a compacted resourceVersion gets an
+//!   `ERROR` event carrying a 410 Status, as kube-apiserver does;
+//! - create, replace, get and delete of single objects (ClusterIPs are
+//!   allocated from 10.96.0.0/16 when not given);
+//! - `stop()` drops the listener and every open connection mid-stream;
+//!   `start_again()` serves the same state on the same port; `compact()`
+//!   forgets history like an etcd compaction.
+//!
+//! Response shapes follow the captures in `tests/fixtures/real-apiserver`.
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::{Method, Request, Response, StatusCode, body::Frame, server::conn::http1, service::service_fn};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, watch};
+
+/// The kinds this server serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Namespace,
+}
+
+impl Kind {
+    fn api_version(self) -> &'static str {
+        match self {
+            Self::Service | Self::Namespace => "v1",
+            Self::EndpointSlice => "discovery.k8s.io/v1",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Service => "Service",
+            Self::EndpointSlice => "EndpointSlice",
+            Self::Namespace => "Namespace",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Event {
+    rv: u64,
+    kind: Kind,
+    change: &'static str,
+    object: Value,
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    /// (kind, namespace, name) -> object (with kind, apiVersion, metadata).
+    objects: BTreeMap<(Kind, String, String), Value>,
+    history: Vec<Event>,
+    /// Events at or below this resourceVersion are forgotten.
+    compacted: u64,
+    next_cluster_ip: u32,
+}
+
+pub struct TestApiServer {
+    state: Arc<Mutex<State>>,
+    events: broadcast::Sender<Event>,
+    addr: SocketAddr,
+    stop: Option<watch::Sender<bool>>,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl TestApiServer {
+    /// Starts on a free loopback port.
+    pub fn start() -> Self {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        let (events, _) = broadcast::channel(4096);
+        let state = Arc::new(Mutex::new(State { next_cluster_ip: 1, ..State::default() }));
+        let mut server = Self { state, events, addr: SocketAddr::from(([127, 0, 0, 1], 0)), stop: None, runtime };
+        server.serve();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving: the listener closes and open watches break.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+    }
+
+    /// Serves the same state on the same port again.
+    pub fn start_again(&mut self) {
+        assert!(self.stop.is_none(), "still running");
+        self.serve();
+    }
+
+    /// Forgets every event so far, as an etcd compaction does: watches and
+    /// continue tokens from before now get 410 Gone.
+    pub fn compact(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.compacted = st.rv;
+        st.history.clear();
+    }
+
+    /// Creates or replaces an object directly (also while stopped).
+    pub fn put(&self, object: Value) -> Value {
+        let kind = kind_of(&object).expect("object with a known kind");
+        write(&self.state, &self.events, kind, object, None)
+    }
+
+    /// Deletes an object directly (also while stopped).
+    pub fn delete(&self, kind: Kind, namespace: &str, name: &str) -> bool {
+        remove(&self.state, &self.events, kind, namespace, name).is_some()
+    }
+
+    fn serve(&mut self) {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let listener = self.runtime.block_on(tokio::net::TcpListener::bind(self.addr)).expect("bind test API server");
+        self.addr = listener.local_addr().expect("local addr");
+        let (state, events) = (self.state.clone(), self.events.clone());
+        self.runtime.spawn(async move {
+            let mut stop = stop_rx.clone();
+            loop {
+                let (stream, _) = tokio::select! {
+                    _ = stop.changed() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok(a) => a,
+                        Err(_) => continue,
+                    },
+                };
+                let (state, events, mut stop) = (state.clone(), events.clone(), stop_rx.clone());
+                let for_requests = stop_rx.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let (state, events, stop) = (state.clone(), events.clone(), for_requests.clone());
+                        async move { Ok::<_, Infallible>(handle(req, &state, &events, stop).await) }
+                    });
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = stop.changed() => {}
+                    }
+                });
+            }
+        });
+        self.stop = Some(stop_tx);
+    }
+}
+
+impl Drop for TestApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn kind_of(object: &Value) -> Option<Kind> {
+    match object.get("kind")?.as_str()? {
+        "Service" => Some(Kind::Service),
+        "EndpointSlice" => Some(Kind::EndpointSlice),
+        "Namespace" => Some(Kind::Namespace),
+        _ => None,
+    }
+}
+
+fn meta_str<'a>(object: &'a Value, field: &str) -> &'a str {
+    object.pointer(&format!("/metadata/{field}")).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Stores `object` (filling in what the server owns) and emits its event.
+fn write(
+    state: &Mutex<State>,
+    events: &broadcast::Sender<Event>,
+    kind: Kind,
+    mut object: Value,
+    namespace: Option<&str>,
+) -> Value {
+    let mut st = state.lock().unwrap();
+    st.rv += 1;
+    let rv = st.rv;
+    let name = meta_str(&object, "name").to_owned();
+    let ns = match kind {
+        Kind::Namespace => String::new(),
+        _ => namespace.map_or_else(|| meta_str(&object, "namespace").to_owned(), str::to_owned),
+    };
+    let ns = if ns.is_empty() && kind != Kind::Namespace { "default".to_owned() } else { ns };
+    let key = (kind, ns.clone(), name.clone());
+    let existing = st.objects.get(&key).cloned();
+    object["kind"] = json!(kind.name());
+    object["apiVersion"] = json!(kind.api_version());
+    let meta = object["metadata"].as_object_mut().expect("metadata");
+    if kind != Kind::Namespace {
+        meta.insert("namespace".into(), json!(ns));
+    }
+    meta.insert("resourceVersion".into(), json!(rv.to_string()));
+    let uid = existing
+        .as_ref()
+        .map_or_else(|| format!("00000000-0000-4000-8000-{rv:012}"), |e| meta_str(e, "uid").to_owned());
+    meta.insert("uid".into(), json!(uid));
+    meta.entry("creationTimestamp").or_insert(json!("2026-11-22T00:00:00Z"));
+    if kind == Kind::Service {
+        let spec = object["spec"].as_object_mut().expect("spec");
+        let kept = existing.as_ref().and_then(|e| e.pointer("/spec/clusterIP")).cloned();
+        if spec.get("clusterIP").and_then(Value::as_str).is_none_or(str::is_empty) {
+            let ip = kept.unwrap_or_else(|| {
+                let n = st.next_cluster_ip;
+                st.next_cluster_ip += 1;
+                json!(format!("10.96.{}.{}", 200 + (n >> 8), n & 0xff))
+            });
+            spec.insert("clusterIP".into(), ip.clone());
+            spec.insert("clusterIPs".into(), json!([ip]));
+        }
+        spec.entry("type").or_insert(json!("ClusterIP"));
+    }
+    let change = if existing.is_some() { "MODIFIED" } else { "ADDED" };
+    st.objects.insert(key, object.clone());
+    let event = Event { rv, kind, change, object: object.clone() };
+    st.history.push(event.clone());
+    let _ = events.send(event);
+    object
+}
+
+fn remove(state: &Mutex<State>, events: &broadcast::Sender<Event>, kind: Kind, ns: &str, name: &str) -> Option<Value> {
+    let mut st = state.lock().unwrap();
+    let mut object = st.objects.remove(&(kind, ns.to_owned(), name.to_owned()))?;
+    st.rv += 1;
+    let rv = st.rv;
+    object["metadata"]["resourceVersion"] = json!(rv.to_string());
+    let event = Event { rv, kind, change: "DELETED", object: object.clone() };
+    st.history.push(event.clone());
+    let _ = events.send(event);
+    Some(object)
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn full(status: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .expect("response")
+}
+
+fn status_body(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code})
+}
+
+/// `(kind, namespace, name)` addressed by a path, or `None` when unknown.
+fn route(path: &str) -> Option<(Kind, Option<String>, Option<String>)> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest: &[&str] = match parts.as_slice() {
+        ["api", "v1", rest @ ..] | ["apis", "discovery.k8s.io", "v1", rest @ ..] => rest,
+        _ => return None,
+    };
+    let group_is_core = parts[0] == "api";
+    let kind = |plural: &str| match (plural, group_is_core) {
+        ("services", true) => Some(Kind::Service),
+        ("namespaces", true) => Some(Kind::Namespace),
+        ("endpointslices", false) => Some(Kind::EndpointSlice),
+        _ => None,
+    };
+    match rest {
+        [plural] => Some((kind(plural)?, None, None)),
+        ["namespaces", name] if group_is_core => Some((Kind::Namespace, None, Some((*name).to_owned()))),
+        ["namespaces", ns, plural] => Some((kind(plural)?, Some((*ns).to_owned()), None)),
+        ["namespaces", ns, plural, name] => Some((kind(plural)?, Some((*ns).to_owned()), Some((*name).to_owned()))),
+        _ => None,
+    }
+}
+
+fn query(req: &Request<hyper::body::Incoming>) -> BTreeMap<String, String> {
+    req.uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect()
+}
+
+async fn handle(
+    req: Request<hyper::body::Incoming>,
+    state: &Arc<Mutex<State>>,
+    events: &broadcast::Sender<Event>,
+    stop: watch::Receiver<bool>,
+) -> Response<Body> {
+    let Some((kind, ns, name)) = route(req.uri().path()) else {
+        return full(
+            StatusCode::NOT_FOUND,
+            &status_body(404, "NotFound", "the server could not find the requested resource"),
+        );
+    };
+    let q = query(&req);
+    let method = req.method().clone();
+    match (method, name) {
+        (Method::GET, None) if matches!(q.get("watch").map(String::as_str), Some("true" | "1")) => {
+            watch_stream(state, events, kind, ns, &q, stop)
+        }
+        (Method::GET, None) => list(state, kind, ns.as_deref(), &q),
+        (Method::GET, Some(name)) => {
+            let st = state.lock().unwrap();
+            match st.objects.get(&(kind, ns.unwrap_or_default(), name.clone())) {
+                Some(obj) => full(StatusCode::OK, obj),
+                None => full(
+                    StatusCode::NOT_FOUND,
+                    &status_body(404, "NotFound", &format!("{} \"{name}\" not found", kind.name())),
+                ),
+            }
+        }
+        (Method::POST | Method::PUT, _) => {
+            let body = req.into_body().collect().await.map(http_body_util::Collected::to_bytes).unwrap_or_default();
+            match serde_json::from_slice::<Value>(&body) {
+                Ok(object) if object.get("metadata").is_some() => {
+                    let created = write(state, events, kind, object, ns.as_deref());
+                    full(StatusCode::CREATED, &created)
+                }
+                _ => full(StatusCode::BAD_REQUEST, &status_body(400, "BadRequest", "body is not an object")),
+            }
+        }
+        (Method::DELETE, Some(name)) => match remove(state, events, kind, &ns.unwrap_or_default(), &name) {
+            Some(obj) => full(StatusCode::OK, &obj),
+            None => full(
+                StatusCode::NOT_FOUND,
+                &status_body(404, "NotFound", &format!("{} \"{name}\" not found", kind.name())),
+            ),
+        },
+        _ => full(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &status_body(405, "MethodNotAllowed", "not supported by the test server"),
+        ),
+    }
+}
+
+fn in_scope(key: &(Kind, String, String), kind: Kind, ns: Option<&str>) -> bool {
+    key.0 == kind && ns.is_none_or(|n| key.1 == n)
+}
+
+/// A list item as the API returns it: without kind and apiVersion.
+fn list_item(object: &Value) -> Value {
+    let mut item = object.clone();
+    if let Some(map) = item.as_object_mut() {
+        map.remove("kind");
+        map.remove("apiVersion");
+    }
+    item
+}
+
+fn list(state: &Mutex<State>, kind: Kind, ns: Option<&str>, q: &BTreeMap<String, String>) -> Response<Body> {
+    let st = state.lock().unwrap();
+    // Continue tokens are "rv:offset"; they expire with a compaction.
+    let (list_rv, offset) = match q.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => {
+            let Some((rv, off)) =
+                token.split_once(':').and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<usize>().ok()?)))
+            else {
+                return full(StatusCode::BAD_REQUEST, &status_body(400, "BadRequest", "invalid continue token"));
+            };
+            if rv < st.compacted {
+                let expired = status_body(410, "Expired", "The resourceVersion for the provided list is too old.");
+                return full(StatusCode::GONE, &expired);
+            }
+            (rv, off)
+        }
+        None => (st.rv, 0),
+    };
+    let limit = q.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let all: Vec<&Value> = st.objects.iter().filter(|(k, _)| in_scope(k, kind, ns)).map(|(_, v)| v).collect();
+    let page: Vec<Value> = all.iter().skip(offset).take(limit).map(|o| list_item(o)).collect();
+    let next = offset + page.len();
+    let mut metadata = json!({"resourceVersion": list_rv.to_string()});
+    if next < all.len() {
+        metadata["continue"] = json!(format!("{list_rv}:{next}"));
+        metadata["remainingItemCount"] = json!(all.len() - next);
+    }
+    let body = json!({"kind": format!("{}List", kind.name()), "apiVersion": kind.api_version(), "metadata": metadata, "items": page});
+    full(StatusCode::OK, &body)
+}
+
+fn event_line(change: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": change, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+fn watch_stream(
+    state: &Mutex<State>,
+    events: &broadcast::Sender<Event>,
+    kind: Kind,
+    ns: Option<String>,
+    q: &BTreeMap<String, String>,
+    mut stop: watch::Receiver<bool>,
+) -> Response<Body> {
+    let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(300));
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
+    // Subscribe before reading history, so no event falls between them.
+    let mut live = events.subscribe();
+    let (replay, current_rv, expired) = {
+        let st = state.lock().unwrap();
+        let expired = from != 0 && from < st.compacted;
+        let replay: Vec<Event> = if from == 0 {
+            // rv 0: the current state as ADDED events.
+            st.objects
+                .iter()
+                .filter(|(k, _)| in_scope(k, kind, ns.as_deref()))
+                .map(|(_, o)| Event { rv: st.rv, kind, change: "ADDED", object: o.clone() })
+                .collect()
+        } else {
+            st.history.iter().filter(|e| e.rv > from && e.kind == kind).cloned().collect()
+        };
+        (replay, st.rv, expired)
+    };
+    tokio::spawn(async move {
+        if expired {
+            let status = status_body(410, "Expired", &format!("too old resource version: {from} ({current_rv})"));
+            let _ = tx.send(event_line("ERROR", &status)).await;
+            return;
+        }
+        let matches = |e: &Event| e.kind == kind && ns.as_deref().is_none_or(|n| meta_str(&e.object, "namespace") == n);
+        let mut last_rv = from.max(current_rv);
+        for e in replay.iter().filter(|e| matches(e)) {
+            if tx.send(event_line(e.change, &e.object)).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                () = &mut deadline => return,
+                _ = stop.changed() => return,
+                _ = tick.tick(), if bookmarks => {
+                    let mark = json!({"kind": kind.name(), "apiVersion": kind.api_version(), "metadata": {"resourceVersion": last_rv.to_string()}});
+                    if tx.send(event_line("BOOKMARK", &mark)).await.is_err() { return; }
+                }
+                event = live.recv() => match event {
+                    Ok(e) => {
+                        last_rv = last_rv.max(e.rv);
+                        if e.rv > from && matches(&e) && tx.send(event_line(e.change, &e.object)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        let status = status_body(410, "Expired", "watch fell behind");
+                        let _ = tx.send(event_line("ERROR", &status)).await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (Ok(Frame::data(b)), rx)) });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .expect("response")
+}

@@ -1,0 +1,213 @@
+//! The agent against the Kubernetes API: the in-repo test API server by
+//! default, a real cluster when EBPF_PROXY_TEST_KUBECONFIG is set (see
+//! common/cluster.rs). Real kernel, real agent binary, curl clients in the
+//! test namespace and cgroup.
+mod common;
+
+use std::{
+    io::Read as _,
+    process::{Child, Stdio},
+    time::Duration,
+};
+
+use common::{Env, backend_ip, cluster::Cluster};
+use ebpf_proxy::testkit::{field, message, spawn_in};
+use serde_json::Value;
+
+const HTTP: &[(&str, u16)] = &[("http", 80)];
+const TARGET: &[(&str, u16)] = &[("http", 8080)];
+
+fn ips(which: std::ops::RangeInclusive<u8>) -> Vec<std::net::Ipv4Addr> {
+    which.map(backend_ip).collect()
+}
+
+fn generation(applied: &Value) -> u64 {
+    field(applied, "generation").and_then(Value::as_u64).expect("generation")
+}
+
+/// Waits until the agent has applied a table in which `frontend` has
+/// `backends` backends (the log line of that frontend's change).
+fn wait_frontend(env: &Env, mark: usize, service: &str, backends: u64) {
+    env.agent()
+        .wait_for(mark, Duration::from_secs(20), |r| {
+            message(r).is_some_and(|m| m.starts_with("service frontend"))
+                && field(r, "service").and_then(Value::as_str).is_some_and(|s| s.contains(service))
+                && field(r, "backends").and_then(Value::as_u64) == Some(backends)
+        })
+        .unwrap_or_else(|e| panic!("{service} never reached {backends} backends: {e}"));
+    // The "applied" record follows the change records of the same sync.
+    let _ = env.agent().wait_applied(mark);
+}
+
+#[test]
+fn cluster_ip_follows_the_api() {
+    let mut env = Env::new(3);
+    let cluster = Cluster::new();
+    let ip = cluster.create_service("web", HTTP);
+    cluster.set_slice("web-a", "web", TARGET, &ips(1..=3));
+    env.start_agent_kube(&cluster);
+
+    let answers = env.requests(&ip, 60);
+    for b in ["backend-1", "backend-2", "backend-3"] {
+        assert!(answers.iter().any(|a| a == b), "{b} got nothing: {answers:?}");
+    }
+
+    let mark = env.agent().mark();
+    cluster.delete_service("web");
+    env.agent()
+        .wait_for(mark, Duration::from_secs(20), |r| message(r) == Some("service frontend removed"))
+        .expect("removal applied");
+    let (ok, err) = env.socat_connect(true, &format!("{ip}:80"));
+    assert!(!ok && err.contains("Network is unreachable"), "deleted service still translated: {err}");
+}
+
+/// curl making one new connection after another through `url`, until killed.
+fn continuous_client(env: &Env, addr: &str) -> Child {
+    spawn_in(&env.ns, Some(&env.cgroup), "curl")
+        .expect("prepare curl")
+        .args(["-sS", "--connect-timeout", "2", &format!("http://{addr}/?[1-10000000]")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start curl")
+}
+
+#[test]
+fn scaling_3_10_1_5_under_load_never_fails_a_connection() {
+    let mut env = Env::new(10);
+    let cluster = Cluster::new();
+    let ip = cluster.create_service("web", HTTP);
+    cluster.set_slice("web-a", "web", TARGET, &ips(1..=3));
+    env.start_agent_kube(&cluster);
+
+    let mut client = continuous_client(&env, &ip);
+    let settle = || std::thread::sleep(Duration::from_millis(300));
+    settle();
+    let mut removed_since: Vec<(usize, usize)> = Vec::new(); // (backend index, count when removal applied)
+    for (step, range) in [(10u64, 1..=10u8), (1, 1..=1), (5, 1..=5)] {
+        // Backends removed in an earlier step must not have been reached since.
+        for (i, count) in &removed_since {
+            assert_eq!(env.backends[*i].accepted(), *count, "removed backend-{} got a connection", i + 1);
+        }
+        let mark = env.agent().mark();
+        cluster.set_slice("web-a", "web", TARGET, &ips(range.clone()));
+        wait_frontend(&env, mark, "web", step);
+        // A connection the kernel translated just before the switch may
+        // still be accepted; after this, none may arrive.
+        std::thread::sleep(Duration::from_millis(100));
+        removed_since = (0..10usize)
+            .filter(|i| !range.contains(&(u8::try_from(*i).unwrap() + 1)))
+            .map(|i| (i, env.backends[i].accepted()))
+            .collect();
+        settle();
+        let live: Vec<usize> = range.clone().map(|b| env.backends[usize::from(b) - 1].accepted()).collect();
+        assert!(live.iter().all(|n| *n > 0), "step {step}: a live backend got nothing: {live:?}");
+    }
+    for (i, count) in &removed_since {
+        assert_eq!(env.backends[*i].accepted(), *count, "removed backend-{} got a connection", i + 1);
+    }
+    let _ = client.kill();
+    let _ = client.wait();
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    client.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    client.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let answered = stdout.lines().count();
+    assert!(answered > 200, "the client made only {answered} requests");
+    assert!(!stderr.contains("curl: ("), "a connection failed during scaling: {stderr}");
+}
+
+#[test]
+fn api_server_restart_keeps_the_datapath_and_converges() {
+    let mut env = Env::new(2);
+    let mut cluster = Cluster::new();
+    if cluster.is_real() {
+        eprintln!("skipped on a real cluster: its API server cannot be restarted by the test");
+        return;
+    }
+    let ip = cluster.create_service("web", HTTP);
+    cluster.set_slice("web-a", "web", TARGET, &ips(1..=2));
+    env.start_agent_kube(&cluster);
+
+    cluster.server().stop();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(env.requests(&ip, 20).len(), 20, "translation stopped with the API server");
+    // While it is down: backend-1 goes away and history is compacted, so
+    // the agent's watch resumes with 410 Gone and must re-list.
+    let slice = cluster.slice_object("web-a", "web", TARGET, &ips(2..=2));
+    cluster.server().put(slice);
+    cluster.server().compact();
+    let mark = env.agent().mark();
+    cluster.server().start_again();
+    wait_frontend(&env, mark, "web", 1);
+    let before = env.backends[0].accepted();
+    assert_eq!(env.requests(&ip, 30), vec!["backend-2"; 30]);
+    assert_eq!(env.backends[0].accepted(), before);
+}
+
+#[test]
+fn agent_restart_keeps_connections_and_applies_only_the_difference() {
+    let mut env = Env::new(3);
+    let cluster = Cluster::new();
+    let ip = cluster.create_service("web", HTTP);
+    cluster.set_slice("web-a", "web", TARGET, &ips(1..=3));
+    env.start_agent_kube(&cluster);
+
+    // A connection opened before the restart stays open across it.
+    let mut held = spawn_in(&env.ns, Some(&env.cgroup), "socat")
+        .unwrap()
+        .args(["-u", &format!("TCP:{ip}:80"), "-"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    env.agent.take();
+    assert_eq!(env.requests(&ip, 20).len(), 20, "new connections fail while the agent is down");
+
+    // Restart with nothing changed: nothing is rewritten.
+    let applied = env.start_agent_kube(&cluster);
+    assert_eq!(common::writes(&applied), 0, "{applied}");
+    assert_eq!(generation(&applied), 1);
+
+    // Stop again, change the endpoints meanwhile, restart: only that changes.
+    env.agent.take();
+    cluster.set_slice("web-a", "web", TARGET, &ips(2..=3));
+    let applied = env.start_agent_kube(&cluster);
+    let writes = common::writes(&applied);
+    // Slots stay sorted, so [1,2,3] -> [2,3] rewrites slots 1 and 2, slot 0,
+    // drops slot 3 and deletes backend-1: five writes, and no other entry.
+    assert_eq!(writes, 5, "one frontend losing one backend");
+    let before = env.backends[0].accepted();
+    let answers = env.requests(&ip, 30);
+    assert!(!answers.iter().any(|a| a == "backend-1"), "{answers:?}");
+    assert_eq!(env.backends[0].accepted(), before);
+    assert!(matches!(held.try_wait(), Ok(None)), "the held connection was dropped");
+    let _ = held.kill();
+    let _ = held.wait();
+}
+
+#[test]
+fn nothing_is_written_before_the_initial_lists() {
+    let mut env = Env::new(1);
+    let mut cluster = Cluster::new();
+    if cluster.is_real() {
+        eprintln!("skipped on a real cluster: its API server cannot be stopped by the test");
+        return;
+    }
+    let ip = cluster.create_service("web", HTTP);
+    cluster.set_slice("web-a", "web", TARGET, &ips(1..=1));
+    cluster.server().stop();
+    let mut args = vec!["--kubeconfig".to_owned(), cluster.kubeconfig.display().to_string()];
+    args.extend(env.datapath_args());
+    let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !agent.records().iter().any(|r| message(r) == Some("service table applied")),
+        "the agent wrote before it had the lists"
+    );
+    cluster.server().start_again();
+    let applied = agent.wait_applied(0);
+    assert_eq!(common::applied_frontends(&applied), 1);
+    env.agent = Some(agent);
+    assert_eq!(env.requests(&ip, 5), vec!["backend-1"; 5]);
+}
