@@ -144,3 +144,32 @@ fn restarted_agent_takes_over_without_a_gap_and_writes_nothing_new() {
     assert!(updated, "the new agent did not take over the pinned link");
     assert_eq!(env.requests("10.96.0.10", 20).len(), 20);
 }
+
+#[test]
+fn a_full_map_fails_only_the_service_that_does_not_fit() {
+    let mut env = Env::new(3);
+    // Service "a" needs 2 entries of SERVICES_V4 (slot 0 + 1); "b" needs 4.
+    let yaml = service("a", "10.96.0.10", &[("http", 80)])
+        + &slice("a-1", "a", &[("http", 8080)], &[backend_ip(1)])
+        + &service("b", "10.96.0.11", &[("http", 80)])
+        + &slice("b-1", "b", &[("http", 8080)], &[backend_ip(1), backend_ip(2), backend_ip(3)]);
+    env.write_services(&yaml);
+    let mut args = env.agent_args();
+    args.extend(["--services-map-size".to_owned(), "4".to_owned()]);
+    let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let applied = agent.wait_applied(0);
+    assert!(ebpf_proxy::testkit::field(&applied, "failures").and_then(serde_json::Value::as_u64) > Some(0));
+    let failure = agent
+        .wait_for(0, std::time::Duration::from_secs(5), |r| {
+            ebpf_proxy::testkit::message(r).is_some_and(|m| m.starts_with("map write failed"))
+        })
+        .expect("the failure is logged");
+    let subject = ebpf_proxy::testkit::field(&failure, "subject").and_then(|v| v.as_str()).unwrap_or_default();
+    assert!(subject.contains("test/b:http"), "names the service: {failure}");
+    let error = ebpf_proxy::testkit::field(&failure, "error").and_then(|v| v.as_str()).unwrap_or_default();
+    assert!(error.contains("SERVICES_V4 is full"), "{failure}");
+    env.agent = Some(agent);
+    assert_eq!(env.requests("10.96.0.10", 10), vec!["backend-1"; 10], "the service that fits works");
+    let (ok, err) = env.socat_connect(true, "10.96.0.11:80");
+    assert!(!ok && err.contains("Network is unreachable"), "a half-written service was exposed: {err}");
+}

@@ -134,3 +134,17 @@ fn order_of_objects_does_not_matter() {
     let b = slice("b", PORTS, "[{addresses: [10.0.0.1]}]");
     assert_eq!(table(&format!("{SVC}{a}{b}")).0, table(&format!("{b}---{SVC}{a}")).0);
 }
+
+#[test]
+fn more_endpoints_than_a_frontend_holds_are_capped_with_a_warning() {
+    let eps = "[{addresses: [10.0.0.3]}, {addresses: [10.0.0.1]}, {addresses: [10.0.0.2]}]";
+    let parsed = file::parse(&format!("{SVC}{}", slice("a", PORTS, eps))).unwrap();
+    let node = NodeContext { max_backends: 2, ..NodeContext::new("n1") };
+    let t = translate(&parsed.objects.services, &parsed.objects.slices, &node);
+    assert!(render(&t.table).contains(":80/TCP ns/s:http -> 10.0.0.1:8080 10.0.0.2:8080\n"));
+    assert!(
+        t.problems.iter().any(|p| p.to_string().contains("3 endpoints, more than the 2 a frontend holds")),
+        "{:?}",
+        t.problems
+    );
+}

@@ -1,0 +1,200 @@
+//! Property test: random Services and EndpointSlices through the model,
+//! against a straightforward reference written separately from it (plain
+//! nested loops over every object, no grouping or maps).
+use std::net::Ipv4Addr;
+
+use ebpf_proxy::model::{Backend, BackendState, Frontend, FrontendKey, NodeContext, Protocol, ServiceTable, translate};
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone)]
+struct Svc {
+    ns: u8,
+    name: u8,
+    ip: u8,
+    kind: u8, // 0..=5 ClusterIP, 6 headless, 7 ExternalName, 8 other proxy
+    local: bool,
+    ports: Vec<(u8, u16, bool)>, // (name, port, udp)
+}
+
+#[derive(Debug, Clone)]
+struct Ep {
+    addr: u8,
+    ready: Option<bool>,
+    serving: Option<bool>,
+    terminating: Option<bool>,
+    node: u8,
+}
+
+#[derive(Debug, Clone)]
+struct Slice {
+    ns: u8,
+    service: u8,
+    ipv6: bool,
+    ports: Vec<(u8, u16, bool)>,
+    endpoints: Vec<Ep>,
+}
+
+const PORT_NAMES: [&str; 3] = ["", "http", "dns"];
+
+fn svc_strategy() -> impl Strategy<Value = Svc> {
+    (0u8..2, 0u8..3, 0u8..3, 0u8..9, any::<bool>(), prop::collection::vec((0u8..3, 1u16..4, any::<bool>()), 1..3))
+        .prop_map(|(ns, name, ip, kind, local, ports)| Svc { ns, name, ip, kind, local, ports })
+}
+
+fn ep_strategy() -> impl Strategy<Value = Ep> {
+    let cond = prop::option::of(any::<bool>());
+    (0u8..5, cond.clone(), cond.clone(), cond, 0u8..2).prop_map(|(addr, ready, serving, terminating, node)| Ep {
+        addr,
+        ready,
+        serving,
+        terminating,
+        node,
+    })
+}
+
+fn slice_strategy() -> impl Strategy<Value = Slice> {
+    (
+        0u8..2,
+        0u8..3,
+        prop::bool::weighted(0.1),
+        prop::collection::vec((0u8..3, 8000u16..8003, any::<bool>()), 0..3),
+        prop::collection::vec(ep_strategy(), 0..5),
+    )
+        .prop_map(|(ns, service, ipv6, ports, endpoints)| Slice { ns, service, ipv6, ports, endpoints })
+}
+
+fn proto(udp: bool) -> &'static str {
+    if udp { "UDP" } else { "TCP" }
+}
+
+fn to_service(s: &Svc) -> Service {
+    let mut meta = json!({"name": format!("s{}", s.name), "namespace": format!("ns{}", s.ns)});
+    if s.kind == 8 {
+        meta["labels"] = json!({"service.kubernetes.io/service-proxy-name": "other"});
+    }
+    let ip = if s.kind == 6 { "None".to_owned() } else { format!("10.96.0.{}", s.ip) };
+    let mut spec = json!({
+        "clusterIP": ip,
+        "ports": s.ports.iter().map(|(n, p, udp)| json!({"name": PORT_NAMES[usize::from(*n)], "port": p, "protocol": proto(*udp)})).collect::<Vec<Value>>(),
+    });
+    if s.kind == 7 {
+        spec["type"] = json!("ExternalName");
+    }
+    if s.local {
+        spec["internalTrafficPolicy"] = json!("Local");
+    }
+    serde_json::from_value(json!({"metadata": meta, "spec": spec})).unwrap()
+}
+
+fn to_slice(s: &Slice, i: usize) -> EndpointSlice {
+    let endpoints: Vec<Value> = s
+        .endpoints
+        .iter()
+        .map(|e| {
+            let mut c = serde_json::Map::new();
+            for (k, v) in [("ready", e.ready), ("serving", e.serving), ("terminating", e.terminating)] {
+                if let Some(v) = v {
+                    c.insert(k.into(), json!(v));
+                }
+            }
+            json!({"addresses": [format!("10.244.0.{}", e.addr)], "conditions": c, "nodeName": format!("n{}", e.node)})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("slice{i}"), "namespace": format!("ns{}", s.ns), "labels": {"kubernetes.io/service-name": format!("s{}", s.service)}},
+        "addressType": if s.ipv6 { "IPv6" } else { "IPv4" },
+        "ports": s.ports.iter().map(|(n, p, udp)| json!({"name": PORT_NAMES[usize::from(*n)], "port": p, "protocol": proto(*udp)})).collect::<Vec<Value>>(),
+        "endpoints": endpoints,
+    }))
+    .unwrap()
+}
+
+/// The reference: the rules of DESIGN.md, written out plainly.
+fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
+    let mut order: Vec<&Svc> = services.iter().collect();
+    order.sort_by_key(|s| (s.ns, s.name));
+    let mut table = ServiceTable::new();
+    let mut seen_services = Vec::new();
+    for s in order {
+        // Duplicate objects: the first of a namespace/name wins (as a map would keep one).
+        if seen_services.contains(&(s.ns, s.name)) {
+            continue;
+        }
+        seen_services.push((s.ns, s.name));
+        if s.kind >= 6 {
+            continue;
+        }
+        let mut done_ports: Vec<(u16, bool)> = Vec::new();
+        for (pname, port, udp) in &s.ports {
+            if done_ports.contains(&(*port, *udp)) {
+                continue;
+            }
+            done_ports.push((*port, *udp));
+            let mut ready: Vec<(u8, u16)> = Vec::new();
+            let mut terminating: Vec<(u8, u16)> = Vec::new();
+            for sl in slices {
+                if sl.ns != s.ns || sl.service != s.name || sl.ipv6 {
+                    continue;
+                }
+                let Some(target) = sl.ports.iter().find(|(n, _, u)| n == pname && u == udp).map(|(_, p, _)| *p) else {
+                    continue;
+                };
+                for e in &sl.endpoints {
+                    if s.local && e.node != node {
+                        continue;
+                    }
+                    let is_ready = e.ready.unwrap_or(true);
+                    let serving = e.serving.unwrap_or(true);
+                    let term = e.terminating.unwrap_or(false);
+                    if is_ready {
+                        ready.push((e.addr, target));
+                    } else if serving && term {
+                        terminating.push((e.addr, target));
+                    }
+                }
+            }
+            terminating.retain(|t| !ready.contains(t));
+            let (mut chosen, state) =
+                if ready.is_empty() { (terminating, BackendState::Terminating) } else { (ready, BackendState::Active) };
+            chosen.sort_unstable();
+            chosen.dedup();
+            let backends =
+                chosen.iter().map(|(a, p)| Backend { addr: Ipv4Addr::new(10, 244, 0, *a), port: *p, state }).collect();
+            let key = FrontendKey {
+                addr: Ipv4Addr::new(10, 96, 0, s.ip),
+                port: *port,
+                protocol: if *udp { Protocol::Udp } else { Protocol::Tcp },
+            };
+            table.entry(key).or_insert(Frontend {
+                service_port: format!("ns{}/s{}:{}", s.ns, s.name, PORT_NAMES[usize::from(*pname)]),
+                backends,
+            });
+        }
+    }
+    table
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn model_matches_the_reference(
+        services in prop::collection::vec(svc_strategy(), 0..6),
+        slices in prop::collection::vec(slice_strategy(), 0..6),
+    ) {
+        // One object per namespace/name, as in a cluster.
+        let mut unique: Vec<Svc> = Vec::new();
+        for s in &services {
+            if !unique.iter().any(|u| (u.ns, u.name) == (s.ns, s.name)) {
+                unique.push(s.clone());
+            }
+        }
+        let k8s_services: Vec<Service> = unique.iter().map(to_service).collect();
+        let k8s_slices: Vec<EndpointSlice> = slices.iter().enumerate().map(|(i, s)| to_slice(s, i)).collect();
+        let got = translate(&k8s_services, &k8s_slices, &NodeContext::new("n0")).table;
+        let want = reference(&unique, &slices, 0);
+        prop_assert_eq!(got, want);
+    }
+}
