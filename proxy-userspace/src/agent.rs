@@ -1,6 +1,7 @@
 //! The agent: load (or take over) the datapath, then keep the maps equal to
 //! what the source says, applying only the difference.
 use std::{
+    collections::HashSet,
     path::PathBuf,
     time::{Duration, Instant, SystemTime},
 };
@@ -197,7 +198,7 @@ pub async fn run(
         let mut triggers = Vec::new();
         if changed {
             let Some((objects, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
-            state.table = Some(translate(&objects, &node, &mut state.stats));
+            state.table = Some(translate(&objects, &node, &mut state.stats, &mut state.known_problems));
             triggers = new_triggers;
         }
         let Some(table) = state.table.as_ref() else { continue };
@@ -245,6 +246,9 @@ async fn sleep_until(at: Option<Instant>) {
 #[derive(Default)]
 struct SyncState {
     table: Option<model::ServiceTable>,
+    /// Problems of the last translation, so each is logged once, when it
+    /// appears, not again on every sync.
+    known_problems: HashSet<String>,
     generation: u64,
     retry_at: Option<Instant>,
     retry_delay: Option<Duration>,
@@ -264,16 +268,31 @@ impl SyncState {
     }
 }
 
-/// Translates the objects, logging every problem.
-fn translate(objects: &Objects, node: &NodeContext, stats: &mut Stats) -> model::ServiceTable {
+/// Translates the objects, logging (and counting) each problem once, when
+/// it first appears.
+fn translate(
+    objects: &Objects,
+    node: &NodeContext,
+    stats: &mut Stats,
+    known: &mut HashSet<String>,
+) -> model::ServiceTable {
     let translation = model::translate(&objects.services, &objects.slices, node);
+    let mut now = HashSet::with_capacity(translation.problems.len());
     for p in &translation.problems {
-        match p.severity {
-            Severity::Error => error!(object = %p.object, field = %p.field, "{}", p.message),
-            Severity::Warning => warn!(object = %p.object, field = %p.field, "{}", p.message),
+        let text = p.to_string();
+        if !known.contains(&text) {
+            stats.problems += 1;
+            match p.severity {
+                Severity::Error => error!(object = %p.object, field = %p.field, "{}", p.message),
+                Severity::Warning => warn!(object = %p.object, field = %p.field, "{}", p.message),
+            }
         }
+        now.insert(text);
     }
-    stats.problems += translation.problems.len() as u64;
+    for gone in known.difference(&now) {
+        info!(problem = %gone, "resolved");
+    }
+    *known = now;
     for (object, reason) in &translation.skipped {
         debug!(%object, reason = reason.as_str(), "service not proxied");
     }

@@ -211,3 +211,26 @@ fn nothing_is_written_before_the_initial_lists() {
     env.agent = Some(agent);
     assert_eq!(env.requests(&ip, 5), vec!["backend-1"; 5]);
 }
+
+#[test]
+fn a_problem_is_logged_once_not_on_every_sync() {
+    let mut env = Env::new(3);
+    let cluster = Cluster::new();
+    let ip = cluster.create_service("web", HTTP);
+    // A slice port that no service port names: a warning.
+    cluster.set_slice("web-a", "web", &[("http", 8080), ("metrics", 9090)], &ips(1..=1));
+    env.start_agent_kube(&cluster);
+    for i in 1..=2 {
+        let mark = env.agent().mark();
+        cluster.set_slice("web-a", "web", &[("http", 8080), ("metrics", 9090)], &ips(1..=1 + i));
+        wait_frontend(&env, mark, "web", 1 + u64::from(i));
+    }
+    let warnings = env
+        .agent()
+        .records()
+        .iter()
+        .filter(|r| field(r, "field").and_then(Value::as_str) == Some("ports[1].name"))
+        .count();
+    assert_eq!(warnings, 1, "the same problem was logged on each sync");
+    assert_eq!(env.requests(&ip, 10).len(), 10);
+}

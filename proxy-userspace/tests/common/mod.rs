@@ -134,11 +134,19 @@ impl Env {
     }
 
     /// `n` requests to `http://ADDR/`, one connection each, from the
-    /// cgroup; returns the body lines (backend names) in order.
+    /// cgroup; returns the body lines (backend names) in order. Fails the
+    /// test unless every request is answered (curl's exit status after a
+    /// URL glob only tells of the last one).
     pub fn requests(&self, addr: &str, n: usize) -> Vec<String> {
         let out = self.curl(true, &format!("http://{addr}/?[1-{n}]"));
-        assert!(out.status.success(), "curl to {addr} failed: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+        let answers: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+        assert!(
+            out.status.success() && answers.len() == n,
+            "{} of {n} requests to {addr} answered: {}",
+            answers.len(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        answers
     }
 
     /// socat TCP connect to `addr` from inside the namespace; returns
