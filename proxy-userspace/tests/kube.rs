@@ -21,6 +21,16 @@ fn ips(which: std::ops::RangeInclusive<u8>) -> Vec<std::net::Ipv4Addr> {
     which.map(backend_ip).collect()
 }
 
+/// `backends` HTTP backends, a cluster with service `web` and slice `web-a`
+/// holding backends `in_slice`; returns the service's ClusterIP.
+fn setup(backends: u8, in_slice: std::ops::RangeInclusive<u8>) -> (Env, Cluster, String) {
+    let env = Env::new(backends);
+    let cluster = Cluster::new();
+    let ip = cluster.create_service("web", HTTP);
+    cluster.set_slice("web-a", "web", TARGET, &ips(in_slice));
+    (env, cluster, ip)
+}
+
 fn generation(applied: &Value) -> u64 {
     field(applied, "generation").and_then(Value::as_u64).expect("generation")
 }
@@ -41,10 +51,7 @@ fn wait_frontend(env: &Env, mark: usize, service: &str, backends: u64) {
 
 #[test]
 fn cluster_ip_follows_the_api() {
-    let mut env = Env::new(3);
-    let cluster = Cluster::new();
-    let ip = cluster.create_service("web", HTTP);
-    cluster.set_slice("web-a", "web", TARGET, &ips(1..=3));
+    let (mut env, cluster, ip) = setup(3, 1..=3);
     env.start_agent_kube(&cluster);
 
     let answers = env.requests(&ip, 60);
@@ -74,10 +81,7 @@ fn continuous_client(env: &Env, addr: &str) -> Child {
 
 #[test]
 fn scaling_3_10_1_5_under_load_never_fails_a_connection() {
-    let mut env = Env::new(10);
-    let cluster = Cluster::new();
-    let ip = cluster.create_service("web", HTTP);
-    cluster.set_slice("web-a", "web", TARGET, &ips(1..=3));
+    let (mut env, cluster, ip) = setup(10, 1..=3);
     env.start_agent_kube(&cluster);
 
     let mut client = continuous_client(&env, &ip);
@@ -119,14 +123,11 @@ fn scaling_3_10_1_5_under_load_never_fails_a_connection() {
 
 #[test]
 fn api_server_restart_keeps_the_datapath_and_converges() {
-    let mut env = Env::new(2);
-    let mut cluster = Cluster::new();
+    let (mut env, mut cluster, ip) = setup(2, 1..=2);
     if cluster.is_real() {
         eprintln!("skipped on a real cluster: its API server cannot be restarted by the test");
         return;
     }
-    let ip = cluster.create_service("web", HTTP);
-    cluster.set_slice("web-a", "web", TARGET, &ips(1..=2));
     env.start_agent_kube(&cluster);
 
     cluster.server().stop();
@@ -147,10 +148,7 @@ fn api_server_restart_keeps_the_datapath_and_converges() {
 
 #[test]
 fn agent_restart_keeps_connections_and_applies_only_the_difference() {
-    let mut env = Env::new(3);
-    let cluster = Cluster::new();
-    let ip = cluster.create_service("web", HTTP);
-    cluster.set_slice("web-a", "web", TARGET, &ips(1..=3));
+    let (mut env, cluster, ip) = setup(3, 1..=3);
     env.start_agent_kube(&cluster);
 
     // A connection opened before the restart stays open across it.
@@ -188,18 +186,14 @@ fn agent_restart_keeps_connections_and_applies_only_the_difference() {
 
 #[test]
 fn nothing_is_written_before_the_initial_lists() {
-    let mut env = Env::new(1);
-    let mut cluster = Cluster::new();
+    let (mut env, mut cluster, ip) = setup(1, 1..=1);
     if cluster.is_real() {
         eprintln!("skipped on a real cluster: its API server cannot be stopped by the test");
         return;
     }
-    let ip = cluster.create_service("web", HTTP);
-    cluster.set_slice("web-a", "web", TARGET, &ips(1..=1));
     cluster.server().stop();
-    let mut args = vec!["--kubeconfig".to_owned(), cluster.kubeconfig.display().to_string()];
-    args.extend(env.datapath_args());
-    let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let agent =
+        ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), env.kube_args(&cluster)).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     assert!(
         !agent.records().iter().any(|r| message(r) == Some("service table applied")),

@@ -93,12 +93,17 @@ impl Env {
     /// Starts the agent watching `cluster` and waits for its first sync;
     /// returns the "applied" record.
     pub fn start_agent_kube(&mut self, cluster: &cluster::Cluster) -> serde_json::Value {
-        let mut args = vec!["--kubeconfig".to_owned(), cluster.kubeconfig.display().to_string()];
-        args.extend(self.datapath_args());
-        let agent = AgentProcess::start(Path::new(AGENT), args).expect("start agent");
+        let agent = AgentProcess::start(Path::new(AGENT), self.kube_args(cluster)).expect("start agent");
         let applied = agent.wait_applied(0);
         self.agent = Some(agent);
         applied
+    }
+
+    /// Arguments for an agent watching `cluster`.
+    pub fn kube_args(&self, cluster: &cluster::Cluster) -> Vec<String> {
+        let mut args = vec!["--kubeconfig".to_owned(), cluster.kubeconfig.display().to_string()];
+        args.extend(self.datapath_args());
+        args
     }
 
     pub fn agent_args(&self) -> Vec<String> {
