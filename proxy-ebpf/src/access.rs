@@ -1,6 +1,9 @@
 //! Thin wrappers around the raw context and helpers: the only `unsafe` code.
 use aya_ebpf::{
-    helpers::generated::{bpf_get_prandom_u32, bpf_set_retval},
+    EbpfContext as _,
+    helpers::generated::{
+        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_set_retval,
+    },
     programs::SockAddrContext,
 };
 
@@ -49,6 +52,28 @@ impl<'a> SockAddr<'a> {
         // SAFETY: `user_port` is writable in connect4/sendmsg4 programs.
         unsafe { (*self.ctx.sock_addr).user_port = u32::from(port) }
     }
+}
+
+/// The socket's cookie: unique for its life, the key of per-socket memos.
+#[inline(always)]
+pub fn socket_cookie(ctx: &SockAddrContext) -> u64 {
+    // SAFETY: valid for sock_addr programs (bpf_get_socket_cookie_sock_addr).
+    unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
+}
+
+/// The cookie of the socket's network namespace: the client identity for
+/// session affinity (one pod, one namespace).
+#[inline(always)]
+pub fn netns_cookie(ctx: &SockAddrContext) -> u64 {
+    // SAFETY: valid for sock_addr programs (5.7+).
+    unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
+}
+
+/// Monotonic time in nanoseconds.
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    // SAFETY: takes no arguments and cannot fail.
+    unsafe { bpf_ktime_get_ns() }
 }
 
 #[inline(always)]

@@ -23,7 +23,25 @@ fn log_enabled() -> bool {
 /// a connection to one of its backends.
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    sock::connect4(&ctx)
+    sock::translate4(&ctx, sock::Hook::Connect)
+}
+
+/// Translates each datagram an unconnected UDP socket sends to a service.
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::translate4(&ctx, sock::Hook::Sendmsg)
+}
+
+/// Shows the service, not the backend, as the source of a UDP reply.
+#[cgroup_sock_addr(recvmsg4)]
+pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::restore4(&ctx)
+}
+
+/// Shows the service, not the backend, as the peer of a translated socket.
+#[cgroup_sock_addr(getpeername4)]
+pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+    sock::restore4(&ctx)
 }
 
 #[cfg(not(test))]

@@ -210,6 +210,13 @@ pub async fn run(
         if report.failures.is_empty() {
             record_latency(&mut state.stats, &triggers);
         }
+        if report.changes.iter().any(|c| !c.removed.is_empty()) {
+            match datapath.sessions.purge(&reconciler.live_backends()) {
+                Ok(0) => {}
+                Ok(n) => info!(sessions = n, "forgot sessions (affinity, UDP sockets) of removed backends"),
+                Err(err) => warn!(%err, "cannot purge sessions of removed backends; they expire on their own"),
+            }
+        }
         state.generation += 1;
         let snapshot = Applied {
             generation: state.generation,

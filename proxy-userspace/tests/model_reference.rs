@@ -16,6 +16,15 @@ struct Svc {
     kind: u8, // 0..=5 ClusterIP, 6 headless, 7 ExternalName, 8 other proxy
     local: bool,
     ports: Vec<(u8, u16, bool)>, // (name, port, udp)
+    affinity: Affinity,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Affinity {
+    None,
+    /// sessionAffinity ClientIP without a timeout (the default applies).
+    ClientIp,
+    ClientIpFor(u16),
 }
 
 #[derive(Debug, Clone)]
@@ -39,8 +48,24 @@ struct Slice {
 const PORT_NAMES: [&str; 3] = ["", "http", "dns"];
 
 fn svc_strategy() -> impl Strategy<Value = Svc> {
-    (0u8..2, 0u8..3, 0u8..3, 0u8..9, any::<bool>(), prop::collection::vec((0u8..3, 1u16..4, any::<bool>()), 1..3))
-        .prop_map(|(ns, name, ip, kind, local, ports)| Svc { ns, name, ip, kind, local, ports })
+    (
+        0u8..2,
+        0u8..3,
+        0u8..3,
+        0u8..9,
+        any::<bool>(),
+        prop::collection::vec((0u8..3, 1u16..4, any::<bool>()), 1..3),
+        prop_oneof![Just(Affinity::None), Just(Affinity::ClientIp), (1u16..600).prop_map(Affinity::ClientIpFor)],
+    )
+        .prop_map(|(ns, name, ip, kind, local, ports, affinity)| Svc {
+            ns,
+            name,
+            ip,
+            kind,
+            local,
+            ports,
+            affinity,
+        })
 }
 
 fn ep_strategy() -> impl Strategy<Value = Ep> {
@@ -84,6 +109,12 @@ fn to_service(s: &Svc) -> Service {
     }
     if s.local {
         spec["internalTrafficPolicy"] = json!("Local");
+    }
+    if !matches!(s.affinity, Affinity::None) {
+        spec["sessionAffinity"] = json!("ClientIP");
+    }
+    if let Affinity::ClientIpFor(t) = s.affinity {
+        spec["sessionAffinityConfig"] = json!({"clientIP": {"timeoutSeconds": t}});
     }
     serde_json::from_value(json!({"metadata": meta, "spec": spec})).unwrap()
 }
@@ -170,6 +201,11 @@ fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
             table.entry(key).or_insert(Frontend {
                 service_port: format!("ns{}/s{}:{}", s.ns, s.name, PORT_NAMES[usize::from(*pname)]),
                 backends,
+                affinity_timeout: match s.affinity {
+                    Affinity::None => None,
+                    Affinity::ClientIp => Some(10_800),
+                    Affinity::ClientIpFor(t) => Some(u32::from(t)),
+                },
             });
         }
     }

@@ -24,6 +24,7 @@ const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "curl",
     "socat",
+    "python3",
     "util-linux",
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

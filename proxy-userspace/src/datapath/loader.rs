@@ -7,11 +7,15 @@ use aya::{
     maps::{Map, MapError as AyaMapError},
     programs::{CgroupSockAddr, ProgramError},
 };
-use proxy_common::{BackendV4, LOG_ENABLED, RevNatV4, ServiceKeyV4, ServiceValue, map_names};
+use proxy_common::{
+    AffinityKey, AffinityValue, BackendV4, LOG_ENABLED, RevNatV4, ServiceKeyV4, ServiceValue, SockBackendKeyV4,
+    SockRevNatKeyV4, SockRevNatV4, map_names,
+};
 
 use super::{
     links::{self, LinkError},
     maps::{KernelMaps, MapError},
+    sessions::SessionMaps,
 };
 use crate::paths::LINKS_SUBDIR;
 
@@ -19,7 +23,7 @@ use crate::paths::LINKS_SUBDIR;
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
 
 /// The cgroup socket-address programs, by their function names.
-const SOCK_PROGRAMS: &[&str] = &["connect4"];
+const SOCK_PROGRAMS: &[&str] = &["connect4", "sendmsg4", "recvmsg4", "getpeername4"];
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -66,6 +70,7 @@ pub struct Datapath {
     /// Owns the programs and their links.
     ebpf: Ebpf,
     pub maps: KernelMaps,
+    pub sessions: SessionMaps,
 }
 
 impl Datapath {
@@ -87,6 +92,9 @@ impl Datapath {
         check_layout::<ServiceKeyV4, ServiceValue>(&ebpf, &opts.pin_dir, map_names::SERVICES_V4)?;
         check_layout::<u32, BackendV4>(&ebpf, &opts.pin_dir, map_names::BACKENDS_V4)?;
         check_layout::<u16, RevNatV4>(&ebpf, &opts.pin_dir, map_names::REVNAT_V4)?;
+        check_layout::<SockRevNatKeyV4, SockRevNatV4>(&ebpf, &opts.pin_dir, map_names::SOCK_REVNAT_V4)?;
+        check_layout::<SockBackendKeyV4, u32>(&ebpf, &opts.pin_dir, map_names::SOCK_BACKEND_V4)?;
+        check_layout::<AffinityKey, AffinityValue>(&ebpf, &opts.pin_dir, map_names::AFFINITY_V4)?;
 
         if opts.bpf_log {
             start_bpf_log(&mut ebpf);
@@ -111,8 +119,12 @@ impl Datapath {
         let backends = take(&mut ebpf, map_names::BACKENDS_V4)?;
         let rev_nat = take(&mut ebpf, map_names::REVNAT_V4)?;
         let maps = KernelMaps::from_maps(services, backends, rev_nat)?;
+        let sessions = SessionMaps::from_maps(
+            take(&mut ebpf, map_names::AFFINITY_V4)?,
+            take(&mut ebpf, map_names::SOCK_BACKEND_V4)?,
+        )?;
         tracing::info!(pin_dir = %opts.pin_dir.display(), "datapath loaded");
-        Ok(Self { ebpf, maps })
+        Ok(Self { ebpf, maps, sessions })
     }
 
     /// Ids of the loaded programs (for logs and tests).
@@ -126,7 +138,7 @@ impl Datapath {
 /// this build's types (aya reuses pins without checking).
 fn check_layout<K, V>(ebpf: &Ebpf, pin_dir: &Path, name: &'static str) -> Result<(), LoadError> {
     let map = ebpf.map(name).ok_or(LoadError::MissingMap { name })?;
-    let Map::HashMap(data) = map else {
+    let (Map::HashMap(data) | Map::LruHashMap(data)) = map else {
         return Err(LoadError::MissingMap { name });
     };
     let info = data.info().map_err(|source| LoadError::MapInfo { name, source })?;

@@ -39,6 +39,8 @@ pub enum MapError {
     Syscall { map: MapName, op: &'static str, source: io::Error },
     #[error("map {map}: {source}")]
     Aya { map: MapName, source: AyaMapError },
+    #[error("session map {map}: {source}")]
+    Session { map: &'static str, source: AyaMapError },
     #[error("pinned map {path} cannot be opened: {source}; is the agent's --bpffs-dir right?")]
     Open { path: String, source: AyaMapError },
 }

@@ -5,6 +5,7 @@ pub mod links;
 pub mod loader;
 pub mod maps;
 pub mod reconcile;
+pub mod sessions;
 
 pub use maps::{KernelMaps, MapError, ServiceMaps};
 pub use reconcile::{Change, ChangeKind, Reconciler, Report};

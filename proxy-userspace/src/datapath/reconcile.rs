@@ -22,7 +22,7 @@ use super::{
     ids::IdPool,
     maps::{Dump, MapError, ServiceMaps},
 };
-use crate::model::{BackendState, FrontendKey, Protocol, ServiceTable};
+use crate::model::{BackendState, Frontend, FrontendKey, Protocol, ServiceTable};
 
 /// A backend as the maps know it: address, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -231,6 +231,13 @@ impl Reconciler {
         self.backends.len()
     }
 
+    /// Per frontend: its rev-NAT id and the backend ids readers can reach
+    /// (slots `1..=count`), to tell a remembered session still valid.
+    #[must_use]
+    pub fn live_backends(&self) -> HashMap<FrontendKey, (u16, HashSet<u32>)> {
+        self.frontends.iter().map(|(k, f)| (*k, (f.rev_nat, f.live_slots().iter().copied().collect()))).collect()
+    }
+
     /// Makes the maps hold `desired`, writing only what differs.
     pub fn apply(&mut self, maps: &mut impl ServiceMaps, desired: &ServiceTable) -> Report {
         let mut report = Report::default();
@@ -247,7 +254,7 @@ impl Reconciler {
                 .collect();
             // A missing backend failed to be written above (and is reported).
             let Some(targets) = targets else { continue };
-            if let Err(error) = self.update_frontend(maps, *key, &frontend.service_port, &targets, &mut report) {
+            if let Err(error) = self.update_frontend(maps, *key, frontend, &targets, &mut report) {
                 report.failures.push(Failure { subject: format!("{} {key}", frontend.service_port), error });
             }
         }
@@ -299,14 +306,14 @@ impl Reconciler {
         &mut self,
         maps: &mut impl ServiceMaps,
         key: FrontendKey,
-        service_port: &str,
+        frontend: &Frontend,
         targets: &[(BackendAddr, u32)],
         report: &mut Report,
     ) -> Result<(), MapError> {
         let existed = self.frontends.contains_key(&key);
         let before: Vec<u32> = self.frontends.get(&key).map(|f| f.live_slots().to_vec()).unwrap_or_default();
-        let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(service_port.to_owned()));
-        service_port.clone_into(&mut fe.service_port);
+        let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(frontend.service_port.clone()));
+        frontend.service_port.clone_into(&mut fe.service_port);
         let writes_before = report.writes;
 
         if fe.rev_nat == 0 {
@@ -337,9 +344,10 @@ impl Reconciler {
             backend_id: 0,
             count: u16::try_from(targets.len()).expect("the model caps backends at u16::MAX"),
             rev_nat: fe.rev_nat,
-            flags: service_flags::CLUSTER_IP,
+            flags: service_flags::CLUSTER_IP
+                | if frontend.affinity_timeout.is_some() { service_flags::AFFINITY } else { 0 },
             pad: 0,
-            affinity_timeout: 0,
+            affinity_timeout: frontend.affinity_timeout.unwrap_or(0),
         };
         if fe.master != Some(master) {
             report.writes += 1;
@@ -356,7 +364,7 @@ impl Reconciler {
             let before: Vec<BackendAddr> =
                 before.iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
             report.changes.push(Change {
-                service_port: service_port.to_owned(),
+                service_port: frontend.service_port.clone(),
                 frontend: key,
                 kind: if existed { ChangeKind::Updated } else { ChangeKind::Added },
                 backends: after.len(),

@@ -22,12 +22,19 @@ fn be(last: u8, port: u16) -> Backend {
 fn table(entries: &[(FrontendKey, Vec<Backend>)]) -> ServiceTable {
     entries
         .iter()
-        .map(|(k, b)| (*k, Frontend { service_port: format!("ns/svc-{}:{}", k.addr, k.port), backends: b.clone() }))
+        .map(|(k, b)| {
+            let service_port = format!("ns/svc-{}:{}", k.addr, k.port);
+            (*k, Frontend { service_port, backends: b.clone(), affinity_timeout: None })
+        })
         .collect()
 }
 
+/// What a reader in the kernel sees of one frontend: its affinity timeout
+/// (0: none) and its backends in slot order.
+type Seen = (u32, Vec<(Ipv4Addr, u16, u8)>);
+
 /// Reads the maps back into a table: what a reader in the kernel sees.
-fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Vec<(Ipv4Addr, u16, u8)>> {
+fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
     let mut out = BTreeMap::new();
     for (key, master) in dump.services.iter().filter(|(k, _)| k.slot == 0) {
         let k = FrontendKey {
@@ -42,14 +49,16 @@ fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Vec<(Ipv4Addr, u16, u8)>> {
                 (Ipv4Addr::from(b.addr.to_ne_bytes()), u16::from_be(b.port), b.state)
             })
             .collect();
-        out.insert(k, backends);
+        let affinity = master.flags & proxy_common::service_flags::AFFINITY != 0;
+        assert_eq!(affinity, master.affinity_timeout != 0, "affinity flag and timeout disagree");
+        out.insert(k, (master.affinity_timeout, backends));
     }
     out
 }
 
 /// The table as the maps must show it. A backend has one entry, shared by
 /// every frontend using it, whose state is the best any frontend gives it.
-fn expected(desired: &ServiceTable) -> BTreeMap<FrontendKey, Vec<(Ipv4Addr, u16, u8)>> {
+fn expected(desired: &ServiceTable) -> BTreeMap<FrontendKey, Seen> {
     let mut best: BTreeMap<(Ipv4Addr, u16, Protocol), BackendState> = BTreeMap::new();
     for (k, f) in desired {
         for b in &f.backends {
@@ -63,7 +72,7 @@ fn expected(desired: &ServiceTable) -> BTreeMap<FrontendKey, Vec<(Ipv4Addr, u16,
                 let state = best[&(b.addr, b.port, k.protocol)];
                 (b.addr, b.port, u8::from(state == BackendState::Terminating))
             });
-            (*k, list.collect())
+            (*k, (f.affinity_timeout.unwrap_or(0), list.collect()))
         })
         .collect()
 }
@@ -143,7 +152,7 @@ fn full_map_fails_only_what_does_not_fit() {
     let report = r.apply(&mut maps, &t);
     assert!(report.failures.iter().any(|f| matches!(f.error, MapError::Full { .. })), "{report:?}");
     let seen = decode(&maps.state);
-    assert_eq!(seen.get(&small).map(Vec::len), Some(1), "the service that fits is programmed");
+    assert_eq!(seen.get(&small).map(|s| s.1.len()), Some(1), "the service that fits is programmed");
 }
 
 #[test]
@@ -186,9 +195,10 @@ fn arb_table() -> impl Strategy<Value = ServiceTable> {
     let backends =
         prop::collection::btree_map((1u8..8, prop_oneof![Just(8080u16), Just(9090)]), prop::bool::weighted(0.2), 0..6)
             .prop_map(|m| m.into_iter().map(|((l, p), t)| (l, p, t)).collect::<Vec<_>>());
-    prop::collection::btree_map(key, backends, 0..6).prop_map(|m| {
+    let affinity = prop::option::of(prop_oneof![Just(10_800u32), Just(60)]);
+    prop::collection::btree_map(key, (backends, affinity), 0..6).prop_map(|m| {
         m.into_iter()
-            .map(|((a, p, proto), bs)| {
+            .map(|((a, p, proto), (bs, affinity_timeout))| {
                 let mut list: Vec<Backend> = bs
                     .into_iter()
                     .map(|(l, port, term)| Backend {
@@ -198,7 +208,7 @@ fn arb_table() -> impl Strategy<Value = ServiceTable> {
                     .collect();
                 list.sort();
                 let k = fk(a, p, proto);
-                (k, Frontend { service_port: format!("ns/s{a}:{p}"), backends: list })
+                (k, Frontend { service_port: format!("ns/s{a}:{p}"), backends: list, affinity_timeout })
             })
             .collect()
     })

@@ -48,7 +48,14 @@ pub struct ServiceFrontends {
     pub ports: Vec<PortSpec>,
     /// `internalTrafficPolicy: Local`.
     pub internal_local: bool,
+    /// `sessionAffinity: ClientIP` timeout in seconds.
+    pub affinity_timeout: Option<u32>,
 }
+
+/// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`.
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
+/// The API server's upper bound for it (one day).
+pub const MAX_AFFINITY_TIMEOUT: u32 = 86_400;
 
 pub fn object_ref(svc: &Service) -> ObjectRef {
     ObjectRef::new("Service", svc.metadata.namespace.as_deref(), svc.metadata.name.as_deref())
@@ -111,7 +118,25 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
         ports.push(PortSpec { name, port: number, protocol });
     }
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-    Ok(ServiceFrontends { object, addrs, ports, internal_local })
+    let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        let asked =
+            spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds);
+        match asked {
+            None => DEFAULT_AFFINITY_TIMEOUT,
+            Some(t) => match u32::try_from(t) {
+                Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => t,
+                _ => {
+                    problems.push(Problem::warning(
+                        &object,
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                        format!("{t} is not within 1-{MAX_AFFINITY_TIMEOUT}; {DEFAULT_AFFINITY_TIMEOUT} is used"),
+                    ));
+                    DEFAULT_AFFINITY_TIMEOUT
+                }
+            },
+        }
+    });
+    Ok(ServiceFrontends { object, addrs, ports, internal_local, affinity_timeout })
 }
 
 fn cluster_ips(

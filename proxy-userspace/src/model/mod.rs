@@ -84,6 +84,9 @@ pub struct Frontend {
     /// `namespace/name:port-name` of the service port it comes from.
     pub service_port: String,
     pub backends: Vec<Backend>,
+    /// `sessionAffinity: ClientIP`: how long (seconds) a client keeps its
+    /// backend after its last connection.
+    pub affinity_timeout: Option<u32>,
 }
 
 /// The desired service table: every frontend the node must translate.
@@ -96,7 +99,11 @@ pub fn render(table: &ServiceTable) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     for (key, frontend) in table {
-        let _ = write!(out, "{key} {} ->", frontend.service_port);
+        let _ = write!(out, "{key} {}", frontend.service_port);
+        if let Some(t) = frontend.affinity_timeout {
+            let _ = write!(out, " affinity={t}s");
+        }
+        out.push_str(" ->");
         if frontend.backends.is_empty() {
             out.push_str(" (none)");
         }

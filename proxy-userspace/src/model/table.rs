@@ -77,6 +77,7 @@ pub fn translate<'a>(
                 let frontend = Frontend {
                     service_port: format!("{}/{}:{}", object.namespace, object.name, port.name),
                     backends: backends.clone(),
+                    affinity_timeout: svc_frontends.affinity_timeout,
                 };
                 match out.table.entry(key) {
                     Entry::Vacant(v) => {

@@ -12,6 +12,7 @@ mod cgroup;
 mod client;
 mod http;
 mod netns;
+mod udp;
 
 pub use agent::{AgentProcess, field, message};
 pub use bpffs::BpfFs;
@@ -19,6 +20,7 @@ pub use cgroup::TestCgroup;
 pub use client::{ClientCommand, spawn_in};
 pub use http::HttpBackend;
 pub use netns::NetNs;
+pub use udp::UdpBackend;
 
 use std::process::Command;
 

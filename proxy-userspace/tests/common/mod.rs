@@ -13,7 +13,7 @@ use std::{
     process::Output,
 };
 
-use ebpf_proxy::testkit::{AgentProcess, BpfFs, HttpBackend, NetNs, TestCgroup, spawn_in, unique_name};
+use ebpf_proxy::testkit::{AgentProcess, BpfFs, HttpBackend, NetNs, TestCgroup, UdpBackend, spawn_in, unique_name};
 
 pub const AGENT: &str = env!("CARGO_BIN_EXE_ebpf-proxy");
 
@@ -34,6 +34,7 @@ pub fn backend_ip(i: u8) -> Ipv4Addr {
 pub struct Env {
     pub agent: Option<AgentProcess>,
     pub backends: Vec<HttpBackend>,
+    pub udp: Vec<UdpBackend>,
     pub bpffs: BpfFs,
     pub cgroup: TestCgroup,
     pub ns: NetNs,
@@ -54,7 +55,7 @@ impl Env {
         let cgroup = TestCgroup::create(&name).expect("create cgroup");
         let bpffs = BpfFs::mount_temp(&name).expect("mount bpffs");
         let dir = tempfile::tempdir().expect("tempdir");
-        Self { agent: None, backends: list, bpffs, cgroup, ns, dir }
+        Self { agent: None, backends: list, udp: Vec::new(), bpffs, cgroup, ns, dir }
     }
 
     pub fn services_file(&self) -> PathBuf {
@@ -164,6 +165,28 @@ impl Env {
             .output()
             .expect("run socat");
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// UDP echo servers on the first `n` backend addresses, port `port`.
+    pub fn start_udp(&mut self, n: u8, port: u16) {
+        for i in 1..=n {
+            self.udp
+                .push(UdpBackend::start(&self.ns, backend_ip(i), port, &format!("backend-{i}")).expect("udp backend"));
+        }
+    }
+
+    /// Runs tests/clients/probe.py ARGS inside the namespace and cgroup;
+    /// returns (success, output lines).
+    pub fn probe(&self, args: &[&str]) -> (bool, Vec<String>) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+        let out = spawn_in(&self.ns, Some(&self.cgroup), "/usr/bin/python3")
+            .expect("prepare probe")
+            .arg(script)
+            .args(args)
+            .output()
+            .expect("run python3 (installed by `cargo xtask setup`)");
+        let lines = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+        (out.status.success(), lines)
     }
 
     pub fn accepted(&self) -> Vec<usize> {

@@ -1,0 +1,75 @@
+//! Session memos the programs keep in LRU maps: a client's affine backend
+//! (`AFFINITY_V4`) and an unconnected UDP socket's backend
+//! (`SOCK_BACKEND_V4`). When a backend leaves a service, its memos are
+//! deleted, so the next connection or datagram picks a live backend.
+use std::{
+    collections::{HashMap, HashSet},
+    net::Ipv4Addr,
+};
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError as AyaMapError};
+use proxy_common::{AffinityKey, AffinityValue, SockBackendKeyV4};
+
+use super::maps::MapError;
+use crate::model::{FrontendKey, Protocol};
+
+pub struct SessionMaps {
+    affinity: BpfHashMap<MapData, AffinityKey, AffinityValue>,
+    sock_backend: BpfHashMap<MapData, SockBackendKeyV4, u32>,
+}
+
+fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
+    move |source| MapError::Session { map, source }
+}
+
+impl SessionMaps {
+    pub fn from_maps(affinity: Map, sock_backend: Map) -> Result<Self, MapError> {
+        Ok(Self {
+            affinity: BpfHashMap::try_from(affinity).map_err(aya_err("AFFINITY_V4"))?,
+            sock_backend: BpfHashMap::try_from(sock_backend).map_err(aya_err("SOCK_BACKEND_V4"))?,
+        })
+    }
+
+    /// Deletes memos whose backend no longer serves their frontend; returns
+    /// how many.
+    pub fn purge(&mut self, live: &HashMap<FrontendKey, (u16, HashSet<u32>)>) -> Result<usize, MapError> {
+        let by_rev_nat: HashMap<u16, &HashSet<u32>> = live.values().map(|(r, set)| (*r, set)).collect();
+        let stale_affinity: Vec<AffinityKey> = self
+            .affinity
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| !by_rev_nat.get(&k.rev_nat).is_some_and(|set| set.contains(&v.backend_id)))
+            .map(|(k, _)| k)
+            .collect();
+        let stale_sockets: Vec<SockBackendKeyV4> = self
+            .sock_backend
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, id)| {
+                let frontend = Protocol::from_number(k.proto).map(|protocol| FrontendKey {
+                    addr: Ipv4Addr::from(k.addr.to_ne_bytes()),
+                    port: u16::from_be(k.port),
+                    protocol,
+                });
+                !frontend.and_then(|f| live.get(&f)).is_some_and(|(_, set)| set.contains(id))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for key in &stale_affinity {
+            remove_ok(self.affinity.remove(key)).map_err(aya_err("AFFINITY_V4"))?;
+        }
+        for key in &stale_sockets {
+            remove_ok(self.sock_backend.remove(key)).map_err(aya_err("SOCK_BACKEND_V4"))?;
+        }
+        Ok(stale_affinity.len() + stale_sockets.len())
+    }
+}
+
+/// A key the LRU dropped meanwhile is as good as deleted.
+fn remove_ok(result: Result<(), AyaMapError>) -> Result<(), AyaMapError> {
+    match result {
+        Err(AyaMapError::KeyNotFound | AyaMapError::ElementNotFound) => Ok(()),
+        Err(AyaMapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Socket probes for the kernel tests: plain sockets and syscalls, printing
+what the application sees (reply sources, getpeername()).
+
+  probe.py udp-sendto HOST PORT N [INTERVAL]  unconnected: sendto + recvfrom
+  probe.py udp-connect HOST PORT N            connect, getpeername, send + recvfrom
+  probe.py tcp-peer HOST PORT                 connect, getpeername
+
+Each reply prints as "PAYLOAD SOURCE"; a failing call prints "error ERRNO"
+and exits 1.
+"""
+import errno
+import socket
+import sys
+import time
+
+
+def fail(e):
+    name = "timeout" if isinstance(e, socket.timeout) else errno.errorcode.get(e.errno, str(e.errno))
+    print("error", name, flush=True)
+    sys.exit(1)
+
+
+def udp(mode, host, port, n, interval):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2)
+    try:
+        if mode == "udp-connect":
+            s.connect((host, port))
+            print("peer %s:%d" % s.getpeername(), flush=True)
+        for i in range(n):
+            msg = b"ping%d" % i
+            if mode == "udp-connect":
+                s.send(msg)
+            else:
+                s.sendto(msg, (host, port))
+            data, src = s.recvfrom(2048)
+            print(data.decode(), "%s:%d" % src, flush=True)
+            time.sleep(interval)
+    except OSError as e:
+        fail(e)
+
+
+def tcp_peer(host, port):
+    try:
+        s = socket.create_connection((host, port), timeout=2)
+        print("peer %s:%d" % s.getpeername(), flush=True)
+    except OSError as e:
+        fail(e)
+
+
+def main():
+    mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if mode == "tcp-peer":
+        tcp_peer(host, port)
+    else:
+        n = int(sys.argv[4])
+        interval = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+        udp(mode, host, port, n, interval)
+
+
+main()

@@ -1,0 +1,154 @@
+//! What a process sees of a service through its socket: UDP sent connected
+//! and unconnected with replies from the service address, getpeername(),
+//! refusals without endpoints, session affinity. Real agent, real kernel,
+//! python3 sockets and curl inside the test namespace and cgroup.
+mod common;
+
+use std::{collections::BTreeSet, fmt::Write as _};
+
+use common::{Env, backend_ip, web};
+
+/// A UDP service `dns` on 10.96.0.53:53 -> :5353 with backends `which`.
+fn dns(which: &[u8]) -> String {
+    let mut s = String::from(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {name: dns, namespace: test}\nspec:\n  clusterIP: 10.96.0.53\n  ports:\n  - {name: dns, port: 53, protocol: UDP}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: dns-1\n  namespace: test\n  labels: {kubernetes.io/service-name: dns}\naddressType: IPv4\nports:\n- {name: dns, port: 5353, protocol: UDP}\nendpoints:",
+    );
+    if which.is_empty() {
+        s.push_str(" []");
+    }
+    s.push('\n');
+    for i in which {
+        writeln!(s, "- addresses: [\"{}\"]\n  conditions: {{ready: true}}", backend_ip(*i)).unwrap();
+    }
+    s
+}
+
+/// The backend names of "NAME:pingN SOURCE" reply lines, and their sources.
+fn replies(lines: &[String]) -> (Vec<String>, BTreeSet<String>) {
+    let mut names = Vec::new();
+    let mut sources = BTreeSet::new();
+    for line in lines.iter().filter(|l| l.contains(":ping")) {
+        let (payload, source) = line.split_once(' ').expect("PAYLOAD SOURCE");
+        names.push(payload.split(':').next().unwrap().to_owned());
+        sources.insert(source.to_owned());
+    }
+    (names, sources)
+}
+
+fn udp_env(backends: u8) -> Env {
+    let mut env = Env::new(backends);
+    env.start_udp(backends, 5353);
+    env.write_services(&dns(&(1..=backends).collect::<Vec<_>>()));
+    env.start_agent();
+    env
+}
+
+#[test]
+fn unconnected_udp_keeps_one_backend_and_replies_come_from_the_service() {
+    let env = udp_env(3);
+    let (ok, lines) = env.probe(&["udp-sendto", "10.96.0.53", "53", "20"]);
+    assert!(ok, "{lines:?}");
+    let (names, sources) = replies(&lines);
+    assert_eq!(names.len(), 20, "{lines:?}");
+    assert_eq!(names.iter().collect::<BTreeSet<_>>().len(), 1, "one socket moved between backends: {names:?}");
+    assert_eq!(sources, BTreeSet::from(["10.96.0.53:53".to_owned()]), "recvfrom() showed a backend");
+}
+
+#[test]
+fn sockets_spread_over_the_backends() {
+    let env = udp_env(3);
+    let mut seen = BTreeSet::new();
+    for _ in 0..30 {
+        let (ok, lines) = env.probe(&["udp-sendto", "10.96.0.53", "53", "1"]);
+        assert!(ok, "{lines:?}");
+        seen.extend(replies(&lines).0);
+    }
+    assert_eq!(seen.len(), 3, "30 sockets all reached {seen:?}");
+}
+
+#[test]
+fn connected_udp_is_translated_at_connect_and_shows_the_service() {
+    let env = udp_env(3);
+    let (ok, lines) = env.probe(&["udp-connect", "10.96.0.53", "53", "10"]);
+    assert!(ok, "{lines:?}");
+    assert_eq!(lines[0], "peer 10.96.0.53:53", "getpeername() showed a backend");
+    let (names, sources) = replies(&lines);
+    assert_eq!(names.len(), 10);
+    assert_eq!(names.iter().collect::<BTreeSet<_>>().len(), 1);
+    assert_eq!(sources, BTreeSet::from(["10.96.0.53:53".to_owned()]));
+}
+
+#[test]
+fn getpeername_of_a_tcp_connection_shows_the_service() {
+    let mut env = Env::new(1);
+    env.write_services(&web(&[1]));
+    env.start_agent();
+    let (ok, lines) = env.probe(&["tcp-peer", "10.96.0.10", "80"]);
+    assert!(ok, "{lines:?}");
+    assert_eq!(lines, vec!["peer 10.96.0.10:80"]);
+    assert_eq!(env.accepted(), vec![1], "the connection reached the backend");
+}
+
+#[test]
+fn udp_to_a_service_without_endpoints_is_refused() {
+    let mut env = Env::new(1);
+    env.write_services(&dns(&[]));
+    env.start_agent();
+    for mode in ["udp-sendto", "udp-connect"] {
+        let (ok, lines) = env.probe(&[mode, "10.96.0.53", "53", "1"]);
+        assert!(!ok, "{mode}: {lines:?}");
+        assert_eq!(lines.last().map(String::as_str), Some("error ECONNREFUSED"), "{mode}: {lines:?}");
+    }
+}
+
+#[test]
+fn an_unconnected_socket_moves_when_its_backend_is_removed() {
+    let env = udp_env(2);
+    let client = ebpf_proxy::testkit::spawn_in(&env.ns, Some(&env.cgroup), "/usr/bin/python3")
+        .unwrap()
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py"))
+        .args(["udp-sendto", "10.96.0.53", "53", "40", "0.05"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let first = if env.udp[0].received() > 0 { 1u8 } else { 2 };
+    let other = 3 - first;
+    env.apply(&dns(&[other]));
+    let after_apply = env.udp[usize::from(first) - 1].received();
+    let out = client.wait_with_output().unwrap();
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    assert!(out.status.success(), "{lines:?}");
+    let (names, sources) = replies(&lines);
+    assert_eq!(names.len(), 40);
+    assert_eq!(names.last().unwrap(), &format!("backend-{other}"), "the socket stayed on the removed backend");
+    // At most the datagram in flight at the switch still reached it.
+    assert!(env.udp[usize::from(first) - 1].received() <= after_apply + 1);
+    assert_eq!(sources, BTreeSet::from(["10.96.0.53:53".to_owned()]));
+}
+
+#[test]
+fn client_ip_affinity_keeps_one_backend_until_it_is_removed() {
+    let mut env = Env::new(3);
+    let affine = |which: &[u8]| {
+        web(which).replace(
+            "  type: ClusterIP\n",
+            "  type: ClusterIP\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 300}}\n",
+        )
+    };
+    env.write_services(&affine(&[1, 2, 3]));
+    env.start_agent();
+    let answers = env.requests("10.96.0.10", 50);
+    let chosen: BTreeSet<&String> = answers.iter().collect();
+    assert_eq!(chosen.len(), 1, "50 connections from one client spread: {chosen:?}");
+    let first = answers[0].clone();
+    let index: u8 = first.trim_start_matches("backend-").parse().unwrap();
+
+    let rest: Vec<u8> = (1..=3).filter(|i| *i != index).collect();
+    env.apply(&affine(&rest));
+    let answers = env.requests("10.96.0.10", 50);
+    let moved: BTreeSet<&String> = answers.iter().collect();
+    assert_eq!(moved.len(), 1, "after the move the client spread: {moved:?}");
+    assert!(!moved.contains(&first), "the client stayed on the removed backend");
+    assert!(rest.iter().any(|i| moved.contains(&format!("backend-{i}"))));
+}
