@@ -13,9 +13,10 @@ use crate::{
     datapath::{
         ChangeKind, Reconciler, Report,
         loader::{Datapath, LoadOptions},
+        sock_destroy::{Removed, SocketDestroyer},
     },
     metrics::Histogram,
-    model::{self, NodeContext, Severity},
+    model::{self, NodeContext, Protocol, Severity},
     source::{Objects, file, kube::KubeSource},
 };
 
@@ -44,6 +45,9 @@ pub struct AgentConfig {
     pub source: SourceConfig,
     pub node_name: String,
     pub load: LoadOptions,
+    /// Network namespaces (files, or directories of them) whose sockets of
+    /// removed backends are destroyed, besides the agent's own.
+    pub socket_netns: Vec<PathBuf>,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -188,6 +192,7 @@ pub async fn run(
     );
     let node = NodeContext::new(config.node_name.clone());
     let mut state = SyncState::default();
+    let mut destroyer = SocketDestroyer::new(config.socket_netns.clone());
     loop {
         let retry_at = state.retry_at;
         let changed = tokio::select! {
@@ -210,12 +215,25 @@ pub async fn run(
         if report.failures.is_empty() {
             record_latency(&mut state.stats, &triggers);
         }
-        if report.changes.iter().any(|c| !c.removed.is_empty()) {
+        let removed: HashSet<Removed> = report
+            .changes
+            .iter()
+            .flat_map(|c| c.removed.iter().map(|b| Removed { frontend: c.frontend, backend: (b.addr, b.port) }))
+            .collect();
+        // Only UDP sockets are destroyed: a TCP backend leaving the endpoints
+        // may still be draining its connections (a terminating pod), and
+        // kube-proxy too clears only UDP state when an endpoint goes.
+        let removed_udp: HashSet<Removed> =
+            removed.iter().filter(|r| r.frontend.protocol == Protocol::Udp).copied().collect();
+        if !removed.is_empty() {
             match datapath.sessions.purge(&reconciler.live_backends()) {
                 Ok(0) => {}
                 Ok(n) => info!(sessions = n, "forgot sessions (affinity, UDP sockets) of removed backends"),
                 Err(err) => warn!(%err, "cannot purge sessions of removed backends; they expire on their own"),
             }
+            let sessions = &datapath.sessions;
+            destroyer
+                .destroy(&removed_udp, &|cookie, addr, port, proto| sessions.service_of(cookie, addr, port, proto));
         }
         state.generation += 1;
         let snapshot = Applied {

@@ -67,6 +67,13 @@ pub struct RunArgs {
     /// Default: the NODE_NAME environment variable, else the hostname.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// When a backend leaves a UDP service, sockets still connected to it
+    /// through the service are destroyed (their owners get an error and
+    /// reconnect to a live backend): in the agent's network namespace, and
+    /// in these (a namespace file, or a directory of them such as
+    /// /var/run/netns). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub socket_netns: Vec<PathBuf>,
     /// Log every translation the eBPF programs make (debug level; costs
     /// time on every connect, for troubleshooting only).
     #[arg(long)]

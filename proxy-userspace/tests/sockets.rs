@@ -152,3 +152,38 @@ fn client_ip_affinity_keeps_one_backend_until_it_is_removed() {
     assert!(!moved.contains(&first), "the client stayed on the removed backend");
     assert!(rest.iter().any(|i| moved.contains(&format!("backend-{i}"))));
 }
+
+#[test]
+fn a_connected_udp_socket_of_a_removed_backend_is_destroyed_and_reconnects() {
+    let env = udp_env(2);
+    let client = ebpf_proxy::testkit::spawn_in(&env.ns, Some(&env.cgroup), "/usr/bin/python3")
+        .unwrap()
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py"))
+        .args(["udp-connect-loop", "10.96.0.53", "53", "60", "0.05"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let first = if env.udp[0].received() > 0 { 1u8 } else { 2 };
+    let other = 3 - first;
+    env.apply(&dns(&[other]));
+    let applied_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let out = client.wait_with_output().unwrap();
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    let error = lines.iter().position(|l| l.starts_with("error ")).expect("the socket never saw an error");
+    let fields: Vec<&str> = lines[error].split(' ').collect();
+    // udp_abort() sets ECONNABORTED (seen by a pending receive) and
+    // disconnects the socket (a send then fails with EDESTADDRREQ).
+    assert!(["ECONNABORTED", "EDESTADDRREQ"].contains(&fields[1]), "{lines:?}");
+    let at: f64 = fields[2].parse().unwrap();
+    assert!(at - applied_at < 1.0, "the error came {:.2} s after the removal", at - applied_at);
+    let (after, sources) = replies(&lines[error..]);
+    assert!(!after.is_empty() && after.iter().all(|n| *n == format!("backend-{other}")), "{lines:?}");
+    assert_eq!(sources, BTreeSet::from(["10.96.0.53:53".to_owned()]));
+    let logged = env
+        .agent()
+        .records()
+        .iter()
+        .any(|r| ebpf_proxy::testkit::message(r) == Some("destroyed sockets connected to removed backends"));
+    assert!(logged, "no log of the destroyed socket");
+}

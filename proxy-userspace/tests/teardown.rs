@@ -13,7 +13,7 @@ fn an_environment_leaves_nothing_behind() {
         let mut env = Env::new(1);
         env.write_services(&web(&[1]));
         env.start_agent();
-        assert_eq!(sock_addr_programs(), before + 1, "connect4 is loaded while the agent runs");
+        assert_eq!(sock_addr_programs(), before + 4, "connect4, sendmsg4, recvmsg4, getpeername4 are loaded");
         (env.ns.path(), env.cgroup.path().to_owned(), env.bpffs.path().to_owned())
     };
     assert_eq!(common::wait_sock_addr_programs(before), before, "programs left loaded");

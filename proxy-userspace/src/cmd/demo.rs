@@ -66,6 +66,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             services_map_size: proxy_common::map_sizes::SERVICES,
             backends_map_size: proxy_common::map_sizes::BACKENDS,
         },
+        socket_netns: vec![ns.path()],
     };
     let (applied_tx, mut applied_rx) = watch::channel(Applied::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

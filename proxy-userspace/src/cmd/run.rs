@@ -34,6 +34,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             services_map_size: args.services_map_size,
             backends_map_size: args.backends_map_size,
         },
+        socket_netns: args.socket_netns,
     };
     tracing::info!(
         source = ?config.source,

@@ -122,6 +122,7 @@ impl Datapath {
         let sessions = SessionMaps::from_maps(
             take(&mut ebpf, map_names::AFFINITY_V4)?,
             take(&mut ebpf, map_names::SOCK_BACKEND_V4)?,
+            take(&mut ebpf, map_names::SOCK_REVNAT_V4)?,
         )?;
         tracing::info!(pin_dir = %opts.pin_dir.display(), "datapath loaded");
         Ok(Self { ebpf, maps, sessions })

@@ -6,6 +6,7 @@ pub mod loader;
 pub mod maps;
 pub mod reconcile;
 pub mod sessions;
+pub mod sock_destroy;
 
 pub use maps::{KernelMaps, MapError, ServiceMaps};
 pub use reconcile::{Change, ChangeKind, Reconciler, Report};

@@ -8,7 +8,7 @@ use std::{
 };
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError as AyaMapError};
-use proxy_common::{AffinityKey, AffinityValue, SockBackendKeyV4};
+use proxy_common::{AffinityKey, AffinityValue, SockBackendKeyV4, SockRevNatKeyV4, SockRevNatV4};
 
 use super::maps::MapError;
 use crate::model::{FrontendKey, Protocol};
@@ -16,6 +16,7 @@ use crate::model::{FrontendKey, Protocol};
 pub struct SessionMaps {
     affinity: BpfHashMap<MapData, AffinityKey, AffinityValue>,
     sock_backend: BpfHashMap<MapData, SockBackendKeyV4, u32>,
+    sock_revnat: BpfHashMap<MapData, SockRevNatKeyV4, SockRevNatV4>,
 }
 
 fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
@@ -23,11 +24,21 @@ fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
 }
 
 impl SessionMaps {
-    pub fn from_maps(affinity: Map, sock_backend: Map) -> Result<Self, MapError> {
+    pub fn from_maps(affinity: Map, sock_backend: Map, sock_revnat: Map) -> Result<Self, MapError> {
         Ok(Self {
             affinity: BpfHashMap::try_from(affinity).map_err(aya_err("AFFINITY_V4"))?,
             sock_backend: BpfHashMap::try_from(sock_backend).map_err(aya_err("SOCK_BACKEND_V4"))?,
+            sock_revnat: BpfHashMap::try_from(sock_revnat).map_err(aya_err("SOCK_REVNAT_V4"))?,
         })
+    }
+
+    /// The frontend a socket asked for, if the programs translated it to
+    /// this backend.
+    #[must_use]
+    pub fn service_of(&self, cookie: u64, addr: Ipv4Addr, port: u16, protocol: Protocol) -> Option<FrontendKey> {
+        let key = SockRevNatKeyV4 { cookie, addr: u32::from_ne_bytes(addr.octets()), port: port.to_be(), pad: 0 };
+        let value = self.sock_revnat.get(&key, 0).ok()?;
+        Some(FrontendKey { addr: Ipv4Addr::from(value.addr.to_ne_bytes()), port: u16::from_be(value.port), protocol })
     }
 
     /// Deletes memos whose backend no longer serves their frontend; returns

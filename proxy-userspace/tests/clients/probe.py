@@ -5,6 +5,9 @@ what the application sees (reply sources, getpeername()).
   probe.py udp-sendto HOST PORT N [INTERVAL]  unconnected: sendto + recvfrom
   probe.py udp-connect HOST PORT N            connect, getpeername, send + recvfrom
   probe.py tcp-peer HOST PORT                 connect, getpeername
+  probe.py udp-connect-loop HOST PORT N INTERVAL
+      a connected socket sending N datagrams; after an error it prints
+      "error ERRNO UNIXTIME", connects a new socket and goes on
 
 Each reply prints as "PAYLOAD SOURCE"; a failing call prints "error ERRNO"
 and exits 1.
@@ -41,6 +44,27 @@ def udp(mode, host, port, n, interval):
         fail(e)
 
 
+def udp_connect_loop(host, port, n, interval):
+    def connect():
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(1)
+        s.connect((host, port))
+        return s
+
+    s = connect()
+    for i in range(n):
+        try:
+            s.send(b"ping%d" % i)
+            data, src = s.recvfrom(2048)
+            print(data.decode(), "%s:%d" % src, flush=True)
+        except OSError as e:
+            name = "timeout" if isinstance(e, socket.timeout) else errno.errorcode.get(e.errno, str(e.errno))
+            print("error", name, "%.3f" % time.time(), flush=True)
+            s.close()
+            s = connect()
+        time.sleep(interval)
+
+
 def tcp_peer(host, port):
     try:
         s = socket.create_connection((host, port), timeout=2)
@@ -53,6 +77,8 @@ def main():
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "tcp-peer":
         tcp_peer(host, port)
+    elif mode == "udp-connect-loop":
+        udp_connect_loop(host, port, int(sys.argv[4]), float(sys.argv[5]))
     else:
         n = int(sys.argv[4])
         interval = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0

@@ -122,6 +122,8 @@ impl Env {
             self.pin_dir().display().to_string(),
             "--node-name".into(),
             "test-node".into(),
+            "--socket-netns".into(),
+            self.ns.path().display().to_string(),
         ]
     }
 

@@ -1,0 +1,283 @@
+//! Destroys sockets still connected, through a service, to a backend that
+//! left it, so their owners see an error at once and reconnect (through
+//! connect4, to a live backend) instead of sending into the void: the
+//! classic case is a resolver's long-lived connected UDP socket. (The agent
+//! asks this for UDP only: TCP connections to a terminating backend may
+//! still be draining.)
+//!
+//! Sockets are found with a netlink `SOCK_DIAG_BY_FAMILY` dump and
+//! destroyed with `SOCK_DESTROY` (kernel option INET_DIAG_DESTROY). Only
+//! sockets the programs translated are touched: their cookie and backend
+//! must be in `SOCK_REVNAT_V4`, and the service it names must have lost
+//! that backend. The host namespace is searched, and each namespace named
+//! by `--socket-netns` (pods' sockets live there).
+use std::{
+    collections::HashSet,
+    fs::File,
+    io,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use nix::sched::{CloneFlags, setns};
+use tracing::{debug, info, warn};
+
+use crate::model::{FrontendKey, Protocol};
+
+/// One socket found by the dump.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketId {
+    pub protocol: Protocol,
+    pub src: Ipv4Addr,
+    pub sport: u16,
+    pub dst: Ipv4Addr,
+    pub dport: u16,
+    pub ifindex: u32,
+    pub cookie: u64,
+    /// The raw `inet_diag_sockid`, echoed back to destroy exactly this one.
+    raw_id: [u8; 48],
+}
+
+/// A backend that left a frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Removed {
+    pub frontend: FrontendKey,
+    pub backend: (Ipv4Addr, u16),
+}
+
+pub struct SocketDestroyer {
+    namespaces: Vec<PathBuf>,
+    /// Set when the kernel lacks INET_DIAG_DESTROY (said once in the log).
+    unsupported: bool,
+}
+
+impl SocketDestroyer {
+    /// `namespaces`: network namespace files, or directories of them (like
+    /// `/var/run/netns`), searched besides the agent's own namespace.
+    #[must_use]
+    pub fn new(namespaces: Vec<PathBuf>) -> Self {
+        Self { namespaces, unsupported: false }
+    }
+
+    /// Destroys the sockets of `removed` pairs; `service_of(cookie, backend)`
+    /// says which frontend a translated socket asked for. Returns how many.
+    pub fn destroy(
+        &mut self,
+        removed: &HashSet<Removed>,
+        service_of: &(dyn Fn(u64, Ipv4Addr, u16, Protocol) -> Option<FrontendKey> + Sync),
+    ) -> usize {
+        if self.unsupported || removed.is_empty() {
+            return 0;
+        }
+        let protocols: HashSet<Protocol> = removed.iter().map(|r| r.frontend.protocol).collect();
+        let backends: HashSet<(Ipv4Addr, u16, Protocol)> =
+            removed.iter().map(|r| (r.backend.0, r.backend.1, r.frontend.protocol)).collect();
+        let pick = |s: &SocketId| {
+            backends.contains(&(s.dst, s.dport, s.protocol))
+                && service_of(s.cookie, s.dst, s.dport, s.protocol)
+                    .is_some_and(|frontend| removed.contains(&Removed { frontend, backend: (s.dst, s.dport) }))
+        };
+        let mut total = 0;
+        let mut places: Vec<Option<PathBuf>> = vec![None];
+        places.extend(self.namespace_files().into_iter().map(Some));
+        for place in places {
+            let result = match &place {
+                None => destroy_here(&protocols, &pick),
+                Some(ns) => in_namespace(ns, || destroy_here(&protocols, &pick)),
+            };
+            match result {
+                Ok(n) => total += n,
+                Err(err) if err.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                    warn!(
+                        "the kernel cannot destroy sockets (INET_DIAG_DESTROY is off): sockets connected to removed backends stay until their owners give up"
+                    );
+                    self.unsupported = true;
+                    return total;
+                }
+                Err(err) => warn!(namespace = ?place, %err, "cannot destroy sockets of removed backends here"),
+            }
+        }
+        if total > 0 {
+            info!(sockets = total, "destroyed sockets connected to removed backends");
+        }
+        total
+    }
+
+    fn namespace_files(&self) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        for path in &self.namespaces {
+            if path.is_dir() {
+                match std::fs::read_dir(path) {
+                    Ok(entries) => files.extend(entries.filter_map(Result::ok).map(|e| e.path())),
+                    Err(err) => debug!(path = %path.display(), %err, "cannot list namespaces"),
+                }
+            } else {
+                files.push(path.clone());
+            }
+        }
+        files
+    }
+}
+
+/// Runs `f` on a thread inside the network namespace at `path`.
+fn in_namespace<T: Send>(path: &Path, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
+    let ns = File::open(path)?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                setns(&ns, CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+                f()
+            })
+            .join()
+            .map_err(|_| io::Error::other("namespace thread panicked"))?
+    })
+}
+
+fn destroy_here(protocols: &HashSet<Protocol>, pick: &(dyn Fn(&SocketId) -> bool + Sync)) -> io::Result<usize> {
+    let nl = netlink::SockDiag::open()?;
+    let mut n = 0;
+    for protocol in protocols {
+        for socket in nl.dump(*protocol)?.into_iter().filter(|s| pick(s)) {
+            match nl.destroy(&socket) {
+                Ok(()) => {
+                    debug!(?socket, "destroyed");
+                    n += 1;
+                }
+                Err(err) if err.raw_os_error() == Some(libc::ENOENT) => {} // closed meanwhile
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// `NETLINK_SOCK_DIAG` messages, laid out as in linux/netlink.h,
+/// linux/sock_diag.h and linux/inet_diag.h.
+mod netlink {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+
+    use super::{Ipv4Addr, Protocol, SocketId, io};
+
+    const NETLINK_SOCK_DIAG: i32 = 4;
+    const SOCK_DIAG_BY_FAMILY: u16 = 20;
+    const SOCK_DESTROY: u16 = 21;
+    const NLM_F_REQUEST: u16 = 0x01;
+    const NLM_F_ACK: u16 = 0x04;
+    const NLM_F_DUMP: u16 = 0x300;
+    const NLMSG_ERROR: u16 = 2;
+    const NLMSG_DONE: u16 = 3;
+    const NLMSG_HDRLEN: usize = 16;
+    /// `struct inet_diag_sockid`.
+    const SOCKID_LEN: usize = 48;
+    /// `struct inet_diag_msg` up to and including `id`: family, state,
+    /// timer, retrans, then the sockid.
+    const MSG_ID_OFFSET: usize = 4;
+
+    pub struct SockDiag {
+        fd: OwnedFd,
+    }
+
+    impl SockDiag {
+        pub fn open() -> io::Result<Self> {
+            // SAFETY: plain socket(2); the fd is owned at once.
+            let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: the kernel just returned this fd; nothing else owns it.
+            Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        }
+
+        /// Every IPv4 socket of `protocol` in this namespace.
+        pub fn dump(&self, protocol: Protocol) -> io::Result<Vec<SocketId>> {
+            self.send(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, protocol, &[0; SOCKID_LEN])?;
+            let mut sockets = Vec::new();
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = self.recv(&mut buf)?;
+                let mut off = 0;
+                while off + NLMSG_HDRLEN <= n {
+                    let len = u32::from_ne_bytes(buf[off..off + 4].try_into().expect("4 bytes")) as usize;
+                    let kind = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().expect("2 bytes"));
+                    if len < NLMSG_HDRLEN || off + len > n {
+                        return Err(io::Error::other("malformed netlink message"));
+                    }
+                    match kind {
+                        NLMSG_DONE => return Ok(sockets),
+                        NLMSG_ERROR => return Err(error_of(&buf[off + NLMSG_HDRLEN..off + len])),
+                        SOCK_DIAG_BY_FAMILY => {
+                            let body = &buf[off + NLMSG_HDRLEN..off + len];
+                            if body.len() >= MSG_ID_OFFSET + SOCKID_LEN {
+                                let raw: [u8; SOCKID_LEN] =
+                                    body[MSG_ID_OFFSET..MSG_ID_OFFSET + SOCKID_LEN].try_into().expect("48 bytes");
+                                sockets.push(parse_id(protocol, raw));
+                            }
+                        }
+                        _ => {}
+                    }
+                    off += (len + 3) & !3;
+                }
+            }
+        }
+
+        /// Destroys one socket (the kernel aborts it with ECONNABORTED).
+        pub fn destroy(&self, socket: &SocketId) -> io::Result<()> {
+            self.send(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, socket.protocol, &socket.raw_id)?;
+            let mut buf = [0u8; 1024];
+            let n = self.recv(&mut buf)?;
+            if n >= NLMSG_HDRLEN + 4 && u16::from_ne_bytes(buf[4..6].try_into().expect("2 bytes")) == NLMSG_ERROR {
+                let err = error_of(&buf[NLMSG_HDRLEN..n]);
+                return if err.raw_os_error() == Some(0) { Ok(()) } else { Err(err) };
+            }
+            Ok(())
+        }
+
+        /// Sends `nlmsghdr` + `inet_diag_req_v2`.
+        fn send(&self, kind: u16, flags: u16, protocol: Protocol, id: &[u8; SOCKID_LEN]) -> io::Result<()> {
+            const REQ_LEN: usize = 8 + SOCKID_LEN;
+            let mut msg = Vec::with_capacity(NLMSG_HDRLEN + REQ_LEN);
+            msg.extend_from_slice(&u32::try_from(NLMSG_HDRLEN + REQ_LEN).expect("small").to_ne_bytes());
+            msg.extend_from_slice(&kind.to_ne_bytes());
+            msg.extend_from_slice(&flags.to_ne_bytes());
+            msg.extend_from_slice(&1u32.to_ne_bytes()); // seq
+            msg.extend_from_slice(&0u32.to_ne_bytes()); // pid: the kernel
+            // sdiag_family, sdiag_protocol, idiag_ext, pad, idiag_states (all)
+            msg.extend_from_slice(&[u8::try_from(libc::AF_INET).expect("2"), protocol.number(), 0, 0]);
+            msg.extend_from_slice(&u32::MAX.to_ne_bytes());
+            msg.extend_from_slice(id);
+            // SAFETY: sends `msg.len()` initialized bytes to the kernel
+            // (a zeroed sockaddr_nl, pid 0, is the default destination).
+            let sent = unsafe { libc::send(self.fd.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+            if sent < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        }
+
+        fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+            // SAFETY: writes at most `buf.len()` bytes into `buf`.
+            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            usize::try_from(n).map_err(|_| io::Error::last_os_error())
+        }
+    }
+
+    /// `struct nlmsgerr`: a negative errno (0 for an ack) first.
+    fn error_of(body: &[u8]) -> io::Error {
+        let code = body.get(..4).map_or(0, |b| i32::from_ne_bytes(b.try_into().expect("4 bytes")));
+        io::Error::from_raw_os_error(-code)
+    }
+
+    /// `inet_diag_sockid`: sport, dport (big endian), src[4], dst[4] (the
+    /// first word for IPv4), if, cookie[2].
+    fn parse_id(protocol: Protocol, raw: [u8; SOCKID_LEN]) -> SocketId {
+        let u32_at = |i: usize| u32::from_ne_bytes(raw[i..i + 4].try_into().expect("4 bytes"));
+        let ip_at = |i: usize| Ipv4Addr::new(raw[i], raw[i + 1], raw[i + 2], raw[i + 3]);
+        SocketId {
+            protocol,
+            sport: u16::from_be_bytes([raw[0], raw[1]]),
+            dport: u16::from_be_bytes([raw[2], raw[3]]),
+            src: ip_at(4),
+            dst: ip_at(20),
+            ifindex: u32_at(36),
+            cookie: u64::from(u32_at(40)) | (u64::from(u32_at(44)) << 32),
+            raw_id: raw,
+        }
+    }
+}
