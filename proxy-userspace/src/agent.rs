@@ -173,7 +173,7 @@ pub async fn run(
         SourceConfig::File(path) => Source::File(FileSource { path: path.clone(), read_once: false, stamp: None }),
         SourceConfig::Kube { kubeconfig } => {
             let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
-            let kube = KubeSource::start(&client);
+            let kube = KubeSource::start(&client, &config.node_name);
             info!("waiting for the initial lists of Services and EndpointSlices before the first write");
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
@@ -190,7 +190,6 @@ pub async fn run(
         stale_entries_removed = recovery.stale_entries_removed,
         "read the pinned maps"
     );
-    let node = NodeContext::new(config.node_name.clone());
     let mut state = SyncState::default();
     let mut destroyer = SocketDestroyer::new(config.socket_netns.clone());
     loop {
@@ -203,6 +202,11 @@ pub async fn run(
         let mut triggers = Vec::new();
         if changed {
             let Some((objects, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
+            let node = NodeContext::from_nodes(&config.node_name, &objects.nodes);
+            if node.zone != state.zone {
+                info!(node = %config.node_name, zone = ?node.zone, "node zone (for topology hints)");
+                state.zone.clone_from(&node.zone);
+            }
             state.table = Some(translate(&objects, &node, &mut state.stats, &mut state.known_problems));
             triggers = new_triggers;
         }
@@ -274,6 +278,7 @@ struct SyncState {
     /// Problems of the last translation, so each is logged once, when it
     /// appears, not again on every sync.
     known_problems: HashSet<String>,
+    zone: Option<String>,
     generation: u64,
     retry_at: Option<Instant>,
     retry_delay: Option<Duration>,

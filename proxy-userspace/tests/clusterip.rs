@@ -173,3 +173,25 @@ fn a_full_map_fails_only_the_service_that_does_not_fit() {
     let (ok, err) = env.socat_connect(true, "10.96.0.11:80");
     assert!(!ok && err.contains("Network is unreachable"), "a half-written service was exposed: {err}");
 }
+
+#[test]
+fn zone_hints_keep_connections_in_this_nodes_zone() {
+    let mut env = Env::new(3);
+    let node = |zone: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: test-node\n  labels: {{topology.kubernetes.io/zone: {zone}}}\n"
+        )
+    };
+    let hinted = service("web", "10.96.0.10", &[("http", 80)])
+        + "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: test\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports:\n- {name: http, port: 8080, protocol: TCP}\nendpoints:\n"
+        + "- {addresses: [\"10.244.0.11\"], hints: {forZones: [{name: zone-a}]}}\n"
+        + "- {addresses: [\"10.244.0.12\"], hints: {forZones: [{name: zone-b}]}}\n"
+        + "- {addresses: [\"10.244.0.13\"], hints: {forZones: [{name: zone-a}]}}\n";
+    env.write_services(&(node("zone-a") + &hinted));
+    env.start_agent();
+    let answers: std::collections::BTreeSet<String> = env.requests("10.96.0.10", 60).into_iter().collect();
+    assert_eq!(answers, ["backend-1", "backend-3"].into_iter().map(String::from).collect());
+
+    env.apply(&(node("zone-b") + &hinted));
+    assert_eq!(env.requests("10.96.0.10", 20), vec!["backend-2"; 20]);
+}

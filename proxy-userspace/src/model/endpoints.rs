@@ -28,13 +28,18 @@ pub fn owning_service(slice: &EndpointSlice) -> Option<(String, String)> {
 pub struct Selection<'a> {
     /// Keep only endpoints on this node (`internalTrafficPolicy: Local`).
     pub local_node: Option<&'a str>,
+    /// This node's zone, to follow zone hints (topology-aware routing,
+    /// `trafficDistribution: PreferClose`).
+    pub zone: Option<&'a str>,
     /// Most backends one frontend may have.
     pub max_backends: usize,
 }
 
 /// Backends of `port` in slot order: ready endpoints, or when there are none
 /// the serving-and-terminating ones; de-duplicated across slices; sorted by
-/// address and port.
+/// address and port. Zone hints narrow the ready endpoints to this node's
+/// zone when every ready endpoint has hints and one is for this zone (as
+/// kube-proxy does); otherwise they are ignored.
 pub fn backends_for_port(
     service: &ObjectRef,
     port: &PortSpec,
@@ -42,8 +47,8 @@ pub fn backends_for_port(
     selection: &Selection<'_>,
     problems: &mut Vec<Problem>,
 ) -> Vec<Backend> {
-    // (addr, port) -> best state seen across slices.
-    let mut found: BTreeMap<(Ipv4Addr, u16), BackendState> = BTreeMap::new();
+    // (addr, port) -> best state seen across slices, and zone hints.
+    let mut found: BTreeMap<(Ipv4Addr, u16), (BackendState, Vec<String>)> = BTreeMap::new();
     for slice in slices {
         if slice.address_type != "IPv4" {
             continue;
@@ -86,16 +91,34 @@ pub fn backends_for_port(
                 ));
                 continue;
             };
-            found.entry((addr, target)).and_modify(|s| *s = (*s).min(state)).or_insert(state);
+            let hints: Vec<String> = endpoint
+                .hints
+                .as_ref()
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|zones| zones.iter().map(|z| z.name.clone()).collect())
+                .unwrap_or_default();
+            found
+                .entry((addr, target))
+                .and_modify(|(s, h)| {
+                    *s = (*s).min(state);
+                    h.extend(hints.iter().cloned());
+                })
+                .or_insert((state, hints));
         }
     }
-    let any_ready = found.values().any(|s| *s == BackendState::Active);
+    let any_ready = found.values().any(|(s, _)| *s == BackendState::Active);
     let wanted = if any_ready { BackendState::Active } else { BackendState::Terminating };
-    let mut backends: Vec<Backend> = found
-        .into_iter()
-        .filter(|(_, state)| *state == wanted)
-        .map(|((addr, port), state)| Backend { addr, port, state })
-        .collect();
+    let mut chosen: Vec<((Ipv4Addr, u16), Vec<String>)> =
+        found.into_iter().filter(|(_, (state, _))| *state == wanted).map(|(k, (_, hints))| (k, hints)).collect();
+    if let Some(zone) = selection.zone
+        && wanted == BackendState::Active
+        && chosen.iter().all(|(_, hints)| !hints.is_empty())
+        && chosen.iter().any(|(_, hints)| hints.iter().any(|h| h == zone))
+    {
+        chosen.retain(|(_, hints)| hints.iter().any(|h| h == zone));
+    }
+    let mut backends: Vec<Backend> =
+        chosen.into_iter().map(|((addr, port), _)| Backend { addr, port, state: wanted }).collect();
     if backends.len() > selection.max_backends {
         problems.push(Problem::warning(
             service,

@@ -9,7 +9,7 @@ mod table;
 use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
 
 pub use problem::{ObjectRef, Problem, Severity};
-pub use table::{NodeContext, Translation, translate};
+pub use table::{NodeContext, Translation, ZONE_LABEL, translate};
 
 /// Transport protocol of a frontend or backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

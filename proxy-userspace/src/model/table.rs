@@ -1,7 +1,10 @@
 //! Services + EndpointSlices -> the desired service table.
 use std::collections::{BTreeMap, btree_map::Entry};
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
 
 use super::{
     Frontend, FrontendKey, ObjectRef, Problem, ServiceTable,
@@ -13,14 +16,29 @@ use super::{
 #[derive(Clone, Debug)]
 pub struct NodeContext {
     pub node_name: String,
+    /// This node's `topology.kubernetes.io/zone`, for zone hints.
+    pub zone: Option<String>,
     /// Most backends one frontend may have (its slot array).
     pub max_backends: usize,
 }
 
+/// The Node label that names its zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
 impl NodeContext {
     #[must_use]
     pub fn new(node_name: impl Into<String>) -> Self {
-        Self { node_name: node_name.into(), max_backends: usize::from(u16::MAX) }
+        Self { node_name: node_name.into(), zone: None, max_backends: usize::from(u16::MAX) }
+    }
+
+    /// This node's context, its zone read from its Node object among `nodes`.
+    #[must_use]
+    pub fn from_nodes<'a>(node_name: &str, nodes: impl IntoIterator<Item = &'a Node>) -> Self {
+        let zone = nodes
+            .into_iter()
+            .find(|n| n.metadata.name.as_deref() == Some(node_name))
+            .and_then(|n| n.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned());
+        Self { zone, ..Self::new(node_name) }
     }
 }
 
@@ -68,6 +86,8 @@ pub fn translate<'a>(
         }
         let selection = Selection {
             local_node: svc_frontends.internal_local.then_some(node.node_name.as_str()),
+            // Zone hints apply to cluster-wide traffic, not to Local.
+            zone: if svc_frontends.internal_local { None } else { node.zone.as_deref() },
             max_backends: node.max_backends,
         };
         for port in &svc_frontends.ports {

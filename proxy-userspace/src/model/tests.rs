@@ -148,3 +148,49 @@ fn more_endpoints_than_a_frontend_holds_are_capped_with_a_warning() {
         t.problems
     );
 }
+
+/// Endpoints 10.0.0.1 (hint zone-a), .2 (zone-b), .3 (zone-a, or none).
+fn hinted(third_has_hint: bool) -> String {
+    let third = if third_has_hint { ", hints: {forZones: [{name: zone-a}]}" } else { "" };
+    let eps = format!(
+        "[{{addresses: [10.0.0.1], hints: {{forZones: [{{name: zone-a}}]}}}}, {{addresses: [10.0.0.2], hints: {{forZones: [{{name: zone-b}}]}}}}, {{addresses: [10.0.0.3]{third}}}]"
+    );
+    format!("{SVC}{}", slice("a", PORTS, &eps))
+}
+
+fn table_in_zone(yaml: &str, zone: Option<&str>) -> String {
+    let parsed = file::parse(yaml).unwrap();
+    let node = NodeContext { zone: zone.map(str::to_owned), ..NodeContext::new("n1") };
+    render(&translate(&parsed.objects.services, &parsed.objects.slices, &node).table)
+}
+
+#[test]
+fn zone_hints_keep_traffic_in_this_zone() {
+    let t = table_in_zone(&hinted(true), Some("zone-a"));
+    assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.1:8080 10.0.0.3:8080\n"), "{t}");
+    let t = table_in_zone(&hinted(true), Some("zone-b"));
+    assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.2:8080\n"), "{t}");
+}
+
+#[test]
+fn zone_hints_are_ignored_unless_complete_and_useful() {
+    let all = ":80/TCP ns/s:http -> 10.0.0.1:8080 10.0.0.2:8080 10.0.0.3:8080\n";
+    // An endpoint without hints: hints are not trusted.
+    assert!(table_in_zone(&hinted(false), Some("zone-a")).contains(all));
+    // No endpoint for this zone.
+    assert!(table_in_zone(&hinted(true), Some("zone-c")).contains(all));
+    // This node's zone is unknown.
+    assert!(table_in_zone(&hinted(true), None).contains(all));
+    // internalTrafficPolicy: Local selects by node, not by zone.
+    let local =
+        hinted(true).replace("  clusterIP: 10.96.0.1\n", "  clusterIP: 10.96.0.1\n  internalTrafficPolicy: Local\n");
+    assert!(table_in_zone(&local, Some("zone-a")).contains(":80/TCP ns/s:http -> (none)\n"));
+}
+
+#[test]
+fn the_zone_comes_from_this_nodes_labels() {
+    let yaml = "apiVersion: v1\nkind: Node\nmetadata: {name: n1, labels: {topology.kubernetes.io/zone: zone-b}}\n---\napiVersion: v1\nkind: Node\nmetadata: {name: n2, labels: {topology.kubernetes.io/zone: zone-a}}\n";
+    let parsed = file::parse(yaml).unwrap();
+    assert_eq!(NodeContext::from_nodes("n1", &parsed.objects.nodes).zone.as_deref(), Some("zone-b"));
+    assert_eq!(NodeContext::from_nodes("n3", &parsed.objects.nodes).zone, None);
+}

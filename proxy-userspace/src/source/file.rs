@@ -1,5 +1,6 @@
 //! The services file: a YAML stream of `v1/Service` and
-//! `discovery.k8s.io/v1/EndpointSlice` objects, as `kubectl get -o yaml`
+//! `discovery.k8s.io/v1/EndpointSlice` objects (and `v1/Node` objects, of
+//! which the agent's own gives its zone), as `kubectl get -o yaml`
 //! prints them. `kind: List` documents and typed lists (`ServiceList`, as the
 //! API returns them) are unpacked.
 use std::{
@@ -8,7 +9,10 @@ use std::{
     time::SystemTime,
 };
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
 use serde::{Deserialize, de::DeserializeOwned};
 use serde_yaml::Value;
 
@@ -117,13 +121,14 @@ fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) 
         (Some("discovery.k8s.io/v1"), Some("EndpointSlice")) => {
             typed::<EndpointSlice>(value).map(|s| parsed.objects.slices.push(s))
         }
+        (Some("v1"), Some("Node")) => typed::<Node>(value).map(|n| parsed.objects.nodes.push(n)),
         (_, Some("Endpoints")) => {
             Err((".".into(), "legacy v1/Endpoints are not read; use discovery.k8s.io/v1 EndpointSlices".into()))
         }
         (api, kind) => Err((
             ".".into(),
             format!(
-                "apiVersion {:?} kind {:?} is not a v1/Service or discovery.k8s.io/v1/EndpointSlice",
+                "apiVersion {:?} kind {:?} is not a v1/Service, discovery.k8s.io/v1/EndpointSlice or v1/Node",
                 api.unwrap_or(""),
                 kind.unwrap_or("")
             ),

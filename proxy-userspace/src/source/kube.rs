@@ -15,7 +15,10 @@ use std::{
 
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::{
-    api::{core::v1::Service, discovery::v1::EndpointSlice},
+    api::{
+        core::v1::{Node, Service},
+        discovery::v1::EndpointSlice,
+    },
     jiff::Timestamp,
 };
 use kube::{
@@ -43,6 +46,8 @@ pub struct WatchCounters {
 pub struct KubeSource {
     services: reflector::Store<Service>,
     slices: reflector::Store<EndpointSlice>,
+    /// This node's Node object (its zone label).
+    node: reflector::Store<Node>,
     changed: Arc<Notify>,
     pub counters: Arc<WatchCounters>,
     /// resourceVersion of each slice at the last snapshot, to find the
@@ -52,9 +57,10 @@ pub struct KubeSource {
 }
 
 impl KubeSource {
-    /// Starts both reflectors.
+    /// Starts the reflectors: all Services and EndpointSlices, and the Node
+    /// named `node_name`.
     #[must_use]
-    pub fn start(client: &Client) -> Self {
+    pub fn start(client: &Client, node_name: &str) -> Self {
         let changed = Arc::new(Notify::new());
         let counters = Arc::new(WatchCounters::default());
         let (services, svc_writer) = reflector::store::<Service>();
@@ -67,17 +73,23 @@ impl KubeSource {
             .modify(slim)
             .default_backoff()
             .reflect(eps_writer);
+        let (node, node_writer) = reflector::store::<Node>();
+        let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+        let node_stream =
+            watcher(Api::<Node>::all(client.clone()), node_config).modify(slim).default_backoff().reflect(node_writer);
         let tasks = vec![
             tokio::spawn(drive(svc_stream, "Service", changed.clone(), counters.clone())),
             tokio::spawn(drive(eps_stream, "EndpointSlice", changed.clone(), counters.clone())),
+            tokio::spawn(drive(node_stream, "Node", changed.clone(), counters.clone())),
         ];
-        Self { services, slices, changed, counters, seen_slices: HashMap::new(), tasks }
+        Self { services, slices, node, changed, counters, seen_slices: HashMap::new(), tasks }
     }
 
     /// Resolves once both initial lists are complete.
     pub async fn wait_ready(&self) -> anyhow::Result<()> {
         self.services.wait_until_ready().await?;
         self.slices.wait_until_ready().await?;
+        self.node.wait_until_ready().await?;
         info!(services = self.services.state().len(), slices = self.slices.state().len(), "initial lists complete");
         Ok(())
     }
@@ -110,7 +122,8 @@ impl KubeSource {
             seen.insert(key, version);
         }
         self.seen_slices = seen;
-        (Objects { services, slices }, triggers)
+        let nodes = self.node.state().iter().map(|n| (**n).clone()).collect();
+        (Objects { services, slices, nodes }, triggers)
     }
 }
 

@@ -1,6 +1,7 @@
 //! A test API server that speaks the list/watch protocol a kube-rs client
-//! uses, for `v1` Services, `discovery.k8s.io/v1` EndpointSlices and
-//! Namespaces, on loopback, over plain HTTP:
+//! uses, for `v1` Services, `discovery.k8s.io/v1` EndpointSlices, Nodes and
+//! Namespaces, on loopback, over plain HTTP (`fieldSelector` on
+//! `metadata.name` is honoured):
 //!
 //! - list (cluster-wide or per namespace) with `resourceVersion`, `limit`
 //!   and `continue` pages; a continue token older than the last compaction
@@ -37,12 +38,13 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Namespace,
+    Node,
 }
 
 impl Kind {
     fn api_version(self) -> &'static str {
         match self {
-            Self::Service | Self::Namespace => "v1",
+            Self::Service | Self::Namespace | Self::Node => "v1",
             Self::EndpointSlice => "discovery.k8s.io/v1",
         }
     }
@@ -52,7 +54,12 @@ impl Kind {
             Self::Service => "Service",
             Self::EndpointSlice => "EndpointSlice",
             Self::Namespace => "Namespace",
+            Self::Node => "Node",
         }
+    }
+
+    fn cluster_scoped(self) -> bool {
+        matches!(self, Self::Namespace | Self::Node)
     }
 }
 
@@ -176,6 +183,7 @@ fn kind_of(object: &Value) -> Option<Kind> {
         "Service" => Some(Kind::Service),
         "EndpointSlice" => Some(Kind::EndpointSlice),
         "Namespace" => Some(Kind::Namespace),
+        "Node" => Some(Kind::Node),
         _ => None,
     }
 }
@@ -196,17 +204,18 @@ fn write(
     st.rv += 1;
     let rv = st.rv;
     let name = meta_str(&object, "name").to_owned();
-    let ns = match kind {
-        Kind::Namespace => String::new(),
-        _ => namespace.map_or_else(|| meta_str(&object, "namespace").to_owned(), str::to_owned),
+    let ns = if kind.cluster_scoped() {
+        String::new()
+    } else {
+        let ns = namespace.map_or_else(|| meta_str(&object, "namespace").to_owned(), str::to_owned);
+        if ns.is_empty() { "default".to_owned() } else { ns }
     };
-    let ns = if ns.is_empty() && kind != Kind::Namespace { "default".to_owned() } else { ns };
     let key = (kind, ns.clone(), name.clone());
     let existing = st.objects.get(&key).cloned();
     object["kind"] = json!(kind.name());
     object["apiVersion"] = json!(kind.api_version());
     let meta = object["metadata"].as_object_mut().expect("metadata");
-    if kind != Kind::Namespace {
+    if !kind.cluster_scoped() {
         meta.insert("namespace".into(), json!(ns));
     }
     meta.insert("resourceVersion".into(), json!(rv.to_string()));
@@ -274,12 +283,14 @@ fn route(path: &str) -> Option<(Kind, Option<String>, Option<String>)> {
     let kind = |plural: &str| match (plural, group_is_core) {
         ("services", true) => Some(Kind::Service),
         ("namespaces", true) => Some(Kind::Namespace),
+        ("nodes", true) => Some(Kind::Node),
         ("endpointslices", false) => Some(Kind::EndpointSlice),
         _ => None,
     };
     match rest {
         [plural] => Some((kind(plural)?, None, None)),
         ["namespaces", name] if group_is_core => Some((Kind::Namespace, None, Some((*name).to_owned()))),
+        ["nodes", name] if group_is_core => Some((Kind::Node, None, Some((*name).to_owned()))),
         ["namespaces", ns, plural] => Some((kind(plural)?, Some((*ns).to_owned()), None)),
         ["namespaces", ns, plural, name] => Some((kind(plural)?, Some((*ns).to_owned()), Some((*name).to_owned()))),
         _ => None,
@@ -352,6 +363,13 @@ fn in_scope(key: &(Kind, String, String), kind: Kind, ns: Option<&str>) -> bool 
     key.0 == kind && ns.is_none_or(|n| key.1 == n)
 }
 
+/// The name a `fieldSelector=metadata.name=NAME` asks for (the only field
+/// selector the agent uses).
+fn selected_name(q: &BTreeMap<String, String>) -> Option<String> {
+    let selector = q.get("fieldSelector")?.replace("%3D", "=").replace("%3d", "=");
+    selector.strip_prefix("metadata.name=").map(str::to_owned)
+}
+
 /// A list item as the API returns it: without kind and apiVersion.
 fn list_item(object: &Value) -> Value {
     let mut item = object.clone();
@@ -381,7 +399,13 @@ fn list(state: &Mutex<State>, kind: Kind, ns: Option<&str>, q: &BTreeMap<String,
         None => (st.rv, 0),
     };
     let limit = q.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
-    let all: Vec<&Value> = st.objects.iter().filter(|(k, _)| in_scope(k, kind, ns)).map(|(_, v)| v).collect();
+    let name = selected_name(q);
+    let all: Vec<&Value> = st
+        .objects
+        .iter()
+        .filter(|(k, _)| in_scope(k, kind, ns) && name.as_ref().is_none_or(|n| &k.2 == n))
+        .map(|(_, v)| v)
+        .collect();
     let page: Vec<Value> = all.iter().skip(offset).take(limit).map(|o| list_item(o)).collect();
     let next = offset + page.len();
     let mut metadata = json!({"resourceVersion": list_rv.to_string()});
@@ -410,6 +434,7 @@ fn watch_stream(
     let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
     let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(300));
+    let name = selected_name(q);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
     // Subscribe before reading history, so no event falls between them.
     let mut live = events.subscribe();
@@ -434,7 +459,11 @@ fn watch_stream(
             let _ = tx.send(event_line("ERROR", &status)).await;
             return;
         }
-        let matches = |e: &Event| e.kind == kind && ns.as_deref().is_none_or(|n| meta_str(&e.object, "namespace") == n);
+        let matches = |e: &Event| {
+            e.kind == kind
+                && ns.as_deref().is_none_or(|n| meta_str(&e.object, "namespace") == n)
+                && name.as_deref().is_none_or(|n| meta_str(&e.object, "name") == n)
+        };
         let mut last_rv = from.max(current_rv);
         for e in replay.iter().filter(|e| matches(e)) {
             if tx.send(event_line(e.change, &e.object)).await.is_err() {
