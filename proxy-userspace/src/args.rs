@@ -74,8 +74,9 @@ pub struct RunArgs {
     /// /var/run/netns). Repeatable.
     #[arg(long, value_name = "PATH")]
     pub socket_netns: Vec<PathBuf>,
-    /// Log every translation the eBPF programs make (debug level; costs
-    /// time on every connect, for troubleshooting only).
+    /// Log every translation the eBPF programs make, at debug level under
+    /// the target proxy_ebpf (RUST_LOG=info,proxy_ebpf=debug shows them).
+    /// Costs time on every connect: for troubleshooting only.
     #[arg(long)]
     pub bpf_log: bool,
     /// Entries of the services map: one per frontend plus one per backend slot.

@@ -195,3 +195,25 @@ fn zone_hints_keep_connections_in_this_nodes_zone() {
     env.apply(&(node("zone-b") + &hinted));
     assert_eq!(env.requests("10.96.0.10", 20), vec!["backend-2"; 20]);
 }
+
+#[test]
+fn bpf_log_reports_each_translation() {
+    let mut env = Env::new(1);
+    env.write_services(&web(&[1]));
+    let mut args = env.agent_args();
+    args.push("--bpf-log".into());
+    let agent = ebpf_proxy::testkit::AgentProcess::start_with_filter(
+        std::path::Path::new(common::AGENT),
+        args,
+        "info,proxy_ebpf=debug",
+    )
+    .unwrap();
+    let _ = agent.wait_applied(0);
+    env.agent = Some(agent);
+    assert_eq!(env.requests("10.96.0.10", 1), vec!["backend-1"]);
+    env.agent()
+        .wait_for(0, std::time::Duration::from_secs(5), |r| {
+            ebpf_proxy::testkit::message(r) == Some("10.96.0.10:80 -> 10.244.0.11:8080")
+        })
+        .expect("the translation was not logged");
+}

@@ -17,8 +17,17 @@ pub struct AgentProcess {
 }
 
 impl AgentProcess {
-    /// Starts `BIN run ARGS --log-format json`.
+    /// Starts `BIN run ARGS --log-format json` logging at info level.
     pub fn start<I, S>(bin: &Path, args: I) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        Self::start_with_filter(bin, args, "info")
+    }
+
+    /// Like `start`, with `RUST_LOG=filter`.
+    pub fn start_with_filter<I, S>(bin: &Path, args: I, filter: &str) -> io::Result<Self>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
@@ -28,7 +37,7 @@ impl AgentProcess {
             .arg("json")
             .arg("run")
             .args(args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
