@@ -101,29 +101,41 @@ fn udp_to_a_service_without_endpoints_is_refused() {
     }
 }
 
+/// A probe run in the background against the two-backend `dns` service,
+/// whose backend is removed while it runs.
+struct Switch {
+    /// Index (1-based) of the backend the probe used first, then removed.
+    removed: u8,
+    kept: u8,
+    /// Datagrams the removed backend had when the removal was applied.
+    received_at_removal: usize,
+    /// Unix time when the removal was applied.
+    removed_at: f64,
+    lines: Vec<String>,
+}
+
+fn remove_the_backend_in_use(env: &Env, args: &[&str]) -> Switch {
+    let client = env.probe_command(args).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let removed = if env.udp[0].received() > 0 { 1u8 } else { 2 };
+    let kept = 3 - removed;
+    env.apply(&dns(&[kept]));
+    let removed_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let received_at_removal = env.udp[usize::from(removed) - 1].received();
+    let out = client.wait_with_output().unwrap();
+    let lines = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    Switch { removed, kept, received_at_removal, removed_at, lines }
+}
+
 #[test]
 fn an_unconnected_socket_moves_when_its_backend_is_removed() {
     let env = udp_env(2);
-    let client = ebpf_proxy::testkit::spawn_in(&env.ns, Some(&env.cgroup), "/usr/bin/python3")
-        .unwrap()
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py"))
-        .args(["udp-sendto", "10.96.0.53", "53", "40", "0.05"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(600));
-    let first = if env.udp[0].received() > 0 { 1u8 } else { 2 };
-    let other = 3 - first;
-    env.apply(&dns(&[other]));
-    let after_apply = env.udp[usize::from(first) - 1].received();
-    let out = client.wait_with_output().unwrap();
-    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
-    assert!(out.status.success(), "{lines:?}");
-    let (names, sources) = replies(&lines);
-    assert_eq!(names.len(), 40);
-    assert_eq!(names.last().unwrap(), &format!("backend-{other}"), "the socket stayed on the removed backend");
+    let sw = remove_the_backend_in_use(&env, &["udp-sendto", "10.96.0.53", "53", "40", "0.05"]);
+    let (names, sources) = replies(&sw.lines);
+    assert_eq!(names.len(), 40, "{:?}", sw.lines);
+    assert_eq!(names.last().unwrap(), &format!("backend-{}", sw.kept), "the socket stayed on the removed backend");
     // At most the datagram in flight at the switch still reached it.
-    assert!(env.udp[usize::from(first) - 1].received() <= after_apply + 1);
+    assert!(env.udp[usize::from(sw.removed) - 1].received() <= sw.received_at_removal + 1);
     assert_eq!(sources, BTreeSet::from(["10.96.0.53:53".to_owned()]));
 }
 
@@ -156,29 +168,17 @@ fn client_ip_affinity_keeps_one_backend_until_it_is_removed() {
 #[test]
 fn a_connected_udp_socket_of_a_removed_backend_is_destroyed_and_reconnects() {
     let env = udp_env(2);
-    let client = ebpf_proxy::testkit::spawn_in(&env.ns, Some(&env.cgroup), "/usr/bin/python3")
-        .unwrap()
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py"))
-        .args(["udp-connect-loop", "10.96.0.53", "53", "60", "0.05"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(600));
-    let first = if env.udp[0].received() > 0 { 1u8 } else { 2 };
-    let other = 3 - first;
-    env.apply(&dns(&[other]));
-    let applied_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
-    let out = client.wait_with_output().unwrap();
-    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    let sw = remove_the_backend_in_use(&env, &["udp-connect-loop", "10.96.0.53", "53", "60", "0.05"]);
+    let lines = &sw.lines;
     let error = lines.iter().position(|l| l.starts_with("error ")).expect("the socket never saw an error");
     let fields: Vec<&str> = lines[error].split(' ').collect();
     // udp_abort() sets ECONNABORTED (seen by a pending receive) and
     // disconnects the socket (a send then fails with EDESTADDRREQ).
     assert!(["ECONNABORTED", "EDESTADDRREQ"].contains(&fields[1]), "{lines:?}");
     let at: f64 = fields[2].parse().unwrap();
-    assert!(at - applied_at < 1.0, "the error came {:.2} s after the removal", at - applied_at);
+    assert!(at - sw.removed_at < 1.0, "the error came {:.2} s after the removal", at - sw.removed_at);
     let (after, sources) = replies(&lines[error..]);
-    assert!(!after.is_empty() && after.iter().all(|n| *n == format!("backend-{other}")), "{lines:?}");
+    assert!(!after.is_empty() && after.iter().all(|n| *n == format!("backend-{}", sw.kept)), "{lines:?}");
     assert_eq!(sources, BTreeSet::from(["10.96.0.53:53".to_owned()]));
     let logged = env
         .agent()

@@ -177,16 +177,18 @@ impl Env {
         }
     }
 
-    /// Runs tests/clients/probe.py ARGS inside the namespace and cgroup;
-    /// returns (success, output lines).
-    pub fn probe(&self, args: &[&str]) -> (bool, Vec<String>) {
+    /// tests/clients/probe.py ARGS, set up to run inside the namespace and
+    /// cgroup (python3 is installed by `cargo xtask setup`).
+    pub fn probe_command(&self, args: &[&str]) -> std::process::Command {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
-        let out = spawn_in(&self.ns, Some(&self.cgroup), "/usr/bin/python3")
-            .expect("prepare probe")
-            .arg(script)
-            .args(args)
-            .output()
-            .expect("run python3 (installed by `cargo xtask setup`)");
+        let mut cmd = spawn_in(&self.ns, Some(&self.cgroup), "/usr/bin/python3").expect("prepare probe");
+        cmd.arg(script).args(args);
+        cmd
+    }
+
+    /// Runs the probe with ARGS; returns (success, output lines).
+    pub fn probe(&self, args: &[&str]) -> (bool, Vec<String>) {
+        let out = self.probe_command(args).output().expect("run python3");
         let lines = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
         (out.status.success(), lines)
     }
