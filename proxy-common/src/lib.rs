@@ -6,17 +6,17 @@
 //! byte order, exactly as the kernel hands them to the programs.
 #![no_std]
 
-/// Map names, as the eBPF object declares them and as they are pinned.
 /// Name of the eBPF global that switches its debug logging on.
 pub const LOG_ENABLED: &str = "LOG_ENABLED";
 
+/// Map names, as the eBPF object declares them and as they are pinned.
 pub mod map_names {
-    pub const SERVICES_V4: &str = "SERVICES_V4";
-    pub const BACKENDS_V4: &str = "BACKENDS_V4";
-    pub const REVNAT_V4: &str = "REVNAT_V4";
-    pub const SOCK_REVNAT_V4: &str = "SOCK_REVNAT_V4";
-    pub const SOCK_BACKEND_V4: &str = "SOCK_BACKEND_V4";
-    pub const AFFINITY_V4: &str = "AFFINITY_V4";
+    pub const SERVICES: &str = "SERVICES";
+    pub const BACKENDS: &str = "BACKENDS";
+    pub const REVNAT: &str = "REVNAT";
+    pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
+    pub const SOCK_BACKEND: &str = "SOCK_BACKEND";
+    pub const AFFINITY: &str = "AFFINITY";
 }
 
 /// Default sizes of the maps (entries); the agent can override them at load.
@@ -54,7 +54,7 @@ pub mod service_flags {
     pub const AFFINITY: u16 = 1 << 1;
 }
 
-/// `BackendValue.state` values.
+/// `Backend.state` values.
 pub mod backend_state {
     /// Ready endpoint.
     pub const ACTIVE: u8 = 0;
@@ -62,13 +62,37 @@ pub mod backend_state {
     pub const TERMINATING: u8 = 1;
 }
 
-/// Key of `SERVICES_V4`. Slot 0 is the frontend entry; slots `1..=count` each
+/// An IPv6 address, or an IPv4 address as IPv4-mapped IPv6
+/// (`::ffff:a.b.c.d`), in network byte order. One form for both families
+/// lets one set of maps serve IPv4, IPv6 and IPv4-mapped IPv6 sockets.
+pub type Addr = [u8; 16];
+
+/// The IPv4-mapped form of an IPv4 address given as its four bytes.
+#[must_use]
+pub const fn mapped_v4(octets: [u8; 4]) -> Addr {
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, octets[0], octets[1], octets[2], octets[3]]
+}
+
+/// The IPv4 address of an IPv4-mapped one.
+#[must_use]
+pub const fn as_v4(addr: &Addr) -> Option<[u8; 4]> {
+    let mut i = 0;
+    while i < 10 {
+        if addr[i] != 0 {
+            return None;
+        }
+        i += 1;
+    }
+    if addr[10] == 0xff && addr[11] == 0xff { Some([addr[12], addr[13], addr[14], addr[15]]) } else { None }
+}
+
+/// Key of `SERVICES`. Slot 0 is the frontend entry; slots `1..=count` each
 /// name one backend.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKeyV4 {
-    /// Frontend address, network byte order.
-    pub addr: u32,
+pub struct ServiceKey {
+    /// Frontend address.
+    pub addr: Addr,
     /// Frontend port, network byte order.
     pub port: u16,
     pub slot: u16,
@@ -77,16 +101,15 @@ pub struct ServiceKeyV4 {
     pub pad: [u8; 2],
 }
 
-impl ServiceKeyV4 {
-    /// A key with every padding byte zeroed. `addr` and `port` are in network
-    /// byte order.
+impl ServiceKey {
+    /// A key with every padding byte zeroed; `port` in network byte order.
     #[must_use]
-    pub const fn new(addr: u32, port: u16, proto: u8, slot: u16) -> Self {
+    pub const fn new(addr: Addr, port: u16, proto: u8, slot: u16) -> Self {
         Self { addr, port, slot, proto, scope: scope::ALL, pad: [0; 2] }
     }
 }
 
-/// Value of `SERVICES_V4`.
+/// Value of `SERVICES`.
 ///
 /// In slot 0 `count` is the number of backend slots, `rev_nat` the id of the
 /// frontend's reverse translation and `flags` its kind; `backend_id` is 0.
@@ -103,65 +126,63 @@ pub struct ServiceValue {
     pub affinity_timeout: u32,
 }
 
-/// Value of `BACKENDS_V4`, keyed by a `u32` backend id that is never 0.
+/// Value of `BACKENDS`, keyed by a `u32` backend id that is never 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BackendV4 {
-    /// Network byte order.
-    pub addr: u32,
+pub struct Backend {
+    pub addr: Addr,
     /// Network byte order.
     pub port: u16,
     pub proto: u8,
     pub state: u8,
 }
 
-/// Value of `REVNAT_V4`, keyed by the `u16` rev-NAT id of a frontend.
+/// Value of `REVNAT`, keyed by the `u16` rev-NAT id of a frontend.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RevNatV4 {
-    /// Network byte order.
-    pub addr: u32,
+pub struct RevNat {
+    pub addr: Addr,
     /// Network byte order.
     pub port: u16,
     pub pad: u16,
 }
 
-/// Key of `SOCK_REVNAT_V4`: a translated socket and the backend it reached.
+/// Key of `SOCK_REVNAT`: a translated socket and the backend it reached.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SockRevNatKeyV4 {
+pub struct SockRevNatKey {
     pub cookie: u64,
-    /// Backend address, network byte order.
-    pub addr: u32,
+    /// Backend address.
+    pub addr: Addr,
     /// Backend port, network byte order.
     pub port: u16,
-    pub pad: u16,
+    pub pad: [u8; 6],
 }
 
-/// Value of `SOCK_REVNAT_V4`: the service address the socket asked for.
+/// Value of `SOCK_REVNAT`: the service address the socket asked for.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SockRevNatV4 {
-    pub addr: u32,
+pub struct SockRevNat {
+    pub addr: Addr,
     pub port: u16,
     pub rev_nat: u16,
 }
 
-/// Key of `SOCK_BACKEND_V4` (value: backend id): the backend an
-/// unconnected UDP socket sends a service's datagrams to.
+/// Key of `SOCK_BACKEND` (value: backend id): the backend an unconnected
+/// UDP socket sends a service's datagrams to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct SockBackendKeyV4 {
+pub struct SockBackendKey {
     pub cookie: u64,
-    /// Service address, network byte order.
-    pub addr: u32,
+    /// Service address.
+    pub addr: Addr,
     /// Service port, network byte order.
     pub port: u16,
     pub proto: u8,
-    pub pad: u8,
+    pub pad: [u8; 5],
 }
 
-/// Key of `AFFINITY_V4`: a client (its network namespace cookie) and a
+/// Key of `AFFINITY`: a client (its network namespace cookie) and a
 /// service frontend (its rev-NAT id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -171,7 +192,7 @@ pub struct AffinityKey {
     pub pad: [u16; 3],
 }
 
-/// Value of `AFFINITY_V4`.
+/// Value of `AFFINITY`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AffinityValue {
@@ -181,27 +202,51 @@ pub struct AffinityValue {
     pub last_used_ns: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<ServiceKeyV4>() == 12);
-const _: () = assert!(core::mem::size_of::<SockRevNatKeyV4>() == 16);
-const _: () = assert!(core::mem::size_of::<SockRevNatV4>() == 8);
-const _: () = assert!(core::mem::size_of::<SockBackendKeyV4>() == 16);
+const _: () = assert!(core::mem::size_of::<ServiceKey>() == 24);
+const _: () = assert!(core::mem::size_of::<ServiceValue>() == 16);
+const _: () = assert!(core::mem::size_of::<Backend>() == 20);
+const _: () = assert!(core::mem::size_of::<RevNat>() == 20);
+const _: () = assert!(core::mem::size_of::<SockRevNatKey>() == 32);
+const _: () = assert!(core::mem::size_of::<SockRevNat>() == 20);
+const _: () = assert!(core::mem::size_of::<SockBackendKey>() == 32);
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
-const _: () = assert!(core::mem::size_of::<ServiceValue>() == 16);
-const _: () = assert!(core::mem::size_of::<BackendV4>() == 8);
-const _: () = assert!(core::mem::size_of::<RevNatV4>() == 8);
+
+/// Conversions between the maps' 16-byte addresses and `std::net`.
+#[cfg(feature = "user")]
+pub mod net {
+    extern crate std;
+    use std::net::{IpAddr, Ipv6Addr};
+
+    use super::{Addr, mapped_v4};
+
+    /// The maps' form of an address (IPv4 as IPv4-mapped IPv6).
+    #[must_use]
+    pub fn encode(addr: IpAddr) -> Addr {
+        match addr {
+            IpAddr::V4(v4) => mapped_v4(v4.octets()),
+            IpAddr::V6(v6) => v6.octets(),
+        }
+    }
+
+    /// An address of the maps (IPv4-mapped comes back as IPv4).
+    #[must_use]
+    pub fn decode(addr: &Addr) -> IpAddr {
+        Ipv6Addr::from(*addr).to_canonical()
+    }
+}
 
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of them are `#[repr(C)]`, made only of integers, with every
     // padding spelled out as a field, so any bit pattern is valid.
-    unsafe impl aya::Pod for super::ServiceKeyV4 {}
+    unsafe impl aya::Pod for super::ServiceKey {}
     unsafe impl aya::Pod for super::ServiceValue {}
-    unsafe impl aya::Pod for super::BackendV4 {}
-    unsafe impl aya::Pod for super::RevNatV4 {}
-    unsafe impl aya::Pod for super::SockRevNatKeyV4 {}
-    unsafe impl aya::Pod for super::SockRevNatV4 {}
-    unsafe impl aya::Pod for super::SockBackendKeyV4 {}
+    unsafe impl aya::Pod for super::Backend {}
+    unsafe impl aya::Pod for super::RevNat {}
+    unsafe impl aya::Pod for super::SockRevNatKey {}
+    unsafe impl aya::Pod for super::SockRevNat {}
+    unsafe impl aya::Pod for super::SockBackendKey {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityValue {}
 }

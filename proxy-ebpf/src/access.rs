@@ -6,6 +6,14 @@ use aya_ebpf::{
     },
     programs::SockAddrContext,
 };
+use proxy_common::{Addr, as_v4, mapped_v4};
+
+/// The address family of a hook.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
 
 /// The `bpf_sock_addr` of a cgroup socket-address hook.
 pub struct SockAddr<'a> {
@@ -25,11 +33,49 @@ impl<'a> SockAddr<'a> {
         unsafe { (*self.ctx.sock_addr).protocol }
     }
 
-    /// Destination address, network byte order.
+    /// The destination (or, in recvmsg/getpeername, the peer) address, in
+    /// the 16-byte form of the maps.
     #[inline(always)]
-    pub fn user_ip4(&self) -> u32 {
-        // SAFETY: as in `protocol`.
-        unsafe { (*self.ctx.sock_addr).user_ip4 }
+    pub fn addr(&self, family: Family) -> Addr {
+        // SAFETY: as in `protocol`; user_ip4 and user_ip6 are readable as
+        // 32-bit words in sock_addr programs of their family.
+        let sa = unsafe { &*self.ctx.sock_addr };
+        match family {
+            Family::V4 => mapped_v4(sa.user_ip4.to_ne_bytes()),
+            Family::V6 => {
+                let mut addr = [0u8; 16];
+                for (i, word) in sa.user_ip6.iter().enumerate() {
+                    addr[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+                }
+                addr
+            }
+        }
+    }
+
+    /// Sets the destination (or peer) address; false when an IPv4 socket
+    /// is asked to take an IPv6 address.
+    #[inline(always)]
+    #[must_use]
+    pub fn set_addr(&self, family: Family, addr: &Addr) -> bool {
+        // SAFETY: user_ip4/user_ip6 are writable as 32-bit words in the
+        // connect, sendmsg, recvmsg and getpeername programs.
+        let sa = unsafe { &mut *self.ctx.sock_addr };
+        match family {
+            Family::V4 => match as_v4(addr) {
+                Some(octets) => {
+                    sa.user_ip4 = u32::from_ne_bytes(octets);
+                    true
+                }
+                None => false,
+            },
+            Family::V6 => {
+                for i in 0..4 {
+                    sa.user_ip6[i] =
+                        u32::from_ne_bytes([addr[i * 4], addr[i * 4 + 1], addr[i * 4 + 2], addr[i * 4 + 3]]);
+                }
+                true
+            }
+        }
     }
 
     /// Destination port, network byte order (the kernel keeps it in the low
@@ -39,12 +85,6 @@ impl<'a> SockAddr<'a> {
     pub fn user_port(&self) -> u16 {
         // SAFETY: as in `protocol`.
         unsafe { (*self.ctx.sock_addr).user_port as u16 }
-    }
-
-    #[inline(always)]
-    pub fn set_user_ip4(&self, addr: u32) {
-        // SAFETY: `user_ip4` is writable in connect4/sendmsg4 programs.
-        unsafe { (*self.ctx.sock_addr).user_ip4 = addr }
     }
 
     #[inline(always)]

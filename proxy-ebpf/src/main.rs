@@ -19,29 +19,52 @@ fn log_enabled() -> bool {
     LOG_ENABLED.load() != 0
 }
 
+use access::Family;
+use sock::Hook;
+
 /// Translates `connect()` to a service address (TCP, and connected UDP) into
 /// a connection to one of its backends.
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    sock::translate4(&ctx, sock::Hook::Connect)
+    sock::translate(&ctx, Hook::Connect, Family::V4)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn connect6(ctx: SockAddrContext) -> i32 {
+    sock::translate(&ctx, Hook::Connect, Family::V6)
 }
 
 /// Translates each datagram an unconnected UDP socket sends to a service.
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock::translate4(&ctx, sock::Hook::Sendmsg)
+    sock::translate(&ctx, Hook::Sendmsg, Family::V4)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock::translate(&ctx, Hook::Sendmsg, Family::V6)
 }
 
 /// Shows the service, not the backend, as the source of a UDP reply.
 #[cgroup_sock_addr(recvmsg4)]
 pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::restore4(&ctx)
+    sock::restore(&ctx, Family::V4)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
+    sock::restore(&ctx, Family::V6)
 }
 
 /// Shows the service, not the backend, as the peer of a translated socket.
 #[cgroup_sock_addr(getpeername4)]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
-    sock::restore4(&ctx)
+    sock::restore(&ctx, Family::V4)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+    sock::restore(&ctx, Family::V6)
 }
 
 #[cfg(not(test))]

@@ -1,20 +1,22 @@
 //! Socket-address hooks: translate a service address into a backend once
 //! per socket (at connect, or at each unconnected UDP send), and show the
 //! service address again where the socket reads its peer (recvmsg,
-//! getpeername).
+//! getpeername). One code path for both families: addresses are 16 bytes,
+//! IPv4 as IPv4-mapped IPv6, so an IPv6 socket dialling `::ffff:a.b.c.d`
+//! finds the IPv4 service too.
 use aya_ebpf::programs::SockAddrContext;
 use aya_log_ebpf::debug;
 use proxy_common::{
-    AffinityKey, AffinityValue, BackendV4, ServiceKeyV4, ServiceValue, SockBackendKeyV4, SockRevNatKeyV4, SockRevNatV4,
-    proto, service_flags,
+    Addr, AffinityKey, AffinityValue, Backend, ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey,
+    as_v4, proto, service_flags,
 };
 
 use crate::{
-    access::{SockAddr, netns_cookie, now_ns, random_u32, set_syscall_error, socket_cookie},
+    access::{Family, SockAddr, netns_cookie, now_ns, random_u32, set_syscall_error, socket_cookie},
     log_enabled,
     maps::{
-        affinity_v4, backend_v4, remember_affinity_v4, remember_sock_backend_v4, remember_sock_revnat_v4, service_v4,
-        sock_backend_v4, sock_revnat_v4,
+        affinity, backend, remember_affinity, remember_sock_backend, remember_sock_revnat, service, sock_backend,
+        sock_revnat,
     },
 };
 
@@ -36,7 +38,7 @@ pub enum Hook {
 
 /// Translates the destination of a connect or an unconnected send.
 #[inline(always)]
-pub fn translate4(ctx: &SockAddrContext, hook: Hook) -> i32 {
+pub fn translate(ctx: &SockAddrContext, hook: Hook, family: Family) -> i32 {
     let sa = SockAddr::new(ctx);
     let Ok(protocol) = u8::try_from(sa.protocol()) else {
         return ALLOW;
@@ -44,42 +46,48 @@ pub fn translate4(ctx: &SockAddrContext, hook: Hook) -> i32 {
     if protocol != proto::TCP && protocol != proto::UDP {
         return ALLOW;
     }
-    let (addr, port) = (sa.user_ip4(), sa.user_port());
-    let mut key = ServiceKeyV4::new(addr, port, protocol, 0);
-    let Some(frontend) = service_v4(&key) else {
+    let (addr, port) = (sa.addr(family), sa.user_port());
+    let mut key = ServiceKey::new(addr, port, protocol, 0);
+    let Some(frontend) = service(&key) else {
         return ALLOW;
     };
     if frontend.count == 0 {
         // A service without endpoints: refuse, as kube-proxy's REJECT rule does.
         if log_enabled() {
-            debug!(ctx, "{:i}:{} refused: no backends", u32::from_be(addr), u16::from_be(port));
+            debug!(ctx, "[{:i}]:{} refused: no backends", addr, u16::from_be(port));
         }
         set_syscall_error(ECONNREFUSED);
         return REJECT;
     }
     let cookie = socket_cookie(ctx);
-    let sticky = SockBackendKeyV4 { cookie, addr, port, proto: protocol, pad: 0 };
-    let Some((backend_id, backend)) = choose_backend(ctx, hook, &mut key, &frontend, &sticky) else {
+    let sticky = SockBackendKey { cookie, addr, port, proto: protocol, pad: [0; 5] };
+    let Some((backend_id, target)) = choose_backend(ctx, hook, &mut key, &frontend, &sticky) else {
         return ALLOW;
     };
+    if !sa.set_addr(family, &target.addr) {
+        return ALLOW; // an IPv4 socket cannot reach an IPv6 backend
+    }
+    sa.set_user_port(target.port);
     if hook == Hook::Sendmsg {
-        remember_sock_backend_v4(&sticky, backend_id);
+        remember_sock_backend(&sticky, backend_id);
     }
-    let revnat_key = SockRevNatKeyV4 { cookie, addr: backend.addr, port: backend.port, pad: 0 };
-    remember_sock_revnat_v4(&revnat_key, &SockRevNatV4 { addr, port, rev_nat: frontend.rev_nat });
+    let revnat_key = SockRevNatKey { cookie, addr: target.addr, port: target.port, pad: [0; 6] };
+    remember_sock_revnat(&revnat_key, &SockRevNat { addr, port, rev_nat: frontend.rev_nat });
     if log_enabled() {
-        debug!(
-            ctx,
-            "{:i}:{} -> {:i}:{}",
-            u32::from_be(addr),
-            u16::from_be(port),
-            u32::from_be(backend.addr),
-            u16::from_be(backend.port)
-        );
+        log_translation(ctx, &addr, port, &target.addr, target.port);
     }
-    sa.set_user_ip4(backend.addr);
-    sa.set_user_port(backend.port);
     ALLOW
+}
+
+/// Logs `SERVICE -> BACKEND`, IPv4 as IPv4 (not as IPv4-mapped IPv6).
+#[inline(never)]
+fn log_translation(ctx: &SockAddrContext, from: &Addr, from_port: u16, to: &Addr, to_port: u16) {
+    let (from_port, to_port) = (u16::from_be(from_port), u16::from_be(to_port));
+    if let (Some(a), Some(b)) = (as_v4(from), as_v4(to)) {
+        debug!(ctx, "{:i}:{} -> {:i}:{}", u32::from_be_bytes(a), from_port, u32::from_be_bytes(b), to_port);
+    } else {
+        debug!(ctx, "[{:i}]:{} -> [{:i}]:{}", *from, from_port, *to, to_port);
+    }
 }
 
 /// The backend for this socket: the one an unconnected UDP socket already
@@ -90,26 +98,26 @@ pub fn translate4(ctx: &SockAddrContext, hook: Hook) -> i32 {
 fn choose_backend(
     ctx: &SockAddrContext,
     hook: Hook,
-    key: &mut ServiceKeyV4,
+    key: &mut ServiceKey,
     frontend: &ServiceValue,
-    sticky: &SockBackendKeyV4,
-) -> Option<(u32, BackendV4)> {
+    sticky: &SockBackendKey,
+) -> Option<(u32, Backend)> {
     if hook == Hook::Sendmsg
-        && let Some(id) = sock_backend_v4(sticky)
-        && let Some(backend) = backend_v4(id)
+        && let Some(id) = sock_backend(sticky)
+        && let Some(b) = backend(id)
     {
-        return Some((id, backend));
+        return Some((id, b));
     }
-    let affinity = frontend.flags & service_flags::AFFINITY != 0;
+    let affine = frontend.flags & service_flags::AFFINITY != 0;
     let affinity_key = AffinityKey { client: netns_cookie(ctx), rev_nat: frontend.rev_nat, pad: [0; 3] };
     let now = now_ns();
-    if affinity
-        && let Some(entry) = affinity_v4(&affinity_key)
+    if affine
+        && let Some(entry) = affinity(&affinity_key)
         && now.saturating_sub(entry.last_used_ns) < u64::from(frontend.affinity_timeout) * 1_000_000_000
-        && let Some(backend) = backend_v4(entry.backend_id)
+        && let Some(b) = backend(entry.backend_id)
     {
-        remember_affinity_v4(&affinity_key, &AffinityValue { last_used_ns: now, ..entry });
-        return Some((entry.backend_id, backend));
+        remember_affinity(&affinity_key, &AffinityValue { last_used_ns: now, ..entry });
+        return Some((entry.backend_id, b));
     }
     #[expect(clippy::cast_possible_truncation, reason = "the remainder is below count, a u16")]
     let slot = (random_u32() % u32::from(frontend.count)) as u16;
@@ -117,23 +125,24 @@ fn choose_backend(
     // Slots 1..=count are written before slot 0 announces count, so this
     // misses only if the agent broke that order; then leave the destination
     // alone (it has no route and fails on its own).
-    let id = service_v4(key)?.backend_id;
-    let backend = backend_v4(id)?;
-    if affinity {
-        remember_affinity_v4(&affinity_key, &AffinityValue { backend_id: id, pad: 0, last_used_ns: now });
+    let id = service(key)?.backend_id;
+    let b = backend(id)?;
+    if affine {
+        remember_affinity(&affinity_key, &AffinityValue { backend_id: id, pad: 0, last_used_ns: now });
     }
-    Some((id, backend))
+    Some((id, b))
 }
 
 /// Shows the service address where the socket sees its peer: the source of
 /// a received datagram, or `getpeername()`.
 #[inline(always)]
-pub fn restore4(ctx: &SockAddrContext) -> i32 {
+pub fn restore(ctx: &SockAddrContext, family: Family) -> i32 {
     let sa = SockAddr::new(ctx);
-    let key = SockRevNatKeyV4 { cookie: socket_cookie(ctx), addr: sa.user_ip4(), port: sa.user_port(), pad: 0 };
-    if let Some(service) = sock_revnat_v4(&key) {
-        sa.set_user_ip4(service.addr);
-        sa.set_user_port(service.port);
+    let key = SockRevNatKey { cookie: socket_cookie(ctx), addr: sa.addr(family), port: sa.user_port(), pad: [0; 6] };
+    if let Some(svc) = sock_revnat(&key)
+        && sa.set_addr(family, &svc.addr)
+    {
+        sa.set_user_port(svc.port);
     }
     ALLOW
 }

@@ -167,7 +167,7 @@ fn a_full_map_fails_only_the_service_that_does_not_fit() {
     let subject = ebpf_proxy::testkit::field(&failure, "subject").and_then(|v| v.as_str()).unwrap_or_default();
     assert!(subject.contains("test/b:http"), "names the service: {failure}");
     let error = ebpf_proxy::testkit::field(&failure, "error").and_then(|v| v.as_str()).unwrap_or_default();
-    assert!(error.contains("SERVICES_V4 is full"), "{failure}");
+    assert!(error.contains("SERVICES is full"), "{failure}");
     env.agent = Some(agent);
     assert_eq!(env.requests("10.96.0.10", 10), vec!["backend-1"; 10], "the service that fits works");
     let (ok, err) = env.socat_connect(true, "10.96.0.11:80");

@@ -191,10 +191,12 @@ fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
                 if ready.is_empty() { (terminating, BackendState::Terminating) } else { (ready, BackendState::Active) };
             chosen.sort_unstable();
             chosen.dedup();
-            let backends =
-                chosen.iter().map(|(a, p)| Backend { addr: Ipv4Addr::new(10, 244, 0, *a), port: *p, state }).collect();
+            let backends = chosen
+                .iter()
+                .map(|(a, p)| Backend { addr: Ipv4Addr::new(10, 244, 0, *a).into(), port: *p, state })
+                .collect();
             let key = FrontendKey {
-                addr: Ipv4Addr::new(10, 96, 0, s.ip),
+                addr: Ipv4Addr::new(10, 96, 0, s.ip).into(),
                 port: *port,
                 protocol: if *udp { Protocol::Udp } else { Protocol::Tcp },
             };

@@ -3,7 +3,7 @@
 //! write or refuse entries past a capacity, as a full kernel map does.
 use std::collections::BTreeMap;
 
-use proxy_common::{BackendV4, RevNatV4, ServiceKeyV4, ServiceValue};
+use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceValue};
 
 use super::maps::{Dump, MapError, MapName, ServiceMaps};
 
@@ -47,7 +47,7 @@ impl FakeMaps {
         for (key, master) in self.state.services.iter().filter(|(k, _)| k.slot == 0) {
             assert!(self.state.rev_nat.contains_key(&master.rev_nat), "rev-NAT {} of {key:?} missing", master.rev_nat);
             for slot in 1..=master.count {
-                let slot_key = ServiceKeyV4 { slot, ..*key };
+                let slot_key = ServiceKey { slot, ..*key };
                 let entry = self
                     .state
                     .services
@@ -64,7 +64,7 @@ impl FakeMaps {
 }
 
 impl ServiceMaps for FakeMaps {
-    fn set_backend(&mut self, id: u32, value: &BackendV4) -> Result<(), MapError> {
+    fn set_backend(&mut self, id: u32, value: &BackendValue) -> Result<(), MapError> {
         self.step(MapName::Backends)?;
         Self::insert(&mut self.state.backends, self.capacity, MapName::Backends, id, *value)?;
         self.check_reader_view();
@@ -78,21 +78,21 @@ impl ServiceMaps for FakeMaps {
         Ok(())
     }
 
-    fn set_service(&mut self, key: &ServiceKeyV4, value: &ServiceValue) -> Result<(), MapError> {
+    fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {
         self.step(MapName::Services)?;
         Self::insert(&mut self.state.services, self.capacity, MapName::Services, *key, *value)?;
         self.check_reader_view();
         Ok(())
     }
 
-    fn remove_service(&mut self, key: &ServiceKeyV4) -> Result<(), MapError> {
+    fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {
         self.step(MapName::Services)?;
         self.state.services.remove(key);
         self.check_reader_view();
         Ok(())
     }
 
-    fn set_rev_nat(&mut self, id: u16, value: &RevNatV4) -> Result<(), MapError> {
+    fn set_rev_nat(&mut self, id: u16, value: &RevNat) -> Result<(), MapError> {
         self.step(MapName::RevNat)?;
         Self::insert(&mut self.state.rev_nat, self.capacity, MapName::RevNat, id, *value)?;
         self.check_reader_view();

@@ -8,8 +8,8 @@ use aya::{
     programs::{CgroupSockAddr, ProgramError},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, BackendV4, LOG_ENABLED, RevNatV4, ServiceKeyV4, ServiceValue, SockBackendKeyV4,
-    SockRevNatKeyV4, SockRevNatV4, map_names,
+    AffinityKey, AffinityValue, Backend, LOG_ENABLED, RevNat, ServiceKey, ServiceValue, SockBackendKey, SockRevNat,
+    SockRevNatKey, map_names,
 };
 
 use super::{
@@ -23,7 +23,8 @@ use crate::paths::LINKS_SUBDIR;
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
 
 /// The cgroup socket-address programs, by their function names.
-const SOCK_PROGRAMS: &[&str] = &["connect4", "sendmsg4", "recvmsg4", "getpeername4"];
+const SOCK_PROGRAMS: &[&str] =
+    &["connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6", "getpeername4", "getpeername6"];
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -80,8 +81,8 @@ impl Datapath {
         let log_flag: u8 = opts.bpf_log.into();
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&opts.pin_dir)
-            .map_max_entries(map_names::SERVICES_V4, opts.services_map_size)
-            .map_max_entries(map_names::BACKENDS_V4, opts.backends_map_size)
+            .map_max_entries(map_names::SERVICES, opts.services_map_size)
+            .map_max_entries(map_names::BACKENDS, opts.backends_map_size)
             .override_global(LOG_ENABLED, &log_flag, true)
             .load(OBJECT)
             .map_err(|source| LoadError::Load {
@@ -89,12 +90,12 @@ impl Datapath {
                 source: Box::new(source),
             })?;
 
-        check_layout::<ServiceKeyV4, ServiceValue>(&ebpf, &opts.pin_dir, map_names::SERVICES_V4)?;
-        check_layout::<u32, BackendV4>(&ebpf, &opts.pin_dir, map_names::BACKENDS_V4)?;
-        check_layout::<u16, RevNatV4>(&ebpf, &opts.pin_dir, map_names::REVNAT_V4)?;
-        check_layout::<SockRevNatKeyV4, SockRevNatV4>(&ebpf, &opts.pin_dir, map_names::SOCK_REVNAT_V4)?;
-        check_layout::<SockBackendKeyV4, u32>(&ebpf, &opts.pin_dir, map_names::SOCK_BACKEND_V4)?;
-        check_layout::<AffinityKey, AffinityValue>(&ebpf, &opts.pin_dir, map_names::AFFINITY_V4)?;
+        check_layout::<ServiceKey, ServiceValue>(&ebpf, &opts.pin_dir, map_names::SERVICES)?;
+        check_layout::<u32, Backend>(&ebpf, &opts.pin_dir, map_names::BACKENDS)?;
+        check_layout::<u16, RevNat>(&ebpf, &opts.pin_dir, map_names::REVNAT)?;
+        check_layout::<SockRevNatKey, SockRevNat>(&ebpf, &opts.pin_dir, map_names::SOCK_REVNAT)?;
+        check_layout::<SockBackendKey, u32>(&ebpf, &opts.pin_dir, map_names::SOCK_BACKEND)?;
+        check_layout::<AffinityKey, AffinityValue>(&ebpf, &opts.pin_dir, map_names::AFFINITY)?;
 
         if opts.bpf_log {
             start_bpf_log(&mut ebpf);
@@ -115,14 +116,14 @@ impl Datapath {
         }
 
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap { name });
-        let services = take(&mut ebpf, map_names::SERVICES_V4)?;
-        let backends = take(&mut ebpf, map_names::BACKENDS_V4)?;
-        let rev_nat = take(&mut ebpf, map_names::REVNAT_V4)?;
+        let services = take(&mut ebpf, map_names::SERVICES)?;
+        let backends = take(&mut ebpf, map_names::BACKENDS)?;
+        let rev_nat = take(&mut ebpf, map_names::REVNAT)?;
         let maps = KernelMaps::from_maps(services, backends, rev_nat)?;
         let sessions = SessionMaps::from_maps(
-            take(&mut ebpf, map_names::AFFINITY_V4)?,
-            take(&mut ebpf, map_names::SOCK_BACKEND_V4)?,
-            take(&mut ebpf, map_names::SOCK_REVNAT_V4)?,
+            take(&mut ebpf, map_names::AFFINITY)?,
+            take(&mut ebpf, map_names::SOCK_BACKEND)?,
+            take(&mut ebpf, map_names::SOCK_REVNAT)?,
         )?;
         tracing::info!(pin_dir = %opts.pin_dir.display(), "datapath loaded");
         Ok(Self { ebpf, maps, sessions })

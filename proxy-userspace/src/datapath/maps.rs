@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, io, path::Path};
 
 use aya::maps::{HashMap, Map, MapData, MapError as AyaMapError};
-use proxy_common::{BackendV4, RevNatV4, ServiceKeyV4, ServiceValue, map_names};
+use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceValue, map_names};
 
 /// Which map an operation was on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,9 +18,9 @@ impl MapName {
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {
-            Self::Services => map_names::SERVICES_V4,
-            Self::Backends => map_names::BACKENDS_V4,
-            Self::RevNat => map_names::REVNAT_V4,
+            Self::Services => map_names::SERVICES,
+            Self::Backends => map_names::BACKENDS,
+            Self::RevNat => map_names::REVNAT,
         }
     }
 }
@@ -48,26 +48,26 @@ pub enum MapError {
 /// Every entry of the three maps, for recovery and inspection.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Dump {
-    pub services: BTreeMap<ServiceKeyV4, ServiceValue>,
-    pub backends: BTreeMap<u32, BackendV4>,
-    pub rev_nat: BTreeMap<u16, RevNatV4>,
+    pub services: BTreeMap<ServiceKey, ServiceValue>,
+    pub backends: BTreeMap<u32, BackendValue>,
+    pub rev_nat: BTreeMap<u16, RevNat>,
 }
 
 pub trait ServiceMaps {
-    fn set_backend(&mut self, id: u32, value: &BackendV4) -> Result<(), MapError>;
+    fn set_backend(&mut self, id: u32, value: &BackendValue) -> Result<(), MapError>;
     fn remove_backend(&mut self, id: u32) -> Result<(), MapError>;
-    fn set_service(&mut self, key: &ServiceKeyV4, value: &ServiceValue) -> Result<(), MapError>;
-    fn remove_service(&mut self, key: &ServiceKeyV4) -> Result<(), MapError>;
-    fn set_rev_nat(&mut self, id: u16, value: &RevNatV4) -> Result<(), MapError>;
+    fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError>;
+    fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
+    fn set_rev_nat(&mut self, id: u16, value: &RevNat) -> Result<(), MapError>;
     fn remove_rev_nat(&mut self, id: u16) -> Result<(), MapError>;
     fn dump(&self) -> Result<Dump, MapError>;
 }
 
 /// The maps in the kernel, through aya.
 pub struct KernelMaps {
-    services: HashMap<MapData, ServiceKeyV4, ServiceValue>,
-    backends: HashMap<MapData, u32, BackendV4>,
-    rev_nat: HashMap<MapData, u16, RevNatV4>,
+    services: HashMap<MapData, ServiceKey, ServiceValue>,
+    backends: HashMap<MapData, u32, BackendValue>,
+    rev_nat: HashMap<MapData, u16, RevNat>,
 }
 
 impl KernelMaps {
@@ -88,7 +88,7 @@ impl KernelMaps {
                 .map(Map::HashMap)
                 .map_err(|source| MapError::Open { path: path.display().to_string(), source })
         };
-        Self::from_maps(open(map_names::SERVICES_V4)?, open(map_names::BACKENDS_V4)?, open(map_names::REVNAT_V4)?)
+        Self::from_maps(open(map_names::SERVICES)?, open(map_names::BACKENDS)?, open(map_names::REVNAT)?)
     }
 }
 
@@ -116,7 +116,7 @@ fn collect<K: Ord, V>(
 }
 
 impl ServiceMaps for KernelMaps {
-    fn set_backend(&mut self, id: u32, value: &BackendV4) -> Result<(), MapError> {
+    fn set_backend(&mut self, id: u32, value: &BackendValue) -> Result<(), MapError> {
         self.backends.insert(id, value, 0).map_err(|e| update_error(MapName::Backends, e))
     }
 
@@ -124,15 +124,15 @@ impl ServiceMaps for KernelMaps {
         delete_result(MapName::Backends, self.backends.remove(&id))
     }
 
-    fn set_service(&mut self, key: &ServiceKeyV4, value: &ServiceValue) -> Result<(), MapError> {
+    fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {
         self.services.insert(key, value, 0).map_err(|e| update_error(MapName::Services, e))
     }
 
-    fn remove_service(&mut self, key: &ServiceKeyV4) -> Result<(), MapError> {
+    fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {
         delete_result(MapName::Services, self.services.remove(key))
     }
 
-    fn set_rev_nat(&mut self, id: u16, value: &RevNatV4) -> Result<(), MapError> {
+    fn set_rev_nat(&mut self, id: u16, value: &RevNat) -> Result<(), MapError> {
         self.rev_nat.insert(id, value, 0).map_err(|e| update_error(MapName::RevNat, e))
     }
 

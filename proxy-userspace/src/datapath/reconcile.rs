@@ -13,10 +13,14 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt,
-    net::Ipv4Addr,
+    net::IpAddr,
 };
 
-use proxy_common::{BackendV4, RevNatV4, ServiceKeyV4, ServiceValue, backend_state, service_flags};
+use proxy_common::{
+    Backend as BackendValue, RevNat, ServiceKey, ServiceValue, backend_state,
+    net::{decode, encode},
+    service_flags,
+};
 
 use super::{
     ids::IdPool,
@@ -27,14 +31,17 @@ use crate::model::{BackendState, Frontend, FrontendKey, Protocol, ServiceTable};
 /// A backend as the maps know it: address, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BackendAddr {
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
 }
 
 impl fmt::Display for BackendAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.addr, self.port)
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{a}:{}", self.port),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}", self.port),
+        }
     }
 }
 
@@ -114,18 +121,22 @@ pub struct Reconciler {
     /// Backend id per address (the lowest, should the maps hold two).
     backend_ids: HashMap<BackendAddr, u32>,
     /// Every backend in the map, by id.
-    backends: BTreeMap<u32, (BackendAddr, BackendV4)>,
+    backends: BTreeMap<u32, (BackendAddr, BackendValue)>,
     backend_pool: IdPool<u32>,
     rev_nat_pool: IdPool<u16>,
 }
 
-fn frontend_key(key: FrontendKey, slot: u16) -> ServiceKeyV4 {
-    ServiceKeyV4::new(u32::from_ne_bytes(key.addr.octets()), key.port.to_be(), key.protocol.number(), slot)
+fn frontend_key(key: FrontendKey, slot: u16) -> ServiceKey {
+    ServiceKey::new(encode(key.addr), key.port.to_be(), key.protocol.number(), slot)
 }
 
-fn backend_value(b: BackendAddr, state: BackendState) -> BackendV4 {
-    BackendV4 {
-        addr: u32::from_ne_bytes(b.addr.octets()),
+fn rev_nat_value(key: FrontendKey) -> RevNat {
+    RevNat { addr: encode(key.addr), port: key.port.to_be(), pad: 0 }
+}
+
+fn backend_value(b: BackendAddr, state: BackendState) -> BackendValue {
+    BackendValue {
+        addr: encode(b.addr),
         port: b.port.to_be(),
         proto: b.protocol.number(),
         state: match state {
@@ -161,11 +172,7 @@ impl Reconciler {
                 stale_backends.push(*id);
                 continue;
             };
-            let addr = BackendAddr {
-                addr: Ipv4Addr::from(value.addr.to_ne_bytes()),
-                port: u16::from_be(value.port),
-                protocol,
-            };
+            let addr = BackendAddr { addr: decode(&value.addr), port: u16::from_be(value.port), protocol };
             this.backend_ids.entry(addr).or_insert(*id);
             this.backends.insert(*id, (addr, *value));
         }
@@ -174,15 +181,12 @@ impl Reconciler {
                 stale_services.push(*key);
                 continue;
             };
-            let fk =
-                FrontendKey { addr: Ipv4Addr::from(key.addr.to_ne_bytes()), port: u16::from_be(key.port), protocol };
+            let fk = FrontendKey { addr: decode(&key.addr), port: u16::from_be(key.port), protocol };
             let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(fk.to_string()));
             if key.slot == 0 {
                 fe.master = Some(*value);
                 fe.rev_nat = value.rev_nat;
-                fe.rev_nat_written = rev_nat
-                    .get(&value.rev_nat)
-                    .is_some_and(|r| *r == RevNatV4 { addr: key.addr, port: key.port, pad: 0 });
+                fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| *r == rev_nat_value(fk));
             } else {
                 let i = usize::from(key.slot) - 1;
                 if fe.slots.len() <= i {
@@ -320,9 +324,8 @@ impl Reconciler {
             fe.rev_nat = self.rev_nat_pool.allocate().ok_or(MapError::Full { map: super::maps::MapName::RevNat })?;
         }
         if !fe.rev_nat_written {
-            let value = RevNatV4 { addr: u32::from_ne_bytes(key.addr.octets()), port: key.port.to_be(), pad: 0 };
             report.writes += 1;
-            maps.set_rev_nat(fe.rev_nat, &value)?;
+            maps.set_rev_nat(fe.rev_nat, &rev_nat_value(key))?;
             fe.rev_nat_written = true;
         }
         for (i, (_, id)) in targets.iter().enumerate() {

@@ -1,6 +1,9 @@
 //! The reconciler against fake maps: exact results, minimal writes, safe
 //! ordering under injected faults, recovery after a restart.
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use proptest::prelude::*;
 
@@ -12,11 +15,23 @@ use super::{
 use crate::model::{Backend, BackendState, Frontend, FrontendKey, Protocol, ServiceTable};
 
 fn fk(last: u8, port: u16, protocol: Protocol) -> FrontendKey {
-    FrontendKey { addr: Ipv4Addr::new(10, 96, 0, last), port, protocol }
+    FrontendKey { addr: Ipv4Addr::new(10, 96, 0, last).into(), port, protocol }
+}
+
+fn fk6(last: u8, port: u16, protocol: Protocol) -> FrontendKey {
+    FrontendKey { addr: Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, u16::from(last)).into(), port, protocol }
 }
 
 fn be(last: u8, port: u16) -> Backend {
-    Backend { addr: Ipv4Addr::new(10, 244, 0, last), port, state: BackendState::Active }
+    Backend { addr: Ipv4Addr::new(10, 244, 0, last).into(), port, state: BackendState::Active }
+}
+
+fn be6(last: u8, port: u16) -> Backend {
+    Backend {
+        addr: Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, u16::from(last)).into(),
+        port,
+        state: BackendState::Active,
+    }
 }
 
 fn table(entries: &[(FrontendKey, Vec<Backend>)]) -> ServiceTable {
@@ -31,22 +46,22 @@ fn table(entries: &[(FrontendKey, Vec<Backend>)]) -> ServiceTable {
 
 /// What a reader in the kernel sees of one frontend: its affinity timeout
 /// (0: none) and its backends in slot order.
-type Seen = (u32, Vec<(Ipv4Addr, u16, u8)>);
+type Seen = (u32, Vec<(IpAddr, u16, u8)>);
 
 /// Reads the maps back into a table: what a reader in the kernel sees.
 fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
     let mut out = BTreeMap::new();
     for (key, master) in dump.services.iter().filter(|(k, _)| k.slot == 0) {
         let k = FrontendKey {
-            addr: Ipv4Addr::from(key.addr.to_ne_bytes()),
+            addr: proxy_common::net::decode(&key.addr),
             port: u16::from_be(key.port),
             protocol: Protocol::from_number(key.proto).unwrap(),
         };
         let backends = (1..=master.count)
             .map(|slot| {
-                let id = dump.services[&proxy_common::ServiceKeyV4 { slot, ..*key }].backend_id;
+                let id = dump.services[&proxy_common::ServiceKey { slot, ..*key }].backend_id;
                 let b = dump.backends[&id];
-                (Ipv4Addr::from(b.addr.to_ne_bytes()), u16::from_be(b.port), b.state)
+                (proxy_common::net::decode(&b.addr), u16::from_be(b.port), b.state)
             })
             .collect();
         let affinity = master.flags & proxy_common::service_flags::AFFINITY != 0;
@@ -59,7 +74,7 @@ fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
 /// The table as the maps must show it. A backend has one entry, shared by
 /// every frontend using it, whose state is the best any frontend gives it.
 fn expected(desired: &ServiceTable) -> BTreeMap<FrontendKey, Seen> {
-    let mut best: BTreeMap<(Ipv4Addr, u16, Protocol), BackendState> = BTreeMap::new();
+    let mut best: BTreeMap<(IpAddr, u16, Protocol), BackendState> = BTreeMap::new();
     for (k, f) in desired {
         for b in &f.backends {
             best.entry((b.addr, b.port, k.protocol)).and_modify(|s| *s = (*s).min(b.state)).or_insert(b.state);
@@ -178,10 +193,10 @@ fn recovery_removes_unreachable_entries() {
     let t = table(&[(fk(1, 80, Protocol::Tcp), vec![be(1, 80)])]);
     Reconciler::new().apply(&mut maps, &t);
     // A crash left a slot without slot 0, a rev-NAT of nobody and a slot above count.
-    let stray = proxy_common::ServiceKeyV4::new(u32::from_ne_bytes([10, 96, 9, 9]), 80u16.to_be(), 6, 1);
+    let stray = proxy_common::ServiceKey::new(proxy_common::mapped_v4([10, 96, 9, 9]), 80u16.to_be(), 6, 1);
     maps.state.services.insert(stray, proxy_common::ServiceValue { backend_id: 1, ..Default::default() });
-    maps.state.rev_nat.insert(77, proxy_common::RevNatV4::default());
-    let above = proxy_common::ServiceKeyV4::new(u32::from_ne_bytes([10, 96, 0, 1]), 80u16.to_be(), 6, 2);
+    maps.state.rev_nat.insert(77, proxy_common::RevNat::default());
+    let above = proxy_common::ServiceKey::new(proxy_common::mapped_v4([10, 96, 0, 1]), 80u16.to_be(), 6, 2);
     maps.state.services.insert(above, proxy_common::ServiceValue { backend_id: 1, ..Default::default() });
     let (mut r, recovery) = Reconciler::recover(&mut maps).unwrap();
     assert_eq!(recovery.stale_entries_removed, 2);
@@ -190,7 +205,8 @@ fn recovery_removes_unreachable_entries() {
 }
 
 fn arb_table() -> impl Strategy<Value = ServiceTable> {
-    let key = (0u8..3, prop_oneof![Just(80u16), Just(443)], prop_oneof![Just(Protocol::Tcp), Just(Protocol::Udp)]);
+    // Frontends 0..3 are IPv4, 3..5 IPv6, each with backends of its family.
+    let key = (0u8..5, prop_oneof![Just(80u16), Just(443)], prop_oneof![Just(Protocol::Tcp), Just(Protocol::Udp)]);
     // One state per address and port, as the model gives.
     let backends =
         prop::collection::btree_map((1u8..8, prop_oneof![Just(8080u16), Just(9090)]), prop::bool::weighted(0.2), 0..6)
@@ -203,11 +219,11 @@ fn arb_table() -> impl Strategy<Value = ServiceTable> {
                     .into_iter()
                     .map(|(l, port, term)| Backend {
                         state: if term { BackendState::Terminating } else { BackendState::Active },
-                        ..be(l, port)
+                        ..if a < 3 { be(l, port) } else { be6(l, port) }
                     })
                     .collect();
                 list.sort();
-                let k = fk(a, p, proto);
+                let k = if a < 3 { fk(a, p, proto) } else { fk6(a, p, proto) };
                 (k, Frontend { service_port: format!("ns/s{a}:{p}"), backends: list, affinity_timeout })
             })
             .collect()

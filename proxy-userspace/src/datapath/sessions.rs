@@ -1,22 +1,24 @@
 //! Session memos the programs keep in LRU maps: a client's affine backend
-//! (`AFFINITY_V4`) and an unconnected UDP socket's backend
-//! (`SOCK_BACKEND_V4`). When a backend leaves a service, its memos are
+//! (`AFFINITY`) and an unconnected UDP socket's backend (`SOCK_BACKEND`). When a backend leaves a service, its memos are
 //! deleted, so the next connection or datagram picks a live backend.
 use std::{
     collections::{HashMap, HashSet},
-    net::Ipv4Addr,
+    net::IpAddr,
 };
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError as AyaMapError};
-use proxy_common::{AffinityKey, AffinityValue, SockBackendKeyV4, SockRevNatKeyV4, SockRevNatV4};
+use proxy_common::{
+    AffinityKey, AffinityValue, SockBackendKey, SockRevNat, SockRevNatKey,
+    net::{decode, encode},
+};
 
 use super::maps::MapError;
 use crate::model::{FrontendKey, Protocol};
 
 pub struct SessionMaps {
     affinity: BpfHashMap<MapData, AffinityKey, AffinityValue>,
-    sock_backend: BpfHashMap<MapData, SockBackendKeyV4, u32>,
-    sock_revnat: BpfHashMap<MapData, SockRevNatKeyV4, SockRevNatV4>,
+    sock_backend: BpfHashMap<MapData, SockBackendKey, u32>,
+    sock_revnat: BpfHashMap<MapData, SockRevNatKey, SockRevNat>,
 }
 
 fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
@@ -26,19 +28,19 @@ fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
 impl SessionMaps {
     pub fn from_maps(affinity: Map, sock_backend: Map, sock_revnat: Map) -> Result<Self, MapError> {
         Ok(Self {
-            affinity: BpfHashMap::try_from(affinity).map_err(aya_err("AFFINITY_V4"))?,
-            sock_backend: BpfHashMap::try_from(sock_backend).map_err(aya_err("SOCK_BACKEND_V4"))?,
-            sock_revnat: BpfHashMap::try_from(sock_revnat).map_err(aya_err("SOCK_REVNAT_V4"))?,
+            affinity: BpfHashMap::try_from(affinity).map_err(aya_err("AFFINITY"))?,
+            sock_backend: BpfHashMap::try_from(sock_backend).map_err(aya_err("SOCK_BACKEND"))?,
+            sock_revnat: BpfHashMap::try_from(sock_revnat).map_err(aya_err("SOCK_REVNAT"))?,
         })
     }
 
     /// The frontend a socket asked for, if the programs translated it to
     /// this backend.
     #[must_use]
-    pub fn service_of(&self, cookie: u64, addr: Ipv4Addr, port: u16, protocol: Protocol) -> Option<FrontendKey> {
-        let key = SockRevNatKeyV4 { cookie, addr: u32::from_ne_bytes(addr.octets()), port: port.to_be(), pad: 0 };
+    pub fn service_of(&self, cookie: u64, addr: IpAddr, port: u16, protocol: Protocol) -> Option<FrontendKey> {
+        let key = SockRevNatKey { cookie, addr: encode(addr), port: port.to_be(), pad: [0; 6] };
         let value = self.sock_revnat.get(&key, 0).ok()?;
-        Some(FrontendKey { addr: Ipv4Addr::from(value.addr.to_ne_bytes()), port: u16::from_be(value.port), protocol })
+        Some(FrontendKey { addr: decode(&value.addr), port: u16::from_be(value.port), protocol })
     }
 
     /// Deletes memos whose backend no longer serves their frontend; returns
@@ -52,13 +54,13 @@ impl SessionMaps {
             .filter(|(k, v)| !by_rev_nat.get(&k.rev_nat).is_some_and(|set| set.contains(&v.backend_id)))
             .map(|(k, _)| k)
             .collect();
-        let stale_sockets: Vec<SockBackendKeyV4> = self
+        let stale_sockets: Vec<SockBackendKey> = self
             .sock_backend
             .iter()
             .filter_map(Result::ok)
             .filter(|(k, id)| {
                 let frontend = Protocol::from_number(k.proto).map(|protocol| FrontendKey {
-                    addr: Ipv4Addr::from(k.addr.to_ne_bytes()),
+                    addr: decode(&k.addr),
                     port: u16::from_be(k.port),
                     protocol,
                 });
@@ -67,10 +69,10 @@ impl SessionMaps {
             .map(|(k, _)| k)
             .collect();
         for key in &stale_affinity {
-            remove_ok(self.affinity.remove(key)).map_err(aya_err("AFFINITY_V4"))?;
+            remove_ok(self.affinity.remove(key)).map_err(aya_err("AFFINITY"))?;
         }
         for key in &stale_sockets {
-            remove_ok(self.sock_backend.remove(key)).map_err(aya_err("SOCK_BACKEND_V4"))?;
+            remove_ok(self.sock_backend.remove(key)).map_err(aya_err("SOCK_BACKEND"))?;
         }
         Ok(stale_affinity.len() + stale_sockets.len())
     }

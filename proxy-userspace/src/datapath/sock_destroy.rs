@@ -6,16 +6,16 @@
 //! still be draining.)
 //!
 //! Sockets are found with a netlink `SOCK_DIAG_BY_FAMILY` dump and
-//! destroyed with `SOCK_DESTROY` (kernel option INET_DIAG_DESTROY). Only
-//! sockets the programs translated are touched: their cookie and backend
-//! must be in `SOCK_REVNAT_V4`, and the service it names must have lost
+//! destroyed with `SOCK_DESTROY` (kernel option INET_DIAG_DESTROY), for
+//! both address families. Only sockets the programs translated are
+//! touched: their cookie and backend must be in `SOCK_REVNAT`, and the service it names must have lost
 //! that backend. The host namespace is searched, and each namespace named
 //! by `--socket-netns` (pods' sockets live there).
 use std::{
     collections::HashSet,
     fs::File,
     io,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
 };
 
@@ -28,9 +28,11 @@ use crate::model::{FrontendKey, Protocol};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SocketId {
     pub protocol: Protocol,
-    pub src: Ipv4Addr,
+    /// `AF_INET` or `AF_INET6`.
+    family: u8,
+    pub src: IpAddr,
     pub sport: u16,
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     pub dport: u16,
     pub ifindex: u32,
     pub cookie: u64,
@@ -42,7 +44,7 @@ pub struct SocketId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Removed {
     pub frontend: FrontendKey,
-    pub backend: (Ipv4Addr, u16),
+    pub backend: (IpAddr, u16),
 }
 
 pub struct SocketDestroyer {
@@ -64,13 +66,13 @@ impl SocketDestroyer {
     pub fn destroy(
         &mut self,
         removed: &HashSet<Removed>,
-        service_of: &(dyn Fn(u64, Ipv4Addr, u16, Protocol) -> Option<FrontendKey> + Sync),
+        service_of: &(dyn Fn(u64, IpAddr, u16, Protocol) -> Option<FrontendKey> + Sync),
     ) -> usize {
         if self.unsupported || removed.is_empty() {
             return 0;
         }
         let protocols: HashSet<Protocol> = removed.iter().map(|r| r.frontend.protocol).collect();
-        let backends: HashSet<(Ipv4Addr, u16, Protocol)> =
+        let backends: HashSet<(IpAddr, u16, Protocol)> =
             removed.iter().map(|r| (r.backend.0, r.backend.1, r.frontend.protocol)).collect();
         let pick = |s: &SocketId| {
             backends.contains(&(s.dst, s.dport, s.protocol))
@@ -136,8 +138,13 @@ fn in_namespace<T: Send>(path: &Path, f: impl FnOnce() -> io::Result<T> + Send) 
 fn destroy_here(protocols: &HashSet<Protocol>, pick: &(dyn Fn(&SocketId) -> bool + Sync)) -> io::Result<usize> {
     let nl = netlink::SockDiag::open()?;
     let mut n = 0;
+    let families = [u8::try_from(libc::AF_INET).expect("2"), u8::try_from(libc::AF_INET6).expect("10")];
     for protocol in protocols {
-        for socket in nl.dump(*protocol)?.into_iter().filter(|s| pick(s)) {
+        let mut sockets = Vec::new();
+        for family in families {
+            sockets.extend(nl.dump(family, *protocol)?);
+        }
+        for socket in sockets.into_iter().filter(|s| pick(s)) {
             match nl.destroy(&socket) {
                 Ok(()) => {
                     debug!(?socket, "destroyed");
@@ -156,7 +163,7 @@ fn destroy_here(protocols: &HashSet<Protocol>, pick: &(dyn Fn(&SocketId) -> bool
 mod netlink {
     use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 
-    use super::{Ipv4Addr, Protocol, SocketId, io};
+    use super::{IpAddr, Ipv4Addr, Ipv6Addr, Protocol, SocketId, io};
 
     const NETLINK_SOCK_DIAG: i32 = 4;
     const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -188,9 +195,9 @@ mod netlink {
             Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
         }
 
-        /// Every IPv4 socket of `protocol` in this namespace.
-        pub fn dump(&self, protocol: Protocol) -> io::Result<Vec<SocketId>> {
-            self.send(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, protocol, &[0; SOCKID_LEN])?;
+        /// Every socket of `family` and `protocol` in this namespace.
+        pub fn dump(&self, family: u8, protocol: Protocol) -> io::Result<Vec<SocketId>> {
+            self.send(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, family, protocol, &[0; SOCKID_LEN])?;
             let mut sockets = Vec::new();
             let mut buf = vec![0u8; 64 * 1024];
             loop {
@@ -210,7 +217,7 @@ mod netlink {
                             if body.len() >= MSG_ID_OFFSET + SOCKID_LEN {
                                 let raw: [u8; SOCKID_LEN] =
                                     body[MSG_ID_OFFSET..MSG_ID_OFFSET + SOCKID_LEN].try_into().expect("48 bytes");
-                                sockets.push(parse_id(protocol, raw));
+                                sockets.push(parse_id(family, protocol, raw));
                             }
                         }
                         _ => {}
@@ -222,7 +229,7 @@ mod netlink {
 
         /// Destroys one socket (the kernel aborts it with ECONNABORTED).
         pub fn destroy(&self, socket: &SocketId) -> io::Result<()> {
-            self.send(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, socket.protocol, &socket.raw_id)?;
+            self.send(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, socket.family, socket.protocol, &socket.raw_id)?;
             let mut buf = [0u8; 1024];
             let n = self.recv(&mut buf)?;
             if n >= NLMSG_HDRLEN + 4 && u16::from_ne_bytes(buf[4..6].try_into().expect("2 bytes")) == NLMSG_ERROR {
@@ -233,7 +240,7 @@ mod netlink {
         }
 
         /// Sends `nlmsghdr` + `inet_diag_req_v2`.
-        fn send(&self, kind: u16, flags: u16, protocol: Protocol, id: &[u8; SOCKID_LEN]) -> io::Result<()> {
+        fn send(&self, kind: u16, flags: u16, family: u8, protocol: Protocol, id: &[u8; SOCKID_LEN]) -> io::Result<()> {
             const REQ_LEN: usize = 8 + SOCKID_LEN;
             let mut msg = Vec::with_capacity(NLMSG_HDRLEN + REQ_LEN);
             msg.extend_from_slice(&u32::try_from(NLMSG_HDRLEN + REQ_LEN).expect("small").to_ne_bytes());
@@ -242,7 +249,7 @@ mod netlink {
             msg.extend_from_slice(&1u32.to_ne_bytes()); // seq
             msg.extend_from_slice(&0u32.to_ne_bytes()); // pid: the kernel
             // sdiag_family, sdiag_protocol, idiag_ext, pad, idiag_states (all)
-            msg.extend_from_slice(&[u8::try_from(libc::AF_INET).expect("2"), protocol.number(), 0, 0]);
+            msg.extend_from_slice(&[family, protocol.number(), 0, 0]);
             msg.extend_from_slice(&u32::MAX.to_ne_bytes());
             msg.extend_from_slice(id);
             // SAFETY: sends `msg.len()` initialized bytes to the kernel
@@ -266,11 +273,19 @@ mod netlink {
 
     /// `inet_diag_sockid`: sport, dport (big endian), src[4], dst[4] (the
     /// first word for IPv4), if, cookie[2].
-    fn parse_id(protocol: Protocol, raw: [u8; SOCKID_LEN]) -> SocketId {
+    fn parse_id(family: u8, protocol: Protocol, raw: [u8; SOCKID_LEN]) -> SocketId {
         let u32_at = |i: usize| u32::from_ne_bytes(raw[i..i + 4].try_into().expect("4 bytes"));
-        let ip_at = |i: usize| Ipv4Addr::new(raw[i], raw[i + 1], raw[i + 2], raw[i + 3]);
+        let ip_at = |i: usize| -> IpAddr {
+            if i32::from(family) == libc::AF_INET6 {
+                let octets: [u8; 16] = raw[i..i + 16].try_into().expect("16 bytes");
+                Ipv6Addr::from(octets).to_canonical()
+            } else {
+                Ipv4Addr::new(raw[i], raw[i + 1], raw[i + 2], raw[i + 3]).into()
+            }
+        };
         SocketId {
             protocol,
+            family,
             sport: u16::from_be_bytes([raw[0], raw[1]]),
             dport: u16::from_be_bytes([raw[2], raw[3]]),
             src: ip_at(4),

@@ -1,8 +1,5 @@
 //! Endpoints of a service port, from all of the service's EndpointSlices.
-use std::{
-    collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr},
-};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -35,7 +32,8 @@ pub struct Selection<'a> {
     pub max_backends: usize,
 }
 
-/// Backends of `port` in slot order: ready endpoints, or when there are none
+/// Backends of `port` of one family (from slices of that addressType) in
+/// slot order: ready endpoints, or when there are none
 /// the serving-and-terminating ones; de-duplicated across slices; sorted by
 /// address and port. Zone hints narrow the ready endpoints to this node's
 /// zone when every ready endpoint has hints and one is for this zone (as
@@ -43,14 +41,16 @@ pub struct Selection<'a> {
 pub fn backends_for_port(
     service: &ObjectRef,
     port: &PortSpec,
+    ipv6: bool,
     slices: &[&EndpointSlice],
     selection: &Selection<'_>,
     problems: &mut Vec<Problem>,
 ) -> Vec<Backend> {
     // (addr, port) -> best state seen across slices, and zone hints.
-    let mut found: BTreeMap<(Ipv4Addr, u16), (BackendState, Vec<String>)> = BTreeMap::new();
+    let mut found: BTreeMap<(IpAddr, u16), (BackendState, Vec<String>)> = BTreeMap::new();
+    let (address_type, family) = if ipv6 { ("IPv6", "IPv6") } else { ("IPv4", "IPv4") };
     for slice in slices {
-        if slice.address_type != "IPv4" {
+        if slice.address_type != address_type {
             continue;
         }
         let Some(target) = slice_port(slice, port, problems) else {
@@ -83,13 +83,16 @@ pub fn backends_for_port(
                 ));
                 continue;
             };
-            let Ok(IpAddr::V4(addr)) = raw.parse::<IpAddr>() else {
-                problems.push(Problem::error(
-                    &object,
-                    format!("endpoints[{k}].addresses[0]"),
-                    format!("{raw:?} is not an IPv4 address; endpoint skipped"),
-                ));
-                continue;
+            let addr = match raw.parse::<IpAddr>() {
+                Ok(addr) if addr.is_ipv6() == ipv6 => addr,
+                _ => {
+                    problems.push(Problem::error(
+                        &object,
+                        format!("endpoints[{k}].addresses[0]"),
+                        format!("{raw:?} is not an {family} address; endpoint skipped"),
+                    ));
+                    continue;
+                }
             };
             let hints: Vec<String> = endpoint
                 .hints
@@ -108,7 +111,7 @@ pub fn backends_for_port(
     }
     let any_ready = found.values().any(|(s, _)| *s == BackendState::Active);
     let wanted = if any_ready { BackendState::Active } else { BackendState::Terminating };
-    let mut chosen: Vec<((Ipv4Addr, u16), Vec<String>)> =
+    let mut chosen: Vec<((IpAddr, u16), Vec<String>)> =
         found.into_iter().filter(|(_, (state, _))| *state == wanted).map(|(k, (_, hints))| (k, hints)).collect();
     if let Some(zone) = selection.zone
         && wanted == BackendState::Active

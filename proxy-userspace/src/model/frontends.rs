@@ -1,5 +1,5 @@
 //! Which services are proxied, on which addresses and ports.
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Service;
 
@@ -15,7 +15,6 @@ pub enum SkipReason {
     ExternalName,
     OtherProxy,
     NoClusterIp,
-    NoIpv4ClusterIp,
 }
 
 impl SkipReason {
@@ -26,7 +25,6 @@ impl SkipReason {
             Self::ExternalName => "type ExternalName",
             Self::OtherProxy => "handed to another proxy by service.kubernetes.io/service-proxy-name",
             Self::NoClusterIp => "no clusterIP allocated",
-            Self::NoIpv4ClusterIp => "no IPv4 clusterIP (only IPv4 is programmed)",
         }
     }
 }
@@ -44,7 +42,8 @@ pub struct PortSpec {
 #[derive(Clone, Debug)]
 pub struct ServiceFrontends {
     pub object: ObjectRef,
-    pub addrs: Vec<Ipv4Addr>,
+    /// Its ClusterIPs, of either family (dual-stack services have two).
+    pub addrs: Vec<IpAddr>,
     pub ports: Vec<PortSpec>,
     /// `internalTrafficPolicy: Local`.
     pub internal_local: bool,
@@ -144,7 +143,7 @@ fn cluster_ips(
     cluster_ip: Option<&str>,
     cluster_ips: Option<&[String]>,
     problems: &mut Vec<Problem>,
-) -> Result<Vec<Ipv4Addr>, SkipReason> {
+) -> Result<Vec<IpAddr>, SkipReason> {
     // `clusterIPs` is authoritative when set; `clusterIP` is its first entry.
     let (field, list): (&str, Vec<&str>) = match cluster_ips {
         Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().map(String::as_str).collect()),
@@ -160,13 +159,13 @@ fn cluster_ips(
     for (i, ip) in list.iter().enumerate() {
         let path = if field == "spec.clusterIPs" { format!("{field}[{i}]") } else { field.to_owned() };
         match ip.parse::<IpAddr>() {
-            Ok(IpAddr::V4(v4)) if !addrs.contains(&v4) => addrs.push(v4),
+            Ok(ip) if !addrs.contains(&ip) => addrs.push(ip),
             Ok(_) => {}
             Err(_) => problems.push(Problem::error(object, path, format!("{ip:?} is not an IP address"))),
         }
     }
     if addrs.is_empty() {
-        return Err(SkipReason::NoIpv4ClusterIp);
+        return Err(SkipReason::NoClusterIp);
     }
     Ok(addrs)
 }

@@ -6,7 +6,7 @@ mod frontends;
 mod problem;
 mod table;
 
-use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 pub use problem::{ObjectRef, Problem, Severity};
 pub use table::{NodeContext, Translation, ZONE_LABEL, translate};
@@ -50,14 +50,17 @@ impl fmt::Display for Protocol {
 /// What clients connect to: a service address, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrontendKey {
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
 }
 
 impl fmt::Display for FrontendKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}/{}", self.addr, self.port, self.protocol)
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{a}:{}/{}", self.port, self.protocol),
+            IpAddr::V6(a) => write!(f, "[{a}]:{}/{}", self.port, self.protocol),
+        }
     }
 }
 
@@ -72,7 +75,7 @@ pub enum BackendState {
 /// One endpoint address and port a frontend sends to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Backend {
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub port: u16,
     pub state: BackendState,
 }
@@ -109,7 +112,10 @@ pub fn render(table: &ServiceTable) -> String {
         }
         for b in &frontend.backends {
             let mark = if b.state == BackendState::Terminating { "~" } else { "" };
-            let _ = write!(out, " {mark}{}:{}", b.addr, b.port);
+            let _ = match b.addr {
+                IpAddr::V4(a) => write!(out, " {mark}{a}:{}", b.port),
+                IpAddr::V6(a) => write!(out, " {mark}[{a}]:{}", b.port),
+            };
         }
         out.push('\n');
     }

@@ -91,12 +91,18 @@ pub fn translate<'a>(
             max_backends: node.max_backends,
         };
         for port in &svc_frontends.ports {
-            let backends = endpoints::backends_for_port(object, port, &slices, &selection, &mut out.problems);
+            let mut per_family: [Option<Vec<super::Backend>>; 2] = [None, None];
             for addr in &svc_frontends.addrs {
+                let ipv6 = addr.is_ipv6();
+                let backends = per_family[usize::from(ipv6)]
+                    .get_or_insert_with(|| {
+                        endpoints::backends_for_port(object, port, ipv6, &slices, &selection, &mut out.problems)
+                    })
+                    .clone();
                 let key = FrontendKey { addr: *addr, port: port.port, protocol: port.protocol };
                 let frontend = Frontend {
                     service_port: format!("{}/{}:{}", object.namespace, object.name, port.name),
-                    backends: backends.clone(),
+                    backends,
                     affinity_timeout: svc_frontends.affinity_timeout,
                 };
                 match out.table.entry(key) {
