@@ -187,3 +187,25 @@ fn a_connected_udp_socket_of_a_removed_backend_is_destroyed_and_reconnects() {
         .any(|r| ebpf_proxy::testkit::message(r) == Some("destroyed sockets connected to removed backends"));
     assert!(logged, "no log of the destroyed socket");
 }
+
+#[test]
+fn client_ip_affinity_ends_when_its_timeout_passes() {
+    let mut env = Env::new(3);
+    let affine = web(&[1, 2, 3]).replace(
+        "  type: ClusterIP\n",
+        "  type: ClusterIP\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 1}}\n",
+    );
+    env.write_services(&affine);
+    env.start_agent();
+    // Within the timeout the client stays...
+    let burst: BTreeSet<String> = env.requests("10.96.0.10", 20).into_iter().collect();
+    assert_eq!(burst.len(), 1, "{burst:?}");
+    // ...and after it, each connection may pick anew: over 8 connections
+    // 1.2 s apart, staying on one of 3 backends every time has odds 1/2187.
+    let mut seen = BTreeSet::new();
+    for _ in 0..8 {
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        seen.extend(env.requests("10.96.0.10", 1));
+    }
+    assert!(seen.len() > 1, "affinity outlived its timeout: always {seen:?}");
+}

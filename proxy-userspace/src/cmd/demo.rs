@@ -49,7 +49,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let mut backends = Vec::new();
     for i in 1..=3 {
         ns.add_lo_addr(&format!("{}/32", backend_ip(i)))?;
-        backends.push(HttpBackend::start(&ns, backend_ip(i), 8080, &format!("backend-{i}"))?);
+        backends.push(HttpBackend::start(&ns, backend_ip(i).into(), 8080, &format!("backend-{i}"))?);
     }
     let cgroup = TestCgroup::create(NAME).context("creating the demo cgroup")?;
     let bpffs = BpfFs::mount_at(&base.join("bpffs")).context("mounting a bpffs for the demo")?;

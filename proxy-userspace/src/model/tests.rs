@@ -194,3 +194,23 @@ fn the_zone_comes_from_this_nodes_labels() {
     assert_eq!(NodeContext::from_nodes("n1", &parsed.objects.nodes).zone.as_deref(), Some("zone-b"));
     assert_eq!(NodeContext::from_nodes("n3", &parsed.objects.nodes).zone, None);
 }
+
+#[test]
+fn dual_stack_frontends_take_the_slices_of_their_own_family() {
+    let svc =
+        SVC.replace("  clusterIP: 10.96.0.1\n", "  clusterIP: 10.96.0.1\n  clusterIPs: [10.96.0.1, \"fd00::1\"]\n");
+    let v6 = slice("b", PORTS, "[{addresses: [\"fd00::a\"]}, {addresses: [10.0.0.9]}]")
+        .replace("addressType: IPv4", "addressType: IPv6");
+    let yaml = format!("{svc}{}{v6}", slice("a", PORTS, "[{addresses: [10.0.0.1]}]"));
+    let parsed = file::parse(&yaml).unwrap();
+    let t = translate(&parsed.objects.services, &parsed.objects.slices, &NodeContext::new("n1"));
+    let text = render(&t.table);
+    assert!(text.contains("10.96.0.1:80/TCP ns/s:http -> 10.0.0.1:8080\n"), "{text}");
+    assert!(text.contains("[fd00::1]:80/TCP ns/s:http -> [fd00::a]:8080\n"), "{text}");
+    // An IPv4 address in an IPv6 slice is reported, not used.
+    assert!(
+        t.problems.iter().any(|p| p.to_string().contains("\"10.0.0.9\" is not an IPv6 address")),
+        "{:?}",
+        t.problems
+    );
+}

@@ -2,7 +2,7 @@
 //! request with its own name and closes, and counts connections.
 use std::{
     io::{self, Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    net::{IpAddr, SocketAddr, TcpListener, TcpStream},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -15,7 +15,7 @@ use super::NetNs;
 
 pub struct HttpBackend {
     name: String,
-    addr: SocketAddrV4,
+    addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -23,8 +23,8 @@ pub struct HttpBackend {
 
 impl HttpBackend {
     /// Listens on `addr:port` inside `ns`, answering with body `NAME\n`.
-    pub fn start(ns: &NetNs, addr: Ipv4Addr, port: u16, name: &str) -> io::Result<Self> {
-        let sock = SocketAddrV4::new(addr, port);
+    pub fn start(ns: &NetNs, addr: IpAddr, port: u16, name: &str) -> io::Result<Self> {
+        let sock = SocketAddr::new(addr, port);
         let listener = ns.run_inside(move || TcpListener::bind(sock))??;
         listener.set_nonblocking(true)?;
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -42,7 +42,7 @@ impl HttpBackend {
     }
 
     #[must_use]
-    pub fn addr(&self) -> SocketAddrV4 {
+    pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 

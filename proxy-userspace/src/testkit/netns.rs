@@ -40,7 +40,8 @@ impl NetNs {
         sh("ip", &full)
     }
 
-    /// Adds `addr` (e.g. `10.244.0.11/32`) to the namespace's loopback.
+    /// Adds `addr` (e.g. `10.244.0.11/32` or `fd00:244::11/128`) to the
+    /// namespace's loopback.
     pub fn add_lo_addr(&self, addr: &str) -> io::Result<()> {
         self.ip(&["addr", "add", addr, "dev", "lo"]).map(drop)
     }

@@ -2,7 +2,7 @@
 //! datagram with `NAME:PAYLOAD` and counts datagrams.
 use std::{
     io,
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, SocketAddr, UdpSocket},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -21,8 +21,8 @@ pub struct UdpBackend {
 }
 
 impl UdpBackend {
-    pub fn start(ns: &NetNs, addr: Ipv4Addr, port: u16, name: &str) -> io::Result<Self> {
-        let sock = ns.run_inside(move || UdpSocket::bind(SocketAddrV4::new(addr, port)))??;
+    pub fn start(ns: &NetNs, addr: IpAddr, port: u16, name: &str) -> io::Result<Self> {
+        let sock = ns.run_inside(move || UdpSocket::bind(SocketAddr::new(addr, port)))??;
         sock.set_read_timeout(Some(Duration::from_millis(20)))?;
         let received = Arc::new(AtomicUsize::new(0));
         let stop = Arc::new(AtomicBool::new(false));

@@ -18,6 +18,16 @@ import sys
 import time
 
 
+def family(host):
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def show(addr):
+    """host:port, with brackets for IPv6."""
+    host, port = addr[0], addr[1]
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
 def fail(e):
     name = "timeout" if isinstance(e, socket.timeout) else errno.errorcode.get(e.errno, str(e.errno))
     print("error", name, flush=True)
@@ -25,12 +35,12 @@ def fail(e):
 
 
 def udp(mode, host, port, n, interval):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = socket.socket(family(host), socket.SOCK_DGRAM)
     s.settimeout(2)
     try:
         if mode == "udp-connect":
             s.connect((host, port))
-            print("peer %s:%d" % s.getpeername(), flush=True)
+            print("peer", show(s.getpeername()), flush=True)
         for i in range(n):
             msg = b"ping%d" % i
             if mode == "udp-connect":
@@ -38,7 +48,7 @@ def udp(mode, host, port, n, interval):
             else:
                 s.sendto(msg, (host, port))
             data, src = s.recvfrom(2048)
-            print(data.decode(), "%s:%d" % src, flush=True)
+            print(data.decode(), show(src), flush=True)
             time.sleep(interval)
     except OSError as e:
         fail(e)
@@ -46,7 +56,7 @@ def udp(mode, host, port, n, interval):
 
 def udp_connect_loop(host, port, n, interval):
     def connect():
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s = socket.socket(family(host), socket.SOCK_DGRAM)
         s.settimeout(1)
         s.connect((host, port))
         return s
@@ -56,7 +66,7 @@ def udp_connect_loop(host, port, n, interval):
         try:
             s.send(b"ping%d" % i)
             data, src = s.recvfrom(2048)
-            print(data.decode(), "%s:%d" % src, flush=True)
+            print(data.decode(), show(src), flush=True)
         except OSError as e:
             name = "timeout" if isinstance(e, socket.timeout) else errno.errorcode.get(e.errno, str(e.errno))
             print("error", name, "%.3f" % time.time(), flush=True)
@@ -67,8 +77,10 @@ def udp_connect_loop(host, port, n, interval):
 
 def tcp_peer(host, port):
     try:
-        s = socket.create_connection((host, port), timeout=2)
-        print("peer %s:%d" % s.getpeername(), flush=True)
+        s = socket.socket(family(host), socket.SOCK_STREAM)
+        s.settimeout(2)
+        s.connect((host, port))
+        print("peer", show(s.getpeername()), flush=True)
     except OSError as e:
         fail(e)
 

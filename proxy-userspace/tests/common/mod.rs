@@ -28,6 +28,11 @@ pub fn backend_ip(i: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 244, 0, 10 + i)
 }
 
+/// IPv6 address of backend `i` (1-based): fd00:244::1i.
+pub fn backend_ip6(i: u8) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, 0x10 + u16::from(i))
+}
+
 // Fields drop in declaration order: the agent first; then the private bpffs,
 // whose unmount drops the pinned links (the programs detach) and maps; the
 // namespace last.
@@ -50,7 +55,10 @@ impl Env {
         let mut list = Vec::new();
         for i in 1..=backends {
             ns.add_lo_addr(&format!("{}/32", backend_ip(i))).expect("add address");
-            list.push(HttpBackend::start(&ns, backend_ip(i), 8080, &format!("backend-{i}")).expect("start backend"));
+            ns.add_lo_addr(&format!("{}/128", backend_ip6(i))).expect("add IPv6 address");
+            list.push(
+                HttpBackend::start(&ns, backend_ip(i).into(), 8080, &format!("backend-{i}")).expect("start backend"),
+            );
         }
         let cgroup = TestCgroup::create(&name).expect("create cgroup");
         let bpffs = BpfFs::mount_temp(&name).expect("mount bpffs");
@@ -146,7 +154,16 @@ impl Env {
     /// test unless every request is answered (curl's exit status after a
     /// URL glob only tells of the last one).
     pub fn requests(&self, addr: &str, n: usize) -> Vec<String> {
-        let out = self.curl(true, &format!("http://{addr}/?[1-{n}]"));
+        let out = if addr.contains('[') {
+            // IPv6 URLs have brackets, which curl's globbing takes: list
+            // the URL n times instead.
+            let url = format!("http://{addr}/");
+            let mut args = vec!["-g", "-sS", "--connect-timeout", "3", "--max-time", "10"];
+            args.extend(std::iter::repeat_n(url.as_str(), n));
+            spawn_in(&self.ns, Some(&self.cgroup), "curl").expect("prepare curl").args(&args).output().expect("curl")
+        } else {
+            self.curl(true, &format!("http://{addr}/?[1-{n}]"))
+        };
         let answers: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
         assert!(
             out.status.success() && answers.len() == n,
@@ -172,8 +189,18 @@ impl Env {
     /// UDP echo servers on the first `n` backend addresses, port `port`.
     pub fn start_udp(&mut self, n: u8, port: u16) {
         for i in 1..=n {
-            self.udp
-                .push(UdpBackend::start(&self.ns, backend_ip(i), port, &format!("backend-{i}")).expect("udp backend"));
+            let b =
+                UdpBackend::start(&self.ns, backend_ip(i).into(), port, &format!("backend-{i}")).expect("udp backend");
+            self.udp.push(b);
+        }
+    }
+
+    /// HTTP servers on the IPv6 addresses of the first `n` backends, port
+    /// 8080, named like the IPv4 ones with a `-v6` suffix.
+    pub fn start_http6(&mut self, n: u8) {
+        for i in 1..=n {
+            let b = HttpBackend::start(&self.ns, backend_ip6(i).into(), 8080, &format!("backend-{i}-v6")).expect("v6");
+            self.backends.push(b);
         }
     }
 
