@@ -52,6 +52,12 @@ pub mod service_flags {
     pub const CLUSTER_IP: u16 = 1 << 0;
     /// sessionAffinity: ClientIP; `affinity_timeout` holds the seconds.
     pub const AFFINITY: u16 = 1 << 1;
+    /// A nodePort on a node address (or 127.0.0.1).
+    pub const NODE_PORT: u16 = 1 << 2;
+    /// A LoadBalancer ingress IP.
+    pub const LOAD_BALANCER: u16 = 1 << 3;
+    /// An externalIP of this node.
+    pub const EXTERNAL_IP: u16 = 1 << 4;
 }
 
 /// `Backend.state` values.

@@ -48,6 +48,8 @@ pub struct AgentConfig {
     /// Network namespaces (files, or directories of them) whose sockets of
     /// removed backends are destroyed, besides the agent's own.
     pub socket_netns: Vec<PathBuf>,
+    /// This node's addresses; empty: those of its Node object.
+    pub node_ips: Vec<std::net::IpAddr>,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -202,11 +204,7 @@ pub async fn run(
         let mut triggers = Vec::new();
         if changed {
             let Some((objects, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
-            let node = NodeContext::from_nodes(&config.node_name, &objects.nodes);
-            if node.zone != state.zone {
-                info!(node = %config.node_name, zone = ?node.zone, "node zone (for topology hints)");
-                state.zone.clone_from(&node.zone);
-            }
+            let node = node_context(&config, &objects, &mut state);
             state.table = Some(translate(&objects, &node, &mut state.stats, &mut state.known_problems));
             triggers = new_triggers;
         }
@@ -219,26 +217,7 @@ pub async fn run(
         if report.failures.is_empty() {
             record_latency(&mut state.stats, &triggers);
         }
-        let removed: HashSet<Removed> = report
-            .changes
-            .iter()
-            .flat_map(|c| c.removed.iter().map(|b| Removed { frontend: c.frontend, backend: (b.addr, b.port) }))
-            .collect();
-        // Only UDP sockets are destroyed: a TCP backend leaving the endpoints
-        // may still be draining its connections (a terminating pod), and
-        // kube-proxy too clears only UDP state when an endpoint goes.
-        let removed_udp: HashSet<Removed> =
-            removed.iter().filter(|r| r.frontend.protocol == Protocol::Udp).copied().collect();
-        if !removed.is_empty() {
-            match datapath.sessions.purge(&reconciler.live_backends()) {
-                Ok(0) => {}
-                Ok(n) => info!(sessions = n, "forgot sessions (affinity, UDP sockets) of removed backends"),
-                Err(err) => warn!(%err, "cannot purge sessions of removed backends; they expire on their own"),
-            }
-            let sessions = &datapath.sessions;
-            destroyer
-                .destroy(&removed_udp, &|cookie, addr, port, proto| sessions.service_of(cookie, addr, port, proto));
-        }
+        forget_removed_backends(&report, &mut datapath, &reconciler, &mut destroyer);
         state.generation += 1;
         let snapshot = Applied {
             generation: state.generation,
@@ -265,6 +244,53 @@ pub async fn run(
     Ok(())
 }
 
+/// This node's context for a translation: zone and addresses from its Node
+/// object, addresses from `--node-ip` when given; changes are logged.
+fn node_context(config: &AgentConfig, objects: &Objects, state: &mut SyncState) -> NodeContext {
+    let mut node = NodeContext::from_nodes(&config.node_name, &objects.nodes);
+    if !config.node_ips.is_empty() {
+        node.node_ips.clone_from(&config.node_ips);
+    }
+    if node.node_ips != state.node_ips {
+        info!(node = %config.node_name, addresses = ?node.node_ips, "node addresses (NodePorts, externalIPs)");
+        state.node_ips.clone_from(&node.node_ips);
+    }
+    if node.zone != state.zone {
+        info!(node = %config.node_name, zone = ?node.zone, "node zone (for topology hints)");
+        state.zone.clone_from(&node.zone);
+    }
+    node
+}
+
+/// After a sync that removed backends: forget their sessions (affinity,
+/// UDP socket memos) and destroy UDP sockets still connected to them.
+fn forget_removed_backends(
+    report: &Report,
+    datapath: &mut Datapath,
+    reconciler: &Reconciler,
+    destroyer: &mut SocketDestroyer,
+) {
+    let removed: HashSet<Removed> = report
+        .changes
+        .iter()
+        .flat_map(|c| c.removed.iter().map(|b| Removed { frontend: c.frontend, backend: (b.addr, b.port) }))
+        .collect();
+    if removed.is_empty() {
+        return;
+    }
+    match datapath.sessions.purge(&reconciler.live_backends()) {
+        Ok(0) => {}
+        Ok(n) => info!(sessions = n, "forgot sessions (affinity, UDP sockets) of removed backends"),
+        Err(err) => warn!(%err, "cannot purge sessions of removed backends; they expire on their own"),
+    }
+    // Only UDP sockets are destroyed: a TCP backend leaving the endpoints
+    // may still be draining its connections (a terminating pod), and
+    // kube-proxy too clears only UDP state when an endpoint goes.
+    let removed_udp: HashSet<Removed> = removed.into_iter().filter(|r| r.frontend.protocol == Protocol::Udp).collect();
+    let sessions = &datapath.sessions;
+    destroyer.destroy(&removed_udp, &|cookie, addr, port, proto| sessions.service_of(cookie, addr, port, proto));
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -279,6 +305,7 @@ struct SyncState {
     /// appears, not again on every sync.
     known_problems: HashSet<String>,
     zone: Option<String>,
+    node_ips: Vec<std::net::IpAddr>,
     generation: u64,
     retry_at: Option<Instant>,
     retry_delay: Option<Duration>,

@@ -63,6 +63,12 @@ pub struct RunArgs {
     /// /sys/fs/bpf when this lies below it and none is mounted).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub bpffs_dir: PathBuf,
+    /// An address of this node: NodePorts are served on it (and on
+    /// 127.0.0.1), and an externalIP is served only if it is one of them.
+    /// Repeatable. Default: the InternalIP and ExternalIP addresses of this
+    /// node's Node object.
+    #[arg(long, value_name = "IP")]
+    pub node_ip: Vec<std::net::IpAddr>,
     /// Name of this node, for internalTrafficPolicy: Local.
     /// Default: the NODE_NAME environment variable, else the hostname.
     #[arg(long, env = "NODE_NAME")]

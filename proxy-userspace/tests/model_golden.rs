@@ -38,6 +38,25 @@ fn real_apiserver_objects_translate_to_the_expected_table() {
 }
 
 #[test]
+fn node_addresses_add_node_ports_and_local_external_ips() {
+    let services = file::load(&fixture("real-apiserver/services.yaml")).expect("services parse");
+    let slices = file::load(&fixture("real-apiserver/endpointslices.yaml")).expect("slices parse");
+    let node = NodeContext {
+        node_ips: vec!["192.168.1.10".parse().unwrap(), "198.51.100.7".parse().unwrap()],
+        ..NodeContext::new("n1")
+    };
+    let t = model::translate(&services.objects.services, &slices.objects.slices, &node);
+    let mut got: Vec<&str> = Vec::new();
+    let rendered = model::render(&t.table);
+    got.extend(rendered.lines());
+    let expected = std::fs::read_to_string(fixture("model/real-apiserver-node-n1-with-addresses.txt")).unwrap();
+    let mut want: Vec<&str> = expected.lines().collect();
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(got, want);
+}
+
+#[test]
 fn json_list_response_parses_like_yaml() {
     // A list response body (JSON is YAML) holds the same slices.
     let parsed = file::load(&fixture("real-apiserver/endpointslices-list.json")).expect("parse");

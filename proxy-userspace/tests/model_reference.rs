@@ -3,7 +3,9 @@
 //! nested loops over every object, no grouping or maps).
 use std::net::Ipv4Addr;
 
-use ebpf_proxy::model::{Backend, BackendState, Frontend, FrontendKey, NodeContext, Protocol, ServiceTable, translate};
+use ebpf_proxy::model::{
+    Backend, BackendState, Frontend, FrontendKey, FrontendKind, NodeContext, Protocol, ServiceTable, translate,
+};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -208,6 +210,7 @@ fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
                     Affinity::ClientIp => Some(10_800),
                     Affinity::ClientIpFor(t) => Some(u32::from(t)),
                 },
+                kind: FrontendKind::ClusterIp,
             });
         }
     }

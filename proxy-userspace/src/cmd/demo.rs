@@ -67,6 +67,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             backends_map_size: proxy_common::map_sizes::BACKENDS,
         },
         socket_netns: vec![ns.path()],
+        node_ips: Vec::new(),
     };
     let (applied_tx, mut applied_rx) = watch::channel(Applied::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

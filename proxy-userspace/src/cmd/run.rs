@@ -35,6 +35,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             backends_map_size: args.backends_map_size,
         },
         socket_netns: args.socket_netns,
+        node_ips: args.node_ip,
     };
     tracing::info!(
         source = ?config.source,

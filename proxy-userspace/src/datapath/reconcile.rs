@@ -26,7 +26,7 @@ use super::{
     ids::IdPool,
     maps::{Dump, MapError, ServiceMaps},
 };
-use crate::model::{BackendState, Frontend, FrontendKey, Protocol, ServiceTable};
+use crate::model::{BackendState, Frontend, FrontendKey, FrontendKind, Protocol, ServiceTable};
 
 /// A backend as the maps know it: address, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -143,6 +143,15 @@ fn backend_value(b: BackendAddr, state: BackendState) -> BackendValue {
             BackendState::Active => backend_state::ACTIVE,
             BackendState::Terminating => backend_state::TERMINATING,
         },
+    }
+}
+
+fn kind_flag(kind: FrontendKind) -> u16 {
+    match kind {
+        FrontendKind::ClusterIp => service_flags::CLUSTER_IP,
+        FrontendKind::NodePort => service_flags::NODE_PORT,
+        FrontendKind::LoadBalancer => service_flags::LOAD_BALANCER,
+        FrontendKind::ExternalIp => service_flags::EXTERNAL_IP,
     }
 }
 
@@ -347,7 +356,7 @@ impl Reconciler {
             backend_id: 0,
             count: u16::try_from(targets.len()).expect("the model caps backends at u16::MAX"),
             rev_nat: fe.rev_nat,
-            flags: service_flags::CLUSTER_IP
+            flags: kind_flag(frontend.kind)
                 | if frontend.affinity_timeout.is_some() { service_flags::AFFINITY } else { 0 },
             pad: 0,
             affinity_timeout: frontend.affinity_timeout.unwrap_or(0),

@@ -12,7 +12,7 @@ use super::{
     maps::{Dump, MapError},
     reconcile::{ChangeKind, Reconciler},
 };
-use crate::model::{Backend, BackendState, Frontend, FrontendKey, Protocol, ServiceTable};
+use crate::model::{Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, ServiceTable};
 
 fn fk(last: u8, port: u16, protocol: Protocol) -> FrontendKey {
     FrontendKey { addr: Ipv4Addr::new(10, 96, 0, last).into(), port, protocol }
@@ -39,7 +39,7 @@ fn table(entries: &[(FrontendKey, Vec<Backend>)]) -> ServiceTable {
         .iter()
         .map(|(k, b)| {
             let service_port = format!("ns/svc-{}:{}", k.addr, k.port);
-            (*k, Frontend { service_port, backends: b.clone(), affinity_timeout: None })
+            (*k, Frontend { service_port, backends: b.clone(), affinity_timeout: None, kind: FrontendKind::ClusterIp })
         })
         .collect()
 }
@@ -224,7 +224,15 @@ fn arb_table() -> impl Strategy<Value = ServiceTable> {
                     .collect();
                 list.sort();
                 let k = if a < 3 { fk(a, p, proto) } else { fk6(a, p, proto) };
-                (k, Frontend { service_port: format!("ns/s{a}:{p}"), backends: list, affinity_timeout })
+                (
+                    k,
+                    Frontend {
+                        service_port: format!("ns/s{a}:{p}"),
+                        backends: list,
+                        affinity_timeout,
+                        kind: FrontendKind::ClusterIp,
+                    },
+                )
             })
             .collect()
     })

@@ -36,6 +36,8 @@ pub struct PortSpec {
     pub name: String,
     pub port: u16,
     pub protocol: Protocol,
+    /// For NodePort and LoadBalancer services.
+    pub node_port: Option<u16>,
 }
 
 /// What the proxy must serve for one service.
@@ -49,6 +51,11 @@ pub struct ServiceFrontends {
     pub internal_local: bool,
     /// `sessionAffinity: ClientIP` timeout in seconds.
     pub affinity_timeout: Option<u32>,
+    /// `status.loadBalancer.ingress[].ip` (except `ipMode: Proxy` ones,
+    /// which the load balancer itself proxies).
+    pub lb_ips: Vec<IpAddr>,
+    /// `spec.externalIPs`.
+    pub external_ips: Vec<IpAddr>,
 }
 
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`.
@@ -106,6 +113,14 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
             continue;
         };
         let name = port.name.clone().unwrap_or_default();
+        let wants_node_port = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
+        let node_port = port.node_port.filter(|_| wants_node_port).and_then(|n| {
+            let valid = valid_port(n);
+            if valid.is_none() {
+                problems.push(Problem::error(&object, field("nodePort"), format!("{n} is not a port number")));
+            }
+            valid
+        });
         if ports.iter().any(|p| p.port == number && p.protocol == protocol) {
             problems.push(Problem::error(
                 &object,
@@ -114,7 +129,7 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
             ));
             continue;
         }
-        ports.push(PortSpec { name, port: number, protocol });
+        ports.push(PortSpec { name, port: number, protocol, node_port });
     }
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
@@ -135,7 +150,46 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
             },
         }
     });
-    Ok(ServiceFrontends { object, addrs, ports, internal_local, affinity_timeout })
+    let (lb_ips, external_ips) = external_addresses(svc, &object, problems);
+    Ok(ServiceFrontends { object, addrs, ports, internal_local, affinity_timeout, lb_ips, external_ips })
+}
+
+/// `status.loadBalancer.ingress[].ip` (LoadBalancer services only, without
+/// `ipMode: Proxy` ones, which the load balancer itself proxies) and
+/// `spec.externalIPs`.
+fn external_addresses(svc: &Service, object: &ObjectRef, problems: &mut Vec<Problem>) -> (Vec<IpAddr>, Vec<IpAddr>) {
+    let Some(spec) = svc.spec.as_ref() else { return (Vec::new(), Vec::new()) };
+    let mut external_ips = Vec::new();
+    for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
+        match ip.parse::<IpAddr>() {
+            Ok(ip) => external_ips.push(ip),
+            Err(_) => problems.push(Problem::error(
+                object,
+                format!("spec.externalIPs[{i}]"),
+                format!("{ip:?} is not an IP address"),
+            )),
+        }
+    }
+    let mut lb_ips = Vec::new();
+    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+    for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        if ing.ip_mode.as_deref() == Some("Proxy") {
+            continue;
+        }
+        match ing.ip.as_deref().map(str::parse::<IpAddr>) {
+            Some(Ok(ip)) => lb_ips.push(ip),
+            Some(Err(_)) => problems.push(Problem::error(
+                object,
+                format!("status.loadBalancer.ingress[{i}].ip"),
+                "not an IP address",
+            )),
+            None => {} // hostname-only ingress: nothing to program
+        }
+    }
+    if spec.type_.as_deref() != Some("LoadBalancer") {
+        lb_ips.clear();
+    }
+    (lb_ips, external_ips)
 }
 
 fn cluster_ips(

@@ -11,6 +11,10 @@ use std::{collections::BTreeMap, fmt, net::IpAddr};
 pub use problem::{ObjectRef, Problem, Severity};
 pub use table::{NodeContext, Translation, ZONE_LABEL, translate};
 
+/// The loopback address NodePorts are also served on (as kube-proxy's
+/// iptables mode does), for processes on the node.
+pub const NODE_PORT_LOOPBACK: std::net::Ipv4Addr = std::net::Ipv4Addr::LOCALHOST;
+
 /// Transport protocol of a frontend or backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Protocol {
@@ -80,6 +84,32 @@ pub struct Backend {
     pub state: BackendState,
 }
 
+/// How clients reach a frontend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrontendKind {
+    /// The service's ClusterIP.
+    #[default]
+    ClusterIp,
+    /// A node address (or 127.0.0.1) and the port's nodePort.
+    NodePort,
+    /// A `status.loadBalancer.ingress[].ip`.
+    LoadBalancer,
+    /// One of `spec.externalIPs` that is this node's address.
+    ExternalIp,
+}
+
+impl FrontendKind {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ClusterIp => "ClusterIP",
+            Self::NodePort => "NodePort",
+            Self::LoadBalancer => "LoadBalancer",
+            Self::ExternalIp => "ExternalIP",
+        }
+    }
+}
+
 /// A frontend with the backends it spreads new connections over, in slot
 /// order (active first, then by address and port).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +120,7 @@ pub struct Frontend {
     /// `sessionAffinity: ClientIP`: how long (seconds) a client keeps its
     /// backend after its last connection.
     pub affinity_timeout: Option<u32>,
+    pub kind: FrontendKind,
 }
 
 /// The desired service table: every frontend the node must translate.
@@ -103,6 +134,9 @@ pub fn render(table: &ServiceTable) -> String {
     let mut out = String::new();
     for (key, frontend) in table {
         let _ = write!(out, "{key} {}", frontend.service_port);
+        if frontend.kind != FrontendKind::ClusterIp {
+            let _ = write!(out, " {}", frontend.kind.as_str());
+        }
         if let Some(t) = frontend.affinity_timeout {
             let _ = write!(out, " affinity={t}s");
         }

@@ -1,5 +1,8 @@
 //! Services + EndpointSlices -> the desired service table.
-use std::collections::{BTreeMap, btree_map::Entry};
+use std::{
+    collections::{BTreeMap, btree_map::Entry},
+    net::IpAddr,
+};
 
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -7,15 +10,18 @@ use k8s_openapi::api::{
 };
 
 use super::{
-    Frontend, FrontendKey, ObjectRef, Problem, ServiceTable,
+    Frontend, FrontendKey, FrontendKind, ObjectRef, Problem, ServiceTable,
     endpoints::{self, Selection},
-    frontends::{self, SkipReason},
+    frontends::{self, PortSpec, ServiceFrontends, SkipReason},
 };
 
 /// What the model needs to know about the node it runs on.
 #[derive(Clone, Debug)]
 pub struct NodeContext {
     pub node_name: String,
+    /// This node's addresses: NodePorts are served on them (and on
+    /// 127.0.0.1), and externalIPs only when they are one of them.
+    pub node_ips: Vec<IpAddr>,
     /// This node's `topology.kubernetes.io/zone`, for zone hints.
     pub zone: Option<String>,
     /// Most backends one frontend may have (its slot array).
@@ -28,17 +34,23 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 impl NodeContext {
     #[must_use]
     pub fn new(node_name: impl Into<String>) -> Self {
-        Self { node_name: node_name.into(), zone: None, max_backends: usize::from(u16::MAX) }
+        Self { node_name: node_name.into(), node_ips: Vec::new(), zone: None, max_backends: usize::from(u16::MAX) }
     }
 
-    /// This node's context, its zone read from its Node object among `nodes`.
+    /// This node's context from its Node object among `nodes`: the zone
+    /// label, and the InternalIP and ExternalIP addresses.
     #[must_use]
     pub fn from_nodes<'a>(node_name: &str, nodes: impl IntoIterator<Item = &'a Node>) -> Self {
-        let zone = nodes
+        let node = nodes.into_iter().find(|n| n.metadata.name.as_deref() == Some(node_name));
+        let zone = node.and_then(|n| n.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned());
+        let node_ips = node
+            .and_then(|n| n.status.as_ref()?.addresses.as_ref())
             .into_iter()
-            .find(|n| n.metadata.name.as_deref() == Some(node_name))
-            .and_then(|n| n.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned());
-        Self { zone, ..Self::new(node_name) }
+            .flatten()
+            .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+            .filter_map(|a| a.address.parse().ok())
+            .collect();
+        Self { node_ips, zone, ..Self::new(node_name) }
     }
 }
 
@@ -84,26 +96,36 @@ pub fn translate<'a>(
         for slice in &slices {
             endpoints::unmatched_slice_ports(slice, &svc_frontends.ports, &mut out.problems);
         }
-        let selection = Selection {
+        // ClusterIP traffic follows internalTrafficPolicy; local clients of
+        // NodePorts, LoadBalancer IPs and externalIPs use every endpoint (as
+        // kube-proxy sends in-cluster traffic to them to cluster endpoints).
+        let internal = Selection {
             local_node: svc_frontends.internal_local.then_some(node.node_name.as_str()),
             // Zone hints apply to cluster-wide traffic, not to Local.
             zone: if svc_frontends.internal_local { None } else { node.zone.as_deref() },
             max_backends: node.max_backends,
         };
-        for port in &svc_frontends.ports {
-            let mut per_family: [Option<Vec<super::Backend>>; 2] = [None, None];
-            for addr in &svc_frontends.addrs {
+        let cluster = Selection { local_node: None, zone: node.zone.as_deref(), max_backends: node.max_backends };
+        let families: Vec<bool> = svc_frontends.addrs.iter().map(IpAddr::is_ipv6).collect();
+        for (i, port) in svc_frontends.ports.iter().enumerate() {
+            // Backends per (family, selection), computed once.
+            let mut cache: BTreeMap<(bool, bool), Vec<super::Backend>> = BTreeMap::new();
+            for (addr, number, kind, field) in port_frontends(&svc_frontends, port, i, node, &families) {
                 let ipv6 = addr.is_ipv6();
-                let backends = per_family[usize::from(ipv6)]
-                    .get_or_insert_with(|| {
-                        endpoints::backends_for_port(object, port, ipv6, &slices, &selection, &mut out.problems)
+                let internal_only = kind == FrontendKind::ClusterIp && svc_frontends.internal_local;
+                let backends = cache
+                    .entry((ipv6, internal_only))
+                    .or_insert_with(|| {
+                        let selection = if kind == FrontendKind::ClusterIp { &internal } else { &cluster };
+                        endpoints::backends_for_port(object, port, ipv6, &slices, selection, &mut out.problems)
                     })
                     .clone();
-                let key = FrontendKey { addr: *addr, port: port.port, protocol: port.protocol };
+                let key = FrontendKey { addr, port: number, protocol: port.protocol };
                 let frontend = Frontend {
                     service_port: format!("{}/{}:{}", object.namespace, object.name, port.name),
                     backends,
                     affinity_timeout: svc_frontends.affinity_timeout,
+                    kind,
                 };
                 match out.table.entry(key) {
                     Entry::Vacant(v) => {
@@ -111,12 +133,43 @@ pub fn translate<'a>(
                     }
                     Entry::Occupied(o) => out.problems.push(Problem::error(
                         object,
-                        "spec.clusterIP",
-                        format!("{key} is already served by {}; this port is skipped", o.get().service_port),
+                        field,
+                        format!("{key} is already served by {}; skipped", o.get().service_port),
                     )),
                 }
             }
         }
+    }
+    out
+}
+
+/// Every (address, port, kind, field) one service port is reached at on
+/// this node: its ClusterIPs; its nodePort on each node address and on
+/// 127.0.0.1; its LoadBalancer ingress IPs; and those of its externalIPs
+/// that are this node's (an externalIP elsewhere is not taken over for
+/// local clients: CVE-2020-8554). Only families the service has.
+fn port_frontends(
+    svc: &ServiceFrontends,
+    port: &PortSpec,
+    index: usize,
+    node: &NodeContext,
+    families: &[bool],
+) -> Vec<(IpAddr, u16, FrontendKind, String)> {
+    let has = |ip: &IpAddr| families.contains(&ip.is_ipv6());
+    let mut out: Vec<(IpAddr, u16, FrontendKind, String)> =
+        svc.addrs.iter().map(|a| (*a, port.port, FrontendKind::ClusterIp, "spec.clusterIP".to_owned())).collect();
+    if let Some(np) = port.node_port {
+        let field = format!("spec.ports[{index}].nodePort");
+        let loopback = IpAddr::V4(super::NODE_PORT_LOOPBACK);
+        for ip in node.node_ips.iter().chain(std::iter::once(&loopback)).filter(|ip| has(ip)) {
+            out.push((*ip, np, FrontendKind::NodePort, field.clone()));
+        }
+    }
+    for ip in svc.lb_ips.iter().filter(|ip| has(ip)) {
+        out.push((*ip, port.port, FrontendKind::LoadBalancer, "status.loadBalancer.ingress".to_owned()));
+    }
+    for ip in svc.external_ips.iter().filter(|ip| has(ip) && node.node_ips.contains(ip)) {
+        out.push((*ip, port.port, FrontendKind::ExternalIp, "spec.externalIPs".to_owned()));
     }
     out
 }
