@@ -5,6 +5,7 @@ pub mod args;
 pub mod cmd;
 pub mod datapath;
 pub mod fs;
+pub mod maglev;
 pub mod metrics;
 pub mod model;
 pub mod paths;
