@@ -33,6 +33,35 @@ pub enum Command {
     /// Remove the datapath the agent leaves in place when it stops: detach
     /// the programs (unpin their links) and unpin the maps.
     Cleanup(CleanupArgs),
+    /// Show what the kernel translates, read from the pinned maps (the
+    /// agent need not be running).
+    Service(ServiceArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServiceArgs {
+    /// The agent's pin directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR, global = true)]
+    pub bpffs_dir: PathBuf,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table, global = true)]
+    pub output: OutputFormat,
+    #[command(subcommand)]
+    pub command: ServiceCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServiceCommand {
+    /// Every frontend with its backends and their states.
+    List,
+    /// One frontend: ADDR:PORT, [IPv6]:PORT, optionally /TCP or /UDP.
+    Get { frontend: String },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
 }
 
 #[derive(Debug, Args)]

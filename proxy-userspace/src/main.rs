@@ -14,6 +14,7 @@ async fn main() -> ExitCode {
         Command::Run(args) => cmd::run::run(args).await,
         Command::Demo(args) => cmd::demo::run(args).await,
         Command::Cleanup(args) => cmd::cleanup::run(&args),
+        Command::Service(args) => cmd::service::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -2,3 +2,4 @@
 pub mod cleanup;
 pub mod demo;
 pub mod run;
+pub mod service;

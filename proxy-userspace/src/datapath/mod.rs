@@ -1,6 +1,7 @@
 //! Everything that touches the kernel: loading and attaching the programs,
 //! and keeping the maps equal to the desired table. Only this module knows aya.
 mod ids;
+pub mod inspect;
 pub mod links;
 pub mod loader;
 pub mod maps;

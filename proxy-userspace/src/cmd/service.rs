@@ -1,0 +1,67 @@
+//! `ebpf-proxy service list | get`: what the kernel translates, read from
+//! the pinned maps (the agent need not be running).
+use anyhow::{Context as _, bail};
+
+use crate::{
+    args::{OutputFormat, ServiceArgs, ServiceCommand},
+    datapath::{KernelMaps, ServiceMaps as _, inspect},
+    model::Protocol,
+};
+
+pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {
+    let maps = KernelMaps::open_pinned(&args.bpffs_dir)
+        .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?;
+    let all = inspect::frontends(&maps.dump()?);
+    let shown = match &args.command {
+        ServiceCommand::List => all,
+        ServiceCommand::Get { frontend } => {
+            let wanted = parse_frontend(frontend)?;
+            let found: Vec<_> = all
+                .into_iter()
+                .filter(|f| {
+                    f.key().is_some_and(|k| {
+                        k.addr == wanted.0 && k.port == wanted.1 && wanted.2.is_none_or(|p| p == k.protocol)
+                    })
+                })
+                .collect();
+            if found.is_empty() {
+                bail!("no frontend {frontend} in the maps");
+            }
+            found
+        }
+    };
+    match args.output {
+        OutputFormat::Table => print!("{}", inspect::table(&shown)),
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&shown)?),
+    }
+    Ok(())
+}
+
+/// `ADDR:PORT`, `[V6]:PORT`, optionally `/TCP` or `/UDP`.
+fn parse_frontend(text: &str) -> anyhow::Result<(std::net::IpAddr, u16, Option<Protocol>)> {
+    let (addr_port, proto) = match text.rsplit_once('/') {
+        Some((a, "TCP" | "tcp")) => (a, Some(Protocol::Tcp)),
+        Some((a, "UDP" | "udp")) => (a, Some(Protocol::Udp)),
+        Some(_) => bail!("{text}: the protocol after / must be TCP or UDP"),
+        None => (text, None),
+    };
+    let sock: std::net::SocketAddr =
+        addr_port.parse().with_context(|| format!("{text} is not ADDR:PORT (IPv6 as [ADDR]:PORT)"))?;
+    Ok((sock.ip(), sock.port(), proto))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_frontend;
+    use crate::model::Protocol;
+
+    #[test]
+    fn frontends_parse() {
+        let (a, p, proto) = parse_frontend("10.96.0.10:80/UDP").unwrap();
+        assert_eq!((a.to_string(), p, proto), ("10.96.0.10".to_owned(), 80, Some(Protocol::Udp)));
+        let (a, p, proto) = parse_frontend("[fd00::1]:53").unwrap();
+        assert_eq!((a.to_string(), p, proto), ("fd00::1".to_owned(), 53, None));
+        assert!(parse_frontend("10.96.0.10").is_err());
+        assert!(parse_frontend("10.96.0.10:80/SCTP").is_err());
+    }
+}
