@@ -3,6 +3,7 @@
 use std::{
     collections::HashSet,
     path::PathBuf,
+    sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -17,7 +18,9 @@ use crate::{
     },
     metrics::Histogram,
     model::{self, NodeContext, Protocol, Severity},
+    serve,
     source::{Objects, file, kube::KubeSource},
+    telemetry::{Shared, Telemetry},
 };
 
 /// How often the services file is checked for changes.
@@ -50,6 +53,12 @@ pub struct AgentConfig {
     pub socket_netns: Vec<PathBuf>,
     /// This node's addresses; empty: those of its Node object.
     pub node_ips: Vec<std::net::IpAddr>,
+    /// Where to serve /healthz and /livez (None: not served).
+    pub health_bind: Option<std::net::SocketAddr>,
+    /// Where to serve /metrics and /proxyMode (None: not served).
+    pub metrics_bind: Option<std::net::SocketAddr>,
+    /// Health turns 503 when a change waits longer than this unapplied.
+    pub health_timeout: Duration,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -169,6 +178,16 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
+    let telemetry: Shared =
+        Arc::new(Mutex::new(Telemetry::new(config.load.services_map_size, config.load.backends_map_size)));
+    // The first sync is a pending change until it is applied.
+    telemetry.lock().expect("telemetry lock").queued(Instant::now());
+    if let Some(addr) = config.health_bind {
+        serve::health(addr, telemetry.clone(), config.health_timeout).await?;
+    }
+    if let Some(addr) = config.metrics_bind {
+        serve::metrics(addr, telemetry.clone()).await?;
+    }
     crate::fs::ensure_bpffs_dir(&config.load.pin_dir)?;
     crate::fs::check_cgroup2(&config.load.cgroup)?;
     let mut source = match &config.source {
@@ -201,6 +220,7 @@ pub async fn run(
             () = source.changed() => true,
             () = sleep_until(retry_at) => false,
         };
+        telemetry.lock().expect("telemetry lock").queued(Instant::now());
         let mut triggers = Vec::new();
         if changed {
             let Some((objects, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
@@ -211,7 +231,8 @@ pub async fn run(
         let Some(table) = state.table.as_ref() else { continue };
         let started = Instant::now();
         let report = reconciler.apply(&mut datapath.maps, table);
-        log_report(&report, started.elapsed());
+        let took = started.elapsed();
+        log_report(&report, took);
         state.stats.map_write_failures += report.failures.len() as u64;
         state.schedule_retry(!report.failures.is_empty());
         if report.failures.is_empty() {
@@ -235,6 +256,7 @@ pub async fn run(
             objects_rejected = state.stats.objects_rejected,
             "service table applied"
         );
+        publish(&telemetry, &state.stats, &report, &reconciler, took);
         applied.send_replace(snapshot);
     }
     info!(
@@ -242,6 +264,26 @@ pub async fn run(
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
     Ok(())
+}
+
+/// Hands the sync's results to the health and metrics endpoints.
+fn publish(telemetry: &Shared, stats: &Stats, report: &Report, reconciler: &Reconciler, took: Duration) {
+    let mut t = telemetry.lock().expect("telemetry lock");
+    t.stats = stats.clone();
+    t.sync_duration.observe(took.as_secs_f64());
+    t.last_sync_wall = Some(SystemTime::now());
+    // Applied, also when some writes failed: those are retried, counted and
+    // logged; restarting the agent would not fix a full map.
+    t.pending_since = None;
+    t.frontends = reconciler.frontend_count();
+    t.backends = reconciler.backend_count();
+    t.service_entries = reconciler.service_entries();
+    for c in &report.changes {
+        match c.kind {
+            ChangeKind::Added | ChangeKind::Removed => t.service_changes += 1,
+            ChangeKind::Updated => t.endpoint_changes += 1,
+        }
+    }
 }
 
 /// This node's context for a translation: zone and addresses from its Node

@@ -109,6 +109,15 @@ pub struct RunArgs {
     /// /var/run/netns). Repeatable.
     #[arg(long, value_name = "PATH")]
     pub socket_netns: Vec<PathBuf>,
+    /// Where to serve /healthz and /livez (kube-proxy's port).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: std::net::SocketAddr,
+    /// Where to serve /metrics and /proxyMode (kube-proxy's port).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: std::net::SocketAddr,
+    /// Seconds a change may wait unapplied before /healthz answers 503.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub health_timeout: u64,
     /// Log every translation the eBPF programs make, at debug level under
     /// the target proxy_ebpf (RUST_LOG=info,proxy_ebpf=debug shows them).
     /// Costs time on every connect: for troubleshooting only.

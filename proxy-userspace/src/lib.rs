@@ -9,5 +9,7 @@ pub mod maglev;
 pub mod metrics;
 pub mod model;
 pub mod paths;
+pub mod serve;
 pub mod source;
+pub mod telemetry;
 pub mod testkit;

@@ -68,6 +68,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         socket_netns: vec![ns.path()],
         node_ips: Vec::new(),
+        health_bind: None,
+        metrics_bind: None,
+        health_timeout: Duration::from_mins(1),
     };
     let (applied_tx, mut applied_rx) = watch::channel(Applied::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

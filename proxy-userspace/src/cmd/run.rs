@@ -36,6 +36,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
         socket_netns: args.socket_netns,
         node_ips: args.node_ip,
+        health_bind: Some(args.healthz_bind_address),
+        metrics_bind: Some(args.metrics_bind_address),
+        health_timeout: std::time::Duration::from_secs(args.health_timeout),
     };
     tracing::info!(
         source = ?config.source,

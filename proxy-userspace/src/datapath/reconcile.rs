@@ -238,6 +238,13 @@ impl Reconciler {
         self.frontends.len()
     }
 
+    /// Entries of the services map in use: slot 0 and the slots of each
+    /// frontend.
+    #[must_use]
+    pub fn service_entries(&self) -> usize {
+        self.frontends.values().map(|f| usize::from(f.master.is_some()) + f.slots.len()).sum()
+    }
+
     /// Number of backends in the maps.
     #[must_use]
     pub fn backend_count(&self) -> usize {

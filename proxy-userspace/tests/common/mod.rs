@@ -132,6 +132,11 @@ impl Env {
             "test-node".into(),
             "--socket-netns".into(),
             self.ns.path().display().to_string(),
+            // Free ports, so tests never collide with each other or a real agent.
+            "--healthz-bind-address".into(),
+            "127.0.0.1:0".into(),
+            "--metrics-bind-address".into(),
+            "127.0.0.1:0".into(),
         ]
     }
 

@@ -1,0 +1,93 @@
+//! Health and metrics scraped over HTTP (loopback) while the agent runs:
+//! values checked, the stale-health 503, kube-proxy's /proxyMode.
+mod common;
+
+use std::{process::Command, time::Duration};
+
+use common::{Env, web};
+use ebpf_proxy::testkit::{AgentProcess, field, message};
+
+/// The address the agent logged for `what` ("health" or "metrics").
+fn address(agent: &AgentProcess, what: &str) -> String {
+    let record = agent
+        .wait_for(0, Duration::from_secs(10), |r| message(r) == Some(&format!("serving {what}")))
+        .expect("the agent logs where it serves");
+    field(&record, "address").and_then(|a| a.as_str()).expect("address").to_owned()
+}
+
+/// GET over loopback: (status, body).
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "3", "-w", "\n%{http_code}"])
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').expect("status line");
+    (code.parse().expect("status"), body.to_owned())
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+        .parse()
+        .expect("a number")
+}
+
+#[test]
+fn health_and_metrics_report_the_agents_state() {
+    let mut env = Env::new(2);
+    env.write_services(&web(&[1, 2]));
+    env.start_agent();
+    let health = address(env.agent(), "health");
+    let metrics = address(env.agent(), "metrics");
+
+    let (status, body) = get(&health, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(json["lastUpdated"].as_str().is_some_and(|t| t.starts_with("20")), "{body}");
+    assert!(json["currentTime"].is_string() && json["nodeEligible"] == true, "{body}");
+    assert_eq!(get(&health, "/livez").0, 200);
+    assert_eq!(get(&metrics, "/proxyMode"), (200, "ebpf".to_owned()));
+
+    let (status, text) = get(&metrics, "/metrics");
+    assert_eq!(status, 200);
+    assert!((metric(&text, "ebpf_proxy_frontends") - 1.0).abs() < f64::EPSILON);
+    assert!((metric(&text, "ebpf_proxy_backends") - 2.0).abs() < f64::EPSILON);
+    assert!(metric(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 1.0);
+    assert!(metric(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 1.7e9);
+    assert!((metric(&text, "kubeproxy_sync_proxy_rules_service_changes_total") - 1.0).abs() < f64::EPSILON);
+    // 1 frontend: slot 0 + 2 slots of the 65536-entry services map.
+    assert!((metric(&text, "ebpf_proxy_map_fill_ratio{map=\"SERVICES\"}") - 3.0 / 65536.0).abs() < 1e-12);
+
+    // An endpoint change shows in the counters.
+    env.apply(&web(&[1]));
+    let (_, text) = get(&metrics, "/metrics");
+    assert!((metric(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total") - 1.0).abs() < f64::EPSILON);
+    assert!((metric(&text, "ebpf_proxy_backends") - 1.0).abs() < f64::EPSILON);
+}
+
+#[test]
+fn health_turns_503_when_a_change_cannot_be_applied() {
+    let mut env = Env::new(1);
+    env.write_services(&web(&[1]));
+    let mut args = env.agent_args();
+    args.extend(["--health-timeout".to_owned(), "1".to_owned()]);
+    let agent = AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let _ = agent.wait_applied(0);
+    let health = address(&agent, "health");
+    env.agent = Some(agent);
+    assert_eq!(get(&health, "/healthz").0, 200);
+
+    // A change that cannot be applied (the file is not YAML): after the
+    // timeout, health says so; the datapath keeps the last good state.
+    env.write_services("apiVersion: v1\nkind: Service\nmetadata: {name: [\n");
+    std::thread::sleep(Duration::from_millis(1800));
+    let (status, body) = get(&health, "/healthz");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(env.requests("10.96.0.10", 3), vec!["backend-1"; 3]);
+
+    env.apply(&web(&[1]));
+    assert_eq!(get(&health, "/healthz").0, 200);
+}
