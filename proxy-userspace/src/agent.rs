@@ -53,6 +53,9 @@ pub struct AgentConfig {
     pub socket_netns: Vec<PathBuf>,
     /// This node's addresses; empty: those of its Node object.
     pub node_ips: Vec<std::net::IpAddr>,
+    /// kube-proxy's nodePortAddresses: only node addresses in these ranges
+    /// serve NodePorts (empty: all).
+    pub node_port_cidrs: Vec<ipnet::IpNet>,
     /// Where to serve /healthz and /livez (None: not served).
     pub health_bind: Option<std::net::SocketAddr>,
     /// Where to serve /metrics and /proxyMode (None: not served).
@@ -291,8 +294,9 @@ fn publish(telemetry: &Shared, stats: &Stats, report: &Report, reconciler: &Reco
 fn node_context(config: &AgentConfig, objects: &Objects, state: &mut SyncState) -> NodeContext {
     let mut node = NodeContext::from_nodes(&config.node_name, &objects.nodes);
     if !config.node_ips.is_empty() {
-        node.node_ips.clone_from(&config.node_ips);
+        node = node.with_ips(config.node_ips.clone());
     }
+    node.node_port_ips = crate::config::node_port_addresses(&node.node_ips, &config.node_port_cidrs);
     if node.node_ips != state.node_ips {
         info!(node = %config.node_name, addresses = ?node.node_ips, "node addresses (NodePorts, externalIPs)");
         state.node_ips.clone_from(&node.node_ips);

@@ -27,7 +27,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Load the programs, attach them and keep the maps equal to the services.
     /// On exit the datapath stays in place (see `cleanup`).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run a self-contained demo in its own network namespace and cgroup.
     Demo(DemoArgs),
     /// Remove the datapath the agent leaves in place when it stops: detach
@@ -73,6 +73,13 @@ pub struct CleanupArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// Configuration file: ebpf-proxy's fields (camelCase, as the flags
+    /// here) and/or a kube-proxy KubeProxyConfiguration, whose applicable
+    /// fields are used (healthzBindAddress, metricsBindAddress,
+    /// nodePortAddresses, hostnameOverride, clientConnection.kubeconfig).
+    /// Flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Read Services and EndpointSlices from this file instead of the
     /// Kubernetes API: a YAML stream of v1 Service and discovery.k8s.io/v1
     /// EndpointSlice objects (as `kubectl get -o yaml` prints them),
@@ -88,20 +95,22 @@ pub struct RunArgs {
     /// hierarchy, mounted at /run/ebpf-proxy/cgroup2 if none is.
     #[arg(long, value_name = "DIR")]
     pub cgroup: Option<PathBuf>,
-    /// Directory on a bpffs where the maps are pinned (bpffs is mounted at
-    /// /sys/fs/bpf when this lies below it and none is mounted).
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
-    pub bpffs_dir: PathBuf,
+    /// Directory on a bpffs where the maps and links are pinned (bpffs is
+    /// mounted at /sys/fs/bpf when this lies below it and none is mounted).
+    /// Default: /sys/fs/bpf/ebpf-proxy.
+    #[arg(long, value_name = "DIR")]
+    pub bpffs_dir: Option<PathBuf>,
+    /// Name of this node, for internalTrafficPolicy: Local, its zone and its
+    /// addresses. Default: the NODE_NAME environment variable, else the
+    /// hostname.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
     /// An address of this node: NodePorts are served on it (and on
     /// 127.0.0.1), and an externalIP is served only if it is one of them.
     /// Repeatable. Default: the InternalIP and ExternalIP addresses of this
     /// node's Node object.
     #[arg(long, value_name = "IP")]
     pub node_ip: Vec<std::net::IpAddr>,
-    /// Name of this node, for internalTrafficPolicy: Local.
-    /// Default: the NODE_NAME environment variable, else the hostname.
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
     /// When a backend leaves a UDP service, sockets still connected to it
     /// through the service are destroyed (their owners get an error and
     /// reconnect to a live backend): in the agent's network namespace, and
@@ -109,26 +118,28 @@ pub struct RunArgs {
     /// /var/run/netns). Repeatable.
     #[arg(long, value_name = "PATH")]
     pub socket_netns: Vec<PathBuf>,
-    /// Where to serve /healthz and /livez (kube-proxy's port).
-    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:10256")]
-    pub healthz_bind_address: std::net::SocketAddr,
-    /// Where to serve /metrics and /proxyMode (kube-proxy's port).
-    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:10249")]
-    pub metrics_bind_address: std::net::SocketAddr,
+    /// Where to serve /healthz and /livez. Default: 0.0.0.0:10256 (kube-proxy's).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub healthz_bind_address: Option<std::net::SocketAddr>,
+    /// Where to serve /metrics and /proxyMode. Default: 127.0.0.1:10249 (kube-proxy's).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics_bind_address: Option<std::net::SocketAddr>,
     /// Seconds a change may wait unapplied before /healthz answers 503.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
-    pub health_timeout: u64,
+    /// Default: 60.
+    #[arg(long, value_name = "SECONDS")]
+    pub health_timeout: Option<u64>,
     /// Log every translation the eBPF programs make, at debug level under
     /// the target proxy_ebpf (RUST_LOG=info,proxy_ebpf=debug shows them).
     /// Costs time on every connect: for troubleshooting only.
     #[arg(long)]
     pub bpf_log: bool,
-    /// Entries of the services map: one per frontend plus one per backend slot.
-    #[arg(long, default_value_t = proxy_common::map_sizes::SERVICES)]
-    pub services_map_size: u32,
-    /// Entries of the backends map.
-    #[arg(long, default_value_t = proxy_common::map_sizes::BACKENDS)]
-    pub backends_map_size: u32,
+    /// Entries of the services map: one per frontend plus one per backend
+    /// slot. Default: 65536.
+    #[arg(long)]
+    pub services_map_size: Option<u32>,
+    /// Entries of the backends map. Default: 65536.
+    #[arg(long)]
+    pub backends_map_size: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod args;
 pub mod cmd;
+pub mod config;
 pub mod datapath;
 pub mod fs;
 pub mod maglev;

@@ -11,7 +11,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let result = match cli.command {
-        Command::Run(args) => cmd::run::run(args).await,
+        Command::Run(args) => cmd::run::run(*args).await,
         Command::Demo(args) => cmd::demo::run(args).await,
         Command::Cleanup(args) => cmd::cleanup::run(&args),
         Command::Service(args) => cmd::service::run(&args),

@@ -10,3 +10,7 @@ pub const LINKS_SUBDIR: &str = "links";
 pub const OWN_CGROUP2_MOUNT: &str = "/run/ebpf-proxy/cgroup2";
 /// The mount table.
 pub const MOUNTS: &str = "/proc/self/mounts";
+/// kube-proxy's health address.
+pub const DEFAULT_HEALTHZ: &str = "0.0.0.0:10256";
+/// kube-proxy's metrics address.
+pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";

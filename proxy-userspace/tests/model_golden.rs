@@ -41,10 +41,7 @@ fn real_apiserver_objects_translate_to_the_expected_table() {
 fn node_addresses_add_node_ports_and_local_external_ips() {
     let services = file::load(&fixture("real-apiserver/services.yaml")).expect("services parse");
     let slices = file::load(&fixture("real-apiserver/endpointslices.yaml")).expect("slices parse");
-    let node = NodeContext {
-        node_ips: vec!["192.168.1.10".parse().unwrap(), "198.51.100.7".parse().unwrap()],
-        ..NodeContext::new("n1")
-    };
+    let node = NodeContext::new("n1").with_ips(vec!["192.168.1.10".parse().unwrap(), "198.51.100.7".parse().unwrap()]);
     let t = model::translate(&services.objects.services, &slices.objects.slices, &node);
     let mut got: Vec<&str> = Vec::new();
     let rendered = model::render(&t.table);

@@ -1,45 +1,28 @@
 //! `ebpf-proxy run`.
+use std::time::Duration;
+
 use anyhow::Context as _;
+use proxy_common::map_sizes;
 use tokio::sync::watch;
 
 use crate::{
     agent::{self, AgentConfig},
     args::RunArgs,
+    config::{self, FileConfig},
     datapath::loader::LoadOptions,
+    paths::{DEFAULT_HEALTHZ, DEFAULT_METRICS, DEFAULT_PIN_DIR},
 };
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let cgroup = match args.cgroup {
-        Some(path) => path,
-        None => crate::fs::cgroup2_root()?,
+    let file = match &args.config {
+        Some(path) => {
+            let file = config::load(path)?;
+            file.log_unused(path);
+            file
+        }
+        None => FileConfig::default(),
     };
-    let node_name = match args.node_name {
-        Some(name) => name,
-        None => nix::unistd::gethostname()
-            .context("no --node-name or NODE_NAME given and the hostname cannot be read")?
-            .to_string_lossy()
-            .into_owned(),
-    };
-    let source = match args.services_file {
-        Some(path) => agent::SourceConfig::File(path),
-        None => agent::SourceConfig::Kube { kubeconfig: args.kubeconfig },
-    };
-    let config = AgentConfig {
-        source,
-        node_name,
-        load: LoadOptions {
-            pin_dir: args.bpffs_dir,
-            cgroup,
-            bpf_log: args.bpf_log,
-            services_map_size: args.services_map_size,
-            backends_map_size: args.backends_map_size,
-        },
-        socket_netns: args.socket_netns,
-        node_ips: args.node_ip,
-        health_bind: Some(args.healthz_bind_address),
-        metrics_bind: Some(args.metrics_bind_address),
-        health_timeout: std::time::Duration::from_secs(args.health_timeout),
-    };
+    let config = merge(args, file)?;
     tracing::info!(
         source = ?config.source,
         cgroup = %config.load.cgroup.display(),
@@ -48,6 +31,57 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let (applied, _) = watch::channel(agent::Applied::default());
     agent::run(config, applied, shutdown_signal()).await
+}
+
+/// Flags, then the config file, then defaults.
+fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
+    let services_file = args.services_file.or(file.services_file);
+    let kubeconfig = args.kubeconfig.or(file.kubeconfig);
+    let source = match services_file {
+        Some(path) => agent::SourceConfig::File(path),
+        None => agent::SourceConfig::Kube { kubeconfig },
+    };
+    let cgroup = match args.cgroup.or(file.cgroup) {
+        Some(path) => path,
+        None => crate::fs::cgroup2_root()?,
+    };
+    let node_name = match args.node_name.or(file.node_name) {
+        Some(name) => name,
+        None => nix::unistd::gethostname()
+            .context("no --node-name or NODE_NAME given and the hostname cannot be read")?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    Ok(AgentConfig {
+        source,
+        node_name,
+        load: LoadOptions {
+            pin_dir: args.bpffs_dir.or(file.bpffs_dir).unwrap_or_else(|| DEFAULT_PIN_DIR.into()),
+            cgroup,
+            bpf_log: args.bpf_log || file.bpf_log.unwrap_or(false),
+            services_map_size: args.services_map_size.or(file.services_map_size).unwrap_or(map_sizes::SERVICES),
+            backends_map_size: args.backends_map_size.or(file.backends_map_size).unwrap_or(map_sizes::BACKENDS),
+        },
+        socket_netns: flag_or_file(args.socket_netns, file.socket_netns),
+        node_ips: flag_or_file(args.node_ip, file.node_ips),
+        node_port_cidrs: file.node_port_cidrs,
+        health_bind: Some(
+            args.healthz_bind_address
+                .or(file.healthz_bind_address)
+                .unwrap_or_else(|| DEFAULT_HEALTHZ.parse().expect("valid")),
+        ),
+        metrics_bind: Some(
+            args.metrics_bind_address
+                .or(file.metrics_bind_address)
+                .unwrap_or_else(|| DEFAULT_METRICS.parse().expect("valid")),
+        ),
+        health_timeout: Duration::from_secs(args.health_timeout.or(file.health_timeout_seconds).unwrap_or(60)),
+    })
+}
+
+/// A repeatable flag given replaces the file's list.
+fn flag_or_file<T>(flag: Vec<T>, file: Vec<T>) -> Vec<T> {
+    if flag.is_empty() { file } else { flag }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -19,9 +19,12 @@ use super::{
 #[derive(Clone, Debug)]
 pub struct NodeContext {
     pub node_name: String,
-    /// This node's addresses: NodePorts are served on them (and on
-    /// 127.0.0.1), and externalIPs only when they are one of them.
+    /// This node's addresses: externalIPs are served only when they are one
+    /// of them.
     pub node_ips: Vec<IpAddr>,
+    /// The node addresses NodePorts are served on (besides 127.0.0.1): all
+    /// of `node_ips` unless nodePortAddresses narrows them.
+    pub node_port_ips: Vec<IpAddr>,
     /// This node's `topology.kubernetes.io/zone`, for zone hints.
     pub zone: Option<String>,
     /// Most backends one frontend may have (its slot array).
@@ -34,7 +37,19 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 impl NodeContext {
     #[must_use]
     pub fn new(node_name: impl Into<String>) -> Self {
-        Self { node_name: node_name.into(), node_ips: Vec::new(), zone: None, max_backends: usize::from(u16::MAX) }
+        Self {
+            node_name: node_name.into(),
+            node_ips: Vec::new(),
+            node_port_ips: Vec::new(),
+            zone: None,
+            max_backends: usize::from(u16::MAX),
+        }
+    }
+
+    /// With these node addresses, all of them serving NodePorts.
+    #[must_use]
+    pub fn with_ips(self, ips: Vec<IpAddr>) -> Self {
+        Self { node_port_ips: ips.clone(), node_ips: ips, ..self }
     }
 
     /// This node's context from its Node object among `nodes`: the zone
@@ -50,7 +65,7 @@ impl NodeContext {
             .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
             .filter_map(|a| a.address.parse().ok())
             .collect();
-        Self { node_ips, zone, ..Self::new(node_name) }
+        Self { zone, ..Self::new(node_name) }.with_ips(node_ips)
     }
 }
 
@@ -161,7 +176,7 @@ fn port_frontends(
     if let Some(np) = port.node_port {
         let field = format!("spec.ports[{index}].nodePort");
         let loopback = IpAddr::V4(super::NODE_PORT_LOOPBACK);
-        for ip in node.node_ips.iter().chain(std::iter::once(&loopback)).filter(|ip| has(ip)) {
+        for ip in node.node_port_ips.iter().chain(std::iter::once(&loopback)).filter(|ip| has(ip)) {
             out.push((*ip, np, FrontendKind::NodePort, field.clone()));
         }
     }

@@ -1,0 +1,85 @@
+//! The agent started with a real KubeProxyConfiguration document.
+mod common;
+
+use std::{process::Command, time::Duration};
+
+use common::{Env, web};
+use ebpf_proxy::testkit::{AgentProcess, field, message};
+
+/// A kube-proxy configuration as operators write it, bound to loopback with
+/// free ports, with one misspelt field.
+const KUBE_PROXY: &str = "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 0.0.0.0
+clientConnection:
+  contentType: application/vnd.kubernetes.protobuf
+  qps: 5
+clusterCIDR: 10.244.0.0/16
+conntrack:
+  maxPerCore: 32768
+healthzBindAddress: 127.0.0.1:0
+iptables:
+  masqueradeBit: 14
+  syncPeriod: 30s
+metricsBindAddress: 127.0.0.2:0
+mode: iptables
+nodePortAddresses: [10.200.0.0/16]
+oomScoreAdj: -999
+udpIdelTimeout: 250ms
+";
+
+/// The agent's arguments without the test's own health/metrics addresses.
+fn args_without_bind(env: &Env, config: &std::path::Path) -> Vec<String> {
+    let mut args = env.agent_args();
+    let cut = args.iter().position(|a| a == "--healthz-bind-address").expect("set by Env");
+    args.truncate(cut); // the bind addresses are the last four
+    args.extend(["--config".to_owned(), config.display().to_string()]);
+    args
+}
+
+fn logged(agent: &AgentProcess, msg: &str) -> serde_json::Value {
+    agent
+        .wait_for(0, Duration::from_secs(10), |r| message(r).is_some_and(|m| m.starts_with(msg)))
+        .unwrap_or_else(|e| panic!("no log {msg:?}: {e}"))
+}
+
+#[test]
+fn a_kube_proxy_configuration_is_used_and_flags_override_it() {
+    let mut env = Env::new(1);
+    env.write_services(&web(&[1]));
+    let config = env.dir.path().join("kube-proxy.yaml");
+    std::fs::write(&config, KUBE_PROXY).unwrap();
+    let mut args = args_without_bind(&env, &config);
+    args.extend(["--metrics-bind-address".to_owned(), "127.0.0.1:0".to_owned()]);
+    let agent = AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let _ = agent.wait_applied(0);
+
+    let health = logged(&agent, "serving health");
+    assert!(
+        field(&health, "address").and_then(|a| a.as_str()).is_some_and(|a| a.starts_with("127.0.0.1:")),
+        "{health}"
+    );
+    let metrics = logged(&agent, "serving metrics");
+    assert!(
+        field(&metrics, "address").and_then(|a| a.as_str()).is_some_and(|a| a.starts_with("127.0.0.1:")),
+        "the flag did not override the file: {metrics}"
+    );
+    let unknown = logged(&agent, "unknown fields in the config file");
+    assert!(unknown.to_string().contains("udpIdelTimeout"), "{unknown}");
+    let ignored = logged(&agent, "kube-proxy settings that do not apply");
+    assert!(ignored.to_string().contains("iptables") && ignored.to_string().contains("mode"), "{ignored}");
+    env.agent = Some(agent);
+    assert_eq!(env.requests("10.96.0.10", 3), vec!["backend-1"; 3]);
+}
+
+#[test]
+fn an_invalid_configuration_stops_startup_with_the_field_named() {
+    let env = Env::new(1);
+    env.write_services(&web(&[1]));
+    let config = env.dir.path().join("bad.yaml");
+    std::fs::write(&config, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmetricsBindAddress: localhost-ish\n").unwrap();
+    let out = Command::new(common::AGENT).arg("run").args(args_without_bind(&env, &config)).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("metricsBindAddress") && stderr.contains("localhost-ish"), "{stderr}");
+}
