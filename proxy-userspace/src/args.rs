@@ -32,10 +32,13 @@ pub enum Command {
     Demo(DemoArgs),
     /// Remove the datapath the agent leaves in place when it stops: detach
     /// the programs (unpin their links) and unpin the maps.
-    Cleanup(CleanupArgs),
+    Cleanup(PinDirArgs),
     /// Show what the kernel translates, read from the pinned maps (the
     /// agent need not be running).
     Service(ServiceArgs),
+    /// Show the datapath in the kernel: the attached programs (pinned
+    /// links) and what the maps hold (the agent need not be running).
+    Status(PinDirArgs),
 }
 
 #[derive(Debug, Args)]
@@ -64,8 +67,9 @@ pub enum OutputFormat {
     Json,
 }
 
+/// Commands that only need the agent's pin directory.
 #[derive(Debug, Args)]
-pub struct CleanupArgs {
+pub struct PinDirArgs {
     /// The agent's pin directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub bpffs_dir: PathBuf,

@@ -15,6 +15,7 @@ async fn main() -> ExitCode {
         Command::Demo(args) => cmd::demo::run(args).await,
         Command::Cleanup(args) => cmd::cleanup::run(&args),
         Command::Service(args) => cmd::service::run(&args),
+        Command::Status(args) => cmd::status::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -64,3 +64,34 @@ fn service_list_shows_the_kernel_table_with_and_without_the_agent() {
     let (ok, none) = service_cmd(&env, &["get", "10.96.0.99:80"]);
     assert!(!ok && none.contains("no frontend 10.96.0.99:80"), "{none}");
 }
+
+#[test]
+fn status_shows_the_attached_programs_and_the_maps() {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut env = Env::new(1);
+    env.write_services(
+        &(service("web", "10.96.0.10", &[("http", 80)]) + &slice("web-1", "web", &[("http", 8080)], &[backend_ip(1)])),
+    );
+    env.start_agent();
+    let status = |env: &Env| {
+        let out = Command::new(common::AGENT).args(["status", "--bpffs-dir"]).arg(env.pin_dir()).output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let cgroup_id = std::fs::metadata(env.cgroup.path()).unwrap().ino();
+    let text = status(&env);
+    for program in
+        ["connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6", "getpeername4", "getpeername6"]
+    {
+        let line =
+            text.lines().find(|l| l.trim_start().starts_with(program)).unwrap_or_else(|| panic!("{program}: {text}"));
+        assert!(line.ends_with(&format!("cgroup id {cgroup_id}")), "{line}");
+    }
+    assert!(text.contains("frontends: 1 (0 without backends), backend slots: 1"), "{text}");
+    env.agent.take();
+    assert_eq!(status(&env), text, "the same with the agent stopped");
+
+    let out = Command::new(common::AGENT).args(["cleanup", "--bpffs-dir"]).arg(env.pin_dir()).output().unwrap();
+    assert!(out.status.success());
+    assert!(status(&env).starts_with("no datapath"));
+}

@@ -6,9 +6,9 @@ use std::{fs, io, path::Path};
 use anyhow::Context as _;
 use tracing::info;
 
-use crate::{args::CleanupArgs, paths::LINKS_SUBDIR};
+use crate::{args::PinDirArgs, paths::LINKS_SUBDIR};
 
-pub fn run(args: &CleanupArgs) -> anyhow::Result<()> {
+pub fn run(args: &PinDirArgs) -> anyhow::Result<()> {
     let dir = &args.bpffs_dir;
     if !dir.exists() {
         info!(pin_dir = %dir.display(), "nothing to clean up");

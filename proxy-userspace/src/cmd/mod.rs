@@ -3,3 +3,4 @@ pub mod cleanup;
 pub mod demo;
 pub mod run;
 pub mod service;
+pub mod status;

@@ -52,7 +52,7 @@ pub fn attach_pinned(
     let mut outcome = LinkOutcome::Attached;
     if pin.exists() {
         let link = sys::obj_get(pin).map_err(syscall("BPF_OBJ_GET"))?;
-        if sys::link_cgroup_id(link.as_fd()).map_err(syscall("BPF_OBJ_GET_INFO_BY_FD"))? == cgroup_id {
+        if sys::link_info(link.as_fd()).map_err(syscall("BPF_OBJ_GET_INFO_BY_FD"))?.2 == cgroup_id {
             let prog = program.fd().map_err(|source| LinkError::Attach {
                 name,
                 cgroup: cgroup_path.display().to_string(),
@@ -76,6 +76,22 @@ pub fn attach_pinned(
     let link = FdLink::try_from(link).map_err(|source| LinkError::Convert { name, source })?;
     link.pin(pin).map_err(|source| LinkError::Pin { name, path: pin.display().to_string(), source })?;
     Ok(outcome)
+}
+
+/// A pinned link as the kernel reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinnedLinkInfo {
+    pub link_id: u32,
+    pub program_id: u32,
+    /// The cgroup's id (the inode number of its cgroup2 directory).
+    pub cgroup_id: u64,
+}
+
+/// What the link pinned at `pin` is attached to.
+pub fn pinned_link_info(pin: &Path) -> io::Result<PinnedLinkInfo> {
+    let link = sys::obj_get(pin)?;
+    let (link_id, program_id, cgroup_id) = sys::link_info(link.as_fd())?;
+    Ok(PinnedLinkInfo { link_id, program_id, cgroup_id })
 }
 
 /// Raw bpf(2) calls aya does not expose. Numbers and layouts are those of
@@ -119,17 +135,19 @@ mod sys {
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
-    /// The cgroup id of a cgroup link.
-    pub fn link_cgroup_id(link: BorrowedFd<'_>) -> io::Result<u64> {
+    /// (link id, program id, cgroup id) of a cgroup link.
+    pub fn link_info(link: BorrowedFd<'_>) -> io::Result<(u32, u32, u64)> {
         // struct bpf_link_info { u32 type, id, prog_id; union { struct {
-        // u64 cgroup_id; u32 attach_type; } cgroup; ... } } — cgroup_id at
-        // byte 16.
+        // u64 cgroup_id; u32 attach_type; } cgroup; ... } } — id at byte 4,
+        // prog_id at 8, cgroup_id at 16.
         let mut info = [0u64; 8];
         let info_len = size_of_val(&info) as u64;
         // { __u32 bpf_fd; __u32 info_len; __aligned_u64 info; }
         let mut attr = [fd_u64(link) | (info_len << 32), info.as_mut_ptr() as u64, 0, 0];
         bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-        Ok(info[2])
+        #[expect(clippy::cast_possible_truncation, reason = "two u32 fields packed in one u64")]
+        let (id, prog_id) = ((info[0] >> 32) as u32, info[1] as u32);
+        Ok((id, prog_id, info[2]))
     }
 
     /// Makes `link` run `prog` instead of its current program, atomically.
