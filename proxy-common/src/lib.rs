@@ -17,6 +17,7 @@ pub mod map_names {
     pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
     pub const SOCK_BACKEND: &str = "SOCK_BACKEND";
     pub const AFFINITY: &str = "AFFINITY";
+    pub const CONNECTIONS: &str = "CONNECTIONS";
 }
 
 /// Default sizes of the maps (entries); the agent can override them at load.
@@ -32,6 +33,8 @@ pub mod map_sizes {
     pub const SOCK_BACKEND: u32 = 65_536;
     /// LRU: one entry per client (network namespace) and affine service.
     pub const AFFINITY: u32 = 65_536;
+    /// Per-CPU counters of new connections, indexed by rev-NAT id.
+    pub const CONNECTIONS: u32 = 65_536;
 }
 
 /// IP protocol numbers as they appear in `bpf_sock_addr.protocol`.

@@ -2,7 +2,7 @@
 //! Addresses are 16 bytes for both families (IPv4 as IPv4-mapped IPv6).
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap},
+    maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, RevNat, ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey,
@@ -26,6 +26,20 @@ pub static SOCK_BACKEND: LruHashMap<SockBackendKey, u32> = LruHashMap::pinned(ma
 
 #[map]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned(map_sizes::AFFINITY, 0);
+
+/// New connections (and first datagrams of unconnected UDP sockets) per
+/// frontend, indexed by its rev-NAT id; per CPU, so no atomics.
+#[map]
+pub static CONNECTIONS: PerCpuArray<u64> = PerCpuArray::pinned(map_sizes::CONNECTIONS, 0);
+
+#[inline(always)]
+pub fn count_connection(rev_nat: u16) {
+    if let Some(counter) = CONNECTIONS.get_ptr_mut(u32::from(rev_nat)) {
+        // SAFETY: this CPU's slot of a per-CPU array; a program runs to its
+        // end on one CPU, so nothing else writes it meanwhile.
+        unsafe { *counter += 1 };
+    }
+}
 
 // SAFETY (all lookups below): values are copied out at once; a concurrent
 // update can at worst give a torn read of plain integers, never a dangling

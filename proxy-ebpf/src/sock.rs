@@ -15,8 +15,8 @@ use crate::{
     access::{Family, SockAddr, netns_cookie, now_ns, random_u32, set_syscall_error, socket_cookie},
     log_enabled,
     maps::{
-        affinity, backend, remember_affinity, remember_sock_backend, remember_sock_revnat, service, sock_backend,
-        sock_revnat,
+        affinity, backend, count_connection, remember_affinity, remember_sock_backend, remember_sock_revnat, service,
+        sock_backend, sock_revnat,
     },
 };
 
@@ -61,13 +61,17 @@ pub fn translate(ctx: &SockAddrContext, hook: Hook, family: Family) -> i32 {
     }
     let cookie = socket_cookie(ctx);
     let sticky = SockBackendKey { cookie, addr, port, proto: protocol, pad: [0; 5] };
-    let Some((backend_id, target)) = choose_backend(ctx, hook, &mut key, &frontend, &sticky) else {
+    let Some((backend_id, target, reused)) = choose_backend(ctx, hook, &mut key, &frontend, &sticky) else {
         return ALLOW;
     };
     if !sa.set_addr(family, &target.addr) {
         return ALLOW; // an IPv4 socket cannot reach an IPv6 backend
     }
     sa.set_user_port(target.port);
+    if !reused {
+        // A new connection, or the first datagram of an unconnected socket.
+        count_connection(frontend.rev_nat);
+    }
     if hook == Hook::Sendmsg {
         remember_sock_backend(&sticky, backend_id);
     }
@@ -93,7 +97,8 @@ fn log_translation(ctx: &SockAddrContext, from: &Addr, from_port: u16, to: &Addr
 /// The backend for this socket: the one an unconnected UDP socket already
 /// uses, else the client's affine one, else a random slot. A remembered
 /// backend that is gone (the agent purges such memos right after a sync,
-/// this covers the moment between) is passed over.
+/// this covers the moment between) is passed over. The flag tells whether
+/// the socket's remembered backend was reused.
 #[inline(always)]
 fn choose_backend(
     ctx: &SockAddrContext,
@@ -101,12 +106,12 @@ fn choose_backend(
     key: &mut ServiceKey,
     frontend: &ServiceValue,
     sticky: &SockBackendKey,
-) -> Option<(u32, Backend)> {
+) -> Option<(u32, Backend, bool)> {
     if hook == Hook::Sendmsg
         && let Some(id) = sock_backend(sticky)
         && let Some(b) = backend(id)
     {
-        return Some((id, b));
+        return Some((id, b, true));
     }
     let affine = frontend.flags & service_flags::AFFINITY != 0;
     let affinity_key = AffinityKey { client: netns_cookie(ctx), rev_nat: frontend.rev_nat, pad: [0; 3] };
@@ -117,7 +122,7 @@ fn choose_backend(
         && let Some(b) = backend(entry.backend_id)
     {
         remember_affinity(&affinity_key, &AffinityValue { last_used_ns: now, ..entry });
-        return Some((entry.backend_id, b));
+        return Some((entry.backend_id, b, false));
     }
     #[expect(clippy::cast_possible_truncation, reason = "the remainder is below count, a u16")]
     let slot = (random_u32() % u32::from(frontend.count)) as u16;
@@ -130,7 +135,7 @@ fn choose_backend(
     if affine {
         remember_affinity(&affinity_key, &AffinityValue { backend_id: id, pad: 0, last_used_ns: now });
     }
-    Some((id, b))
+    Some((id, b, false))
 }
 
 /// Shows the service address where the socket sees its peer: the source of

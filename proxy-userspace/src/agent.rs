@@ -207,6 +207,7 @@ pub async fn run(
         }
     };
     let mut datapath = Datapath::load(&config.load)?;
+    telemetry.lock().expect("telemetry lock").counters = datapath.counters.take();
     let (mut reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
     info!(
         frontends = recovery.frontends,
@@ -286,6 +287,10 @@ fn publish(telemetry: &Shared, stats: &Stats, report: &Report, reconciler: &Reco
             ChangeKind::Added | ChangeKind::Removed => t.service_changes += 1,
             ChangeKind::Updated => t.endpoint_changes += 1,
         }
+    }
+    if !report.changes.is_empty() || t.frontends_by_id.is_empty() {
+        let ids = reconciler.frontend_ids().into_iter().map(|(id, key, service)| (id, service, key.to_string()));
+        t.set_frontends(ids.collect());
     }
 }
 

@@ -1,12 +1,13 @@
 //! What the health and metrics endpoints report: the agent writes it after
 //! each sync, the HTTP handlers read it.
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::{agent::Stats, metrics::Histogram};
+use crate::{agent::Stats, datapath::counters::ConnCounters, metrics::Histogram};
 
 #[derive(Debug)]
 pub struct Telemetry {
@@ -24,6 +25,10 @@ pub struct Telemetry {
     /// Frontends added or removed, and frontends whose backends changed.
     pub service_changes: u64,
     pub endpoint_changes: u64,
+    /// The kernel's per-frontend connection counters (once loaded).
+    pub counters: Option<ConnCounters>,
+    /// rev-NAT id -> (service port, frontend), for the counters' labels.
+    pub frontends_by_id: BTreeMap<u16, (String, String)>,
 }
 
 pub type Shared = Arc<Mutex<Telemetry>>;
@@ -43,6 +48,8 @@ impl Telemetry {
             backends_map_size,
             service_changes: 0,
             endpoint_changes: 0,
+            counters: None,
+            frontends_by_id: BTreeMap::new(),
         }
     }
 
@@ -147,7 +154,37 @@ impl Telemetry {
             "ebpf_proxy_map_fill_ratio{{map=\"BACKENDS\"}} {}",
             ratio(self.backends, self.backends_map_size)
         );
+        if let Some(counters) = &self.counters {
+            let _ = writeln!(
+                out,
+                "# HELP ebpf_proxy_service_connections_total New connections (and first datagrams of unconnected UDP sockets) per frontend, counted in the kernel.\n# TYPE ebpf_proxy_service_connections_total counter"
+            );
+            for (id, (service, frontend)) in &self.frontends_by_id {
+                if let Ok(n) = counters.read(*id) {
+                    let _ = writeln!(
+                        out,
+                        "ebpf_proxy_service_connections_total{{service=\"{service}\",frontend=\"{frontend}\"}} {n}"
+                    );
+                }
+            }
+        }
         out
+    }
+
+    /// Takes the frontends after a sync; zeroes the counter of an id that
+    /// now names another frontend than before (ids are reused).
+    pub fn set_frontends(&mut self, ids: Vec<(u16, String, String)>) {
+        let new: BTreeMap<u16, (String, String)> = ids.into_iter().map(|(id, s, f)| (id, (s, f))).collect();
+        if let Some(counters) = self.counters.as_mut() {
+            for (id, labels) in &new {
+                if self.frontends_by_id.get(id) != Some(labels)
+                    && let Err(err) = counters.reset(*id)
+                {
+                    tracing::warn!(id, %err, "cannot reset a connection counter");
+                }
+            }
+        }
+        self.frontends_by_id = new;
     }
 }
 

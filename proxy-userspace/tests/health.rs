@@ -61,11 +61,21 @@ fn health_and_metrics_report_the_agents_state() {
     // 1 frontend: slot 0 + 2 slots of the 65536-entry services map.
     assert!((metric(&text, "ebpf_proxy_map_fill_ratio{map=\"SERVICES\"}") - 3.0 / 65536.0).abs() < 1e-12);
 
-    // An endpoint change shows in the counters.
+    // Connections are counted in the kernel, per frontend.
+    let connections = "ebpf_proxy_service_connections_total{service=\"test/web:http\",frontend=\"10.96.0.10:80/TCP\"}";
+    assert!(metric(&text, connections).abs() < f64::EPSILON, "{text}");
+    assert_eq!(env.requests("10.96.0.10", 7).len(), 7);
+    let (_, text) = get(&metrics, "/metrics");
+    assert!((metric(&text, connections) - 7.0).abs() < f64::EPSILON, "{text}");
+
+    // An endpoint change shows in the counters; the frontend's count goes on.
     env.apply(&web(&[1]));
     let (_, text) = get(&metrics, "/metrics");
     assert!((metric(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total") - 1.0).abs() < f64::EPSILON);
     assert!((metric(&text, "ebpf_proxy_backends") - 1.0).abs() < f64::EPSILON);
+    assert_eq!(env.requests("10.96.0.10", 3).len(), 3);
+    let (_, text) = get(&metrics, "/metrics");
+    assert!((metric(&text, connections) - 10.0).abs() < f64::EPSILON, "{text}");
 }
 
 #[test]

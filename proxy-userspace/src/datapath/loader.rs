@@ -13,6 +13,7 @@ use proxy_common::{
 };
 
 use super::{
+    counters::ConnCounters,
     links::{self, LinkError},
     maps::{KernelMaps, MapError},
     sessions::SessionMaps,
@@ -72,6 +73,8 @@ pub struct Datapath {
     ebpf: Ebpf,
     pub maps: KernelMaps,
     pub sessions: SessionMaps,
+    /// Taken by the agent for the metrics endpoint.
+    pub counters: Option<ConnCounters>,
 }
 
 impl Datapath {
@@ -126,7 +129,8 @@ impl Datapath {
             take(&mut ebpf, map_names::SOCK_REVNAT)?,
         )?;
         tracing::info!(pin_dir = %opts.pin_dir.display(), "datapath loaded");
-        Ok(Self { ebpf, maps, sessions })
+        let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?)?;
+        Ok(Self { ebpf, maps, sessions, counters: Some(counters) })
     }
 
     /// Ids of the loaded programs (for logs and tests).

@@ -251,6 +251,16 @@ impl Reconciler {
         self.backends.len()
     }
 
+    /// Every frontend's rev-NAT id, with its key and service port.
+    #[must_use]
+    pub fn frontend_ids(&self) -> Vec<(u16, FrontendKey, String)> {
+        self.frontends
+            .iter()
+            .filter(|(_, f)| f.rev_nat != 0)
+            .map(|(k, f)| (f.rev_nat, *k, f.service_port.clone()))
+            .collect()
+    }
+
     /// Per frontend: its rev-NAT id and the backend ids readers can reach
     /// (slots `1..=count`), to tell a remembered session still valid.
     #[must_use]
