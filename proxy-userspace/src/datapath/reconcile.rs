@@ -50,7 +50,7 @@ struct AppliedFrontend {
     service_port: String,
     /// Allocated rev-NAT id (0: none yet).
     rev_nat: u16,
-    /// Whether `REVNAT_V4[rev_nat]` holds this frontend's address.
+    /// Whether `REVNAT[rev_nat]` holds this frontend's address.
     rev_nat_written: bool,
     /// Slot 0 as it is in the map.
     master: Option<ServiceValue>,
