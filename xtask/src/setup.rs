@@ -1,7 +1,8 @@
 //! `cargo xtask setup`: installs what is missing, says nothing when nothing is.
 //!
 //! - Debian packages: LLVM 22 development files (bpf-linker links against
-//!   them), bpftool, and the clients and tools the tests and demo use;
+//!   them), bpftool, and the clients and tools the tests and demo use
+//!   (kubectl from kubernetes-client when none is on PATH);
 //! - the nightly toolchain's rust-src (the eBPF crate builds `core` with
 //!   `-Z build-std`);
 //! - bpf-linker 0.13 built against Debian's LLVM 22.
@@ -68,13 +69,18 @@ fn run_loud(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 fn apt_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = APT_PACKAGES
+    let mut missing: Vec<&str> = APT_PACKAGES
         .iter()
         .copied()
         .filter(|pkg| {
             output("dpkg-query", &["-W", "-f=${Status}", pkg]).is_none_or(|s| !s.contains("install ok installed"))
         })
         .collect();
+    // kubectl (for `kubectl kustomize deploy/` in the tests): any on PATH
+    // will do, else Debian's.
+    if output("kubectl", &["version", "--client"]).is_none() {
+        missing.push("kubernetes-client");
+    }
     if missing.is_empty() {
         return Ok(());
     }

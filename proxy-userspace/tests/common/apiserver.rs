@@ -82,8 +82,17 @@ struct State {
     next_cluster_ip: u32,
 }
 
+/// One request the server answered: method, path and whether it watched.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Logged {
+    pub method: String,
+    pub path: String,
+    pub watch: bool,
+}
+
 pub struct TestApiServer {
     state: Arc<Mutex<State>>,
+    log: Arc<Mutex<Vec<Logged>>>,
     events: broadcast::Sender<Event>,
     addr: SocketAddr,
     stop: Option<watch::Sender<bool>>,
@@ -97,13 +106,19 @@ impl TestApiServer {
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         let (events, _) = broadcast::channel(4096);
         let state = Arc::new(Mutex::new(State { next_cluster_ip: 1, ..State::default() }));
-        let mut server = Self { state, events, addr: SocketAddr::from(([127, 0, 0, 1], 0)), stop: None, runtime };
+        let log = Arc::default();
+        let mut server = Self { state, log, events, addr: SocketAddr::from(([127, 0, 0, 1], 0)), stop: None, runtime };
         server.serve();
         server
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Every request answered so far.
+    pub fn requests(&self) -> Vec<Logged> {
+        self.log.lock().unwrap().clone()
     }
 
     /// Stops serving: the listener closes and open watches break.
@@ -142,7 +157,7 @@ impl TestApiServer {
         let (stop_tx, stop_rx) = watch::channel(false);
         let listener = self.runtime.block_on(tokio::net::TcpListener::bind(self.addr)).expect("bind test API server");
         self.addr = listener.local_addr().expect("local addr");
-        let (state, events) = (self.state.clone(), self.events.clone());
+        let (state, events, log) = (self.state.clone(), self.events.clone(), self.log.clone());
         self.runtime.spawn(async move {
             let mut stop = stop_rx.clone();
             loop {
@@ -154,9 +169,18 @@ impl TestApiServer {
                     },
                 };
                 let (state, events, mut stop) = (state.clone(), events.clone(), stop_rx.clone());
-                let for_requests = stop_rx.clone();
+                let (for_requests, log) = (stop_rx.clone(), log.clone());
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| {
+                    let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let watch = req
+                            .uri()
+                            .query()
+                            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+                        log.lock().unwrap().push(Logged {
+                            method: req.method().to_string(),
+                            path: req.uri().path().to_owned(),
+                            watch,
+                        });
                         let (state, events, stop) = (state.clone(), events.clone(), for_requests.clone());
                         async move { Ok::<_, Infallible>(handle(req, &state, &events, stop).await) }
                     });
