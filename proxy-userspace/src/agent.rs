@@ -198,6 +198,7 @@ pub async fn run(
         SourceConfig::Kube { kubeconfig } => {
             let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
             let kube = KubeSource::start(&client, &config.node_name);
+            telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
             info!("waiting for the initial lists of Services and EndpointSlices before the first write");
             tokio::select! {
                 () = &mut shutdown => return Ok(()),

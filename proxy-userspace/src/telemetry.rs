@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::{agent::Stats, datapath::counters::ConnCounters, metrics::Histogram};
+use crate::{agent::Stats, datapath::counters::ConnCounters, metrics::Histogram, source::kube::WatchCounters};
 
 #[derive(Debug)]
 pub struct Telemetry {
@@ -29,6 +29,8 @@ pub struct Telemetry {
     pub counters: Option<ConnCounters>,
     /// rev-NAT id -> (service port, frontend), for the counters' labels.
     pub frontends_by_id: BTreeMap<u16, (String, String)>,
+    /// The Kubernetes watches' counters (kube mode only).
+    pub watch: Option<Arc<WatchCounters>>,
 }
 
 pub type Shared = Arc<Mutex<Telemetry>>;
@@ -50,6 +52,7 @@ impl Telemetry {
             endpoint_changes: 0,
             counters: None,
             frontends_by_id: BTreeMap::new(),
+            watch: None,
         }
     }
 
@@ -154,6 +157,21 @@ impl Telemetry {
             "ebpf_proxy_map_fill_ratio{{map=\"BACKENDS\"}} {}",
             ratio(self.backends, self.backends_map_size)
         );
+        if let Some(watch) = &self.watch {
+            use std::sync::atomic::Ordering::Relaxed;
+            counter(
+                &mut out,
+                "ebpf_proxy_watch_events_total",
+                "Events received from the Kubernetes API.",
+                watch.events.load(Relaxed),
+            );
+            counter(
+                &mut out,
+                "ebpf_proxy_watch_errors_total",
+                "Watch failures (each retried with backoff).",
+                watch.errors.load(Relaxed),
+            );
+        }
         if let Some(counters) = &self.counters {
             let _ = writeln!(
                 out,

@@ -2,38 +2,10 @@
 //! values checked, the stale-health 503, kube-proxy's /proxyMode.
 mod common;
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
-use common::{Env, web};
-use ebpf_proxy::testkit::{AgentProcess, field, message};
-
-/// The address the agent logged for `what` ("health" or "metrics").
-fn address(agent: &AgentProcess, what: &str) -> String {
-    let record = agent
-        .wait_for(0, Duration::from_secs(10), |r| message(r) == Some(&format!("serving {what}")))
-        .expect("the agent logs where it serves");
-    field(&record, "address").and_then(|a| a.as_str()).expect("address").to_owned()
-}
-
-/// GET over loopback: (status, body).
-fn get(addr: &str, path: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-sS", "--max-time", "3", "-w", "\n%{http_code}"])
-        .arg(format!("http://{addr}{path}"))
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').expect("status line");
-    (code.parse().expect("status"), body.to_owned())
-}
-
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
-        .parse()
-        .expect("a number")
-}
+use common::{Env, agent_address as address, http_get as get, metric, web};
+use ebpf_proxy::testkit::AgentProcess;
 
 #[test]
 fn health_and_metrics_report_the_agents_state() {

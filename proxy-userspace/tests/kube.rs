@@ -144,6 +144,11 @@ fn api_server_restart_keeps_the_datapath_and_converges() {
     let before = env.backends[0].accepted();
     assert_eq!(env.requests(&ip, 30), vec!["backend-2"; 30]);
     assert_eq!(env.backends[0].accepted(), before);
+    // The outage shows in the metrics.
+    let metrics = common::agent_address(env.agent(), "metrics");
+    let (_, text) = common::http_get(&metrics, "/metrics");
+    assert!(common::metric(&text, "ebpf_proxy_watch_errors_total") >= 1.0, "{text}");
+    assert!(common::metric(&text, "ebpf_proxy_watch_events_total") >= 2.0, "{text}");
 }
 
 #[test]

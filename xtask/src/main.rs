@@ -112,8 +112,10 @@ fn build(release: bool) -> anyhow::Result<()> {
 }
 
 fn test(filter: Option<&str>) -> anyhow::Result<()> {
-    // Lints first: pedantic clippy is the workspace's standard.
+    // Formatting and lints first: rustfmt and pedantic clippy are the
+    // workspace's standard.
     if filter.is_none() {
+        status(cargo().args(["fmt", "--all", "--check"]))?;
         status(cargo().args(["clippy", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
     }
     // The default members (the eBPF crate only builds for the bpf target).

@@ -301,3 +301,34 @@ pub fn sock_addr_programs() -> usize {
         .filter(|p| p.program_type() as u32 == BPF_PROG_TYPE_CGROUP_SOCK_ADDR)
         .count()
 }
+
+/// The address the agent logged it serves `what` on ("health", "metrics").
+pub fn agent_address(agent: &AgentProcess, what: &str) -> String {
+    let record = agent
+        .wait_for(0, std::time::Duration::from_secs(10), |r| {
+            ebpf_proxy::testkit::message(r) == Some(&format!("serving {what}"))
+        })
+        .expect("the agent logs where it serves");
+    ebpf_proxy::testkit::field(&record, "address").and_then(|a| a.as_str()).expect("address").to_owned()
+}
+
+/// GET over loopback with curl: (status, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "--max-time", "3", "-w", "\n%{http_code}"])
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').expect("status line");
+    (code.parse().expect("status"), body.to_owned())
+}
+
+/// The value of metric line `name` (with its labels) in a /metrics text.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
+        .parse()
+        .expect("a number")
+}
