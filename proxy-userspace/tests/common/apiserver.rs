@@ -296,6 +296,48 @@ fn status_body(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code})
 }
 
+/// Legacy discovery documents (`/api`, `/apis`, `/api/v1`, `/apis/G/V`), so
+/// that kubectl can map the kinds the repository's manifests use. Only the
+/// kinds served above, and those of deploy/, are listed.
+fn discovery(path: &str) -> Option<Value> {
+    let resource = |name: &str, kind: &str, namespaced: bool| {
+        json!({"name": name, "singularName": "", "namespaced": namespaced, "kind": kind,
+               "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]})
+    };
+    let list = |gv: &str, resources: Vec<Value>| json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources});
+    let group = |name: &str| {
+        let gv = format!("{name}/v1");
+        json!({"name": name, "versions": [{"groupVersion": gv, "version": "v1"}], "preferredVersion": {"groupVersion": gv, "version": "v1"}})
+    };
+    Some(match path.trim_end_matches('/') {
+        "/api" => json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
+        "/apis" => json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            group("apps"), group("discovery.k8s.io"), group("rbac.authorization.k8s.io")]}),
+        "/api/v1" => list(
+            "v1",
+            vec![
+                resource("services", "Service", true),
+                resource("namespaces", "Namespace", false),
+                resource("nodes", "Node", false),
+                resource("serviceaccounts", "ServiceAccount", true),
+                resource("configmaps", "ConfigMap", true),
+            ],
+        ),
+        "/apis/apps/v1" => list("apps/v1", vec![resource("daemonsets", "DaemonSet", true)]),
+        "/apis/discovery.k8s.io/v1" => {
+            list("discovery.k8s.io/v1", vec![resource("endpointslices", "EndpointSlice", true)])
+        }
+        "/apis/rbac.authorization.k8s.io/v1" => list(
+            "rbac.authorization.k8s.io/v1",
+            vec![
+                resource("clusterroles", "ClusterRole", false),
+                resource("clusterrolebindings", "ClusterRoleBinding", false),
+            ],
+        ),
+        _ => return None,
+    })
+}
+
 /// `(kind, namespace, name)` addressed by a path, or `None` when unknown.
 fn route(path: &str) -> Option<(Kind, Option<String>, Option<String>)> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -336,6 +378,9 @@ async fn handle(
     events: &broadcast::Sender<Event>,
     stop: watch::Receiver<bool>,
 ) -> Response<Body> {
+    if let Some(body) = discovery(req.uri().path()) {
+        return full(StatusCode::OK, &body);
+    }
     let Some((kind, ns, name)) = route(req.uri().path()) else {
         return full(
             StatusCode::NOT_FOUND,
