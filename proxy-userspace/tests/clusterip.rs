@@ -238,3 +238,39 @@ fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
     let (ok, err) = env.socat_connect(true, "198.51.100.7:80");
     assert!(!ok && err.contains("Network is unreachable"), "a foreign externalIP was hijacked: {err}");
 }
+
+#[test]
+fn restarts_under_a_steady_stream_of_connections_fail_none() {
+    use std::io::Read as _;
+    let mut env = Env::new(2);
+    env.write_services(&web(&[1, 2]));
+    env.start_agent();
+    let mut client = ebpf_proxy::testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
+        .unwrap()
+        .args(["-sS", "--connect-timeout", "2", "http://10.96.0.10/?[1-10000000]"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(400));
+    pause();
+    // The same build again, then a different program (as a newer build
+    // would bring; --bpf-log loads other code) swapped into the pinned links.
+    for extra in [None, Some("--bpf-log")] {
+        env.agent.take();
+        pause();
+        let mut args = env.agent_args();
+        args.extend(extra.map(str::to_owned));
+        let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+        assert_eq!(common::writes(&agent.wait_applied(0)), 0);
+        env.agent = Some(agent);
+        pause();
+    }
+    let _ = client.kill();
+    let _ = client.wait();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    client.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    client.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(stdout.lines().count() > 100, "only {} requests", stdout.lines().count());
+    assert!(!stderr.contains("curl: ("), "a connection failed across the restarts: {stderr}");
+}
