@@ -217,6 +217,7 @@ pub async fn run(
         "read the pinned maps"
     );
     let mut state = SyncState::default();
+    let mut attached = false;
     let mut destroyer = SocketDestroyer::new(config.socket_netns.clone());
     loop {
         let retry_at = state.retry_at;
@@ -244,6 +245,12 @@ pub async fn run(
             record_latency(&mut state.stats, &triggers);
         }
         forget_removed_backends(&report, &mut datapath, &reconciler, &mut destroyer);
+        if !attached {
+            // Only now that the maps hold the table do the programs (and so
+            // a new layout's maps) take over.
+            datapath.attach()?;
+            attached = true;
+        }
         state.generation += 1;
         let snapshot = Applied {
             generation: state.generation,

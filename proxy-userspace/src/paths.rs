@@ -14,3 +14,22 @@ pub const MOUNTS: &str = "/proc/self/mounts";
 pub const DEFAULT_HEALTHZ: &str = "0.0.0.0:10256";
 /// kube-proxy's metrics address.
 pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
+/// Version of the maps' layout (key and value types). Bump it whenever a
+/// type in proxy-common changes: a new agent then fills maps of the new
+/// layout beside the old ones and switches the programs over in one step.
+pub const MAP_LAYOUT_VERSION: u32 = 2;
+/// Tests only: stands in for another build's layout version, to exercise
+/// the switch-over between layouts.
+pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";
+
+/// The layout version of this build (or the test override).
+#[must_use]
+pub fn map_layout_version() -> u32 {
+    std::env::var(LAYOUT_VERSION_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(MAP_LAYOUT_VERSION)
+}
+
+/// Where the maps of this build's layout are pinned under `pin_dir`.
+#[must_use]
+pub fn maps_dir(pin_dir: &std::path::Path) -> std::path::PathBuf {
+    pin_dir.join(format!("maps-v{}", map_layout_version()))
+}

@@ -274,3 +274,47 @@ fn restarts_under_a_steady_stream_of_connections_fail_none() {
     assert!(stdout.lines().count() > 100, "only {} requests", stdout.lines().count());
     assert!(!stderr.contains("curl: ("), "a connection failed across the restarts: {stderr}");
 }
+
+#[test]
+fn a_new_map_layout_takes_over_without_a_gap() {
+    use ebpf_proxy::paths::{LAYOUT_VERSION_ENV, MAP_LAYOUT_VERSION};
+    use std::io::Read as _;
+    let mut env = Env::new(2);
+    env.write_services(&web(&[1, 2]));
+    // An "older build": its maps under another layout version. (Both layouts
+    // are this build's types; what is tested is the switch-over.)
+    let old = (MAP_LAYOUT_VERSION - 1).to_string();
+    let agent = ebpf_proxy::testkit::AgentProcess::start_with_env(
+        std::path::Path::new(common::AGENT),
+        env.agent_args(),
+        "info",
+        &[(LAYOUT_VERSION_ENV, old.as_str())],
+    )
+    .unwrap();
+    let _ = agent.wait_applied(0);
+    env.agent = Some(agent);
+    assert!(env.pin_dir().join(format!("maps-v{old}")).exists());
+
+    let mut client = ebpf_proxy::testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
+        .unwrap()
+        .args(["-sS", "--connect-timeout", "2", "http://10.96.0.10/?[1-10000000]"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    env.agent.take();
+    let applied = env.start_agent(); // this build's layout: new maps, filled, then switched to
+    assert!(common::writes(&applied) > 0, "the new layout's maps start empty and are filled");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let _ = client.kill();
+    let _ = client.wait();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    client.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    client.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(stdout.lines().count() > 50, "only {} requests", stdout.lines().count());
+    assert!(!stderr.contains("curl: ("), "a connection failed across the switch: {stderr}");
+    assert!(!env.pin_dir().join(format!("maps-v{old}")).exists(), "the old layout's maps are still pinned");
+    assert!(env.pin_dir().join(format!("maps-v{MAP_LAYOUT_VERSION}")).exists());
+    assert_eq!(env.requests("10.96.0.10", 10).len(), 10);
+}

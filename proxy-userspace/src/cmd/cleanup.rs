@@ -16,7 +16,14 @@ pub fn run(args: &PinDirArgs) -> anyhow::Result<()> {
     }
     // Links first, so no program runs against maps that are going away.
     let links = remove_pins(&dir.join(LINKS_SUBDIR))?;
-    let maps = remove_pins(dir)?;
+    let mut maps = remove_pins(dir)?;
+    for entry in fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            maps.extend(remove_pins(&path)?);
+            fs::remove_dir(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
     fs::remove_dir(dir).with_context(|| format!("removing {}", dir.display()))?;
     info!(pin_dir = %dir.display(), ?links, ?maps, "cleaned up: programs detached, maps unpinned");
     Ok(())

@@ -41,7 +41,7 @@ pub fn report(dir: &std::path::Path) -> anyhow::Result<String> {
             Err(err) => writeln!(out, "  {name:<13} unreadable: {err}")?,
         }
     }
-    let maps = KernelMaps::open_pinned(dir).context("reading the pinned maps")?;
+    let maps = KernelMaps::open_pinned(&crate::paths::maps_dir(dir)).context("reading the pinned maps")?;
     let frontends = inspect::frontends(&maps.dump()?);
     let backends: usize = frontends.iter().map(|f| f.backends.len()).sum();
     let empty = frontends.iter().filter(|f| f.backends.is_empty()).count();

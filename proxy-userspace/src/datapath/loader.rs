@@ -18,7 +18,7 @@ use super::{
     maps::{KernelMaps, MapError},
     sessions::SessionMaps,
 };
-use crate::paths::LINKS_SUBDIR;
+use crate::paths::{LINKS_SUBDIR, maps_dir};
 
 /// The eBPF object, built by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
@@ -68,9 +68,17 @@ pub enum LoadError {
 /// `PIN_DIR/links` and the maps are pinned in `PIN_DIR`: dropping this
 /// leaves translation running, and a restarted agent takes both over.
 /// `cleanup` removes them.
+///
+/// Maps are pinned under `PIN_DIR/maps-vN` (N: this build's layout). The
+/// programs are loaded by `load` but attached by `attach`, which the agent
+/// calls once the first sync has filled the maps: an agent of a new layout
+/// fills new maps beside the old ones, then swaps its programs into the
+/// pinned links in one step, so no moment exists with services missing.
 pub struct Datapath {
     /// Owns the programs and their links.
     ebpf: Ebpf,
+    pin_dir: PathBuf,
+    cgroup: PathBuf,
     pub maps: KernelMaps,
     pub sessions: SessionMaps,
     /// Taken by the agent for the metrics endpoint.
@@ -78,12 +86,16 @@ pub struct Datapath {
 }
 
 impl Datapath {
-    /// Loads and attaches everything, reusing maps already pinned in
-    /// `opts.pin_dir` (after checking their layout).
+    /// Loads the programs and the maps, reusing maps of this layout already
+    /// pinned (after checking their key and value sizes). Nothing is
+    /// attached yet: see `attach`.
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
         let log_flag: u8 = opts.bpf_log.into();
+        let maps_dir = maps_dir(&opts.pin_dir);
+        std::fs::create_dir_all(&maps_dir)
+            .map_err(|source| LoadError::Dir { path: maps_dir.display().to_string(), source })?;
         let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(&opts.pin_dir)
+            .default_map_pin_directory(&maps_dir)
             .map_max_entries(map_names::SERVICES, opts.services_map_size)
             .map_max_entries(map_names::BACKENDS, opts.backends_map_size)
             .override_global(LOG_ENABLED, &log_flag, true)
@@ -93,20 +105,17 @@ impl Datapath {
                 source: Box::new(source),
             })?;
 
-        check_layout::<ServiceKey, ServiceValue>(&ebpf, &opts.pin_dir, map_names::SERVICES)?;
-        check_layout::<u32, Backend>(&ebpf, &opts.pin_dir, map_names::BACKENDS)?;
-        check_layout::<u16, RevNat>(&ebpf, &opts.pin_dir, map_names::REVNAT)?;
-        check_layout::<SockRevNatKey, SockRevNat>(&ebpf, &opts.pin_dir, map_names::SOCK_REVNAT)?;
-        check_layout::<SockBackendKey, u32>(&ebpf, &opts.pin_dir, map_names::SOCK_BACKEND)?;
-        check_layout::<AffinityKey, AffinityValue>(&ebpf, &opts.pin_dir, map_names::AFFINITY)?;
+        check_layout::<ServiceKey, ServiceValue>(&ebpf, &maps_dir, map_names::SERVICES)?;
+        check_layout::<u32, Backend>(&ebpf, &maps_dir, map_names::BACKENDS)?;
+        check_layout::<u16, RevNat>(&ebpf, &maps_dir, map_names::REVNAT)?;
+        check_layout::<SockRevNatKey, SockRevNat>(&ebpf, &maps_dir, map_names::SOCK_REVNAT)?;
+        check_layout::<SockBackendKey, u32>(&ebpf, &maps_dir, map_names::SOCK_BACKEND)?;
+        check_layout::<AffinityKey, AffinityValue>(&ebpf, &maps_dir, map_names::AFFINITY)?;
 
         if opts.bpf_log {
             start_bpf_log(&mut ebpf);
         }
 
-        let links_dir = opts.pin_dir.join(LINKS_SUBDIR);
-        std::fs::create_dir_all(&links_dir)
-            .map_err(|source| LoadError::Dir { path: links_dir.display().to_string(), source })?;
         for name in SOCK_PROGRAMS {
             let program: &mut CgroupSockAddr = ebpf
                 .program_mut(name)
@@ -114,8 +123,6 @@ impl Datapath {
                 .try_into()
                 .map_err(|source| LoadError::Program { name, source })?;
             program.load().map_err(|source| LoadError::Program { name, source })?;
-            let outcome = links::attach_pinned(program, name, &opts.cgroup, &links_dir.join(name))?;
-            tracing::info!(program = name, ?outcome, cgroup = %opts.cgroup.display(), "program attached");
         }
 
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap { name });
@@ -128,15 +135,66 @@ impl Datapath {
             take(&mut ebpf, map_names::SOCK_BACKEND)?,
             take(&mut ebpf, map_names::SOCK_REVNAT)?,
         )?;
-        tracing::info!(pin_dir = %opts.pin_dir.display(), "datapath loaded");
+        tracing::info!(maps = %maps_dir.display(), "datapath loaded");
         let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?)?;
-        Ok(Self { ebpf, maps, sessions, counters: Some(counters) })
+        Ok(Self {
+            ebpf,
+            pin_dir: opts.pin_dir.clone(),
+            cgroup: opts.cgroup.clone(),
+            maps,
+            sessions,
+            counters: Some(counters),
+        })
+    }
+
+    /// Attaches the programs through the pinned links (swapping them into
+    /// links a previous agent left), then unpins maps of other layouts,
+    /// which the programs no longer use.
+    pub fn attach(&mut self) -> Result<(), LoadError> {
+        let links_dir = self.pin_dir.join(LINKS_SUBDIR);
+        std::fs::create_dir_all(&links_dir)
+            .map_err(|source| LoadError::Dir { path: links_dir.display().to_string(), source })?;
+        for name in SOCK_PROGRAMS {
+            let program: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(LoadError::MissingProgram { name })?
+                .try_into()
+                .map_err(|source| LoadError::Program { name, source })?;
+            let outcome = links::attach_pinned(program, name, &self.cgroup, &links_dir.join(name))?;
+            tracing::info!(program = name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
+        }
+        remove_other_layouts(&self.pin_dir);
+        Ok(())
     }
 
     /// Ids of the loaded programs (for logs and tests).
     #[must_use]
     pub fn program_ids(&self) -> Vec<u32> {
         self.ebpf.programs().filter_map(|(_, p)| p.info().ok().map(|i| i.id())).collect()
+    }
+}
+
+/// Unpins maps of other layouts (and of the unversioned first layout, pinned
+/// straight in the pin directory); failures are logged.
+fn remove_other_layouts(pin_dir: &Path) {
+    let current = maps_dir(pin_dir);
+    let Ok(entries) = std::fs::read_dir(pin_dir) else { return };
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let result = if path.is_dir() {
+            if path == current || !name.starts_with("maps-v") {
+                continue;
+            }
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match result {
+            Ok(()) => tracing::info!(path = %path.display(), "unpinned maps of another layout"),
+            Err(err) => tracing::warn!(path = %path.display(), %err, "cannot unpin maps of another layout"),
+        }
     }
 }
 

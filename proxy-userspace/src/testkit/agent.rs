@@ -32,12 +32,22 @@ impl AgentProcess {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        Self::start_with_env(bin, args, filter, &[])
+    }
+
+    /// Like `start_with_filter`, with extra environment variables.
+    pub fn start_with_env<I, S>(bin: &Path, args: I, filter: &str, envs: &[(&str, &str)]) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
         let mut child = Command::new(bin)
             .arg("--log-format")
             .arg("json")
             .arg("run")
             .args(args)
             .env("RUST_LOG", filter)
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
