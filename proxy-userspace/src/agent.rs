@@ -98,14 +98,14 @@ impl Default for Stats {
 
 enum Source {
     File(FileSource),
-    Kube(KubeSource),
+    Kube(KubeSource, kube::Client),
 }
 
 impl Source {
     fn name(&self) -> &'static str {
         match self {
             Self::File(_) => "file",
-            Self::Kube(_) => "kubernetes",
+            Self::Kube(..) => "kubernetes",
         }
     }
 
@@ -113,7 +113,7 @@ impl Source {
     async fn changed(&mut self) {
         match self {
             Self::File(f) => f.changed().await,
-            Self::Kube(k) => {
+            Self::Kube(k, _) => {
                 k.changed().await;
                 tokio::time::sleep(COALESCE).await;
                 k.absorb_pending();
@@ -126,7 +126,7 @@ impl Source {
     fn snapshot(&mut self, stats: &mut Stats) -> Option<(Objects, Vec<SystemTime>)> {
         match self {
             Self::File(f) => f.read(stats).map(|o| (o, Vec::new())),
-            Self::Kube(k) => Some(k.snapshot()),
+            Self::Kube(k, _) => Some(k.snapshot()),
         }
     }
 }
@@ -204,7 +204,7 @@ pub async fn run(
                 () = &mut shutdown => return Ok(()),
                 ready = kube.wait_ready() => ready?,
             }
-            Source::Kube(kube)
+            Source::Kube(kube, client)
         }
     };
     let mut datapath = Datapath::load(&config.load)?;
@@ -250,6 +250,7 @@ pub async fn run(
             // a new layout's maps) take over.
             datapath.attach()?;
             attached = true;
+            announce_start(&source, &config.node_name, reconciler.frontend_count());
         }
         state.generation += 1;
         let snapshot = Applied {
@@ -276,6 +277,14 @@ pub async fn run(
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
     Ok(())
+}
+
+/// Records on the Node (kube mode) that translation has started.
+fn announce_start(source: &Source, node_name: &str, frontends: usize) {
+    if let Source::Kube(_, client) = source {
+        let note = format!("ebpf-proxy translates {frontends} service frontends on this node");
+        crate::source::kube::announce(client, node_name, "Starting", note);
+    }
 }
 
 /// Hands the sync's results to the health and metrics endpoints.

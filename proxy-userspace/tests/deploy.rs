@@ -90,7 +90,7 @@ fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
     args.extend(env.datapath_args());
     let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let _ = agent.wait_applied(0);
-    std::thread::sleep(std::time::Duration::from_millis(500)); // the watches open
+    std::thread::sleep(std::time::Duration::from_millis(500)); // the watches open, the event is sent
     env.agent = Some(agent);
     assert_eq!(env.requests("10.96.0.10", 1), vec!["backend-1"]);
 
@@ -110,7 +110,11 @@ fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
                 ("GET", false, true) => "watch",
                 ("GET", false, false) => "list",
                 ("GET", true, _) => "get",
-                (m, ..) => panic!("the agent wrote: {m} {}", r.path),
+                ("POST", ..) => "create",
+                ("PATCH", ..) => "patch",
+                ("PUT", ..) => "update",
+                ("DELETE", ..) => "delete",
+                (m, ..) => panic!("unexpected request {m} {}", r.path),
             };
             (verb.to_owned(), group.to_owned(), resource.to_owned())
         })

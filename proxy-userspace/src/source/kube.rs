@@ -185,6 +185,34 @@ async fn drive<K>(
     }
 }
 
+/// Publishes a Normal event on this node's Node object, as kube-proxy
+/// records its start; a failure is logged, never fatal.
+pub fn announce(client: &Client, node_name: &str, reason: &str, note: String) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter { controller: "ebpf-proxy".into(), instance: Some(node_name.to_owned()) },
+    );
+    let regarding = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node_name.to_owned()),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Normal,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: reason.to_owned(),
+        secondary: None,
+    };
+    tokio::spawn(async move {
+        if let Err(err) = recorder.publish(&event, &regarding).await {
+            warn!(%err, "cannot publish the node event (check the ClusterRole's events permission)");
+        }
+    });
+}
+
 /// A client from `--kubeconfig` when given, else the usual inference
 /// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`).
 pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {

@@ -39,6 +39,7 @@ pub enum Kind {
     EndpointSlice,
     Namespace,
     Node,
+    Event,
 }
 
 impl Kind {
@@ -46,6 +47,7 @@ impl Kind {
         match self {
             Self::Service | Self::Namespace | Self::Node => "v1",
             Self::EndpointSlice => "discovery.k8s.io/v1",
+            Self::Event => "events.k8s.io/v1",
         }
     }
 
@@ -55,6 +57,7 @@ impl Kind {
             Self::EndpointSlice => "EndpointSlice",
             Self::Namespace => "Namespace",
             Self::Node => "Node",
+            Self::Event => "Event",
         }
     }
 
@@ -208,6 +211,7 @@ fn kind_of(object: &Value) -> Option<Kind> {
         "EndpointSlice" => Some(Kind::EndpointSlice),
         "Namespace" => Some(Kind::Namespace),
         "Node" => Some(Kind::Node),
+        "Event" => Some(Kind::Event),
         _ => None,
     }
 }
@@ -341,16 +345,18 @@ fn discovery(path: &str) -> Option<Value> {
 /// `(kind, namespace, name)` addressed by a path, or `None` when unknown.
 fn route(path: &str) -> Option<(Kind, Option<String>, Option<String>)> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let rest: &[&str] = match parts.as_slice() {
-        ["api", "v1", rest @ ..] | ["apis", "discovery.k8s.io", "v1", rest @ ..] => rest,
+    let (group, rest): (&str, &[&str]) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group @ ("discovery.k8s.io" | "events.k8s.io"), "v1", rest @ ..] => (group, rest),
         _ => return None,
     };
-    let group_is_core = parts[0] == "api";
-    let kind = |plural: &str| match (plural, group_is_core) {
-        ("services", true) => Some(Kind::Service),
-        ("namespaces", true) => Some(Kind::Namespace),
-        ("nodes", true) => Some(Kind::Node),
-        ("endpointslices", false) => Some(Kind::EndpointSlice),
+    let group_is_core = group.is_empty();
+    let kind = |plural: &str| match (plural, group) {
+        ("services", "") => Some(Kind::Service),
+        ("namespaces", "") => Some(Kind::Namespace),
+        ("nodes", "") => Some(Kind::Node),
+        ("endpointslices", "discovery.k8s.io") => Some(Kind::EndpointSlice),
+        ("events", "events.k8s.io") => Some(Kind::Event),
         _ => None,
     };
     match rest {
