@@ -8,6 +8,8 @@
 
 /// Name of the eBPF global that switches its debug logging on.
 pub const LOG_ENABLED: &str = "LOG_ENABLED";
+/// Name of the eBPF global that holds the Maglev table size (entries).
+pub const MAGLEV_SIZE: &str = "MAGLEV_SIZE";
 
 /// Map names, as the eBPF object declares them and as they are pinned.
 pub mod map_names {
@@ -18,6 +20,10 @@ pub mod map_names {
     pub const SOCK_BACKEND: &str = "SOCK_BACKEND";
     pub const AFFINITY: &str = "AFFINITY";
     pub const CONNECTIONS: &str = "CONNECTIONS";
+    pub const CT: &str = "CT";
+    pub const MAGLEV: &str = "MAGLEV";
+    pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
+    pub const EXTERNAL_STATS: &str = "EXTERNAL_STATS";
 }
 
 /// Default sizes of the maps (entries); the agent can override them at load.
@@ -35,6 +41,12 @@ pub mod map_sizes {
     pub const AFFINITY: u32 = 65_536;
     /// Per-CPU counters of new connections, indexed by rev-NAT id.
     pub const CONNECTIONS: u32 = 65_536;
+    /// LRU: two entries per external flow (its two directions).
+    pub const CT: u32 = 262_144;
+    /// Maglev tables (one per distinct backend list of external frontends).
+    pub const MAGLEV: u32 = 65_535;
+    /// loadBalancerSourceRanges entries over all frontends.
+    pub const SOURCE_RANGES: u32 = 16_384;
 }
 
 /// IP protocol numbers as they appear in `bpf_sock_addr.protocol`.
@@ -45,8 +57,12 @@ pub mod proto {
 
 /// `ServiceKey.scope` values.
 pub mod scope {
-    /// Backends for every client.
+    /// The frontend every client uses, unless its slot 0 says otherwise
+    /// (`TWO_SCOPES`, `EXTERNAL_ONLY`).
     pub const ALL: u8 = 0;
+    /// The twin of a `TWO_SCOPES` frontend that traffic from outside the
+    /// node uses (externalTrafficPolicy: Local: this node's endpoints).
+    pub const EXTERNAL: u8 = 1;
 }
 
 /// `ServiceValue.flags` bits (slot 0 only).
@@ -59,8 +75,81 @@ pub mod service_flags {
     pub const NODE_PORT: u16 = 1 << 2;
     /// A LoadBalancer ingress IP.
     pub const LOAD_BALANCER: u16 = 1 << 3;
-    /// An externalIP of this node.
+    /// An externalIP.
     pub const EXTERNAL_IP: u16 = 1 << 4;
+    /// Traffic from outside the node uses the scope `EXTERNAL` twin of
+    /// this frontend; sockets on the node use this one.
+    pub const TWO_SCOPES: u16 = 1 << 5;
+    /// Only for traffic from outside the node (an externalIP that is not
+    /// this node's): the socket programs leave it alone (CVE-2020-8554).
+    pub const EXTERNAL_ONLY: u16 = 1 << 6;
+    /// loadBalancerSourceRanges: traffic from outside is accepted only from
+    /// the sources `SOURCE_RANGES` holds for this rev-NAT id.
+    pub const SOURCE_RANGES: u16 = 1 << 7;
+    /// Any of the kinds traffic from outside the node may reach.
+    pub const EXTERNAL_KINDS: u16 = NODE_PORT | LOAD_BALANCER | EXTERNAL_IP;
+}
+
+/// `Backend.flags` bits.
+pub mod backend_flags {
+    /// The endpoint runs on this node: traffic from outside reaches it
+    /// without source NAT (its replies pass this node anyway).
+    pub const LOCAL: u8 = 1 << 0;
+}
+
+/// `CtKey.dir` values.
+pub mod ct_dir {
+    /// Client to frontend, as the packet arrives at the node.
+    pub const ORIGINAL: u8 = 0;
+    /// Backend to client (or to the node's SNAT address), as the reply
+    /// arrives or leaves.
+    pub const REPLY: u8 = 1;
+}
+
+/// `CtValue.flags` bits.
+pub mod ct_flags {
+    /// The source was rewritten to the node's address (`nat_addr`,
+    /// `nat_port`): the backend is on another node.
+    pub const SNAT: u8 = 1 << 0;
+    /// A FIN or RST was seen: the entry expires soon.
+    pub const CLOSING: u8 = 1 << 1;
+}
+
+/// Lifetimes of connection-tracking entries, in seconds since last use.
+pub mod ct_lifetime {
+    pub const TCP: u64 = 21_600;
+    pub const TCP_CLOSING: u64 = 10;
+    pub const UDP: u64 = 60;
+}
+
+/// Source ports the TC programs use for source NAT towards backends on other
+/// nodes: above Linux's default `ip_local_port_range` (32768-60999), so they
+/// never collide with the node's own connections.
+pub mod snat_ports {
+    pub const MIN: u16 = 61_000;
+    pub const MAX: u16 = 65_535;
+}
+
+/// Indexes of `EXTERNAL_STATS`: what the TC programs did with traffic from
+/// outside the node.
+pub mod external_stat {
+    /// A new flow to a frontend was translated.
+    pub const NEW_FLOW: u32 = 0;
+    /// Dropped: the frontend has no (local) endpoints.
+    pub const NO_BACKEND: u32 = 1;
+    /// Dropped: the source is not in loadBalancerSourceRanges.
+    pub const SOURCE_DENIED: u32 = 2;
+    /// Dropped: no route to the backend or back to the client.
+    pub const NO_ROUTE: u32 = 3;
+    /// Dropped: every source NAT port towards that backend is in use.
+    pub const NO_SNAT_PORT: u32 = 4;
+    /// Dropped: the packet could not be rewritten.
+    pub const REWRITE_FAILED: u32 = 5;
+    /// Number of counters.
+    pub const COUNT: u32 = 6;
+    /// Names, by index, for metrics.
+    pub const NAMES: [&str; COUNT as usize] =
+        ["new_flow", "no_backend", "source_denied", "no_route", "no_snat_port", "rewrite_failed"];
 }
 
 /// `Backend.state` values.
@@ -74,25 +163,111 @@ pub mod backend_state {
 /// An IPv6 address, or an IPv4 address as IPv4-mapped IPv6
 /// (`::ffff:a.b.c.d`), in network byte order. One form for both families
 /// lets one set of maps serve IPv4, IPv6 and IPv4-mapped IPv6 sockets.
-pub type Addr = [u8; 16];
+///
+/// 4-byte aligned (every field of this type sits at such an offset): BPF
+/// has no unaligned loads, so an aligned address is read, compared and
+/// copied a word at a time instead of a byte at a time.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, Default, Eq, Hash, PartialOrd, Ord)]
+#[expect(clippy::derived_hash_with_manual_eq, reason = "equal words are equal bytes, so the hashes agree")]
+pub struct Addr(pub [u8; 16]);
+
+/// By words (byte-wise equality compiles to byte loads for BPF).
+impl PartialEq for Addr {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (self.words(), other.words());
+        a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3]
+    }
+}
+
+/// The prefix of IPv4-mapped IPv6 addresses, as the third word.
+const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+impl Addr {
+    /// The address as four network-order words.
+    #[must_use]
+    #[inline]
+    pub const fn words(&self) -> [u32; 4] {
+        let a = &self.0;
+        [
+            u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
+            u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+            u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
+            u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
+        ]
+    }
+
+    /// The address of four network-order words.
+    #[must_use]
+    #[inline]
+    pub const fn from_words(words: [u32; 4]) -> Self {
+        let (w0, w1, w2, w3) =
+            (words[0].to_ne_bytes(), words[1].to_ne_bytes(), words[2].to_ne_bytes(), words[3].to_ne_bytes());
+        Self([
+            w0[0], w0[1], w0[2], w0[3], w1[0], w1[1], w1[2], w1[3], w2[0], w2[1], w2[2], w2[3], w3[0], w3[1], w3[2],
+            w3[3],
+        ])
+    }
+}
 
 /// The IPv4-mapped form of an IPv4 address given as its four bytes.
 #[must_use]
+#[inline]
 pub const fn mapped_v4(octets: [u8; 4]) -> Addr {
-    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, octets[0], octets[1], octets[2], octets[3]]
+    Addr::from_words([0, 0, V4_MAPPED_WORD, u32::from_ne_bytes(octets)])
 }
 
 /// The IPv4 address of an IPv4-mapped one.
 #[must_use]
+#[inline]
 pub const fn as_v4(addr: &Addr) -> Option<[u8; 4]> {
+    let w = addr.words();
+    if w[0] == 0 && w[1] == 0 && w[2] == V4_MAPPED_WORD { Some(w[3].to_ne_bytes()) } else { None }
+}
+
+/// The hash of a flow from outside the node that picks its Maglev entry:
+/// the client's address and port, the frontend port and the protocol. The
+/// frontend address is left out, so one client flow hashes alike on every
+/// node's address. The same on every node and build (murmur3's mixing).
+#[must_use]
+#[inline]
+pub fn flow_hash(src: &Addr, sport: u16, dport: u16, proto: u8) -> u32 {
+    const C1: u32 = 0xcc9e_2d51;
+    /// murmur3 finishes with the length of what it hashed.
+    const HASHED_BYTES: u32 = 6 * 4;
+    const C2: u32 = 0x1b87_3593;
+    let mut h: u32 = 0x9747_b28c;
+    let w = src.words();
+    let words = [
+        u32::from_be(w[0]),
+        u32::from_be(w[1]),
+        u32::from_be(w[2]),
+        u32::from_be(w[3]),
+        (u32::from(u16::from_be(sport)) << 16) | u32::from(u16::from_be(dport)),
+        u32::from(proto),
+    ];
     let mut i = 0;
-    while i < 10 {
-        if addr[i] != 0 {
-            return None;
-        }
+    while i < words.len() {
+        let k = words[i].wrapping_mul(C1).rotate_left(15).wrapping_mul(C2);
+        h = (h ^ k).rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64);
         i += 1;
     }
-    if addr[10] == 0xff && addr[11] == 0xff { Some([addr[12], addr[13], addr[14], addr[15]]) } else { None }
+    h ^= HASHED_BYTES;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+/// The Maglev table entry (below `size`) a flow hash selects: `hash * size
+/// / 2^32`, a uniform reduction that, unlike `%`, the BPF verifier can
+/// bound (it tracks the ranges of a multiplication and a shift).
+#[must_use]
+#[inline]
+pub fn maglev_index(hash: u32, size: u32) -> u32 {
+    ((u64::from(hash) * u64::from(size)) >> 32) as u32
 }
 
 /// Key of `SERVICES`. Slot 0 is the frontend entry; slots `1..=count` each
@@ -111,7 +286,8 @@ pub struct ServiceKey {
 }
 
 impl ServiceKey {
-    /// A key with every padding byte zeroed; `port` in network byte order.
+    /// A scope `ALL` key with every padding byte zeroed; `port` in network
+    /// byte order.
     #[must_use]
     pub const fn new(addr: Addr, port: u16, proto: u8, slot: u16) -> Self {
         Self { addr, port, slot, proto, scope: scope::ALL, pad: [0; 2] }
@@ -121,8 +297,9 @@ impl ServiceKey {
 /// Value of `SERVICES`.
 ///
 /// In slot 0 `count` is the number of backend slots, `rev_nat` the id of the
-/// frontend's reverse translation and `flags` its kind; `backend_id` is 0.
-/// In slots `1..=count` only `backend_id` is set.
+/// frontend's reverse translation, `flags` its kind and `maglev` the id of
+/// its Maglev table (0: none); `backend_id` is 0. In slots `1..=count` only
+/// `backend_id` is set.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServiceValue {
@@ -130,7 +307,8 @@ pub struct ServiceValue {
     pub count: u16,
     pub rev_nat: u16,
     pub flags: u16,
-    pub pad: u16,
+    /// Key of the frontend's table in `MAGLEV` (traffic from outside).
+    pub maglev: u16,
     /// Session affinity timeout in seconds (0: no affinity).
     pub affinity_timeout: u32,
 }
@@ -144,6 +322,9 @@ pub struct Backend {
     pub port: u16,
     pub proto: u8,
     pub state: u8,
+    /// `backend_flags` bits.
+    pub flags: u8,
+    pub pad: [u8; 3],
 }
 
 /// Value of `REVNAT`, keyed by the `u16` rev-NAT id of a frontend.
@@ -211,15 +392,77 @@ pub struct AffinityValue {
     pub last_used_ns: u64,
 }
 
+/// Key of `CT`, the connection tracking of traffic from outside the node:
+/// a packet's addresses and ports as it is seen, and which way it goes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub src: Addr,
+    pub dst: Addr,
+    /// Network byte order.
+    pub sport: u16,
+    /// Network byte order.
+    pub dport: u16,
+    pub proto: u8,
+    /// `ct_dir` value.
+    pub dir: u8,
+    pub pad: [u8; 2],
+}
+
+/// Value of `CT`.
+///
+/// `ORIGINAL` (client to frontend): the destination becomes `addr`:`port`
+/// (the backend); with `SNAT` the source becomes `nat_addr`:`nat_port`.
+/// `REPLY` (from the backend): the source becomes `addr`:`port` (the
+/// frontend); with `SNAT` the destination becomes `nat_addr`:`nat_port`
+/// (the client).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtValue {
+    pub addr: Addr,
+    pub nat_addr: Addr,
+    /// Network byte order.
+    pub port: u16,
+    /// Network byte order.
+    pub nat_port: u16,
+    pub rev_nat: u16,
+    /// `ct_flags` bits.
+    pub flags: u8,
+    pub pad: u8,
+    pub backend_id: u32,
+    pub pad2: u32,
+    /// `bpf_ktime_get_ns()` when the entry was last refreshed.
+    pub last_seen_ns: u64,
+}
+
+/// The data part of a `SOURCE_RANGES` LPM key: a frontend and a source
+/// prefix. The prefix length counts the 32 bits of `rev_nat` and `pad`
+/// plus the address bits (IPv4 as IPv4-mapped: 96 + its prefix length).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceRange {
+    /// Network byte order, so that the trie's bytes read in order.
+    pub rev_nat: u16,
+    pub pad: u16,
+    pub addr: Addr,
+}
+
+/// Bits of a `SOURCE_RANGES` prefix taken by `rev_nat` and `pad`.
+pub const SOURCE_RANGE_ID_BITS: u32 = 32;
+
+const _: () = assert!(core::mem::size_of::<Addr>() == 16);
 const _: () = assert!(core::mem::size_of::<ServiceKey>() == 24);
 const _: () = assert!(core::mem::size_of::<ServiceValue>() == 16);
-const _: () = assert!(core::mem::size_of::<Backend>() == 20);
+const _: () = assert!(core::mem::size_of::<Backend>() == 24);
 const _: () = assert!(core::mem::size_of::<RevNat>() == 20);
 const _: () = assert!(core::mem::size_of::<SockRevNatKey>() == 32);
 const _: () = assert!(core::mem::size_of::<SockRevNat>() == 20);
 const _: () = assert!(core::mem::size_of::<SockBackendKey>() == 32);
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
+const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
+const _: () = assert!(core::mem::size_of::<CtValue>() == 56);
+const _: () = assert!(core::mem::size_of::<SourceRange>() == 20);
 
 /// Conversions between the maps' 16-byte addresses and `std::net`.
 #[cfg(feature = "user")]
@@ -234,14 +477,14 @@ pub mod net {
     pub fn encode(addr: IpAddr) -> Addr {
         match addr {
             IpAddr::V4(v4) => mapped_v4(v4.octets()),
-            IpAddr::V6(v6) => v6.octets(),
+            IpAddr::V6(v6) => Addr(v6.octets()),
         }
     }
 
     /// An address of the maps (IPv4-mapped comes back as IPv4).
     #[must_use]
     pub fn decode(addr: &Addr) -> IpAddr {
-        Ipv6Addr::from(*addr).to_canonical()
+        Ipv6Addr::from(addr.0).to_canonical()
     }
 }
 
@@ -249,6 +492,7 @@ pub mod net {
 mod pod {
     // SAFETY: all of them are `#[repr(C)]`, made only of integers, with every
     // padding spelled out as a field, so any bit pattern is valid.
+    unsafe impl aya::Pod for super::Addr {}
     unsafe impl aya::Pod for super::ServiceKey {}
     unsafe impl aya::Pod for super::ServiceValue {}
     unsafe impl aya::Pod for super::Backend {}
@@ -258,4 +502,29 @@ mod pod {
     unsafe impl aya::Pod for super::SockBackendKey {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityValue {}
+    unsafe impl aya::Pod for super::CtKey {}
+    unsafe impl aya::Pod for super::CtValue {}
+    unsafe impl aya::Pod for super::SourceRange {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv4_mapped_round_trips() {
+        let a = mapped_v4([10, 96, 0, 10]);
+        assert_eq!(a.0, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 96, 0, 10]);
+        assert_eq!(as_v4(&a), Some([10, 96, 0, 10]));
+        assert_eq!(as_v4(&Addr([0xfd; 16])), None);
+        assert_eq!(Addr::from_words(a.words()), a);
+    }
+
+    #[test]
+    fn maglev_index_stays_below_the_size() {
+        for hash in [0, 1, u32::MAX / 2, u32::MAX - 1, u32::MAX] {
+            assert!(maglev_index(hash, 16_381) < 16_381);
+        }
+        assert_eq!(maglev_index(u32::MAX, 251), 250);
+    }
 }

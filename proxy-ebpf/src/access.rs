@@ -1,10 +1,12 @@
 //! Thin wrappers around the raw context and helpers: the only `unsafe` code.
 use aya_ebpf::{
     EbpfContext as _,
+    bindings::{bpf_fib_lookup, bpf_redir_neigh},
     helpers::generated::{
-        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_set_retval,
+        bpf_csum_diff, bpf_fib_lookup as fib_lookup_helper, bpf_get_netns_cookie, bpf_get_prandom_u32,
+        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect_neigh, bpf_set_retval,
     },
-    programs::SockAddrContext,
+    programs::{SockAddrContext, TcContext},
 };
 use proxy_common::{Addr, as_v4, mapped_v4};
 
@@ -42,13 +44,7 @@ impl<'a> SockAddr<'a> {
         let sa = unsafe { &*self.ctx.sock_addr };
         match family {
             Family::V4 => mapped_v4(sa.user_ip4.to_ne_bytes()),
-            Family::V6 => {
-                let mut addr = [0u8; 16];
-                for (i, word) in sa.user_ip6.iter().enumerate() {
-                    addr[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
-                }
-                addr
-            }
+            Family::V6 => Addr::from_words(sa.user_ip6),
         }
     }
 
@@ -69,10 +65,7 @@ impl<'a> SockAddr<'a> {
                 None => false,
             },
             Family::V6 => {
-                for i in 0..4 {
-                    sa.user_ip6[i] =
-                        u32::from_ne_bytes([addr[i * 4], addr[i * 4 + 1], addr[i * 4 + 2], addr[i * 4 + 3]]);
-                }
+                sa.user_ip6 = addr.words();
                 true
             }
         }
@@ -128,4 +121,143 @@ pub fn set_syscall_error(errno: i32) {
     // SAFETY: cgroup programs may call bpf_set_retval (5.18+). Its result is
     // an error only when the value is not a valid errno, which ours are.
     unsafe { bpf_set_retval(-errno) };
+}
+
+/// The index of the device the packet is on.
+#[inline(always)]
+pub fn ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: tc programs get a valid __sk_buff; ifindex is readable.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
+
+/// `bpf_fib_lookup`: the kernel's route for `params` (see linux/bpf.h);
+/// returns its status (0: forwarded, neighbour known).
+#[inline(always)]
+pub fn fib_lookup(ctx: &TcContext, params: &mut bpf_fib_lookup, flags: u32) -> i64 {
+    // SAFETY: `params` is a valid, initialised struct of the size passed.
+    unsafe { fib_lookup_helper(ctx.as_ptr(), core::ptr::from_mut(params), size_of::<bpf_fib_lookup>() as i32, flags) }
+}
+
+/// Sends the packet out of `ifindex` to the neighbour `nh`, resolving its
+/// link-layer address; the program must then return the value returned.
+#[inline(always)]
+pub fn redirect_neigh(ifindex: u32, nh: &mut bpf_redir_neigh) -> i32 {
+    // SAFETY: `nh` is a valid struct of the size passed.
+    #[expect(clippy::cast_possible_truncation, reason = "the helper returns a TC action")]
+    unsafe {
+        bpf_redirect_neigh(ifindex, core::ptr::from_mut(nh), size_of::<bpf_redir_neigh>() as i32, 0) as i32
+    }
+}
+
+/// The one's-complement checksum difference of replacing `from` by `to`
+/// (network-order words), for `l4_csum_replace` with a size of 0.
+#[inline(always)]
+pub fn csum_diff(from: &mut [u32; 4], to: &mut [u32; 4]) -> i64 {
+    // SAFETY: both buffers are 16 bytes, 4-byte aligned, as passed.
+    unsafe { bpf_csum_diff(from.as_mut_ptr(), 16, to.as_mut_ptr(), 16, 0) }
+}
+
+/// `bpf_fib_lookup` flags (linux/bpf.h).
+const BPF_FIB_LOOKUP_SKIP_NEIGH: u32 = 1 << 2;
+const BPF_FIB_LOOKUP_SRC: u32 = 1 << 4;
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+
+/// A route question and the kernel's answer (`route`).
+pub struct Route {
+    /// In: protocol, ports (network order), addresses of the packet.
+    pub proto: u8,
+    /// In: ask for the source address the route prefers (`src`).
+    pub want_src: bool,
+    pub sport: u16,
+    pub dport: u16,
+    pub src: Addr,
+    pub dst: Addr,
+    /// Out: the device to send on.
+    pub ifindex: u32,
+    /// Out: the next hop, a gateway or the destination itself.
+    pub nexthop: Addr,
+}
+
+impl Route {
+    #[inline(always)]
+    pub fn new(proto: u8, src: &Addr, sport: u16, dst: &Addr, dport: u16) -> Self {
+        Self { proto, want_src: false, sport, dport, src: *src, dst: *dst, ifindex: 0, nexthop: Addr::default() }
+    }
+}
+
+/// Asks the routing table for `r` as if the packet entered on its device
+/// (filling `ifindex`, `nexthop`, and `src` when `want_src`); false when
+/// the kernel would not forward it. IPv4 when both addresses are
+/// IPv4-mapped.
+#[inline(never)]
+pub fn route(ctx: &TcContext, r: &mut Route) -> bool {
+    use aya_ebpf::bindings::{
+        bpf_fib_lookup__bindgen_ty_1 as TotLen, bpf_fib_lookup__bindgen_ty_2 as Tos,
+        bpf_fib_lookup__bindgen_ty_3 as Src, bpf_fib_lookup__bindgen_ty_4 as Dst, bpf_fib_lookup__bindgen_ty_5 as Vlan,
+    };
+    let family = if as_v4(&r.dst).is_some() { AF_INET } else { AF_INET6 };
+    let mut params = bpf_fib_lookup {
+        family,
+        l4_protocol: r.proto,
+        sport: r.sport,
+        dport: r.dport,
+        __bindgen_anon_1: TotLen { tot_len: 0 },
+        ifindex: ifindex(ctx),
+        __bindgen_anon_2: Tos { flowinfo: 0 },
+        __bindgen_anon_3: Src { ipv6_src: [0; 4] },
+        __bindgen_anon_4: Dst { ipv6_dst: [0; 4] },
+        __bindgen_anon_5: Vlan { tbid: 0 },
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
+    // IPv4 uses the first word of each address union.
+    let (src, dst) = (r.src.words(), r.dst.words());
+    if family == AF_INET {
+        params.__bindgen_anon_4.ipv4_dst = dst[3];
+        if !r.want_src {
+            params.__bindgen_anon_3.ipv4_src = src[3];
+        }
+    } else {
+        params.__bindgen_anon_4.ipv6_dst = dst;
+        if !r.want_src {
+            params.__bindgen_anon_3.ipv6_src = src;
+        }
+    }
+    let flags = BPF_FIB_LOOKUP_SKIP_NEIGH | if r.want_src { BPF_FIB_LOOKUP_SRC } else { 0 };
+    if fib_lookup(ctx, &mut params, flags) != 0 {
+        return false;
+    }
+    r.ifindex = params.ifindex;
+    // SAFETY: the kernel wrote the union members of the family asked for.
+    unsafe {
+        if family == AF_INET {
+            if r.want_src {
+                r.src = mapped_v4(params.__bindgen_anon_3.ipv4_src.to_ne_bytes());
+            }
+            r.nexthop = mapped_v4(params.__bindgen_anon_4.ipv4_dst.to_ne_bytes());
+        } else {
+            if r.want_src {
+                r.src = Addr::from_words(params.__bindgen_anon_3.ipv6_src);
+            }
+            r.nexthop = Addr::from_words(params.__bindgen_anon_4.ipv6_dst);
+        }
+    }
+    true
+}
+
+/// Sends the packet out along `route`, resolving the next hop's link-layer
+/// address; the program returns what this returns (TC_ACT_REDIRECT).
+#[inline(always)]
+pub fn redirect(route: &Route) -> i32 {
+    use aya_ebpf::bindings::bpf_redir_neigh__bindgen_ty_1 as Nh;
+    let mut nh = match as_v4(&route.nexthop) {
+        Some(v4) => {
+            bpf_redir_neigh { nh_family: u32::from(AF_INET), __bindgen_anon_1: Nh { ipv4_nh: u32::from_ne_bytes(v4) } }
+        }
+        None => {
+            bpf_redir_neigh { nh_family: u32::from(AF_INET6), __bindgen_anon_1: Nh { ipv6_nh: route.nexthop.words() } }
+        }
+    };
+    redirect_neigh(route.ifindex, &mut nh)
 }

@@ -4,15 +4,27 @@
 #![no_main]
 
 mod access;
+mod ct;
 mod maps;
+mod nodeport;
+mod packet;
 mod sock;
 
-use aya_ebpf::{Global, macros::cgroup_sock_addr, programs::SockAddrContext};
+use aya_ebpf::{
+    Global,
+    macros::{cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, TcContext},
+};
 
 /// Set to 1 by the agent's `--bpf-log`. It is read-only data, frozen at load,
 /// so with 0 the verifier removes every logging branch from the hot path.
 #[unsafe(no_mangle)]
 static LOG_ENABLED: Global<u8> = Global::new(0);
+
+/// Entries of each Maglev table, set by the agent at load (read-only data:
+/// the verifier knows its value and so the bound of every table index).
+#[unsafe(no_mangle)]
+static MAGLEV_SIZE: Global<u32> = Global::new(16_381);
 
 #[inline(always)]
 fn log_enabled() -> bool {
@@ -65,6 +77,21 @@ pub fn getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     sock::restore(&ctx, Family::V6)
+}
+
+/// Traffic from outside arriving on a node device: NodePorts, LoadBalancer
+/// IPs and externalIPs are balanced to a backend; replies to flows this
+/// node source-NATed go back to their clients.
+#[classifier]
+pub fn nodeport_ingress(ctx: TcContext) -> i32 {
+    nodeport::ingress(&ctx)
+}
+
+/// Traffic leaving on a node device: replies of backends on this node get
+/// the frontend as their source again.
+#[classifier]
+pub fn nodeport_egress(ctx: TcContext) -> i32 {
+    nodeport::egress(&ctx)
 }
 
 #[cfg(not(test))]

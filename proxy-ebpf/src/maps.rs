@@ -1,12 +1,13 @@
 //! The maps, pinned by name so that a restarted agent finds them again.
 //! Addresses are 16 bytes for both families (IPv4 as IPv4-mapped IPv6).
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, RevNat, ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey,
-    map_sizes,
+    AffinityKey, AffinityValue, Backend, CtKey, CtValue, RevNat, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceValue,
+    SockBackendKey, SockRevNat, SockRevNatKey, SourceRange, external_stat, map_sizes,
 };
 
 #[map]
@@ -31,6 +32,32 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned
 /// frontend, indexed by its rev-NAT id; per CPU, so no atomics.
 #[map]
 pub static CONNECTIONS: PerCpuArray<u64> = PerCpuArray::pinned(map_sizes::CONNECTIONS, 0);
+
+/// Connection tracking of traffic from outside the node (TC programs).
+#[map]
+pub static CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(map_sizes::CT, 0);
+
+/// Maglev tables by id: `MAGLEV_SIZE` backend ids each. The agent creates
+/// and pins this map before loading (its value size is `MAGLEV_SIZE * 4`,
+/// which only the agent knows), so the value type here is a placeholder.
+#[map]
+pub static MAGLEV: HashMap<u32, u32> = HashMap::with_max_entries(map_sizes::MAGLEV, BPF_F_NO_PREALLOC);
+
+/// loadBalancerSourceRanges: (rev-NAT id, source prefix) -> 1.
+#[map]
+pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> = LpmTrie::pinned(map_sizes::SOURCE_RANGES, BPF_F_NO_PREALLOC);
+
+/// What the TC programs did with traffic from outside (`external_stat`).
+#[map]
+pub static EXTERNAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(external_stat::COUNT, 0);
+
+#[inline(always)]
+pub fn count_external(stat: u32) {
+    if let Some(counter) = EXTERNAL_STATS.get_ptr_mut(stat) {
+        // SAFETY: as in `count_connection`.
+        unsafe { *counter += 1 };
+    }
+}
 
 #[inline(always)]
 pub fn count_connection(rev_nat: u16) {
@@ -84,4 +111,37 @@ pub fn affinity(key: &AffinityKey) -> Option<AffinityValue> {
 #[inline(always)]
 pub fn remember_affinity(key: &AffinityKey, value: &AffinityValue) {
     let _ = AFFINITY.insert(key, value, 0);
+}
+
+/// A pointer to the `CT` entry of `key`, to read and refresh in place.
+#[inline(always)]
+pub fn ct_entry(key: &CtKey) -> Option<*mut CtValue> {
+    CT.get_ptr_mut(key)
+}
+
+/// Inserts a `CT` entry; `only_new` fails if the key exists (BPF_NOEXIST).
+#[inline(always)]
+pub fn ct_insert(key: &CtKey, value: &CtValue, only_new: bool) -> bool {
+    CT.insert(key, value, if only_new { 1 } else { 0 }).is_ok()
+}
+
+/// Entry `index` of Maglev table `id`, whose tables have `size` entries.
+#[inline(always)]
+pub fn maglev_entry(id: u16, index: u32, size: u32) -> Option<u32> {
+    // The compiler cannot prove this (it does not know `size`), so it stays
+    // and gives the verifier the exact bound of the read below.
+    if index >= size {
+        return None;
+    }
+    let table = MAGLEV.get_ptr(&u32::from(id))?;
+    // SAFETY: the agent created MAGLEV with values of `size` u32s (the
+    // MAGLEV_SIZE it loaded the programs with) and `index` is below it.
+    Some(unsafe { table.add(index as usize).read() })
+}
+
+/// Whether `src` may reach frontend `rev_nat` (loadBalancerSourceRanges).
+#[inline(always)]
+pub fn source_allowed(rev_nat: u16, src: &proxy_common::Addr) -> bool {
+    let key = Key::new(SOURCE_RANGE_ID_BITS + 128, SourceRange { rev_nat: rev_nat.to_be(), pad: 0, addr: *src });
+    SOURCE_RANGES.get(&key).is_some()
 }

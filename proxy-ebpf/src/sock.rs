@@ -51,10 +51,15 @@ pub fn translate(ctx: &SockAddrContext, hook: Hook, family: Family) -> i32 {
     let Some(frontend) = service(&key) else {
         return ALLOW;
     };
+    if frontend.flags & service_flags::EXTERNAL_ONLY != 0 {
+        // An externalIP that is not this node's: only traffic arriving from
+        // outside is translated, local clients reach the real address.
+        return ALLOW;
+    }
     if frontend.count == 0 {
         // A service without endpoints: refuse, as kube-proxy's REJECT rule does.
         if log_enabled() {
-            debug!(ctx, "[{:i}]:{} refused: no backends", addr, u16::from_be(port));
+            debug!(ctx, "[{:i}]:{} refused: no backends", addr.0, u16::from_be(port));
         }
         set_syscall_error(ECONNREFUSED);
         return REJECT;
@@ -90,7 +95,7 @@ fn log_translation(ctx: &SockAddrContext, from: &Addr, from_port: u16, to: &Addr
     if let (Some(a), Some(b)) = (as_v4(from), as_v4(to)) {
         debug!(ctx, "{:i}:{} -> {:i}:{}", u32::from_be_bytes(a), from_port, u32::from_be_bytes(b), to_port);
     } else {
-        debug!(ctx, "[{:i}]:{} -> [{:i}]:{}", *from, from_port, *to, to_port);
+        debug!(ctx, "[{:i}]:{} -> [{:i}]:{}", from.0, from_port, to.0, to_port);
     }
 }
 

@@ -16,8 +16,10 @@ use crate::{
         loader::{Datapath, LoadOptions},
         sock_destroy::{Removed, SocketDestroyer},
     },
+    devices::{self, DeviceSelection},
+    healthcheck::HealthCheckServers,
     metrics::Histogram,
-    model::{self, NodeContext, Protocol, Severity},
+    model::{self, HealthCheck, NodeContext, Protocol, Severity},
     serve,
     source::{Objects, file, kube::KubeSource},
     telemetry::{Shared, Telemetry},
@@ -62,6 +64,8 @@ pub struct AgentConfig {
     pub metrics_bind: Option<std::net::SocketAddr>,
     /// Health turns 503 when a change waits longer than this unapplied.
     pub health_timeout: Duration,
+    /// Devices the TC programs attach to (traffic from outside).
+    pub devices: DeviceSelection,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -207,8 +211,11 @@ pub async fn run(
             Source::Kube(kube, client)
         }
     };
-    let mut datapath = Datapath::load(&config.load)?;
-    telemetry.lock().expect("telemetry lock").counters = datapath.counters.take();
+    let mut datapath = load_datapath(&config, &telemetry)?;
+    let mut health_checks = HealthCheckServers::new({
+        let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);
+        Arc::new(move || telemetry.lock().expect("telemetry lock").healthy(Instant::now(), timeout))
+    });
     let (mut reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
     info!(
         frontends = recovery.frontends,
@@ -231,7 +238,9 @@ pub async fn run(
         if changed {
             let Some((objects, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
             let node = node_context(&config, &objects, &mut state);
-            state.table = Some(translate(&objects, &node, &mut state.stats, &mut state.known_problems));
+            let (table, checks) = translate(&objects, &node, &mut state.stats, &mut state.known_problems);
+            state.table = Some(table);
+            state.health_checks = checks;
             triggers = new_triggers;
         }
         let Some(table) = state.table.as_ref() else { continue };
@@ -252,24 +261,11 @@ pub async fn run(
             attached = true;
             announce_start(&source, &config.node_name, reconciler.frontend_count());
         }
+        attach_devices(&config.devices, &mut datapath, &mut state);
+        health_checks.update(&state.health_checks).await;
         state.generation += 1;
-        let snapshot = Applied {
-            generation: state.generation,
-            frontends: reconciler.frontend_count(),
-            backends: reconciler.backend_count(),
-            failures: report.failures.len(),
-        };
-        info!(
-            source = source.name(),
-            generation = snapshot.generation,
-            frontends = snapshot.frontends,
-            backends = snapshot.backends,
-            writes = report.writes,
-            failures = snapshot.failures,
-            objects_rejected = state.stats.objects_rejected,
-            "service table applied"
-        );
-        publish(&telemetry, &state.stats, &report, &reconciler, took);
+        let snapshot = applied_snapshot(&source, &state, &report, &reconciler);
+        publish(&telemetry, &state, &report, &reconciler, took, health_checks.len());
         applied.send_replace(snapshot);
     }
     info!(
@@ -277,6 +273,38 @@ pub async fn run(
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
     Ok(())
+}
+
+/// Attaches the TC programs to the devices traffic from outside arrives
+/// on, when they are not yet attached or the choice changed (the node's
+/// addresses moved); a device that fails is logged, the others serve.
+fn attach_devices(selection: &DeviceSelection, datapath: &mut Datapath, state: &mut SyncState) {
+    let resolved = devices::resolve(selection, &state.node_ips);
+    if state.devices.as_ref() == Some(&resolved.chosen) {
+        return;
+    }
+    for (device, reason) in &resolved.skipped {
+        warn!(%device, reason, "device left out: traffic from outside arriving there is not served");
+    }
+    if selection == &DeviceSelection::Auto && resolved.chosen.is_empty() {
+        warn!(
+            "no device holds this node's addresses or a default route: traffic from outside is not served (set --devices)"
+        );
+    }
+    match datapath.attach_devices(&resolved.chosen) {
+        Ok(results) => {
+            for r in &results {
+                if let Err(err) = &r.result {
+                    error!(device = %r.device, %err, "cannot attach the TC programs: traffic from outside arriving there is not served");
+                }
+            }
+            if datapath.serves_external_traffic() {
+                info!(devices = ?resolved.chosen, "serving traffic from outside (NodePorts, LoadBalancer IPs, externalIPs) on these devices");
+            }
+            state.devices = Some(resolved.chosen);
+        }
+        Err(err) => error!(%err, "cannot attach the TC programs: traffic from outside is not served"),
+    }
 }
 
 /// Records on the Node (kube mode) that translation has started.
@@ -287,10 +315,49 @@ fn announce_start(source: &Source, node_name: &str, frontends: usize) {
     }
 }
 
-/// Hands the sync's results to the health and metrics endpoints.
-fn publish(telemetry: &Shared, stats: &Stats, report: &Report, reconciler: &Reconciler, took: Duration) {
+/// What a sync applied, logged in one line.
+fn applied_snapshot(source: &Source, state: &SyncState, report: &Report, reconciler: &Reconciler) -> Applied {
+    let snapshot = Applied {
+        generation: state.generation,
+        frontends: reconciler.frontend_count(),
+        backends: reconciler.backend_count(),
+        failures: report.failures.len(),
+    };
+    info!(
+        source = source.name(),
+        generation = snapshot.generation,
+        frontends = snapshot.frontends,
+        backends = snapshot.backends,
+        writes = report.writes,
+        failures = snapshot.failures,
+        objects_rejected = state.stats.objects_rejected,
+        "service table applied"
+    );
+    snapshot
+}
+
+/// Loads the datapath and hands its counters to the metrics endpoint.
+fn load_datapath(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Datapath> {
+    let mut datapath = Datapath::load(&config.load)?;
     let mut t = telemetry.lock().expect("telemetry lock");
-    t.stats = stats.clone();
+    t.counters = datapath.counters.take();
+    t.external_stats = datapath.external_stats.take();
+    Ok(datapath)
+}
+
+/// Hands the sync's results to the health and metrics endpoints.
+fn publish(
+    telemetry: &Shared,
+    state: &SyncState,
+    report: &Report,
+    reconciler: &Reconciler,
+    took: Duration,
+    health_check_ports: usize,
+) {
+    let mut t = telemetry.lock().expect("telemetry lock");
+    t.stats = state.stats.clone();
+    t.health_check_ports = health_check_ports;
+    t.devices = state.devices.as_ref().map_or(0, Vec::len);
     t.sync_duration.observe(took.as_secs_f64());
     t.last_sync_wall = Some(SystemTime::now());
     // Applied, also when some writes failed: those are retried, counted and
@@ -299,6 +366,7 @@ fn publish(telemetry: &Shared, stats: &Stats, report: &Report, reconciler: &Reco
     t.frontends = reconciler.frontend_count();
     t.backends = reconciler.backend_count();
     t.service_entries = reconciler.service_entries();
+    t.maglev_tables = reconciler.maglev_tables();
     for c in &report.changes {
         match c.kind {
             ChangeKind::Added | ChangeKind::Removed => t.service_changes += 1,
@@ -348,7 +416,9 @@ fn forget_removed_backends(
     }
     match datapath.sessions.purge(&reconciler.live_backends()) {
         Ok(0) => {}
-        Ok(n) => info!(sessions = n, "forgot sessions (affinity, UDP sockets) of removed backends"),
+        Ok(n) => {
+            info!(sessions = n, "forgot sessions (affinity, UDP sockets, UDP flows from outside) of removed backends");
+        }
         Err(err) => warn!(%err, "cannot purge sessions of removed backends; they expire on their own"),
     }
     // Only UDP sockets are destroyed: a TCP backend leaving the endpoints
@@ -374,6 +444,9 @@ struct SyncState {
     known_problems: HashSet<String>,
     zone: Option<String>,
     node_ips: Vec<std::net::IpAddr>,
+    /// The devices the TC programs are attached to (`None`: not yet).
+    devices: Option<Vec<String>>,
+    health_checks: Vec<HealthCheck>,
     generation: u64,
     retry_at: Option<Instant>,
     retry_delay: Option<Duration>,
@@ -400,7 +473,7 @@ fn translate(
     node: &NodeContext,
     stats: &mut Stats,
     known: &mut HashSet<String>,
-) -> model::ServiceTable {
+) -> (model::ServiceTable, Vec<HealthCheck>) {
     let translation = model::translate(&objects.services, &objects.slices, node);
     let mut now = HashSet::with_capacity(translation.problems.len());
     for p in &translation.problems {
@@ -421,7 +494,7 @@ fn translate(
     for (object, reason) in &translation.skipped {
         debug!(%object, reason = reason.as_str(), "service not proxied");
     }
-    translation.table
+    (translation.table, translation.health_checks)
 }
 
 /// Records, for each slice change just applied, the time from its trigger

@@ -144,6 +144,26 @@ pub struct RunArgs {
     /// Entries of the backends map. Default: 65536.
     #[arg(long)]
     pub backends_map_size: Option<u32>,
+    /// A network device that traffic from outside arrives on: the TC
+    /// programs serve NodePorts, LoadBalancer IPs and externalIPs there.
+    /// Repeatable. Default: the devices holding this node's addresses and
+    /// the default route (recomputed when the node's addresses change).
+    #[arg(long = "devices", value_name = "DEV", value_delimiter = ',')]
+    pub devices: Vec<String>,
+    /// Entries of each Maglev table (traffic from outside picks backends
+    /// with it): a prime from 251 to 131071. Changing it gives the agent a
+    /// fresh set of maps (connection tracking starts afresh). Default: 16381.
+    #[arg(long, value_name = "N", value_parser = parse_maglev_size)]
+    pub maglev_table_size: Option<usize>,
+    /// Entries of the connection-tracking map of traffic from outside (two
+    /// per flow, LRU). Default: 262144.
+    #[arg(long, value_name = "N")]
+    pub ct_map_size: Option<u32>,
+}
+
+fn parse_maglev_size(text: &str) -> Result<usize, String> {
+    let n: usize = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    crate::maglev::check_size(n).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]

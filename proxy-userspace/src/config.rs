@@ -70,6 +70,11 @@ pub struct FileConfig {
     pub services_map_size: Option<u32>,
     pub backends_map_size: Option<u32>,
     pub bpf_log: Option<bool>,
+    /// Devices the TC programs attach to (empty: found from the node's
+    /// addresses and default route).
+    pub devices: Vec<String>,
+    pub maglev_table_size: Option<usize>,
+    pub ct_map_size: Option<u32>,
     /// Fields seen that are kube-proxy's but mean nothing here.
     pub ignored: Vec<String>,
     /// Fields nobody knows.
@@ -95,6 +100,10 @@ struct Raw {
     services_map_size: Option<u32>,
     backends_map_size: Option<u32>,
     bpf_log: Option<bool>,
+    #[serde(default)]
+    devices: Vec<String>,
+    maglev_table_size: Option<usize>,
+    ct_map_size: Option<u32>,
     // kube-proxy's
     healthz_bind_address: Option<String>,
     metrics_bind_address: Option<String>,
@@ -145,8 +154,14 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         services_map_size: raw.services_map_size,
         backends_map_size: raw.backends_map_size,
         bpf_log: raw.bpf_log,
+        devices: raw.devices,
+        ct_map_size: raw.ct_map_size,
         ..FileConfig::default()
     };
+    if let Some(m) = raw.maglev_table_size {
+        cfg.maglev_table_size =
+            Some(crate::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
+    }
     for (i, ip) in raw.node_ips.iter().enumerate() {
         cfg.node_ips.push(ip.parse().map_err(|_| (format!("nodeIPs[{i}]"), format!("{ip:?} is not an IP address")))?);
     }
@@ -265,6 +280,8 @@ udpIdleTimeout: 250ms
         assert_eq!(parse("nodePortAddresses: [10.0.0.0/33]\n").unwrap_err().0, "nodePortAddresses[0]");
         assert_eq!(parse("servicesMapSize: lots\n").unwrap_err().0, "servicesMapSize");
         assert_eq!(parse("kind: Deployment\n").unwrap_err().0, "kind");
+        assert_eq!(parse("maglevTableSize: 1000\n").unwrap_err().0, "maglevTableSize");
+        assert_eq!(parse("maglevTableSize: 1021\ndevices: [eth0]\n").unwrap().maglev_table_size, Some(1021));
     }
 
     #[test]

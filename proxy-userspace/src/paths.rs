@@ -1,4 +1,5 @@
 //! Filesystem locations the agent uses, in one place.
+use std::path::{Path, PathBuf};
 
 /// Where bpffs is mounted by convention.
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
@@ -17,7 +18,7 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// Version of the maps' layout (key and value types). Bump it whenever a
 /// type in proxy-common changes: a new agent then fills maps of the new
 /// layout beside the old ones and switches the programs over in one step.
-pub const MAP_LAYOUT_VERSION: u32 = 2;
+pub const MAP_LAYOUT_VERSION: u32 = 3;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.
 pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";
@@ -28,8 +29,28 @@ pub fn map_layout_version() -> u32 {
     std::env::var(LAYOUT_VERSION_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(MAP_LAYOUT_VERSION)
 }
 
-/// Where the maps of this build's layout are pinned under `pin_dir`.
+/// Where the maps of this build's layout and Maglev table size are pinned
+/// under `pin_dir` (`maps-vN-mM`): another size is another layout, since the
+/// programs read the tables with the size they were loaded with.
 #[must_use]
-pub fn maps_dir(pin_dir: &std::path::Path) -> std::path::PathBuf {
-    pin_dir.join(format!("maps-v{}", map_layout_version()))
+pub fn maps_dir(pin_dir: &Path, maglev_size: usize) -> PathBuf {
+    pin_dir.join(format!("{}-m{maglev_size}", layout_prefix()))
+}
+
+/// `maps-vN`: the prefix of this build's maps directories.
+fn layout_prefix() -> String {
+    format!("maps-v{}", map_layout_version())
+}
+
+/// The maps directory of this build's layout that the agent last wrote
+/// (for commands that read the pinned maps without the agent's settings).
+#[must_use]
+pub fn current_maps_dir(pin_dir: &Path) -> Option<PathBuf> {
+    let prefix = format!("{}-m", layout_prefix());
+    std::fs::read_dir(pin_dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .map(|e| e.path())
 }

@@ -12,7 +12,27 @@ use tracing::{debug, info};
 
 use crate::telemetry::Shared;
 
-type Handler = Arc<dyn Fn(&str) -> (StatusCode, &'static str, String) + Send + Sync>;
+/// An answer: status, content type, body, and extra headers.
+pub struct Reply {
+    pub status: StatusCode,
+    pub content_type: &'static str,
+    pub body: String,
+    pub headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    #[must_use]
+    pub fn new(status: StatusCode, content_type: &'static str, body: String) -> Self {
+        Self { status, content_type, body, headers: Vec::new() }
+    }
+
+    fn not_found() -> Self {
+        Self::new(StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned())
+    }
+}
+
+/// Answers a request for a path.
+pub type Handler = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
 
 /// Binds `addr` (failing with a clear message) and serves `handler` there.
 async fn serve(what: &'static str, addr: SocketAddr, handler: Handler) -> anyhow::Result<SocketAddr> {
@@ -21,21 +41,26 @@ async fn serve(what: &'static str, addr: SocketAddr, handler: Handler) -> anyhow
         .with_context(|| format!("cannot listen for {what} on {addr}; choose another address or port"))?;
     let local = listener.local_addr()?;
     info!(address = %local, "serving {what}");
+    spawn(what, listener, handler);
+    Ok(local)
+}
+
+/// Serves `handler` on `listener` until the task is aborted.
+pub fn spawn(what: &'static str, listener: TcpListener, handler: Handler) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
             let handler = handler.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let (status, content_type, body) = handler(req.uri().path());
+                    let reply = handler(req.uri().path());
                     async move {
-                        Ok::<_, Infallible>(
-                            Response::builder()
-                                .status(status)
-                                .header("content-type", content_type)
-                                .body(Full::new(Bytes::from(body)))
-                                .expect("valid response"),
-                        )
+                        let mut response =
+                            Response::builder().status(reply.status).header("content-type", reply.content_type);
+                        for (name, value) in reply.headers {
+                            response = response.header(name, value);
+                        }
+                        Ok::<_, Infallible>(response.body(Full::new(Bytes::from(reply.body))).expect("valid response"))
                     }
                 });
                 if let Err(err) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
@@ -43,8 +68,7 @@ async fn serve(what: &'static str, addr: SocketAddr, handler: Handler) -> anyhow
                 }
             });
         }
-    });
-    Ok(local)
+    })
 }
 
 /// `/healthz` and `/livez`: 200 with kube-proxy's JSON while no change has
@@ -58,9 +82,9 @@ pub async fn health(addr: SocketAddr, telemetry: Shared, timeout: Duration) -> a
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
-            (status, "application/json", t.health_json())
+            Reply::new(status, "application/json", t.health_json())
         }
-        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),
+        _ => Reply::not_found(),
     });
     serve("health", addr, handler).await
 }
@@ -70,10 +94,10 @@ pub async fn metrics(addr: SocketAddr, telemetry: Shared) -> anyhow::Result<Sock
     let handler: Handler = Arc::new(move |path| match path {
         "/metrics" => {
             let text = telemetry.lock().expect("telemetry lock").prometheus();
-            (StatusCode::OK, "text/plain; version=0.0.4", text)
+            Reply::new(StatusCode::OK, "text/plain; version=0.0.4", text)
         }
-        "/proxyMode" => (StatusCode::OK, "text/plain", "ebpf".to_owned()),
-        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),
+        "/proxyMode" => Reply::new(StatusCode::OK, "text/plain", "ebpf".to_owned()),
+        _ => Reply::not_found(),
     });
     serve("metrics", addr, handler).await
 }

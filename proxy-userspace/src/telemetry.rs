@@ -7,7 +7,12 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::{agent::Stats, datapath::counters::ConnCounters, metrics::Histogram, source::kube::WatchCounters};
+use crate::{
+    agent::Stats,
+    datapath::counters::{ConnCounters, ExternalStats},
+    metrics::Histogram,
+    source::kube::WatchCounters,
+};
 
 #[derive(Debug)]
 pub struct Telemetry {
@@ -27,6 +32,12 @@ pub struct Telemetry {
     pub endpoint_changes: u64,
     /// The kernel's per-frontend connection counters (once loaded).
     pub counters: Option<ConnCounters>,
+    /// What the TC programs did with traffic from outside (once loaded).
+    pub external_stats: Option<ExternalStats>,
+    pub maglev_tables: usize,
+    pub health_check_ports: usize,
+    /// Devices the TC programs are attached to.
+    pub devices: usize,
     /// rev-NAT id -> (service port, frontend), for the counters' labels.
     pub frontends_by_id: BTreeMap<u16, (String, String)>,
     /// The Kubernetes watches' counters (kube mode only).
@@ -51,6 +62,10 @@ impl Telemetry {
             service_changes: 0,
             endpoint_changes: 0,
             counters: None,
+            external_stats: None,
+            maglev_tables: 0,
+            health_check_ports: 0,
+            devices: 0,
             frontends_by_id: BTreeMap::new(),
             watch: None,
         }
@@ -66,6 +81,51 @@ impl Telemetry {
     #[must_use]
     pub fn healthy(&self, now: Instant, timeout: Duration) -> bool {
         self.pending_since.is_none_or(|since| now.duration_since(since) < timeout)
+    }
+
+    /// How full the maps the agent writes are.
+    fn map_fill(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "# HELP ebpf_proxy_map_fill_ratio Entries used over the map's size.\n# TYPE ebpf_proxy_map_fill_ratio gauge"
+        );
+        let ratio = |used: usize, size: u32| if size == 0 { 0.0 } else { count(used) / f64::from(size) };
+        let _ = writeln!(
+            out,
+            "ebpf_proxy_map_fill_ratio{{map=\"SERVICES\"}} {}",
+            ratio(self.service_entries, self.services_map_size)
+        );
+        let _ = writeln!(
+            out,
+            "ebpf_proxy_map_fill_ratio{{map=\"BACKENDS\"}} {}",
+            ratio(self.backends, self.backends_map_size)
+        );
+        let _ = writeln!(
+            out,
+            "ebpf_proxy_map_fill_ratio{{map=\"MAGLEV\"}} {}",
+            ratio(self.maglev_tables, proxy_common::map_sizes::MAGLEV)
+        );
+    }
+
+    /// Metrics of traffic from outside the node (the TC programs).
+    fn external_metrics(&self, out: &mut String) {
+        gauge(out, "ebpf_proxy_maglev_tables", "Maglev tables in the kernel.", count(self.maglev_tables));
+        gauge(
+            out,
+            "ebpf_proxy_health_check_node_ports",
+            "healthCheckNodePorts served (LoadBalancer services with externalTrafficPolicy: Local).",
+            count(self.health_check_ports),
+        );
+        gauge(out, "ebpf_proxy_devices", "Devices the TC programs serve traffic from outside on.", count(self.devices));
+        if let Some(Ok(stats)) = self.external_stats.as_ref().map(ExternalStats::read) {
+            let _ = writeln!(
+                out,
+                "# HELP ebpf_proxy_external_packets_total Traffic from outside the node: new flows translated, and packets dropped by reason, counted in the kernel.\n# TYPE ebpf_proxy_external_packets_total counter"
+            );
+            for (result, n) in stats {
+                let _ = writeln!(out, "ebpf_proxy_external_packets_total{{result=\"{result}\"}} {n}");
+            }
+        }
     }
 
     /// The body of `/healthz`, as kube-proxy writes it.
@@ -142,21 +202,8 @@ impl Telemetry {
             "Map writes that failed (and were retried).",
             self.stats.map_write_failures,
         );
-        let _ = writeln!(
-            out,
-            "# HELP ebpf_proxy_map_fill_ratio Entries used over the map's size.\n# TYPE ebpf_proxy_map_fill_ratio gauge"
-        );
-        let ratio = |used: usize, size: u32| if size == 0 { 0.0 } else { count(used) / f64::from(size) };
-        let _ = writeln!(
-            out,
-            "ebpf_proxy_map_fill_ratio{{map=\"SERVICES\"}} {}",
-            ratio(self.service_entries, self.services_map_size)
-        );
-        let _ = writeln!(
-            out,
-            "ebpf_proxy_map_fill_ratio{{map=\"BACKENDS\"}} {}",
-            ratio(self.backends, self.backends_map_size)
-        );
+        self.map_fill(&mut out);
+        self.external_metrics(&mut out);
         if let Some(watch) = &self.watch {
             use std::sync::atomic::Ordering::Relaxed;
             counter(

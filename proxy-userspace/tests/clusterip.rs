@@ -229,8 +229,9 @@ fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
     let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let applied = agent.wait_applied(0);
     env.agent = Some(agent);
-    // ClusterIP, NodePort on 127.0.0.1 and on the node address, LB IP, local externalIP.
-    assert_eq!(common::applied_frontends(&applied), 5, "{applied}");
+    // ClusterIP, NodePort on 127.0.0.1 and on the node address, LB IP, local
+    // externalIP, and the foreign externalIP for traffic from outside only.
+    assert_eq!(common::applied_frontends(&applied), 6, "{applied}");
     for addr in ["10.96.0.40:80", "127.0.0.1:30080", "10.200.0.1:30080", "203.0.113.10:80", "10.200.0.1:80"] {
         assert_eq!(env.requests(addr, 3), vec!["backend-1"; 3], "{addr}");
     }
@@ -294,7 +295,9 @@ fn a_new_map_layout_takes_over_without_a_gap() {
     .unwrap();
     let _ = agent.wait_applied(0);
     env.agent = Some(agent);
-    assert!(env.pin_dir().join(format!("maps-v{old}")).exists());
+    let pin_dir = env.pin_dir();
+    let maps_dir = |version: &str| pin_dir.join(format!("maps-v{version}-m{}", ebpf_proxy::maglev::DEFAULT_SIZE));
+    assert!(maps_dir(&old).exists());
 
     let mut client = ebpf_proxy::testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
         .unwrap()
@@ -316,7 +319,7 @@ fn a_new_map_layout_takes_over_without_a_gap() {
     // The point is that none fails; this only checks that the client ran.
     assert!(stdout.lines().count() > 20, "only {} requests", stdout.lines().count());
     assert!(!stderr.contains("curl: ("), "a connection failed across the switch: {stderr}");
-    assert!(!env.pin_dir().join(format!("maps-v{old}")).exists(), "the old layout's maps are still pinned");
-    assert!(env.pin_dir().join(format!("maps-v{MAP_LAYOUT_VERSION}")).exists());
+    assert!(!maps_dir(&old).exists(), "the old layout's maps are still pinned");
+    assert!(maps_dir(&MAP_LAYOUT_VERSION.to_string()).exists());
     assert_eq!(env.requests("10.96.0.10", 10).len(), 10);
 }

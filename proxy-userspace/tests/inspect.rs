@@ -20,7 +20,7 @@ fn service_cmd(env: &Env, args: &[&str]) -> (bool, String) {
 
 const EXPECTED: &str = "\
 ID  FRONTEND          TYPE                  BACKENDS
-1   10.96.0.10:80/TCP  ClusterIP             10.244.0.11:8080 (active), 10.244.0.12:8080 (active)
+1   10.96.0.10:80/TCP  ClusterIP             10.244.0.11:8080 (active, local), 10.244.0.12:8080 (active, local)
 2   10.96.0.11:80/TCP  ClusterIP affinity=60s  (none: connections are refused)
 ";
 

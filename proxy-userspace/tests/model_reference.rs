@@ -4,7 +4,8 @@
 use std::net::Ipv4Addr;
 
 use ebpf_proxy::model::{
-    Backend, BackendState, Frontend, FrontendKey, FrontendKind, NodeContext, Protocol, ServiceTable, translate,
+    Backend, BackendState, Frontend, FrontendKey, FrontendKind, NodeContext, Protocol, Reach, Scope, ServiceTable,
+    translate,
 };
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proptest::prelude::*;
@@ -15,7 +16,7 @@ struct Svc {
     ns: u8,
     name: u8,
     ip: u8,
-    kind: u8, // 0..=5 ClusterIP, 6 headless, 7 ExternalName, 8 other proxy
+    kind: u8, // 0..=3 ClusterIP, 4 NodePort, 5 NodePort with externalTrafficPolicy Local, 6 headless, 7 ExternalName, 8 other proxy
     local: bool,
     ports: Vec<(u8, u16, bool)>, // (name, port, udp)
     affinity: Affinity,
@@ -109,6 +110,15 @@ fn to_service(s: &Svc) -> Service {
     if s.kind == 7 {
         spec["type"] = json!("ExternalName");
     }
+    if matches!(s.kind, 4 | 5) {
+        spec["type"] = json!("NodePort");
+        for (port, (_, number, _)) in spec["ports"].as_array_mut().unwrap().iter_mut().zip(&s.ports) {
+            port["nodePort"] = json!(node_port(*number));
+        }
+        if s.kind == 5 {
+            spec["externalTrafficPolicy"] = json!("Local");
+        }
+    }
     if s.local {
         spec["internalTrafficPolicy"] = json!("Local");
     }
@@ -144,6 +154,14 @@ fn to_slice(s: &Slice, i: usize) -> EndpointSlice {
     .unwrap()
 }
 
+/// The nodePort of a service port.
+fn node_port(port: u16) -> u16 {
+    30_000 + port
+}
+
+/// This node's address (NodePorts are served on it and on 127.0.0.1).
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 1);
+
 /// The reference: the rules of DESIGN.md, written out plainly.
 fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
     let mut order: Vec<&Svc> = services.iter().collect();
@@ -165,53 +183,87 @@ fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
                 continue;
             }
             done_ports.push((*port, *udp));
-            let mut ready: Vec<(u8, u16)> = Vec::new();
-            let mut terminating: Vec<(u8, u16)> = Vec::new();
-            for sl in slices {
-                if sl.ns != s.ns || sl.service != s.name || sl.ipv6 {
-                    continue;
-                }
-                let Some(target) = sl.ports.iter().find(|(n, _, u)| n == pname && u == udp).map(|(_, p, _)| *p) else {
-                    continue;
-                };
-                for e in &sl.endpoints {
-                    if s.local && e.node != node {
+            // The backends of this port, of this node's endpoints only when
+            // `only_here`.
+            let backends = |only_here: bool| -> Vec<Backend> {
+                let mut ready: Vec<(u8, u16)> = Vec::new();
+                let mut terminating: Vec<(u8, u16)> = Vec::new();
+                let mut here: Vec<(u8, u16)> = Vec::new();
+                for sl in slices {
+                    if sl.ns != s.ns || sl.service != s.name || sl.ipv6 {
                         continue;
                     }
-                    let is_ready = e.ready.unwrap_or(true);
-                    let serving = e.serving.unwrap_or(true);
-                    let term = e.terminating.unwrap_or(false);
-                    if is_ready {
-                        ready.push((e.addr, target));
-                    } else if serving && term {
-                        terminating.push((e.addr, target));
+                    let Some(target) = sl.ports.iter().find(|(n, _, u)| n == pname && u == udp).map(|(_, p, _)| *p)
+                    else {
+                        continue;
+                    };
+                    for e in &sl.endpoints {
+                        if only_here && e.node != node {
+                            continue;
+                        }
+                        let is_ready = e.ready.unwrap_or(true);
+                        let serving = e.serving.unwrap_or(true);
+                        let term = e.terminating.unwrap_or(false);
+                        if is_ready {
+                            ready.push((e.addr, target));
+                        } else if serving && term {
+                            terminating.push((e.addr, target));
+                        } else {
+                            continue;
+                        }
+                        if e.node == node {
+                            here.push((e.addr, target));
+                        }
                     }
                 }
-            }
-            terminating.retain(|t| !ready.contains(t));
-            let (mut chosen, state) =
-                if ready.is_empty() { (terminating, BackendState::Terminating) } else { (ready, BackendState::Active) };
-            chosen.sort_unstable();
-            chosen.dedup();
-            let backends = chosen
-                .iter()
-                .map(|(a, p)| Backend { addr: Ipv4Addr::new(10, 244, 0, *a).into(), port: *p, state })
-                .collect();
-            let key = FrontendKey {
-                addr: Ipv4Addr::new(10, 96, 0, s.ip).into(),
-                port: *port,
-                protocol: if *udp { Protocol::Udp } else { Protocol::Tcp },
+                terminating.retain(|t| !ready.contains(t));
+                let (mut chosen, state) = if ready.is_empty() {
+                    (terminating, BackendState::Terminating)
+                } else {
+                    (ready, BackendState::Active)
+                };
+                chosen.sort_unstable();
+                chosen.dedup();
+                chosen
+                    .iter()
+                    .map(|(a, p)| Backend {
+                        addr: Ipv4Addr::new(10, 244, 0, *a).into(),
+                        port: *p,
+                        state,
+                        local: here.contains(&(*a, *p)),
+                    })
+                    .collect()
             };
-            table.entry(key).or_insert(Frontend {
-                service_port: format!("ns{}/s{}:{}", s.ns, s.name, PORT_NAMES[usize::from(*pname)]),
-                backends,
+            let protocol = if *udp { Protocol::Udp } else { Protocol::Tcp };
+            let frontend = |kind, reach, backends| Frontend {
+                reach,
                 affinity_timeout: match s.affinity {
                     Affinity::None => None,
                     Affinity::ClientIp => Some(10_800),
                     Affinity::ClientIpFor(t) => Some(u32::from(t)),
                 },
-                kind: FrontendKind::ClusterIp,
-            });
+                ..Frontend::new(format!("ns{}/s{}:{}", s.ns, s.name, PORT_NAMES[usize::from(*pname)]), kind, backends)
+            };
+            let cluster_ip = FrontendKey::new(Ipv4Addr::new(10, 96, 0, s.ip).into(), *port, protocol);
+            table.entry(cluster_ip).or_insert(frontend(
+                FrontendKind::ClusterIp,
+                Reach::LocalClients,
+                backends(s.local),
+            ));
+            if matches!(s.kind, 4 | 5) {
+                let on_node = FrontendKey::new(NODE_IP.into(), node_port(*port), protocol);
+                let loopback = FrontendKey::new(Ipv4Addr::LOCALHOST.into(), node_port(*port), protocol);
+                if s.kind == 4 {
+                    table.entry(on_node).or_insert(frontend(FrontendKind::NodePort, Reach::Both, backends(false)));
+                } else {
+                    let np = frontend(FrontendKind::NodePort, Reach::LocalClients, backends(false));
+                    table.entry(on_node).or_insert(np);
+                    let twin = frontend(FrontendKind::NodePort, Reach::Outside, backends(true));
+                    table.entry(on_node.with_scope(Scope::External)).or_insert(twin);
+                }
+                let lo = frontend(FrontendKind::NodePort, Reach::LocalClients, backends(false));
+                table.entry(loopback).or_insert(lo);
+            }
         }
     }
     table
@@ -234,7 +286,7 @@ proptest! {
         }
         let k8s_services: Vec<Service> = unique.iter().map(to_service).collect();
         let k8s_slices: Vec<EndpointSlice> = slices.iter().enumerate().map(|(i, s)| to_slice(s, i)).collect();
-        let got = translate(&k8s_services, &k8s_slices, &NodeContext::new("n0")).table;
+        let got = translate(&k8s_services, &k8s_slices, &NodeContext::new("n0").with_ips(vec![NODE_IP.into()])).table;
         let want = reference(&unique, &slices, 0);
         prop_assert_eq!(got, want);
     }

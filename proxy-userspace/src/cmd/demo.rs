@@ -65,6 +65,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             bpf_log: false,
             services_map_size: proxy_common::map_sizes::SERVICES,
             backends_map_size: proxy_common::map_sizes::BACKENDS,
+            maglev_size: crate::maglev::DEFAULT_SIZE,
+            ct_map_size: proxy_common::map_sizes::CT,
         },
         socket_netns: vec![ns.path()],
         node_ips: Vec::new(),
@@ -72,6 +74,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         health_bind: None,
         metrics_bind: None,
         health_timeout: Duration::from_mins(1),
+        // The demo's clients are on the node: nothing is attached to the
+        // machine's own devices.
+        devices: crate::devices::DeviceSelection::Named(Vec::new()),
     };
     let (applied_tx, mut applied_rx) = watch::channel(Applied::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

@@ -61,6 +61,8 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             bpf_log: args.bpf_log || file.bpf_log.unwrap_or(false),
             services_map_size: args.services_map_size.or(file.services_map_size).unwrap_or(map_sizes::SERVICES),
             backends_map_size: args.backends_map_size.or(file.backends_map_size).unwrap_or(map_sizes::BACKENDS),
+            maglev_size: args.maglev_table_size.or(file.maglev_table_size).unwrap_or(crate::maglev::DEFAULT_SIZE),
+            ct_map_size: args.ct_map_size.or(file.ct_map_size).unwrap_or(map_sizes::CT),
         },
         socket_netns: flag_or_file(args.socket_netns, file.socket_netns),
         node_ips: flag_or_file(args.node_ip, file.node_ips),
@@ -76,6 +78,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
                 .unwrap_or_else(|| DEFAULT_METRICS.parse().expect("valid")),
         ),
         health_timeout: Duration::from_secs(args.health_timeout.or(file.health_timeout_seconds).unwrap_or(60)),
+        devices: crate::devices::DeviceSelection::from_names(flag_or_file(args.devices, file.devices)),
     })
 }
 

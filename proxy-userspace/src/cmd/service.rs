@@ -9,7 +9,9 @@ use crate::{
 };
 
 pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {
-    let maps = KernelMaps::open_pinned(&crate::paths::maps_dir(&args.bpffs_dir))
+    let dir = crate::paths::current_maps_dir(&args.bpffs_dir)
+        .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?;
+    let maps = KernelMaps::open_pinned(&dir)
         .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?;
     let all = inspect::frontends(&maps.dump()?);
     let shown = match &args.command {

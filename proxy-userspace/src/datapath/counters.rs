@@ -34,3 +34,41 @@ impl ConnCounters {
         self.map.set(u32::from(id), zeros, 0).map_err(io::Error::other)
     }
 }
+
+/// What the TC programs did with traffic from outside (`EXTERNAL_STATS`, a
+/// per-CPU array indexed by `external_stat`).
+pub struct ExternalStats {
+    map: PerCpuArray<MapData, u64>,
+}
+
+impl std::fmt::Debug for ExternalStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExternalStats")
+    }
+}
+
+impl ExternalStats {
+    pub fn from_map(map: Map) -> Result<Self, MapError> {
+        let map = PerCpuArray::try_from(map).map_err(|source| MapError::Session { map: "EXTERNAL_STATS", source })?;
+        Ok(Self { map })
+    }
+
+    /// Opens the counters pinned at `path` (the agent need not be running).
+    pub fn open_pinned(path: &std::path::Path) -> Result<Self, MapError> {
+        let data =
+            MapData::from_pin(path).map_err(|source| MapError::Open { path: path.display().to_string(), source })?;
+        Self::from_map(Map::PerCpuArray(data))
+    }
+
+    /// Each counter by name (`external_stat::NAMES`), summed over CPUs.
+    pub fn read(&self) -> io::Result<Vec<(&'static str, u64)>> {
+        proxy_common::external_stat::NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let index = u32::try_from(i).expect("a few counters");
+                Ok((*name, self.map.get(&index, 0).map_err(io::Error::other)?.iter().sum()))
+            })
+            .collect()
+    }
+}

@@ -3,7 +3,8 @@
 //! write or refuse entries past a capacity, as a full kernel map does.
 use std::collections::BTreeMap;
 
-use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceValue};
+use ipnet::IpNet;
+use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceValue, scope, service_flags};
 
 use super::maps::{Dump, MapError, MapName, ServiceMaps};
 
@@ -15,6 +16,8 @@ pub struct FakeMaps {
     /// Most entries per map (like a kernel map's max_entries).
     pub capacity: Option<usize>,
     pub ops: usize,
+    /// Entries of each Maglev table (0 means the smallest size, 251).
+    pub maglev_size: usize,
 }
 
 impl FakeMaps {
@@ -42,10 +45,27 @@ impl FakeMaps {
     }
 
     /// Panics if a reader could find a slot 0 whose count reaches an
-    /// unwritten slot, a slot naming a missing backend, or no rev-NAT entry.
+    /// unwritten slot, a slot naming a missing backend, no rev-NAT entry, a
+    /// Maglev table that is missing or names a missing backend, or a
+    /// `TWO_SCOPES` flag without the external twin.
     pub fn check_reader_view(&self) {
         for (key, master) in self.state.services.iter().filter(|(k, _)| k.slot == 0) {
             assert!(self.state.rev_nat.contains_key(&master.rev_nat), "rev-NAT {} of {key:?} missing", master.rev_nat);
+            if master.maglev != 0 {
+                let table = self
+                    .state
+                    .maglev
+                    .get(&master.maglev)
+                    .unwrap_or_else(|| panic!("{key:?}: Maglev table {} missing", master.maglev));
+                assert_eq!(table.len(), self.maglev_size(), "{key:?}: a Maglev table of another size");
+                for id in table {
+                    assert!(self.state.backends.contains_key(id), "{key:?}: Maglev table names missing backend {id}");
+                }
+            }
+            if master.flags & service_flags::TWO_SCOPES != 0 {
+                let twin = ServiceKey { scope: scope::EXTERNAL, ..*key };
+                assert!(self.state.services.contains_key(&twin), "{key:?} says TWO_SCOPES without its external twin");
+            }
             for slot in 1..=master.count {
                 let slot_key = ServiceKey { slot, ..*key };
                 let entry = self
@@ -102,6 +122,44 @@ impl ServiceMaps for FakeMaps {
     fn remove_rev_nat(&mut self, id: u16) -> Result<(), MapError> {
         self.step(MapName::RevNat)?;
         self.state.rev_nat.remove(&id);
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn maglev_size(&self) -> usize {
+        if self.maglev_size == 0 { crate::maglev::SIZES[0] } else { self.maglev_size }
+    }
+
+    fn set_maglev(&mut self, id: u16, table: &[u32]) -> Result<(), MapError> {
+        self.step(MapName::Maglev)?;
+        assert_eq!(table.len(), self.maglev_size(), "a table of the map's size");
+        Self::insert(&mut self.state.maglev, self.capacity, MapName::Maglev, id, table.to_vec())?;
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn remove_maglev(&mut self, id: u16) -> Result<(), MapError> {
+        self.step(MapName::Maglev)?;
+        self.state.maglev.remove(&id);
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn set_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError> {
+        self.step(MapName::SourceRanges)?;
+        if !self.state.source_ranges.contains(&(rev_nat, net))
+            && self.capacity.is_some_and(|c| self.state.source_ranges.len() >= c)
+        {
+            return Err(MapError::Full { map: MapName::SourceRanges });
+        }
+        self.state.source_ranges.insert((rev_nat, net));
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn remove_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError> {
+        self.step(MapName::SourceRanges)?;
+        self.state.source_ranges.remove(&(rev_nat, net));
         self.check_reader_view();
         Ok(())
     }

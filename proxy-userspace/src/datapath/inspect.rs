@@ -3,11 +3,11 @@
 //! announces), whether or not the agent is running.
 use std::{fmt::Write as _, net::IpAddr};
 
-use proxy_common::{backend_state, net::decode, service_flags};
+use proxy_common::{backend_flags, backend_state, net::decode, scope, service_flags};
 use serde::Serialize;
 
 use super::maps::Dump;
-use crate::model::{FrontendKey, Protocol};
+use crate::model::{FrontendKey, Protocol, Scope};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FrontendView {
@@ -22,6 +22,20 @@ pub struct FrontendView {
     /// ClientIP affinity timeout in seconds, when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub affinity_timeout: Option<u32>,
+    /// `external`: the twin traffic from outside uses (externalTrafficPolicy:
+    /// Local); absent for the entry every client uses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<&'static str>,
+    /// `outside-only` (local clients are not translated), `two-scopes`
+    /// (traffic from outside uses the external twin).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reach: Vec<&'static str>,
+    /// loadBalancerSourceRanges (traffic from outside); `Some([])` admits none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<Vec<String>>,
+    /// Id of the Maglev table traffic from outside picks backends in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maglev_table: Option<u16>,
     pub backends: Vec<BackendView>,
 }
 
@@ -33,6 +47,8 @@ pub struct BackendView {
     pub port: u16,
     /// active, terminating, or missing.
     pub state: &'static str,
+    /// On this node: traffic from outside reaches it without source NAT.
+    pub local: bool,
 }
 
 impl FrontendView {
@@ -43,7 +59,8 @@ impl FrontendView {
             "UDP" => Protocol::Udp,
             _ => return None,
         };
-        Some(FrontendKey { addr: self.address, port: self.port, protocol })
+        let scope = if self.scope.is_some() { Scope::External } else { Scope::All };
+        Some(FrontendKey { addr: self.address, port: self.port, protocol, scope })
     }
 }
 
@@ -77,8 +94,9 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
                             address: Some(decode(&b.addr)),
                             port: u16::from_be(b.port),
                             state: if b.state == backend_state::TERMINATING { "terminating" } else { "active" },
+                            local: b.flags & backend_flags::LOCAL != 0,
                         },
-                        None => BackendView { id, address: None, port: 0, state: "missing" },
+                        None => BackendView { id, address: None, port: 0, state: "missing", local: false },
                     }
                 })
                 .collect();
@@ -89,6 +107,20 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
                 protocol: Protocol::from_number(k.proto).map_or_else(|| k.proto.to_string(), |p| p.to_string()),
                 kind: kind(master.flags),
                 affinity_timeout: (master.flags & service_flags::AFFINITY != 0).then_some(master.affinity_timeout),
+                scope: (k.scope == scope::EXTERNAL).then_some("external"),
+                reach: [(service_flags::EXTERNAL_ONLY, "outside-only"), (service_flags::TWO_SCOPES, "two-scopes")]
+                    .into_iter()
+                    .filter(|(flag, _)| master.flags & flag != 0)
+                    .map(|(_, name)| name)
+                    .collect(),
+                source_ranges: (master.flags & service_flags::SOURCE_RANGES != 0).then(|| {
+                    dump.source_ranges
+                        .iter()
+                        .filter(|(id, _)| *id == master.rev_nat)
+                        .map(|(_, net)| net.to_string())
+                        .collect()
+                }),
+                maglev_table: (master.maglev != 0).then_some(master.maglev),
                 backends,
             }
         })
@@ -106,16 +138,26 @@ pub fn table(frontends: &[FrontendView]) -> String {
             let frontend =
                 f.key().map_or_else(|| format!("{}:{}/{}", f.address, f.port, f.protocol), |k| k.to_string());
             let mut kind = f.kind.to_owned();
+            for word in f.scope.iter().chain(&f.reach) {
+                let _ = write!(kind, " {word}");
+            }
+            if let Some(ranges) = &f.source_ranges {
+                let _ =
+                    write!(kind, " sources={}", if ranges.is_empty() { "none".to_owned() } else { ranges.join(",") });
+            }
             if let Some(t) = f.affinity_timeout {
                 let _ = write!(kind, " affinity={t}s");
             }
             let backends: Vec<String> = f
                 .backends
                 .iter()
-                .map(|b| match b.address {
-                    Some(IpAddr::V6(a)) => format!("[{a}]:{} ({})", b.port, b.state),
-                    Some(a) => format!("{a}:{} ({})", b.port, b.state),
-                    None => format!("#{} (missing)", b.id),
+                .map(|b| {
+                    let state = if b.local { format!("{}, local", b.state) } else { b.state.to_owned() };
+                    match b.address {
+                        Some(IpAddr::V6(a)) => format!("[{a}]:{} ({state})", b.port),
+                        Some(a) => format!("{a}:{} ({state})", b.port),
+                        None => format!("#{} (missing)", b.id),
+                    }
                 })
                 .collect();
             let backends =

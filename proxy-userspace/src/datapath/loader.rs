@@ -5,17 +5,18 @@ use std::path::{Path, PathBuf};
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{Map, MapError as AyaMapError},
-    programs::{CgroupSockAddr, ProgramError},
+    programs::{CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, LOG_ENABLED, RevNat, ServiceKey, ServiceValue, SockBackendKey, SockRevNat,
-    SockRevNatKey, map_names,
+    AffinityKey, AffinityValue, Backend, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, RevNat, ServiceKey, ServiceValue,
+    SockBackendKey, SockRevNat, SockRevNatKey, map_names,
 };
 
 use super::{
-    counters::ConnCounters,
-    links::{self, LinkError},
-    maps::{KernelMaps, MapError},
+    counters::{ConnCounters, ExternalStats},
+    links::{self, LinkError, LinkOutcome},
+    maglev_map::MaglevMap,
+    maps::{KernelMaps, MapError, ServiceMaps as _},
     sessions::SessionMaps,
 };
 use crate::paths::{LINKS_SUBDIR, maps_dir};
@@ -27,6 +28,13 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pr
 const SOCK_PROGRAMS: &[&str] =
     &["connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6", "getpeername4", "getpeername6"];
 
+/// The TC programs and the direction each attaches to on a device.
+const TC_PROGRAMS: &[(&str, TcAttachType)] =
+    &[("nodeport_ingress", TcAttachType::Ingress), ("nodeport_egress", TcAttachType::Egress)];
+
+/// Prefix of the pinned tcx links: `tc-DEVICE-ingress`, `tc-DEVICE-egress`.
+const TC_LINK_PREFIX: &str = "tc-";
+
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     /// Directory (on a bpffs) for the pinned maps.
@@ -37,6 +45,10 @@ pub struct LoadOptions {
     pub bpf_log: bool,
     pub services_map_size: u32,
     pub backends_map_size: u32,
+    /// Entries of each Maglev table (a prime, see `maglev::SIZES`).
+    pub maglev_size: usize,
+    /// Entries of the connection-tracking map (traffic from outside).
+    pub ct_map_size: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +74,8 @@ pub enum LoadError {
     MapInfo { name: &'static str, source: AyaMapError },
     #[error(transparent)]
     Maps(#[from] MapError),
+    #[error("cannot list {path}: {source}")]
+    ListLinks { path: String, source: std::io::Error },
 }
 
 /// The loaded datapath. Programs are attached through links pinned under
@@ -83,6 +97,17 @@ pub struct Datapath {
     pub sessions: SessionMaps,
     /// Taken by the agent for the metrics endpoint.
     pub counters: Option<ConnCounters>,
+    /// Taken by the agent for the metrics endpoint.
+    pub external_stats: Option<ExternalStats>,
+    /// Whether the TC programs loaded (traffic from outside can be served).
+    tc_loaded: bool,
+}
+
+/// What `attach_devices` did on one device.
+#[derive(Debug)]
+pub struct DeviceAttach {
+    pub device: String,
+    pub result: Result<(), LinkError>,
 }
 
 impl Datapath {
@@ -91,14 +116,22 @@ impl Datapath {
     /// attached yet: see `attach`.
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
         let log_flag: u8 = opts.bpf_log.into();
-        let maps_dir = maps_dir(&opts.pin_dir);
+        let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size);
         std::fs::create_dir_all(&maps_dir)
             .map_err(|source| LoadError::Dir { path: maps_dir.display().to_string(), source })?;
+        // The Maglev map's value size depends on the table size, which only
+        // we know: it is made (or found) here and the programs take the pin.
+        let maglev_pin = maps_dir.join(map_names::MAGLEV);
+        let maglev = MaglevMap::open_or_create(&maglev_pin, opts.maglev_size)?;
+        let maglev_size = u32::try_from(opts.maglev_size).expect("table sizes are small");
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&maps_dir)
+            .map_pin_path(map_names::MAGLEV, maglev_pin.as_path())
             .map_max_entries(map_names::SERVICES, opts.services_map_size)
             .map_max_entries(map_names::BACKENDS, opts.backends_map_size)
+            .map_max_entries(map_names::CT, opts.ct_map_size)
             .override_global(LOG_ENABLED, &log_flag, true)
+            .override_global(MAGLEV_SIZE, &maglev_size, true)
             .load(OBJECT)
             .map_err(|source| LoadError::Load {
                 pin_dir: opts.pin_dir.display().to_string(),
@@ -111,6 +144,7 @@ impl Datapath {
         check_layout::<SockRevNatKey, SockRevNat>(&ebpf, &maps_dir, map_names::SOCK_REVNAT)?;
         check_layout::<SockBackendKey, u32>(&ebpf, &maps_dir, map_names::SOCK_BACKEND)?;
         check_layout::<AffinityKey, AffinityValue>(&ebpf, &maps_dir, map_names::AFFINITY)?;
+        check_layout::<CtKey, CtValue>(&ebpf, &maps_dir, map_names::CT)?;
 
         if opts.bpf_log {
             start_bpf_log(&mut ebpf);
@@ -124,19 +158,37 @@ impl Datapath {
                 .map_err(|source| LoadError::Program { name, source })?;
             program.load().map_err(|source| LoadError::Program { name, source })?;
         }
+        // Without the TC programs (an old kernel, a verifier that rejects
+        // them) clients on the node are still served: say so and go on.
+        let mut tc_loaded = true;
+        for (name, _) in TC_PROGRAMS {
+            let loaded = ebpf
+                .program_mut(name)
+                .ok_or(LoadError::MissingProgram { name })
+                .and_then(|p| <&mut SchedClassifier>::try_from(p).map_err(|source| LoadError::Program { name, source }))
+                .and_then(|p| p.load().map_err(|source| LoadError::Program { name, source }));
+            if let Err(err) = loaded {
+                tracing::error!(%err, "traffic from outside the node (NodePorts, LoadBalancer IPs, externalIPs) is not served: the TC programs cannot be loaded; clients on the node are still served");
+                tc_loaded = false;
+                break;
+            }
+        }
 
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap { name });
         let services = take(&mut ebpf, map_names::SERVICES)?;
         let backends = take(&mut ebpf, map_names::BACKENDS)?;
         let rev_nat = take(&mut ebpf, map_names::REVNAT)?;
-        let maps = KernelMaps::from_maps(services, backends, rev_nat)?;
+        let source_ranges = take(&mut ebpf, map_names::SOURCE_RANGES)?;
+        let maps = KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev)?;
         let sessions = SessionMaps::from_maps(
             take(&mut ebpf, map_names::AFFINITY)?,
             take(&mut ebpf, map_names::SOCK_BACKEND)?,
             take(&mut ebpf, map_names::SOCK_REVNAT)?,
+            take(&mut ebpf, map_names::CT)?,
         )?;
         tracing::info!(maps = %maps_dir.display(), "datapath loaded");
         let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?)?;
+        let external_stats = ExternalStats::from_map(take(&mut ebpf, map_names::EXTERNAL_STATS)?)?;
         Ok(Self {
             ebpf,
             pin_dir: opts.pin_dir.clone(),
@@ -144,6 +196,8 @@ impl Datapath {
             maps,
             sessions,
             counters: Some(counters),
+            external_stats: Some(external_stats),
+            tc_loaded,
         })
     }
 
@@ -161,11 +215,77 @@ impl Datapath {
                 .ok_or(LoadError::MissingProgram { name })?
                 .try_into()
                 .map_err(|source| LoadError::Program { name, source })?;
-            let outcome = links::attach_pinned(program, name, &self.cgroup, &links_dir.join(name))?;
+            let outcome = links::attach_cgroup(program, name, &self.cgroup, &links_dir.join(name))?;
             tracing::info!(program = name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         }
-        remove_other_layouts(&self.pin_dir);
+        remove_other_layouts(&self.pin_dir, &maps_dir(&self.pin_dir, self.maps.maglev_size()));
         Ok(())
+    }
+
+    /// Attaches the TC programs to exactly `devices` (ingress and egress of
+    /// each), through links pinned under `PIN_DIR/links`: taken over where
+    /// they exist, made where not; links on devices no longer listed are
+    /// dropped. A device that fails is reported and the others go on.
+    pub fn attach_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
+        let links_dir = self.pin_dir.join(LINKS_SUBDIR);
+        std::fs::create_dir_all(&links_dir)
+            .map_err(|source| LoadError::Dir { path: links_dir.display().to_string(), source })?;
+        let mut results = Vec::new();
+        if !self.tc_loaded {
+            return Ok(results);
+        }
+        for device in devices {
+            let mut result = Ok(());
+            for (name, direction) in TC_PROGRAMS {
+                let program: &mut SchedClassifier = self
+                    .ebpf
+                    .program_mut(name)
+                    .ok_or(LoadError::MissingProgram { name })?
+                    .try_into()
+                    .map_err(|source| LoadError::Program { name, source })?;
+                let pin = links_dir.join(tc_link_name(device, *direction));
+                match links::attach_tc(program, name, device, *direction, &pin) {
+                    Ok(outcome) => {
+                        if outcome != LinkOutcome::Updated {
+                            tracing::info!(program = name, device = %device, ?outcome, "program attached");
+                        }
+                    }
+                    Err(err) => {
+                        result = Err(err);
+                        break;
+                    }
+                }
+            }
+            results.push(DeviceAttach { device: device.clone(), result });
+        }
+        // Links of devices no longer listed.
+        let wanted: Vec<String> =
+            devices.iter().flat_map(|d| TC_PROGRAMS.iter().map(move |(_, dir)| tc_link_name(d, *dir))).collect();
+        let entries = std::fs::read_dir(&links_dir)
+            .map_err(|source| LoadError::ListLinks { path: links_dir.display().to_string(), source })?;
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(TC_LINK_PREFIX) && !wanted.contains(&name) {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => tracing::info!(link = %name, "detached from a device no longer served"),
+                    Err(err) => tracing::warn!(link = %name, %err, "cannot unpin a link of a device no longer served"),
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// Whether the TC programs loaded.
+    #[must_use]
+    pub fn serves_external_traffic(&self) -> bool {
+        self.tc_loaded
+    }
+
+    /// A loaded TC program, for tests that run it on crafted packets
+    /// (`BPF_PROG_TEST_RUN`): `nodeport_ingress` or `nodeport_egress`.
+    #[must_use]
+    pub fn tc_program(&self, name: &str) -> Option<&SchedClassifier> {
+        self.ebpf.program(name)?.try_into().ok()
     }
 
     /// Ids of the loaded programs (for logs and tests).
@@ -175,10 +295,16 @@ impl Datapath {
     }
 }
 
-/// Unpins maps of other layouts (and of the unversioned first layout, pinned
-/// straight in the pin directory); failures are logged.
-fn remove_other_layouts(pin_dir: &Path) {
-    let current = maps_dir(pin_dir);
+/// The pin name of the tcx link of `device` in `direction`.
+fn tc_link_name(device: &str, direction: TcAttachType) -> String {
+    let dir = if direction == TcAttachType::Ingress { "ingress" } else { "egress" };
+    format!("{TC_LINK_PREFIX}{device}-{dir}")
+}
+
+/// Unpins maps of other layouts than `current` (and of the unversioned
+/// first layout, pinned straight in the pin directory); failures are
+/// logged.
+fn remove_other_layouts(pin_dir: &Path, current: &Path) {
     let Ok(entries) = std::fs::read_dir(pin_dir) else { return };
     for entry in entries.filter_map(Result::ok) {
         let path = entry.path();

@@ -1,10 +1,21 @@
 //! The service maps behind a trait: the kernel implementation here, a fake
 //! one for the reconciler's tests. Every operation is idempotent: writing
 //! the same value twice or deleting a missing key is success.
-use std::{collections::BTreeMap, io, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io,
+    net::IpAddr,
+    path::Path,
+};
 
-use aya::maps::{HashMap, Map, MapData, MapError as AyaMapError};
-use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceValue, map_names};
+use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError as AyaMapError, lpm_trie::Key as LpmKey};
+use ipnet::IpNet;
+use proxy_common::{
+    Backend as BackendValue, RevNat, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceValue, SourceRange, map_names,
+    net::{decode, encode},
+};
+
+use super::maglev_map::MaglevMap;
 
 /// Which map an operation was on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,6 +23,8 @@ pub enum MapName {
     Services,
     Backends,
     RevNat,
+    Maglev,
+    SourceRanges,
 }
 
 impl MapName {
@@ -21,6 +34,8 @@ impl MapName {
             Self::Services => map_names::SERVICES,
             Self::Backends => map_names::BACKENDS,
             Self::RevNat => map_names::REVNAT,
+            Self::Maglev => map_names::MAGLEV,
+            Self::SourceRanges => map_names::SOURCE_RANGES,
         }
     }
 }
@@ -45,12 +60,17 @@ pub enum MapError {
     Open { path: String, source: AyaMapError },
 }
 
-/// Every entry of the three maps, for recovery and inspection.
+/// Every entry of the maps the reconciler writes, for recovery and
+/// inspection.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Dump {
     pub services: BTreeMap<ServiceKey, ServiceValue>,
     pub backends: BTreeMap<u32, BackendValue>,
     pub rev_nat: BTreeMap<u16, RevNat>,
+    /// Maglev tables by id.
+    pub maglev: BTreeMap<u16, Vec<u32>>,
+    /// loadBalancerSourceRanges: (rev-NAT id, source network).
+    pub source_ranges: BTreeSet<(u16, IpNet)>,
 }
 
 pub trait ServiceMaps {
@@ -60,6 +80,12 @@ pub trait ServiceMaps {
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
     fn set_rev_nat(&mut self, id: u16, value: &RevNat) -> Result<(), MapError>;
     fn remove_rev_nat(&mut self, id: u16) -> Result<(), MapError>;
+    /// Entries of every Maglev table.
+    fn maglev_size(&self) -> usize;
+    fn set_maglev(&mut self, id: u16, table: &[u32]) -> Result<(), MapError>;
+    fn remove_maglev(&mut self, id: u16) -> Result<(), MapError>;
+    fn set_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError>;
+    fn remove_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError>;
     fn dump(&self) -> Result<Dump, MapError>;
 }
 
@@ -68,27 +94,65 @@ pub struct KernelMaps {
     services: HashMap<MapData, ServiceKey, ServiceValue>,
     backends: HashMap<MapData, u32, BackendValue>,
     rev_nat: HashMap<MapData, u16, RevNat>,
+    maglev: MaglevMap,
+    source_ranges: LpmTrie<MapData, SourceRange, u8>,
+}
+
+/// The LPM key of a source range of frontend `rev_nat`.
+fn source_range_key(rev_nat: u16, net: IpNet) -> LpmKey<SourceRange> {
+    let (addr, bits) = match net {
+        IpNet::V4(n) => (encode(IpAddr::V4(n.network())), 96 + u32::from(n.prefix_len())),
+        IpNet::V6(n) => (encode(IpAddr::V6(n.network())), u32::from(n.prefix_len())),
+    };
+    LpmKey::new(SOURCE_RANGE_ID_BITS + bits, SourceRange { rev_nat: rev_nat.to_be(), pad: 0, addr })
+}
+
+/// The frontend and network of an LPM key (`None`: not one we write).
+fn source_range_of(key: &LpmKey<SourceRange>) -> Option<(u16, IpNet)> {
+    let bits = key.prefix_len().checked_sub(SOURCE_RANGE_ID_BITS)?;
+    let data = key.data();
+    let net = match decode(&data.addr) {
+        IpAddr::V4(a) => IpNet::new(IpAddr::V4(a), u8::try_from(bits.checked_sub(96)?).ok()?).ok()?,
+        a @ IpAddr::V6(_) => IpNet::new(a, u8::try_from(bits).ok()?).ok()?,
+    };
+    Some((u16::from_be(data.rev_nat), net))
 }
 
 impl KernelMaps {
-    /// Takes the maps out of a loaded object.
-    pub fn from_maps(services: Map, backends: Map, rev_nat: Map) -> Result<Self, MapError> {
+    /// Takes the maps out of a loaded object, with the Maglev map the
+    /// loader made.
+    pub fn from_maps(
+        services: Map,
+        backends: Map,
+        rev_nat: Map,
+        source_ranges: Map,
+        maglev: MaglevMap,
+    ) -> Result<Self, MapError> {
         Ok(Self {
             services: HashMap::try_from(services).map_err(|source| MapError::Aya { map: MapName::Services, source })?,
             backends: HashMap::try_from(backends).map_err(|source| MapError::Aya { map: MapName::Backends, source })?,
             rev_nat: HashMap::try_from(rev_nat).map_err(|source| MapError::Aya { map: MapName::RevNat, source })?,
+            source_ranges: LpmTrie::try_from(source_ranges)
+                .map_err(|source| MapError::Aya { map: MapName::SourceRanges, source })?,
+            maglev,
         })
     }
 
     /// Opens the maps pinned in `dir` (the agent need not be running).
     pub fn open_pinned(dir: &Path) -> Result<Self, MapError> {
-        let open = |name: &str| {
+        let open = |name: &str, wrap: fn(MapData) -> Map| {
             let path = dir.join(name);
             MapData::from_pin(&path)
-                .map(Map::HashMap)
+                .map(wrap)
                 .map_err(|source| MapError::Open { path: path.display().to_string(), source })
         };
-        Self::from_maps(open(map_names::SERVICES)?, open(map_names::BACKENDS)?, open(map_names::REVNAT)?)
+        Self::from_maps(
+            open(map_names::SERVICES, Map::HashMap)?,
+            open(map_names::BACKENDS, Map::HashMap)?,
+            open(map_names::REVNAT, Map::HashMap)?,
+            open(map_names::SOURCE_RANGES, Map::LpmTrie)?,
+            MaglevMap::open(&dir.join(map_names::MAGLEV))?,
+        )
     }
 }
 
@@ -140,11 +204,40 @@ impl ServiceMaps for KernelMaps {
         delete_result(MapName::RevNat, self.rev_nat.remove(&id))
     }
 
+    fn maglev_size(&self) -> usize {
+        self.maglev.size()
+    }
+
+    fn set_maglev(&mut self, id: u16, table: &[u32]) -> Result<(), MapError> {
+        self.maglev.set(id, table)
+    }
+
+    fn remove_maglev(&mut self, id: u16) -> Result<(), MapError> {
+        self.maglev.remove(id)
+    }
+
+    fn set_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError> {
+        self.source_ranges
+            .insert(&source_range_key(rev_nat, net), 1, 0)
+            .map_err(|e| update_error(MapName::SourceRanges, e))
+    }
+
+    fn remove_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError> {
+        delete_result(MapName::SourceRanges, self.source_ranges.remove(&source_range_key(rev_nat, net)))
+    }
+
     fn dump(&self) -> Result<Dump, MapError> {
+        let ranges: Vec<LpmKey<SourceRange>> = self
+            .source_ranges
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(|source| MapError::Aya { map: MapName::SourceRanges, source })?;
         Ok(Dump {
             services: collect(MapName::Services, self.services.iter())?,
             backends: collect(MapName::Backends, self.backends.iter())?,
             rev_nat: collect(MapName::RevNat, self.rev_nat.iter())?,
+            maglev: self.maglev.tables()?,
+            source_ranges: ranges.iter().filter_map(source_range_of).collect(),
         })
     }
 }

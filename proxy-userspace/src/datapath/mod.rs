@@ -5,10 +5,13 @@ mod ids;
 pub mod inspect;
 pub mod links;
 pub mod loader;
+mod maglev_map;
+mod maglev_tables;
 pub mod maps;
 pub mod reconcile;
 pub mod sessions;
 pub mod sock_destroy;
+mod sys;
 
 pub use maps::{KernelMaps, MapError, ServiceMaps};
 pub use reconcile::{Change, ChangeKind, Reconciler, Report};

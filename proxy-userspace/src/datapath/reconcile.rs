@@ -3,10 +3,14 @@
 //! points at an unwritten slot or a removed backend (DESIGN.md):
 //!
 //! 1. upsert the backends the table needs;
-//! 2. per frontend: write changed slots `1..=N`, then slot 0 with the new
-//!    count (the switch-over), then delete slots above `N`;
-//! 3. per removed frontend: slot 0 first, then its slots, then its rev-NAT;
-//! 4. delete backends no frontend slot refers to any more.
+//! 2. per frontend (scope `External` twins before the entries that point
+//!    at them): add its new source ranges, write changed slots `1..=N` and
+//!    its Maglev table, then slot 0 with the new count, flags and table
+//!    (the switch-over), then delete slots above `N` and ranges no longer
+//!    listed;
+//! 3. per removed frontend: slot 0 first, then its slots, ranges and rev-NAT;
+//! 4. delete Maglev tables no slot 0 names, then backends no slot and no
+//!    table refers to any more.
 //!
 //! The applied state mirrors what the maps hold, write by write, so a failed
 //! write leaves a state the next `apply` diffs against and retries.
@@ -16,17 +20,19 @@ use std::{
     net::IpAddr,
 };
 
+use ipnet::IpNet;
 use proxy_common::{
-    Backend as BackendValue, RevNat, ServiceKey, ServiceValue, backend_state,
+    Backend as BackendValue, RevNat, ServiceKey, ServiceValue, backend_flags, backend_state,
     net::{decode, encode},
-    service_flags,
+    scope, service_flags,
 };
 
 use super::{
     ids::IdPool,
+    maglev_tables::MaglevTables,
     maps::{Dump, MapError, ServiceMaps},
 };
-use crate::model::{BackendState, Frontend, FrontendKey, FrontendKind, Protocol, ServiceTable};
+use crate::model::{BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServiceTable};
 
 /// A backend as the maps know it: address, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -56,11 +62,20 @@ struct AppliedFrontend {
     master: Option<ServiceValue>,
     /// `slots[i]` is the backend id in slot `i + 1` (0: unknown id).
     slots: Vec<u32>,
+    /// Source ranges in `SOURCE_RANGES` for this frontend's rev-NAT id.
+    ranges: BTreeSet<IpNet>,
 }
 
 impl AppliedFrontend {
     fn new(service_port: String) -> Self {
-        Self { service_port, rev_nat: 0, rev_nat_written: false, master: None, slots: Vec::new() }
+        Self {
+            service_port,
+            rev_nat: 0,
+            rev_nat_written: false,
+            master: None,
+            slots: Vec::new(),
+            ranges: BTreeSet::new(),
+        }
     }
 
     /// Backend ids reachable by readers (slots `1..=count`).
@@ -124,26 +139,42 @@ pub struct Reconciler {
     backends: BTreeMap<u32, (BackendAddr, BackendValue)>,
     backend_pool: IdPool<u32>,
     rev_nat_pool: IdPool<u16>,
+    maglev: MaglevTables,
 }
 
 fn frontend_key(key: FrontendKey, slot: u16) -> ServiceKey {
-    ServiceKey::new(encode(key.addr), key.port.to_be(), key.protocol.number(), slot)
+    let mut k = ServiceKey::new(encode(key.addr), key.port.to_be(), key.protocol.number(), slot);
+    k.scope = match key.scope {
+        Scope::All => scope::ALL,
+        Scope::External => scope::EXTERNAL,
+    };
+    k
 }
 
 fn rev_nat_value(key: FrontendKey) -> RevNat {
     RevNat { addr: encode(key.addr), port: key.port.to_be(), pad: 0 }
 }
 
-fn backend_value(b: BackendAddr, state: BackendState) -> BackendValue {
+fn backend_value(b: BackendAddr, wanted: Wanted) -> BackendValue {
     BackendValue {
         addr: encode(b.addr),
         port: b.port.to_be(),
         proto: b.protocol.number(),
-        state: match state {
+        state: match wanted.state {
             BackendState::Active => backend_state::ACTIVE,
             BackendState::Terminating => backend_state::TERMINATING,
         },
+        flags: if wanted.local { backend_flags::LOCAL } else { 0 },
+        pad: [0; 3],
     }
+}
+
+/// A backend as the table wants it: its best state, and whether it is on
+/// this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Wanted {
+    state: BackendState,
+    local: bool,
 }
 
 fn kind_flag(kind: FrontendKind) -> u16 {
@@ -170,7 +201,7 @@ impl Reconciler {
     /// deletes entries no reader can reach: slots without a slot 0, rev-NAT
     /// entries of no frontend, entries of unknown protocols.
     pub fn recover(maps: &mut impl ServiceMaps) -> Result<(Self, Recovery), MapError> {
-        let Dump { services, backends, rev_nat } = maps.dump()?;
+        let Dump { services, backends, rev_nat, maglev, source_ranges } = maps.dump()?;
         let mut this = Self::default();
         let mut recovery = Recovery::default();
         let mut stale_services = Vec::new();
@@ -186,11 +217,19 @@ impl Reconciler {
             this.backends.insert(*id, (addr, *value));
         }
         for (key, value) in &services {
-            let Some(protocol) = Protocol::from_number(key.proto).filter(|_| key.scope == 0) else {
+            let scope = match key.scope {
+                scope::ALL => Scope::All,
+                scope::EXTERNAL => Scope::External,
+                _ => {
+                    stale_services.push(*key);
+                    continue;
+                }
+            };
+            let Some(protocol) = Protocol::from_number(key.proto) else {
                 stale_services.push(*key);
                 continue;
             };
-            let fk = FrontendKey { addr: decode(&key.addr), port: u16::from_be(key.port), protocol };
+            let fk = FrontendKey { addr: decode(&key.addr), port: u16::from_be(key.port), protocol, scope };
             let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(fk.to_string()));
             if key.slot == 0 {
                 fe.master = Some(*value);
@@ -214,12 +253,36 @@ impl Reconciler {
         }
         let used_rev_nat: BTreeSet<u16> = this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
         let stale_rev_nat: Vec<u16> = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
+        let by_rev_nat: HashMap<u16, FrontendKey> =
+            this.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k)).collect();
+        let mut stale_ranges = Vec::new();
+        for (id, net) in &source_ranges {
+            match by_rev_nat.get(id) {
+                Some(fk) => {
+                    this.frontends.get_mut(fk).expect("listed above").ranges.insert(*net);
+                }
+                None => stale_ranges.push((*id, *net)),
+            }
+        }
+        // A table a frontend's slot 0 names was built from that frontend's
+        // slots (checked when recovering it).
+        let lists: BTreeMap<u16, Vec<u32>> = this
+            .frontends
+            .values()
+            .filter_map(|f| Some((f.master?.maglev, f.live_slots().to_vec())))
+            .filter(|(id, _)| *id != 0)
+            .collect();
+        let addrs: BTreeMap<u32, BackendAddr> = this.backends.iter().map(|(id, (a, _))| (*id, *a)).collect();
+        this.maglev = MaglevTables::recover(&maglev, &lists, &addrs, maps.maglev_size());
 
         for key in &stale_services {
             maps.remove_service(key)?;
         }
         for id in &stale_rev_nat {
             maps.remove_rev_nat(*id)?;
+        }
+        for (id, net) in &stale_ranges {
+            maps.remove_source_range(*id, *net)?;
         }
         for id in &stale_backends {
             maps.remove_backend(*id)?;
@@ -228,7 +291,8 @@ impl Reconciler {
         this.rev_nat_pool = IdPool::with_used(used_rev_nat.iter().copied());
         recovery.frontends = this.frontends.len();
         recovery.backends = this.backends.len();
-        recovery.stale_entries_removed = stale_services.len() + stale_rev_nat.len() + stale_backends.len();
+        recovery.stale_entries_removed =
+            stale_services.len() + stale_rev_nat.len() + stale_backends.len() + stale_ranges.len();
         Ok((this, recovery))
     }
 
@@ -268,12 +332,27 @@ impl Reconciler {
         self.frontends.iter().map(|(k, f)| (*k, (f.rev_nat, f.live_slots().iter().copied().collect()))).collect()
     }
 
+    /// Whether the applied slot 0 of `key` sends traffic from outside to
+    /// its external twin.
+    fn says_two_scopes(&self, key: FrontendKey) -> bool {
+        self.frontends.get(&key).and_then(|f| f.master).is_some_and(|m| m.flags & service_flags::TWO_SCOPES != 0)
+    }
+
+    /// Number of Maglev tables in the maps.
+    #[must_use]
+    pub fn maglev_tables(&self) -> usize {
+        self.maglev.count()
+    }
+
     /// Makes the maps hold `desired`, writing only what differs.
     pub fn apply(&mut self, maps: &mut impl ServiceMaps, desired: &ServiceTable) -> Report {
         let mut report = Report::default();
         let wanted = wanted_backends(desired);
         self.upsert_backends(maps, &wanted, &mut report);
-        for (key, frontend) in desired {
+        // External twins first: an entry's slot 0 says TWO_SCOPES only once
+        // its twin is there.
+        let (twins, entries): (Vec<_>, Vec<_>) = desired.iter().partition(|(k, _)| k.scope == Scope::External);
+        for (key, frontend) in twins.into_iter().chain(entries) {
             let targets: Option<Vec<(BackendAddr, u32)>> = frontend
                 .backends
                 .iter()
@@ -284,16 +363,29 @@ impl Reconciler {
                 .collect();
             // A missing backend failed to be written above (and is reported).
             let Some(targets) = targets else { continue };
-            if let Err(error) = self.update_frontend(maps, *key, frontend, &targets, &mut report) {
+            let twin_written = key.scope == Scope::All
+                && desired.contains_key(&key.with_scope(Scope::External))
+                && self.frontends.get(&key.with_scope(Scope::External)).is_some_and(|f| f.master.is_some());
+            let flags = frontend_flags(*key, frontend, twin_written);
+            if let Err(error) = self.update_frontend(maps, *key, frontend, flags, &targets, &mut report) {
                 report.failures.push(Failure { subject: format!("{} {key}", frontend.service_port), error });
             }
         }
         let removed: Vec<FrontendKey> = self.frontends.keys().filter(|k| !desired.contains_key(k)).copied().collect();
         for key in removed {
+            // A twin stays while its entry still sends traffic from outside
+            // to it (that entry's write failed; the retry removes both).
+            if key.scope == Scope::External && self.says_two_scopes(key.with_scope(Scope::All)) {
+                continue;
+            }
             if let Err(error) = self.remove_frontend(maps, key, &mut report) {
                 let subject = format!("{} {key}", self.frontends[&key].service_port);
                 report.failures.push(Failure { subject, error });
             }
+        }
+        let used: HashSet<u16> = self.frontends.values().filter_map(|f| f.master.map(|m| m.maglev)).collect();
+        for (id, error) in self.maglev.remove_unused(maps, &used, &mut report.writes) {
+            report.failures.push(Failure { subject: format!("Maglev table {id}"), error });
         }
         self.remove_unused_backends(maps, &wanted, &mut report);
         report
@@ -302,11 +394,11 @@ impl Reconciler {
     fn upsert_backends(
         &mut self,
         maps: &mut impl ServiceMaps,
-        wanted: &BTreeMap<BackendAddr, BackendState>,
+        wanted: &BTreeMap<BackendAddr, Wanted>,
         report: &mut Report,
     ) {
-        for (addr, state) in wanted {
-            let value = backend_value(*addr, *state);
+        for (addr, want) in wanted {
+            let value = backend_value(*addr, *want);
             let result = match self.backend_ids.get(addr) {
                 Some(id) if self.backends[id].1 == value => continue,
                 Some(id) => maps.set_backend(*id, &value).map(|()| *id),
@@ -337,6 +429,7 @@ impl Reconciler {
         maps: &mut impl ServiceMaps,
         key: FrontendKey,
         frontend: &Frontend,
+        flags: u16,
         targets: &[(BackendAddr, u32)],
         report: &mut Report,
     ) -> Result<(), MapError> {
@@ -354,6 +447,12 @@ impl Reconciler {
             maps.set_rev_nat(fe.rev_nat, &rev_nat_value(key))?;
             fe.rev_nat_written = true;
         }
+        let ranges: BTreeSet<IpNet> = frontend.source_ranges.iter().flatten().copied().collect();
+        for net in ranges.difference(&fe.ranges.clone()) {
+            report.writes += 1;
+            maps.set_source_range(fe.rev_nat, *net)?;
+            fe.ranges.insert(*net);
+        }
         for (i, (_, id)) in targets.iter().enumerate() {
             if fe.slots.get(i) == Some(id) {
                 continue;
@@ -369,13 +468,30 @@ impl Reconciler {
                 fe.slots.push(*id);
             }
         }
+        // Traffic from outside picks its backend in a Maglev table; without
+        // one (it could not be written) it hashes over the slots.
+        let list: Vec<u32> = targets.iter().map(|(_, id)| *id).collect();
+        let maglev = if frontend.reach.from_outside() && !list.is_empty() {
+            let addrs: BTreeMap<u32, BackendAddr> = targets.iter().map(|(a, id)| (*id, *a)).collect();
+            match self.maglev.get_or_write(maps, &list, &addrs, &mut report.writes) {
+                Ok(id) => id,
+                Err(error) => {
+                    report
+                        .failures
+                        .push(Failure { subject: format!("{} {key} Maglev table", frontend.service_port), error });
+                    0
+                }
+            }
+        } else {
+            0
+        };
+        let fe = self.frontends.get_mut(&key).expect("inserted above");
         let master = ServiceValue {
             backend_id: 0,
             count: u16::try_from(targets.len()).expect("the model caps backends at u16::MAX"),
             rev_nat: fe.rev_nat,
-            flags: kind_flag(frontend.kind)
-                | if frontend.affinity_timeout.is_some() { service_flags::AFFINITY } else { 0 },
-            pad: 0,
+            flags,
+            maglev,
             affinity_timeout: frontend.affinity_timeout.unwrap_or(0),
         };
         if fe.master != Some(master) {
@@ -387,6 +503,11 @@ impl Reconciler {
             report.writes += 1;
             maps.remove_service(&frontend_key(key, slot_number(fe.slots.len() - 1)))?;
             fe.slots.pop();
+        }
+        for net in fe.ranges.clone().difference(&ranges) {
+            report.writes += 1;
+            maps.remove_source_range(fe.rev_nat, *net)?;
+            fe.ranges.remove(net);
         }
         if report.writes > writes_before {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
@@ -423,6 +544,11 @@ impl Reconciler {
             maps.remove_service(&frontend_key(key, slot_number(fe.slots.len() - 1)))?;
             fe.slots.pop();
         }
+        while let Some(net) = fe.ranges.first().copied() {
+            report.writes += 1;
+            maps.remove_source_range(fe.rev_nat, net)?;
+            fe.ranges.remove(&net);
+        }
         if fe.rev_nat != 0 {
             report.writes += 1;
             maps.remove_rev_nat(fe.rev_nat)?;
@@ -443,10 +569,11 @@ impl Reconciler {
     fn remove_unused_backends(
         &mut self,
         maps: &mut impl ServiceMaps,
-        wanted: &BTreeMap<BackendAddr, BackendState>,
+        wanted: &BTreeMap<BackendAddr, Wanted>,
         report: &mut Report,
     ) {
-        let referenced: HashSet<u32> = self.frontends.values().flat_map(|f| f.slots.iter().copied()).collect();
+        let referenced: HashSet<u32> =
+            self.frontends.values().flat_map(|f| f.slots.iter().copied()).chain(self.maglev.backend_ids()).collect();
         let unused: Vec<(u32, BackendAddr)> = self
             .backends
             .iter()
@@ -475,13 +602,41 @@ impl Reconciler {
 }
 
 /// Every backend the table uses, with its best state.
-fn wanted_backends(desired: &ServiceTable) -> BTreeMap<BackendAddr, BackendState> {
+fn wanted_backends(desired: &ServiceTable) -> BTreeMap<BackendAddr, Wanted> {
     let mut wanted = BTreeMap::new();
     for (key, frontend) in desired {
         for b in &frontend.backends {
             let addr = BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol };
-            wanted.entry(addr).and_modify(|s: &mut BackendState| *s = (*s).min(b.state)).or_insert(b.state);
+            wanted
+                .entry(addr)
+                .and_modify(|w: &mut Wanted| {
+                    w.state = w.state.min(b.state);
+                    w.local |= b.local;
+                })
+                .or_insert(Wanted { state: b.state, local: b.local });
         }
     }
     wanted
+}
+
+/// Slot 0's flags for `frontend` at `key`: its kind, affinity, who it is
+/// for (`EXTERNAL_ONLY`; `TWO_SCOPES` when its external twin is written)
+/// and whether its sources are restricted.
+fn frontend_flags(key: FrontendKey, frontend: &Frontend, twin_written: bool) -> u16 {
+    let mut flags = kind_flag(frontend.kind);
+    if frontend.affinity_timeout.is_some() {
+        flags |= service_flags::AFFINITY;
+    }
+    if key.scope == Scope::All {
+        if frontend.reach == Reach::Outside {
+            flags |= service_flags::EXTERNAL_ONLY;
+        }
+        if twin_written {
+            flags |= service_flags::TWO_SCOPES;
+        }
+    }
+    if frontend.source_ranges.is_some() {
+        flags |= service_flags::SOURCE_RANGES;
+    }
+    flags
 }

@@ -1,29 +1,32 @@
 //! The reconciler against fake maps: exact results, minimal writes, safe
 //! ordering under injected faults, recovery after a restart.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
+use ipnet::IpNet;
 use proptest::prelude::*;
+use proxy_common::{backend_flags, scope, service_flags};
 
 use super::{
     fake_maps::FakeMaps,
+    maglev_tables::identity,
     maps::{Dump, MapError},
-    reconcile::{ChangeKind, Reconciler},
+    reconcile::{BackendAddr, ChangeKind, Reconciler},
 };
-use crate::model::{Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, ServiceTable};
+use crate::model::{Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServiceTable};
 
 fn fk(last: u8, port: u16, protocol: Protocol) -> FrontendKey {
-    FrontendKey { addr: Ipv4Addr::new(10, 96, 0, last).into(), port, protocol }
+    FrontendKey::new(Ipv4Addr::new(10, 96, 0, last).into(), port, protocol)
 }
 
 fn fk6(last: u8, port: u16, protocol: Protocol) -> FrontendKey {
-    FrontendKey { addr: Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, u16::from(last)).into(), port, protocol }
+    FrontendKey::new(Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, u16::from(last)).into(), port, protocol)
 }
 
 fn be(last: u8, port: u16) -> Backend {
-    Backend { addr: Ipv4Addr::new(10, 244, 0, last).into(), port, state: BackendState::Active }
+    Backend { addr: Ipv4Addr::new(10, 244, 0, last).into(), port, state: BackendState::Active, local: false }
 }
 
 fn be6(last: u8, port: u16) -> Backend {
@@ -31,22 +34,38 @@ fn be6(last: u8, port: u16) -> Backend {
         addr: Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, u16::from(last)).into(),
         port,
         state: BackendState::Active,
+        local: false,
     }
 }
 
 fn table(entries: &[(FrontendKey, Vec<Backend>)]) -> ServiceTable {
     entries
         .iter()
-        .map(|(k, b)| {
-            let service_port = format!("ns/svc-{}:{}", k.addr, k.port);
-            (*k, Frontend { service_port, backends: b.clone(), affinity_timeout: None, kind: FrontendKind::ClusterIp })
-        })
+        .map(|(k, b)| (*k, Frontend::new(format!("ns/svc-{}:{}", k.addr, k.port), FrontendKind::ClusterIp, b.clone())))
         .collect()
 }
 
-/// What a reader in the kernel sees of one frontend: its affinity timeout
-/// (0: none) and its backends in slot order.
-type Seen = (u32, Vec<(IpAddr, u16, u8)>);
+/// A NodePort frontend that traffic from outside reaches (`reach`), with
+/// `backends` and optional source ranges.
+fn external(backends: Vec<Backend>, reach: Reach, ranges: Option<Vec<IpNet>>) -> Frontend {
+    Frontend { reach, source_ranges: ranges, ..Frontend::new("ns/np:http", FrontendKind::NodePort, backends) }
+}
+
+/// What a reader in the kernel sees of one frontend.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    /// Affinity timeout (0: none).
+    affinity: u32,
+    /// Backends in slot order: address, port, terminating, local.
+    backends: Vec<(IpAddr, u16, bool, bool)>,
+    /// The Maglev table as backend addresses (traffic from outside).
+    maglev: Option<Vec<(IpAddr, u16)>>,
+    /// Source ranges, when restricted.
+    ranges: Option<BTreeSet<IpNet>>,
+    /// EXTERNAL_ONLY and TWO_SCOPES.
+    outside_only: bool,
+    two_scopes: bool,
+}
 
 /// Reads the maps back into a table: what a reader in the kernel sees.
 fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
@@ -56,51 +75,104 @@ fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
             addr: proxy_common::net::decode(&key.addr),
             port: u16::from_be(key.port),
             protocol: Protocol::from_number(key.proto).unwrap(),
+            scope: if key.scope == scope::EXTERNAL { Scope::External } else { Scope::All },
+        };
+        let addr_of = |id: &u32| {
+            let b = dump.backends[id];
+            (proxy_common::net::decode(&b.addr), u16::from_be(b.port))
         };
         let backends = (1..=master.count)
             .map(|slot| {
                 let id = dump.services[&proxy_common::ServiceKey { slot, ..*key }].backend_id;
                 let b = dump.backends[&id];
-                (proxy_common::net::decode(&b.addr), u16::from_be(b.port), b.state)
+                let (addr, port) = addr_of(&id);
+                (addr, port, b.state == proxy_common::backend_state::TERMINATING, b.flags & backend_flags::LOCAL != 0)
             })
             .collect();
-        let affinity = master.flags & proxy_common::service_flags::AFFINITY != 0;
+        let affinity = master.flags & service_flags::AFFINITY != 0;
         assert_eq!(affinity, master.affinity_timeout != 0, "affinity flag and timeout disagree");
-        out.insert(k, (master.affinity_timeout, backends));
+        let ranges = (master.flags & service_flags::SOURCE_RANGES != 0)
+            .then(|| dump.source_ranges.iter().filter(|(id, _)| *id == master.rev_nat).map(|(_, net)| *net).collect());
+        out.insert(
+            k,
+            Seen {
+                affinity: master.affinity_timeout,
+                backends,
+                maglev: (master.maglev != 0).then(|| dump.maglev[&master.maglev].iter().map(addr_of).collect()),
+                ranges,
+                outside_only: master.flags & service_flags::EXTERNAL_ONLY != 0,
+                two_scopes: master.flags & service_flags::TWO_SCOPES != 0,
+            },
+        );
     }
     out
 }
 
+/// The Maglev table of `backends`, as backend addresses.
+fn maglev_of(backends: &[Backend], protocol: Protocol, size: usize) -> Vec<(IpAddr, u16)> {
+    let ids: Vec<Vec<u8>> =
+        backends.iter().map(|b| identity(&BackendAddr { addr: b.addr, port: b.port, protocol })).collect();
+    crate::maglev::table(&ids, size)
+        .into_iter()
+        .map(|i| (backends[i as usize].addr, backends[i as usize].port))
+        .collect()
+}
+
 /// The table as the maps must show it. A backend has one entry, shared by
 /// every frontend using it, whose state is the best any frontend gives it.
-fn expected(desired: &ServiceTable) -> BTreeMap<FrontendKey, Seen> {
-    let mut best: BTreeMap<(IpAddr, u16, Protocol), BackendState> = BTreeMap::new();
+fn expected(desired: &ServiceTable, maglev_size: usize) -> BTreeMap<FrontendKey, Seen> {
+    let mut best: BTreeMap<(IpAddr, u16, Protocol), (BackendState, bool)> = BTreeMap::new();
     for (k, f) in desired {
         for b in &f.backends {
-            best.entry((b.addr, b.port, k.protocol)).and_modify(|s| *s = (*s).min(b.state)).or_insert(b.state);
+            best.entry((b.addr, b.port, k.protocol))
+                .and_modify(|(s, l)| {
+                    *s = (*s).min(b.state);
+                    *l |= b.local;
+                })
+                .or_insert((b.state, b.local));
         }
     }
     desired
         .iter()
         .map(|(k, f)| {
             let list = f.backends.iter().map(|b| {
-                let state = best[&(b.addr, b.port, k.protocol)];
-                (b.addr, b.port, u8::from(state == BackendState::Terminating))
+                let (state, local) = best[&(b.addr, b.port, k.protocol)];
+                (b.addr, b.port, state == BackendState::Terminating, local)
             });
-            (*k, (f.affinity_timeout.unwrap_or(0), list.collect()))
+            let seen = Seen {
+                affinity: f.affinity_timeout.unwrap_or(0),
+                backends: list.collect(),
+                maglev: (f.reach.from_outside() && !f.backends.is_empty())
+                    .then(|| maglev_of(&f.backends, k.protocol, maglev_size)),
+                ranges: f.source_ranges.as_ref().map(|r| r.iter().copied().collect()),
+                outside_only: k.scope == Scope::All && f.reach == Reach::Outside,
+                two_scopes: k.scope == Scope::All && desired.contains_key(&k.with_scope(Scope::External)),
+            };
+            (*k, seen)
         })
         .collect()
 }
 
 /// The maps hold exactly `desired` and nothing else.
 fn assert_exact(maps: &FakeMaps, desired: &ServiceTable) {
-    assert_eq!(decode(&maps.state), expected(desired));
+    use super::maps::ServiceMaps as _;
+    assert_eq!(decode(&maps.state), expected(desired, maps.maglev_size()));
     let slots: usize = desired.values().map(|f| 1 + f.backends.len()).sum();
     assert_eq!(maps.state.services.len(), slots, "stray service entries");
     assert_eq!(maps.state.rev_nat.len(), desired.len(), "stray rev-NAT entries");
-    let distinct: std::collections::BTreeSet<_> =
+    let distinct: BTreeSet<_> =
         desired.iter().flat_map(|(k, f)| f.backends.iter().map(move |b| (b.addr, b.port, k.protocol))).collect();
     assert_eq!(maps.state.backends.len(), distinct.len(), "stray backends");
+    // One Maglev table per distinct backend list (a backend is its address,
+    // port and protocol), shared by the frontends that have it.
+    let lists: BTreeSet<(Protocol, Vec<(IpAddr, u16)>)> = desired
+        .iter()
+        .filter(|(_, f)| f.reach.from_outside() && !f.backends.is_empty())
+        .map(|(k, f)| (k.protocol, f.backends.iter().map(|b| (b.addr, b.port)).collect()))
+        .collect();
+    assert_eq!(maps.state.maglev.len(), lists.len(), "Maglev tables: one per distinct backend list");
+    let ranges: usize = desired.values().map(|f| f.source_ranges.as_ref().map_or(0, Vec::len)).sum();
+    assert_eq!(maps.state.source_ranges.len(), ranges, "stray source ranges");
 }
 
 #[test]
@@ -167,7 +239,7 @@ fn full_map_fails_only_what_does_not_fit() {
     let report = r.apply(&mut maps, &t);
     assert!(report.failures.iter().any(|f| matches!(f.error, MapError::Full { .. })), "{report:?}");
     let seen = decode(&maps.state);
-    assert_eq!(seen.get(&small).map(|s| s.1.len()), Some(1), "the service that fits is programmed");
+    assert_eq!(seen.get(&small).map(|s| s.backends.len()), Some(1), "the service that fits is programmed");
 }
 
 #[test]
@@ -204,35 +276,63 @@ fn recovery_removes_unreachable_entries() {
     assert_exact(&maps, &t);
 }
 
+fn arb_reach() -> impl Strategy<Value = Reach> {
+    prop_oneof![Just(Reach::LocalClients), Just(Reach::Both), Just(Reach::Outside)]
+}
+
+fn arb_ranges() -> impl Strategy<Value = Option<Vec<IpNet>>> {
+    let net = prop_oneof![
+        Just("203.0.113.0/24".parse::<IpNet>().unwrap()),
+        Just("198.51.100.7/32".parse().unwrap()),
+        Just("fd00:1::/64".parse().unwrap()),
+    ];
+    prop::option::weighted(0.3, prop::collection::btree_set(net, 0..3).prop_map(|s| s.into_iter().collect()))
+}
+
 fn arb_table() -> impl Strategy<Value = ServiceTable> {
-    // Frontends 0..3 are IPv4, 3..5 IPv6, each with backends of its family.
-    let key = (0u8..5, prop_oneof![Just(80u16), Just(443)], prop_oneof![Just(Protocol::Tcp), Just(Protocol::Udp)]);
-    // One state per address and port, as the model gives.
+    // Frontends 0..3 are IPv4, 3..5 IPv6, each with backends of its family,
+    // in either scope.
+    let key = (
+        0u8..5,
+        prop_oneof![Just(80u16), Just(443)],
+        prop_oneof![Just(Protocol::Tcp), Just(Protocol::Udp)],
+        prop::bool::weighted(0.3),
+    );
+    // One state per address and port, as the model gives; odd addresses
+    // are on this node.
     let backends =
         prop::collection::btree_map((1u8..8, prop_oneof![Just(8080u16), Just(9090)]), prop::bool::weighted(0.2), 0..6)
             .prop_map(|m| m.into_iter().map(|((l, p), t)| (l, p, t)).collect::<Vec<_>>());
     let affinity = prop::option::of(prop_oneof![Just(10_800u32), Just(60)]);
-    prop::collection::btree_map(key, (backends, affinity), 0..6).prop_map(|m| {
+    prop::collection::btree_map(key, (backends, affinity, arb_reach(), arb_ranges()), 0..6).prop_map(|m| {
         m.into_iter()
-            .map(|((a, p, proto), (bs, affinity_timeout))| {
+            .map(|((a, p, proto, twin), (bs, affinity_timeout, reach, ranges))| {
                 let mut list: Vec<Backend> = bs
                     .into_iter()
                     .map(|(l, port, term)| Backend {
                         state: if term { BackendState::Terminating } else { BackendState::Active },
+                        local: l % 2 == 1,
                         ..if a < 3 { be(l, port) } else { be6(l, port) }
                     })
                     .collect();
                 list.sort();
-                let k = if a < 3 { fk(a, p, proto) } else { fk6(a, p, proto) };
-                (
-                    k,
-                    Frontend {
-                        service_port: format!("ns/s{a}:{p}"),
-                        backends: list,
-                        affinity_timeout,
-                        kind: FrontendKind::ClusterIp,
-                    },
-                )
+                let mut k = if a < 3 { fk(a, p, proto) } else { fk6(a, p, proto) };
+                let (kind, reach) = if twin {
+                    k.scope = Scope::External;
+                    (FrontendKind::NodePort, Reach::Outside)
+                } else if reach == Reach::LocalClients {
+                    (FrontendKind::ClusterIp, reach)
+                } else {
+                    (FrontendKind::LoadBalancer, reach)
+                };
+                let source_ranges = ranges.filter(|_| reach.from_outside());
+                let frontend = Frontend {
+                    affinity_timeout,
+                    reach,
+                    source_ranges,
+                    ..Frontend::new(format!("ns/s{a}:{p}"), kind, list)
+                };
+                (k, frontend)
             })
             .collect()
     })
@@ -272,4 +372,99 @@ proptest! {
         prop_assert!(report.failures.is_empty());
         assert_exact(&maps, &b);
     }
+}
+
+#[test]
+fn external_frontends_share_one_maglev_table_per_backend_list() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::new();
+    let node_ip = |last| FrontendKey::new(Ipv4Addr::new(172, 30, 0, last).into(), 30080, Protocol::Tcp);
+    let backends = vec![be(1, 8080), be(2, 8080), be(3, 8080)];
+    let mut t = ServiceTable::new();
+    t.insert(fk(10, 80, Protocol::Tcp), Frontend::new("ns/web:http", FrontendKind::ClusterIp, backends.clone()));
+    t.insert(node_ip(11), external(backends.clone(), Reach::Both, None));
+    t.insert(node_ip(12), external(backends.clone(), Reach::Both, None));
+    let report = r.apply(&mut maps, &t);
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_exact(&maps, &t);
+    assert_eq!(maps.state.maglev.len(), 1, "the two node addresses share a table; the ClusterIP has none");
+
+    // A backend more: a new table replaces the old, which is deleted.
+    let more = vec![be(1, 8080), be(2, 8080), be(3, 8080), be(4, 8080)];
+    t.insert(node_ip(11), external(more.clone(), Reach::Both, None));
+    t.insert(node_ip(12), external(more, Reach::Both, None));
+    r.apply(&mut maps, &t);
+    assert_exact(&maps, &t);
+    assert_eq!(maps.state.maglev.len(), 1);
+}
+
+#[test]
+fn maglev_tables_disturb_little_when_a_backend_is_added() {
+    use super::maps::ServiceMaps as _;
+    let mut maps = FakeMaps { maglev_size: 16_381, ..FakeMaps::default() };
+    let mut r = Reconciler::new();
+    let key = FrontendKey::new(Ipv4Addr::new(172, 30, 0, 11).into(), 30080, Protocol::Tcp);
+    let before: Vec<Backend> = (1..=4).map(|i| be(i, 8080)).collect();
+    let after: Vec<Backend> = (1..=5).map(|i| be(i, 8080)).collect();
+    r.apply(&mut maps, &[(key, external(before, Reach::Both, None))].into_iter().collect());
+    let old = decode(&maps.state)[&key].maglev.clone().unwrap();
+    r.apply(&mut maps, &[(key, external(after.clone(), Reach::Both, None))].into_iter().collect());
+    let new = decode(&maps.state)[&key].maglev.clone().unwrap();
+    let added = (after[4].addr, after[4].port);
+    let moved_elsewhere = old.iter().zip(&new).filter(|(o, n)| o != n && **n != added).count();
+    let to_new = new.iter().filter(|n| **n == added).count();
+    assert!(to_new.abs_diff(maps.maglev_size() / 5) < maps.maglev_size() / 50, "the new backend takes ~1/5: {to_new}");
+    assert!(moved_elsewhere < maps.maglev_size() / 50, "{moved_elsewhere} entries moved between old backends");
+}
+
+#[test]
+fn two_scopes_and_source_ranges_follow_the_table() {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::new();
+    let all = FrontendKey::new(Ipv4Addr::new(203, 0, 113, 50).into(), 443, Protocol::Tcp);
+    let ext = all.with_scope(Scope::External);
+    let local = Backend { local: true, ..be(1, 8443) };
+    let ranges: Vec<IpNet> = vec!["203.0.113.0/24".parse().unwrap()];
+    // externalTrafficPolicy: Local: every endpoint for local clients, this
+    // node's for traffic from outside, which only the ranges may send.
+    let mut t = ServiceTable::new();
+    t.insert(all, external(vec![local, be(2, 8443)], Reach::LocalClients, None));
+    t.insert(ext, external(vec![local], Reach::Outside, Some(ranges.clone())));
+    r.apply(&mut maps, &t);
+    assert_exact(&maps, &t);
+    let seen = decode(&maps.state);
+    assert!(seen[&all].two_scopes && seen[&all].maglev.is_none() && seen[&all].ranges.is_none());
+    assert_eq!(seen[&ext].ranges, Some(ranges.iter().copied().collect()));
+    assert!(seen[&ext].backends[0].3, "the local endpoint is marked local");
+
+    // Back to Cluster, ranges gone: one entry, no twin, nothing left over.
+    let t2: ServiceTable = [(all, external(vec![local, be(2, 8443)], Reach::Both, None))].into_iter().collect();
+    r.apply(&mut maps, &t2);
+    assert_exact(&maps, &t2);
+    assert!(maps.state.source_ranges.is_empty());
+
+    // Ranges that are all invalid: the flag with no range admits nobody.
+    let t3: ServiceTable = [(all, external(vec![be(2, 8443)], Reach::Both, Some(Vec::new())))].into_iter().collect();
+    r.apply(&mut maps, &t3);
+    assert_exact(&maps, &t3);
+    assert_eq!(decode(&maps.state)[&all].ranges, Some(BTreeSet::new()));
+}
+
+#[test]
+fn recovery_reuses_maglev_tables_and_ranges() {
+    let mut maps = FakeMaps::default();
+    let key = FrontendKey::new(Ipv4Addr::new(172, 30, 0, 11).into(), 30080, Protocol::Tcp);
+    let t: ServiceTable =
+        [(key, external(vec![be(1, 8080), be(2, 8080)], Reach::Both, Some(vec!["203.0.113.0/24".parse().unwrap()])))]
+            .into_iter()
+            .collect();
+    Reconciler::new().apply(&mut maps, &t);
+    // A crash left a table nobody names and a range of nobody.
+    maps.state.maglev.insert(77, maps.state.maglev.values().next().unwrap().clone());
+    maps.state.source_ranges.insert((99, "10.0.0.0/8".parse().unwrap()));
+    let (mut r, recovery) = Reconciler::recover(&mut maps).unwrap();
+    assert_eq!(recovery.stale_entries_removed, 1, "the stray range");
+    let report = r.apply(&mut maps, &t);
+    assert_eq!(report.writes, 1, "only the unused table is deleted: {report:?}");
+    assert_exact(&maps, &t);
 }

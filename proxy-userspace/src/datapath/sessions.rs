@@ -1,6 +1,9 @@
 //! Session memos the programs keep in LRU maps: a client's affine backend
-//! (`AFFINITY`) and an unconnected UDP socket's backend (`SOCK_BACKEND`). When a backend leaves a service, its memos are
-//! deleted, so the next connection or datagram picks a live backend.
+//! (`AFFINITY`), an unconnected UDP socket's backend (`SOCK_BACKEND`), and
+//! the connection tracking of traffic from outside (`CT`). When a backend
+//! leaves a service, its memos are deleted (of `CT`, the UDP flows: TCP
+//! connections drain, as kube-proxy leaves them), so the next connection or
+//! datagram picks a live backend.
 use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
@@ -8,8 +11,9 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError as AyaMapError};
 use proxy_common::{
-    AffinityKey, AffinityValue, SockBackendKey, SockRevNat, SockRevNatKey,
+    AffinityKey, AffinityValue, CtKey, CtValue, SockBackendKey, SockRevNat, SockRevNatKey,
     net::{decode, encode},
+    proto,
 };
 
 use super::maps::MapError;
@@ -19,6 +23,7 @@ pub struct SessionMaps {
     affinity: BpfHashMap<MapData, AffinityKey, AffinityValue>,
     sock_backend: BpfHashMap<MapData, SockBackendKey, u32>,
     sock_revnat: BpfHashMap<MapData, SockRevNatKey, SockRevNat>,
+    ct: BpfHashMap<MapData, CtKey, CtValue>,
 }
 
 fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
@@ -26,11 +31,12 @@ fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
 }
 
 impl SessionMaps {
-    pub fn from_maps(affinity: Map, sock_backend: Map, sock_revnat: Map) -> Result<Self, MapError> {
+    pub fn from_maps(affinity: Map, sock_backend: Map, sock_revnat: Map, ct: Map) -> Result<Self, MapError> {
         Ok(Self {
             affinity: BpfHashMap::try_from(affinity).map_err(aya_err("AFFINITY"))?,
             sock_backend: BpfHashMap::try_from(sock_backend).map_err(aya_err("SOCK_BACKEND"))?,
             sock_revnat: BpfHashMap::try_from(sock_revnat).map_err(aya_err("SOCK_REVNAT"))?,
+            ct: BpfHashMap::try_from(ct).map_err(aya_err("CT"))?,
         })
     }
 
@@ -40,7 +46,7 @@ impl SessionMaps {
     pub fn service_of(&self, cookie: u64, addr: IpAddr, port: u16, protocol: Protocol) -> Option<FrontendKey> {
         let key = SockRevNatKey { cookie, addr: encode(addr), port: port.to_be(), pad: [0; 6] };
         let value = self.sock_revnat.get(&key, 0).ok()?;
-        Some(FrontendKey { addr: decode(&value.addr), port: u16::from_be(value.port), protocol })
+        Some(FrontendKey::new(decode(&value.addr), u16::from_be(value.port), protocol))
     }
 
     /// Deletes memos whose backend no longer serves their frontend; returns
@@ -59,12 +65,18 @@ impl SessionMaps {
             .iter()
             .filter_map(Result::ok)
             .filter(|(k, id)| {
-                let frontend = Protocol::from_number(k.proto).map(|protocol| FrontendKey {
-                    addr: decode(&k.addr),
-                    port: u16::from_be(k.port),
-                    protocol,
-                });
+                let frontend = Protocol::from_number(k.proto)
+                    .map(|protocol| FrontendKey::new(decode(&k.addr), u16::from_be(k.port), protocol));
                 !frontend.and_then(|f| live.get(&f)).is_some_and(|(_, set)| set.contains(id))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        let stale_flows: Vec<CtKey> = self
+            .ct
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| {
+                k.proto == proto::UDP && !by_rev_nat.get(&v.rev_nat).is_some_and(|set| set.contains(&v.backend_id))
             })
             .map(|(k, _)| k)
             .collect();
@@ -74,7 +86,10 @@ impl SessionMaps {
         for key in &stale_sockets {
             remove_ok(self.sock_backend.remove(key)).map_err(aya_err("SOCK_BACKEND"))?;
         }
-        Ok(stale_affinity.len() + stale_sockets.len())
+        for key in &stale_flows {
+            remove_ok(self.ct.remove(key)).map_err(aya_err("CT"))?;
+        }
+        Ok(stale_affinity.len() + stale_sockets.len() + stale_flows.len())
     }
 }
 

@@ -28,6 +28,8 @@ pub struct Selection<'a> {
     /// This node's zone, to follow zone hints (topology-aware routing,
     /// `trafficDistribution: PreferClose`).
     pub zone: Option<&'a str>,
+    /// This node's name: its endpoints are marked local.
+    pub node_name: &'a str,
     /// Most backends one frontend may have.
     pub max_backends: usize,
 }
@@ -46,8 +48,9 @@ pub fn backends_for_port(
     selection: &Selection<'_>,
     problems: &mut Vec<Problem>,
 ) -> Vec<Backend> {
-    // (addr, port) -> best state seen across slices, and zone hints.
-    let mut found: BTreeMap<(IpAddr, u16), (BackendState, Vec<String>)> = BTreeMap::new();
+    // (addr, port) -> best state seen across slices, zone hints, and
+    // whether it is on this node.
+    let mut found: BTreeMap<(IpAddr, u16), (BackendState, Vec<String>, bool)> = BTreeMap::new();
     let (address_type, family) = if ipv6 { ("IPv6", "IPv6") } else { ("IPv4", "IPv4") };
     for slice in slices {
         if slice.address_type != address_type {
@@ -69,9 +72,8 @@ pub fn backends_for_port(
             } else {
                 continue;
             };
-            if let Some(node) = selection.local_node
-                && endpoint.node_name.as_deref() != Some(node)
-            {
+            let local = endpoint.node_name.as_deref() == Some(selection.node_name);
+            if selection.local_node.is_some() && !local {
                 continue;
             }
             // Like kube-proxy, only an endpoint's first address is used.
@@ -102,26 +104,30 @@ pub fn backends_for_port(
                 .unwrap_or_default();
             found
                 .entry((addr, target))
-                .and_modify(|(s, h)| {
+                .and_modify(|(s, h, l)| {
                     *s = (*s).min(state);
                     h.extend(hints.iter().cloned());
+                    *l |= local;
                 })
-                .or_insert((state, hints));
+                .or_insert((state, hints, local));
         }
     }
-    let any_ready = found.values().any(|(s, _)| *s == BackendState::Active);
+    let any_ready = found.values().any(|(s, _, _)| *s == BackendState::Active);
     let wanted = if any_ready { BackendState::Active } else { BackendState::Terminating };
-    let mut chosen: Vec<((IpAddr, u16), Vec<String>)> =
-        found.into_iter().filter(|(_, (state, _))| *state == wanted).map(|(k, (_, hints))| (k, hints)).collect();
+    let mut chosen: Vec<((IpAddr, u16), Vec<String>, bool)> = found
+        .into_iter()
+        .filter(|(_, (state, _, _))| *state == wanted)
+        .map(|(k, (_, hints, local))| (k, hints, local))
+        .collect();
     if let Some(zone) = selection.zone
         && wanted == BackendState::Active
-        && chosen.iter().all(|(_, hints)| !hints.is_empty())
-        && chosen.iter().any(|(_, hints)| hints.iter().any(|h| h == zone))
+        && chosen.iter().all(|(_, hints, _)| !hints.is_empty())
+        && chosen.iter().any(|(_, hints, _)| hints.iter().any(|h| h == zone))
     {
-        chosen.retain(|(_, hints)| hints.iter().any(|h| h == zone));
+        chosen.retain(|(_, hints, _)| hints.iter().any(|h| h == zone));
     }
     let mut backends: Vec<Backend> =
-        chosen.into_iter().map(|((addr, port), _)| Backend { addr, port, state: wanted }).collect();
+        chosen.into_iter().map(|((addr, port), _, local)| Backend { addr, port, state: wanted, local }).collect();
     if backends.len() > selection.max_backends {
         problems.push(Problem::warning(
             service,
@@ -136,6 +142,24 @@ pub fn backends_for_port(
         backends.truncate(selection.max_backends);
     }
     backends
+}
+
+/// Ready endpoints (distinct addresses, any port or family) of the slices
+/// on node `node`: what a healthCheckNodePort reports.
+pub fn local_ready_endpoints(slices: &[&EndpointSlice], node: &str) -> usize {
+    let mut addrs: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+    for slice in slices {
+        for endpoint in slice.endpoints.iter().flatten() {
+            let ready = endpoint.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+            if ready
+                && endpoint.node_name.as_deref() == Some(node)
+                && let Some(addr) = endpoint.addresses.first()
+            {
+                addrs.insert(addr);
+            }
+        }
+    }
+    addrs.len()
 }
 
 /// The target port for `port` in `slice`, matched by name and protocol.

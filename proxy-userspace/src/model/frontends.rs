@@ -56,6 +56,15 @@ pub struct ServiceFrontends {
     pub lb_ips: Vec<IpAddr>,
     /// `spec.externalIPs`.
     pub external_ips: Vec<IpAddr>,
+    /// `externalTrafficPolicy: Local`: traffic from outside goes only to
+    /// this node's endpoints, with the client's address kept.
+    pub external_local: bool,
+    /// `spec.loadBalancerSourceRanges` (LoadBalancer services); `None`
+    /// when it has none. Fails closed: ranges that are all invalid give
+    /// `Some(vec![])`, which admits no source.
+    pub source_ranges: Option<Vec<ipnet::IpNet>>,
+    /// `spec.healthCheckNodePort` (LoadBalancer, externalTrafficPolicy: Local).
+    pub health_check_node_port: Option<u16>,
 }
 
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`.
@@ -132,7 +141,35 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
         ports.push(PortSpec { name, port: number, protocol, node_port });
     }
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-    let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+    let affinity_timeout = affinity_timeout(spec, &object, problems);
+    let (lb_ips, external_ips) = external_addresses(svc, &object, problems);
+    let is_load_balancer = spec.type_.as_deref() == Some("LoadBalancer");
+    let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let source_ranges = if is_load_balancer { source_ranges(spec, &object, problems) } else { None };
+    let health_check_node_port =
+        if is_load_balancer && external_local { health_check_node_port(spec, &object, problems) } else { None };
+    Ok(ServiceFrontends {
+        object,
+        addrs,
+        ports,
+        internal_local,
+        affinity_timeout,
+        lb_ips,
+        external_ips,
+        external_local,
+        source_ranges,
+        health_check_node_port,
+    })
+}
+
+/// `sessionAffinity: ClientIP`: the timeout in seconds (the default when
+/// unset, and when out of range, which is reported).
+fn affinity_timeout(
+    spec: &k8s_openapi::api::core::v1::ServiceSpec,
+    object: &ObjectRef,
+    problems: &mut Vec<Problem>,
+) -> Option<u32> {
+    (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
         let asked =
             spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds);
         match asked {
@@ -141,7 +178,7 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
                 Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => t,
                 _ => {
                     problems.push(Problem::warning(
-                        &object,
+                        object,
                         "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
                         format!("{t} is not within 1-{MAX_AFFINITY_TIMEOUT}; {DEFAULT_AFFINITY_TIMEOUT} is used"),
                     ));
@@ -149,9 +186,53 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
                 }
             },
         }
-    });
-    let (lb_ips, external_ips) = external_addresses(svc, &object, problems);
-    Ok(ServiceFrontends { object, addrs, ports, internal_local, affinity_timeout, lb_ips, external_ips })
+    })
+}
+
+/// `spec.healthCheckNodePort`, when it is a port number (else reported).
+fn health_check_node_port(
+    spec: &k8s_openapi::api::core::v1::ServiceSpec,
+    object: &ObjectRef,
+    problems: &mut Vec<Problem>,
+) -> Option<u16> {
+    let port = spec.health_check_node_port?;
+    let valid = valid_port(port);
+    if valid.is_none() {
+        problems.push(Problem::error(object, "spec.healthCheckNodePort", format!("{port} is not a port number")));
+    }
+    valid
+}
+
+/// `spec.loadBalancerSourceRanges` as networks (host bits cleared); a
+/// range that is not a CIDR is reported and left out.
+fn source_ranges(
+    spec: &k8s_openapi::api::core::v1::ServiceSpec,
+    object: &ObjectRef,
+    problems: &mut Vec<Problem>,
+) -> Option<Vec<ipnet::IpNet>> {
+    let listed = spec.load_balancer_source_ranges.as_ref().filter(|r| !r.is_empty())?;
+    let mut out = Vec::new();
+    for (i, raw) in listed.iter().enumerate() {
+        let raw = raw.trim();
+        let parsed = raw.parse::<ipnet::IpNet>().or_else(|_| raw.parse::<IpAddr>().map(ipnet::IpNet::from));
+        match parsed {
+            Ok(net) if !out.contains(&net.trunc()) => out.push(net.trunc()),
+            Ok(_) => {}
+            Err(_) => problems.push(Problem::error(
+                object,
+                format!("spec.loadBalancerSourceRanges[{i}]"),
+                format!("{raw:?} is not a CIDR; this range is ignored"),
+            )),
+        }
+    }
+    if out.is_empty() {
+        problems.push(Problem::error(
+            object,
+            "spec.loadBalancerSourceRanges",
+            "no valid range: traffic from outside is refused until one is given",
+        ));
+    }
+    Some(out)
 }
 
 /// `status.loadBalancer.ingress[].ip` (LoadBalancer services only, without

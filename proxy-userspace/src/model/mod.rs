@@ -9,7 +9,7 @@ mod table;
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 pub use problem::{ObjectRef, Problem, Severity};
-pub use table::{NodeContext, Translation, ZONE_LABEL, translate};
+pub use table::{HealthCheck, NodeContext, Translation, ZONE_LABEL, translate};
 
 /// The loopback address NodePorts are also served on (as kube-proxy's
 /// iptables mode does), for processes on the node.
@@ -51,20 +51,48 @@ impl fmt::Display for Protocol {
     }
 }
 
-/// What clients connect to: a service address, port and protocol.
+/// Which clients use a frontend entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Scope {
+    /// Every client, unless an `External` twin serves traffic from outside.
+    #[default]
+    All,
+    /// Traffic from outside the node, where it differs from what clients on
+    /// the node get (externalTrafficPolicy: Local).
+    External,
+}
+
+/// What clients connect to: a service address, port and protocol, and the
+/// scope of the entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrontendKey {
     pub addr: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
+    pub scope: Scope,
+}
+
+impl FrontendKey {
+    /// A scope `All` key.
+    #[must_use]
+    pub const fn new(addr: IpAddr, port: u16, protocol: Protocol) -> Self {
+        Self { addr, port, protocol, scope: Scope::All }
+    }
+
+    /// The same address, port and protocol in scope `scope`.
+    #[must_use]
+    pub const fn with_scope(self, scope: Scope) -> Self {
+        Self { scope, ..self }
+    }
 }
 
 impl fmt::Display for FrontendKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.addr {
-            IpAddr::V4(a) => write!(f, "{a}:{}/{}", self.port, self.protocol),
-            IpAddr::V6(a) => write!(f, "[{a}]:{}/{}", self.port, self.protocol),
+            IpAddr::V4(a) => write!(f, "{a}:{}/{}", self.port, self.protocol)?,
+            IpAddr::V6(a) => write!(f, "[{a}]:{}/{}", self.port, self.protocol)?,
         }
+        if self.scope == Scope::External { f.write_str(" (external)") } else { Ok(()) }
     }
 }
 
@@ -82,6 +110,9 @@ pub struct Backend {
     pub addr: IpAddr,
     pub port: u16,
     pub state: BackendState,
+    /// The endpoint runs on this node (its `nodeName`): traffic from
+    /// outside reaches it without source NAT.
+    pub local: bool,
 }
 
 /// How clients reach a frontend.
@@ -110,6 +141,28 @@ impl FrontendKind {
     }
 }
 
+/// Where the clients of a frontend entry are.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Reach {
+    /// Processes on the node (the socket programs) only: ClusterIPs,
+    /// NodePorts on 127.0.0.1, and the entries that have an `External` twin.
+    #[default]
+    LocalClients,
+    /// Processes on the node and traffic from outside (the TC programs).
+    Both,
+    /// Traffic from outside only: `External` twins, and externalIPs that are
+    /// not this node's (not taken over for local clients: CVE-2020-8554).
+    Outside,
+}
+
+impl Reach {
+    /// Whether traffic from outside the node uses the entry.
+    #[must_use]
+    pub const fn from_outside(self) -> bool {
+        matches!(self, Self::Both | Self::Outside)
+    }
+}
+
 /// A frontend with the backends it spreads new connections over, in slot
 /// order (active first, then by address and port).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,13 +174,33 @@ pub struct Frontend {
     /// backend after its last connection.
     pub affinity_timeout: Option<u32>,
     pub kind: FrontendKind,
+    pub reach: Reach,
+    /// loadBalancerSourceRanges: traffic from outside is accepted only from
+    /// these (`None`: from anywhere; `Some(empty)`: from nowhere).
+    pub source_ranges: Option<Vec<ipnet::IpNet>>,
+}
+
+impl Frontend {
+    /// A ClusterIP-like entry for local clients with these backends.
+    #[must_use]
+    pub fn new(service_port: impl Into<String>, kind: FrontendKind, backends: Vec<Backend>) -> Self {
+        Self {
+            service_port: service_port.into(),
+            backends,
+            affinity_timeout: None,
+            kind,
+            reach: Reach::LocalClients,
+            source_ranges: None,
+        }
+    }
 }
 
 /// The desired service table: every frontend the node must translate.
 pub type ServiceTable = BTreeMap<FrontendKey, Frontend>;
 
 /// The table as text, one frontend a line (`ADDR:PORT/PROTO -> B1 B2 ...`,
-/// terminating backends marked `~`), for logs and golden-file tests.
+/// terminating backends marked `~`, this node's marked `(local)`), for
+/// logs and golden-file tests.
 #[must_use]
 pub fn render(table: &ServiceTable) -> String {
     use std::fmt::Write as _;
@@ -136,6 +209,15 @@ pub fn render(table: &ServiceTable) -> String {
         let _ = write!(out, "{key} {}", frontend.service_port);
         if frontend.kind != FrontendKind::ClusterIp {
             let _ = write!(out, " {}", frontend.kind.as_str());
+            let _ = match frontend.reach {
+                Reach::LocalClients => write!(out, " local-clients"),
+                Reach::Both => Ok(()),
+                Reach::Outside => write!(out, " outside-only"),
+            };
+        }
+        if let Some(ranges) = &frontend.source_ranges {
+            let ranges: Vec<String> = ranges.iter().map(ToString::to_string).collect();
+            let _ = write!(out, " sources={}", if ranges.is_empty() { "none".to_owned() } else { ranges.join(",") });
         }
         if let Some(t) = frontend.affinity_timeout {
             let _ = write!(out, " affinity={t}s");
@@ -146,9 +228,10 @@ pub fn render(table: &ServiceTable) -> String {
         }
         for b in &frontend.backends {
             let mark = if b.state == BackendState::Terminating { "~" } else { "" };
+            let local = if b.local { "(local)" } else { "" };
             let _ = match b.addr {
-                IpAddr::V4(a) => write!(out, " {mark}{a}:{}", b.port),
-                IpAddr::V6(a) => write!(out, " {mark}[{a}]:{}", b.port),
+                IpAddr::V4(a) => write!(out, " {mark}{a}:{}{local}", b.port),
+                IpAddr::V6(a) => write!(out, " {mark}[{a}]:{}{local}", b.port),
             };
         }
         out.push('\n');

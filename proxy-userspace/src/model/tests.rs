@@ -73,7 +73,7 @@ fn internal_traffic_policy_local_keeps_this_nodes_endpoints() {
     let svc = SVC.replace("  clusterIP: 10.96.0.1\n", "  clusterIP: 10.96.0.1\n  internalTrafficPolicy: Local\n");
     let eps = "[{addresses: [10.0.0.1], nodeName: n1}, {addresses: [10.0.0.2], nodeName: n2}]";
     let (t, _) = table(&format!("{svc}{}", slice("a", PORTS, eps)));
-    assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.1:8080\n"), "{t}");
+    assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.1:8080(local)\n"), "{t}");
 }
 
 #[test]
@@ -213,4 +213,98 @@ fn dual_stack_frontends_take_the_slices_of_their_own_family() {
         "{:?}",
         t.problems
     );
+}
+
+/// A LoadBalancer service `lb` on node addresses 192.168.1.10 (this node)
+/// with NodePort 30080, ingress IP 203.0.113.50, externalIPs 192.168.1.10
+/// (this node's) and 198.51.100.7 (elsewhere), and `extra` in its spec.
+fn load_balancer(extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: s, namespace: ns}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.1\n  externalIPs: [192.168.1.10, 198.51.100.7]\n  ports:\n  - {{name: http, port: 80, nodePort: 30080}}\n{extra}status:\n  loadBalancer: {{ingress: [{{ip: 203.0.113.50}}]}}\n{}",
+        slice("a", PORTS, "[{addresses: [10.0.0.1], nodeName: n1}, {addresses: [10.0.0.2], nodeName: n2}]")
+    )
+}
+
+fn translate_on_node(yaml: &str) -> super::Translation {
+    let parsed = file::parse(yaml).expect("yaml");
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+    let node = NodeContext::new("n1").with_ips(vec!["192.168.1.10".parse().unwrap()]);
+    translate(&parsed.objects.services, &parsed.objects.slices, &node)
+}
+
+#[test]
+fn external_traffic_policy_cluster_serves_everyone_from_one_entry() {
+    let t = render(&translate_on_node(&load_balancer("")).table);
+    let all = "-> 10.0.0.1:8080(local) 10.0.0.2:8080\n";
+    for line in [
+        "192.168.1.10:30080/TCP ns/s:http NodePort ",
+        "127.0.0.1:30080/TCP ns/s:http NodePort local-clients ",
+        "203.0.113.50:80/TCP ns/s:http LoadBalancer ",
+        "192.168.1.10:80/TCP ns/s:http ExternalIP ",
+    ] {
+        assert!(t.contains(&format!("{line}{all}")), "{line}\n{t}");
+    }
+    // An externalIP of another machine: traffic from outside only
+    // (CVE-2020-8554: local clients reach the real address).
+    assert!(t.contains(&format!("198.51.100.7:80/TCP ns/s:http ExternalIP outside-only {all}")), "{t}");
+    assert!(!t.contains("(external)"), "no twins with externalTrafficPolicy: Cluster\n{t}");
+}
+
+#[test]
+fn external_traffic_policy_local_gives_outside_traffic_this_nodes_endpoints() {
+    let tr = translate_on_node(&load_balancer("  externalTrafficPolicy: Local\n  healthCheckNodePort: 32000\n"));
+    let t = render(&tr.table);
+    // Local clients keep every endpoint; traffic from outside gets a twin
+    // with this node's only.
+    assert!(
+        t.contains("192.168.1.10:30080/TCP ns/s:http NodePort local-clients -> 10.0.0.1:8080(local) 10.0.0.2:8080\n"),
+        "{t}"
+    );
+    assert!(
+        t.contains("192.168.1.10:30080/TCP (external) ns/s:http NodePort outside-only -> 10.0.0.1:8080(local)\n"),
+        "{t}"
+    );
+    assert!(
+        t.contains("203.0.113.50:80/TCP (external) ns/s:http LoadBalancer outside-only -> 10.0.0.1:8080(local)\n"),
+        "{t}"
+    );
+    assert!(t.contains("198.51.100.7:80/TCP ns/s:http ExternalIP outside-only -> 10.0.0.1:8080(local)\n"), "{t}");
+    assert_eq!(tr.health_checks.len(), 1);
+    assert_eq!((tr.health_checks[0].port, tr.health_checks[0].local_endpoints), (32000, 1));
+    assert_eq!(tr.health_checks[0].service.to_string(), "Service ns/s");
+}
+
+#[test]
+fn no_local_endpoint_leaves_the_external_twin_empty_and_the_health_check_at_zero() {
+    let yaml = load_balancer("  externalTrafficPolicy: Local\n  healthCheckNodePort: 32000\n")
+        .replace("nodeName: n1", "nodeName: n3");
+    let tr = translate_on_node(&yaml);
+    let t = render(&tr.table);
+    assert!(t.contains("203.0.113.50:80/TCP (external) ns/s:http LoadBalancer outside-only -> (none)\n"), "{t}");
+    assert_eq!(tr.health_checks[0].local_endpoints, 0);
+}
+
+#[test]
+fn source_ranges_restrict_traffic_from_outside_to_load_balancer_ips_and_node_ports() {
+    let tr = translate_on_node(&load_balancer("  loadBalancerSourceRanges: [203.0.113.0/24, \"10.1.2.3/8\"]\n"));
+    let t = render(&tr.table);
+    let sources = "sources=203.0.113.0/24,10.0.0.0/8";
+    assert!(t.contains(&format!("203.0.113.50:80/TCP ns/s:http LoadBalancer {sources} ->")), "{t}");
+    assert!(t.contains(&format!("192.168.1.10:30080/TCP ns/s:http NodePort {sources} ->")), "{t}");
+    assert!(!t.contains(&format!("127.0.0.1:30080/TCP ns/s:http NodePort local-clients {sources}")), "{t}");
+    assert!(!t.contains(&format!("ExternalIP {sources}")), "externalIPs are not restricted\n{t}");
+    assert!(!tr.problems.iter().any(|p| p.field.contains("SourceRanges")), "{:?}", tr.problems);
+}
+
+#[test]
+fn invalid_source_ranges_fail_closed() {
+    let tr = translate_on_node(&load_balancer("  loadBalancerSourceRanges: [nowhere]\n"));
+    let t = render(&tr.table);
+    assert!(t.contains("203.0.113.50:80/TCP ns/s:http LoadBalancer sources=none ->"), "{t}");
+    let problems: Vec<String> = tr.problems.iter().map(ToString::to_string).collect();
+    assert!(
+        problems.iter().any(|p| p.contains("loadBalancerSourceRanges[0]") && p.contains("not a CIDR")),
+        "{problems:?}"
+    );
+    assert!(problems.iter().any(|p| p.contains("no valid range")), "{problems:?}");
 }

@@ -137,6 +137,10 @@ impl Env {
             "127.0.0.1:0".into(),
             "--metrics-bind-address".into(),
             "127.0.0.1:0".into(),
+            // The agent runs in the machine's own namespace here: nothing is
+            // attached to its devices (the multi-node tests attach to theirs).
+            "--devices".into(),
+            "none".into(),
         ]
     }
 

@@ -1,0 +1,220 @@
+//! TC programs on the node's external devices: traffic from outside the
+//! node to NodePorts, LoadBalancer IPs and externalIPs, with no netfilter
+//! rule.
+//!
+//! Ingress: a reply to a flow this node source-NATed is sent back to its
+//! client; a packet to a frontend gets a backend (Maglev, so a flow picks
+//! the same backend on every node) and its destination rewritten. When the
+//! backend is on another node the source becomes the node's address too,
+//! so the replies come back here, and the packet is routed out directly.
+//! Egress: a reply from a backend on this node gets the frontend as its
+//! source again.
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    programs::TcContext,
+};
+use proxy_common::{
+    Addr, CtValue, ServiceKey, ServiceValue, backend_flags, ct_dir, ct_flags, external_stat, flow_hash, maglev_index,
+    scope, service_flags,
+};
+
+use crate::{
+    MAGLEV_SIZE,
+    access::{Route, redirect, route},
+    ct,
+    maps::{backend, count_connection, count_external, maglev_entry, service, source_allowed},
+    packet::{End, Packet},
+};
+
+/// Why a packet is dropped: an `external_stat` index.
+type Drop = u32;
+
+/// `reply_to_client`: the packet is not a reply of a source-NATed flow.
+const NOT_A_REPLY: i32 = -1;
+
+#[inline(always)]
+pub fn ingress(ctx: &TcContext) -> i32 {
+    let mut pkt = Packet::empty();
+    if !Packet::parse(ctx, &mut pkt) {
+        return TC_ACT_OK;
+    }
+    let action = reply_to_client(ctx, &mut pkt);
+    if action != NOT_A_REPLY {
+        return action;
+    }
+    to_frontend(ctx, &mut pkt)
+}
+
+#[inline(always)]
+pub fn egress(ctx: &TcContext) -> i32 {
+    let mut pkt = Packet::empty();
+    if !Packet::parse(ctx, &mut pkt) {
+        return TC_ACT_OK;
+    }
+    // A reply of a backend on this node to a client outside: show the
+    // frontend as its source. (Replies of source-NATed flows come back
+    // to this node's address and are handled at ingress.)
+    let mut entry = CtValue::default();
+    if ct::lookup(&pkt, ct_dir::REPLY, &mut entry)
+        && entry.flags & ct_flags::SNAT == 0
+        && pkt.rewrite(ctx, End::Src, &entry.addr, entry.port).is_err()
+    {
+        return drop_packet(external_stat::REWRITE_FAILED);
+    }
+    TC_ACT_OK
+}
+
+/// Counts why a packet is dropped, and drops it.
+#[inline(always)]
+fn drop_packet(stat: Drop) -> i32 {
+    count_external(stat);
+    TC_ACT_SHOT
+}
+
+#[inline(always)]
+fn verdict(result: Result<i32, Drop>) -> i32 {
+    result.unwrap_or_else(drop_packet)
+}
+
+/// A backend on another node answers a flow this node source-NATed: back
+/// to the client, from the frontend.
+#[inline(never)]
+fn reply_to_client(ctx: &TcContext, pkt: &mut Packet) -> i32 {
+    let mut flow = CtValue::default();
+    if !ct::lookup(pkt, ct_dir::REPLY, &mut flow) || flow.flags & ct_flags::SNAT == 0 {
+        return NOT_A_REPLY;
+    }
+    verdict(
+        rewrite(ctx, pkt, End::Src, &flow.addr, flow.port)
+            .and_then(|()| rewrite(ctx, pkt, End::Dst, &flow.nat_addr, flow.nat_port))
+            .map(|()| forward(ctx, pkt)),
+    )
+}
+
+/// A packet to a frontend (or not, then it is left alone): to its flow's
+/// backend.
+#[inline(never)]
+fn to_frontend(ctx: &TcContext, pkt: &mut Packet) -> i32 {
+    let Some((key, frontend)) = external_frontend(pkt) else { return TC_ACT_OK };
+    let mut flow = CtValue::default();
+    // A new connection on the tuple of a closing one starts afresh; a flow
+    // whose backend is gone picks another.
+    let known = ct::lookup(pkt, ct_dir::ORIGINAL, &mut flow)
+        && !(pkt.is_syn() && flow.flags & ct_flags::CLOSING != 0)
+        && backend(flow.backend_id).is_some();
+    if !known {
+        let stat = new_flow(ctx, pkt, &key, &frontend, &mut flow);
+        if stat != ADMITTED {
+            return drop_packet(stat);
+        }
+    }
+    if let Err(stat) = rewrite(ctx, pkt, End::Dst, &flow.addr, flow.port) {
+        return drop_packet(stat);
+    }
+    if flow.flags & ct_flags::SNAT == 0 {
+        // A backend on this node: the stack delivers it, and its replies
+        // pass the egress program.
+        return TC_ACT_OK;
+    }
+    if let Err(stat) = rewrite(ctx, pkt, End::Src, &flow.nat_addr, flow.nat_port) {
+        return drop_packet(stat);
+    }
+    forward(ctx, pkt)
+}
+
+#[inline(always)]
+fn rewrite(ctx: &TcContext, pkt: &mut Packet, end: End, addr: &Addr, port: u16) -> Result<(), Drop> {
+    pkt.rewrite(ctx, end, addr, port).map_err(|_| external_stat::REWRITE_FAILED)
+}
+
+/// Sends a rewritten packet whose source is a local address on its way
+/// (the stack would drop it as martian); returns the TC action.
+#[inline(never)]
+fn forward(ctx: &TcContext, pkt: &Packet) -> i32 {
+    let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &pkt.dst, pkt.dport);
+    if !route(ctx, &mut to) || pkt.decrement_ttl(ctx).is_err() {
+        return drop_packet(external_stat::NO_ROUTE);
+    }
+    redirect(&to)
+}
+
+/// The frontend traffic from outside reaches at the packet's destination:
+/// a NodePort, LoadBalancer IP or externalIP (not a ClusterIP), in its
+/// external scope when it has two.
+#[inline(always)]
+fn external_frontend(pkt: &Packet) -> Option<(ServiceKey, ServiceValue)> {
+    let mut key = ServiceKey::new(pkt.dst, pkt.dport, pkt.proto, 0);
+    let frontend = service(&key)?;
+    if frontend.flags & service_flags::EXTERNAL_KINDS == 0 {
+        return None;
+    }
+    if frontend.flags & service_flags::TWO_SCOPES != 0 {
+        key.scope = scope::EXTERNAL;
+        return Some((key, service(&key)?));
+    }
+    Some((key, frontend))
+}
+
+/// `new_flow`: the flow was admitted.
+const ADMITTED: Drop = u32::MAX;
+
+/// Admits a new flow into `flow`: checks the source ranges, picks a backend
+/// and records the flow (with source NAT when the backend is elsewhere).
+/// Returns `ADMITTED`, or why the packet is dropped.
+#[inline(never)]
+fn new_flow(ctx: &TcContext, pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue, flow: &mut CtValue) -> Drop {
+    if frontend.flags & service_flags::SOURCE_RANGES != 0 && !source_allowed(frontend.rev_nat, &pkt.src) {
+        return external_stat::SOURCE_DENIED;
+    }
+    if frontend.count == 0 {
+        // No (local) endpoint: dropped, as kube-proxy drops it.
+        return external_stat::NO_BACKEND;
+    }
+    let backend_id = pick_backend(pkt, key, frontend);
+    let Some(target) = backend(backend_id) else { return external_stat::NO_BACKEND };
+    *flow =
+        CtValue { addr: target.addr, port: target.port, rev_nat: frontend.rev_nat, backend_id, ..CtValue::default() };
+    if target.flags & backend_flags::LOCAL == 0 {
+        // The node's address on the way to the backend is the new source.
+        if !snat_address(ctx, pkt, flow) {
+            return external_stat::NO_ROUTE;
+        }
+        flow.flags = ct_flags::SNAT;
+    }
+    if !ct::create(pkt, flow) {
+        return external_stat::NO_SNAT_PORT;
+    }
+    count_external(external_stat::NEW_FLOW);
+    count_connection(frontend.rev_nat);
+    ADMITTED
+}
+
+/// Sets `flow.nat_addr` to the address the route to the backend
+/// (`flow.addr`) prefers: the node's address on that way.
+#[inline(never)]
+fn snat_address(ctx: &TcContext, pkt: &Packet, flow: &mut CtValue) -> bool {
+    let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &flow.addr, flow.port);
+    to.want_src = true;
+    if !route(ctx, &mut to) {
+        return false;
+    }
+    flow.nat_addr = to.src;
+    true
+}
+
+/// The backend id of a new flow: its entry in the frontend's Maglev table,
+/// or (no table written) the slot its hash selects; 0 when none.
+#[inline(never)]
+fn pick_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
+    let hash = flow_hash(&pkt.src, pkt.sport, pkt.dport, pkt.proto);
+    let size = MAGLEV_SIZE.load();
+    if frontend.maglev != 0
+        && size != 0
+        && let Some(id) = maglev_entry(frontend.maglev, maglev_index(hash, size), size)
+    {
+        return id;
+    }
+    #[expect(clippy::cast_possible_truncation, reason = "below count, a u16")]
+    let slot = (hash % u32::from(frontend.count)) as u16 + 1;
+    service(&ServiceKey { slot, ..*key }).map_or(0, |v| v.backend_id)
+}

@@ -1,0 +1,246 @@
+//! Packets on a TC hook: parse Ethernet + IPv4/IPv6 + TCP/UDP, and rewrite
+//! addresses and ports with their checksums. Addresses are 16 bytes (IPv4
+//! as IPv4-mapped IPv6) like everywhere else; ports in network byte order.
+//! Reads and writes go through the skb helpers, so non-linear packets work
+//! and no bounds are left to the verifier.
+use aya_ebpf::programs::TcContext;
+use proxy_common::{Addr, CtKey, as_v4, mapped_v4, proto};
+
+use crate::access::csum_diff;
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+/// `l4_csum_replace` flags (linux/bpf.h).
+const BPF_F_PSEUDO_HDR: u64 = 1 << 4;
+const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+
+/// Rewriting a packet failed (a helper refused).
+pub struct RewriteFailed;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+/// Which end of the packet to rewrite.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Src,
+    Dst,
+}
+
+/// A TCP or UDP packet, as parsed.
+pub struct Packet {
+    pub family: Family,
+    /// Offset of the IP header.
+    l3: usize,
+    /// Offset of the TCP or UDP header.
+    l4: usize,
+    pub proto: u8,
+    pub src: Addr,
+    pub dst: Addr,
+    pub sport: u16,
+    pub dport: u16,
+    /// TCP flags (0 for UDP).
+    pub tcp_flags: u8,
+}
+
+impl Packet {
+    /// Reads the packet's IP and TCP/UDP headers into `out`; false for
+    /// anything else (other protocols, IPv4 fragments, IPv6 extension
+    /// headers), which is then left alone. Out of line, so its temporaries
+    /// are off the stack by the time the translation runs.
+    #[inline(never)]
+    pub fn parse(ctx: &TcContext, out: &mut Self) -> bool {
+        match Self::read(ctx) {
+            Some(p) => {
+                *out = p;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// An empty packet, to `parse` into.
+    #[inline(always)]
+    pub const fn empty() -> Self {
+        Self {
+            family: Family::V4,
+            l3: 0,
+            l4: 0,
+            proto: 0,
+            src: Addr([0; 16]),
+            dst: Addr([0; 16]),
+            sport: 0,
+            dport: 0,
+            tcp_flags: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn read(ctx: &TcContext) -> Option<Self> {
+        let ethertype = u16::from_be(ctx.load::<u16>(12).ok()?);
+        let l3 = ETH_HLEN;
+        let (family, l4, proto, src, dst) = match ethertype {
+            ETH_P_IP => {
+                let version_ihl = ctx.load::<u8>(l3).ok()?;
+                let ihl = usize::from(version_ihl & 0x0f) * 4;
+                if version_ihl >> 4 != 4 || ihl < 20 {
+                    return None;
+                }
+                // More-fragments flag or a fragment offset: only the first
+                // fragment has ports, so fragments are not translated.
+                if u16::from_be(ctx.load::<u16>(l3 + 6).ok()?) & 0x3fff != 0 {
+                    return None;
+                }
+                let proto = ctx.load::<u8>(l3 + 9).ok()?;
+                let src = mapped_v4(ctx.load::<[u8; 4]>(l3 + 12).ok()?);
+                let dst = mapped_v4(ctx.load::<[u8; 4]>(l3 + 16).ok()?);
+                (Family::V4, l3 + ihl, proto, src, dst)
+            }
+            ETH_P_IPV6 => {
+                let proto = ctx.load::<u8>(l3 + 6).ok()?;
+                let src = ctx.load::<Addr>(l3 + 8).ok()?;
+                let dst = ctx.load::<Addr>(l3 + 24).ok()?;
+                (Family::V6, l3 + 40, proto, src, dst)
+            }
+            _ => return None,
+        };
+        if proto != proto::TCP && proto != proto::UDP {
+            return None;
+        }
+        let ports = ctx.load::<[u8; 4]>(l4).ok()?;
+        let tcp_flags = if proto == proto::TCP { ctx.load::<u8>(l4 + 13).ok()? } else { 0 };
+        Some(Self {
+            family,
+            l3,
+            l4,
+            proto,
+            src,
+            dst,
+            sport: u16::from_ne_bytes([ports[0], ports[1]]),
+            dport: u16::from_ne_bytes([ports[2], ports[3]]),
+            tcp_flags,
+        })
+    }
+
+    /// The connection-tracking key of this packet as it is now.
+    #[inline(always)]
+    pub fn ct_key(&self, dir: u8) -> CtKey {
+        CtKey {
+            src: self.src,
+            dst: self.dst,
+            sport: self.sport,
+            dport: self.dport,
+            proto: self.proto,
+            dir,
+            pad: [0; 2],
+        }
+    }
+
+    /// A TCP SYN without ACK: a client opening a connection.
+    #[inline(always)]
+    pub fn is_syn(&self) -> bool {
+        self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+    }
+
+    /// A TCP FIN or RST: the connection is ending.
+    #[inline(always)]
+    pub fn is_closing(&self) -> bool {
+        self.tcp_flags & (TCP_FIN | TCP_RST) != 0
+    }
+
+    fn l4_csum_offset(&self) -> usize {
+        if self.proto == proto::TCP { self.l4 + 16 } else { self.l4 + 6 }
+    }
+
+    /// L4 checksum flags: a UDP checksum of 0 (IPv4: none) stays 0.
+    fn l4_flags(&self) -> u64 {
+        if self.proto == proto::UDP { BPF_F_MARK_MANGLED_0 } else { 0 }
+    }
+
+    /// Rewrites the source or destination address and port.
+    #[inline(never)]
+    pub fn rewrite(&mut self, ctx: &TcContext, end: End, addr: &Addr, port: u16) -> Result<(), RewriteFailed> {
+        let (old_addr, old_port) = match end {
+            End::Src => (self.src, self.sport),
+            End::Dst => (self.dst, self.dport),
+        };
+        if old_addr != *addr {
+            self.rewrite_addr(ctx, end, &old_addr, addr)?;
+        }
+        if old_port != port {
+            let offset = self.l4 + if end == End::Src { 0 } else { 2 };
+            ctx.l4_csum_replace(self.l4_csum_offset(), u64::from(old_port), u64::from(port), 2 | self.l4_flags())
+                .map_err(|_| RewriteFailed)?;
+            ctx.store(offset, &port, 0).map_err(|_| RewriteFailed)?;
+        }
+        match end {
+            End::Src => (self.src, self.sport) = (*addr, port),
+            End::Dst => (self.dst, self.dport) = (*addr, port),
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn rewrite_addr(&self, ctx: &TcContext, end: End, old: &Addr, new: &Addr) -> Result<(), RewriteFailed> {
+        let l4_csum = self.l4_csum_offset();
+        match self.family {
+            Family::V4 => {
+                let (Some(old4), Some(new4)) = (as_v4(old), as_v4(new)) else { return Err(RewriteFailed) };
+                let (from, to) = (u64::from(u32::from_ne_bytes(old4)), u64::from(u32::from_ne_bytes(new4)));
+                let offset = self.l3 + if end == End::Src { 12 } else { 16 };
+                ctx.l4_csum_replace(l4_csum, from, to, BPF_F_PSEUDO_HDR | 4 | self.l4_flags())
+                    .map_err(|_| RewriteFailed)?;
+                ctx.l3_csum_replace(self.l3 + 10, from, to, 4).map_err(|_| RewriteFailed)?;
+                ctx.store(offset, &new4, 0).map_err(|_| RewriteFailed)
+            }
+            Family::V6 => {
+                if as_v4(new).is_some() {
+                    return Err(RewriteFailed);
+                }
+                let diff = csum_diff(&mut old.words(), &mut new.words());
+                if diff < 0 {
+                    return Err(RewriteFailed);
+                }
+                #[expect(clippy::cast_sign_loss, reason = "checked non-negative")]
+                ctx.l4_csum_replace(l4_csum, 0, diff as u64, BPF_F_PSEUDO_HDR | self.l4_flags())
+                    .map_err(|_| RewriteFailed)?;
+                let offset = self.l3 + if end == End::Src { 8 } else { 24 };
+                ctx.store(offset, new, 0).map_err(|_| RewriteFailed)
+            }
+        }
+    }
+
+    /// Decrements the TTL (hop limit) of a packet this node forwards
+    /// itself; fails when it would reach 0.
+    #[inline(always)]
+    pub fn decrement_ttl(&self, ctx: &TcContext) -> Result<(), RewriteFailed> {
+        match self.family {
+            Family::V4 => {
+                // TTL and protocol form one 16-bit word of the checksum.
+                let old = ctx.load::<[u8; 2]>(self.l3 + 8).map_err(|_| RewriteFailed)?;
+                if old[0] <= 1 {
+                    return Err(RewriteFailed);
+                }
+                let new = [old[0] - 1, old[1]];
+                let (from, to) = (u16::from_ne_bytes(old), u16::from_ne_bytes(new));
+                ctx.l3_csum_replace(self.l3 + 10, u64::from(from), u64::from(to), 2).map_err(|_| RewriteFailed)?;
+                ctx.store(self.l3 + 8, &new, 0).map_err(|_| RewriteFailed)
+            }
+            Family::V6 => {
+                let hops = ctx.load::<u8>(self.l3 + 7).map_err(|_| RewriteFailed)?;
+                if hops <= 1 {
+                    return Err(RewriteFailed);
+                }
+                ctx.store(self.l3 + 7, &(hops - 1), 0).map_err(|_| RewriteFailed)
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Raw bpf(2) calls aya 0.14 does not expose: opening a pinned link, reading
+//! a link's info, swapping a link's program, and element access to a map
+//! whose value size is known only at run time (the Maglev tables). Numbers
+//! and layouts are those of `union bpf_attr` and `struct bpf_link_info` in
+//! linux/bpf.h.
+use std::{
+    ffi::CString,
+    io,
+    os::{
+        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    },
+    path::Path,
+};
+
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_UPDATE: libc::c_long = 29;
+
+/// bpf(cmd, attr, size): the only `unsafe` of this module.
+fn bpf(cmd: libc::c_long, attr: &mut [u64; 4]) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a zeroed, 8-byte aligned buffer of the size
+    // passed, laid out as the command's part of `union bpf_attr`; the
+    // pointers stored in it outlive the call.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), size_of_val(attr)) };
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+}
+
+fn fd_u64(fd: BorrowedFd<'_>) -> u64 {
+    u64::from(u32::try_from(fd.as_raw_fd()).expect("fds are non-negative"))
+}
+
+/// Opens a pinned object.
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let path = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // { __aligned_u64 pathname; __u32 bpf_fd; __u32 file_flags; ... }
+    let mut attr = [path.as_ptr() as u64, 0, 0, 0];
+    let fd = bpf(BPF_OBJ_GET, &mut attr)?;
+    let fd = i32::try_from(fd).map_err(io::Error::other)?;
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A link as `BPF_OBJ_GET_INFO_BY_FD` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkInfo {
+    /// `enum bpf_link_type`.
+    pub link_type: u32,
+    pub id: u32,
+    pub prog_id: u32,
+    /// The first 8 bytes of the type's part: a cgroup link's cgroup id; a
+    /// tcx link's ifindex (low 32 bits) and attach type (high 32 bits).
+    pub target: u64,
+}
+
+/// `BPF_LINK_TYPE_CGROUP` and `BPF_LINK_TYPE_TCX` of `enum bpf_link_type`.
+pub const LINK_TYPE_CGROUP: u32 = 3;
+pub const LINK_TYPE_TCX: u32 = 11;
+
+pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+    // struct bpf_link_info { u32 type, id, prog_id; union { ... } } — the
+    // union starts at byte 16 (8-byte aligned).
+    let mut info = [0u64; 8];
+    let info_len = size_of_val(&info) as u64;
+    // { __u32 bpf_fd; __u32 info_len; __aligned_u64 info; }
+    let mut attr = [fd_u64(link) | (info_len << 32), info.as_mut_ptr() as u64, 0, 0];
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    #[expect(clippy::cast_possible_truncation, reason = "u32 fields packed in u64 words")]
+    Ok(LinkInfo { link_type: info[0] as u32, id: (info[0] >> 32) as u32, prog_id: info[1] as u32, target: info[2] })
+}
+
+/// Makes `link` run `prog` instead of its current program, atomically.
+pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    // { __u32 link_fd; __u32 new_prog_fd; __u32 flags; __u32 old_prog_fd; }
+    let mut attr = [fd_u64(link) | (fd_u64(prog) << 32), 0, 0, 0];
+    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+}
+
+/// `{ __u32 map_fd; __aligned_u64 key; __aligned_u64 value; __u64 flags }`.
+fn elem_attr(map: BorrowedFd<'_>, key: &[u8], value: u64, flags: u64) -> [u64; 4] {
+    [fd_u64(map), key.as_ptr() as u64, value, flags]
+}
+
+/// Writes `value` (exactly the map's value size) under `key`.
+pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
+    let mut attr = elem_attr(map, key, value.as_ptr() as u64, 0);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// Reads the value of `key` into `value` (exactly the map's value size);
+/// false when there is none.
+pub fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+    let mut attr = elem_attr(map, key, value.as_mut_ptr() as u64, 0);
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Deletes `key`; a missing key is success.
+pub fn map_delete(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
+    let mut attr = elem_attr(map, key, 0, 0);
+    match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
+        Err(err) if err.raw_os_error() != Some(libc::ENOENT) => Err(err),
+        _ => Ok(()),
+    }
+}
+
+/// The key after `key` (the first key for `None`) into `next`; false at
+/// the end.
+pub fn map_next_key(map: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
+    let mut attr = elem_attr(map, key.unwrap_or(&[]), next.as_mut_ptr() as u64, 0);
+    if key.is_none() {
+        attr[1] = 0;
+    }
+    match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
