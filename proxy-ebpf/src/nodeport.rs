@@ -214,7 +214,10 @@ fn pick_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> u32 
     {
         return id;
     }
+    // `checked_rem`: a plain `%` would carry a panic path for a zero count
+    // (ruled out by the caller), which the verifier refuses.
+    let Some(index) = hash.checked_rem(u32::from(frontend.count)) else { return 0 };
     #[expect(clippy::cast_possible_truncation, reason = "below count, a u16")]
-    let slot = (hash % u32::from(frontend.count)) as u16 + 1;
+    let slot = index as u16 + 1;
     service(&ServiceKey { slot, ..*key }).map_or(0, |v| v.backend_id)
 }

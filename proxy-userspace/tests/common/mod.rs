@@ -5,6 +5,7 @@
 
 pub mod apiserver;
 pub mod cluster;
+pub mod packet;
 
 use std::{
     fmt::Write as _,

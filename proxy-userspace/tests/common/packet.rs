@@ -1,0 +1,159 @@
+//! Crafted Ethernet + IPv4/IPv6 + TCP/UDP frames for `BPF_PROG_TEST_RUN`,
+//! and a parser that checks every checksum of what comes back, computed
+//! from scratch.
+use std::net::{IpAddr, SocketAddr};
+
+pub const TCP: u8 = 6;
+pub const UDP: u8 = 17;
+pub const SYN: u8 = 0x02;
+pub const ACK: u8 = 0x10;
+pub const FIN: u8 = 0x01;
+
+/// One's-complement sum of `data` (16-bit big-endian words) onto `sum`.
+fn sum(mut acc: u32, data: &[u8]) -> u32 {
+    for chunk in data.chunks(2) {
+        let word = if chunk.len() == 2 { u16::from_be_bytes([chunk[0], chunk[1]]) } else { u16::from(chunk[0]) << 8 };
+        acc += u32::from(word);
+    }
+    acc
+}
+
+fn fold(mut acc: u32) -> u16 {
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    !u16::try_from(acc).expect("folded to 16 bits")
+}
+
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// The L4 checksum over the pseudo header and `segment` (with its checksum
+/// field zeroed by the caller, or left in to verify: then 0 means valid).
+fn l4_checksum(src: IpAddr, dst: IpAddr, proto: u8, segment: &[u8]) -> u16 {
+    let mut acc = sum(0, &ip_bytes(src));
+    acc = sum(acc, &ip_bytes(dst));
+    let len = u32::try_from(segment.len()).unwrap();
+    if src.is_ipv4() {
+        acc += u32::from(proto) + len;
+    } else {
+        acc = sum(acc, &len.to_be_bytes());
+        acc += u32::from(proto);
+    }
+    fold(sum(acc, segment))
+}
+
+/// A frame from `src` to `dst`: TCP with `flags`, or UDP (`tcp_flags`
+/// `None`) with a checksum unless `udp_zero_checksum`.
+pub fn frame(src: SocketAddr, dst: SocketAddr, tcp_flags: Option<u8>, payload: &[u8]) -> Vec<u8> {
+    build(src, dst, tcp_flags, payload, false)
+}
+
+/// A UDP/IPv4 frame without a UDP checksum (0, allowed for IPv4).
+pub fn udp4_without_checksum(src: SocketAddr, dst: SocketAddr, payload: &[u8]) -> Vec<u8> {
+    build(src, dst, None, payload, true)
+}
+
+fn build(src: SocketAddr, dst: SocketAddr, tcp_flags: Option<u8>, payload: &[u8], zero_udp_csum: bool) -> Vec<u8> {
+    let proto = if tcp_flags.is_some() { TCP } else { UDP };
+    let mut l4 = Vec::new();
+    l4.extend_from_slice(&src.port().to_be_bytes());
+    l4.extend_from_slice(&dst.port().to_be_bytes());
+    if let Some(flags) = tcp_flags {
+        l4.extend_from_slice(&1000u32.to_be_bytes()); // seq
+        l4.extend_from_slice(&0u32.to_be_bytes()); // ack
+        l4.push(5 << 4); // data offset
+        l4.push(flags);
+        l4.extend_from_slice(&64_000u16.to_be_bytes()); // window
+        l4.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent
+    } else {
+        let len = u16::try_from(8 + payload.len()).unwrap();
+        l4.extend_from_slice(&len.to_be_bytes());
+        l4.extend_from_slice(&[0, 0]);
+    }
+    l4.extend_from_slice(payload);
+    let csum_at = if proto == TCP { 16 } else { 6 };
+    if !zero_udp_csum {
+        let mut c = l4_checksum(src.ip(), dst.ip(), proto, &l4);
+        if c == 0 && proto == UDP {
+            c = 0xffff;
+        }
+        l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
+    }
+    let mut out = vec![0x02, 0, 0, 0, 0, 0x01, 0x02, 0, 0, 0, 0, 0x02];
+    match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            out.extend_from_slice(&0x0800u16.to_be_bytes());
+            let total = u16::try_from(20 + l4.len()).unwrap();
+            let mut ip = vec![0x45, 0];
+            ip.extend_from_slice(&total.to_be_bytes());
+            ip.extend_from_slice(&[0x12, 0x34, 0x40, 0]); // id, don't fragment
+            ip.extend_from_slice(&[64, proto, 0, 0]);
+            ip.extend_from_slice(&s.octets());
+            ip.extend_from_slice(&d.octets());
+            let c = fold(sum(0, &ip));
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            out.extend_from_slice(&ip);
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            out.extend_from_slice(&0x86ddu16.to_be_bytes());
+            out.extend_from_slice(&[0x60, 0, 0, 0]);
+            out.extend_from_slice(&u16::try_from(l4.len()).unwrap().to_be_bytes());
+            out.extend_from_slice(&[proto, 64]);
+            out.extend_from_slice(&s.octets());
+            out.extend_from_slice(&d.octets());
+        }
+        _ => panic!("mixed families"),
+    }
+    out.extend_from_slice(&l4);
+    out
+}
+
+/// What a frame says, with its checksums verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    pub proto: u8,
+    /// TTL or hop limit.
+    pub ttl: u8,
+    /// The UDP checksum field was 0 (none).
+    pub udp_checksum_zero: bool,
+}
+
+/// Parses `frame`, panicking unless its IPv4 header checksum and its
+/// TCP/UDP checksum are right.
+#[must_use]
+pub fn parse(frame: &[u8]) -> Seen {
+    let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
+    let ip = &frame[14..];
+    let (src, dst, proto, ttl, l4) = match ethertype {
+        0x0800 => {
+            let ihl = usize::from(ip[0] & 0x0f) * 4;
+            assert_eq!(fold(sum(0, &ip[..ihl])), 0, "IPv4 header checksum is wrong: {frame:02x?}");
+            let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            let src = IpAddr::from(<[u8; 4]>::try_from(&ip[12..16]).unwrap());
+            let dst = IpAddr::from(<[u8; 4]>::try_from(&ip[16..20]).unwrap());
+            (src, dst, ip[9], ip[8], &ip[ihl..total])
+        }
+        0x86dd => {
+            let len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+            let src = IpAddr::from(<[u8; 16]>::try_from(&ip[8..24]).unwrap());
+            let dst = IpAddr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap());
+            (src, dst, ip[6], ip[7], &ip[40..40 + len])
+        }
+        other => panic!("ethertype {other:#x}"),
+    };
+    let csum_at = if proto == TCP { 16 } else { 6 };
+    let field = u16::from_be_bytes([l4[csum_at], l4[csum_at + 1]]);
+    let udp_checksum_zero = proto == UDP && field == 0;
+    if !udp_checksum_zero {
+        assert_eq!(l4_checksum(src, dst, proto, l4), 0, "{proto} checksum is wrong: {frame:02x?}");
+    }
+    let port = |at: usize| u16::from_be_bytes([l4[at], l4[at + 1]]);
+    Seen { src: SocketAddr::new(src, port(0)), dst: SocketAddr::new(dst, port(2)), proto, ttl, udp_checksum_zero }
+}

@@ -1,0 +1,453 @@
+//! The TC programs on crafted packets (`BPF_PROG_TEST_RUN`): the real
+//! object, loaded and filled by the real loader and reconciler from
+//! Services and EndpointSlices, run on frames built here; every rewrite is
+//! checked byte by byte and every checksum recomputed from scratch. The
+//! runs happen inside a test namespace whose device and routes make the
+//! programs' route lookups (source NAT, forwarding) real.
+mod common;
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::Path,
+};
+
+use aya::programs::{TestRun as _, TestRunOptions};
+use common::packet::{self, ACK, FIN, SYN, Seen};
+use ebpf_proxy::{
+    datapath::{
+        Reconciler,
+        counters::ExternalStats,
+        loader::{Datapath, LoadOptions},
+    },
+    model::{self, NodeContext},
+    source::file,
+    testkit::{BpfFs, NetNs, unique_name},
+};
+
+/// `TC_ACT_OK`, `TC_ACT_SHOT`, `TC_ACT_REDIRECT` (linux/pkt_cls.h).
+const OK: i32 = 0;
+const SHOT: i32 = 2;
+const REDIRECT: i32 = 7;
+
+/// This node: n1, 172.30.0.11 and fd00:30::11 on ext0; the pods of n2 are
+/// routed via 172.30.0.12 / fd00:30::12.
+const NODE_IP: &str = "172.30.0.11";
+const NODE_IP6: &str = "fd00:30::11";
+
+/// Services on this node: NodePort `web` (TCP, backend on this node, and
+/// IPv6 too), LoadBalancer `dns` (UDP, backend on n2, source ranges),
+/// NodePort `lonely` (externalTrafficPolicy Local, no endpoint here),
+/// LoadBalancer `spread` (four backends on n2), and ClusterIP `inside`.
+const SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: t}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10, "fd00:96::10"]
+  ipFamilies: [IPv4, IPv6]
+  ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-4, namespace: t, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["10.244.1.5"], nodeName: n1}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-6, namespace: t, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["fd00:244:1::5"], nodeName: n1}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: t}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.53
+  loadBalancerSourceRanges: [198.51.100.0/24]
+  ports: [{name: dns, port: 53, nodePort: 30053, protocol: UDP}]
+status: {loadBalancer: {ingress: [{ip: 203.0.113.53}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: dns-1, namespace: t, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv4
+ports: [{name: dns, port: 5353, protocol: UDP}]
+endpoints: [{addresses: ["10.244.2.7"], nodeName: n2}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: lonely, namespace: t}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.20
+  externalTrafficPolicy: Local
+  ports: [{name: http, port: 80, nodePort: 30090, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lonely-1, namespace: t, labels: {kubernetes.io/service-name: lonely}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["10.244.2.9"], nodeName: n2}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: spread, namespace: t}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.30
+  ports: [{name: http, port: 80, nodePort: 30030, protocol: TCP}]
+status: {loadBalancer: {ingress: [{ip: 203.0.113.30}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: spread-1, namespace: t, labels: {kubernetes.io/service-name: spread}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["10.244.2.21"], nodeName: n2}
+- {addresses: ["10.244.2.22"], nodeName: n2}
+- {addresses: ["10.244.2.23"], nodeName: n2}
+- {addresses: ["10.244.2.24"], nodeName: n2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: inside, namespace: t}
+spec:
+  clusterIP: 10.96.0.40
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: inside-1, namespace: t, labels: {kubernetes.io/service-name: inside}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["10.244.1.6"], nodeName: n1}]
+"#;
+
+fn sa(text: &str) -> SocketAddr {
+    text.parse().unwrap()
+}
+
+/// A network namespace with the node's device `ext0` (veth to `ext1`),
+/// its addresses, routes to n2's pods, and forwarding on.
+struct Lab {
+    ns: NetNs,
+    ifindex: u32,
+}
+
+impl Lab {
+    fn new() -> Self {
+        common::require_root();
+        let ns = NetNs::create(&unique_name("ebpf-proxy-tcpkt")).unwrap();
+        for args in [
+            &["link", "add", "ext0", "type", "veth", "peer", "name", "ext1"][..],
+            &["link", "set", "ext0", "up"],
+            &["link", "set", "ext1", "up"],
+            &["addr", "add", "172.30.0.11/24", "dev", "ext0"],
+            &["addr", "add", "fd00:30::11/64", "dev", "ext0", "nodad"],
+            &["route", "add", "10.244.2.0/24", "via", "172.30.0.12", "dev", "ext0"],
+            &["route", "add", "fd00:244:2::/64", "via", "fd00:30::12", "dev", "ext0"],
+            &["route", "add", "198.51.100.0/24", "via", "172.30.0.1", "dev", "ext0"],
+            &["route", "add", "192.0.2.0/24", "via", "172.30.0.1", "dev", "ext0"],
+        ] {
+            ns.ip(args).unwrap();
+        }
+        let sysctl = |key: &str| {
+            ebpf_proxy::testkit::sh("ip", &["netns", "exec", ns.name(), "sysctl", "-qw", &format!("{key}=1")]).unwrap();
+        };
+        sysctl("net.ipv4.ip_forward");
+        sysctl("net.ipv6.conf.all.forwarding");
+        let ifindex = ns.run_inside(|| nix::net::if_::if_nametoindex("ext0").unwrap()).unwrap();
+        Self { ns, ifindex }
+    }
+
+    /// Runs `f` with a datapath for node `n1` (addresses `node_ips`) filled
+    /// from `yaml`, inside the namespace.
+    fn with_node<T: Send + 'static>(
+        &self,
+        yaml: &'static str,
+        node_ips: &[&str],
+        f: impl FnOnce(&mut Node) -> T + Send + 'static,
+    ) -> T {
+        let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-tcpkt-fs")).unwrap();
+        let pin_dir = bpffs.path().join("ebpf-proxy");
+        let ips: Vec<IpAddr> = node_ips.iter().map(|ip| ip.parse().unwrap()).collect();
+        let ifindex = self.ifindex;
+        let out = self
+            .ns
+            .run_inside(move || {
+                let mut node = Node::load(&pin_dir, yaml, ips, ifindex);
+                f(&mut node)
+            })
+            .expect("the test body panicked (see its message above)");
+        drop(bpffs);
+        out
+    }
+}
+
+struct Node {
+    datapath: Datapath,
+    reconciler: Reconciler,
+    ifindex: u32,
+    context: NodeContext,
+    stats: ExternalStats,
+}
+
+impl Node {
+    fn load(pin_dir: &Path, yaml: &str, ips: Vec<IpAddr>, ifindex: u32) -> Self {
+        let mut datapath = Datapath::load(&LoadOptions {
+            pin_dir: pin_dir.to_owned(),
+            // Not attached: the programs only run on crafted packets here.
+            cgroup: "/nonexistent".into(),
+            bpf_log: false,
+            services_map_size: 4096,
+            backends_map_size: 4096,
+            maglev_size: 1021,
+            ct_map_size: 4096,
+        })
+        .unwrap();
+        assert!(datapath.serves_external_traffic(), "the TC programs did not load");
+        let stats = datapath.external_stats.take().unwrap();
+        let (reconciler, _) = Reconciler::recover(&mut datapath.maps).unwrap();
+        let mut node = Self { datapath, reconciler, ifindex, context: NodeContext::new("n1").with_ips(ips), stats };
+        node.apply(yaml);
+        node
+    }
+
+    fn apply(&mut self, yaml: &str) {
+        let parsed = file::parse(yaml).unwrap();
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let t = model::translate(&parsed.objects.services, &parsed.objects.slices, &self.context);
+        let report = self.reconciler.apply(&mut self.datapath.maps, &t.table);
+        assert!(report.failures.is_empty(), "{report:?}");
+    }
+
+    /// Runs program `name` on `frame` arriving on (or leaving by) ext0.
+    fn run(&self, name: &str, frame: &[u8]) -> (i32, Vec<u8>) {
+        let program = self.datapath.tc_program(name).unwrap();
+        let mut out = vec![0u8; frame.len() + 128];
+        // `struct __sk_buff` up to `ifindex` (offset 40): the device.
+        let mut ctx = [0u8; 44];
+        ctx[40..44].copy_from_slice(&self.ifindex.to_ne_bytes());
+        let result = program
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..TestRunOptions::default()
+            })
+            .unwrap();
+        out.truncate(result.data_size_out as usize);
+        (i32::try_from(result.return_value).unwrap(), out)
+    }
+
+    fn ingress(&self, frame: &[u8]) -> (i32, Vec<u8>) {
+        self.run("nodeport_ingress", frame)
+    }
+
+    fn egress(&self, frame: &[u8]) -> (i32, Vec<u8>) {
+        self.run("nodeport_egress", frame)
+    }
+
+    fn stat(&self, name: &str) -> u64 {
+        self.stats.read().unwrap().into_iter().find(|(n, _)| *n == name).unwrap().1
+    }
+}
+
+#[test]
+fn crafted_frames_have_valid_checksums() {
+    for (s, d) in [("10.0.0.1:1234", "10.0.0.2:80"), ("[fd00::1]:1234", "[fd00::2]:80")] {
+        let (s, d) = (sa(s), sa(d));
+        let seen = packet::parse(&packet::frame(s, d, Some(SYN), b""));
+        assert_eq!((seen.src, seen.dst, seen.proto), (s, d, packet::TCP));
+        let seen = packet::parse(&packet::frame(s, d, None, b"hello"));
+        assert_eq!((seen.src, seen.dst, seen.proto), (s, d, packet::UDP));
+    }
+}
+
+#[test]
+fn a_node_port_flow_to_a_local_backend_keeps_the_client_and_its_reply_shows_the_frontend() {
+    Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
+        let client = sa("192.0.2.7:40000");
+        let frontend = sa("172.30.0.11:30080");
+        let (action, out) = node.ingress(&packet::frame(client, frontend, Some(SYN), b""));
+        assert_eq!(action, OK, "a local backend: the stack delivers it");
+        let seen = packet::parse(&out);
+        assert_eq!((seen.src, seen.dst), (client, sa("10.244.1.5:8080")), "DNAT only, the client's address kept");
+        assert_eq!(seen.ttl, 64, "the stack forwards it and decrements the TTL itself");
+
+        // Later packets of the flow go the same way.
+        let (action, out) = node.ingress(&packet::frame(client, frontend, Some(ACK), b"GET / HTTP/1.1\r\n\r\n"));
+        assert_eq!((action, packet::parse(&out).dst), (OK, sa("10.244.1.5:8080")));
+
+        // The backend's reply leaves with the frontend as its source.
+        let (action, out) = node.egress(&packet::frame(sa("10.244.1.5:8080"), client, Some(SYN | ACK), b""));
+        assert_eq!(action, OK);
+        assert_eq!((packet::parse(&out).src, packet::parse(&out).dst), (frontend, client));
+        assert_eq!(node.stat("new_flow"), 1);
+    });
+}
+
+#[test]
+fn ipv6_node_port_flows_are_translated_with_valid_checksums() {
+    Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
+        let client = sa("[fd00:30::99]:40000");
+        let frontend = sa("[fd00:30::11]:30080");
+        let (action, out) = node.ingress(&packet::frame(client, frontend, Some(SYN), b""));
+        assert_eq!(action, OK);
+        let seen = packet::parse(&out);
+        assert_eq!((seen.src, seen.dst), (client, sa("[fd00:244:1::5]:8080")));
+        let (_, out) = node.egress(&packet::frame(sa("[fd00:244:1::5]:8080"), client, Some(SYN | ACK), b"x"));
+        assert_eq!(packet::parse(&out).src, frontend);
+    });
+}
+
+#[test]
+fn a_flow_to_a_remote_backend_is_source_natted_routed_and_its_reply_comes_back() {
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let client = sa("198.51.100.20:5000");
+        let frontend = sa("203.0.113.53:53");
+        let (action, out) = node.ingress(&packet::frame(client, frontend, None, b"query"));
+        assert_eq!(action, REDIRECT, "routed by the program: the stack would drop a local source as martian");
+        let seen = packet::parse(&out);
+        assert_eq!(seen.dst, sa("10.244.2.7:5353"));
+        assert_eq!(seen.src.ip(), NODE_IP.parse::<IpAddr>().unwrap(), "the node's address on the way");
+        let nat_port = seen.src.port();
+        assert!(nat_port >= proxy_common::snat_ports::MIN, "SNAT port {nat_port}");
+        assert_eq!(seen.ttl, 63, "forwarded: the TTL goes down");
+
+        // The same flow keeps its SNAT port.
+        let (_, again) = node.ingress(&packet::frame(client, frontend, None, b"query2"));
+        assert_eq!(packet::parse(&again).src, seen.src);
+
+        // The reply to the node's address goes back to the client, from the
+        // frontend.
+        let (action, out) = node.ingress(&packet::frame(sa("10.244.2.7:5353"), seen.src, None, b"answer"));
+        assert_eq!(action, REDIRECT);
+        let back = packet::parse(&out);
+        assert_eq!((back.src, back.dst, back.ttl), (frontend, client, 63));
+    });
+}
+
+#[test]
+fn a_udp_datagram_without_checksum_keeps_none() {
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let frame = packet::udp4_without_checksum(sa("198.51.100.20:5001"), sa("203.0.113.53:53"), b"q");
+        let (action, out) = node.ingress(&frame);
+        assert_eq!(action, REDIRECT);
+        let seen = packet::parse(&out);
+        assert!(seen.udp_checksum_zero, "a UDP checksum of 0 means none and must stay 0");
+        assert_eq!(seen.dst, sa("10.244.2.7:5353"));
+    });
+}
+
+#[test]
+fn source_ranges_drop_other_sources() {
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let frontend = sa("203.0.113.53:53");
+        let (action, _) = node.ingress(&packet::frame(sa("192.0.2.7:5000"), frontend, None, b"q"));
+        assert_eq!(action, SHOT, "192.0.2.7 is not in 198.51.100.0/24");
+        assert_eq!(node.stat("source_denied"), 1);
+        let (action, _) = node.ingress(&packet::frame(sa("198.51.100.9:5000"), frontend, None, b"q"));
+        assert_eq!(action, REDIRECT, "198.51.100.9 is");
+        // The NodePort of the same LoadBalancer service is restricted too.
+        let (action, _) = node.ingress(&packet::frame(sa("192.0.2.7:5000"), sa("172.30.0.11:30053"), None, b"q"));
+        assert_eq!(action, SHOT);
+        assert_eq!(node.stat("source_denied"), 2);
+    });
+}
+
+#[test]
+fn external_traffic_policy_local_without_a_local_endpoint_drops() {
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let (action, _) = node.ingress(&packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30090"), Some(SYN), b""));
+        assert_eq!(action, SHOT);
+        assert_eq!(node.stat("no_backend"), 1);
+    });
+}
+
+#[test]
+fn what_is_not_an_external_frontend_is_left_alone() {
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        for (dst, what) in [
+            ("172.30.0.11:22", "another port of the node"),
+            ("10.96.0.40:80", "a ClusterIP (traffic from outside does not reach it)"),
+            ("10.244.2.7:5353", "a pod address"),
+        ] {
+            let frame = packet::frame(sa("192.0.2.7:40000"), sa(dst), Some(SYN), b"");
+            let (action, out) = node.ingress(&frame);
+            assert_eq!((action, out), (OK, frame.clone()), "{what} was changed");
+        }
+        // An IPv4 fragment has no ports to translate.
+        let mut fragment = packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30080"), Some(SYN), b"");
+        fragment[14 + 6] |= 0x20; // more fragments
+        let (action, out) = node.ingress(&fragment);
+        assert_eq!((action, out), (OK, fragment));
+        assert_eq!(node.stat("new_flow"), 0);
+    });
+}
+
+#[test]
+fn a_flow_keeps_its_backend_when_another_is_added_and_a_closed_one_starts_afresh() {
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let frontend = sa("203.0.113.30:80");
+        let backend_of = |node: &Node, client: SocketAddr, flags: u8| -> Seen {
+            let (action, out) = node.ingress(&packet::frame(client, frontend, Some(flags), b""));
+            assert_eq!(action, REDIRECT);
+            packet::parse(&out)
+        };
+        let clients: Vec<SocketAddr> =
+            (0..40).map(|i| SocketAddr::new("192.0.2.7".parse().unwrap(), 41_000 + i)).collect();
+        let before: Vec<SocketAddr> = clients.iter().map(|c| backend_of(node, *c, SYN).dst).collect();
+        let distinct: std::collections::BTreeSet<_> = before.iter().collect();
+        assert!(distinct.len() >= 3, "40 flows used only {distinct:?}");
+
+        node.apply(&SERVICES.replace(
+            "- {addresses: [\"10.244.2.24\"], nodeName: n2}",
+            "- {addresses: [\"10.244.2.24\"], nodeName: n2}\n- {addresses: [\"10.244.2.25\"], nodeName: n2}",
+        ));
+        // Established flows stay where they are.
+        let after: Vec<SocketAddr> = clients.iter().map(|c| backend_of(node, *c, ACK).dst).collect();
+        assert_eq!(after, before, "a flow moved when a backend was added");
+        // A closed flow's tuple, opened again, picks anew (with the fifth
+        // backend now in the table, some pick it).
+        for c in &clients {
+            let _ = backend_of(node, *c, FIN | ACK);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let again: Vec<SocketAddr> = clients.iter().map(|c| backend_of(node, *c, SYN).dst).collect();
+        let moved: Vec<_> = before.iter().zip(&again).filter(|(b, a)| b != a).map(|(_, a)| *a).collect();
+        assert!(!moved.is_empty(), "no reopened flow picked the new backend");
+        assert!(moved.iter().all(|a| *a == sa("10.244.2.25:8080")), "flows moved between old backends: {moved:?}");
+    });
+}
+
+#[test]
+fn every_node_picks_the_same_backend_for_a_flow() {
+    let lab = Lab::new();
+    let pick = |node: &Node| -> Vec<SocketAddr> {
+        (0..30)
+            .map(|i| {
+                let client = SocketAddr::new("192.0.2.7".parse().unwrap(), 42_000 + i);
+                let (_, out) = node.ingress(&packet::frame(client, sa("203.0.113.30:80"), Some(SYN), b""));
+                packet::parse(&out).dst
+            })
+            .collect()
+    };
+    // Two nodes: their own maps, backend ids allocated in another order (the
+    // second had another service first), the same Maglev choice.
+    let first = lab.with_node(SERVICES, &[NODE_IP], move |node| pick(node));
+    let second = lab.with_node(SERVICES, &[NODE_IP], move |node| {
+        node.apply(&SERVICES.replace("10.244.2.21", "10.244.2.99"));
+        node.apply(SERVICES);
+        pick(node)
+    });
+    assert_eq!(first, second);
+}
