@@ -41,7 +41,26 @@ impl AgentProcess {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut child = Command::new(bin)
+        Self::spawn(Command::new(bin), args, filter, envs)
+    }
+
+    /// Like `start`, inside network namespace `ns` (as an agent on a node
+    /// of a multi-node test runs in its node's namespace).
+    pub fn start_in<I, S>(ns: &super::NetNs, bin: &Path, args: I) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let cmd = super::spawn_in(ns, None, &bin.to_string_lossy())?;
+        Self::spawn(cmd, args, "info", &[])
+    }
+
+    fn spawn<I, S>(mut cmd: Command, args: I, filter: &str, envs: &[(&str, &str)]) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut child = cmd
             .arg("--log-format")
             .arg("json")
             .arg("run")

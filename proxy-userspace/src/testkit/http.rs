@@ -1,10 +1,11 @@
 //! A minimal HTTP/1.1 server bound inside a test namespace: it answers every
-//! request with its own name and closes, and counts connections.
+//! request with its own name and closes, and counts connections and
+//! remembers where they came from.
 use std::{
     io::{self, Read as _, Write as _},
     net::{IpAddr, SocketAddr, TcpListener, TcpStream},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     thread::JoinHandle,
@@ -17,6 +18,7 @@ pub struct HttpBackend {
     name: String,
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
+    peers: Arc<Mutex<Vec<SocketAddr>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -28,12 +30,13 @@ impl HttpBackend {
         let listener = ns.run_inside(move || TcpListener::bind(sock))??;
         listener.set_nonblocking(true)?;
         let accepted = Arc::new(AtomicUsize::new(0));
+        let peers = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (accepted, stop, body) = (accepted.clone(), stop.clone(), format!("{name}\n"));
-            std::thread::spawn(move || serve(&listener, &accepted, &stop, &body))
+            let (accepted, peers, stop, body) = (accepted.clone(), peers.clone(), stop.clone(), format!("{name}\n"));
+            std::thread::spawn(move || serve(&listener, &accepted, &peers, &stop, &body))
         };
-        Ok(Self { name: name.to_owned(), addr: sock, accepted, stop, thread: Some(thread) })
+        Ok(Self { name: name.to_owned(), addr: sock, accepted, peers, stop, thread: Some(thread) })
     }
 
     #[must_use]
@@ -51,13 +54,26 @@ impl HttpBackend {
     pub fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
     }
+
+    /// Where the connections came from (the addresses the server saw).
+    #[must_use]
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        self.peers.lock().expect("peers lock").clone()
+    }
 }
 
-fn serve(listener: &TcpListener, accepted: &AtomicUsize, stop: &AtomicBool, body: &str) {
+fn serve(
+    listener: &TcpListener,
+    accepted: &AtomicUsize,
+    peers: &Mutex<Vec<SocketAddr>>,
+    stop: &AtomicBool,
+    body: &str,
+) {
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 accepted.fetch_add(1, Ordering::SeqCst);
+                peers.lock().expect("peers lock").push(peer);
                 let body = body.to_owned();
                 std::thread::spawn(move || answer(stream, &body));
             }

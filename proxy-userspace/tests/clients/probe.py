@@ -2,7 +2,8 @@
 """Socket probes for the kernel tests: plain sockets and syscalls, printing
 what the application sees (reply sources, getpeername()).
 
-  probe.py udp-sendto HOST PORT N [INTERVAL]  unconnected: sendto + recvfrom
+  probe.py udp-sendto HOST PORT N [INTERVAL [SRCPORT]]
+      unconnected: sendto + recvfrom (from SRCPORT when given)
   probe.py udp-connect HOST PORT N            connect, getpeername, send + recvfrom
   probe.py tcp-peer HOST PORT                 connect, getpeername
   probe.py udp-connect-loop HOST PORT N INTERVAL
@@ -34,9 +35,11 @@ def fail(e):
     sys.exit(1)
 
 
-def udp(mode, host, port, n, interval):
+def udp(mode, host, port, n, interval, srcport=None):
     s = socket.socket(family(host), socket.SOCK_DGRAM)
     s.settimeout(2)
+    if srcport is not None:
+        s.bind(("::" if ":" in host else "0.0.0.0", srcport))
     try:
         if mode == "udp-connect":
             s.connect((host, port))
@@ -94,7 +97,8 @@ def main():
     else:
         n = int(sys.argv[4])
         interval = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
-        udp(mode, host, port, n, interval)
+        srcport = int(sys.argv[6]) if len(sys.argv) > 6 else None
+        udp(mode, host, port, n, interval, srcport)
 
 
 main()

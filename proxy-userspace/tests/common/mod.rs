@@ -6,6 +6,7 @@
 pub mod apiserver;
 pub mod cluster;
 pub mod packet;
+pub mod topology;
 
 use std::{
     fmt::Write as _,

@@ -1,0 +1,349 @@
+//! Traffic from outside the node, on several nodes in namespaces: a client
+//! outside reaches NodePorts, LoadBalancer IPs and their backends on every
+//! node through each node's address; one real agent per node (in its
+//! node's namespace, with its own cgroup, pins and devices); real clients
+//! (curl, python3 sockets) and servers (the test's, and python3's
+//! http.server). See tests/common/topology.rs for the network.
+mod common;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    net::IpAddr,
+};
+
+use common::topology::{CLIENT, CLIENT2, Topology, node_ip, on_node};
+
+/// A Service `name` of `kind` with `ports` (name, port, nodePort,
+/// protocol), `extra` spec lines and `ingress` LoadBalancer IPs.
+fn service(name: &str, kind: &str, ports: &[(&str, u16, u16, &str)], extra: &str, ingress: &[&str]) -> String {
+    let mut s = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: t}}\nspec:\n  type: {kind}\n  clusterIP: 10.96.0.{}\n  ports:\n",
+        20 + name.bytes().map(u32::from).sum::<u32>() % 200
+    );
+    for (pname, port, node_port, proto) in ports {
+        writeln!(s, "  - {{name: {pname}, port: {port}, nodePort: {node_port}, protocol: {proto}}}").unwrap();
+    }
+    s.push_str(extra);
+    if !ingress.is_empty() {
+        let ips: Vec<String> = ingress.iter().map(|ip| format!("{{ip: {ip}}}")).collect();
+        writeln!(s, "status: {{loadBalancer: {{ingress: [{}]}}}}", ips.join(", ")).unwrap();
+    }
+    s
+}
+
+/// An EndpointSlice of `service` with port (name, number, protocol) and
+/// ready endpoints on pods (node, index).
+fn endpoints(service: &str, port: (&str, u16, &str), pods: &[(u8, u8)]) -> String {
+    let mut s = format!(
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-{}, namespace: t, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: IPv4\nports: [{{name: {}, port: {}, protocol: {}}}]\nendpoints:",
+        port.2.to_lowercase(),
+        port.0,
+        port.1,
+        port.2
+    );
+    if pods.is_empty() {
+        s.push_str(" []");
+    }
+    s.push('\n');
+    for (n, k) in pods {
+        writeln!(
+            s,
+            "- {{addresses: [\"{}\"], nodeName: n{n}, conditions: {{ready: true}}}}",
+            common::topology::pod_ip(*n, *k)
+        )
+        .unwrap();
+    }
+    s
+}
+
+/// The `NAME` and reply source of probe lines `NAME:pingN SOURCE`.
+fn udp_replies(lines: &[String]) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .filter(|l| l.contains(":ping"))
+        .map(|l| {
+            let (payload, source) = l.split_once(' ').unwrap();
+            (payload.split(':').next().unwrap().to_owned(), source.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn node_ports_reach_backends_on_every_node_and_replies_come_back() {
+    let mut topo = Topology::new(&[1, 1, 1]);
+    for n in 1..=3 {
+        topo.http_on(n, 1);
+        topo.udp_on(n, 1);
+    }
+    let all = [(1, 1), (2, 1), (3, 1)];
+    topo.write_services(
+        &(service("web", "NodePort", &[("http", 80, 30080, "TCP")], "", &[])
+            + &endpoints("web", ("http", 8080, "TCP"), &all)
+            + &service("dns", "NodePort", &[("dns", 53, 30053, "UDP")], "", &[])
+            + &endpoints("dns", ("dns", 5353, "UDP"), &all)),
+    );
+    topo.start_agents();
+
+    // TCP: through every node's address, backends on every node answer
+    // (the replies of remote ones come back through the node: SNAT).
+    for n in 1..=3 {
+        let answers: BTreeSet<String> = topo.requests(&on_node(n, 30080), 45).into_iter().collect();
+        assert_eq!(answers.len(), 3, "through node {n}: {answers:?}");
+    }
+
+    // UDP: replies come from the address the client sent to, and a flow
+    // (client address and port) gets the same backend through every node:
+    // every node computes the same Maglev table.
+    let mut by_flow: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for n in 1..=3u8 {
+        for port in 20_000..20_024u16 {
+            let (ok, lines) =
+                topo.probe(&["udp-sendto", &node_ip(n).to_string(), "30053", "1", "0", &port.to_string()]);
+            assert!(ok, "through node {n} from port {port}: {lines:?}");
+            let replies = udp_replies(&lines);
+            assert_eq!(replies.len(), 1, "{lines:?}");
+            assert_eq!(replies[0].1, on_node(n, 30053), "the reply must come from the node's NodePort");
+            by_flow.entry(port).or_default().insert(replies[0].0.clone());
+            seen.insert(replies[0].0.clone());
+        }
+    }
+    assert_eq!(seen.len(), 3, "24 flows reached only {seen:?}");
+    for (port, backends) in &by_flow {
+        assert_eq!(backends.len(), 1, "the flow from port {port} reached {backends:?} through different nodes");
+    }
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_the_client_address_and_stays_on_the_node() {
+    let mut topo = Topology::new(&[1, 1, 1]);
+    topo.http_on(1, 1);
+    topo.http_on(2, 1);
+    topo.write_services(
+        &(service("local", "NodePort", &[("http", 80, 30081, "TCP")], "  externalTrafficPolicy: Local\n", &[])
+            + &endpoints("local", ("http", 8080, "TCP"), &[(1, 1), (2, 1)])
+            + &service("cluster", "NodePort", &[("http", 80, 30082, "TCP")], "", &[])
+            + &endpoints("cluster", ("http", 8080, "TCP"), &[(2, 1)])),
+    );
+    topo.start_agents();
+
+    assert_eq!(topo.requests(&on_node(1, 30081), 10), vec!["pod-1-1"; 10], "node 1 serves from its own pod");
+    assert_eq!(topo.requests(&on_node(2, 30081), 10), vec!["pod-2-1"; 10], "node 2 serves from its own pod");
+    let peers: BTreeSet<IpAddr> = topo.http_server("pod-1-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert_eq!(peers, BTreeSet::from([IpAddr::V4(CLIENT)]), "the backend must see the client's address");
+    // Node 3 has no endpoint: it drops (the client's connect times out).
+    let (ok, body) = topo.curl_from(CLIENT, &format!("http://{}/", on_node(3, 30081)));
+    assert!(!ok, "node 3 answered without a local endpoint: {body}");
+
+    // With externalTrafficPolicy: Cluster, node 1 forwards to node 2's pod
+    // from its own address.
+    let before = topo.http_server("pod-2-1").peers().len();
+    assert_eq!(topo.requests(&on_node(1, 30082), 5), vec!["pod-2-1"; 5]);
+    let peers: BTreeSet<IpAddr> =
+        topo.http_server("pod-2-1").peers()[before..].iter().map(std::net::SocketAddr::ip).collect();
+    assert_eq!(peers, BTreeSet::from([IpAddr::V4(node_ip(1))]), "source NAT to node 1's address");
+}
+
+/// GET `url` from the client: (status, body).
+fn http_get(topo: &Topology, url: &str) -> (u16, String) {
+    let out = ebpf_proxy::testkit::spawn_in(&topo.client, None, "curl")
+        .unwrap()
+        .args(["-sS", "--max-time", "3", "-w", "\n%{http_code}", url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.parse().unwrap_or(0), body.to_owned())
+}
+
+#[test]
+fn health_check_node_port_answers_200_or_503_as_endpoints_move() {
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(1, 1);
+    topo.http_on(2, 1);
+    let lb = |pods: &[(u8, u8)]| {
+        service(
+            "lb",
+            "LoadBalancer",
+            &[("http", 80, 30083, "TCP")],
+            "  externalTrafficPolicy: Local\n  healthCheckNodePort: 32001\n",
+            &["203.0.113.10"],
+        ) + &endpoints("lb", ("http", 8080, "TCP"), pods)
+    };
+    topo.write_services(&lb(&[(1, 1)]));
+    topo.start_agents();
+    topo.route_to_node("203.0.113.0/24", 1);
+
+    let check = |n: u8| -> (u16, serde_json::Value) {
+        let (status, body) = http_get(&topo, &format!("http://{}/", on_node(n, 32001)));
+        (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body:?}")))
+    };
+    let (status, body) = check(1);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["localEndpoints"], 1);
+    assert_eq!(body["service"]["namespace"], "t");
+    assert_eq!(body["service"]["name"], "lb");
+    assert_eq!(body["serviceProxyHealthy"], true);
+    let (status, body) = check(2);
+    assert_eq!((status, &body["localEndpoints"]), (503, &serde_json::json!(0)), "{body}");
+    // The load balancer sends to node 1: served there.
+    assert_eq!(topo.requests("203.0.113.10:80", 3), vec!["pod-1-1"; 3]);
+
+    // The endpoint moves to node 2.
+    topo.apply(&lb(&[(2, 1)]));
+    assert_eq!(check(1).0, 503);
+    assert_eq!(check(2).0, 200);
+    // Node 1 now drops; once the load balancer follows the health checks
+    // (the route moves), node 2 serves.
+    let (ok, _) = topo.curl_from(CLIENT, "http://203.0.113.10/");
+    assert!(!ok, "node 1 has no local endpoint any more");
+    topo.route_to_node("203.0.113.0/24", 2);
+    assert_eq!(topo.requests("203.0.113.10:80", 3), vec!["pod-2-1"; 3]);
+}
+
+#[test]
+fn load_balancer_source_ranges_block_and_allow() {
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(1, 1);
+    topo.http_on(2, 1);
+    let restricted = |ranges: &str| {
+        service("restricted", "LoadBalancer", &[("http", 80, 30084, "TCP")], ranges, &["203.0.113.20"])
+            + &endpoints("restricted", ("http", 8080, "TCP"), &[(1, 1), (2, 1)])
+    };
+    topo.write_services(&restricted("  loadBalancerSourceRanges: [172.30.0.100/32]\n"));
+    topo.start_agents();
+    topo.route_to_node("203.0.113.0/24", 1);
+    let reach = |topo: &Topology, source| {
+        ["http://203.0.113.20/".to_owned(), format!("http://{}/", on_node(1, 30084))]
+            .map(|url| topo.curl_from(source, &url).0)
+    };
+    assert_eq!(reach(&topo, CLIENT), [true, true], "172.30.0.100 is in the ranges");
+    assert_eq!(reach(&topo, CLIENT2), [false, false], "172.30.0.101 is not");
+
+    topo.apply(&restricted("  loadBalancerSourceRanges: [172.30.0.101/32]\n"));
+    assert_eq!(reach(&topo, CLIENT), [false, false]);
+    assert_eq!(reach(&topo, CLIENT2), [true, true]);
+
+    topo.apply(&restricted(""));
+    assert_eq!(reach(&topo, CLIENT), [true, true], "no ranges: everyone");
+    assert_eq!(reach(&topo, CLIENT2), [true, true]);
+}
+
+#[test]
+fn hairpin_a_pod_reaches_its_own_service_through_node_ports_and_load_balancer_ips() {
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(1, 1);
+    topo.write_services(
+        &(service("hair", "LoadBalancer", &[("http", 80, 30085, "TCP")], "", &["203.0.113.30"])
+            + &endpoints("hair", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    topo.start_agents();
+    // Its own node's NodePort and the LoadBalancer IP: translated at the
+    // socket by node 1's programs (the pod is in node 1's cgroup). Node 2's
+    // NodePort: node 2 translates it, source-NATs it, and sends it back to
+    // the pod on node 1, whose answer returns the same way.
+    for url in ["http://172.30.0.11:30085/", "http://203.0.113.30/", "http://172.30.0.12:30085/"] {
+        let (ok, body) = topo.curl_from_pod(1, 1, url);
+        assert!(ok, "{url}: no answer");
+        assert_eq!(body, "pod-1-1\n", "{url}");
+    }
+}
+
+#[test]
+fn a_connection_stays_on_its_backend_when_another_is_added() {
+    let mut topo = Topology::new(&[1, 1, 1]);
+    for n in 1..=3 {
+        topo.udp_on(n, 1);
+    }
+    let dns = |pods: &[(u8, u8)]| {
+        service("dns", "NodePort", &[("dns", 53, 30053, "UDP")], "", &[])
+            + &endpoints("dns", ("dns", 5353, "UDP"), pods)
+    };
+    topo.write_services(&dns(&[(1, 1), (2, 1)]));
+    topo.start_agents();
+
+    // A connected UDP socket sends through node 1 for 3 seconds; a third
+    // backend is added meanwhile.
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+    let client = ebpf_proxy::testkit::spawn_in(&topo.client, None, "/usr/bin/python3")
+        .unwrap()
+        .arg(script)
+        .args(["udp-connect-loop", &node_ip(1).to_string(), "30053", "60", "0.05"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    topo.apply(&dns(&[(1, 1), (2, 1), (3, 1)]));
+    let out = client.wait_with_output().unwrap();
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    assert!(!lines.iter().any(|l| l.starts_with("error")), "{lines:?}");
+    let backends: BTreeSet<String> = udp_replies(&lines).into_iter().map(|(name, _)| name).collect();
+    assert_eq!(udp_replies(&lines).len(), 60, "{lines:?}");
+    assert_eq!(backends.len(), 1, "the flow moved: {backends:?}");
+}
+
+#[test]
+fn a_real_http_server_behind_node_ports_on_other_nodes() {
+    let mut topo = Topology::new(&[1, 1, 1]);
+    topo.python_http_server(2, 1);
+    topo.python_http_server(3, 1);
+    topo.write_services(
+        &(service("files", "NodePort", &[("http", 80, 30086, "TCP")], "", &[])
+            + &endpoints("files", ("http", 8080, "TCP"), &[(2, 1), (3, 1)])),
+    );
+    topo.start_agents();
+    let mut names = BTreeSet::new();
+    for _ in 0..20 {
+        let (status, body) = http_get(&topo, &format!("http://{}/name.txt", on_node(1, 30086)));
+        assert_eq!(status, 200, "{body}");
+        names.insert(body);
+    }
+    assert_eq!(names, BTreeSet::from(["pod-2-1\n".to_owned(), "pod-3-1\n".to_owned()]));
+}
+
+#[test]
+fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_the_tc_programs() {
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(1, 1);
+    topo.http_on(2, 1);
+    topo.write_services(
+        &(service("web", "NodePort", &[("http", 80, 30080, "TCP")], "", &[])
+            + &endpoints("web", ("http", 8080, "TCP"), &[(1, 1), (2, 1)])),
+    );
+    topo.start_agents();
+    let sched_cls = || {
+        aya::programs::loaded_programs()
+            .filter_map(Result::ok)
+            .filter(|p| p.program_type() as u32 == 3) // BPF_PROG_TYPE_SCHED_CLS
+            .count()
+    };
+    let with_agents = sched_cls();
+
+    // Node 1's agent stops: its pinned programs, maps and flows stay.
+    topo.stop_agent(1);
+    assert_eq!(topo.requests(&on_node(1, 30080), 20).len(), 20);
+    // A new agent takes them over, writing nothing new.
+    topo.start_agent(1);
+    assert_eq!(topo.requests(&on_node(1, 30080), 20).len(), 20);
+
+    // `ebpf-proxy cleanup` on node 1: its TC programs detach.
+    topo.stop_agent(1);
+    let out = topo
+        .node(1)
+        .command(common::AGENT)
+        .arg("cleanup")
+        .arg("--bpffs-dir")
+        .arg(&topo.node(1).pin_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while sched_cls() != with_agents - 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(sched_cls(), with_agents - 2, "node 1's two TC programs are still loaded");
+    let (ok, _) = topo.curl_from(CLIENT, &format!("http://{}/", on_node(1, 30080)));
+    assert!(!ok, "node 1 still translates after cleanup");
+    assert_eq!(topo.requests(&on_node(2, 30080), 5).len(), 5, "node 2 is unaffected");
+}
