@@ -151,21 +151,14 @@ impl Datapath {
         }
 
         for name in SOCK_PROGRAMS {
-            let program: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or(LoadError::MissingProgram { name })?
-                .try_into()
-                .map_err(|source| LoadError::Program { name, source })?;
+            let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
             program.load().map_err(|source| LoadError::Program { name, source })?;
         }
         // Without the TC programs (an old kernel, a verifier that rejects
         // them) clients on the node are still served: say so and go on.
         let mut tc_loaded = true;
         for (name, _) in TC_PROGRAMS {
-            let loaded = ebpf
-                .program_mut(name)
-                .ok_or(LoadError::MissingProgram { name })
-                .and_then(|p| <&mut SchedClassifier>::try_from(p).map_err(|source| LoadError::Program { name, source }))
+            let loaded = program::<SchedClassifier>(&mut ebpf, name)
                 .and_then(|p| p.load().map_err(|source| LoadError::Program { name, source }));
             if let Err(err) = loaded {
                 tracing::error!(%err, "traffic from outside the node (NodePorts, LoadBalancer IPs, externalIPs) is not served: the TC programs cannot be loaded; clients on the node are still served");
@@ -205,16 +198,9 @@ impl Datapath {
     /// links a previous agent left), then unpins maps of other layouts,
     /// which the programs no longer use.
     pub fn attach(&mut self) -> Result<(), LoadError> {
-        let links_dir = self.pin_dir.join(LINKS_SUBDIR);
-        std::fs::create_dir_all(&links_dir)
-            .map_err(|source| LoadError::Dir { path: links_dir.display().to_string(), source })?;
+        let links_dir = self.links_dir()?;
         for name in SOCK_PROGRAMS {
-            let program: &mut CgroupSockAddr = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(LoadError::MissingProgram { name })?
-                .try_into()
-                .map_err(|source| LoadError::Program { name, source })?;
+            let program: &mut CgroupSockAddr = program(&mut self.ebpf, name)?;
             let outcome = links::attach_cgroup(program, name, &self.cgroup, &links_dir.join(name))?;
             tracing::info!(program = name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         }
@@ -227,9 +213,7 @@ impl Datapath {
     /// they exist, made where not; links on devices no longer listed are
     /// dropped. A device that fails is reported and the others go on.
     pub fn attach_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
-        let links_dir = self.pin_dir.join(LINKS_SUBDIR);
-        std::fs::create_dir_all(&links_dir)
-            .map_err(|source| LoadError::Dir { path: links_dir.display().to_string(), source })?;
+        let links_dir = self.links_dir()?;
         let mut results = Vec::new();
         if !self.tc_loaded {
             return Ok(results);
@@ -237,12 +221,7 @@ impl Datapath {
         for device in devices {
             let mut result = Ok(());
             for (name, direction) in TC_PROGRAMS {
-                let program: &mut SchedClassifier = self
-                    .ebpf
-                    .program_mut(name)
-                    .ok_or(LoadError::MissingProgram { name })?
-                    .try_into()
-                    .map_err(|source| LoadError::Program { name, source })?;
+                let program: &mut SchedClassifier = program(&mut self.ebpf, name)?;
                 let pin = links_dir.join(tc_link_name(device, *direction));
                 match links::attach_tc(program, name, device, *direction, &pin) {
                     Ok(outcome) => {
@@ -275,6 +254,14 @@ impl Datapath {
         Ok(results)
     }
 
+    /// `PIN_DIR/links`, made if missing.
+    fn links_dir(&self) -> Result<PathBuf, LoadError> {
+        let links_dir = self.pin_dir.join(LINKS_SUBDIR);
+        std::fs::create_dir_all(&links_dir)
+            .map_err(|source| LoadError::Dir { path: links_dir.display().to_string(), source })?;
+        Ok(links_dir)
+    }
+
     /// Whether the TC programs loaded.
     #[must_use]
     pub fn serves_external_traffic(&self) -> bool {
@@ -293,6 +280,17 @@ impl Datapath {
     pub fn program_ids(&self) -> Vec<u32> {
         self.ebpf.programs().filter_map(|(_, p)| p.info().ok().map(|i| i.id())).collect()
     }
+}
+
+/// Program `name` of the object, as its type `T`.
+fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, LoadError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(LoadError::MissingProgram { name })?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })
 }
 
 /// The pin name of the tcx link of `device` in `direction`.

@@ -175,14 +175,7 @@ impl Env {
         } else {
             self.curl(true, &format!("http://{addr}/?[1-{n}]"))
         };
-        let answers: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
-        assert!(
-            out.status.success() && answers.len() == n,
-            "{} of {n} requests to {addr} answered: {}",
-            answers.len(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        answers
+        answered(&out, n, addr)
     }
 
     /// socat TCP connect to `addr` from inside the namespace; returns
@@ -234,6 +227,20 @@ impl Env {
     pub fn accepted(&self) -> Vec<usize> {
         self.backends.iter().map(HttpBackend::accepted).collect()
     }
+}
+
+/// The output lines of a curl of `n` URLs (to `what`), failing the test
+/// unless all were answered (curl's exit status after a URL list only
+/// tells of the last one).
+pub fn answered(out: &Output, n: usize, what: &str) -> Vec<String> {
+    let answers: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    assert!(
+        out.status.success() && answers.len() == n,
+        "{} of {n} requests to {what} answered: {}",
+        answers.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    answers
 }
 
 /// A ClusterIP Service with TCP ports `(name, port)`.

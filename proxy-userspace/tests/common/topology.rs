@@ -10,7 +10,7 @@
 use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Stdio},
 };
 
 use ebpf_proxy::testkit::{
@@ -277,7 +277,7 @@ impl Topology {
             .args(["-sS", "--connect-timeout", "2", "--max-time", "10", &format!("http://{addr}/?[1-{n}]")])
             .output()
             .unwrap();
-        lines_of(&out, n, addr)
+        super::answered(&out, n, addr)
     }
 
     /// curl from inside pod (n, k), which is in its node's cgroup (so its
@@ -330,18 +330,6 @@ impl Topology {
         }
         panic!("python3 -m http.server did not start in {}", pod.name);
     }
-}
-
-/// The output lines of a curl of `n` URLs, failing unless all answered.
-fn lines_of(out: &Output, n: usize, what: &str) -> Vec<String> {
-    let answers: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
-    assert!(
-        out.status.success() && answers.len() == n,
-        "{} of {n} requests to {what} answered: {}",
-        answers.len(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    answers
 }
 
 /// `IP:PORT` of node `n`'s address.
