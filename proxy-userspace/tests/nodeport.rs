@@ -320,12 +320,50 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
     };
     let with_agents = sched_cls();
 
-    // Node 1's agent stops: its pinned programs, maps and flows stay.
+    // A steady stream of connections from outside through node 1 while
+    // its agent stops (its pinned programs, maps and flows stay) and a new
+    // one takes them over: not one fails.
+    let mut stream = ebpf_proxy::testkit::spawn_in(&topo.client, None, "curl")
+        .unwrap()
+        .args(["-sS", "--connect-timeout", "2", &format!("http://{}/?[1-10000000]", on_node(1, 30080))])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
     topo.stop_agent(1);
-    assert_eq!(topo.requests(&on_node(1, 30080), 20).len(), 20);
-    // A new agent takes them over, writing nothing new.
+    std::thread::sleep(std::time::Duration::from_millis(500));
     topo.start_agent(1);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let _ = stream.kill();
+    let out = stream.wait_with_output().unwrap();
+    let answered = String::from_utf8_lossy(&out.stdout).lines().count();
+    let errors = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(answered > 50, "only {answered} requests got through");
+    assert!(!errors.contains("curl: ("), "a connection failed across the restart: {errors}");
     assert_eq!(topo.requests(&on_node(1, 30080), 20).len(), 20);
+
+    // What node 1's kernel does, read from its pins by the command line.
+    let run = |args: &[&str]| {
+        let node = topo.node(1);
+        let out = node.command(common::AGENT).args(args).arg("--bpffs-dir").arg(&node.pin_dir).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let status = run(&["status"]);
+    for line in ["tc-eth0-ingress", "device eth0 ingress", "tc-eth0-egress", "device eth0 egress", "Maglev tables: 1"] {
+        assert!(status.contains(line), "{line:?} missing from:\n{status}");
+    }
+    let list: serde_json::Value = serde_json::from_str(&run(&["service", "list", "-o", "json"])).unwrap();
+    let node_port = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["address"] == node_ip(1).to_string() && f["port"] == 30080)
+        .expect("the NodePort on node 1's address");
+    assert!(node_port["maglev_table"].as_u64().is_some(), "{node_port}");
+    let local: Vec<bool> = node_port["backends"].as_array().unwrap().iter().map(|b| b["local"] == true).collect();
+    assert_eq!(local, vec![true, false], "pod-1-1 is node 1's, pod-2-1 is not: {node_port}");
 
     // `ebpf-proxy cleanup` on node 1: its TC programs detach.
     topo.stop_agent(1);
