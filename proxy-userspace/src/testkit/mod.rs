@@ -1,12 +1,14 @@
-//! Test support shared by the kernel tests and the demo: guards that create
-//! a network namespace, a cgroup v2 child and a private bpffs, and remove
-//! them on drop (also when a test fails); backends; clients that run inside
-//! the namespace and cgroup.
+//! Test support shared by the kernel tests, the demo and the benchmark:
+//! guards that create a network namespace, a cgroup v2 child and a private
+//! bpffs, and remove them on drop (also when a test fails); backends;
+//! clients that run inside the namespace and cgroup; an API server that
+//! speaks the list/watch protocol.
 //!
 //! Safety rule: nothing here sends traffic from the machine's own network
 //! namespace. Servers are bound inside a test namespace; clients are
 //! started inside it.
 mod agent;
+pub mod apiserver;
 mod bpffs;
 mod cgroup;
 mod client;
@@ -15,6 +17,7 @@ mod netns;
 mod udp;
 
 pub use agent::{AgentProcess, field, message};
+pub use apiserver::{TestApiServer, kubeconfig_yaml};
 pub use bpffs::BpfFs;
 pub use cgroup::TestCgroup;
 pub use client::{ClientCommand, spawn_in};

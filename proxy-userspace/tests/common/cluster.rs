@@ -14,8 +14,7 @@ use kube::{
 };
 use serde_json::json;
 
-use super::apiserver::TestApiServer;
-use ebpf_proxy::testkit::unique_name;
+use ebpf_proxy::testkit::{TestApiServer, kubeconfig_yaml, unique_name};
 
 pub const REAL_CLUSTER_ENV: &str = "EBPF_PROXY_TEST_KUBECONFIG";
 
@@ -143,10 +142,4 @@ impl Drop for Cluster {
 
 fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
-}
-
-fn kubeconfig_yaml(server: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"{server}\"}}\nusers:\n- name: test\n  user: {{}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: test}}\ncurrent-context: test\n"
-    )
 }

@@ -3,7 +3,6 @@
 //! removed when the environment is dropped (also when a test fails).
 #![allow(dead_code, reason = "each test binary uses a different part")]
 
-pub mod apiserver;
 pub mod cluster;
 pub mod packet;
 pub mod topology;

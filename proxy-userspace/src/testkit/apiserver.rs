@@ -104,6 +104,7 @@ pub struct TestApiServer {
 
 impl TestApiServer {
     /// Starts on a free loopback port.
+    #[must_use]
     pub fn start() -> Self {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
@@ -579,4 +580,12 @@ fn watch_stream(
         .header("content-type", "application/json")
         .body(BodyExt::boxed(StreamBody::new(stream)))
         .expect("response")
+}
+
+/// A kubeconfig for a plain-HTTP API server at `server` (the test server).
+#[must_use]
+pub fn kubeconfig_yaml(server: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"{server}\"}}\nusers:\n- name: test\n  user: {{}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: test}}\ncurrent-context: test\n"
+    )
 }
