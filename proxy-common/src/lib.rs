@@ -28,9 +28,12 @@ pub mod map_names {
 
 /// Default sizes of the maps (entries); the agent can override them at load.
 pub mod map_sizes {
-    /// One entry per frontend plus one per backend slot.
-    pub const SERVICES: u32 = 65_536;
-    pub const BACKENDS: u32 = 65_536;
+    /// One entry per frontend plus one per backend slot: 10,000 services of
+    /// ten endpoints take 110,000 (and a NodePort or LoadBalancer IP as much
+    /// again). Allocated as used, so the headroom costs nothing.
+    pub const SERVICES: u32 = 262_144;
+    /// Allocated as used.
+    pub const BACKENDS: u32 = 131_072;
     /// `rev_nat` ids are `u16`, id 0 is never used.
     pub const REVNAT: u32 = 65_535;
     /// LRU: one entry per translated socket (and backend).

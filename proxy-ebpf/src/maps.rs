@@ -10,11 +10,13 @@ use proxy_common::{
     SockBackendKey, SockRevNat, SockRevNatKey, SourceRange, external_stat, map_sizes,
 };
 
+/// Entries are allocated as they are written (BPF_F_NO_PREALLOC): the
+/// size is a ceiling, not memory taken up front.
 #[map]
-pub static SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(map_sizes::SERVICES, 0);
+pub static SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(map_sizes::SERVICES, BPF_F_NO_PREALLOC);
 
 #[map]
-pub static BACKENDS: HashMap<u32, Backend> = HashMap::pinned(map_sizes::BACKENDS, 0);
+pub static BACKENDS: HashMap<u32, Backend> = HashMap::pinned(map_sizes::BACKENDS, BPF_F_NO_PREALLOC);
 
 #[map]
 pub static REVNAT: HashMap<u16, RevNat> = HashMap::pinned(map_sizes::REVNAT, 0);

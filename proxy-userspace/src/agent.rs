@@ -30,7 +30,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// A file change is read once the file has stayed the same this long, so a
 /// file being written is not read half-way.
 const SETTLE: Duration = Duration::from_millis(50);
-/// A burst of API events is gathered for this long into one sync.
+/// Syncs start at most this often: a change after a quiet spell is applied
+/// at once, and the changes of a burst are gathered into one sync per
+/// interval (kube-proxy's minSyncPeriod, on the leading edge).
 const COALESCE: Duration = Duration::from_millis(20);
 /// Backoff between retries of failed map writes.
 const RETRY_MIN: Duration = Duration::from_secs(1);
@@ -117,11 +119,19 @@ impl Source {
     async fn changed(&mut self) {
         match self {
             Self::File(f) => f.changed().await,
-            Self::Kube(k, _) => {
-                k.changed().await;
-                tokio::time::sleep(COALESCE).await;
-                k.absorb_pending();
+            Self::Kube(k, _) => k.changed().await,
+        }
+    }
+
+    /// Waits, if the last sync ended less than `COALESCE` ago, for the rest
+    /// of that interval, so a burst of events becomes one sync; then takes
+    /// in every change so far.
+    async fn gather(&mut self, last_sync: Option<Instant>) {
+        if let Self::Kube(k, _) = self {
+            if let Some(wait) = last_sync.and_then(|at| COALESCE.checked_sub(at.elapsed())) {
+                tokio::time::sleep(wait).await;
             }
+            k.absorb_pending();
         }
     }
 
@@ -233,7 +243,13 @@ pub async fn run(
             () = source.changed() => true,
             () = sleep_until(retry_at) => false,
         };
-        telemetry.lock().expect("telemetry lock").queued(Instant::now());
+        // When the change reached the agent: the latency of this sync
+        // counts from here.
+        let noticed = Instant::now();
+        telemetry.lock().expect("telemetry lock").queued(noticed);
+        if changed {
+            source.gather(state.last_sync).await;
+        }
         let mut triggers = Vec::new();
         if changed {
             let Some((objects, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
@@ -264,7 +280,8 @@ pub async fn run(
         attach_devices(&config.devices, &mut datapath, &mut state);
         health_checks.update(&state.health_checks).await;
         state.generation += 1;
-        let snapshot = applied_snapshot(&source, &state, &report, &reconciler);
+        state.last_sync = Some(Instant::now());
+        let snapshot = applied_snapshot(&source, &state, &report, &reconciler, noticed.elapsed());
         publish(&telemetry, &state, &report, &reconciler, took, health_checks.len());
         applied.send_replace(snapshot);
     }
@@ -315,8 +332,15 @@ fn announce_start(source: &Source, node_name: &str, frontends: usize) {
     }
 }
 
-/// What a sync applied, logged in one line.
-fn applied_snapshot(source: &Source, state: &SyncState, report: &Report, reconciler: &Reconciler) -> Applied {
+/// What a sync applied, logged in one line with `latency`, the time from
+/// the change reaching the agent to its maps written.
+fn applied_snapshot(
+    source: &Source,
+    state: &SyncState,
+    report: &Report,
+    reconciler: &Reconciler,
+    latency: Duration,
+) -> Applied {
     let snapshot = Applied {
         generation: state.generation,
         frontends: reconciler.frontend_count(),
@@ -331,6 +355,7 @@ fn applied_snapshot(source: &Source, state: &SyncState, report: &Report, reconci
         writes = report.writes,
         failures = snapshot.failures,
         objects_rejected = state.stats.objects_rejected,
+        latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
         "service table applied"
     );
     snapshot
@@ -448,6 +473,8 @@ struct SyncState {
     devices: Option<Vec<String>>,
     health_checks: Vec<HealthCheck>,
     generation: u64,
+    /// When the last sync ended.
+    last_sync: Option<Instant>,
     retry_at: Option<Instant>,
     retry_delay: Option<Duration>,
     stats: Stats,

@@ -138,10 +138,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub bpf_log: bool,
     /// Entries of the services map: one per frontend plus one per backend
-    /// slot. Default: 65536.
+    /// slot (allocated as used). Default: 262144.
     #[arg(long)]
     pub services_map_size: Option<u32>,
-    /// Entries of the backends map. Default: 65536.
+    /// Entries of the backends map (allocated as used). Default: 131072.
     #[arg(long)]
     pub backends_map_size: Option<u32>,
     /// A network device that traffic from outside arrives on: the TC

@@ -39,10 +39,20 @@ enum Task {
         args: Vec<String>,
     },
     /// Run every test: unit and property tests, then the kernel tests (as
-    /// root, one at a time).
+    /// root, one at a time), then the benchmark in its quick mode.
     Test {
         /// Only tests whose name contains this.
         filter: Option<String>,
+    },
+    /// Benchmark ebpf-proxy side by side with kube-proxy's datapaths
+    /// (release build, as root): results in target/bench/, see README.
+    Bench {
+        /// Small service counts and short runs (a few seconds).
+        #[arg(long)]
+        quick: bool,
+        /// More arguments for ebpf-proxy-bench (see its --help).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -72,9 +82,37 @@ fn main() -> anyhow::Result<()> {
         Task::Test { filter } => {
             setup::run()?;
             require_root("test")?;
-            test(filter.as_deref())
+            test(filter.as_deref())?;
+            if filter.is_none() {
+                quick_bench(&root)?;
+            }
+            Ok(())
+        }
+        Task::Bench { quick, args } => {
+            setup::run()?;
+            require_root("bench")?;
+            build(true)?;
+            let bin = root.join("target/release/ebpf-proxy-bench");
+            let mut cmd = Command::new(bin);
+            cmd.arg("--out").arg(root.join("target/bench"));
+            if quick {
+                cmd.arg("--quick");
+            }
+            status(cmd.args(&args))
         }
     }
+}
+
+/// The benchmark's quick mode on the debug build the tests made, so it
+/// never rots (its numbers are not the point here).
+fn quick_bench(root: &Path) -> anyhow::Result<()> {
+    println!("\nxtask: the benchmark, quick mode (debug build)");
+    status(
+        Command::new(root.join("target/debug/ebpf-proxy-bench"))
+            .arg("--quick")
+            .arg("--out")
+            .arg(root.join("target/bench-quick")),
+    )
 }
 
 fn workspace_root() -> PathBuf {

@@ -1,8 +1,9 @@
 //! `cargo xtask setup`: installs what is missing, says nothing when nothing is.
 //!
 //! - Debian packages: LLVM 22 development files (bpf-linker links against
-//!   them), bpftool, and the clients and tools the tests and demo use
-//!   (kubectl from kubernetes-client when none is on PATH);
+//!   them), bpftool, the clients and tools the tests and demo use (kubectl
+//!   from kubernetes-client when none is on PATH), and iptables and
+//!   nftables for the benchmark;
 //! - the nightly toolchain's rust-src (the eBPF crate builds `core` with
 //!   `-Z build-std`);
 //! - bpf-linker 0.13 built against Debian's LLVM 22.
@@ -27,6 +28,9 @@ const APT_PACKAGES: &[&str] = &[
     "socat",
     "python3",
     "util-linux",
+    // The benchmark's kube-proxy-shaped rule sets.
+    "iptables",
+    "nftables",
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const BPF_LINKER_VERSION: &str = "0.13";

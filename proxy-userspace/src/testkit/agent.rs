@@ -41,7 +41,17 @@ impl AgentProcess {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        Self::spawn(Command::new(bin), args, filter, envs)
+        Self::spawn(Command::new(bin), args, filter, envs, true)
+    }
+
+    /// Like `start_with_filter`, without echoing the agent's log (the
+    /// benchmark reads it but does not show it).
+    pub fn start_quiet<I, S>(bin: &Path, args: I, filter: &str) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        Self::spawn(Command::new(bin), args, filter, &[], false)
     }
 
     /// Like `start`, inside network namespace `ns` (as an agent on a node
@@ -52,10 +62,10 @@ impl AgentProcess {
         S: AsRef<OsStr>,
     {
         let cmd = super::spawn_in(ns, None, &bin.to_string_lossy())?;
-        Self::spawn(cmd, args, "info", &[])
+        Self::spawn(cmd, args, "info", &[], true)
     }
 
-    fn spawn<I, S>(mut cmd: Command, args: I, filter: &str, envs: &[(&str, &str)]) -> io::Result<Self>
+    fn spawn<I, S>(mut cmd: Command, args: I, filter: &str, envs: &[(&str, &str)], echo: bool) -> io::Result<Self>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
@@ -77,7 +87,9 @@ impl AgentProcess {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                eprintln!("agent: {line}");
+                if echo {
+                    eprintln!("agent: {line}");
+                }
                 let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
                 sink.0.lock().expect("log lock").push(value);
                 sink.1.notify_all();
@@ -122,6 +134,12 @@ impl AgentProcess {
     #[must_use]
     pub fn mark(&self) -> usize {
         self.log.0.lock().expect("log lock").len()
+    }
+
+    /// The process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Whether the process is still running.

@@ -375,8 +375,33 @@ fn query(req: &Request<hyper::body::Incoming>) -> BTreeMap<String, String> {
         .query()
         .unwrap_or("")
         .split('&')
-        .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .filter_map(|kv| kv.split_once('=').map(|(k, v)| (percent_decode(k), percent_decode(v))))
         .collect()
+}
+
+/// A query component with its `%XX` escapes (and `+` for space) decoded,
+/// as clients encode continue tokens and selectors.
+fn percent_decode(text: &str) -> String {
+    let hex = |b: u8| char::from(b).to_digit(16).and_then(|d| u8::try_from(d).ok());
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%' && i + 2 < bytes.len())
+            .then(|| Some(hex(bytes[i + 1])? * 16 + hex(bytes[i + 2])?))
+            .flatten();
+        match (escaped, bytes[i]) {
+            (Some(b), _) => {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+            (None, b'+') => out.push(b' '),
+            (None, b) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 async fn handle(
@@ -442,8 +467,7 @@ fn in_scope(key: &(Kind, String, String), kind: Kind, ns: Option<&str>) -> bool 
 /// The name a `fieldSelector=metadata.name=NAME` asks for (the only field
 /// selector the agent uses).
 fn selected_name(q: &BTreeMap<String, String>) -> Option<String> {
-    let selector = q.get("fieldSelector")?.replace("%3D", "=").replace("%3d", "=");
-    selector.strip_prefix("metadata.name=").map(str::to_owned)
+    q.get("fieldSelector")?.strip_prefix("metadata.name=").map(str::to_owned)
 }
 
 /// A list item as the API returns it: without kind and apiVersion.
@@ -588,4 +612,17 @@ pub fn kubeconfig_yaml(server: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"{server}\"}}\nusers:\n- name: test\n  user: {{}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: test}}\ncurrent-context: test\n"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percent_decode;
+
+    #[test]
+    fn query_components_are_decoded() {
+        assert_eq!(percent_decode("12%3A500"), "12:500");
+        assert_eq!(percent_decode("metadata.name%3Dn1"), "metadata.name=n1");
+        assert_eq!(percent_decode("a+b%2"), "a b%2", "a broken escape stays as it is");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
 }

@@ -1,0 +1,156 @@
+//! The control plane: the agent against an API server holding `n`
+//! services of ten endpoints (the repo's list/watch test server): time from
+//! start to every map written, the time each single-endpoint change takes,
+//! and the agent's memory.
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use ebpf_proxy::testkit::{BpfFs, TestApiServer, TestCgroup, field, kubeconfig_yaml, message, unique_name};
+use serde::Serialize;
+
+use super::{Settings, spec, stopping};
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Control {
+    pub services: u32,
+    pub endpoints: u32,
+    /// From starting the agent to every map written (initial lists, BPF
+    /// load and verification, and the first sync).
+    pub cold_start_seconds: f64,
+    /// Of that, the first sync: from the lists complete to maps written.
+    pub first_sync_seconds: f64,
+    pub changes: usize,
+    /// From a change reaching the agent to its maps written (the agent's
+    /// own `latency_us`), milliseconds.
+    pub change_p50_ms: f64,
+    pub change_p99_ms: f64,
+    /// From writing the change to the API server to its maps written.
+    pub change_end_to_end_p50_ms: f64,
+    pub change_end_to_end_p99_ms: f64,
+    /// Peak and final resident memory of the agent.
+    pub peak_rss_mib: f64,
+    pub rss_mib: f64,
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    if values.is_empty() {
+        return 0.0;
+    }
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "an index"
+    )]
+    let i = ((values.len() - 1) as f64 * p).round() as usize;
+    values[i]
+}
+
+/// `VmHWM` and `VmRSS` of process `pid`, MiB.
+fn rss(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |key: &str| -> f64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (kib("VmHWM:") / 1024.0, kib("VmRSS:") / 1024.0)
+}
+
+pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
+    eprintln!("bench: control plane: {n} services on the test API server");
+    let server = TestApiServer::start();
+    for s in 0..n {
+        server.put(spec::service_object(s));
+        server.put(spec::slice_object(s, None));
+    }
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_yaml(&server.url()))?;
+    let cgroup = TestCgroup::create(&unique_name("ebpf-proxy-bench-cp"))?;
+    let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-bench-cp"))?;
+    let started = Instant::now();
+    let agent = settings.start_agent(
+        [
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--cgroup",
+            &cgroup.path().display().to_string(),
+            "--bpffs-dir",
+            &bpffs.path().join("ebpf-proxy").display().to_string(),
+            "--node-name",
+            "bench",
+            "--devices",
+            "none",
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ],
+        "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info",
+    )?;
+    let applied = |r: &serde_json::Value| message(r) == Some("service table applied");
+    let first = agent
+        .wait_for(0, Duration::from_mins(5), applied)
+        .map_err(anyhow::Error::msg)
+        .context("the agent did not program the services")?;
+    let cold_start_seconds = started.elapsed().as_secs_f64();
+    ensure_applied(&first)?;
+    let first_sync_seconds = latency_ms(&first) / 1000.0;
+
+    let mut at_agent = Vec::new();
+    let mut end_to_end = Vec::new();
+    for k in 0..settings.changes {
+        if stopping() {
+            anyhow::bail!("interrupted");
+        }
+        let s = u32::try_from(k).unwrap_or(0).wrapping_mul(7919) % n;
+        let moved = u8::try_from(k % usize::from(spec::ENDPOINTS)).unwrap_or(0);
+        let mark = agent.mark();
+        let written = Instant::now();
+        server.put(spec::slice_object(s, Some(moved)));
+        let record = agent.wait_for(mark, Duration::from_secs(30), applied).map_err(anyhow::Error::msg)?;
+        end_to_end.push(written.elapsed().as_secs_f64() * 1000.0);
+        at_agent.push(latency_ms(&record));
+        // Put it back, outside the measurement.
+        let mark = agent.mark();
+        server.put(spec::slice_object(s, None));
+        agent.wait_for(mark, Duration::from_secs(30), applied).map_err(anyhow::Error::msg)?;
+        // Apart from the last sync by more than the agent's batching
+        // interval: each change is applied on its own.
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let (peak_rss_mib, rss_mib) = rss(agent.pid());
+    drop(agent);
+    Ok(Control {
+        services: n,
+        endpoints: n * u32::from(spec::ENDPOINTS),
+        cold_start_seconds,
+        first_sync_seconds,
+        changes: settings.changes,
+        change_p50_ms: percentile(&mut at_agent, 0.5),
+        change_p99_ms: percentile(&mut at_agent, 0.99),
+        change_end_to_end_p50_ms: percentile(&mut end_to_end, 0.5),
+        change_end_to_end_p99_ms: percentile(&mut end_to_end, 0.99),
+        peak_rss_mib,
+        rss_mib,
+    })
+}
+
+/// The `latency_us` of an "applied" record, in milliseconds.
+fn latency_ms(record: &serde_json::Value) -> f64 {
+    #[expect(clippy::cast_precision_loss, reason = "microseconds far below 2^52")]
+    let us = field(record, "latency_us").and_then(serde_json::Value::as_u64).unwrap_or(0) as f64;
+    us / 1000.0
+}
+
+/// Fails unless an "applied" record says every write succeeded (a map too
+/// small for the services, say).
+pub fn ensure_applied(record: &serde_json::Value) -> anyhow::Result<()> {
+    let failures = field(record, "failures").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    anyhow::ensure!(failures == 0, "ebpf-proxy failed {failures} map writes (see its log): {record}");
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! The datapath comparison for one service count: every variant serves the
+//! same services to the same workload, the variants interleaved round by
+//! round so drift hits them all alike.
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use ebpf_proxy::testkit::{BpfFs, NetNs, TestCgroup, spawn_in, unique_name};
+use serde::Serialize;
+
+use super::{
+    Settings,
+    load::{LoadResult, Mode},
+    net::{BenchNet, Variant},
+    rules,
+    server::Servers,
+    spec::{self, BACKEND_PORT, ENDPOINTS, SERVICE_PORT},
+    stopping,
+};
+
+/// One variant's numbers for one service count and mode.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub services: u32,
+    pub mode: &'static str,
+    pub variant: &'static str,
+    pub ops_per_second: f64,
+    /// Over the direct variant's rate.
+    pub ratio: f64,
+    /// Median over rounds of each round's percentile, microseconds.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub errors: u64,
+}
+
+/// How long loading a rule set took.
+#[derive(Clone, Debug, Serialize)]
+pub struct RuleLoad {
+    pub services: u32,
+    pub tool: &'static str,
+    pub seconds: f64,
+}
+
+/// Runs the comparison for `n` services; returns the rows and the rule
+/// load times.
+pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoad>)> {
+    let variants = Variant::ALL;
+    let net = BenchNet::new(&variants).context("making the bench namespaces")?;
+    let _servers = Servers::start(&net.backends).context("starting the backends")?;
+    let dir = tempfile::tempdir()?;
+    let direct = dir.path().join("direct.txt");
+    let vips = dir.path().join("vips.txt");
+    write_targets(
+        &direct,
+        (0..n).flat_map(|s| (0..ENDPOINTS).map(move |i| format!("{}:{BACKEND_PORT}", spec::endpoint(s, i)))),
+    )?;
+    write_targets(&vips, (0..n).map(|s| format!("{}:{SERVICE_PORT}", spec::vip(s))))?;
+
+    let mut loads = Vec::new();
+    let iptables = dir.path().join("iptables.rules");
+    std::fs::write(&iptables, rules::iptables(n))?;
+    let nft = dir.path().join("nftables.rules");
+    std::fs::write(&nft, rules::nftables(n))?;
+    for (variant, tool, args, file) in [
+        (Variant::IptablesNft, "iptables-nft-restore", &[][..], &iptables),
+        (Variant::IptablesLegacy, "iptables-legacy-restore", &[], &iptables),
+        (Variant::Nftables, "nft", &["-f", "-"], &nft),
+    ] {
+        eprintln!("bench: {n} services: loading {tool}");
+        let seconds = load_rules(net.client(variant), tool, args, file)?;
+        loads.push(RuleLoad { services: n, tool, seconds });
+    }
+
+    eprintln!("bench: {n} services: starting ebpf-proxy");
+    let cgroup = TestCgroup::create(&unique_name("ebpf-proxy-bench"))?;
+    let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-bench"))?;
+    let services = dir.path().join("services.yaml");
+    std::fs::write(&services, spec::services_yaml(n))?;
+    let started = Instant::now();
+    let agent = settings.start_agent(
+        [
+            "--services-file",
+            &services.display().to_string(),
+            "--cgroup",
+            &cgroup.path().display().to_string(),
+            "--bpffs-dir",
+            &bpffs.path().join("ebpf-proxy").display().to_string(),
+            "--node-name",
+            "bench",
+            "--devices",
+            "none",
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ],
+        "warn,ebpf_proxy::agent=info",
+    )?;
+    let applied = agent
+        .wait_for(0, Duration::from_mins(5), |r| ebpf_proxy::testkit::message(r) == Some("service table applied"))
+        .map_err(anyhow::Error::msg)
+        .context("ebpf-proxy did not apply the services")?;
+    super::control::ensure_applied(&applied)?;
+    loads.push(RuleLoad { services: n, tool: "ebpf-proxy (services file)", seconds: started.elapsed().as_secs_f64() });
+
+    // Warm up every path once (ARP, caches), then measure.
+    let runner = Runner { settings, net: &net, cgroup: &cgroup, direct: &direct, vips: &vips };
+    for variant in variants {
+        runner.run(variant, Mode::Short, settings.seconds.min(0.5))?;
+    }
+    let mut results: BTreeMap<(Mode, Variant), Vec<LoadResult>> = BTreeMap::new();
+    for round in 0..settings.rounds {
+        for mode in [Mode::Short, Mode::Keep] {
+            for k in 0..variants.len() {
+                let variant = variants[(k + round) % variants.len()];
+                if stopping() {
+                    bail!("interrupted");
+                }
+                let r = runner.run(variant, mode, settings.seconds)?;
+                eprintln!(
+                    "bench: {n} services, round {}, {}, {}: {:.0}/s p50 {:.0} us p99 {:.0} us, {} errors",
+                    round + 1,
+                    mode.name(),
+                    variant.name(),
+                    ops_rate(&r),
+                    r.p50_us,
+                    r.p99_us,
+                    r.errors
+                );
+                results.entry((mode, variant)).or_default().push(r);
+            }
+        }
+    }
+    drop(agent);
+    Ok((rows(n, &results), loads))
+}
+
+fn write_targets(path: &Path, lines: impl Iterator<Item = String>) -> std::io::Result<()> {
+    let text: String = lines.map(|l| l + "\n").collect();
+    std::fs::write(path, text)
+}
+
+/// Loads `file` with `tool ARGS` inside `ns`; returns the seconds it took.
+fn load_rules(ns: &NetNs, tool: &str, args: &[&str], file: &Path) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let out = spawn_in(ns, None, tool)?
+        .args(args)
+        .stdin(std::fs::File::open(file)?)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .with_context(|| format!("running {tool} (apt package iptables or nftables)"))?;
+    ensure!(out.status.success(), "{tool} failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(started.elapsed().as_secs_f64())
+}
+
+struct Runner<'a> {
+    settings: &'a Settings,
+    net: &'a BenchNet,
+    cgroup: &'a TestCgroup,
+    direct: &'a Path,
+    vips: &'a Path,
+}
+
+impl Runner<'_> {
+    /// One load run of `seconds` through `variant`.
+    fn run(&self, variant: Variant, mode: Mode, seconds: f64) -> anyhow::Result<LoadResult> {
+        let (targets, cgroup) = match variant {
+            Variant::Direct => (self.direct, None),
+            Variant::Ebpf => (self.vips, Some(self.cgroup)),
+            _ => (self.vips, None),
+        };
+        let exe = std::env::current_exe()?;
+        let out = spawn_in(self.net.client(variant), cgroup, &exe.to_string_lossy())?
+            .args(["load", "--targets"])
+            .arg(targets)
+            .args(["--mode", mode.name(), "--seconds", &seconds.to_string()])
+            .args(["--threads", &self.settings.threads.to_string()])
+            .stderr(Stdio::inherit())
+            .output()?;
+        ensure!(out.status.success(), "the load client failed in {}", variant.name());
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+}
+
+#[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+fn ops_rate(r: &LoadResult) -> f64 {
+    if r.seconds > 0.0 { r.ops as f64 / r.seconds } else { 0.0 }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn rows(n: u32, results: &BTreeMap<(Mode, Variant), Vec<LoadResult>>) -> Vec<Row> {
+    let rate = |runs: &[LoadResult]| {
+        let seconds: f64 = runs.iter().map(|r| r.seconds).sum();
+        #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+        let ops = runs.iter().map(|r| r.ops).sum::<u64>() as f64;
+        if seconds > 0.0 { ops / seconds } else { 0.0 }
+    };
+    let mut out = Vec::new();
+    for ((mode, variant), runs) in results {
+        let direct = results.get(&(*mode, Variant::Direct)).map_or(0.0, |r| rate(r));
+        let ops = rate(runs);
+        out.push(Row {
+            services: n,
+            mode: mode.name(),
+            variant: variant.name(),
+            ops_per_second: ops,
+            ratio: if direct > 0.0 { ops / direct } else { 0.0 },
+            p50_us: median(runs.iter().map(|r| r.p50_us).collect()),
+            p99_us: median(runs.iter().map(|r| r.p99_us).collect()),
+            errors: runs.iter().map(|r| r.errors).sum(),
+        });
+    }
+    out.sort_by_key(|r| (r.mode, Variant::ALL.iter().position(|v| v.name() == r.variant)));
+    out
+}

@@ -1,0 +1,192 @@
+//! `ebpf-proxy-bench`: ebpf-proxy side by side with kube-proxy's
+//! datapaths (iptables on iptables-nft and iptables-legacy, nftables; IPVS
+//! where the kernel has it) and the direct path, in the bench's own network
+//! namespaces; and the agent's control plane. Run by `cargo xtask bench`.
+mod control;
+mod datapath;
+mod load;
+mod net;
+mod report;
+mod rules;
+mod server;
+mod spec;
+
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ebpf-proxy-bench", about = "ebpf-proxy side by side with kube-proxy's datapaths")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// A few seconds: small service counts, short runs (run by `cargo
+    /// xtask test`, so the bench never rots).
+    #[arg(long)]
+    quick: bool,
+    /// Service counts to measure (10 endpoints each).
+    #[arg(long, value_delimiter = ',')]
+    services: Option<Vec<u32>>,
+    /// Seconds per run of one variant and mode.
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Rounds over all variants.
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Client threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Service count of the control-plane measurement.
+    #[arg(long)]
+    control_services: Option<u32>,
+    /// Single-endpoint changes to time.
+    #[arg(long)]
+    changes: Option<usize>,
+    /// Where to write results.json and results.md.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// The ebpf-proxy binary (default: next to this one).
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Show the agent's log (on standard error).
+    #[arg(long)]
+    agent_log: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// (Internal) the client workload, run inside a client namespace.
+    #[command(hide = true)]
+    Load {
+        #[arg(long)]
+        targets: PathBuf,
+        #[arg(long, value_enum)]
+        mode: load::Mode,
+        #[arg(long)]
+        seconds: f64,
+        #[arg(long)]
+        threads: usize,
+    },
+}
+
+/// What a run measures.
+pub struct Settings {
+    pub agent: PathBuf,
+    pub seconds: f64,
+    pub rounds: usize,
+    pub threads: usize,
+    pub changes: usize,
+    pub agent_log: bool,
+}
+
+impl Settings {
+    /// Starts the agent with `args`, logging at `filter`.
+    pub fn start_agent<I, S>(&self, args: I, filter: &str) -> std::io::Result<ebpf_proxy::testkit::AgentProcess>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        if self.agent_log {
+            ebpf_proxy::testkit::AgentProcess::start_with_filter(&self.agent, args, filter)
+        } else {
+            ebpf_proxy::testkit::AgentProcess::start_quiet(&self.agent, args, filter)
+        }
+    }
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Whether SIGINT or SIGTERM arrived: the bench stops and removes what it
+/// made.
+pub fn stopping() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn catch_signals() {
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is
+    // async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if let Some(Command::Load { targets, mode, seconds, threads }) = cli.command {
+        let result = load::run(&targets, mode, seconds, threads)?;
+        println!("{}", serde_json::to_string(&result)?);
+        return Ok(());
+    }
+    anyhow::ensure!(
+        nix::unistd::geteuid().is_root(),
+        "the bench makes network namespaces and loads eBPF: run it as root"
+    );
+    catch_signals();
+    let agent = match cli.agent {
+        Some(path) => path,
+        None => std::env::current_exe()?.with_file_name("ebpf-proxy"),
+    };
+    anyhow::ensure!(agent.exists(), "no ebpf-proxy binary at {}; build it (cargo xtask bench does)", agent.display());
+    let quick = cli.quick;
+    let sizes = cli.services.unwrap_or_else(|| if quick { vec![1, 100] } else { vec![1, 1000, 10_000] });
+    anyhow::ensure!(
+        sizes.iter().all(|n| *n >= 1 && *n <= spec::MAX_SERVICES),
+        "service counts are 1-{}",
+        spec::MAX_SERVICES
+    );
+    let settings = Settings {
+        agent,
+        seconds: cli.seconds.unwrap_or(if quick { 0.5 } else { 3.0 }),
+        rounds: cli.rounds.unwrap_or(if quick { 1 } else { 3 }),
+        threads: cli.threads,
+        changes: cli.changes.unwrap_or(if quick { 5 } else { 100 }),
+        agent_log: cli.agent_log,
+    };
+    let mut report = report::Report {
+        machine: report::Machine::this(),
+        quick,
+        seconds_per_run: settings.seconds,
+        rounds: settings.rounds,
+        client_threads: settings.threads,
+        datapath: Vec::new(),
+        rule_loads: Vec::new(),
+        control: None,
+        unavailable: vec![ipvs_missing()],
+    };
+    for n in sizes {
+        let (rows, loads) =
+            datapath::run(&settings, n).with_context(|| format!("the datapath bench at {n} services"))?;
+        report.datapath.extend(rows);
+        report.rule_loads.extend(loads);
+    }
+    let control_n = cli.control_services.unwrap_or(if quick { 100 } else { 10_000 });
+    report.control = Some(control::run(&settings, control_n).context("the control-plane bench")?);
+    std::fs::create_dir_all(&cli.out)?;
+    let markdown = report.markdown();
+    std::fs::write(cli.out.join("results.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(cli.out.join("results.md"), &markdown)?;
+    println!("{markdown}");
+    eprintln!("bench: results in {}", cli.out.display());
+    Ok(())
+}
+
+/// Why IPVS is not compared: this kernel has no IPVS (the bench looks).
+fn ipvs_missing() -> String {
+    let available = std::path::Path::new("/proc/net/ip_vs").exists()
+        || std::fs::read_to_string("/proc/modules").is_ok_and(|m| m.lines().any(|l| l.starts_with("ip_vs ")));
+    if available {
+        "IPVS (kube-proxy's IPVS mode): not yet driven by the bench".to_owned()
+    } else {
+        "IPVS (kube-proxy's IPVS mode): this kernel has no IPVS".to_owned()
+    }
+}

@@ -1,0 +1,144 @@
+//! The results as JSON and as a markdown table, with the machine they
+//! were measured on.
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{
+    control::Control,
+    datapath::{Row, RuleLoad},
+};
+
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub kernel: String,
+    pub memory_gib: f64,
+}
+
+impl Machine {
+    #[must_use]
+    pub fn this() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map_or_else(|| "unknown".to_owned(), |c| c.trim().to_owned());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_kib: f64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0);
+        Self {
+            cpu,
+            cores: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+            kernel: nix::sys::utsname::uname()
+                .map_or_else(|_| "unknown".into(), |u| u.release().to_string_lossy().into_owned()),
+            memory_gib: memory_kib / 1024.0 / 1024.0,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub quick: bool,
+    pub seconds_per_run: f64,
+    pub rounds: usize,
+    pub client_threads: usize,
+    pub datapath: Vec<Row>,
+    pub rule_loads: Vec<RuleLoad>,
+    pub control: Option<Control>,
+    /// Variants that could not run here, and why.
+    pub unavailable: Vec<String>,
+}
+
+impl Report {
+    #[must_use]
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            out,
+            "Measured on {} ({} cores, {:.0} GiB), kernel {}; {} round(s) of {} s per variant and mode, {} client threads, variants interleaved.\n",
+            m.cpu, m.cores, m.memory_gib, m.kernel, self.rounds, self.seconds_per_run, self.client_threads
+        );
+        for (mode, title) in [
+            (
+                "short",
+                "New connections (connect, 32 bytes each way, close): connections/s, ratio to direct, connect latency p50/p99",
+            ),
+            ("keep", "Requests on kept connections: requests/s, ratio to direct, request latency p50/p99"),
+        ] {
+            let _ = writeln!(out, "{title}:\n");
+            let variants: Vec<&str> = {
+                let mut v: Vec<&str> = Vec::new();
+                for r in self.datapath.iter().filter(|r| r.mode == mode) {
+                    if !v.contains(&r.variant) {
+                        v.push(r.variant);
+                    }
+                }
+                v
+            };
+            let _ = writeln!(out, "| services | {} |", variants.join(" | "));
+            let _ = writeln!(out, "|---:|{}", "---:|".repeat(variants.len()));
+            let mut sizes: Vec<u32> = self.datapath.iter().map(|r| r.services).collect();
+            sizes.dedup();
+            for n in sizes {
+                let cells: Vec<String> = variants
+                    .iter()
+                    .map(|v| {
+                        self.datapath.iter().find(|r| r.services == n && r.mode == mode && r.variant == *v).map_or_else(
+                            String::new,
+                            |r| {
+                                format!(
+                                    "{:.0}/s ({:.2}x) {:.0}/{:.0} us{}",
+                                    r.ops_per_second,
+                                    r.ratio,
+                                    r.p50_us,
+                                    r.p99_us,
+                                    if r.errors > 0 { format!(", {} errors", r.errors) } else { String::new() }
+                                )
+                            },
+                        )
+                    })
+                    .collect();
+                let _ = writeln!(out, "| {n} | {} |", cells.join(" | "));
+            }
+            out.push('\n');
+        }
+        if !self.unavailable.is_empty() {
+            let _ = writeln!(out, "Not measured here: {}.\n", self.unavailable.join("; "));
+        }
+        let _ = writeln!(out, "Loading the service set (10 endpoints per service):\n");
+        let _ = writeln!(out, "| services | tool | seconds |\n|---:|---|---:|");
+        for l in &self.rule_loads {
+            let _ = writeln!(out, "| {} | {} | {:.2} |", l.services, l.tool, l.seconds);
+        }
+        if let Some(c) = &self.control {
+            let _ = writeln!(
+                out,
+                "\nControl plane, {} services x 10 endpoints from the API server (the repo's list/watch test server):\n",
+                c.services
+            );
+            let _ = writeln!(out, "| measure | value |\n|---|---:|");
+            let _ = writeln!(out, "| start to every map written | {:.2} s |", c.cold_start_seconds);
+            let _ = writeln!(out, "| of which the first sync | {:.2} s |", c.first_sync_seconds);
+            let _ = writeln!(
+                out,
+                "| one endpoint change, at the agent, p50 / p99 ({} changes) | {:.2} / {:.2} ms |",
+                c.changes, c.change_p50_ms, c.change_p99_ms
+            );
+            let _ = writeln!(
+                out,
+                "| one endpoint change, API write to maps written, p50 / p99 | {:.2} / {:.2} ms |",
+                c.change_end_to_end_p50_ms, c.change_end_to_end_p99_ms
+            );
+            let _ = writeln!(out, "| agent peak RSS | {:.1} MiB |", c.peak_rss_mib);
+        }
+        out
+    }
+}

@@ -1,0 +1,112 @@
+//! The service set every variant serves: `n` ClusterIP services of
+//! `ENDPOINTS` endpoints each. Service `s` is 10.96.(s/256).(s%256):80;
+//! its endpoint `i` is 10.(100+i).(s/256).(s%256):8080, in backend
+//! namespace `i` (which owns all of 10.(100+i).0.0/16).
+use std::{fmt::Write as _, net::Ipv4Addr};
+
+use serde_json::{Value, json};
+
+pub const ENDPOINTS: u8 = 10;
+pub const SERVICE_PORT: u16 = 80;
+pub const BACKEND_PORT: u16 = 8080;
+/// Most services the address plan holds.
+pub const MAX_SERVICES: u32 = 65_536;
+
+#[must_use]
+pub fn vip(s: u32) -> Ipv4Addr {
+    let [_, _, hi, lo] = s.to_be_bytes();
+    Ipv4Addr::new(10, 96, hi, lo)
+}
+
+#[must_use]
+pub fn endpoint(s: u32, i: u8) -> Ipv4Addr {
+    let [_, _, hi, lo] = s.to_be_bytes();
+    Ipv4Addr::new(10, 100 + i, hi, lo)
+}
+
+/// The network backend namespace `i` owns.
+#[must_use]
+pub fn backend_net(i: u8) -> String {
+    format!("10.{}.0.0/16", 100 + i)
+}
+
+fn name(s: u32) -> String {
+    format!("svc{s}")
+}
+
+/// The services and their slices as a services file for the agent.
+#[must_use]
+pub fn services_yaml(n: u32) -> String {
+    let mut out = String::with_capacity(usize::try_from(n).unwrap_or(0) * 700);
+    for s in 0..n {
+        let (name, vip) = (name(s), vip(s));
+        let _ = write!(
+            out,
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: bench}}\nspec:\n  clusterIP: {vip}\n  ports: [{{name: http, port: {SERVICE_PORT}, protocol: TCP}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: bench, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: {BACKEND_PORT}, protocol: TCP}}]\nendpoints:\n"
+        );
+        for i in 0..ENDPOINTS {
+            let _ = writeln!(out, "- {{addresses: [\"{}\"], conditions: {{ready: true}}}}", endpoint(s, i));
+        }
+    }
+    out
+}
+
+/// Service `s` as the API server stores it.
+#[must_use]
+pub fn service_object(s: u32) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name(s), "namespace": "bench"},
+        "spec": {"clusterIP": vip(s).to_string(), "clusterIPs": [vip(s).to_string()],
+                 "ports": [{"name": "http", "port": SERVICE_PORT, "protocol": "TCP"}]},
+    })
+}
+
+/// Service `s`'s EndpointSlice, with endpoint `moved` (if any) on its
+/// alternative address (10.(110+i)...): a one-endpoint change.
+#[must_use]
+pub fn slice_object(s: u32, moved: Option<u8>) -> Value {
+    let endpoints: Vec<Value> = (0..ENDPOINTS)
+        .map(|i| {
+            let mut addr = endpoint(s, i);
+            if moved == Some(i) {
+                let octets = addr.octets();
+                addr = Ipv4Addr::new(octets[0], octets[1] + 10, octets[2], octets[3]);
+            }
+            json!({"addresses": [addr.to_string()], "conditions": {"ready": true}})
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{}-1", name(s)), "namespace": "bench",
+                     "labels": {"kubernetes.io/service-name": name(s)}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": BACKEND_PORT, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_follow_the_plan() {
+        assert_eq!(vip(0), Ipv4Addr::new(10, 96, 0, 0));
+        assert_eq!(vip(258), Ipv4Addr::new(10, 96, 1, 2));
+        assert_eq!(endpoint(258, 9), Ipv4Addr::new(10, 109, 1, 2));
+    }
+
+    #[test]
+    fn the_services_file_parses_into_n_services_of_ten_endpoints() {
+        let parsed = ebpf_proxy::source::file::parse(&services_yaml(3)).unwrap();
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let t = ebpf_proxy::model::translate(
+            &parsed.objects.services,
+            &parsed.objects.slices,
+            &ebpf_proxy::model::NodeContext::new("bench"),
+        );
+        assert_eq!(t.table.len(), 3);
+        assert!(t.table.values().all(|f| f.backends.len() == usize::from(ENDPOINTS)));
+    }
+}
