@@ -3,9 +3,11 @@
 //! nested loops over every object, no grouping or maps).
 use std::net::Ipv4Addr;
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use ebpf_proxy::model::{
-    Backend, BackendState, Frontend, FrontendKey, FrontendKind, NodeContext, Protocol, Reach, Scope, ServiceTable,
-    translate,
+    Backend, BackendState, Frontend, FrontendKey, FrontendKind, NodeContext, Protocol, Reach, Scope, ServiceId,
+    ServiceInput, ServiceTable, TableState, service_id, translate,
 };
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proptest::prelude::*;
@@ -289,5 +291,94 @@ proptest! {
         let got = translate(&k8s_services, &k8s_slices, &NodeContext::new("n0").with_ips(vec![NODE_IP.into()])).table;
         let want = reference(&unique, &slices, 0);
         prop_assert_eq!(got, want);
+    }
+}
+
+/// The inputs of every service of a world: the Service and the slices
+/// naming it (sorted, to compare).
+fn inputs<'a>(services: &'a [Service], slices: &'a [EndpointSlice]) -> BTreeMap<ServiceId, ServiceInput<'a>> {
+    let mut out: BTreeMap<ServiceId, ServiceInput<'a>> = BTreeMap::new();
+    for svc in services {
+        out.entry(service_id(svc)).or_insert(ServiceInput { service: None, slices: Vec::new() }).service = Some(svc);
+    }
+    for slice in slices {
+        let owner = (
+            slice.metadata.namespace.clone().unwrap_or_default(),
+            slice.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"].clone(),
+        );
+        out.entry(owner).or_insert(ServiceInput { service: None, slices: Vec::new() }).slices.push(slice);
+    }
+    for input in out.values_mut() {
+        input.slices.sort_by_key(|s| s.metadata.name.clone());
+    }
+    out
+}
+
+fn same(a: Option<&ServiceInput<'_>>, b: Option<&ServiceInput<'_>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.service == b.service && a.slices == b.slices,
+        _ => false,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A sequence of worlds applied service by service (only the services
+    /// whose Service or slices changed) gives exactly the full translation
+    /// of each world: table, problems, health checks; and the keys it
+    /// reports changed are exactly those that did.
+    #[test]
+    fn incremental_updates_match_a_full_translation(
+        worlds in prop::collection::vec(
+            (prop::collection::vec(svc_strategy(), 0..6), prop::collection::vec(slice_strategy(), 0..6)),
+            1..5,
+        ),
+    ) {
+        let node = NodeContext::new("n0").with_ips(vec![NODE_IP.into()]);
+        let mut state = TableState::default();
+        let mut previous: (Vec<Service>, Vec<EndpointSlice>) = (Vec::new(), Vec::new());
+        for (services, slices) in worlds {
+            let mut unique: Vec<Svc> = Vec::new();
+            for s in &services {
+                if !unique.iter().any(|u| (u.ns, u.name) == (s.ns, s.name)) {
+                    unique.push(s.clone());
+                }
+            }
+            let services: Vec<Service> = unique.iter().map(to_service).collect();
+            let slices: Vec<EndpointSlice> = slices.iter().enumerate().map(|(i, s)| to_slice(s, i)).collect();
+            let before = state.table().clone();
+            let (old, new) = (inputs(&previous.0, &previous.1), inputs(&services, &slices));
+            let ids: BTreeSet<ServiceId> = old.keys().chain(new.keys()).cloned().collect();
+            let changed: Vec<(ServiceId, ServiceInput<'_>)> = ids
+                .into_iter()
+                .filter(|id| !same(old.get(id), new.get(id)))
+                .map(|id| {
+                    let input = new.get(&id).map_or(ServiceInput { service: None, slices: Vec::new() }, |i| {
+                        ServiceInput { service: i.service, slices: i.slices.clone() }
+                    });
+                    (id, input)
+                })
+                .collect();
+            let delta = state.update(changed, &node);
+
+            let full = translate(&services, &slices, &node);
+            prop_assert_eq!(state.table(), &full.table);
+            let mut got: Vec<String> = state.problems().map(ToString::to_string).collect();
+            let mut want: Vec<String> = full.problems.iter().map(ToString::to_string).collect();
+            got.sort();
+            want.sort();
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(state.health_checks(), full.health_checks);
+            let differ: BTreeSet<FrontendKey> = before
+                .keys()
+                .chain(full.table.keys())
+                .filter(|k| before.get(k) != full.table.get(k))
+                .copied()
+                .collect();
+            prop_assert_eq!(delta.keys, differ);
+            previous = (services, slices);
+        }
     }
 }

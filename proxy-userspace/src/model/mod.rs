@@ -4,11 +4,14 @@
 mod endpoints;
 mod frontends;
 mod problem;
+mod service;
+mod state;
 mod table;
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 pub use problem::{ObjectRef, Problem, Severity};
+pub use state::{Delta, ServiceId, ServiceInput, TableState, service_id};
 pub use table::{HealthCheck, NodeContext, Translation, ZONE_LABEL, translate};
 
 /// The loopback address NodePorts are also served on (as kube-proxy's

@@ -1,0 +1,181 @@
+//! The desired table kept up to date service by service: a change to one
+//! Service or its EndpointSlices re-translates that service only, and says
+//! which frontend keys changed, so the maps are diffed there only.
+//!
+//! Every service's claims on frontend keys are kept; a key is served by
+//! its first claimant in object order (as `translate` does over sorted
+//! services), so a key two services ask for passes to the other when the
+//! first lets go of it.
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+
+use super::{
+    Frontend, FrontendKey, ObjectRef, Problem, ServiceTable, endpoints,
+    frontends::{self, SkipReason},
+    service::{Claim, ServiceOutput, translate_service},
+    table::{HealthCheck, NodeContext},
+};
+
+/// A service by namespace and name (its EndpointSlices name it so).
+pub type ServiceId = (String, String);
+
+/// The id of a Service object.
+#[must_use]
+pub fn service_id(svc: &Service) -> ServiceId {
+    let object = frontends::object_ref(svc);
+    (object.namespace, object.name)
+}
+
+/// What an update changed.
+#[derive(Debug, Default)]
+pub struct Delta {
+    /// Frontend keys whose entry was added, changed or removed.
+    pub keys: BTreeSet<FrontendKey>,
+    /// Problems that appeared, and problems that went away.
+    pub appeared: Vec<Problem>,
+    pub resolved: Vec<Problem>,
+    /// Services deliberately not programmed (among those updated).
+    pub skipped: Vec<(ObjectRef, SkipReason)>,
+}
+
+#[derive(Debug, Default)]
+pub struct TableState {
+    services: BTreeMap<ServiceId, ServiceOutput>,
+    /// Every claim on a key, by claimant; the first serves it.
+    claims: BTreeMap<FrontendKey, BTreeMap<ObjectRef, (Frontend, String)>>,
+    /// Problems of keys claimed more than once, on the losing services.
+    conflicts: BTreeMap<FrontendKey, Vec<Problem>>,
+    table: ServiceTable,
+}
+
+/// One service's inputs: the Service (`None`: gone) and its slices.
+pub struct ServiceInput<'a> {
+    pub service: Option<&'a Service>,
+    pub slices: Vec<&'a EndpointSlice>,
+}
+
+impl TableState {
+    /// The table as it stands.
+    #[must_use]
+    pub fn table(&self) -> &ServiceTable {
+        &self.table
+    }
+
+    /// Every problem, service by service in object order.
+    pub fn problems(&self) -> impl Iterator<Item = &Problem> {
+        self.services.values().flat_map(|s| s.problems.iter()).chain(self.conflicts.values().flatten())
+    }
+
+    /// The health check ports to serve, by port.
+    #[must_use]
+    pub fn health_checks(&self) -> Vec<HealthCheck> {
+        let mut out: Vec<HealthCheck> = self.services.values().filter_map(|s| s.health_check.clone()).collect();
+        out.sort_by_key(|h| h.port);
+        out
+    }
+
+    /// Services not programmed, and why.
+    pub fn skipped(&self) -> impl Iterator<Item = (&ObjectRef, SkipReason)> {
+        self.services.values().filter_map(|s| Some((&s.object, s.skipped?)))
+    }
+
+    /// Everything anew: every service of `services` with the slices of
+    /// `slices` that name it; services no longer there go.
+    pub fn replace_all<'a>(
+        &mut self,
+        services: impl IntoIterator<Item = &'a Service>,
+        slices: impl IntoIterator<Item = &'a EndpointSlice>,
+        node: &NodeContext,
+    ) -> Delta {
+        let mut inputs: BTreeMap<ServiceId, ServiceInput<'a>> =
+            self.services.keys().map(|id| (id.clone(), ServiceInput { service: None, slices: Vec::new() })).collect();
+        for svc in services {
+            inputs.entry(service_id(svc)).or_insert(ServiceInput { service: None, slices: Vec::new() }).service =
+                Some(svc);
+        }
+        for slice in slices {
+            if let Some(owner) = endpoints::owning_service(slice) {
+                inputs.entry(owner).or_insert(ServiceInput { service: None, slices: Vec::new() }).slices.push(slice);
+            }
+        }
+        self.update(inputs, node)
+    }
+
+    /// Re-translates the services in `changes` (with the node the state was
+    /// built for: a changed node needs `replace_all`).
+    pub fn update<'a>(
+        &mut self,
+        changes: impl IntoIterator<Item = (ServiceId, ServiceInput<'a>)>,
+        node: &NodeContext,
+    ) -> Delta {
+        let mut delta = Delta::default();
+        let mut touched: BTreeSet<FrontendKey> = BTreeSet::new();
+        for (id, input) in changes {
+            let old = self.services.remove(&id);
+            if let Some(old) = &old {
+                for claim in &old.claims {
+                    touched.insert(claim.key);
+                    if let Some(claimants) = self.claims.get_mut(&claim.key) {
+                        claimants.remove(&old.object);
+                        if claimants.is_empty() {
+                            self.claims.remove(&claim.key);
+                        }
+                    }
+                }
+            }
+            let new = input.service.map(|svc| translate_service(svc, &input.slices, node));
+            if let Some(new) = &new {
+                for Claim { key, frontend, field } in &new.claims {
+                    touched.insert(*key);
+                    self.claims.entry(*key).or_default().insert(new.object.clone(), (frontend.clone(), field.clone()));
+                }
+                if let Some(reason) = new.skipped {
+                    delta.skipped.push((new.object.clone(), reason));
+                }
+            }
+            diff_problems(old.as_ref().map(|o| &o.problems[..]), new.as_ref().map(|n| &n.problems[..]), &mut delta);
+            if let Some(new) = new {
+                self.services.insert(id, new);
+            }
+        }
+        for key in touched {
+            let winner = self.claims.get(&key).and_then(|c| c.values().next()).map(|(f, _)| f);
+            let differs = match (winner, self.table.get(&key)) {
+                (Some(w), Some(current)) => w != current,
+                (None, None) => false,
+                _ => true,
+            };
+            if differs {
+                match winner {
+                    Some(w) => self.table.insert(key, w.clone()),
+                    None => self.table.remove(&key),
+                };
+                delta.keys.insert(key);
+            }
+            let conflicts = self.claims.get(&key).map(|c| conflict_problems(key, c)).unwrap_or_default();
+            let old =
+                if conflicts.is_empty() { self.conflicts.remove(&key) } else { self.conflicts.insert(key, conflicts) };
+            diff_problems(old.as_deref(), self.conflicts.get(&key).map(Vec::as_slice), &mut delta);
+        }
+        delta
+    }
+}
+
+/// The problems of the claimants of `key` that do not serve it.
+fn conflict_problems(key: FrontendKey, claimants: &BTreeMap<ObjectRef, (Frontend, String)>) -> Vec<Problem> {
+    let mut iter = claimants.iter();
+    let Some((_, (winner, _))) = iter.next() else { return Vec::new() };
+    iter.map(|(object, (_, field))| {
+        Problem::error(object, field.clone(), format!("{key} is already served by {}; skipped", winner.service_port))
+    })
+    .collect()
+}
+
+/// Adds to `delta` what is in `new` and not in `old` (appeared) and the
+/// reverse (resolved).
+fn diff_problems(old: Option<&[Problem]>, new: Option<&[Problem]>, delta: &mut Delta) {
+    let (old, new) = (old.unwrap_or_default(), new.unwrap_or_default());
+    delta.appeared.extend(new.iter().filter(|p| !old.contains(p)).cloned());
+    delta.resolved.extend(old.iter().filter(|p| !new.contains(p)).cloned());
+}
