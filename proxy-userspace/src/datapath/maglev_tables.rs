@@ -4,7 +4,7 @@
 //! port use one table). A table is written before a slot 0 names it and
 //! deleted once none does; the backends it names stay in `BACKENDS` while
 //! it exists.
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
     ids::IdPool,
@@ -18,6 +18,12 @@ pub struct MaglevTables {
     by_list: HashMap<Vec<u32>, u16>,
     tables: BTreeMap<u16, Table>,
     pool: IdPool<u16>,
+    /// How many slot 0s name each table.
+    masters: HashMap<u16, usize>,
+    /// How many tables hold each backend id.
+    backends: HashMap<u32, usize>,
+    /// Tables no slot 0 names (any more): deleted by `remove_unused`.
+    unused: BTreeSet<u16>,
 }
 
 #[derive(Debug)]
@@ -61,6 +67,7 @@ impl MaglevTables {
     ) -> Self {
         let mut this = Self { pool: IdPool::with_used(found.keys().copied()), ..Self::default() };
         for (id, content) in found {
+            this.unused.insert(*id);
             let list = lists
                 .get(id)
                 .filter(|list| content.len() == size && build(list, addrs, size).as_ref() == Some(content))
@@ -68,9 +75,42 @@ impl MaglevTables {
             if let Some(list) = &list {
                 this.by_list.entry(list.clone()).or_insert(*id);
             }
-            this.tables.insert(*id, Table { ids: content.iter().copied().collect(), list });
+            this.add(*id, Table { ids: content.iter().copied().collect(), list });
         }
         this
+    }
+
+    fn add(&mut self, id: u16, table: Table) {
+        for backend in &table.ids {
+            *self.backends.entry(*backend).or_default() += 1;
+        }
+        self.tables.insert(id, table);
+    }
+
+    /// A slot 0 that named table `old` now names `new` (0: none).
+    pub fn master_changed(&mut self, old: u16, new: u16) {
+        if old == new {
+            return;
+        }
+        if new != 0 {
+            *self.masters.entry(new).or_default() += 1;
+            self.unused.remove(&new);
+        }
+        if old != 0
+            && let Some(n) = self.masters.get_mut(&old)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.masters.remove(&old);
+                self.unused.insert(old);
+            }
+        }
+    }
+
+    /// Whether some table holds backend `id`.
+    #[must_use]
+    pub fn holds_backend(&self, id: u32) -> bool {
+        self.backends.contains_key(&id)
     }
 
     /// The id of the table for `list`, written first if there is none.
@@ -92,38 +132,42 @@ impl MaglevTables {
             return Err(err);
         }
         self.by_list.insert(list.to_vec(), id);
-        self.tables.insert(id, Table { ids: list.iter().copied().collect(), list: Some(list.to_vec()) });
+        // Unused until a slot 0 names it.
+        self.unused.insert(id);
+        self.add(id, Table { ids: list.iter().copied().collect(), list: Some(list.to_vec()) });
         Ok(id)
     }
 
-    /// Deletes the tables no slot 0 in `used` names; failures are returned
-    /// (the table stays, and is deleted by a later call).
-    pub fn remove_unused(
-        &mut self,
-        maps: &mut impl ServiceMaps,
-        used: &HashSet<u16>,
-        writes: &mut usize,
-    ) -> Vec<(u16, MapError)> {
-        let unused: Vec<u16> = self.tables.keys().filter(|id| !used.contains(id)).copied().collect();
+    /// Deletes the tables no slot 0 names; failures are returned (the table
+    /// stays, and is deleted by a later call).
+    pub fn remove_unused(&mut self, maps: &mut impl ServiceMaps, writes: &mut usize) -> Vec<(u16, MapError)> {
         let mut failures = Vec::new();
-        for id in unused {
+        for id in std::mem::take(&mut self.unused) {
             *writes += 1;
             match maps.remove_maglev(id) {
                 Ok(()) => {
-                    if let Some(Table { list: Some(list), .. }) = self.tables.remove(&id) {
-                        self.by_list.remove(&list);
+                    if let Some(table) = self.tables.remove(&id) {
+                        if let Some(list) = &table.list {
+                            self.by_list.remove(list);
+                        }
+                        for backend in &table.ids {
+                            if let Some(n) = self.backends.get_mut(backend) {
+                                *n -= 1;
+                                if *n == 0 {
+                                    self.backends.remove(backend);
+                                }
+                            }
+                        }
                     }
                     self.pool.release(id);
                 }
-                Err(err) => failures.push((id, err)),
+                Err(err) => {
+                    self.unused.insert(id);
+                    failures.push((id, err));
+                }
             }
         }
         failures
-    }
-
-    /// Backend ids some table names (they must stay in `BACKENDS`).
-    pub fn backend_ids(&self) -> impl Iterator<Item = u32> + '_ {
-        self.tables.values().flat_map(|t| t.ids.iter().copied())
     }
 
     /// Number of tables.

@@ -140,6 +140,16 @@ pub struct Reconciler {
     backend_pool: IdPool<u32>,
     rev_nat_pool: IdPool<u16>,
     maglev: MaglevTables,
+    /// How many slots name each backend id (it must stay in `BACKENDS`).
+    slot_refs: HashMap<u32, u32>,
+    /// The desired table's backends per frontend, and the frontends using
+    /// each backend (a backend's value is the best they give it): what
+    /// `apply_changes` updates one frontend at a time.
+    desired: HashMap<FrontendKey, Vec<(BackendAddr, Wanted)>>,
+    users: HashMap<BackendAddr, HashMap<FrontendKey, Wanted>>,
+    /// Whether `desired` and `users` describe the last table applied (a
+    /// full `apply` builds them).
+    indexed: bool,
 }
 
 fn frontend_key(key: FrontendKey, slot: u16) -> ServiceKey {
@@ -175,6 +185,55 @@ fn backend_value(b: BackendAddr, wanted: Wanted) -> BackendValue {
 struct Wanted {
     state: BackendState,
     local: bool,
+}
+
+impl Wanted {
+    /// The best of two frontends' views of one backend.
+    fn merge(self, other: Self) -> Self {
+        Self { state: self.state.min(other.state), local: self.local || other.local }
+    }
+}
+
+/// A frontend's backends as the maps know them.
+fn wanted_of(key: FrontendKey, frontend: &Frontend) -> Vec<(BackendAddr, Wanted)> {
+    frontend
+        .backends
+        .iter()
+        .map(|b| {
+            (
+                BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol },
+                Wanted { state: b.state, local: b.local },
+            )
+        })
+        .collect()
+}
+
+/// `slots[i] = id`, keeping `refs` (slots naming each id) right.
+fn set_slot(slots: &mut Vec<u32>, refs: &mut HashMap<u32, u32>, i: usize, id: u32) {
+    let old = if i < slots.len() {
+        std::mem::replace(&mut slots[i], id)
+    } else {
+        slots.push(id);
+        0
+    };
+    *refs.entry(id).or_default() += 1;
+    unref(refs, old);
+}
+
+/// Drops the last slot, keeping `refs` right.
+fn pop_slot(slots: &mut Vec<u32>, refs: &mut HashMap<u32, u32>) {
+    if let Some(old) = slots.pop() {
+        unref(refs, old);
+    }
+}
+
+fn unref(refs: &mut HashMap<u32, u32>, id: u32) {
+    if let Some(n) = refs.get_mut(&id) {
+        *n -= 1;
+        if *n == 0 {
+            refs.remove(&id);
+        }
+    }
 }
 
 fn kind_flag(kind: FrontendKind) -> u16 {
@@ -241,6 +300,7 @@ impl Reconciler {
                     fe.slots.resize(i + 1, 0);
                 }
                 fe.slots[i] = value.backend_id;
+                *this.slot_refs.entry(value.backend_id).or_default() += 1;
             }
         }
         // Slots of a frontend without slot 0 are unreachable: delete them.
@@ -248,6 +308,9 @@ impl Reconciler {
             this.frontends.iter().filter(|(_, f)| f.master.is_none()).map(|(k, _)| *k).collect();
         for fk in orphans {
             let fe = this.frontends.remove(&fk).expect("listed above");
+            for id in &fe.slots {
+                unref(&mut this.slot_refs, *id);
+            }
             let keys = (0..fe.slots.len()).map(|i| frontend_key(fk, slot_number(i)));
             stale_services.extend(keys.filter(|k| services.contains_key(k)));
         }
@@ -274,6 +337,9 @@ impl Reconciler {
             .collect();
         let addrs: BTreeMap<u32, BackendAddr> = this.backends.iter().map(|(id, (a, _))| (*id, *a)).collect();
         this.maglev = MaglevTables::recover(&maglev, &lists, &addrs, maps.maglev_size());
+        for fe in this.frontends.values() {
+            this.maglev.master_changed(0, fe.master.map_or(0, |m| m.maglev));
+        }
 
         for key in &stale_services {
             maps.remove_service(key)?;
@@ -344,38 +410,102 @@ impl Reconciler {
         self.maglev.count()
     }
 
-    /// Makes the maps hold `desired`, writing only what differs.
+    /// Makes the maps hold `desired`, writing only what differs; the whole
+    /// table is compared (see `apply_changes` for a few frontends).
     pub fn apply(&mut self, maps: &mut impl ServiceMaps, desired: &ServiceTable) -> Report {
-        let mut report = Report::default();
-        let wanted = wanted_backends(desired);
-        self.upsert_backends(maps, &wanted, &mut report);
-        // External twins first: an entry's slot 0 says TWO_SCOPES only once
-        // its twin is there.
-        let (twins, entries): (Vec<_>, Vec<_>) = desired.iter().partition(|(k, _)| k.scope == Scope::External);
-        for (key, frontend) in twins.into_iter().chain(entries) {
-            let targets: Option<Vec<(BackendAddr, u32)>> = frontend
-                .backends
-                .iter()
-                .map(|b| {
-                    let addr = BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol };
-                    self.backend_ids.get(&addr).map(|id| (addr, *id))
-                })
-                .collect();
-            // A missing backend failed to be written above (and is reported).
-            let Some(targets) = targets else { continue };
-            let twin_written = key.scope == Scope::All
-                && desired.contains_key(&key.with_scope(Scope::External))
-                && self.frontends.get(&key.with_scope(Scope::External)).is_some_and(|f| f.master.is_some());
-            let flags = frontend_flags(*key, frontend, twin_written);
-            if let Err(error) = self.update_frontend(maps, *key, frontend, flags, &targets, &mut report) {
-                report.failures.push(Failure { subject: format!("{} {key}", frontend.service_port), error });
+        self.desired.clear();
+        self.users.clear();
+        for (key, frontend) in desired {
+            self.index(*key, Some(frontend));
+        }
+        self.indexed = true;
+        let keys: Vec<FrontendKey> = desired.keys().chain(self.frontends.keys()).copied().collect();
+        let backends: Vec<BackendAddr> = self.users.keys().chain(self.backend_ids.keys()).copied().collect();
+        let mut report = self.apply_keys(maps, desired, keys, &backends);
+        // Every id, also a second id of one address (left by a crash).
+        let ids: Vec<u32> = self.backends.keys().copied().collect();
+        self.remove_unused_backends(maps, ids, &mut report);
+        report
+    }
+
+    /// Makes the maps hold `desired` when it differs from the table last
+    /// applied only at `changed`: the work is proportional to those
+    /// frontends, not to the table. (Before any full `apply`, it is one.)
+    pub fn apply_changes(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        changed: &BTreeSet<FrontendKey>,
+    ) -> Report {
+        if !self.indexed {
+            return self.apply(maps, desired);
+        }
+        let mut keys: BTreeSet<FrontendKey> = changed.clone();
+        // An entry's TWO_SCOPES flag follows its twin.
+        keys.extend(changed.iter().filter(|k| k.scope == Scope::External).map(|k| k.with_scope(Scope::All)));
+        let mut backends: BTreeSet<BackendAddr> = BTreeSet::new();
+        for key in &keys {
+            backends.extend(self.desired.get(key).into_iter().flatten().map(|(a, _)| *a));
+            self.index(*key, desired.get(key));
+            backends.extend(self.desired.get(key).into_iter().flatten().map(|(a, _)| *a));
+        }
+        let backends: Vec<BackendAddr> = backends.into_iter().collect();
+        self.apply_keys(maps, desired, keys.into_iter().collect(), &backends)
+    }
+
+    /// Records that the desired table gives `key` `frontend` (`None`: gone).
+    fn index(&mut self, key: FrontendKey, frontend: Option<&Frontend>) {
+        for (addr, _) in self.desired.remove(&key).unwrap_or_default() {
+            if let Some(users) = self.users.get_mut(&addr) {
+                users.remove(&key);
+                if users.is_empty() {
+                    self.users.remove(&addr);
+                }
             }
         }
-        let removed: Vec<FrontendKey> = self.frontends.keys().filter(|k| !desired.contains_key(k)).copied().collect();
-        for key in removed {
+        if let Some(frontend) = frontend {
+            let wanted = wanted_of(key, frontend);
+            for (addr, want) in &wanted {
+                self.users.entry(*addr).or_default().insert(key, *want);
+            }
+            self.desired.insert(key, wanted);
+        }
+    }
+
+    /// The value the desired table wants for backend `addr`, if any.
+    fn wanted(&self, addr: &BackendAddr) -> Option<Wanted> {
+        self.users.get(addr)?.values().copied().reduce(Wanted::merge)
+    }
+
+    /// Brings frontends `keys` (and, first, backends `backends`) to what
+    /// `desired` says, then removes what nothing refers to any more.
+    fn apply_keys(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        mut keys: Vec<FrontendKey>,
+        backends: &[BackendAddr],
+    ) -> Report {
+        let mut report = Report::default();
+        let upserts: Vec<(BackendAddr, Wanted)> = backends.iter().filter_map(|a| Some((*a, self.wanted(a)?))).collect();
+        self.upsert_backends(maps, &upserts, &mut report);
+        keys.sort();
+        keys.dedup();
+        let (mut updates, removals): (Vec<FrontendKey>, Vec<FrontendKey>) =
+            keys.into_iter().partition(|k| desired.contains_key(k));
+        // External twins are written first (an entry's slot 0 says
+        // TWO_SCOPES only once its twin is there) and removed last (after
+        // their entry stopped saying so): keys of scope All sort first.
+        updates.sort_by_key(|k| (k.scope != Scope::External, *k));
+        for key in updates {
+            self.apply_frontend(maps, desired, key, &desired[&key], &mut report);
+        }
+        for key in removals {
             // A twin stays while its entry still sends traffic from outside
             // to it (that entry's write failed; the retry removes both).
-            if key.scope == Scope::External && self.says_two_scopes(key.with_scope(Scope::All)) {
+            if !self.frontends.contains_key(&key)
+                || (key.scope == Scope::External && self.says_two_scopes(key.with_scope(Scope::All)))
+            {
                 continue;
             }
             if let Err(error) = self.remove_frontend(maps, key, &mut report) {
@@ -383,20 +513,42 @@ impl Reconciler {
                 report.failures.push(Failure { subject, error });
             }
         }
-        let used: HashSet<u16> = self.frontends.values().filter_map(|f| f.master.map(|m| m.maglev)).collect();
-        for (id, error) in self.maglev.remove_unused(maps, &used, &mut report.writes) {
+        for (id, error) in self.maglev.remove_unused(maps, &mut report.writes) {
             report.failures.push(Failure { subject: format!("Maglev table {id}"), error });
         }
-        self.remove_unused_backends(maps, &wanted, &mut report);
+        let ids: Vec<u32> = backends.iter().filter_map(|a| self.backend_ids.get(a).copied()).collect();
+        self.remove_unused_backends(maps, ids, &mut report);
         report
     }
 
-    fn upsert_backends(
+    fn apply_frontend(
         &mut self,
         maps: &mut impl ServiceMaps,
-        wanted: &BTreeMap<BackendAddr, Wanted>,
+        desired: &ServiceTable,
+        key: FrontendKey,
+        frontend: &Frontend,
         report: &mut Report,
     ) {
+        let targets: Option<Vec<(BackendAddr, u32)>> = frontend
+            .backends
+            .iter()
+            .map(|b| {
+                let addr = BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol };
+                self.backend_ids.get(&addr).map(|id| (addr, *id))
+            })
+            .collect();
+        // A missing backend failed to be written (and is reported).
+        let Some(targets) = targets else { return };
+        let twin_written = key.scope == Scope::All
+            && desired.contains_key(&key.with_scope(Scope::External))
+            && self.frontends.get(&key.with_scope(Scope::External)).is_some_and(|f| f.master.is_some());
+        let flags = frontend_flags(key, frontend, twin_written);
+        if let Err(error) = self.update_frontend(maps, key, frontend, flags, &targets, report) {
+            report.failures.push(Failure { subject: format!("{} {key}", frontend.service_port), error });
+        }
+    }
+
+    fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, wanted: &[(BackendAddr, Wanted)], report: &mut Report) {
         for (addr, want) in wanted {
             let value = backend_value(*addr, *want);
             let result = match self.backend_ids.get(addr) {
@@ -462,11 +614,7 @@ impl Reconciler {
                 &frontend_key(key, slot_number(i)),
                 &ServiceValue { backend_id: *id, ..ServiceValue::default() },
             )?;
-            if i < fe.slots.len() {
-                fe.slots[i] = *id;
-            } else {
-                fe.slots.push(*id);
-            }
+            set_slot(&mut fe.slots, &mut self.slot_refs, i, *id);
         }
         // Traffic from outside picks its backend in a Maglev table; without
         // one (it could not be written) it hashes over the slots.
@@ -497,12 +645,13 @@ impl Reconciler {
         if fe.master != Some(master) {
             report.writes += 1;
             maps.set_service(&frontend_key(key, 0), &master)?;
+            self.maglev.master_changed(fe.master.map_or(0, |m| m.maglev), master.maglev);
             fe.master = Some(master);
         }
         while fe.slots.len() > targets.len() {
             report.writes += 1;
             maps.remove_service(&frontend_key(key, slot_number(fe.slots.len() - 1)))?;
-            fe.slots.pop();
+            pop_slot(&mut fe.slots, &mut self.slot_refs);
         }
         for net in fe.ranges.clone().difference(&ranges) {
             report.writes += 1;
@@ -534,15 +683,16 @@ impl Reconciler {
         let fe = self.frontends.get_mut(&key).expect("caller lists applied frontends");
         let before: Vec<BackendAddr> =
             fe.live_slots().iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
-        if fe.master.is_some() {
+        if let Some(master) = fe.master {
             report.writes += 1;
             maps.remove_service(&frontend_key(key, 0))?;
+            self.maglev.master_changed(master.maglev, 0);
             fe.master = None;
         }
         while !fe.slots.is_empty() {
             report.writes += 1;
             maps.remove_service(&frontend_key(key, slot_number(fe.slots.len() - 1)))?;
-            fe.slots.pop();
+            pop_slot(&mut fe.slots, &mut self.slot_refs);
         }
         while let Some(net) = fe.ranges.first().copied() {
             report.writes += 1;
@@ -566,23 +716,15 @@ impl Reconciler {
         Ok(())
     }
 
-    fn remove_unused_backends(
-        &mut self,
-        maps: &mut impl ServiceMaps,
-        wanted: &BTreeMap<BackendAddr, Wanted>,
-        report: &mut Report,
-    ) {
-        let referenced: HashSet<u32> =
-            self.frontends.values().flat_map(|f| f.slots.iter().copied()).chain(self.maglev.backend_ids()).collect();
-        let unused: Vec<(u32, BackendAddr)> = self
-            .backends
-            .iter()
-            .filter(|(id, (addr, _))| {
-                !referenced.contains(id) && (!wanted.contains_key(addr) || self.backend_ids.get(addr) != Some(id))
-            })
-            .map(|(id, (addr, _))| (*id, *addr))
-            .collect();
-        for (id, addr) in unused {
+    /// Deletes those of backends `ids` that no slot and no Maglev table
+    /// names and that the desired table does not want at that id.
+    fn remove_unused_backends(&mut self, maps: &mut impl ServiceMaps, ids: Vec<u32>, report: &mut Report) {
+        for id in ids {
+            let Some((addr, _)) = self.backends.get(&id).copied() else { continue };
+            let wanted_here = self.users.contains_key(&addr) && self.backend_ids.get(&addr) == Some(&id);
+            if wanted_here || self.slot_refs.contains_key(&id) || self.maglev.holds_backend(id) {
+                continue;
+            }
             report.writes += 1;
             match maps.remove_backend(id) {
                 Ok(()) => {
@@ -599,24 +741,6 @@ impl Reconciler {
             }
         }
     }
-}
-
-/// Every backend the table uses, with its best state.
-fn wanted_backends(desired: &ServiceTable) -> BTreeMap<BackendAddr, Wanted> {
-    let mut wanted = BTreeMap::new();
-    for (key, frontend) in desired {
-        for b in &frontend.backends {
-            let addr = BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol };
-            wanted
-                .entry(addr)
-                .and_modify(|w: &mut Wanted| {
-                    w.state = w.state.min(b.state);
-                    w.local |= b.local;
-                })
-                .or_insert(Wanted { state: b.state, local: b.local });
-        }
-    }
-    wanted
 }
 
 /// Slot 0's flags for `frontend` at `key`: its kind, affinity, who it is
