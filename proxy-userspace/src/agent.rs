@@ -1,7 +1,7 @@
 //! The agent: load (or take over) the datapath, then keep the maps equal to
 //! what the source says, applying only the difference.
 use std::{
-    collections::HashSet,
+    collections::{BTreeSet, HashSet},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
@@ -19,9 +19,9 @@ use crate::{
     devices::{self, DeviceSelection},
     healthcheck::HealthCheckServers,
     metrics::Histogram,
-    model::{self, HealthCheck, NodeContext, Protocol, Severity},
+    model::{Delta, FrontendKey, NodeContext, Protocol, ServiceInput, Severity, TableState},
     serve,
-    source::{Objects, file, kube::KubeSource},
+    source::{Objects, Snapshot, file, kube::KubeSource},
     telemetry::{Shared, Telemetry},
 };
 
@@ -104,7 +104,7 @@ impl Default for Stats {
 
 enum Source {
     File(FileSource),
-    Kube(KubeSource, kube::Client),
+    Kube(Box<KubeSource>, kube::Client),
 }
 
 impl Source {
@@ -135,12 +135,21 @@ impl Source {
         }
     }
 
-    /// The objects now, and trigger times of the changes they carry; `None`
+    /// What changed, and trigger times of the changes it carries; `None`
     /// when nothing usable could be read (keep what is applied).
-    fn snapshot(&mut self, stats: &mut Stats) -> Option<(Objects, Vec<SystemTime>)> {
+    fn snapshot(&mut self, stats: &mut Stats) -> Option<(Snapshot, Vec<SystemTime>)> {
         match self {
-            Self::File(f) => f.read(stats).map(|o| (o, Vec::new())),
+            Self::File(f) => f.read(stats).map(|o| (Snapshot::from(o), Vec::new())),
             Self::Kube(k, _) => Some(k.snapshot()),
+        }
+    }
+
+    /// Everything the source holds (when the node changed, every service
+    /// is translated again).
+    fn everything(&mut self, stats: &mut Stats) -> Option<(Snapshot, Vec<SystemTime>)> {
+        match self {
+            Self::File(_) => self.snapshot(stats),
+            Self::Kube(k, _) => Some(k.everything()),
         }
     }
 }
@@ -218,7 +227,7 @@ pub async fn run(
                 () = &mut shutdown => return Ok(()),
                 ready = kube.wait_ready() => ready?,
             }
-            Source::Kube(kube, client)
+            Source::Kube(Box::new(kube), client)
         }
     };
     let mut datapath = load_datapath(&config, &telemetry)?;
@@ -251,21 +260,31 @@ pub async fn run(
             source.gather(state.last_sync).await;
         }
         let mut triggers = Vec::new();
+        // The frontend keys that changed; `None`: compare the whole table.
+        let mut changed_keys: Option<BTreeSet<FrontendKey>> = None;
         if changed {
-            let Some((objects, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
-            let node = node_context(&config, &objects, &mut state);
-            let (table, checks) = translate(&objects, &node, &mut state.stats, &mut state.known_problems);
-            state.table = Some(table);
-            state.health_checks = checks;
+            let Some((snapshot, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
             triggers = new_triggers;
+            let Some(update) = take_in(&config, &mut source, snapshot, &mut state, &mut triggers) else { continue };
+            if !update.full && !state.must_compare_all {
+                changed_keys = Some(update.delta.keys);
+            }
         }
-        let Some(table) = state.table.as_ref() else { continue };
+        let Some(_) = state.node.as_ref() else { continue };
         let started = Instant::now();
-        let report = reconciler.apply(&mut datapath.maps, table);
+        let table = state.model.table();
+        let report = match &changed_keys {
+            Some(keys) => reconciler.apply_changes(&mut datapath.maps, table, keys),
+            None => reconciler.apply(&mut datapath.maps, table),
+        };
         let took = started.elapsed();
+        // The change is in the maps: its latency ends here.
+        let latency = noticed.elapsed();
         log_report(&report, took);
         state.stats.map_write_failures += report.failures.len() as u64;
         state.schedule_retry(!report.failures.is_empty());
+        // After a failed write the next sync compares the whole table.
+        state.must_compare_all = !report.failures.is_empty();
         if report.failures.is_empty() {
             record_latency(&mut state.stats, &triggers);
         }
@@ -278,11 +297,11 @@ pub async fn run(
             announce_start(&source, &config.node_name, reconciler.frontend_count());
         }
         attach_devices(&config.devices, &mut datapath, &mut state);
-        health_checks.update(&state.health_checks).await;
+        health_checks.update(&state.model.health_checks()).await;
         state.generation += 1;
         state.last_sync = Some(Instant::now());
-        let snapshot = applied_snapshot(&source, &state, &report, &reconciler, noticed.elapsed());
-        publish(&telemetry, &state, &report, &reconciler, took, health_checks.len());
+        let snapshot = applied_snapshot(&source, &state, &report, &reconciler, latency);
+        publish(&telemetry, &state, &report, &reconciler, took, health_checks.len(), changed_keys.is_none());
         applied.send_replace(snapshot);
     }
     info!(
@@ -378,6 +397,7 @@ fn publish(
     reconciler: &Reconciler,
     took: Duration,
     health_check_ports: usize,
+    whole_table: bool,
 ) {
     let mut t = telemetry.lock().expect("telemetry lock");
     t.stats = state.stats.clone();
@@ -398,16 +418,25 @@ fn publish(
             ChangeKind::Updated => t.endpoint_changes += 1,
         }
     }
-    if !report.changes.is_empty() || t.frontends_by_id.is_empty() {
+    if whole_table {
         let ids = reconciler.frontend_ids().into_iter().map(|(id, key, service)| (id, service, key.to_string()));
         t.set_frontends(ids.collect());
+    } else {
+        for c in &report.changes {
+            let now = reconciler.frontend_id(&c.frontend).map(|id| (id, c.service_port.clone()));
+            t.set_frontend(c.frontend.to_string(), now);
+        }
     }
 }
 
 /// This node's context for a translation: zone and addresses from its Node
 /// object, addresses from `--node-ip` when given; changes are logged.
-fn node_context(config: &AgentConfig, objects: &Objects, state: &mut SyncState) -> NodeContext {
-    let mut node = NodeContext::from_nodes(&config.node_name, &objects.nodes);
+fn node_context(
+    config: &AgentConfig,
+    nodes: &[Arc<k8s_openapi::api::core::v1::Node>],
+    state: &mut SyncState,
+) -> NodeContext {
+    let mut node = NodeContext::from_nodes(&config.node_name, nodes.iter().map(|n| &**n));
     if !config.node_ips.is_empty() {
         node = node.with_ips(config.node_ips.clone());
     }
@@ -463,15 +492,16 @@ async fn sleep_until(at: Option<Instant>) {
 
 #[derive(Default)]
 struct SyncState {
-    table: Option<model::ServiceTable>,
-    /// Problems of the last translation, so each is logged once, when it
-    /// appears, not again on every sync.
-    known_problems: HashSet<String>,
+    /// The desired table, kept service by service.
+    model: TableState,
+    /// The node the model was translated for (`None`: nothing read yet).
+    node: Option<NodeContext>,
+    /// The next sync compares the whole table, not only what changed.
+    must_compare_all: bool,
     zone: Option<String>,
     node_ips: Vec<std::net::IpAddr>,
     /// The devices the TC programs are attached to (`None`: not yet).
     devices: Option<Vec<String>>,
-    health_checks: Vec<HealthCheck>,
     generation: u64,
     /// When the last sync ended.
     last_sync: Option<Instant>,
@@ -493,35 +523,68 @@ impl SyncState {
     }
 }
 
-/// Translates the objects, logging (and counting) each problem once, when
-/// it first appears.
-fn translate(
-    objects: &Objects,
-    node: &NodeContext,
-    stats: &mut Stats,
-    known: &mut HashSet<String>,
-) -> (model::ServiceTable, Vec<HealthCheck>) {
-    let translation = model::translate(&objects.services, &objects.slices, node);
-    let mut now = HashSet::with_capacity(translation.problems.len());
-    for p in &translation.problems {
-        let text = p.to_string();
-        if !known.contains(&text) {
-            stats.problems += 1;
-            match p.severity {
-                Severity::Error => error!(object = %p.object, field = %p.field, "{}", p.message),
-                Severity::Warning => warn!(object = %p.object, field = %p.field, "{}", p.message),
-            }
+/// What reading a snapshot into the model changed.
+struct Update {
+    delta: Delta,
+    /// Every service was translated (the first read, a relist, a new node
+    /// context): the whole table is compared with the maps.
+    full: bool,
+}
+
+/// Translates what changed into the model, logging (and counting) each
+/// problem when it appears and when it goes away. A change of this node's
+/// context (addresses, zone) translates every service again.
+fn take_in(
+    config: &AgentConfig,
+    source: &mut Source,
+    snapshot: Snapshot,
+    state: &mut SyncState,
+    triggers: &mut Vec<SystemTime>,
+) -> Option<Update> {
+    let update = match snapshot {
+        Snapshot::Full { services, slices, nodes } => {
+            let node = node_context(config, &nodes, state);
+            let delta = state.model.replace_all(services.iter().map(|s| &**s), slices.iter().map(|s| &**s), &node);
+            state.node = Some(node);
+            Update { delta, full: true }
         }
-        now.insert(text);
+        Snapshot::Changed { services, nodes } => {
+            let current = state.node.clone()?;
+            let node = match nodes {
+                Some(nodes) => node_context(config, &nodes, state),
+                None => current.clone(),
+            };
+            if node != current {
+                let (everything, more) = source.everything(&mut state.stats)?;
+                triggers.extend(more);
+                return take_in(config, source, everything, state, triggers);
+            }
+            let inputs = services.iter().map(|c| {
+                let input =
+                    ServiceInput { service: c.service.as_deref(), slices: c.slices.iter().map(|s| &**s).collect() };
+                (c.id.clone(), input)
+            });
+            Update { delta: state.model.update(inputs, &node), full: false }
+        }
+    };
+    log_problems(&update.delta, &mut state.stats);
+    Some(update)
+}
+
+fn log_problems(delta: &Delta, stats: &mut Stats) {
+    for p in &delta.appeared {
+        stats.problems += 1;
+        match p.severity {
+            Severity::Error => error!(object = %p.object, field = %p.field, "{}", p.message),
+            Severity::Warning => warn!(object = %p.object, field = %p.field, "{}", p.message),
+        }
     }
-    for gone in known.difference(&now) {
-        info!(problem = %gone, "resolved");
+    for p in &delta.resolved {
+        info!(problem = %p, "resolved");
     }
-    *known = now;
-    for (object, reason) in &translation.skipped {
+    for (object, reason) in &delta.skipped {
         debug!(%object, reason = reason.as_str(), "service not proxied");
     }
-    (translation.table, translation.health_checks)
 }
 
 /// Records, for each slice change just applied, the time from its trigger

@@ -1,7 +1,7 @@
 //! What the health and metrics endpoints report: the agent writes it after
 //! each sync, the HTTP handlers read it.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     fmt::Write as _,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
@@ -40,6 +40,8 @@ pub struct Telemetry {
     pub devices: usize,
     /// rev-NAT id -> (service port, frontend), for the counters' labels.
     pub frontends_by_id: BTreeMap<u16, (String, String)>,
+    /// frontend -> rev-NAT id, the reverse of `frontends_by_id`.
+    id_of: HashMap<String, u16>,
     /// The Kubernetes watches' counters (kube mode only).
     pub watch: Option<Arc<WatchCounters>>,
 }
@@ -67,6 +69,7 @@ impl Telemetry {
             health_check_ports: 0,
             devices: 0,
             frontends_by_id: BTreeMap::new(),
+            id_of: HashMap::new(),
             watch: None,
         }
     }
@@ -249,7 +252,37 @@ impl Telemetry {
                 }
             }
         }
+        self.id_of = new.iter().map(|(id, (_, f))| (f.clone(), *id)).collect();
         self.frontends_by_id = new;
+    }
+
+    /// Frontend `frontend` now has id `now` (`None`: it is gone), with
+    /// `service` as its label; a counter that passes to a new frontend
+    /// starts from zero.
+    pub fn set_frontend(&mut self, frontend: String, now: Option<(u16, String)>) {
+        if let Some((id, service)) = now {
+            let labels = (service, frontend.clone());
+            if self.frontends_by_id.get(&id) != Some(&labels) {
+                if let Some(counters) = self.counters.as_mut()
+                    && let Err(err) = counters.reset(id)
+                {
+                    tracing::warn!(id, %err, "cannot reset a connection counter");
+                }
+                self.forget_frontend(&labels.1);
+                if let Some((_, previous)) = self.frontends_by_id.insert(id, labels) {
+                    self.id_of.remove(&previous);
+                }
+                self.id_of.insert(frontend, id);
+            }
+        } else {
+            self.forget_frontend(&frontend);
+        }
+    }
+
+    fn forget_frontend(&mut self, frontend: &str) {
+        if let Some(id) = self.id_of.remove(frontend) {
+            self.frontends_by_id.remove(&id);
+        }
     }
 }
 

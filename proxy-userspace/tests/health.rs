@@ -30,8 +30,8 @@ fn health_and_metrics_report_the_agents_state() {
     assert!(metric(&text, "kubeproxy_sync_proxy_rules_duration_seconds_count") >= 1.0);
     assert!(metric(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") > 1.7e9);
     assert!((metric(&text, "kubeproxy_sync_proxy_rules_service_changes_total") - 1.0).abs() < f64::EPSILON);
-    // 1 frontend: slot 0 + 2 slots of the 65536-entry services map.
-    assert!((metric(&text, "ebpf_proxy_map_fill_ratio{map=\"SERVICES\"}") - 3.0 / 65536.0).abs() < 1e-12);
+    // 1 frontend: slot 0 + 2 slots of the 262144-entry services map.
+    assert!((metric(&text, "ebpf_proxy_map_fill_ratio{map=\"SERVICES\"}") - 3.0 / 262_144.0).abs() < 1e-12);
 
     // Connections are counted in the kernel, per frontend.
     let connections = "ebpf_proxy_service_connections_total{service=\"test/web:http\",frontend=\"10.96.0.10:80/TCP\"}";

@@ -242,3 +242,59 @@ fn a_problem_is_logged_once_not_on_every_sync() {
     assert_eq!(warnings, 1, "the same problem was logged on each sync");
     assert_eq!(env.requests(&ip, 10).len(), 10);
 }
+
+#[test]
+fn a_slice_relabelled_to_another_service_moves_its_endpoints() {
+    let (mut env, cluster, web_ip) = setup(3, 1..=2);
+    let api_ip = cluster.create_service("api", HTTP);
+    cluster.set_slice("api-a", "api", TARGET, &ips(3..=3));
+    env.start_agent_kube(&cluster);
+    assert_eq!(env.requests(&api_ip, 5), vec!["backend-3"; 5]);
+
+    // The slice's label now names api: web loses its endpoints, api gains
+    // them, in one sync that read only these two services.
+    let mark = env.agent().mark();
+    cluster.set_slice("web-a", "api", TARGET, &ips(1..=2));
+    wait_frontend(&env, mark, "/api:", 3);
+    wait_frontend(&env, mark, "/web:", 0);
+    let answers = env.requests(&api_ip, 40);
+    for b in ["backend-1", "backend-2", "backend-3"] {
+        assert!(answers.iter().any(|a| a == b), "{b} got nothing through api: {answers:?}");
+    }
+    let (ok, err) = env.socat_connect(true, &format!("{web_ip}:80"));
+    assert!(!ok && err.contains("Connection refused"), "web still has endpoints: {err}");
+}
+
+#[test]
+fn a_change_of_the_nodes_zone_translates_every_service_again() {
+    let mut env = Env::new(2);
+    let mut cluster = Cluster::new();
+    if cluster.is_real() {
+        eprintln!("skipped on a real cluster: the test cannot relabel a real Node");
+        return;
+    }
+    let node = |zone: &str| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "test-node", "labels": {"topology.kubernetes.io/zone": zone}}
+        })
+    };
+    cluster.server().put(node("zone-a"));
+    let ip = cluster.create_service("web", HTTP);
+    // backend-1 is hinted for zone-a, backend-2 for zone-b.
+    let mut slice = cluster.slice_object("web-a", "web", TARGET, &ips(1..=2));
+    for (endpoint, zone) in slice["endpoints"].as_array_mut().unwrap().iter_mut().zip(["zone-a", "zone-b"]) {
+        endpoint["hints"] = serde_json::json!({"forZones": [{"name": zone}]});
+    }
+    cluster.server().put(slice);
+    env.start_agent_kube(&cluster);
+    assert_eq!(env.requests(&ip, 10), vec!["backend-1"; 10]);
+
+    let mark = env.agent().mark();
+    cluster.server().put(node("zone-b"));
+    env.agent()
+        .wait_for(mark, Duration::from_secs(20), |r| message(r) == Some("node zone (for topology hints)"))
+        .expect("the agent saw the new zone");
+    wait_frontend(&env, mark, "/web:", 1);
+    assert_eq!(env.requests(&ip, 10), vec!["backend-2"; 10]);
+}

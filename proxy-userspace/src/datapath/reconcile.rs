@@ -391,6 +391,12 @@ impl Reconciler {
             .collect()
     }
 
+    /// The rev-NAT id of frontend `key`, once it has one.
+    #[must_use]
+    pub fn frontend_id(&self, key: &FrontendKey) -> Option<u16> {
+        self.frontends.get(key).map(|f| f.rev_nat).filter(|id| *id != 0)
+    }
+
     /// Per frontend: its rev-NAT id and the backend ids readers can reach
     /// (slots `1..=count`), to tell a remembered session still valid.
     #[must_use]

@@ -16,6 +16,7 @@ pub fn object_ref(slice: &EndpointSlice) -> ObjectRef {
 }
 
 /// The service (`namespace`, `name`) a slice belongs to, if it says.
+#[must_use]
 pub fn owning_service(slice: &EndpointSlice) -> Option<(String, String)> {
     let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
     Some((slice.metadata.namespace.clone().unwrap_or_else(|| "default".into()), name.clone()))

@@ -4,10 +4,13 @@
 //! and reconnects with backoff; its store swaps a re-list in atomically, so
 //! a reconnect never shows an empty cluster. While the API server is away
 //! the stores keep the last state, and so does the datapath.
+//!
+//! The watch events say which services changed; a snapshot reads only
+//! those from the stores (all of them after a relist).
 use std::{
     collections::HashMap,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
     time::SystemTime,
@@ -28,7 +31,11 @@ use kube::{
 use tokio::{sync::Notify, task::JoinHandle};
 use tracing::{debug, info, warn};
 
-use super::Objects;
+use super::{
+    Changed, Snapshot,
+    tracker::{Pending, SliceId, SliceIndex, slice_id},
+};
+use crate::model::ServiceId;
 
 /// Annotation the EndpointSlice controller sets to when the change that
 /// made this version of the slice happened.
@@ -49,10 +56,14 @@ pub struct KubeSource {
     /// This node's Node object (its zone label).
     node: reflector::Store<Node>,
     changed: Arc<Notify>,
+    /// What the events since the last snapshot touched.
+    pending: Arc<Mutex<Pending>>,
+    /// The slices of each service.
+    index: SliceIndex,
     pub counters: Arc<WatchCounters>,
     /// resourceVersion of each slice at the last snapshot, to find the
     /// slices that changed since.
-    seen_slices: HashMap<(String, String), String>,
+    seen_slices: HashMap<SliceId, String>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -77,12 +88,33 @@ impl KubeSource {
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let node_stream =
             watcher(Api::<Node>::all(client.clone()), node_config).modify(slim).default_backoff().reflect(node_writer);
+        let pending = Arc::new(Mutex::new(Pending::everything()));
         let tasks = vec![
-            tokio::spawn(drive(svc_stream, "Service", changed.clone(), counters.clone())),
-            tokio::spawn(drive(eps_stream, "EndpointSlice", changed.clone(), counters.clone())),
-            tokio::spawn(drive(node_stream, "Node", changed.clone(), counters.clone())),
+            tokio::spawn(drive(svc_stream, "Service", noter(&pending, &changed, Pending::service), counters.clone())),
+            tokio::spawn(drive(
+                eps_stream,
+                "EndpointSlice",
+                noter(&pending, &changed, Pending::slice),
+                counters.clone(),
+            )),
+            tokio::spawn(drive(
+                node_stream,
+                "Node",
+                noter(&pending, &changed, |p, _: &Node| p.node = true),
+                counters.clone(),
+            )),
         ];
-        Self { services, slices, node, changed, counters, seen_slices: HashMap::new(), tasks }
+        Self {
+            services,
+            slices,
+            node,
+            changed,
+            pending,
+            index: SliceIndex::default(),
+            counters,
+            seen_slices: HashMap::new(),
+            tasks,
+        }
     }
 
     /// Resolves once both initial lists are complete.
@@ -104,27 +136,92 @@ impl KubeSource {
         let _ = futures::FutureExt::now_or_never(self.changed.notified());
     }
 
-    /// The objects as the stores hold them now, and the trigger times of
-    /// the slice versions that are new since the last snapshot.
-    pub fn snapshot(&mut self) -> (Objects, Vec<SystemTime>) {
-        let services: Vec<Service> = self.services.state().iter().map(|s| (**s).clone()).collect();
-        let slices: Vec<EndpointSlice> = self.slices.state().iter().map(|s| (**s).clone()).collect();
+    /// What changed since the last snapshot (everything, the first time
+    /// and after a relist), and the trigger times of the slice versions
+    /// that are new since.
+    pub fn snapshot(&mut self) -> (Snapshot, Vec<SystemTime>) {
+        let pending = std::mem::take(&mut *self.pending.lock().expect("pending lock"));
+        if pending.full {
+            return self.everything();
+        }
         let mut triggers = Vec::new();
-        let mut seen = HashMap::with_capacity(slices.len());
+        let mut services = pending.services;
+        for id in pending.slices {
+            let now = self.slices.get(&object_ref(&id));
+            self.note_version(&id, now.as_deref(), &mut triggers);
+            self.index.set(id, now.as_deref(), &mut services);
+        }
+        let changed = services.into_iter().map(|id| self.service(id)).collect();
+        let nodes = pending.node.then(|| self.node.state());
+        (Snapshot::Changed { services: changed, nodes }, triggers)
+    }
+
+    /// Everything the stores hold, the index rebuilt.
+    pub fn everything(&mut self) -> (Snapshot, Vec<SystemTime>) {
+        let services = self.services.state();
+        let slices = self.slices.state();
+        self.index.rebuild(slices.iter().map(|s| &**s));
+        let mut triggers = Vec::new();
+        let before = std::mem::take(&mut self.seen_slices);
         for slice in &slices {
-            let key = (slice.namespace().unwrap_or_default(), slice.name_any());
-            let version = slice.resource_version().unwrap_or_default();
-            if self.seen_slices.get(&key) != Some(&version)
-                && let Some(at) = slice.annotations().get(TRIGGER_TIME_ANNOTATION).and_then(|t| parse_time(t))
-            {
+            let id = slice_id(slice);
+            if let Some(version) = before.get(&id) {
+                self.seen_slices.insert(id.clone(), version.clone());
+            }
+            self.note_version(&id, Some(slice), &mut triggers);
+        }
+        (Snapshot::Full { services, slices, nodes: self.node.state() }, triggers)
+    }
+
+    /// One service's objects as the stores hold them now.
+    fn service(&self, id: ServiceId) -> Changed {
+        let service = self.services.get(&object_ref(&id));
+        let slices = self.index.slices_of(&id).filter_map(|s| self.slices.get(&object_ref(s))).collect();
+        Changed { id, service, slices }
+    }
+
+    /// Remembers the version of slice `id` now, adding the trigger time of
+    /// a version not seen before.
+    fn note_version(&mut self, id: &SliceId, now: Option<&EndpointSlice>, triggers: &mut Vec<SystemTime>) {
+        let Some(slice) = now else {
+            self.seen_slices.remove(id);
+            return;
+        };
+        let version = slice.resource_version().unwrap_or_default();
+        if self.seen_slices.get(id) != Some(&version) {
+            if let Some(at) = slice.annotations().get(TRIGGER_TIME_ANNOTATION).and_then(|t| parse_time(t)) {
                 triggers.push(at);
             }
-            seen.insert(key, version);
+            self.seen_slices.insert(id.clone(), version);
         }
-        self.seen_slices = seen;
-        let nodes = self.node.state().iter().map(|n| (**n).clone()).collect();
-        (Objects { services, slices, nodes }, triggers)
     }
+}
+
+/// What a watch does with its events: records in `pending` what they
+/// touched (`record`), or that a relist is complete, and wakes the agent.
+fn noter<K: 'static>(
+    pending: &Arc<Mutex<Pending>>,
+    changed: &Arc<Notify>,
+    record: fn(&mut Pending, &K),
+) -> impl FnMut(Option<&K>) + Send + 'static {
+    let (pending, changed) = (pending.clone(), changed.clone());
+    move |obj| {
+        let mut p = pending.lock().expect("pending lock");
+        match obj {
+            Some(obj) => record(&mut p, obj),
+            None => p.full = true,
+        }
+        drop(p);
+        changed.notify_one();
+    }
+}
+
+/// The store key of the object `namespace/name`.
+fn object_ref<K>(id: &(String, String)) -> reflector::ObjectRef<K>
+where
+    K: Resource<DynamicType = ()>,
+{
+    reflector::ObjectRef::new(&id.1).within(&id.0)
 }
 
 impl Drop for KubeSource {
@@ -148,10 +245,12 @@ fn slim<K: Resource>(obj: &mut K) {
     }
 }
 
+/// Follows one watch: `note(Some(obj))` for each object applied or
+/// deleted, `note(None)` when a (re-)list is complete.
 async fn drive<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     kind: &'static str,
-    changed: Arc<Notify>,
+    mut note: impl FnMut(Option<&K>),
     counters: Arc<WatchCounters>,
 ) {
     let mut stream = std::pin::pin!(stream);
@@ -165,9 +264,8 @@ async fn drive<K>(
                 }
                 counters.events.fetch_add(1, Ordering::Relaxed);
                 match event {
-                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone => {
-                        changed.notify_one();
-                    }
+                    watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => note(Some(&obj)),
+                    watcher::Event::InitDone => note(None),
                     watcher::Event::Init => debug!(kind, "(re-)listing"),
                     watcher::Event::InitApply(_) => {}
                 }

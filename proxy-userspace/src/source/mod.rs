@@ -2,5 +2,6 @@
 pub mod file;
 pub mod kube;
 pub mod objects;
+pub mod tracker;
 
-pub use objects::Objects;
+pub use objects::{Changed, Objects, Snapshot};

@@ -1,8 +1,12 @@
-//! A snapshot of the objects the model reads.
+//! What the model reads: all objects at once, or the services that changed.
+use std::sync::Arc;
+
 use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
 };
+
+use crate::model::ServiceId;
 
 /// Services, EndpointSlices and this node's Node object as one source sees
 /// them at one moment.
@@ -12,4 +16,33 @@ pub struct Objects {
     pub slices: Vec<EndpointSlice>,
     /// The Node this agent runs on (for its zone), when the source has it.
     pub nodes: Vec<Node>,
+}
+
+/// What a source has for the agent since it last asked.
+#[derive(Clone, Debug)]
+pub enum Snapshot {
+    /// Everything: the first read, a relist, a services file read again.
+    Full { services: Vec<Arc<Service>>, slices: Vec<Arc<EndpointSlice>>, nodes: Vec<Arc<Node>> },
+    /// Only these services changed: each with its Service now (`None`:
+    /// deleted) and the EndpointSlices that name it now; `nodes` is this
+    /// node's Node object when it may have changed.
+    Changed { services: Vec<Changed>, nodes: Option<Vec<Arc<Node>>> },
+}
+
+/// One service's objects now.
+#[derive(Clone, Debug)]
+pub struct Changed {
+    pub id: ServiceId,
+    pub service: Option<Arc<Service>>,
+    pub slices: Vec<Arc<EndpointSlice>>,
+}
+
+impl From<Objects> for Snapshot {
+    fn from(objects: Objects) -> Self {
+        Self::Full {
+            services: objects.services.into_iter().map(Arc::new).collect(),
+            slices: objects.slices.into_iter().map(Arc::new).collect(),
+            nodes: objects.nodes.into_iter().map(Arc::new).collect(),
+        }
+    }
 }

@@ -1,0 +1,212 @@
+//! Which services changed since the agent last read the stores, from the
+//! watch events, and which EndpointSlices name each service (an index kept
+//! in step), so a change is read and translated for its service alone.
+use std::collections::{BTreeSet, HashMap};
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+
+use crate::model::{ServiceId, owning_service, service_id};
+
+/// An EndpointSlice by namespace and name.
+pub type SliceId = (String, String);
+
+/// The id of an EndpointSlice object.
+#[must_use]
+pub fn slice_id(slice: &EndpointSlice) -> SliceId {
+    (
+        slice.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
+        slice.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// What the watch events since the last read touched.
+#[derive(Debug, Default)]
+pub struct Pending {
+    /// Everything must be read again: the first lists, or a relist (after
+    /// a 410 or a reconnect) that may have missed deletions.
+    pub full: bool,
+    /// This node's Node object changed (its zone or addresses may have).
+    pub node: bool,
+    /// Services whose Service changed, or one of whose slices did.
+    pub services: BTreeSet<ServiceId>,
+    /// Slices that changed: a slice may have moved to another service, so
+    /// the one it named before is found through the index.
+    pub slices: BTreeSet<SliceId>,
+}
+
+impl Pending {
+    /// Everything pending: the state before the first lists.
+    #[must_use]
+    pub fn everything() -> Self {
+        Self { full: true, node: true, ..Self::default() }
+    }
+
+    pub fn service(&mut self, svc: &Service) {
+        self.services.insert(service_id(svc));
+    }
+
+    pub fn slice(&mut self, slice: &EndpointSlice) {
+        self.slices.insert(slice_id(slice));
+        if let Some(owner) = owning_service(slice) {
+            self.services.insert(owner);
+        }
+    }
+
+    /// Whether nothing is pending.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        !self.full && !self.node && self.services.is_empty() && self.slices.is_empty()
+    }
+}
+
+/// The slices of each service, as the `kubernetes.io/service-name` label
+/// says.
+#[derive(Debug, Default)]
+pub struct SliceIndex {
+    owner_of: HashMap<SliceId, ServiceId>,
+    slices_of: HashMap<ServiceId, BTreeSet<SliceId>>,
+}
+
+impl SliceIndex {
+    /// The index of exactly `slices`.
+    pub fn rebuild<'a>(&mut self, slices: impl IntoIterator<Item = &'a EndpointSlice>) {
+        self.owner_of.clear();
+        self.slices_of.clear();
+        for slice in slices {
+            self.set(slice_id(slice), Some(slice), &mut BTreeSet::new());
+        }
+    }
+
+    /// Records that slice `id` is now `now` (`None`: gone), adding to
+    /// `touched` the services it named before and names now.
+    pub fn set(&mut self, id: SliceId, now: Option<&EndpointSlice>, touched: &mut BTreeSet<ServiceId>) {
+        if let Some(before) = self.owner_of.remove(&id) {
+            if let Some(set) = self.slices_of.get_mut(&before) {
+                set.remove(&id);
+                if set.is_empty() {
+                    self.slices_of.remove(&before);
+                }
+            }
+            touched.insert(before);
+        }
+        if let Some(owner) = now.and_then(owning_service) {
+            self.slices_of.entry(owner.clone()).or_default().insert(id.clone());
+            self.owner_of.insert(id, owner.clone());
+            touched.insert(owner);
+        }
+    }
+
+    /// The slices that name `service`.
+    pub fn slices_of(&self, service: &ServiceId) -> impl Iterator<Item = &SliceId> {
+        self.slices_of.get(service).into_iter().flatten()
+    }
+
+    /// How many slices name some service.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.owner_of.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.owner_of.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn slice(ns: &str, name: &str, service: Option<&str>) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                labels: service.map(|s| BTreeMap::from([("kubernetes.io/service-name".to_owned(), s.to_owned())])),
+                ..ObjectMeta::default()
+            },
+            address_type: "IPv4".into(),
+            ..EndpointSlice::default()
+        }
+    }
+
+    fn id(ns: &str, name: &str) -> (String, String) {
+        (ns.into(), name.into())
+    }
+
+    #[test]
+    fn a_slice_that_moves_to_another_service_touches_both() {
+        let mut index = SliceIndex::default();
+        index.rebuild([&slice("a", "web-1", Some("web"))]);
+        let mut touched = BTreeSet::new();
+        index.set(id("a", "web-1"), Some(&slice("a", "web-1", Some("api"))), &mut touched);
+        assert_eq!(touched, BTreeSet::from([id("a", "web"), id("a", "api")]));
+        assert_eq!(index.slices_of(&id("a", "web")).count(), 0);
+        assert_eq!(index.slices_of(&id("a", "api")).collect::<Vec<_>>(), [&id("a", "web-1")]);
+    }
+
+    #[test]
+    fn a_deleted_slice_or_a_lost_label_leaves_its_service() {
+        let mut index = SliceIndex::default();
+        index.rebuild([&slice("a", "web-1", Some("web")), &slice("a", "web-2", Some("web"))]);
+        let mut touched = BTreeSet::new();
+        index.set(id("a", "web-1"), None, &mut touched);
+        index.set(id("a", "web-2"), Some(&slice("a", "web-2", None)), &mut touched);
+        assert_eq!(touched, BTreeSet::from([id("a", "web")]));
+        assert!(index.is_empty());
+    }
+
+    #[test]
+    fn pending_names_the_owner_of_a_changed_slice() {
+        let mut pending = Pending::default();
+        assert!(pending.is_empty());
+        pending.slice(&slice("a", "web-1", Some("web")));
+        assert_eq!(pending.services, BTreeSet::from([id("a", "web")]));
+        assert_eq!(pending.slices, BTreeSet::from([id("a", "web-1")]));
+        assert!(!pending.full && Pending::everything().full);
+    }
+
+    proptest! {
+        /// After any sequence of slice changes applied one by one, the
+        /// index is the one built from the final slices, and every service
+        /// whose set of slices changed was reported touched.
+        #[test]
+        fn updates_one_by_one_match_a_rebuild(
+            steps in prop::collection::vec((0..6usize, prop::option::of(0..3usize)), 0..40),
+            deletes in prop::collection::vec(any::<bool>(), 40),
+        ) {
+            let services = ["web", "api", "db"];
+            let mut live: BTreeMap<SliceId, EndpointSlice> = BTreeMap::new();
+            let mut index = SliceIndex::default();
+            for (i, (n, owner)) in steps.iter().enumerate() {
+                let name = format!("s{n}");
+                let before: BTreeMap<ServiceId, BTreeSet<SliceId>> = services
+                    .iter()
+                    .map(|s| (id("ns", s), index.slices_of(&id("ns", s)).cloned().collect()))
+                    .collect();
+                let mut touched = BTreeSet::new();
+                if deletes[i] {
+                    live.remove(&id("ns", &name));
+                    index.set(id("ns", &name), None, &mut touched);
+                } else {
+                    let s = slice("ns", &name, owner.map(|o| services[o]));
+                    index.set(id("ns", &name), Some(&s), &mut touched);
+                    live.insert(id("ns", &name), s);
+                }
+                for (svc, old) in before {
+                    let now: BTreeSet<SliceId> = index.slices_of(&svc).cloned().collect();
+                    prop_assert!(now == old || touched.contains(&svc), "{svc:?} changed but was not touched");
+                }
+            }
+            let mut rebuilt = SliceIndex::default();
+            rebuilt.rebuild(live.values());
+            prop_assert_eq!(&index.owner_of, &rebuilt.owner_of);
+            prop_assert_eq!(&index.slices_of, &rebuilt.slices_of);
+        }
+    }
+}
