@@ -598,8 +598,16 @@ fn record_latency(stats: &mut Stats, triggers: &[SystemTime]) {
     }
 }
 
+/// A sync that changes more frontends than this (a first start, a relist)
+/// logs a summary at info and each change at debug.
+const LOG_EACH_CHANGE_UP_TO: usize = 64;
+
 fn log_report(report: &Report, took: Duration) {
+    let each_at_info = report.changes.len() <= LOG_EACH_CHANGE_UP_TO;
     for c in &report.changes {
+        if !each_at_info && !tracing::enabled!(tracing::Level::DEBUG) {
+            break;
+        }
         let added: Vec<String> = c.added.iter().map(ToString::to_string).collect();
         let removed: Vec<String> = c.removed.iter().map(ToString::to_string).collect();
         let kind = match c.kind {
@@ -607,7 +615,20 @@ fn log_report(report: &Report, took: Duration) {
             ChangeKind::Updated => "service frontend updated",
             ChangeKind::Removed => "service frontend removed",
         };
-        info!(service = %c.service_port, frontend = %c.frontend, backends = c.backends, ?added, ?removed, "{kind}");
+        if each_at_info {
+            info!(service = %c.service_port, frontend = %c.frontend, backends = c.backends, ?added, ?removed, "{kind}");
+        } else {
+            debug!(service = %c.service_port, frontend = %c.frontend, backends = c.backends, ?added, ?removed, "{kind}");
+        }
+    }
+    if !each_at_info {
+        let count = |kind| report.changes.iter().filter(|c| c.kind == kind).count();
+        info!(
+            added = count(ChangeKind::Added),
+            updated = count(ChangeKind::Updated),
+            removed = count(ChangeKind::Removed),
+            "service frontends changed (each change is logged at debug level; `ebpf-proxy service list` shows the table)"
+        );
     }
     for f in &report.failures {
         error!(subject = %f.subject, error = %f.error, "map write failed; retrying with backoff, other services are unaffected");

@@ -146,7 +146,9 @@ pub struct Reconciler {
     /// each backend (a backend's value is the best they give it): what
     /// `apply_changes` updates one frontend at a time.
     desired: HashMap<FrontendKey, Vec<(BackendAddr, Wanted)>>,
-    users: HashMap<BackendAddr, HashMap<FrontendKey, Wanted>>,
+    /// (A short list per backend, most have one user: a map each would
+    /// cost far more memory at 100,000 backends.)
+    users: HashMap<BackendAddr, Vec<(FrontendKey, Wanted)>>,
     /// Whether `desired` and `users` describe the last table applied (a
     /// full `apply` builds them).
     indexed: bool,
@@ -463,7 +465,7 @@ impl Reconciler {
     fn index(&mut self, key: FrontendKey, frontend: Option<&Frontend>) {
         for (addr, _) in self.desired.remove(&key).unwrap_or_default() {
             if let Some(users) = self.users.get_mut(&addr) {
-                users.remove(&key);
+                users.retain(|(k, _)| *k != key);
                 if users.is_empty() {
                     self.users.remove(&addr);
                 }
@@ -472,7 +474,11 @@ impl Reconciler {
         if let Some(frontend) = frontend {
             let wanted = wanted_of(key, frontend);
             for (addr, want) in &wanted {
-                self.users.entry(*addr).or_default().insert(key, *want);
+                let users = self.users.entry(*addr).or_default();
+                match users.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, w)) => *w = *want,
+                    None => users.push((key, *want)),
+                }
             }
             self.desired.insert(key, wanted);
         }
@@ -480,7 +486,7 @@ impl Reconciler {
 
     /// The value the desired table wants for backend `addr`, if any.
     fn wanted(&self, addr: &BackendAddr) -> Option<Wanted> {
-        self.users.get(addr)?.values().copied().reduce(Wanted::merge)
+        self.users.get(addr)?.iter().map(|(_, w)| *w).reduce(Wanted::merge)
     }
 
     /// Brings frontends `keys` (and, first, backends `backends`) to what

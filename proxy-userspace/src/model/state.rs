@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
 use super::{
-    Frontend, FrontendKey, ObjectRef, Problem, ServiceTable, endpoints,
+    FrontendKey, ObjectRef, Problem, ServiceTable, endpoints,
     frontends::{self, SkipReason},
     service::{Claim, ServiceOutput, translate_service},
     table::{HealthCheck, NodeContext},
@@ -42,8 +42,9 @@ pub struct Delta {
 #[derive(Debug, Default)]
 pub struct TableState {
     services: BTreeMap<ServiceId, ServiceOutput>,
-    /// Every claim on a key, by claimant; the first serves it.
-    claims: BTreeMap<FrontendKey, BTreeMap<ObjectRef, (Frontend, String)>>,
+    /// The services that claim each key, in object order; the first serves
+    /// it. (Nearly always one: a short sorted list, not a map per key.)
+    claims: BTreeMap<FrontendKey, Vec<ServiceId>>,
     /// Problems of keys claimed more than once, on the losing services.
     conflicts: BTreeMap<FrontendKey, Vec<Problem>>,
     table: ServiceTable,
@@ -117,7 +118,7 @@ impl TableState {
                 for claim in &old.claims {
                     touched.insert(claim.key);
                     if let Some(claimants) = self.claims.get_mut(&claim.key) {
-                        claimants.remove(&old.object);
+                        claimants.retain(|c| *c != id);
                         if claimants.is_empty() {
                             self.claims.remove(&claim.key);
                         }
@@ -126,9 +127,12 @@ impl TableState {
             }
             let new = input.service.map(|svc| translate_service(svc, &input.slices, node));
             if let Some(new) = &new {
-                for Claim { key, frontend, field } in &new.claims {
+                for Claim { key, .. } in &new.claims {
                     touched.insert(*key);
-                    self.claims.entry(*key).or_default().insert(new.object.clone(), (frontend.clone(), field.clone()));
+                    let claimants = self.claims.entry(*key).or_default();
+                    if let Err(at) = claimants.binary_search(&id) {
+                        claimants.insert(at, id.clone());
+                    }
                 }
                 if let Some(reason) = new.skipped {
                     delta.skipped.push((new.object.clone(), reason));
@@ -140,7 +144,8 @@ impl TableState {
             }
         }
         for key in touched {
-            let winner = self.claims.get(&key).and_then(|c| c.values().next()).map(|(f, _)| f);
+            let winner =
+                self.claims.get(&key).and_then(|c| c.first()).and_then(|id| self.claim(id, key)).map(|c| &c.frontend);
             let differs = match (winner, self.table.get(&key)) {
                 (Some(w), Some(current)) => w != current,
                 (None, None) => false,
@@ -153,23 +158,31 @@ impl TableState {
                 };
                 delta.keys.insert(key);
             }
-            let conflicts = self.claims.get(&key).map(|c| conflict_problems(key, c)).unwrap_or_default();
+            let conflicts = self.claims.get(&key).map(|c| self.conflict_problems(key, c)).unwrap_or_default();
             let old =
                 if conflicts.is_empty() { self.conflicts.remove(&key) } else { self.conflicts.insert(key, conflicts) };
             diff_problems(old.as_deref(), self.conflicts.get(&key).map(Vec::as_slice), &mut delta);
         }
         delta
     }
-}
 
-/// The problems of the claimants of `key` that do not serve it.
-fn conflict_problems(key: FrontendKey, claimants: &BTreeMap<ObjectRef, (Frontend, String)>) -> Vec<Problem> {
-    let mut iter = claimants.iter();
-    let Some((_, (winner, _))) = iter.next() else { return Vec::new() };
-    iter.map(|(object, (_, field))| {
-        Problem::error(object, field.clone(), format!("{key} is already served by {}; skipped", winner.service_port))
-    })
-    .collect()
+    /// Service `id`'s claim on `key`.
+    fn claim(&self, id: &ServiceId, key: FrontendKey) -> Option<&Claim> {
+        self.services.get(id)?.claims.iter().find(|c| c.key == key)
+    }
+
+    /// The problems of the claimants of `key` that do not serve it.
+    fn conflict_problems(&self, key: FrontendKey, claimants: &[ServiceId]) -> Vec<Problem> {
+        let Some((first, rest)) = claimants.split_first() else { return Vec::new() };
+        let Some(winner) = self.claim(first, key) else { return Vec::new() };
+        rest.iter()
+            .filter_map(|id| Some((&self.services.get(id)?.object, self.claim(id, key)?)))
+            .map(|(object, claim)| {
+                let message = format!("{key} is already served by {}; skipped", winner.frontend.service_port);
+                Problem::error(object, claim.field.clone(), message)
+            })
+            .collect()
+    }
 }
 
 /// Adds to `delta` what is in `new` and not in `old` (appeared) and the

@@ -17,6 +17,7 @@ use std::{
 };
 
 use futures::{Stream, StreamExt as _};
+use k8s_openapi::{api::core::v1::NodeStatus, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use k8s_openapi::{
     api::{
         core::v1::{Node, Service},
@@ -35,13 +36,11 @@ use super::{
     Changed, Snapshot,
     tracker::{Pending, SliceId, SliceIndex, slice_id},
 };
-use crate::model::ServiceId;
+use crate::model::{ServiceId, ZONE_LABEL};
 
 /// Annotation the EndpointSlice controller sets to when the change that
 /// made this version of the slice happened.
 pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
-/// Large and useless to the proxy: dropped from the stores to save memory.
-const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// Watch errors since start (each is retried with backoff).
 #[derive(Debug, Default)]
@@ -77,17 +76,19 @@ impl KubeSource {
         let (services, svc_writer) = reflector::store::<Service>();
         let (slices, eps_writer) = reflector::store::<EndpointSlice>();
         let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default())
-            .modify(slim)
+            .modify(slim_service)
             .default_backoff()
             .reflect(svc_writer);
         let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default())
-            .modify(slim)
+            .modify(slim_slice)
             .default_backoff()
             .reflect(eps_writer);
         let (node, node_writer) = reflector::store::<Node>();
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-        let node_stream =
-            watcher(Api::<Node>::all(client.clone()), node_config).modify(slim).default_backoff().reflect(node_writer);
+        let node_stream = watcher(Api::<Node>::all(client.clone()), node_config)
+            .modify(slim_node)
+            .default_backoff()
+            .reflect(node_writer);
         let pending = Arc::new(Mutex::new(Pending::everything()));
         let tasks = vec![
             tokio::spawn(drive(svc_stream, "Service", noter(&pending, &changed, Pending::service), counters.clone())),
@@ -236,12 +237,49 @@ fn parse_time(text: &str) -> Option<SystemTime> {
     text.parse::<Timestamp>().ok().map(SystemTime::from)
 }
 
-/// Removes what the proxy never reads, to keep the stores small.
-fn slim<K: Resource>(obj: &mut K) {
-    let meta = obj.meta_mut();
+// The stores keep only what the model reads: at 10,000 services the
+// objects as the API sends them are most of the agent's memory. A field the
+// model starts to read must be kept here too.
+
+/// Metadata the model never reads: managed fields, owner references, and
+/// every annotation but `keep`.
+fn slim_meta(meta: &mut ObjectMeta, keep: Option<&str>) {
     meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
     if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED_ANNOTATION);
+        annotations.retain(|k, _| Some(k.as_str()) == keep);
+    }
+}
+
+fn slim_service(svc: &mut Service) {
+    slim_meta(&mut svc.metadata, None);
+    if let Some(status) = svc.status.as_mut() {
+        status.conditions = None;
+    }
+}
+
+/// A slice keeps its endpoints' addresses, conditions, node, zone and
+/// hints; not the pods they point at.
+fn slim_slice(slice: &mut EndpointSlice) {
+    slim_meta(&mut slice.metadata, Some(TRIGGER_TIME_ANNOTATION));
+    for endpoint in slice.endpoints.iter_mut().flatten() {
+        endpoint.target_ref = None;
+        endpoint.deprecated_topology = None;
+        endpoint.hostname = None;
+    }
+}
+
+/// The node keeps its zone label and its addresses: not its images,
+/// conditions and the rest of its status.
+fn slim_node(node: &mut Node) {
+    slim_meta(&mut node.metadata, None);
+    if let Some(labels) = node.metadata.labels.as_mut() {
+        labels.retain(|k, _| k == ZONE_LABEL);
+    }
+    node.spec = None;
+    if let Some(status) = node.status.as_mut() {
+        *status = NodeStatus { addresses: status.addresses.take(), ..NodeStatus::default() };
     }
 }
 

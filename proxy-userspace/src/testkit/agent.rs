@@ -110,10 +110,13 @@ impl AgentProcess {
         let deadline = Instant::now() + timeout;
         let (lock, cv) = &*self.log;
         let mut records = lock.lock().expect("log lock");
+        // Each record is looked at once (a sync may log thousands).
+        let mut checked = skip;
         loop {
-            if let Some(found) = records.iter().skip(skip).find(|r| pred(r)) {
+            if let Some(found) = records.iter().skip(checked).find(|r| pred(r)) {
                 return Ok(found.clone());
             }
+            checked = checked.max(records.len());
             let now = Instant::now();
             if now >= deadline {
                 return Err(format!("no matching agent log record within {timeout:?}; saw {} records", records.len()));
