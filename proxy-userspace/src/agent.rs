@@ -1,6 +1,7 @@
 //! The agent: load (or take over) the datapath, then keep the maps equal to
 //! what the source says, applying only the difference.
 use std::{
+    borrow::Cow,
     collections::{BTreeSet, HashSet},
     path::PathBuf,
     sync::{Arc, Mutex},
@@ -21,7 +22,7 @@ use crate::{
     metrics::Histogram,
     model::{Delta, FrontendKey, NodeContext, Protocol, ServiceInput, Severity, TableState},
     serve,
-    source::{Objects, Snapshot, file, kube::KubeSource},
+    source::{Objects, Snapshot, file, kube::KubeSource, stored_slice::StoredSlice},
     telemetry::{Shared, Telemetry},
 };
 
@@ -216,21 +217,16 @@ pub async fn run(
     }
     crate::fs::ensure_bpffs_dir(&config.load.pin_dir)?;
     crate::fs::check_cgroup2(&config.load.cgroup)?;
-    let mut source = match &config.source {
-        SourceConfig::File(path) => Source::File(FileSource { path: path.clone(), read_once: false, stamp: None }),
-        SourceConfig::Kube { kubeconfig } => {
-            let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
-            let kube = KubeSource::start(&client, &config.node_name);
-            telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
-            info!("waiting for the initial lists of Services and EndpointSlices before the first write");
-            tokio::select! {
-                () = &mut shutdown => return Ok(()),
-                ready = kube.wait_ready() => ready?,
-            }
-            Source::Kube(Box::new(kube), client)
-        }
-    };
+    let mut source = start_source(&config, &telemetry).await?;
+    // Loaded (not attached, nothing written) while the lists arrive.
     let mut datapath = load_datapath(&config, &telemetry)?;
+    if let Source::Kube(kube, _) = &source {
+        info!("waiting for the initial lists of Services and EndpointSlices before the first write");
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            ready = kube.wait_ready() => ready?,
+        }
+    }
     let mut health_checks = HealthCheckServers::new({
         let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);
         Arc::new(move || telemetry.lock().expect("telemetry lock").healthy(Instant::now(), timeout))
@@ -272,6 +268,7 @@ pub async fn run(
         }
         let Some(_) = state.node.as_ref() else { continue };
         let started = Instant::now();
+        let read = started.duration_since(noticed);
         let table = state.model.table();
         let report = match &changed_keys {
             Some(keys) => reconciler.apply_changes(&mut datapath.maps, table, keys),
@@ -280,7 +277,7 @@ pub async fn run(
         let took = started.elapsed();
         // The change is in the maps: its latency ends here.
         let latency = noticed.elapsed();
-        log_report(&report, took);
+        log_report(&report, read, took);
         state.stats.map_write_failures += report.failures.len() as u64;
         state.schedule_retry(!report.failures.is_empty());
         // After a failed write the next sync compares the whole table.
@@ -300,6 +297,11 @@ pub async fn run(
         health_checks.update(&state.model.health_checks()).await;
         state.generation += 1;
         state.last_sync = Some(Instant::now());
+        if changed_keys.is_none() {
+            // After a whole-table sync (start, relist): its transient
+            // memory goes back to the kernel.
+            crate::memory::release_free_memory();
+        }
         let snapshot = applied_snapshot(&source, &state, &report, &reconciler, latency);
         publish(&telemetry, &state, &report, &reconciler, took, health_checks.len(), changed_keys.is_none());
         applied.send_replace(snapshot);
@@ -309,6 +311,20 @@ pub async fn run(
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
     Ok(())
+}
+
+/// The source the configuration names; a Kubernetes source starts its
+/// watches (the initial lists arrive in the background).
+async fn start_source(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Source> {
+    Ok(match &config.source {
+        SourceConfig::File(path) => Source::File(FileSource { path: path.clone(), read_once: false, stamp: None }),
+        SourceConfig::Kube { kubeconfig } => {
+            let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
+            let kube = KubeSource::start(&client, &config.node_name);
+            telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
+            Source::Kube(Box::new(kube), client)
+        }
+    })
 }
 
 /// Attaches the TC programs to the devices traffic from outside arrives
@@ -544,7 +560,11 @@ fn take_in(
     let update = match snapshot {
         Snapshot::Full { services, slices, nodes } => {
             let node = node_context(config, &nodes, state);
-            let delta = state.model.replace_all(services.iter().map(|s| &**s), slices.iter().map(|s| &**s), &node);
+            // Each service's slices are expanded right before it is
+            // translated, and dropped after.
+            let slices = slices.iter().filter_map(|s| Some((s.owner()?.clone(), &**s)));
+            let expand = |s: &StoredSlice| Cow::Owned(s.to_object());
+            let delta = state.model.replace_all_with(services.iter().map(|s| &**s), slices, expand, &node);
             state.node = Some(node);
             Update { delta, full: true }
         }
@@ -560,8 +580,10 @@ fn take_in(
                 return take_in(config, source, everything, state, triggers);
             }
             let inputs = services.iter().map(|c| {
-                let input =
-                    ServiceInput { service: c.service.as_deref(), slices: c.slices.iter().map(|s| &**s).collect() };
+                let input = ServiceInput {
+                    service: c.service.as_deref(),
+                    slices: c.slices.iter().map(|s| Cow::Owned(s.to_object())).collect(),
+                };
                 (c.id.clone(), input)
             });
             Update { delta: state.model.update(inputs, &node), full: false }
@@ -602,7 +624,9 @@ fn record_latency(stats: &mut Stats, triggers: &[SystemTime]) {
 /// logs a summary at info and each change at debug.
 const LOG_EACH_CHANGE_UP_TO: usize = 64;
 
-fn log_report(report: &Report, took: Duration) {
+/// Logs what a sync changed; `read` is the time spent reading and
+/// translating, `took` the time spent writing the maps.
+fn log_report(report: &Report, read: Duration, took: Duration) {
     let each_at_info = report.changes.len() <= LOG_EACH_CHANGE_UP_TO;
     for c in &report.changes {
         if !each_at_info && !tracing::enabled!(tracing::Level::DEBUG) {
@@ -633,5 +657,5 @@ fn log_report(report: &Report, took: Duration) {
     for f in &report.failures {
         error!(subject = %f.subject, error = %f.error, "map write failed; retrying with backoff, other services are unaffected");
     }
-    debug!(writes = report.writes, took_us = took.as_micros(), "sync done");
+    debug!(writes = report.writes, read_us = read.as_micros(), write_us = took.as_micros(), "sync done");
 }

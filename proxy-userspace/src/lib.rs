@@ -9,6 +9,7 @@ pub mod devices;
 pub mod fs;
 pub mod healthcheck;
 pub mod maglev;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod paths;

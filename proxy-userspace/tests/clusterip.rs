@@ -175,6 +175,37 @@ fn a_full_map_fails_only_the_service_that_does_not_fit() {
 }
 
 #[test]
+fn a_full_backends_map_fails_only_the_service_of_the_backend_that_does_not_fit() {
+    let mut env = Env::new(3);
+    // Three backends, room for two: the backends are written in one batch
+    // that the kernel stops at the third; the failure names it.
+    let yaml = service("a", "10.96.0.10", &[("http", 80)])
+        + &slice("a-1", "a", &[("http", 8080)], &[backend_ip(1)])
+        + &service("b", "10.96.0.11", &[("http", 80)])
+        + &slice("b-1", "b", &[("http", 8080)], &[backend_ip(2), backend_ip(3)]);
+    env.write_services(&yaml);
+    let mut args = env.agent_args();
+    args.extend(["--backends-map-size".to_owned(), "2".to_owned()]);
+    let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let _ = agent.wait_applied(0);
+    let failures: Vec<serde_json::Value> = agent
+        .records()
+        .into_iter()
+        .filter(|r| ebpf_proxy::testkit::message(r).is_some_and(|m| m.starts_with("map write failed")))
+        .collect();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let field = |name| ebpf_proxy::testkit::field(&failures[0], name).and_then(|v| v.as_str()).unwrap_or_default();
+    assert!(field("error").contains("BACKENDS is full"), "{failures:?}");
+    let lost =
+        (1..=3).find(|b| field("subject").contains(&format!("{}:8080", backend_ip(*b)))).expect("names a backend");
+    env.agent = Some(agent);
+    let (working, broken) = if lost == 1 { ("10.96.0.11", "10.96.0.10") } else { ("10.96.0.10", "10.96.0.11") };
+    assert_eq!(env.requests(working, 10).len(), 10, "the service whose backends fit works");
+    let (ok, err) = env.socat_connect(true, &format!("{broken}:80"));
+    assert!(!ok && err.contains("Network is unreachable"), "a service with a missing backend was exposed: {err}");
+}
+
+#[test]
 fn zone_hints_keep_connections_in_this_nodes_zone() {
     let mut env = Env::new(3);
     let node = |zone: &str| {

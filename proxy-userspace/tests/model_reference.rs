@@ -9,6 +9,7 @@ use ebpf_proxy::model::{
     Backend, BackendState, Frontend, FrontendKey, FrontendKind, NodeContext, Protocol, Reach, Scope, ServiceId,
     ServiceInput, ServiceTable, TableState, service_id, translate,
 };
+use ebpf_proxy::source::stored_slice::StoredSlice;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -299,14 +300,14 @@ proptest! {
 fn inputs<'a>(services: &'a [Service], slices: &'a [EndpointSlice]) -> BTreeMap<ServiceId, ServiceInput<'a>> {
     let mut out: BTreeMap<ServiceId, ServiceInput<'a>> = BTreeMap::new();
     for svc in services {
-        out.entry(service_id(svc)).or_insert(ServiceInput { service: None, slices: Vec::new() }).service = Some(svc);
+        out.entry(service_id(svc)).or_default().service = Some(svc);
     }
     for slice in slices {
         let owner = (
             slice.metadata.namespace.clone().unwrap_or_default(),
             slice.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"].clone(),
         );
-        out.entry(owner).or_insert(ServiceInput { service: None, slices: Vec::new() }).slices.push(slice);
+        out.entry(owner).or_default().slices.push(std::borrow::Cow::Borrowed(slice));
     }
     for input in out.values_mut() {
         input.slices.sort_by_key(|s| s.metadata.name.clone());
@@ -380,5 +381,33 @@ proptest! {
             prop_assert_eq!(delta.keys, differ);
             previous = (services, slices);
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The agent's full read: slices kept compact (`StoredSlice`) and
+    /// expanded one service at a time (`replace_all_with`) give exactly
+    /// the translation of the API objects.
+    #[test]
+    fn compact_slices_expanded_per_service_translate_the_same(
+        services in prop::collection::vec(svc_strategy(), 0..6),
+        slices in prop::collection::vec(slice_strategy(), 0..6),
+        node in 0..3u8,
+    ) {
+        let services: Vec<Service> = services.iter().map(to_service).collect();
+        let slices: Vec<EndpointSlice> = slices.iter().enumerate().map(|(i, s)| to_slice(s, i)).collect();
+        let stored: Vec<StoredSlice> = slices.iter().cloned().map(StoredSlice::from).collect();
+        let node = NodeContext::new(format!("n{node}")).with_ips(vec![NODE_IP.into()]);
+        let full = translate(&services, &slices, &node);
+        let mut state = TableState::default();
+        let owned = stored.iter().filter_map(|s| Some((s.owner()?.clone(), s)));
+        state.replace_all_with(&services, owned, |s| std::borrow::Cow::Owned(s.to_object()), &node);
+        prop_assert_eq!(state.table(), &full.table);
+        let got: Vec<String> = state.problems().map(ToString::to_string).collect();
+        let want: Vec<String> = full.problems.iter().map(ToString::to_string).collect();
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(state.health_checks(), full.health_checks);
     }
 }

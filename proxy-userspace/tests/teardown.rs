@@ -6,8 +6,17 @@ use std::{path::Path, process::Command};
 
 use common::{Env, sock_addr_programs, web};
 
+/// These tests count the programs loaded in the whole kernel: one at a
+/// time, or each would see the others' programs.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn an_environment_leaves_nothing_behind() {
+    let _serial = one_at_a_time();
     let before = sock_addr_programs();
     let (ns, cgroup, bpffs) = {
         let mut env = Env::new(1);
@@ -26,6 +35,7 @@ fn an_environment_leaves_nothing_behind() {
 #[test]
 fn the_demo_check_passes_and_cleans_up() {
     common::require_root();
+    let _serial = one_at_a_time();
     let before = sock_addr_programs();
     let out = Command::new(common::AGENT).args(["demo", "--check"]).output().expect("run demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -41,6 +51,7 @@ fn the_demo_check_passes_and_cleans_up() {
 
 #[test]
 fn cleanup_detaches_and_unpins_everything() {
+    let _serial = one_at_a_time();
     let before = sock_addr_programs();
     let mut env = Env::new(1);
     env.write_services(&web(&[1]));

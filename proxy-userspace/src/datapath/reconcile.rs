@@ -146,9 +146,9 @@ pub struct Reconciler {
     /// each backend (a backend's value is the best they give it): what
     /// `apply_changes` updates one frontend at a time.
     desired: HashMap<FrontendKey, Vec<(BackendAddr, Wanted)>>,
-    /// (A short list per backend, most have one user: a map each would
+    /// (Counts, not the users themselves: a list or map per backend would
     /// cost far more memory at 100,000 backends.)
-    users: HashMap<BackendAddr, Vec<(FrontendKey, Wanted)>>,
+    users: HashMap<BackendAddr, WantCounts>,
     /// Whether `desired` and `users` describe the last table applied (a
     /// full `apply` builds them).
     indexed: bool,
@@ -193,6 +193,42 @@ impl Wanted {
     /// The best of two frontends' views of one backend.
     fn merge(self, other: Self) -> Self {
         Self { state: self.state.min(other.state), local: self.local || other.local }
+    }
+}
+
+/// How many frontends of the desired table want a backend, by the way
+/// they want it (state x local).
+#[derive(Clone, Copy, Debug, Default)]
+struct WantCounts([u32; 4]);
+
+impl WantCounts {
+    const WAYS: [Wanted; 4] = [
+        Wanted { state: BackendState::Active, local: false },
+        Wanted { state: BackendState::Active, local: true },
+        Wanted { state: BackendState::Terminating, local: false },
+        Wanted { state: BackendState::Terminating, local: true },
+    ];
+
+    fn way(w: Wanted) -> usize {
+        Self::WAYS.iter().position(|x| *x == w).expect("every Wanted is one of the four")
+    }
+
+    fn add(&mut self, w: Wanted) {
+        self.0[Self::way(w)] += 1;
+    }
+
+    fn remove(&mut self, w: Wanted) {
+        let n = &mut self.0[Self::way(w)];
+        *n = n.saturating_sub(1);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|n| *n == 0)
+    }
+
+    /// The best of what the frontends want (`None`: none wants it).
+    fn best(&self) -> Option<Wanted> {
+        Self::WAYS.iter().zip(self.0).filter(|(_, n)| *n > 0).map(|(w, _)| *w).reduce(Wanted::merge)
     }
 }
 
@@ -463,9 +499,9 @@ impl Reconciler {
 
     /// Records that the desired table gives `key` `frontend` (`None`: gone).
     fn index(&mut self, key: FrontendKey, frontend: Option<&Frontend>) {
-        for (addr, _) in self.desired.remove(&key).unwrap_or_default() {
+        for (addr, want) in self.desired.remove(&key).unwrap_or_default() {
             if let Some(users) = self.users.get_mut(&addr) {
-                users.retain(|(k, _)| *k != key);
+                users.remove(want);
                 if users.is_empty() {
                     self.users.remove(&addr);
                 }
@@ -474,11 +510,7 @@ impl Reconciler {
         if let Some(frontend) = frontend {
             let wanted = wanted_of(key, frontend);
             for (addr, want) in &wanted {
-                let users = self.users.entry(*addr).or_default();
-                match users.iter_mut().find(|(k, _)| *k == key) {
-                    Some((_, w)) => *w = *want,
-                    None => users.push((key, *want)),
-                }
+                self.users.entry(*addr).or_default().add(*want);
             }
             self.desired.insert(key, wanted);
         }
@@ -486,7 +518,7 @@ impl Reconciler {
 
     /// The value the desired table wants for backend `addr`, if any.
     fn wanted(&self, addr: &BackendAddr) -> Option<Wanted> {
-        self.users.get(addr)?.iter().map(|(_, w)| *w).reduce(Wanted::merge)
+        self.users.get(addr)?.best()
     }
 
     /// Brings frontends `keys` (and, first, backends `backends`) to what
@@ -560,30 +592,50 @@ impl Reconciler {
         }
     }
 
+    /// Writes the backends that are new or changed, all in one batch.
     fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, wanted: &[(BackendAddr, Wanted)], report: &mut Report) {
+        // (address, id, whether the id is newly allocated)
+        let mut writes: Vec<(BackendAddr, u32, bool)> = Vec::new();
+        let mut entries: Vec<(u32, BackendValue)> = Vec::new();
         for (addr, want) in wanted {
             let value = backend_value(*addr, *want);
-            let result = match self.backend_ids.get(addr) {
+            let (id, new) = match self.backend_ids.get(addr) {
                 Some(id) if self.backends[id].1 == value => continue,
-                Some(id) => maps.set_backend(*id, &value).map(|()| *id),
-                None => match self.backend_pool.allocate() {
-                    Some(id) => {
-                        maps.set_backend(id, &value).map(|()| id).inspect_err(|_| self.backend_pool.release(id))
-                    }
-                    None => Err(MapError::Full { map: super::maps::MapName::Backends }),
-                },
+                Some(id) => (*id, false),
+                None => {
+                    let Some(id) = self.backend_pool.allocate() else {
+                        let error = MapError::Full { map: super::maps::MapName::Backends };
+                        report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error });
+                        continue;
+                    };
+                    (id, true)
+                }
             };
-            report.writes += 1;
-            match result {
-                Ok(id) => {
-                    if self.backend_ids.insert(*addr, id).is_none() {
-                        report.backends_added += 1;
-                    }
-                    self.backends.insert(id, (*addr, value));
+            writes.push((*addr, id, new));
+            entries.push((id, value));
+        }
+        report.writes += entries.len();
+        let mut start = 0;
+        while start < entries.len() {
+            let (written, failed) = match maps.set_backends(&entries[start..]) {
+                Ok(()) => (entries.len() - start, None),
+                Err((i, error)) => (i, Some(error)),
+            };
+            for n in start..start + written {
+                let ((addr, id, _), (_, value)) = (writes[n], entries[n]);
+                if self.backend_ids.insert(addr, id).is_none() {
+                    report.backends_added += 1;
                 }
-                Err(error) => {
-                    report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error });
+                self.backends.insert(id, (addr, value));
+            }
+            start += written;
+            if let Some(error) = failed {
+                let (addr, id, new) = writes[start];
+                if new {
+                    self.backend_pool.release(id);
                 }
+                report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error });
+                start += 1;
             }
         }
     }
@@ -617,16 +669,30 @@ impl Reconciler {
             maps.set_source_range(fe.rev_nat, *net)?;
             fe.ranges.insert(*net);
         }
-        for (i, (_, id)) in targets.iter().enumerate() {
-            if fe.slots.get(i) == Some(id) {
-                continue;
-            }
-            report.writes += 1;
-            maps.set_service(
-                &frontend_key(key, slot_number(i)),
-                &ServiceValue { backend_id: *id, ..ServiceValue::default() },
-            )?;
-            set_slot(&mut fe.slots, &mut self.slot_refs, i, *id);
+        // The slots that change, in one batch (in slot order, so the
+        // slots before a failed one are the ones written).
+        let slots: Vec<(usize, u32)> = targets
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, id))| fe.slots.get(*i) != Some(id))
+            .map(|(i, (_, id))| (i, *id))
+            .collect();
+        let entries: Vec<(ServiceKey, ServiceValue)> = slots
+            .iter()
+            .map(|(i, id)| {
+                (frontend_key(key, slot_number(*i)), ServiceValue { backend_id: *id, ..ServiceValue::default() })
+            })
+            .collect();
+        report.writes += entries.len();
+        let (written, failed) = match maps.set_services(&entries) {
+            Ok(()) => (slots.len(), None),
+            Err((i, error)) => (i, Some(error)),
+        };
+        for (i, id) in &slots[..written] {
+            set_slot(&mut fe.slots, &mut self.slot_refs, *i, *id);
+        }
+        if let Some(error) = failed {
+            return Err(error);
         }
         // Traffic from outside picks its backend in a Maglev table; without
         // one (it could not be written) it hashes over the slots.

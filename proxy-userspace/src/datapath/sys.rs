@@ -19,10 +19,11 @@ const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 
 /// bpf(cmd, attr, size): the only `unsafe` of this module.
-fn bpf(cmd: libc::c_long, attr: &mut [u64; 4]) -> io::Result<libc::c_long> {
+fn bpf(cmd: libc::c_long, attr: &mut [u64]) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a zeroed, 8-byte aligned buffer of the size
     // passed, laid out as the command's part of `union bpf_attr`; the
     // pointers stored in it outlive the call.
@@ -100,6 +101,23 @@ pub fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Resu
         Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(false),
         Err(err) => Err(err),
     }
+}
+
+/// Writes `count` entries in one call: `keys` and `values` point at
+/// `count` packed keys and values of the map's sizes. Returns how many the
+/// kernel wrote (in order) and the error that stopped it, if one did.
+/// (Kernels before 5.6 answer `EINVAL`, having written none.)
+pub fn map_update_batch<K, V>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> (usize, io::Result<()>) {
+    assert_eq!(keys.len(), values.len(), "one value per key");
+    let count = u32::try_from(keys.len()).expect("batches are small");
+    // struct { __aligned_u64 in_batch, out_batch, keys, values;
+    //          __u32 count, map_fd; __u64 elem_flags, flags; } batch
+    let mut attr = [0, 0, keys.as_ptr() as u64, values.as_ptr() as u64, u64::from(count) | (fd_u64(map) << 32), 0, 0];
+    let result = bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map(drop);
+    // The kernel writes back how many it processed, also on error.
+    #[expect(clippy::cast_possible_truncation, reason = "count is the low 32 bits")]
+    let done = (attr[4] as u32).min(count) as usize;
+    (if result.is_ok() { keys.len() } else { done }, result)
 }
 
 /// Deletes `key`; a missing key is success.

@@ -10,7 +10,7 @@ mod table;
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
-pub use endpoints::owning_service;
+pub use endpoints::{SERVICE_NAME_LABEL, owning_service};
 pub use problem::{ObjectRef, Problem, Severity};
 pub use state::{Delta, ServiceId, ServiceInput, TableState, service_id};
 pub use table::{HealthCheck, NodeContext, Translation, ZONE_LABEL, translate};

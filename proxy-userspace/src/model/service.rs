@@ -100,6 +100,9 @@ pub fn translate_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeCo
         port,
         local_endpoints: endpoints::local_ready_endpoints(&slices, &node.node_name),
     });
+    // Kept until the service changes: no spare capacity (10,000 services).
+    claims.shrink_to_fit();
+    problems.shrink_to_fit();
     ServiceOutput { object, claims, problems, skipped: None, health_check }
 }
 

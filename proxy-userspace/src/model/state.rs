@@ -6,7 +6,10 @@
 //! its first claimant in object order (as `translate` does over sorted
 //! services), so a key two services ask for passes to the other when the
 //! first lets go of it.
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, BTreeSet},
+};
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
@@ -50,10 +53,12 @@ pub struct TableState {
     table: ServiceTable,
 }
 
-/// One service's inputs: the Service (`None`: gone) and its slices.
+/// One service's inputs: the Service (`None`: gone) and its slices
+/// (borrowed, or expanded for this translation only).
+#[derive(Clone, Debug, Default)]
 pub struct ServiceInput<'a> {
     pub service: Option<&'a Service>,
-    pub slices: Vec<&'a EndpointSlice>,
+    pub slices: Vec<Cow<'a, EndpointSlice>>,
 }
 
 impl TableState {
@@ -89,17 +94,32 @@ impl TableState {
         slices: impl IntoIterator<Item = &'a EndpointSlice>,
         node: &NodeContext,
     ) -> Delta {
-        let mut inputs: BTreeMap<ServiceId, ServiceInput<'a>> =
-            self.services.keys().map(|id| (id.clone(), ServiceInput { service: None, slices: Vec::new() })).collect();
+        let slices = slices.into_iter().filter_map(|s| Some((endpoints::owning_service(s)?, s)));
+        self.replace_all_with(services, slices, Cow::Borrowed, node)
+    }
+
+    /// `replace_all` over slices kept in another form: each with the
+    /// service it names, and `expand` making the API object of it, called
+    /// one service at a time, right before that service is translated (so
+    /// no more than one service's slices are expanded at once).
+    pub fn replace_all_with<'a, T: 'a>(
+        &mut self,
+        services: impl IntoIterator<Item = &'a Service>,
+        slices: impl IntoIterator<Item = (ServiceId, &'a T)>,
+        expand: impl Fn(&'a T) -> Cow<'a, EndpointSlice>,
+        node: &NodeContext,
+    ) -> Delta {
+        let mut inputs: BTreeMap<ServiceId, (Option<&'a Service>, Vec<&'a T>)> =
+            self.services.keys().map(|id| (id.clone(), (None, Vec::new()))).collect();
         for svc in services {
-            inputs.entry(service_id(svc)).or_insert(ServiceInput { service: None, slices: Vec::new() }).service =
-                Some(svc);
+            inputs.entry(service_id(svc)).or_default().0 = Some(svc);
         }
-        for slice in slices {
-            if let Some(owner) = endpoints::owning_service(slice) {
-                inputs.entry(owner).or_insert(ServiceInput { service: None, slices: Vec::new() }).slices.push(slice);
-            }
+        for (owner, slice) in slices {
+            inputs.entry(owner).or_default().1.push(slice);
         }
+        let inputs = inputs.into_iter().map(|(id, (service, slices))| {
+            (id, ServiceInput { service, slices: slices.into_iter().map(&expand).collect() })
+        });
         self.update(inputs, node)
     }
 
@@ -125,7 +145,8 @@ impl TableState {
                     }
                 }
             }
-            let new = input.service.map(|svc| translate_service(svc, &input.slices, node));
+            let slices: Vec<&EndpointSlice> = input.slices.iter().map(|s| &**s).collect();
+            let new = input.service.map(|svc| translate_service(svc, &slices, node));
             if let Some(new) = &new {
                 for Claim { key, .. } in &new.claims {
                     touched.insert(*key);

@@ -1,14 +1,15 @@
-//! The Kubernetes API as a source: reflectors over `v1/Service` and
+//! The Kubernetes API as a source: watches over `v1/Service` and
 //! `discovery.k8s.io/v1/EndpointSlice` cluster-wide (never the legacy
-//! Endpoints). kube-runtime's watcher lists, watches, re-lists after a 410
-//! and reconnects with backoff; its store swaps a re-list in atomically, so
-//! a reconnect never shows an empty cluster. While the API server is away
-//! the stores keep the last state, and so does the datapath.
+//! Endpoints), and this node's Node. kube-runtime's watcher lists, watches,
+//! re-lists after a 410 and reconnects with backoff; the stores (a
+//! reflector's for Services and the Node, `SliceStore` for the slices) swap
+//! a re-list in atomically, so a reconnect never shows an empty cluster.
+//! While the API server is away the stores keep the last state, and so
+//! does the datapath.
 //!
 //! The watch events say which services changed; a snapshot reads only
 //! those from the stores (all of them after a relist).
 use std::{
-    collections::HashMap,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -17,30 +18,27 @@ use std::{
 };
 
 use futures::{Stream, StreamExt as _};
-use k8s_openapi::{api::core::v1::NodeStatus, apimachinery::pkg::apis::meta::v1::ObjectMeta};
-use k8s_openapi::{
-    api::{
-        core::v1::{Node, Service},
-        discovery::v1::EndpointSlice,
-    },
-    jiff::Timestamp,
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
 };
 use kube::{
-    Api, Client, Resource, ResourceExt as _,
+    Api, Client, Resource,
     runtime::{WatchStreamExt as _, reflector, watcher},
 };
-use tokio::{sync::Notify, task::JoinHandle};
+use tokio::{
+    sync::{Notify, watch},
+    task::JoinHandle,
+};
 use tracing::{debug, info, warn};
 
 use super::{
     Changed, Snapshot,
-    tracker::{Pending, SliceId, SliceIndex, slice_id},
+    slice_store::SliceStore,
+    slim::{slim_node, slim_service},
+    tracker::{Pending, SliceIndex},
 };
-use crate::model::{ServiceId, ZONE_LABEL};
-
-/// Annotation the EndpointSlice controller sets to when the change that
-/// made this version of the slice happened.
-pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+use crate::model::ServiceId;
 
 /// Watch errors since start (each is retried with backoff).
 #[derive(Debug, Default)]
@@ -49,81 +47,89 @@ pub struct WatchCounters {
     pub events: AtomicU64,
 }
 
+/// What the watch tasks write and a snapshot reads.
+#[derive(Debug, Default)]
+struct Watched {
+    /// What the events since the last snapshot touched.
+    pending: Pending,
+    slices: SliceStore,
+}
+
 pub struct KubeSource {
     services: reflector::Store<Service>,
-    slices: reflector::Store<EndpointSlice>,
     /// This node's Node object (its zone label).
     node: reflector::Store<Node>,
+    watched: Arc<Mutex<Watched>>,
+    slices_listed: watch::Receiver<bool>,
     changed: Arc<Notify>,
-    /// What the events since the last snapshot touched.
-    pending: Arc<Mutex<Pending>>,
     /// The slices of each service.
     index: SliceIndex,
     pub counters: Arc<WatchCounters>,
-    /// resourceVersion of each slice at the last snapshot, to find the
-    /// slices that changed since.
-    seen_slices: HashMap<SliceId, String>,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl KubeSource {
-    /// Starts the reflectors: all Services and EndpointSlices, and the Node
+    /// Starts the watches: all Services and EndpointSlices, and the Node
     /// named `node_name`.
     #[must_use]
     pub fn start(client: &Client, node_name: &str) -> Self {
         let changed = Arc::new(Notify::new());
         let counters = Arc::new(WatchCounters::default());
+        let watched = Arc::new(Mutex::new(Watched { pending: Pending::everything(), ..Watched::default() }));
         let (services, svc_writer) = reflector::store::<Service>();
-        let (slices, eps_writer) = reflector::store::<EndpointSlice>();
         let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default())
             .modify(slim_service)
             .default_backoff()
             .reflect(svc_writer);
-        let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default())
-            .modify(slim_slice)
-            .default_backoff()
-            .reflect(eps_writer);
+        let eps_stream =
+            watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default()).default_backoff();
         let (node, node_writer) = reflector::store::<Node>();
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let node_stream = watcher(Api::<Node>::all(client.clone()), node_config)
             .modify(slim_node)
             .default_backoff()
             .reflect(node_writer);
-        let pending = Arc::new(Mutex::new(Pending::everything()));
+        let (listed_tx, slices_listed) = watch::channel(false);
+        let on_service = recorder(&watched, &changed, |p, event: &watcher::Event<Service>| match event {
+            watcher::Event::Apply(svc) | watcher::Event::Delete(svc) => p.service(svc),
+            watcher::Event::InitDone => p.full = true,
+            watcher::Event::Init | watcher::Event::InitApply(_) => {}
+        });
+        let on_node = recorder(&watched, &changed, |p, event: &watcher::Event<Node>| {
+            if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+                p.node = true;
+            }
+        });
+        let on_slice = {
+            let (watched, changed) = (watched.clone(), changed.clone());
+            move |event: watcher::Event<EndpointSlice>| {
+                let wakes = !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_));
+                let mut w = watched.lock().expect("watched lock");
+                let Watched { pending, slices } = &mut *w;
+                slices.apply(event, pending);
+                let listed = slices.is_listed();
+                drop(w);
+                listed_tx.send_if_modified(|l| !std::mem::replace(l, listed) && listed);
+                if wakes {
+                    changed.notify_one();
+                }
+            }
+        };
         let tasks = vec![
-            tokio::spawn(drive(svc_stream, "Service", noter(&pending, &changed, Pending::service), counters.clone())),
-            tokio::spawn(drive(
-                eps_stream,
-                "EndpointSlice",
-                noter(&pending, &changed, Pending::slice),
-                counters.clone(),
-            )),
-            tokio::spawn(drive(
-                node_stream,
-                "Node",
-                noter(&pending, &changed, |p, _: &Node| p.node = true),
-                counters.clone(),
-            )),
+            tokio::spawn(drive(svc_stream, "Service", on_service, counters.clone())),
+            tokio::spawn(drive(eps_stream, "EndpointSlice", on_slice, counters.clone())),
+            tokio::spawn(drive(node_stream, "Node", on_node, counters.clone())),
         ];
-        Self {
-            services,
-            slices,
-            node,
-            changed,
-            pending,
-            index: SliceIndex::default(),
-            counters,
-            seen_slices: HashMap::new(),
-            tasks,
-        }
+        Self { services, node, watched, slices_listed, changed, index: SliceIndex::default(), counters, tasks }
     }
 
-    /// Resolves once both initial lists are complete.
+    /// Resolves once the initial lists are complete.
     pub async fn wait_ready(&self) -> anyhow::Result<()> {
         self.services.wait_until_ready().await?;
-        self.slices.wait_until_ready().await?;
+        self.slices_listed.clone().wait_for(|listed| *listed).await?;
         self.node.wait_until_ready().await?;
-        info!(services = self.services.state().len(), slices = self.slices.state().len(), "initial lists complete");
+        let slices = self.watched.lock().expect("watched lock").slices.len();
+        info!(services = self.services.state().len(), slices, "initial lists complete");
         Ok(())
     }
 
@@ -141,88 +147,44 @@ impl KubeSource {
     /// and after a relist), and the trigger times of the slice versions
     /// that are new since.
     pub fn snapshot(&mut self) -> (Snapshot, Vec<SystemTime>) {
-        let pending = std::mem::take(&mut *self.pending.lock().expect("pending lock"));
+        let mut w = self.watched.lock().expect("watched lock");
+        let pending = std::mem::take(&mut w.pending);
+        let triggers = w.slices.take_triggers();
         if pending.full {
-            return self.everything();
+            drop(w);
+            return (self.everything_now(), triggers);
         }
-        let mut triggers = Vec::new();
         let mut services = pending.services;
         for id in pending.slices {
-            let now = self.slices.get(&object_ref(&id));
-            self.note_version(&id, now.as_deref(), &mut triggers);
+            let now = w.slices.get(&id);
             self.index.set(id, now.as_deref(), &mut services);
         }
-        let changed = services.into_iter().map(|id| self.service(id)).collect();
+        let changed = services.into_iter().map(|id| self.service(&w.slices, id)).collect();
+        drop(w);
         let nodes = pending.node.then(|| self.node.state());
         (Snapshot::Changed { services: changed, nodes }, triggers)
     }
 
-    /// Everything the stores hold, the index rebuilt.
+    /// Everything the stores hold (and the trigger times gathered).
     pub fn everything(&mut self) -> (Snapshot, Vec<SystemTime>) {
+        let triggers = self.watched.lock().expect("watched lock").slices.take_triggers();
+        (self.everything_now(), triggers)
+    }
+
+    /// Everything the stores hold, the index rebuilt.
+    fn everything_now(&mut self) -> Snapshot {
         let services = self.services.state();
-        let slices = self.slices.state();
+        let slices = self.watched.lock().expect("watched lock").slices.all();
         self.index.rebuild(slices.iter().map(|s| &**s));
-        let mut triggers = Vec::new();
-        let before = std::mem::take(&mut self.seen_slices);
-        for slice in &slices {
-            let id = slice_id(slice);
-            if let Some(version) = before.get(&id) {
-                self.seen_slices.insert(id.clone(), version.clone());
-            }
-            self.note_version(&id, Some(slice), &mut triggers);
-        }
-        (Snapshot::Full { services, slices, nodes: self.node.state() }, triggers)
+        Snapshot::Full { services, slices, nodes: self.node.state() }
     }
 
     /// One service's objects as the stores hold them now.
-    fn service(&self, id: ServiceId) -> Changed {
-        let service = self.services.get(&object_ref(&id));
-        let slices = self.index.slices_of(&id).filter_map(|s| self.slices.get(&object_ref(s))).collect();
+    fn service(&self, slices: &SliceStore, id: ServiceId) -> Changed {
+        let service = self.services.get(&reflector::ObjectRef::new(&id.1).within(&id.0));
+        let slices = self.index.slices_of(&id).filter_map(|s| slices.get(s)).collect();
         Changed { id, service, slices }
     }
-
-    /// Remembers the version of slice `id` now, adding the trigger time of
-    /// a version not seen before.
-    fn note_version(&mut self, id: &SliceId, now: Option<&EndpointSlice>, triggers: &mut Vec<SystemTime>) {
-        let Some(slice) = now else {
-            self.seen_slices.remove(id);
-            return;
-        };
-        let version = slice.resource_version().unwrap_or_default();
-        if self.seen_slices.get(id) != Some(&version) {
-            if let Some(at) = slice.annotations().get(TRIGGER_TIME_ANNOTATION).and_then(|t| parse_time(t)) {
-                triggers.push(at);
-            }
-            self.seen_slices.insert(id.clone(), version);
-        }
-    }
-}
-
-/// What a watch does with its events: records in `pending` what they
-/// touched (`record`), or that a relist is complete, and wakes the agent.
-fn noter<K: 'static>(
-    pending: &Arc<Mutex<Pending>>,
-    changed: &Arc<Notify>,
-    record: fn(&mut Pending, &K),
-) -> impl FnMut(Option<&K>) + Send + 'static {
-    let (pending, changed) = (pending.clone(), changed.clone());
-    move |obj| {
-        let mut p = pending.lock().expect("pending lock");
-        match obj {
-            Some(obj) => record(&mut p, obj),
-            None => p.full = true,
-        }
-        drop(p);
-        changed.notify_one();
-    }
-}
-
-/// The store key of the object `namespace/name`.
-fn object_ref<K>(id: &(String, String)) -> reflector::ObjectRef<K>
-where
-    K: Resource<DynamicType = ()>,
-{
-    reflector::ObjectRef::new(&id.1).within(&id.0)
 }
 
 impl Drop for KubeSource {
@@ -233,62 +195,28 @@ impl Drop for KubeSource {
     }
 }
 
-fn parse_time(text: &str) -> Option<SystemTime> {
-    text.parse::<Timestamp>().ok().map(SystemTime::from)
-}
-
-// The stores keep only what the model reads: at 10,000 services the
-// objects as the API sends them are most of the agent's memory. A field the
-// model starts to read must be kept here too.
-
-/// Metadata the model never reads: managed fields, owner references, and
-/// every annotation but `keep`.
-fn slim_meta(meta: &mut ObjectMeta, keep: Option<&str>) {
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| Some(k.as_str()) == keep);
+/// A watch's event handler that records in `pending` what the event
+/// touched (`record`), and wakes the agent for all but list progress.
+fn recorder<K: 'static>(
+    watched: &Arc<Mutex<Watched>>,
+    changed: &Arc<Notify>,
+    record: fn(&mut Pending, &watcher::Event<K>),
+) -> impl FnMut(watcher::Event<K>) + Send + 'static {
+    let (watched, changed) = (watched.clone(), changed.clone());
+    move |event| {
+        record(&mut watched.lock().expect("watched lock").pending, &event);
+        if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+            changed.notify_one();
+        }
     }
 }
 
-fn slim_service(svc: &mut Service) {
-    slim_meta(&mut svc.metadata, None);
-    if let Some(status) = svc.status.as_mut() {
-        status.conditions = None;
-    }
-}
-
-/// A slice keeps its endpoints' addresses, conditions, node, zone and
-/// hints; not the pods they point at.
-fn slim_slice(slice: &mut EndpointSlice) {
-    slim_meta(&mut slice.metadata, Some(TRIGGER_TIME_ANNOTATION));
-    for endpoint in slice.endpoints.iter_mut().flatten() {
-        endpoint.target_ref = None;
-        endpoint.deprecated_topology = None;
-        endpoint.hostname = None;
-    }
-}
-
-/// The node keeps its zone label and its addresses: not its images,
-/// conditions and the rest of its status.
-fn slim_node(node: &mut Node) {
-    slim_meta(&mut node.metadata, None);
-    if let Some(labels) = node.metadata.labels.as_mut() {
-        labels.retain(|k, _| k == ZONE_LABEL);
-    }
-    node.spec = None;
-    if let Some(status) = node.status.as_mut() {
-        *status = NodeStatus { addresses: status.addresses.take(), ..NodeStatus::default() };
-    }
-}
-
-/// Follows one watch: `note(Some(obj))` for each object applied or
-/// deleted, `note(None)` when a (re-)list is complete.
-async fn drive<K>(
+/// Follows one watch, handing each event to `handle`; errors are counted
+/// and logged (the watcher retries with backoff).
+async fn drive<K: Resource>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     kind: &'static str,
-    mut note: impl FnMut(Option<&K>),
+    mut handle: impl FnMut(watcher::Event<K>),
     counters: Arc<WatchCounters>,
 ) {
     let mut stream = std::pin::pin!(stream);
@@ -301,12 +229,10 @@ async fn drive<K>(
                     failing = false;
                 }
                 counters.events.fetch_add(1, Ordering::Relaxed);
-                match event {
-                    watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => note(Some(&obj)),
-                    watcher::Event::InitDone => note(None),
-                    watcher::Event::Init => debug!(kind, "(re-)listing"),
-                    watcher::Event::InitApply(_) => {}
+                if matches!(event, watcher::Event::Init) {
+                    debug!(kind, "(re-)listing");
                 }
+                handle(event);
             }
             Err(err) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);

@@ -6,6 +6,7 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 
+use super::stored_slice::StoredSlice;
 use crate::model::ServiceId;
 
 /// Services, EndpointSlices and this node's Node object as one source sees
@@ -22,7 +23,7 @@ pub struct Objects {
 #[derive(Clone, Debug)]
 pub enum Snapshot {
     /// Everything: the first read, a relist, a services file read again.
-    Full { services: Vec<Arc<Service>>, slices: Vec<Arc<EndpointSlice>>, nodes: Vec<Arc<Node>> },
+    Full { services: Vec<Arc<Service>>, slices: Vec<Arc<StoredSlice>>, nodes: Vec<Arc<Node>> },
     /// Only these services changed: each with its Service now (`None`:
     /// deleted) and the EndpointSlices that name it now; `nodes` is this
     /// node's Node object when it may have changed.
@@ -34,14 +35,14 @@ pub enum Snapshot {
 pub struct Changed {
     pub id: ServiceId,
     pub service: Option<Arc<Service>>,
-    pub slices: Vec<Arc<EndpointSlice>>,
+    pub slices: Vec<Arc<StoredSlice>>,
 }
 
 impl From<Objects> for Snapshot {
     fn from(objects: Objects) -> Self {
         Self::Full {
             services: objects.services.into_iter().map(Arc::new).collect(),
-            slices: objects.slices.into_iter().map(Arc::new).collect(),
+            slices: objects.slices.into_iter().map(|s| Arc::new(StoredSlice::from(s))).collect(),
             nodes: objects.nodes.into_iter().map(Arc::new).collect(),
         }
     }

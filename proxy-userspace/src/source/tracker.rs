@@ -3,21 +3,10 @@
 //! in step), so a change is read and translated for its service alone.
 use std::collections::{BTreeSet, HashMap};
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::core::v1::Service;
 
-use crate::model::{ServiceId, owning_service, service_id};
-
-/// An EndpointSlice by namespace and name.
-pub type SliceId = (String, String);
-
-/// The id of an EndpointSlice object.
-#[must_use]
-pub fn slice_id(slice: &EndpointSlice) -> SliceId {
-    (
-        slice.metadata.namespace.clone().unwrap_or_else(|| "default".into()),
-        slice.metadata.name.clone().unwrap_or_default(),
-    )
-}
+use super::stored_slice::{SliceId, StoredSlice};
+use crate::model::{ServiceId, service_id};
 
 /// What the watch events since the last read touched.
 #[derive(Debug, Default)]
@@ -45,10 +34,10 @@ impl Pending {
         self.services.insert(service_id(svc));
     }
 
-    pub fn slice(&mut self, slice: &EndpointSlice) {
-        self.slices.insert(slice_id(slice));
-        if let Some(owner) = owning_service(slice) {
-            self.services.insert(owner);
+    pub fn slice(&mut self, slice: &StoredSlice) {
+        self.slices.insert(slice.id());
+        if let Some(owner) = slice.owner() {
+            self.services.insert(owner.clone());
         }
     }
 
@@ -70,17 +59,17 @@ pub struct SliceIndex {
 
 impl SliceIndex {
     /// The index of exactly `slices`.
-    pub fn rebuild<'a>(&mut self, slices: impl IntoIterator<Item = &'a EndpointSlice>) {
+    pub fn rebuild<'a>(&mut self, slices: impl IntoIterator<Item = &'a StoredSlice>) {
         self.owner_of.clear();
         self.slices_of.clear();
         for slice in slices {
-            self.set(slice_id(slice), Some(slice), &mut BTreeSet::new());
+            self.set(slice.id(), Some(slice), &mut BTreeSet::new());
         }
     }
 
     /// Records that slice `id` is now `now` (`None`: gone), adding to
     /// `touched` the services it named before and names now.
-    pub fn set(&mut self, id: SliceId, now: Option<&EndpointSlice>, touched: &mut BTreeSet<ServiceId>) {
+    pub fn set(&mut self, id: SliceId, now: Option<&StoredSlice>, touched: &mut BTreeSet<ServiceId>) {
         if let Some(before) = self.owner_of.remove(&id) {
             if let Some(set) = self.slices_of.get_mut(&before) {
                 set.retain(|s| *s != id);
@@ -90,8 +79,8 @@ impl SliceIndex {
             }
             touched.insert(before);
         }
-        if let Some(owner) = now.and_then(owning_service) {
-            self.slices_of.entry(owner.clone()).or_default().push(id.clone());
+        if let Some(owner) = now.and_then(StoredSlice::owner).cloned() {
+            self.slices_of.entry(owner.clone()).or_insert_with(|| Vec::with_capacity(1)).push(id.clone());
             self.owner_of.insert(id, owner.clone());
             touched.insert(owner);
         }
@@ -118,13 +107,13 @@ impl SliceIndex {
 mod tests {
     use std::collections::BTreeMap;
 
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::{api::discovery::v1::EndpointSlice, apimachinery::pkg::apis::meta::v1::ObjectMeta};
     use proptest::prelude::*;
 
     use super::*;
 
-    fn slice(ns: &str, name: &str, service: Option<&str>) -> EndpointSlice {
-        EndpointSlice {
+    fn slice(ns: &str, name: &str, service: Option<&str>) -> StoredSlice {
+        StoredSlice::from(EndpointSlice {
             metadata: ObjectMeta {
                 namespace: Some(ns.into()),
                 name: Some(name.into()),
@@ -133,7 +122,7 @@ mod tests {
             },
             address_type: "IPv4".into(),
             ..EndpointSlice::default()
-        }
+        })
     }
 
     fn id(ns: &str, name: &str) -> (String, String) {
@@ -182,7 +171,7 @@ mod tests {
             deletes in prop::collection::vec(any::<bool>(), 40),
         ) {
             let services = ["web", "api", "db"];
-            let mut live: BTreeMap<SliceId, EndpointSlice> = BTreeMap::new();
+            let mut live: BTreeMap<SliceId, StoredSlice> = BTreeMap::new();
             let mut index = SliceIndex::default();
             for (i, (n, owner)) in steps.iter().enumerate() {
                 let name = format!("s{n}");

@@ -107,6 +107,9 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         if stopping() {
             anyhow::bail!("interrupted");
         }
+        // Apart from the last sync by more than the agent's batching
+        // interval: each change is applied on its own, at once.
+        std::thread::sleep(Duration::from_millis(30));
         let s = u32::try_from(k).unwrap_or(0).wrapping_mul(7919) % n;
         let moved = u8::try_from(k % usize::from(spec::ENDPOINTS)).unwrap_or(0);
         let mark = agent.mark();
@@ -119,9 +122,6 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         let mark = agent.mark();
         server.put(spec::slice_object(s, None));
         agent.wait_for(mark, Duration::from_secs(30), applied).map_err(anyhow::Error::msg)?;
-        // Apart from the last sync by more than the agent's batching
-        // interval: each change is applied on its own.
-        std::thread::sleep(Duration::from_millis(30));
     }
     let (peak_rss_mib, rss_mib) = rss(agent.pid());
     drop(agent);

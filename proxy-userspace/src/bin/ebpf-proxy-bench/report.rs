@@ -138,6 +138,7 @@ impl Report {
                 c.change_end_to_end_p50_ms, c.change_end_to_end_p99_ms
             );
             let _ = writeln!(out, "| agent peak RSS | {:.1} MiB |", c.peak_rss_mib);
+            let _ = writeln!(out, "| agent RSS after the changes | {:.1} MiB |", c.rss_mib);
         }
         out
     }
