@@ -118,29 +118,36 @@ fn choose_backend(
     {
         return Some((id, b, true));
     }
-    let affine = frontend.flags & service_flags::AFFINITY != 0;
+    if frontend.flags & service_flags::AFFINITY == 0 {
+        let id = random_slot(key, frontend)?;
+        return Some((id, backend(id)?, false));
+    }
+    // Only sessionAffinity pays for the client's identity and the clock.
     let affinity_key = AffinityKey { client: netns_cookie(ctx), rev_nat: frontend.rev_nat, pad: [0; 3] };
     let now = now_ns();
-    if affine
-        && let Some(entry) = affinity(&affinity_key)
+    if let Some(entry) = affinity(&affinity_key)
         && now.saturating_sub(entry.last_used_ns) < u64::from(frontend.affinity_timeout) * 1_000_000_000
         && let Some(b) = backend(entry.backend_id)
     {
         remember_affinity(&affinity_key, &AffinityValue { last_used_ns: now, ..entry });
         return Some((entry.backend_id, b, false));
     }
+    let id = random_slot(key, frontend)?;
+    let b = backend(id)?;
+    remember_affinity(&affinity_key, &AffinityValue { backend_id: id, pad: 0, last_used_ns: now });
+    Some((id, b, false))
+}
+
+/// The backend id in a random slot of the frontend.
+#[inline(always)]
+fn random_slot(key: &mut ServiceKey, frontend: &ServiceValue) -> Option<u32> {
     #[expect(clippy::cast_possible_truncation, reason = "the remainder is below count, a u16")]
     let slot = (random_u32() % u32::from(frontend.count)) as u16;
     key.slot = slot + 1;
     // Slots 1..=count are written before slot 0 announces count, so this
     // misses only if the agent broke that order; then leave the destination
     // alone (it has no route and fails on its own).
-    let id = service(key)?.backend_id;
-    let b = backend(id)?;
-    if affine {
-        remember_affinity(&affinity_key, &AffinityValue { backend_id: id, pad: 0, last_used_ns: now });
-    }
-    Some((id, b, false))
+    Some(service(key)?.backend_id)
 }
 
 /// Shows the service address where the socket sees its peer: the source of
