@@ -48,8 +48,8 @@ pub struct RuleLoad {
 /// Runs the comparison for `n` services; returns the rows and the rule
 /// load times.
 pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoad>)> {
-    let variants = Variant::ALL;
-    let net = BenchNet::new(&variants).context("making the bench namespaces")?;
+    let variants = settings.variants.as_slice();
+    let net = BenchNet::new(variants).context("making the bench namespaces")?;
     let _servers = Servers::start(&net.backends).context("starting the backends")?;
     let dir = tempfile::tempdir()?;
     let direct = dir.path().join("direct.txt");
@@ -70,6 +70,9 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoa
         (Variant::IptablesLegacy, "iptables-legacy-restore", &[], &iptables),
         (Variant::Nftables, "nft", &["-f", "-"], &nft),
     ] {
+        if !variants.contains(&variant) {
+            continue;
+        }
         eprintln!("bench: {n} services: loading {tool}");
         let seconds = load_rules(net.client(variant), tool, args, file)?;
         loads.push(RuleLoad { services: n, tool, seconds });
@@ -110,7 +113,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoa
     // Warm up every path once (ARP, caches), then measure.
     let runner = Runner { settings, net: &net, cgroup: &cgroup, direct: &direct, vips: &vips };
     for variant in variants {
-        runner.run(variant, Mode::Short, settings.seconds.min(0.5))?;
+        runner.run(*variant, Mode::Short, settings.seconds.min(0.5))?;
     }
     let mut results: BTreeMap<(Mode, Variant), Vec<LoadResult>> = BTreeMap::new();
     for round in 0..settings.rounds {

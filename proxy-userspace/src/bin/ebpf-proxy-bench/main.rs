@@ -55,6 +55,10 @@ struct Cli {
     /// Show the agent's log (on standard error).
     #[arg(long)]
     agent_log: bool,
+    /// Only these datapath variants (direct, the base of the ratios, is
+    /// always measured); default: all.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    variants: Option<Vec<net::Variant>>,
 }
 
 #[derive(Subcommand)]
@@ -81,6 +85,8 @@ pub struct Settings {
     pub threads: usize,
     pub changes: usize,
     pub agent_log: bool,
+    /// The datapath variants measured, direct first.
+    pub variants: Vec<net::Variant>,
 }
 
 impl Settings {
@@ -151,6 +157,10 @@ fn main() -> anyhow::Result<()> {
         threads: cli.threads,
         changes: cli.changes.unwrap_or(if quick { 5 } else { 100 }),
         agent_log: cli.agent_log,
+        variants: {
+            let chosen = cli.variants.unwrap_or_else(|| net::Variant::ALL.to_vec());
+            net::Variant::ALL.into_iter().filter(|v| *v == net::Variant::Direct || chosen.contains(v)).collect()
+        },
     };
     let mut report = report::Report {
         machine: report::Machine::this(),

@@ -11,11 +11,12 @@ use ebpf_proxy::testkit::{NetNs, sh, unique_name};
 use super::spec::{ENDPOINTS, backend_net};
 
 /// How a client reaches a service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Variant {
     /// The backend's address, no service at all: the limit.
     Direct,
     /// ebpf-proxy: the socket programs of the client's cgroup.
+    #[value(name = "ebpf-proxy")]
     Ebpf,
     /// kube-proxy iptables mode, on iptables-nft (Debian's default).
     IptablesNft,
