@@ -34,17 +34,7 @@ pub struct Control {
 
 fn percentile(values: &mut [f64], p: f64) -> f64 {
     values.sort_by(f64::total_cmp);
-    if values.is_empty() {
-        return 0.0;
-    }
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "an index"
-    )]
-    let i = ((values.len() - 1) as f64 * p).round() as usize;
-    values[i]
+    crate::percentile::index(values.len(), p).map_or(0.0, |i| values[i])
 }
 
 /// `VmHWM` and `VmRSS` of process `pid`, MiB.
@@ -74,22 +64,9 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-bench-cp"))?;
     let started = Instant::now();
     let agent = settings.start_agent(
-        [
-            "--kubeconfig",
-            &kubeconfig.display().to_string(),
-            "--cgroup",
-            &cgroup.path().display().to_string(),
-            "--bpffs-dir",
-            &bpffs.path().join("ebpf-proxy").display().to_string(),
-            "--node-name",
-            "bench",
-            "--devices",
-            "none",
-            "--healthz-bind-address",
-            "127.0.0.1:0",
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-        ],
+        ["--kubeconfig", &kubeconfig.display().to_string()],
+        cgroup.path(),
+        bpffs.path(),
         "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info",
     )?;
     let applied = |r: &serde_json::Value| message(r) == Some("service table applied");

@@ -85,22 +85,9 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoa
     std::fs::write(&services, spec::services_yaml(n))?;
     let started = Instant::now();
     let agent = settings.start_agent(
-        [
-            "--services-file",
-            &services.display().to_string(),
-            "--cgroup",
-            &cgroup.path().display().to_string(),
-            "--bpffs-dir",
-            &bpffs.path().join("ebpf-proxy").display().to_string(),
-            "--node-name",
-            "bench",
-            "--devices",
-            "none",
-            "--healthz-bind-address",
-            "127.0.0.1:0",
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-        ],
+        ["--services-file", &services.display().to_string()],
+        cgroup.path(),
+        bpffs.path(),
         "warn,ebpf_proxy::agent=info",
     )?;
     let applied = agent

@@ -68,19 +68,7 @@ pub fn run(targets: &Path, mode: Mode, seconds: f64, threads: usize) -> anyhow::
     let elapsed = started.elapsed().as_secs_f64();
     let mut samples: Vec<u32> = per_thread.iter().flat_map(|(_, _, s)| s.iter().copied()).collect();
     samples.sort_unstable();
-    let pct = |p: f64| {
-        if samples.is_empty() {
-            return 0.0;
-        }
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss,
-            reason = "an index into the samples"
-        )]
-        let i = ((samples.len() - 1) as f64 * p).round() as usize;
-        f64::from(samples[i])
-    };
+    let pct = |p: f64| crate::percentile::index(samples.len(), p).map_or(0.0, |i| f64::from(samples[i]));
     Ok(LoadResult {
         ops: per_thread.iter().map(|(ops, _, _)| ops).sum(),
         errors: per_thread.iter().map(|(_, e, _)| e).sum(),

@@ -6,6 +6,7 @@ mod control;
 mod datapath;
 mod load;
 mod net;
+mod percentile;
 mod report;
 mod rules;
 mod server;
@@ -91,11 +92,33 @@ pub struct Settings {
 
 impl Settings {
     /// Starts the agent with `args`, logging at `filter`.
-    pub fn start_agent<I, S>(&self, args: I, filter: &str) -> std::io::Result<ebpf_proxy::testkit::AgentProcess>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<std::ffi::OsStr>,
-    {
+    /// Starts the agent on `source` (its `--services-file` or
+    /// `--kubeconfig` flag), attached to `cgroup` with its pins in `bpffs`,
+    /// no TC devices and its HTTP servers on free loopback ports.
+    pub fn start_agent(
+        &self,
+        source: [&str; 2],
+        cgroup: &std::path::Path,
+        bpffs: &std::path::Path,
+        filter: &str,
+    ) -> std::io::Result<ebpf_proxy::testkit::AgentProcess> {
+        let (cgroup, pins) = (cgroup.display().to_string(), bpffs.join("ebpf-proxy").display().to_string());
+        let args = [
+            source[0],
+            source[1],
+            "--cgroup",
+            &cgroup,
+            "--bpffs-dir",
+            &pins,
+            "--node-name",
+            "bench",
+            "--devices",
+            "none",
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ];
         if self.agent_log {
             ebpf_proxy::testkit::AgentProcess::start_with_filter(&self.agent, args, filter)
         } else {
