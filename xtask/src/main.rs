@@ -94,7 +94,8 @@ fn main() -> anyhow::Result<()> {
             build(true)?;
             let bin = root.join("target/release/ebpf-proxy-bench");
             let mut cmd = Command::new(bin);
-            cmd.arg("--out").arg(root.join("target/bench"));
+            // A quick run never overwrites the last full results.
+            cmd.arg("--out").arg(root.join(if quick { "target/bench-quick" } else { "target/bench" }));
             if quick {
                 cmd.arg("--quick");
             }
