@@ -484,7 +484,7 @@ fn forget_removed_backends(
     if removed.is_empty() {
         return;
     }
-    match datapath.sessions.purge(&reconciler.live_backends()) {
+    match datapath.sessions.purge(reconciler) {
         Ok(0) => {}
         Ok(n) => {
             info!(sessions = n, "forgot sessions (affinity, UDP sockets, UDP flows from outside) of removed backends");

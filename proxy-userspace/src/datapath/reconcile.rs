@@ -435,13 +435,6 @@ impl Reconciler {
         self.frontends.get(key).map(|f| f.rev_nat).filter(|id| *id != 0)
     }
 
-    /// Per frontend: its rev-NAT id and the backend ids readers can reach
-    /// (slots `1..=count`), to tell a remembered session still valid.
-    #[must_use]
-    pub fn live_backends(&self) -> HashMap<FrontendKey, (u16, HashSet<u32>)> {
-        self.frontends.iter().map(|(k, f)| (*k, (f.rev_nat, f.live_slots().iter().copied().collect()))).collect()
-    }
-
     /// Whether the applied slot 0 of `key` sends traffic from outside to
     /// its external twin.
     fn says_two_scopes(&self, key: FrontendKey) -> bool {
@@ -841,4 +834,18 @@ fn frontend_flags(key: FrontendKey, frontend: &Frontend, twin_written: bool) -> 
         flags |= service_flags::SOURCE_RANGES;
     }
     flags
+}
+
+impl super::sessions::Liveness for Reconciler {
+    fn serves(&self, frontend: &FrontendKey, id: u32) -> bool {
+        self.frontends.get(frontend).is_some_and(|f| f.live_slots().contains(&id))
+    }
+
+    fn by_rev_nat(&self, rev_nats: &HashSet<u16>) -> HashMap<u16, HashSet<u32>> {
+        let mut out: HashMap<u16, HashSet<u32>> = HashMap::new();
+        for f in self.frontends.values().filter(|f| rev_nats.contains(&f.rev_nat)) {
+            out.entry(f.rev_nat).or_default().extend(f.live_slots().iter().copied());
+        }
+        out
+    }
 }

@@ -504,3 +504,33 @@ fn recovery_reuses_maglev_tables_and_ranges() {
     assert_eq!(report.writes, 1, "only the unused table is deleted: {report:?}");
     assert_exact(&maps, &t);
 }
+
+#[test]
+fn liveness_answers_what_the_slots_hold() {
+    use std::collections::HashSet;
+
+    use super::sessions::Liveness;
+
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::new();
+    let (web, dns) = (fk(10, 80, Protocol::Tcp), fk(53, 53, Protocol::Udp));
+    r.apply(&mut maps, &table(&[(web, vec![be(1, 8080), be(2, 8080)]), (dns, vec![be(3, 53)])]));
+    let id_of = |maps: &FakeMaps, last: u8| {
+        let addr = proxy_common::net::encode(Ipv4Addr::new(10, 244, 0, last).into());
+        maps.state.backends.iter().find(|(_, b)| b.addr == addr).map(|(id, _)| *id).expect("backend written")
+    };
+    let (one, two, three) = (id_of(&maps, 1), id_of(&maps, 2), id_of(&maps, 3));
+    let (web_id, dns_id) = (r.frontend_id(&web).expect("web"), r.frontend_id(&dns).expect("dns"));
+    assert!(r.serves(&web, one) && r.serves(&web, two) && r.serves(&dns, three));
+    assert!(!r.serves(&web, three), "a backend of another service");
+    assert!(!r.serves(&fk(99, 80, Protocol::Tcp), one), "an unknown frontend");
+    let asked: HashSet<u16> = [web_id, 999].into();
+    let live = r.by_rev_nat(&asked);
+    assert_eq!(live.get(&web_id), Some(&HashSet::from([one, two])));
+    assert!(!live.contains_key(&dns_id), "only the ids asked for");
+    assert!(!live.contains_key(&999), "an id nobody has");
+
+    r.apply(&mut maps, &table(&[(web, vec![be(1, 8080)]), (dns, vec![be(3, 53)])]));
+    assert!(!r.serves(&web, two), "a removed backend serves no more");
+    assert_eq!(r.by_rev_nat(&asked).get(&web_id), Some(&HashSet::from([one])));
+}

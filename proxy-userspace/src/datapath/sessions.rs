@@ -50,16 +50,18 @@ impl SessionMaps {
     }
 
     /// Deletes memos whose backend no longer serves their frontend; returns
-    /// how many.
-    pub fn purge(&mut self, live: &HashMap<FrontendKey, (u16, HashSet<u32>)>) -> Result<usize, MapError> {
-        let by_rev_nat: HashMap<u16, &HashSet<u32>> = live.values().map(|(r, set)| (*r, set)).collect();
-        let stale_affinity: Vec<AffinityKey> = self
-            .affinity
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(k, v)| !by_rev_nat.get(&k.rev_nat).is_some_and(|set| set.contains(&v.backend_id)))
-            .map(|(k, _)| k)
-            .collect();
+    /// how many. `live` answers per memo, so a sync at 10,000 services pays
+    /// for the memos there are, not for the whole table.
+    pub fn purge(&mut self, live: &impl Liveness) -> Result<usize, MapError> {
+        let affinity: Vec<(AffinityKey, AffinityValue)> = self.affinity.iter().filter_map(Result::ok).collect();
+        let udp_flows: Vec<(CtKey, CtValue)> =
+            self.ct.iter().filter_map(Result::ok).filter(|(k, _)| k.proto == proto::UDP).collect();
+        let rev_nats: HashSet<u16> =
+            affinity.iter().map(|(k, _)| k.rev_nat).chain(udp_flows.iter().map(|(_, v)| v.rev_nat)).collect();
+        let by_rev_nat = if rev_nats.is_empty() { HashMap::new() } else { live.by_rev_nat(&rev_nats) };
+        let serves_rev_nat = |rev_nat: u16, id: u32| by_rev_nat.get(&rev_nat).is_some_and(|set| set.contains(&id));
+        let stale_affinity: Vec<AffinityKey> =
+            affinity.into_iter().filter(|(k, v)| !serves_rev_nat(k.rev_nat, v.backend_id)).map(|(k, _)| k).collect();
         let stale_sockets: Vec<SockBackendKey> = self
             .sock_backend
             .iter()
@@ -67,19 +69,12 @@ impl SessionMaps {
             .filter(|(k, id)| {
                 let frontend = Protocol::from_number(k.proto)
                     .map(|protocol| FrontendKey::new(decode(&k.addr), u16::from_be(k.port), protocol));
-                !frontend.and_then(|f| live.get(&f)).is_some_and(|(_, set)| set.contains(id))
+                !frontend.is_some_and(|f| live.serves(&f, *id))
             })
             .map(|(k, _)| k)
             .collect();
-        let stale_flows: Vec<CtKey> = self
-            .ct
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(k, v)| {
-                k.proto == proto::UDP && !by_rev_nat.get(&v.rev_nat).is_some_and(|set| set.contains(&v.backend_id))
-            })
-            .map(|(k, _)| k)
-            .collect();
+        let stale_flows: Vec<CtKey> =
+            udp_flows.into_iter().filter(|(_, v)| !serves_rev_nat(v.rev_nat, v.backend_id)).map(|(k, _)| k).collect();
         for key in &stale_affinity {
             remove_ok(self.affinity.remove(key)).map_err(aya_err("AFFINITY"))?;
         }
@@ -91,6 +86,15 @@ impl SessionMaps {
         }
         Ok(stale_affinity.len() + stale_sockets.len() + stale_flows.len())
     }
+}
+
+/// Which backends serve which frontends now (the reconciler knows).
+pub trait Liveness {
+    /// Whether backend `id` is in a live slot of `frontend`.
+    fn serves(&self, frontend: &FrontendKey, id: u32) -> bool;
+    /// The backend ids in live slots of the frontends with these rev-NAT
+    /// ids (an id missing from the answer serves nothing).
+    fn by_rev_nat(&self, rev_nats: &HashSet<u16>) -> HashMap<u16, HashSet<u32>>;
 }
 
 /// A key the LRU dropped meanwhile is as good as deleted.

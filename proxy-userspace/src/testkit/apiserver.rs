@@ -172,6 +172,10 @@ impl TestApiServer {
                         Err(_) => continue,
                     },
                 };
+                // As a real kube-apiserver (Go sets TCP_NODELAY on every
+                // connection): a watch event goes out at once, not after the
+                // client acknowledges the previous one.
+                let _ = stream.set_nodelay(true);
                 let (state, events, mut stop) = (state.clone(), events.clone(), stop_rx.clone());
                 let (for_requests, log) = (stop_rx.clone(), log.clone());
                 tokio::spawn(async move {
