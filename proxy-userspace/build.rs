@@ -3,6 +3,13 @@
 use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
+    // aya-build passes every line the inner cargo prints on as a
+    // `cargo:warning`, so its "Compiling ..." progress would show as dozens
+    // of warnings on each fresh build. Quiet, it prints only what matters:
+    // compiler diagnostics and errors still come through.
+    // SAFETY: the build script is single-threaded here; nothing else reads
+    // the environment concurrently.
+    unsafe { std::env::set_var("CARGO_TERM_QUIET", "true") };
     let root_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../proxy-ebpf");
     let package = Package { name: "proxy-ebpf", root_dir, ..Default::default() };
     aya_build::build_ebpf([package], Toolchain::default())
