@@ -351,7 +351,11 @@ fn attach_devices(selection: &DeviceSelection, datapath: &mut Datapath, state: &
                 }
             }
             if datapath.serves_external_traffic() {
-                info!(devices = ?resolved.chosen, "serving traffic from outside (NodePorts, LoadBalancer IPs, externalIPs) on these devices");
+                if resolved.chosen.is_empty() {
+                    info!("traffic from outside (NodePorts, LoadBalancer IPs, externalIPs) is not served: no devices");
+                } else {
+                    info!(devices = ?resolved.chosen, "serving traffic from outside (NodePorts, LoadBalancer IPs, externalIPs) on these devices");
+                }
             }
             state.devices = Some(resolved.chosen);
         }
