@@ -319,8 +319,9 @@ async fn start_source(config: &AgentConfig, telemetry: &Shared) -> anyhow::Resul
     Ok(match &config.source {
         SourceConfig::File(path) => Source::File(FileSource { path: path.clone(), read_once: false, stamp: None }),
         SourceConfig::Kube { kubeconfig } => {
-            let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
-            let kube = KubeSource::start(&client, &config.node_name);
+            let reachability = Arc::default();
+            let client = crate::source::kube::client(kubeconfig.as_deref(), Arc::clone(&reachability)).await?;
+            let kube = KubeSource::start(&client, &config.node_name, reachability);
             telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
             Source::Kube(Box::new(kube), client)
         }

@@ -139,6 +139,7 @@ fn api_server_restart_keeps_the_datapath_and_converges() {
     }
     env.start_agent_kube(&cluster);
 
+    let down = env.agent().mark();
     cluster.server().stop();
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(env.requests(&ip, 20).len(), 20, "translation stopped with the API server");
@@ -147,8 +148,32 @@ fn api_server_restart_keeps_the_datapath_and_converges() {
     let slice = cluster.slice_object("web-a", "web", TARGET, &ips(2..=2));
     cluster.server().put(slice);
     cluster.server().compact();
+    // Down long enough for client-go's backoff (0.8 s doubling) to have
+    // grown past 6 s: the agent's must not have (src/source/retry.rs).
+    std::thread::sleep(Duration::from_secs(6));
+    let failed =
+        env.agent().wait_for(down, Duration::ZERO, |r| message(r).is_some_and(|m| m.starts_with("watch failed")));
+    assert!(failed.is_ok(), "the outage was not logged");
     let mark = env.agent().mark();
     cluster.server().start_again();
+    for kind in ["Service", "EndpointSlice", "Node"] {
+        // Logged when the list or watch succeeds, not at the next event
+        // (a resumed watch with nothing new sends none).
+        env.agent()
+            .wait_for(mark, Duration::from_secs(4), |r| {
+                message(r) == Some("watch is back") && field(r, "kind").and_then(Value::as_str) == Some(kind)
+            })
+            .unwrap_or_else(|e| panic!("no 'watch is back' for {kind} soon after the API server returned: {e}"));
+    }
+    // The expired position and the relist it caused are logged at info.
+    let expired = |r: &Value| message(r).is_some_and(|m| m.starts_with("watch position expired"));
+    let relisted = |r: &Value| {
+        field(r, "kind").and_then(Value::as_str) == Some("EndpointSlice")
+            && field(r, "relist").and_then(Value::as_bool) == Some(true)
+            && field(r, "objects").and_then(Value::as_u64) == Some(1)
+    };
+    env.agent().wait_for(mark, Duration::from_secs(10), expired).expect("the 410 was not logged");
+    env.agent().wait_for(mark, Duration::from_secs(10), relisted).expect("the relist was not logged");
     wait_frontend(&env, mark, "web", 1);
     let before = env.backends[0].accepted();
     assert_eq!(env.requests(&ip, 30), vec!["backend-2"; 30]);

@@ -34,17 +34,22 @@ use tracing::{debug, info, warn};
 
 use super::{
     Changed, Snapshot,
+    reachability::{Reachability, ReachabilityLayer},
+    retry::{Failure, RetrySchedule},
     slice_store::SliceStore,
     slim::{slim_node, slim_service},
     tracker::{Pending, SliceIndex},
 };
 use crate::model::ServiceId;
 
-/// Watch errors since start (each is retried with backoff).
+/// Watch events and errors since start (each error is retried, see
+/// `super::retry`).
 #[derive(Debug, Default)]
 pub struct WatchCounters {
     pub errors: AtomicU64,
     pub events: AtomicU64,
+    /// Full relists after a watch position expired (410 Gone).
+    pub relists: AtomicU64,
 }
 
 /// What the watch tasks write and a snapshot reads.
@@ -70,25 +75,21 @@ pub struct KubeSource {
 
 impl KubeSource {
     /// Starts the watches: all Services and EndpointSlices, and the Node
-    /// named `node_name`.
+    /// named `node_name`; `reachability` is the one `client` was built
+    /// with.
     #[must_use]
-    pub fn start(client: &Client, node_name: &str) -> Self {
+    pub fn start(client: &Client, node_name: &str, reachability: Arc<Reachability>) -> Self {
         let changed = Arc::new(Notify::new());
         let counters = Arc::new(WatchCounters::default());
         let watched = Arc::new(Mutex::new(Watched { pending: Pending::everything(), ..Watched::default() }));
         let (services, svc_writer) = reflector::store::<Service>();
         let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default())
             .modify(slim_service)
-            .default_backoff()
             .reflect(svc_writer);
-        let eps_stream =
-            watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default()).default_backoff();
+        let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default());
         let (node, node_writer) = reflector::store::<Node>();
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-        let node_stream = watcher(Api::<Node>::all(client.clone()), node_config)
-            .modify(slim_node)
-            .default_backoff()
-            .reflect(node_writer);
+        let node_stream = watcher(Api::<Node>::all(client.clone()), node_config).modify(slim_node).reflect(node_writer);
         let (listed_tx, slices_listed) = watch::channel(false);
         let on_service = recorder(&watched, &changed, |p, event: &watcher::Event<Service>| match event {
             watcher::Event::Apply(svc) | watcher::Event::Delete(svc) => p.service(svc),
@@ -116,9 +117,9 @@ impl KubeSource {
             }
         };
         let tasks = vec![
-            tokio::spawn(drive(svc_stream, "Service", on_service, counters.clone())),
-            tokio::spawn(drive(eps_stream, "EndpointSlice", on_slice, counters.clone())),
-            tokio::spawn(drive(node_stream, "Node", on_node, counters.clone())),
+            tokio::spawn(drive(svc_stream, "Service", on_service, counters.clone(), reachability.clone())),
+            tokio::spawn(drive(eps_stream, "EndpointSlice", on_slice, counters.clone(), reachability.clone())),
+            tokio::spawn(drive(node_stream, "Node", on_node, counters.clone(), reachability)),
         ];
         Self { services, node, watched, slices_listed, changed, index: SliceIndex::default(), counters, tasks }
     }
@@ -211,38 +212,68 @@ fn recorder<K: 'static>(
     }
 }
 
-/// Follows one watch, handing each event to `handle`; errors are counted
-/// and logged (the watcher retries with backoff).
+/// Follows one watch, handing each event to `handle`. A failure is
+/// counted, logged once (`Reachability` logs when the watch is back) and
+/// retried after the delay `RetrySchedule` gives; a full list is logged
+/// with how long it took.
 async fn drive<K: Resource>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     kind: &'static str,
     mut handle: impl FnMut(watcher::Event<K>),
     counters: Arc<WatchCounters>,
+    reachability: Arc<Reachability>,
 ) {
     let mut stream = std::pin::pin!(stream);
-    let mut failing = false;
+    let mut schedule = RetrySchedule::default();
+    let mut list = ListProgress::default();
     while let Some(event) = stream.next().await {
         match event {
             Ok(event) => {
-                if failing {
-                    info!(kind, "watch is back");
-                    failing = false;
-                }
+                schedule.reset();
+                reachability.succeeded(kind);
                 counters.events.fetch_add(1, Ordering::Relaxed);
-                if matches!(event, watcher::Event::Init) {
-                    debug!(kind, "(re-)listing");
-                }
+                list.follow(kind, &event);
                 handle(event);
             }
             Err(err) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
-                if failing {
-                    debug!(kind, %err, "watch still failing");
+                let failure = Failure::of(&err);
+                if failure == Failure::Expired {
+                    counters.relists.fetch_add(1, Ordering::Relaxed);
+                    info!(kind, %err, "watch position expired (410 Gone): listing everything again");
                 } else {
-                    warn!(kind, %err, "watch failed; retrying with backoff, the datapath keeps the last applied state");
-                    failing = true;
+                    reachability.failed(kind, &err);
+                    debug!(kind, %err, "watch still failing");
                 }
+                tokio::time::sleep(schedule.next_delay(failure, fastrand::f64())).await;
             }
+        }
+    }
+}
+
+/// A list in progress (the first, or a relist), for its log line.
+#[derive(Default)]
+struct ListProgress {
+    started: Option<std::time::Instant>,
+    objects: usize,
+    lists: u64,
+}
+
+impl ListProgress {
+    fn follow<K>(&mut self, kind: &'static str, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Init => {
+                self.started = Some(std::time::Instant::now());
+                self.objects = 0;
+            }
+            watcher::Event::InitApply(_) => self.objects += 1,
+            watcher::Event::InitDone => {
+                let seconds = self.started.take().map_or(0.0, |s| s.elapsed().as_secs_f64());
+                let relist = self.lists > 0;
+                self.lists += 1;
+                info!(kind, objects = self.objects, seconds, relist, "{kind} list complete");
+            }
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
         }
     }
 }
@@ -276,8 +307,9 @@ pub fn announce(client: &Client, node_name: &str, reason: &str, note: String) {
 }
 
 /// A client from `--kubeconfig` when given, else the usual inference
-/// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`).
-pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+/// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`); its
+/// successful responses are reported to `reachability`.
+pub async fn client(kubeconfig: Option<&std::path::Path>, reachability: Arc<Reachability>) -> anyhow::Result<Client> {
     use anyhow::Context as _;
     let config = match kubeconfig {
         Some(path) => {
@@ -292,5 +324,6 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Clie
              pass --kubeconfig, or --services-file to run without a cluster",
         )?,
     };
-    Client::try_from(config).context("building the Kubernetes client")
+    let builder = kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
+    Ok(builder.with_layer(&ReachabilityLayer(reachability)).build())
 }

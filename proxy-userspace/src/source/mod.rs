@@ -2,6 +2,8 @@
 pub mod file;
 pub mod kube;
 pub mod objects;
+pub mod reachability;
+pub mod retry;
 pub mod slice_store;
 pub mod slim;
 pub mod stored_slice;
