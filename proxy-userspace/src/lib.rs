@@ -13,6 +13,7 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod paths;
+pub mod pipeline;
 pub mod serve;
 pub mod source;
 pub mod telemetry;

@@ -8,9 +8,9 @@ use std::{
 };
 
 use crate::{
-    agent::Stats,
     datapath::counters::{ConnCounters, ExternalStats},
     metrics::Histogram,
+    pipeline::Stats,
     source::kube::WatchCounters,
 };
 

@@ -18,6 +18,7 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt,
     net::IpAddr,
+    time::Duration,
 };
 
 use ipnet::IpNet;
@@ -152,6 +153,34 @@ pub struct Reconciler {
     /// Whether `desired` and `users` describe the last table applied (a
     /// full `apply` builds them).
     indexed: bool,
+    /// When to try again after failed writes.
+    retry: RetryBackoff,
+}
+
+/// Delays between retries of failed map writes.
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The retry policy after failed writes: 1 s doubling to 30 s while writes
+/// keep failing; the sync after a failure compares the whole table, since a
+/// failed write may have left any of the frontends it touched behind.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RetryBackoff {
+    /// The delay before the next retry (`None`: the last sync wrote all).
+    delay: Option<Duration>,
+}
+
+impl RetryBackoff {
+    /// Records the outcome of a sync.
+    pub fn record(&mut self, failed: bool) {
+        self.delay = failed.then(|| self.delay.map_or(RETRY_MIN, |d| (d * 2).min(RETRY_MAX)));
+    }
+
+    /// How long to wait before the next retry; `None`: nothing to retry.
+    #[must_use]
+    pub const fn delay(&self) -> Option<Duration> {
+        self.delay
+    }
 }
 
 fn frontend_key(key: FrontendKey, slot: u16) -> ServiceKey {
@@ -445,6 +474,30 @@ impl Reconciler {
     #[must_use]
     pub fn maglev_tables(&self) -> usize {
         self.maglev.count()
+    }
+
+    /// Makes the maps hold `desired`: only the frontends at `changed` are
+    /// compared when given, unless the last sync failed a write (then, as
+    /// with `None`, the whole table is). Owns the retry policy: after a
+    /// failed write `retry_delay` says when to call again.
+    pub fn sync(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        changed: Option<&BTreeSet<FrontendKey>>,
+    ) -> Report {
+        let report = match changed {
+            Some(keys) if self.retry.delay().is_none() => self.apply_changes(maps, desired, keys),
+            _ => self.apply(maps, desired),
+        };
+        self.retry.record(!report.failures.is_empty());
+        report
+    }
+
+    /// When failed writes are to be tried again (`None`: none failed).
+    #[must_use]
+    pub const fn retry_delay(&self) -> Option<Duration> {
+        self.retry.delay()
     }
 
     /// Makes the maps hold `desired`, writing only what differs; the whole

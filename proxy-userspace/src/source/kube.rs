@@ -33,7 +33,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
-    Changed, Snapshot,
+    ChangeSource, Changed, Delivery, Snapshot,
     reachability::{Reachability, ReachabilityLayer},
     retry::{Failure, RetrySchedule},
     slice_store::SliceStore,
@@ -71,6 +71,51 @@ pub struct KubeSource {
     index: SliceIndex,
     pub counters: Arc<WatchCounters>,
     tasks: Vec<JoinHandle<()>>,
+    client: Client,
+    node_name: String,
+}
+
+/// Syncs start at most this often: a change after a quiet spell is applied
+/// at once, and the changes of a burst are gathered into one sync per
+/// interval (kube-proxy's minSyncPeriod, on the leading edge).
+const COALESCE: std::time::Duration = std::time::Duration::from_millis(20);
+
+impl ChangeSource for KubeSource {
+    fn name(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    async fn ready(&mut self) -> anyhow::Result<()> {
+        info!("waiting for the initial lists of Services and EndpointSlices before the first write");
+        self.wait_ready().await
+    }
+
+    async fn changed(&mut self) {
+        self.changed.notified().await;
+    }
+
+    async fn gather(&mut self, last_sync: Option<std::time::Instant>) {
+        if let Some(wait) = last_sync.and_then(|at| COALESCE.checked_sub(at.elapsed())) {
+            tokio::time::sleep(wait).await;
+        }
+        // Drops a pending change notice: its change is in the next snapshot.
+        let _ = futures::FutureExt::now_or_never(self.changed.notified());
+    }
+
+    fn snapshot(&mut self) -> Option<Delivery> {
+        let (snapshot, triggers) = self.snapshot_now();
+        Some(Delivery { snapshot, triggers, rejected: 0 })
+    }
+
+    fn everything(&mut self) -> Option<Delivery> {
+        let triggers = self.watched.lock().expect("watched lock").slices.take_triggers();
+        Some(Delivery { snapshot: self.everything_now(), triggers, rejected: 0 })
+    }
+
+    fn started(&self, frontends: usize) {
+        let note = format!("ebpf-proxy translates {frontends} service frontends on this node");
+        announce(&self.client, &self.node_name, "Starting", note);
+    }
 }
 
 impl KubeSource {
@@ -121,11 +166,22 @@ impl KubeSource {
             tokio::spawn(drive(eps_stream, "EndpointSlice", on_slice, counters.clone(), reachability.clone())),
             tokio::spawn(drive(node_stream, "Node", on_node, counters.clone(), reachability)),
         ];
-        Self { services, node, watched, slices_listed, changed, index: SliceIndex::default(), counters, tasks }
+        Self {
+            services,
+            node,
+            watched,
+            slices_listed,
+            changed,
+            index: SliceIndex::default(),
+            counters,
+            tasks,
+            client: client.clone(),
+            node_name: node_name.to_owned(),
+        }
     }
 
     /// Resolves once the initial lists are complete.
-    pub async fn wait_ready(&self) -> anyhow::Result<()> {
+    async fn wait_ready(&self) -> anyhow::Result<()> {
         self.services.wait_until_ready().await?;
         self.slices_listed.clone().wait_for(|listed| *listed).await?;
         self.node.wait_until_ready().await?;
@@ -134,20 +190,10 @@ impl KubeSource {
         Ok(())
     }
 
-    /// Resolves when something changed since the last call.
-    pub async fn changed(&self) {
-        self.changed.notified().await;
-    }
-
-    /// Drops a pending change notice (its change is in the next snapshot).
-    pub fn absorb_pending(&self) {
-        let _ = futures::FutureExt::now_or_never(self.changed.notified());
-    }
-
     /// What changed since the last snapshot (everything, the first time
     /// and after a relist), and the trigger times of the slice versions
     /// that are new since.
-    pub fn snapshot(&mut self) -> (Snapshot, Vec<SystemTime>) {
+    fn snapshot_now(&mut self) -> (Snapshot, Vec<SystemTime>) {
         let mut w = self.watched.lock().expect("watched lock");
         let pending = std::mem::take(&mut w.pending);
         let triggers = w.slices.take_triggers();
@@ -164,12 +210,6 @@ impl KubeSource {
         drop(w);
         let nodes = pending.node.then(|| self.node.state());
         (Snapshot::Changed { services: changed, nodes }, triggers)
-    }
-
-    /// Everything the stores hold (and the trigger times gathered).
-    pub fn everything(&mut self) -> (Snapshot, Vec<SystemTime>) {
-        let triggers = self.watched.lock().expect("watched lock").slices.take_triggers();
-        (self.everything_now(), triggers)
     }
 
     /// Everything the stores hold, the index rebuilt.

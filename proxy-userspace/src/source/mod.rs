@@ -1,5 +1,8 @@
-//! Where Services and EndpointSlices come from.
+//! Where Services and EndpointSlices come from: every source implements
+//! `ChangeSource`.
+pub mod change_source;
 pub mod file;
+pub mod file_source;
 pub mod kube;
 pub mod objects;
 pub mod reachability;
@@ -9,4 +12,5 @@ pub mod slim;
 pub mod stored_slice;
 pub mod tracker;
 
+pub use change_source::{ChangeSource, Delivery};
 pub use objects::{Changed, Objects, Snapshot};

@@ -1,0 +1,325 @@
+//! The sync pipeline, one step at a time: a source says something changed
+//! → the model translates what changed into the desired table → the
+//! reconciler writes the difference into the maps (and owns retries) → the
+//! caller hands the report to the observers (telemetry, session purge,
+//! socket destroy, health checks). See docs/design.md.
+//!
+//! Generic over the source and the maps: the agent runs it with a
+//! Kubernetes or file source and the kernel maps, the tests with a test
+//! source and in-memory maps, the same code.
+use std::{
+    borrow::Cow,
+    net::IpAddr,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use tracing::{debug, error, info, warn};
+
+use crate::{
+    datapath::{ChangeKind, Reconciler, Report, ServiceMaps},
+    metrics::Histogram,
+    model::{Delta, NodeContext, ServiceInput, Severity, TableState},
+    source::{ChangeSource, Delivery, Snapshot, stored_slice::StoredSlice},
+};
+
+/// What the pipeline knows of this node besides its Node object.
+#[derive(Debug, Clone, Default)]
+pub struct NodeSettings {
+    pub node_name: String,
+    /// This node's addresses; empty: those of its Node object.
+    pub node_ips: Vec<IpAddr>,
+    /// kube-proxy's nodePortAddresses: only node addresses in these ranges
+    /// serve NodePorts (empty: all).
+    pub node_port_cidrs: Vec<ipnet::IpNet>,
+}
+
+/// Counters and measurements since start.
+#[derive(Debug, Clone)]
+pub struct Stats {
+    pub objects_rejected: u64,
+    pub problems: u64,
+    pub map_write_failures: u64,
+    /// From an EndpointSlice's last-change-trigger-time to its map write.
+    pub network_programming: Histogram,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self {
+            objects_rejected: 0,
+            problems: 0,
+            map_write_failures: 0,
+            network_programming: Histogram::network_programming(),
+        }
+    }
+}
+
+/// Why the pipeline woke up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The source has something new.
+    Changed,
+    /// Failed writes are due to be tried again.
+    Retry,
+}
+
+/// One sync's outcome, for the observers.
+#[derive(Debug)]
+pub struct Synced {
+    pub report: Report,
+    /// The whole table was compared (first sync, relist, new node context,
+    /// after a failure), not only what changed.
+    pub whole_table: bool,
+    /// From the change reaching the agent to its maps written.
+    pub latency: Duration,
+    /// Time spent writing the maps.
+    pub took: Duration,
+    /// Syncs so far (the first is 1).
+    pub generation: u64,
+}
+
+pub struct Pipeline {
+    settings: NodeSettings,
+    /// The desired table, kept service by service.
+    model: TableState,
+    /// The node the model was translated for (`None`: nothing read yet).
+    node: Option<NodeContext>,
+    reconciler: Reconciler,
+    stats: Stats,
+    generation: u64,
+    /// When the last sync ended.
+    last_sync: Option<Instant>,
+    retry_at: Option<Instant>,
+}
+
+impl Pipeline {
+    /// A pipeline writing through `reconciler` (recovered from the maps).
+    #[must_use]
+    pub fn new(settings: NodeSettings, reconciler: Reconciler) -> Self {
+        Self {
+            settings,
+            model: TableState::default(),
+            node: None,
+            reconciler,
+            stats: Stats::default(),
+            generation: 0,
+            last_sync: None,
+            retry_at: None,
+        }
+    }
+
+    #[must_use]
+    pub const fn reconciler(&self) -> &Reconciler {
+        &self.reconciler
+    }
+
+    #[must_use]
+    pub const fn model(&self) -> &TableState {
+        &self.model
+    }
+
+    #[must_use]
+    pub const fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The node context of the last translation (`None`: nothing read yet).
+    #[must_use]
+    pub const fn node(&self) -> Option<&NodeContext> {
+        self.node.as_ref()
+    }
+
+    /// Resolves when the source has something new, or when failed writes
+    /// are due to be tried again.
+    pub async fn wait(&self, source: &mut impl ChangeSource) -> Wake {
+        tokio::select! {
+            () = source.changed() => Wake::Changed,
+            () = sleep_until(self.retry_at) => Wake::Retry,
+        }
+    }
+
+    /// Reads what woke it, translates it and writes the difference: `None`
+    /// when there is nothing to write (nothing readable yet).
+    pub async fn step(
+        &mut self,
+        wake: Wake,
+        source: &mut impl ChangeSource,
+        maps: &mut impl ServiceMaps,
+    ) -> Option<Synced> {
+        // When the change reached the agent: the latency counts from here.
+        let noticed = Instant::now();
+        let mut triggers = Vec::new();
+        let mut changed = None;
+        if wake == Wake::Changed {
+            source.gather(self.last_sync).await;
+            let delivery = source.snapshot()?;
+            let update = self.take(delivery, source, &mut triggers)?;
+            if !update.full {
+                changed = Some(update.delta.keys);
+            }
+        }
+        self.node.as_ref()?;
+        let started = Instant::now();
+        let report = self.reconciler.sync(maps, self.model.table(), changed.as_ref());
+        let took = started.elapsed();
+        let latency = noticed.elapsed();
+        log_report(&report, started.duration_since(noticed), took);
+        self.stats.map_write_failures += report.failures.len() as u64;
+        self.retry_at = self.reconciler.retry_delay().map(|d| Instant::now() + d);
+        if report.failures.is_empty() {
+            record_latency(&mut self.stats, &triggers);
+        }
+        self.generation += 1;
+        self.last_sync = Some(Instant::now());
+        Some(Synced { report, whole_table: changed.is_none(), latency, took, generation: self.generation })
+    }
+
+    /// Translates a delivery into the model, logging (and counting) each
+    /// problem when it appears and when it goes away. A change of this
+    /// node's context (addresses, zone) translates every service again.
+    fn take(
+        &mut self,
+        delivery: Delivery,
+        source: &mut impl ChangeSource,
+        triggers: &mut Vec<SystemTime>,
+    ) -> Option<Update> {
+        self.stats.objects_rejected += delivery.rejected;
+        triggers.extend(delivery.triggers);
+        let update = match delivery.snapshot {
+            Snapshot::Full { services, slices, nodes } => {
+                let node = self.node_context(&nodes);
+                // Each service's slices are expanded right before it is
+                // translated, and dropped after.
+                let slices = slices.iter().filter_map(|s| Some((s.owner()?.clone(), &**s)));
+                let expand = |s: &StoredSlice| Cow::Owned(s.to_object());
+                let delta = self.model.replace_all_with(services.iter().map(|s| &**s), slices, expand, &node);
+                self.node = Some(node);
+                Update { delta, full: true }
+            }
+            Snapshot::Changed { services, nodes } => {
+                let current = self.node.clone()?;
+                let node = match nodes {
+                    Some(nodes) => self.node_context(&nodes),
+                    None => current.clone(),
+                };
+                if node != current {
+                    let everything = source.everything()?;
+                    return self.take(everything, source, triggers);
+                }
+                let inputs = services.iter().map(|c| {
+                    let input = ServiceInput {
+                        service: c.service.as_deref(),
+                        slices: c.slices.iter().map(|s| Cow::Owned(s.to_object())).collect(),
+                    };
+                    (c.id.clone(), input)
+                });
+                Update { delta: self.model.update(inputs, &node), full: false }
+            }
+        };
+        log_problems(&update.delta, &mut self.stats);
+        Some(update)
+    }
+
+    /// This node's context for a translation: zone and addresses from its
+    /// Node object, addresses from the settings when given; changes are
+    /// logged.
+    fn node_context(&self, nodes: &[Arc<k8s_openapi::api::core::v1::Node>]) -> NodeContext {
+        let settings = &self.settings;
+        let mut node = NodeContext::from_nodes(&settings.node_name, nodes.iter().map(|n| &**n));
+        if !settings.node_ips.is_empty() {
+            node = node.with_ips(settings.node_ips.clone());
+        }
+        node.node_port_ips = crate::config::node_port_addresses(&node.node_ips, &settings.node_port_cidrs);
+        let before = self.node.as_ref();
+        if before.map(|b| &b.node_ips) != Some(&node.node_ips) {
+            info!(node = %settings.node_name, addresses = ?node.node_ips, "node addresses (NodePorts, externalIPs)");
+        }
+        if before.map(|b| &b.zone) != Some(&node.zone) {
+            info!(node = %settings.node_name, zone = ?node.zone, "node zone (for topology hints)");
+        }
+        node
+    }
+}
+
+/// What reading a delivery into the model changed.
+struct Update {
+    delta: Delta,
+    /// Every service was translated (the first read, a relist, a new node
+    /// context): the whole table is compared with the maps.
+    full: bool,
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn log_problems(delta: &Delta, stats: &mut Stats) {
+    for p in &delta.appeared {
+        stats.problems += 1;
+        match p.severity {
+            Severity::Error => error!(object = %p.object, field = %p.field, "{}", p.message),
+            Severity::Warning => warn!(object = %p.object, field = %p.field, "{}", p.message),
+        }
+    }
+    for p in &delta.resolved {
+        info!(problem = %p, "resolved");
+    }
+    for (object, reason) in &delta.skipped {
+        debug!(%object, reason = reason.as_str(), "service not proxied");
+    }
+}
+
+/// Records, for each slice change just applied, the time from its trigger
+/// to now.
+fn record_latency(stats: &mut Stats, triggers: &[SystemTime]) {
+    let now = SystemTime::now();
+    for t in triggers {
+        let seconds = now.duration_since(*t).unwrap_or_default().as_secs_f64();
+        stats.network_programming.observe(seconds);
+        debug!(seconds, "network programming latency");
+    }
+}
+
+/// A sync that changes more frontends than this (a first start, a relist)
+/// logs a summary at info and each change at debug.
+const LOG_EACH_CHANGE_UP_TO: usize = 64;
+
+/// Logs what a sync changed; `read` is the time spent reading and
+/// translating, `took` the time spent writing the maps.
+fn log_report(report: &Report, read: Duration, took: Duration) {
+    let each_at_info = report.changes.len() <= LOG_EACH_CHANGE_UP_TO;
+    for c in &report.changes {
+        if !each_at_info && !tracing::enabled!(tracing::Level::DEBUG) {
+            break;
+        }
+        let added: Vec<String> = c.added.iter().map(ToString::to_string).collect();
+        let removed: Vec<String> = c.removed.iter().map(ToString::to_string).collect();
+        let kind = match c.kind {
+            ChangeKind::Added => "service frontend added",
+            ChangeKind::Updated => "service frontend updated",
+            ChangeKind::Removed => "service frontend removed",
+        };
+        if each_at_info {
+            info!(service = %c.service_port, frontend = %c.frontend, backends = c.backends, ?added, ?removed, "{kind}");
+        } else {
+            debug!(service = %c.service_port, frontend = %c.frontend, backends = c.backends, ?added, ?removed, "{kind}");
+        }
+    }
+    if !each_at_info {
+        let count = |kind| report.changes.iter().filter(|c| c.kind == kind).count();
+        info!(
+            added = count(ChangeKind::Added),
+            updated = count(ChangeKind::Updated),
+            removed = count(ChangeKind::Removed),
+            "service frontends changed (each change is logged at debug level; `ebpf-proxy service list` shows the table)"
+        );
+    }
+    for f in &report.failures {
+        error!(subject = %f.subject, error = %f.error, "map write failed; retrying with backoff, other services are unaffected");
+    }
+    debug!(writes = report.writes, read_us = read.as_micros(), write_us = took.as_micros(), "sync done");
+}
