@@ -14,7 +14,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    time::SystemTime,
+    time::{Duration, Instant},
 };
 
 use futures::{Stream, StreamExt as _};
@@ -24,7 +24,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client, Resource,
-    runtime::{WatchStreamExt as _, reflector, watcher},
+    runtime::{WatchStreamExt as _, watcher},
 };
 use tokio::{
     sync::{Notify, watch},
@@ -33,14 +33,12 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
-    ChangeSource, Changed, Delivery, Snapshot,
+    ChangeSource, Delivery,
     reachability::{Reachability, ReachabilityLayer},
     retry::{Failure, RetrySchedule},
-    slice_store::SliceStore,
     slim::{slim_node, slim_service},
-    tracker::{Pending, SliceIndex},
+    store::ObjectStore,
 };
-use crate::model::ServiceId;
 
 /// Watch events and errors since start (each error is retried, see
 /// `super::retry`).
@@ -52,23 +50,11 @@ pub struct WatchCounters {
     pub relists: AtomicU64,
 }
 
-/// What the watch tasks write and a snapshot reads.
-#[derive(Debug, Default)]
-struct Watched {
-    /// What the events since the last snapshot touched.
-    pending: Pending,
-    slices: SliceStore,
-}
-
 pub struct KubeSource {
-    services: reflector::Store<Service>,
-    /// This node's Node object (its zone label).
-    node: reflector::Store<Node>,
-    watched: Arc<Mutex<Watched>>,
-    slices_listed: watch::Receiver<bool>,
+    /// What the watch tasks write and a snapshot reads.
+    store: Arc<Mutex<ObjectStore>>,
+    listed: watch::Receiver<bool>,
     changed: Arc<Notify>,
-    /// The slices of each service.
-    index: SliceIndex,
     pub counters: Arc<WatchCounters>,
     tasks: Vec<JoinHandle<()>>,
     client: Client,
@@ -78,7 +64,7 @@ pub struct KubeSource {
 /// Syncs start at most this often: a change after a quiet spell is applied
 /// at once, and the changes of a burst are gathered into one sync per
 /// interval (kube-proxy's minSyncPeriod, on the leading edge).
-const COALESCE: std::time::Duration = std::time::Duration::from_millis(20);
+const COALESCE: Duration = Duration::from_millis(20);
 
 impl ChangeSource for KubeSource {
     fn name(&self) -> &'static str {
@@ -87,14 +73,17 @@ impl ChangeSource for KubeSource {
 
     async fn ready(&mut self) -> anyhow::Result<()> {
         info!("waiting for the initial lists of Services and EndpointSlices before the first write");
-        self.wait_ready().await
+        self.listed.wait_for(|listed| *listed).await?;
+        let (services, slices) = self.store.lock().expect("store lock").counts();
+        info!(services, slices, "initial lists complete");
+        Ok(())
     }
 
     async fn changed(&mut self) {
         self.changed.notified().await;
     }
 
-    async fn gather(&mut self, last_sync: Option<std::time::Instant>) {
+    async fn gather(&mut self, last_sync: Option<Instant>) {
         if let Some(wait) = last_sync.and_then(|at| COALESCE.checked_sub(at.elapsed())) {
             tokio::time::sleep(wait).await;
         }
@@ -103,13 +92,11 @@ impl ChangeSource for KubeSource {
     }
 
     fn snapshot(&mut self) -> Option<Delivery> {
-        let (snapshot, triggers) = self.snapshot_now();
-        Some(Delivery { snapshot, triggers, rejected: 0 })
+        Some(self.store.lock().expect("store lock").take())
     }
 
     fn everything(&mut self) -> Option<Delivery> {
-        let triggers = self.watched.lock().expect("watched lock").slices.take_triggers();
-        Some(Delivery { snapshot: self.everything_now(), triggers, rejected: 0 })
+        Some(self.store.lock().expect("store lock").everything())
     }
 
     fn started(&self, frontends: usize) {
@@ -126,105 +113,62 @@ impl KubeSource {
     pub fn start(client: &Client, node_name: &str, reachability: Arc<Reachability>) -> Self {
         let changed = Arc::new(Notify::new());
         let counters = Arc::new(WatchCounters::default());
-        let watched = Arc::new(Mutex::new(Watched { pending: Pending::everything(), ..Watched::default() }));
-        let (services, svc_writer) = reflector::store::<Service>();
-        let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default())
-            .modify(slim_service)
-            .reflect(svc_writer);
+        let store = Arc::new(Mutex::new(ObjectStore::default()));
+        let (listed_tx, listed) = watch::channel(false);
+        // Objects are slimmed as they arrive, before a list page is held.
+        let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default()).modify(slim_service);
         let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default());
-        let (node, node_writer) = reflector::store::<Node>();
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-        let node_stream = watcher(Api::<Node>::all(client.clone()), node_config).modify(slim_node).reflect(node_writer);
-        let (listed_tx, slices_listed) = watch::channel(false);
-        let on_service = recorder(&watched, &changed, |p, event: &watcher::Event<Service>| match event {
-            watcher::Event::Apply(svc) | watcher::Event::Delete(svc) => p.service(svc),
-            watcher::Event::InitDone => p.full = true,
-            watcher::Event::Init | watcher::Event::InitApply(_) => {}
-        });
-        let on_node = recorder(&watched, &changed, |p, event: &watcher::Event<Node>| {
-            if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
-                p.node = true;
-            }
-        });
-        let on_slice = {
-            let (watched, changed) = (watched.clone(), changed.clone());
-            move |event: watcher::Event<EndpointSlice>| {
-                let wakes = !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_));
-                let mut w = watched.lock().expect("watched lock");
-                let Watched { pending, slices } = &mut *w;
-                slices.apply(event, pending);
-                let listed = slices.is_listed();
-                drop(w);
-                listed_tx.send_if_modified(|l| !std::mem::replace(l, listed) && listed);
-                if wakes {
-                    changed.notify_one();
-                }
-            }
-        };
+        let node_stream = watcher(Api::<Node>::all(client.clone()), node_config).modify(slim_node);
+        let feed = Feed { store: store.clone(), changed: changed.clone(), listed: Arc::new(listed_tx) };
         let tasks = vec![
-            tokio::spawn(drive(svc_stream, "Service", on_service, counters.clone(), reachability.clone())),
-            tokio::spawn(drive(eps_stream, "EndpointSlice", on_slice, counters.clone(), reachability.clone())),
-            tokio::spawn(drive(node_stream, "Node", on_node, counters.clone(), reachability)),
+            tokio::spawn(drive(
+                svc_stream,
+                "Service",
+                feed.to(ObjectStore::service_event),
+                counters.clone(),
+                reachability.clone(),
+            )),
+            tokio::spawn(drive(
+                eps_stream,
+                "EndpointSlice",
+                feed.to(ObjectStore::slice_event),
+                counters.clone(),
+                reachability.clone(),
+            )),
+            tokio::spawn(drive(node_stream, "Node", feed.to(ObjectStore::node_event), counters.clone(), reachability)),
         ];
-        Self {
-            services,
-            node,
-            watched,
-            slices_listed,
-            changed,
-            index: SliceIndex::default(),
-            counters,
-            tasks,
-            client: client.clone(),
-            node_name: node_name.to_owned(),
+        Self { store, listed, changed, counters, tasks, client: client.clone(), node_name: node_name.to_owned() }
+    }
+}
+
+/// Hands a watch's events to the store, and tells the pipeline.
+struct Feed {
+    store: Arc<Mutex<ObjectStore>>,
+    changed: Arc<Notify>,
+    listed: Arc<watch::Sender<bool>>,
+}
+
+impl Feed {
+    /// An event handler that gives each event to `apply`, marks the store
+    /// listed once every first list is complete, and wakes the pipeline for
+    /// all but list progress.
+    fn to<K: 'static>(
+        &self,
+        apply: fn(&mut ObjectStore, watcher::Event<K>),
+    ) -> impl FnMut(watcher::Event<K>) + Send + 'static {
+        let (store, changed, listed) = (self.store.clone(), self.changed.clone(), self.listed.clone());
+        move |event| {
+            let wakes = !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_));
+            let mut s = store.lock().expect("store lock");
+            apply(&mut s, event);
+            let is_listed = s.is_listed();
+            drop(s);
+            listed.send_if_modified(|l| !std::mem::replace(l, is_listed) && is_listed);
+            if wakes {
+                changed.notify_one();
+            }
         }
-    }
-
-    /// Resolves once the initial lists are complete.
-    async fn wait_ready(&self) -> anyhow::Result<()> {
-        self.services.wait_until_ready().await?;
-        self.slices_listed.clone().wait_for(|listed| *listed).await?;
-        self.node.wait_until_ready().await?;
-        let slices = self.watched.lock().expect("watched lock").slices.len();
-        info!(services = self.services.state().len(), slices, "initial lists complete");
-        Ok(())
-    }
-
-    /// What changed since the last snapshot (everything, the first time
-    /// and after a relist), and the trigger times of the slice versions
-    /// that are new since.
-    fn snapshot_now(&mut self) -> (Snapshot, Vec<SystemTime>) {
-        let mut w = self.watched.lock().expect("watched lock");
-        let pending = std::mem::take(&mut w.pending);
-        let triggers = w.slices.take_triggers();
-        if pending.full {
-            drop(w);
-            return (self.everything_now(), triggers);
-        }
-        let mut services = pending.services;
-        for id in pending.slices {
-            let now = w.slices.get(&id);
-            self.index.set(id, now.as_deref(), &mut services);
-        }
-        let changed = services.into_iter().map(|id| self.service(&w.slices, id)).collect();
-        drop(w);
-        let nodes = pending.node.then(|| self.node.state());
-        (Snapshot::Changed { services: changed, nodes }, triggers)
-    }
-
-    /// Everything the stores hold, the index rebuilt.
-    fn everything_now(&mut self) -> Snapshot {
-        let services = self.services.state();
-        let slices = self.watched.lock().expect("watched lock").slices.all();
-        self.index.rebuild(slices.iter().map(|s| &**s));
-        Snapshot::Full { services, slices, nodes: self.node.state() }
-    }
-
-    /// One service's objects as the stores hold them now.
-    fn service(&self, slices: &SliceStore, id: ServiceId) -> Changed {
-        let service = self.services.get(&reflector::ObjectRef::new(&id.1).within(&id.0));
-        let slices = self.index.slices_of(&id).filter_map(|s| slices.get(s)).collect();
-        Changed { id, service, slices }
     }
 }
 
@@ -232,22 +176,6 @@ impl Drop for KubeSource {
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
-        }
-    }
-}
-
-/// A watch's event handler that records in `pending` what the event
-/// touched (`record`), and wakes the agent for all but list progress.
-fn recorder<K: 'static>(
-    watched: &Arc<Mutex<Watched>>,
-    changed: &Arc<Notify>,
-    record: fn(&mut Pending, &watcher::Event<K>),
-) -> impl FnMut(watcher::Event<K>) + Send + 'static {
-    let (watched, changed) = (watched.clone(), changed.clone());
-    move |event| {
-        record(&mut watched.lock().expect("watched lock").pending, &event);
-        if !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
-            changed.notify_one();
         }
     }
 }
@@ -294,7 +222,7 @@ async fn drive<K: Resource>(
 /// A list in progress (the first, or a relist), for its log line.
 #[derive(Default)]
 struct ListProgress {
-    started: Option<std::time::Instant>,
+    started: Option<Instant>,
     objects: usize,
     lists: u64,
 }
@@ -303,7 +231,7 @@ impl ListProgress {
     fn follow<K>(&mut self, kind: &'static str, event: &watcher::Event<K>) {
         match event {
             watcher::Event::Init => {
-                self.started = Some(std::time::Instant::now());
+                self.started = Some(Instant::now());
                 self.objects = 0;
             }
             watcher::Event::InitApply(_) => self.objects += 1,

@@ -7,8 +7,8 @@ pub mod kube;
 pub mod objects;
 pub mod reachability;
 pub mod retry;
-pub mod slice_store;
 pub mod slim;
+pub mod store;
 pub mod stored_slice;
 pub mod tracker;
 

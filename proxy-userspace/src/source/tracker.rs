@@ -1,52 +1,9 @@
-//! Which services changed since the agent last read the stores, from the
-//! watch events, and which EndpointSlices name each service (an index kept
-//! in step), so a change is read and translated for its service alone.
+//! Which EndpointSlices name each service (an index kept in step with the
+//! watch events), so a change is read and translated for its service alone.
 use std::collections::{BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::Service;
-
 use super::stored_slice::{SliceId, StoredSlice};
-use crate::model::{ServiceId, service_id};
-
-/// What the watch events since the last read touched.
-#[derive(Debug, Default)]
-pub struct Pending {
-    /// Everything must be read again: the first lists, or a relist (after
-    /// a 410 or a reconnect) that may have missed deletions.
-    pub full: bool,
-    /// This node's Node object changed (its zone or addresses may have).
-    pub node: bool,
-    /// Services whose Service changed, or one of whose slices did.
-    pub services: BTreeSet<ServiceId>,
-    /// Slices that changed: a slice may have moved to another service, so
-    /// the one it named before is found through the index.
-    pub slices: BTreeSet<SliceId>,
-}
-
-impl Pending {
-    /// Everything pending: the state before the first lists.
-    #[must_use]
-    pub fn everything() -> Self {
-        Self { full: true, node: true, ..Self::default() }
-    }
-
-    pub fn service(&mut self, svc: &Service) {
-        self.services.insert(service_id(svc));
-    }
-
-    pub fn slice(&mut self, slice: &StoredSlice) {
-        self.slices.insert(slice.id());
-        if let Some(owner) = slice.owner() {
-            self.services.insert(owner.clone());
-        }
-    }
-
-    /// Whether nothing is pending.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        !self.full && !self.node && self.services.is_empty() && self.slices.is_empty()
-    }
-}
+use crate::model::ServiceId;
 
 /// The slices of each service, as the `kubernetes.io/service-name` label
 /// says.
@@ -149,16 +106,6 @@ mod tests {
         index.set(id("a", "web-2"), Some(&slice("a", "web-2", None)), &mut touched);
         assert_eq!(touched, BTreeSet::from([id("a", "web")]));
         assert!(index.is_empty());
-    }
-
-    #[test]
-    fn pending_names_the_owner_of_a_changed_slice() {
-        let mut pending = Pending::default();
-        assert!(pending.is_empty());
-        pending.slice(&slice("a", "web-1", Some("web")));
-        assert_eq!(pending.services, BTreeSet::from([id("a", "web")]));
-        assert_eq!(pending.slices, BTreeSet::from([id("a", "web-1")]));
-        assert!(!pending.full && Pending::everything().full);
     }
 
     proptest! {

@@ -1,0 +1,388 @@
+//! The objects a watching source holds, and what changed since the pipeline
+//! last read them. It is fed watch events (kube-runtime's
+//! `watcher::Event`: a list or relist, then changes): by the Kubernetes
+//! source's watch tasks, or directly by a test, so the same store is
+//! tested without an API server.
+//!
+//! A relist updates the objects in place and removes, when it is complete,
+//! those it did not see: the store never holds two copies of the cluster,
+//! and never shows it empty. Every object it holds is a version the API
+//! server sent, so a read in the middle of a relist sees real objects,
+//! only some of them newer; the relist's end asks for a full read.
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    hash::Hash,
+    sync::Arc,
+    time::SystemTime,
+};
+
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Service},
+        discovery::v1::EndpointSlice,
+    },
+    jiff::Timestamp,
+};
+use kube::runtime::watcher::Event;
+
+use super::{
+    Changed, Delivery, Snapshot,
+    slim::{slim_node, slim_service},
+    stored_slice::{SliceId, StoredSlice},
+    tracker::SliceIndex,
+};
+use crate::model::{ServiceId, service_id};
+
+/// The objects of one kind, by id, with a relist in progress.
+#[derive(Debug)]
+struct Kind<K, V> {
+    live: HashMap<K, Arc<V>>,
+    /// The ids a relist in progress has seen.
+    relist: Option<HashSet<K>>,
+    /// The first list is complete.
+    listed: bool,
+}
+
+impl<K, V> Default for Kind<K, V> {
+    fn default() -> Self {
+        Self { live: HashMap::new(), relist: None, listed: false }
+    }
+}
+
+impl<K: Clone + Eq + Hash, V> Kind<K, V> {
+    fn begin_list(&mut self) {
+        self.relist = Some(HashSet::new());
+    }
+
+    /// Puts `value` in place; returns what it replaced.
+    fn upsert(&mut self, id: K, value: V) -> Option<Arc<V>> {
+        if let Some(seen) = self.relist.as_mut() {
+            seen.insert(id.clone());
+        }
+        self.live.insert(id, Arc::new(value))
+    }
+
+    fn remove(&mut self, id: &K) -> Option<Arc<V>> {
+        self.live.remove(id)
+    }
+
+    /// Ends a list: removes what it did not see; returns those ids.
+    fn end_list(&mut self) -> Vec<K> {
+        self.listed = true;
+        let Some(seen) = self.relist.take() else { return Vec::new() };
+        let gone: Vec<K> = self.live.keys().filter(|id| !seen.contains(*id)).cloned().collect();
+        for id in &gone {
+            self.live.remove(id);
+        }
+        gone
+    }
+
+    fn get(&self, id: &K) -> Option<Arc<V>> {
+        self.live.get(id).cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<V>> {
+        self.live.values().cloned().collect()
+    }
+}
+
+/// What changed since the last read.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Everything must be read again: the first lists, or a relist (which
+    /// may have missed deletions and changes).
+    full: bool,
+    /// This node's Node object changed (its zone or addresses may have).
+    node: bool,
+    /// Services whose Service changed, or one of whose slices did.
+    services: BTreeSet<ServiceId>,
+}
+
+#[derive(Debug)]
+pub struct ObjectStore {
+    services: Kind<ServiceId, Service>,
+    slices: Kind<SliceId, StoredSlice>,
+    nodes: Kind<String, Node>,
+    /// The slices of each service.
+    index: SliceIndex,
+    pending: Pending,
+    /// Trigger times of slice versions that arrived since the last read
+    /// (none from the first list: those changes happened before start).
+    triggers: Vec<SystemTime>,
+}
+
+impl Default for ObjectStore {
+    fn default() -> Self {
+        Self {
+            services: Kind::default(),
+            slices: Kind::default(),
+            nodes: Kind::default(),
+            index: SliceIndex::default(),
+            pending: Pending { full: true, node: true, services: BTreeSet::new() },
+            triggers: Vec::new(),
+        }
+    }
+}
+
+impl ObjectStore {
+    /// Takes in a Service watch event.
+    pub fn service_event(&mut self, event: Event<Service>) {
+        match event {
+            Event::Init => self.services.begin_list(),
+            Event::InitApply(mut svc) => {
+                slim_service(&mut svc);
+                self.services.upsert(service_id(&svc), svc);
+            }
+            Event::InitDone => {
+                self.services.end_list();
+                self.pending.full = true;
+            }
+            Event::Apply(mut svc) => {
+                slim_service(&mut svc);
+                let id = service_id(&svc);
+                self.pending.services.insert(id.clone());
+                self.services.upsert(id, svc);
+            }
+            Event::Delete(svc) => {
+                let id = service_id(&svc);
+                self.services.remove(&id);
+                self.pending.services.insert(id);
+            }
+        }
+    }
+
+    /// Takes in an EndpointSlice watch event.
+    pub fn slice_event(&mut self, event: Event<EndpointSlice>) {
+        match event {
+            Event::Init => self.slices.begin_list(),
+            Event::InitApply(obj) => {
+                let slice = StoredSlice::from(obj);
+                let id = slice.id();
+                let mut touched = BTreeSet::new();
+                self.index.set(id.clone(), Some(&slice), &mut touched);
+                let listed = self.slices.listed;
+                let version = slice.resource_version.clone();
+                let trigger = trigger_time(&slice);
+                let old = self.slices.upsert(id, slice);
+                if listed && old.is_none_or(|o| o.resource_version != version) {
+                    self.triggers.extend(trigger);
+                }
+            }
+            Event::InitDone => {
+                for id in self.slices.end_list() {
+                    self.index.set(id, None, &mut BTreeSet::new());
+                }
+                self.pending.full = true;
+            }
+            Event::Apply(obj) => {
+                let slice = StoredSlice::from(obj);
+                self.triggers.extend(trigger_time(&slice));
+                let id = slice.id();
+                self.index.set(id.clone(), Some(&slice), &mut self.pending.services);
+                self.slices.upsert(id, slice);
+            }
+            Event::Delete(obj) => {
+                let id = StoredSlice::from(obj).id();
+                self.index.set(id.clone(), None, &mut self.pending.services);
+                self.slices.remove(&id);
+            }
+        }
+    }
+
+    /// Takes in a Node watch event (the source watches this node's only).
+    pub fn node_event(&mut self, event: Event<Node>) {
+        let name = |n: &Node| n.metadata.name.clone().unwrap_or_default();
+        match event {
+            Event::Init => self.nodes.begin_list(),
+            Event::InitApply(mut node) => {
+                slim_node(&mut node);
+                self.nodes.upsert(name(&node), node);
+            }
+            Event::InitDone => {
+                self.nodes.end_list();
+                self.pending.node = true;
+            }
+            Event::Apply(mut node) => {
+                slim_node(&mut node);
+                self.nodes.upsert(name(&node), node);
+                self.pending.node = true;
+            }
+            Event::Delete(node) => {
+                self.nodes.remove(&name(&node));
+                self.pending.node = true;
+            }
+        }
+    }
+
+    /// Whether every first list is complete.
+    #[must_use]
+    pub fn is_listed(&self) -> bool {
+        self.services.listed && self.slices.listed && self.nodes.listed
+    }
+
+    /// Whether the slices' first list is complete.
+    #[must_use]
+    pub fn slices_listed(&self) -> bool {
+        self.slices.listed
+    }
+
+    /// Whether anything changed since the last read.
+    #[must_use]
+    pub fn has_pending(&self) -> bool {
+        self.pending.full || self.pending.node || !self.pending.services.is_empty()
+    }
+
+    /// What changed since the last read (everything, the first time and
+    /// after a relist).
+    pub fn take(&mut self) -> Delivery {
+        let pending = std::mem::take(&mut self.pending);
+        if pending.full {
+            return self.everything();
+        }
+        let services = pending.services.into_iter().map(|id| self.service(id)).collect();
+        let nodes = pending.node.then(|| self.nodes.all());
+        Delivery {
+            snapshot: Snapshot::Changed { services, nodes },
+            triggers: std::mem::take(&mut self.triggers),
+            rejected: 0,
+        }
+    }
+
+    /// Everything the store holds.
+    pub fn everything(&mut self) -> Delivery {
+        self.pending = Pending::default();
+        let snapshot =
+            Snapshot::Full { services: self.services.all(), slices: self.slices.all(), nodes: self.nodes.all() };
+        Delivery { snapshot, triggers: std::mem::take(&mut self.triggers), rejected: 0 }
+    }
+
+    /// One service's objects as the store holds them now.
+    fn service(&self, id: ServiceId) -> Changed {
+        let service = self.services.get(&id);
+        let slices = self.index.slices_of(&id).filter_map(|s| self.slices.get(s)).collect();
+        Changed { id, service, slices }
+    }
+
+    /// Objects held: Services, EndpointSlices.
+    #[must_use]
+    pub fn counts(&self) -> (usize, usize) {
+        (self.services.live.len(), self.slices.live.len())
+    }
+}
+
+fn trigger_time(slice: &StoredSlice) -> Option<SystemTime> {
+    slice.trigger_time.as_deref()?.parse::<Timestamp>().ok().map(SystemTime::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn meta(name: &str, version: &str) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some("ns".into()),
+            name: Some(name.into()),
+            resource_version: Some(version.into()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    fn slice(name: &str, service: &str, version: &str, trigger: &str) -> EndpointSlice {
+        let mut metadata = meta(name, version);
+        metadata.labels = Some(BTreeMap::from([("kubernetes.io/service-name".into(), service.into())]));
+        metadata.annotations =
+            Some(BTreeMap::from([("endpoints.kubernetes.io/last-change-trigger-time".into(), trigger.into())]));
+        EndpointSlice { metadata, address_type: "IPv4".into(), ..EndpointSlice::default() }
+    }
+
+    fn service(name: &str, version: &str) -> Service {
+        Service { metadata: meta(name, version), ..Service::default() }
+    }
+
+    fn id(name: &str) -> (String, String) {
+        ("ns".into(), name.into())
+    }
+
+    fn listed() -> ObjectStore {
+        let mut store = ObjectStore::default();
+        store.node_event(Event::Init);
+        store.node_event(Event::InitDone);
+        store.service_event(Event::Init);
+        store.service_event(Event::InitApply(service("web", "1")));
+        store.service_event(Event::InitDone);
+        store.slice_event(Event::Init);
+        store.slice_event(Event::InitApply(slice("a", "web", "1", "2026-01-01T00:00:00Z")));
+        assert!(!store.is_listed(), "not before every list is complete");
+        store.slice_event(Event::InitDone);
+        assert!(store.is_listed());
+        store
+    }
+
+    fn changed_services(delivery: &Delivery) -> Vec<ServiceId> {
+        match &delivery.snapshot {
+            Snapshot::Changed { services, .. } => services.iter().map(|c| c.id.clone()).collect(),
+            Snapshot::Full { .. } => panic!("a full snapshot"),
+        }
+    }
+
+    #[test]
+    fn the_first_read_is_everything_without_triggers() {
+        let mut store = listed();
+        let first = store.take();
+        assert!(matches!(first.snapshot, Snapshot::Full { ref services, ref slices, .. } if services.len() == 1 && slices.len() == 1));
+        assert!(first.triggers.is_empty(), "the first list's changes happened before start");
+        assert!(!store.has_pending());
+    }
+
+    #[test]
+    fn a_change_names_its_service_and_carries_its_trigger() {
+        let mut store = listed();
+        store.take();
+        store.slice_event(Event::Apply(slice("b", "web", "2", "2026-01-01T00:00:01Z")));
+        let d = store.take();
+        assert_eq!(changed_services(&d), [id("web")]);
+        assert_eq!(d.triggers.len(), 1);
+        let Snapshot::Changed { services, .. } = d.snapshot else { unreachable!() };
+        assert_eq!(services[0].slices.len(), 2, "both slices of web");
+        // A slice that moves to another service touches both.
+        store.slice_event(Event::Apply(slice("b", "api", "3", "2026-01-01T00:00:02Z")));
+        assert_eq!(changed_services(&store.take()), [id("api"), id("web")]);
+    }
+
+    #[test]
+    fn a_relist_updates_in_place_and_removes_what_it_did_not_see_at_its_end() {
+        let mut store = listed();
+        store.slice_event(Event::Apply(slice("b", "web", "2", "2026-01-01T00:00:01Z")));
+        store.take();
+        // A relist: a unchanged, b at a new version, c new; a service gone.
+        store.slice_event(Event::Init);
+        store.slice_event(Event::InitApply(slice("b", "web", "3", "2026-01-01T00:00:02Z")));
+        store.slice_event(Event::InitApply(slice("c", "web", "1", "2026-01-01T00:00:03Z")));
+        assert_eq!(store.counts().1, 3, "nothing is removed before the relist is done");
+        store.slice_event(Event::InitDone);
+        assert_eq!(store.counts().1, 2, "a was not in the relist");
+        store.service_event(Event::Init);
+        store.service_event(Event::InitDone);
+        let d = store.take();
+        let Snapshot::Full { services, slices, .. } = &d.snapshot else { panic!("a relist reads everything") };
+        assert!(services.is_empty());
+        assert_eq!(slices.len(), 2);
+        assert_eq!(d.triggers.len(), 2, "b's new version and c");
+    }
+
+    #[test]
+    fn deletions_are_pending_for_their_service() {
+        let mut store = listed();
+        store.take();
+        store.service_event(Event::Delete(service("web", "1")));
+        let d = store.take();
+        let Snapshot::Changed { services, nodes } = d.snapshot else { panic!("full") };
+        assert!(services[0].service.is_none() && services[0].slices.len() == 1 && nodes.is_none());
+        store.slice_event(Event::Delete(slice("a", "web", "1", "")));
+        assert_eq!(changed_services(&store.take()), [id("web")]);
+    }
+}
