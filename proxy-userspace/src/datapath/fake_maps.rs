@@ -1,4 +1,5 @@
-//! In-memory maps for the reconciler's tests. After every single write they
+//! In-memory maps, for the tests of the reconciler and the pipeline (they
+//! need no kernel). After every single write they
 //! check what a reader in the kernel relies on, and they can fail a chosen
 //! write or refuse entries past a capacity, as a full kernel map does.
 use std::collections::BTreeMap;

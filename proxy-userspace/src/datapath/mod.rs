@@ -1,6 +1,7 @@
 //! Everything that touches the kernel: loading and attaching the programs,
 //! and keeping the maps equal to the desired table. Only this module knows aya.
 pub mod counters;
+pub mod fake_maps;
 mod ids;
 pub mod inspect;
 pub mod links;
@@ -16,7 +17,5 @@ mod sys;
 pub use maps::{KernelMaps, MapError, ServiceMaps};
 pub use reconcile::{Change, ChangeKind, Reconciler, Report};
 
-#[cfg(test)]
-mod fake_maps;
 #[cfg(test)]
 mod reconcile_tests;

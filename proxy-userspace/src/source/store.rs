@@ -333,7 +333,9 @@ mod tests {
     fn the_first_read_is_everything_without_triggers() {
         let mut store = listed();
         let first = store.take();
-        assert!(matches!(first.snapshot, Snapshot::Full { ref services, ref slices, .. } if services.len() == 1 && slices.len() == 1));
+        assert!(
+            matches!(first.snapshot, Snapshot::Full { ref services, ref slices, .. } if services.len() == 1 && slices.len() == 1)
+        );
         assert!(first.triggers.is_empty(), "the first list's changes happened before start");
         assert!(!store.has_pending());
     }

@@ -1,0 +1,375 @@
+//! The whole sync pipeline, table-driven, without a kernel or root: each
+//! file in tests/sync-cases is a case (a txtar-like script, as Cilium tests
+//! its load balancer): watch events of real Service, EndpointSlice and Node
+//! objects, faults, restarts, and after each step the maps the pipeline
+//! wrote, as `ebpf-proxy service list` shows them.
+//!
+//! A case file is a sequence of sections, each opened by a `-- NAME --`
+//! line (lines before the first, and lines starting with `#` in a step,
+//! are comments):
+//! - `config`: YAML with `node` (this node's name, default `node-a`),
+//!   `nodeIPs`, `nodePortAddresses`;
+//! - `list` / `relist`: the objects below (a YAML stream, as `kubectl get
+//!   -o yaml` prints them) as a complete list of every kind; `relist` is
+//!   what follows an expired watch (410 Gone); a line `#include PATH` takes
+//!   in a file (relative to the case file), such as the captures of a real
+//!   API server in tests/fixtures/real-apiserver;
+//! - `apply` / `delete`: watch events for the objects below;
+//! - `fail N`: the Nth write of the next sync fails (as the kernel can);
+//! - `capacity N`: every map takes at most N entries from now on;
+//! - `restart`: a new agent: it reads the maps back and lists everything;
+//! - `upgrade`: a new agent with a new map layout: it fills empty maps;
+//! - `retry`: the retry of failed writes comes due (a sync runs);
+//! - `maps`: the expected state: a sync runs first if anything changed, and
+//!   the first line is `# writes W, failures F` of the syncs since the last
+//!   `maps` (`# no sync` when none ran).
+//!
+//! `UPDATE_SYNC_CASES=1 cargo test --test sync_cases` rewrites the `maps`
+//! sections with what the pipeline did (review the diff!).
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+};
+
+use ebpf_proxy::{
+    datapath::{Reconciler, ServiceMaps as _, fake_maps::FakeMaps, inspect},
+    pipeline::{NodeSettings, Pipeline, Wake},
+    source::{ChangeSource, Delivery, file, store::ObjectStore},
+};
+use kube::runtime::watcher::Event;
+
+/// A source a test feeds with watch events.
+#[derive(Default)]
+struct TestSource {
+    store: ObjectStore,
+    /// Objects that did not parse since the last delivery.
+    rejected: u64,
+}
+
+impl ChangeSource for TestSource {
+    fn name(&self) -> &'static str {
+        "test"
+    }
+
+    async fn changed(&mut self) {
+        if !self.store.has_pending() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    fn snapshot(&mut self) -> Option<Delivery> {
+        let mut delivery = self.store.take();
+        delivery.rejected = std::mem::take(&mut self.rejected);
+        Some(delivery)
+    }
+
+    fn everything(&mut self) -> Option<Delivery> {
+        Some(self.store.everything())
+    }
+}
+
+impl TestSource {
+    /// A complete list (or relist) of every kind: `objects`.
+    fn list(&mut self, objects: file::Parsed) {
+        self.rejected += objects.errors.len() as u64;
+        let s = &mut self.store;
+        s.service_event(Event::Init);
+        objects.objects.services.into_iter().for_each(|o| s.service_event(Event::InitApply(o)));
+        s.service_event(Event::InitDone);
+        s.slice_event(Event::Init);
+        objects.objects.slices.into_iter().for_each(|o| s.slice_event(Event::InitApply(o)));
+        s.slice_event(Event::InitDone);
+        s.node_event(Event::Init);
+        objects.objects.nodes.into_iter().for_each(|o| s.node_event(Event::InitApply(o)));
+        s.node_event(Event::InitDone);
+    }
+
+    fn apply(&mut self, objects: file::Parsed) {
+        self.rejected += objects.errors.len() as u64;
+        let s = &mut self.store;
+        objects.objects.services.into_iter().for_each(|o| s.service_event(Event::Apply(o)));
+        objects.objects.slices.into_iter().for_each(|o| s.slice_event(Event::Apply(o)));
+        objects.objects.nodes.into_iter().for_each(|o| s.node_event(Event::Apply(o)));
+    }
+
+    fn delete(&mut self, objects: file::Parsed) {
+        let s = &mut self.store;
+        objects.objects.services.into_iter().for_each(|o| s.service_event(Event::Delete(o)));
+        objects.objects.slices.into_iter().for_each(|o| s.slice_event(Event::Delete(o)));
+        objects.objects.nodes.into_iter().for_each(|o| s.node_event(Event::Delete(o)));
+    }
+}
+
+/// One section of a case file.
+struct Section {
+    name: String,
+    body: String,
+    /// Line number of the `-- NAME --` line (1-based).
+    line: usize,
+}
+
+/// `body` with each `#include PATH` line replaced by the file's text.
+fn expand(body: &str, dir: &Path) -> Result<String, String> {
+    let mut out = String::new();
+    for line in body.lines() {
+        if let Some(path) = line.strip_prefix("#include ") {
+            let path = dir.join(path.trim());
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            out.push_str("---\n");
+            out.push_str(&text);
+            out.push_str("\n---\n");
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+fn sections(text: &str) -> Vec<Section> {
+    let mut out: Vec<Section> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if let Some(name) = line.strip_prefix("-- ").and_then(|l| l.strip_suffix(" --")) {
+            out.push(Section { name: name.trim().to_owned(), body: String::new(), line: i + 1 });
+        } else if let Some(section) = out.last_mut() {
+            section.body.push_str(line);
+            section.body.push('\n');
+        }
+    }
+    out
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct CaseConfig {
+    node: Option<String>,
+    #[serde(default, rename = "nodeIPs")]
+    node_ips: Vec<std::net::IpAddr>,
+    #[serde(default)]
+    node_port_addresses: Vec<String>,
+}
+
+/// The agent of a case: a pipeline over the test source and the maps.
+struct Agent {
+    settings: NodeSettings,
+    source: TestSource,
+    pipeline: Pipeline,
+    /// Every object as the cluster has it now (for a restart's list).
+    cluster: String,
+}
+
+impl Agent {
+    fn new(settings: NodeSettings, maps: &mut FakeMaps, cluster: String) -> Result<Self, String> {
+        let (reconciler, _) = Reconciler::recover(maps).map_err(|e| format!("recover: {e}"))?;
+        let mut source = TestSource::default();
+        source.list(parse(&cluster)?);
+        Ok(Self { pipeline: Pipeline::new(settings.clone(), reconciler), settings, source, cluster })
+    }
+}
+
+fn parse(yaml: &str) -> Result<file::Parsed, String> {
+    file::parse(yaml).map_err(|e| format!("not YAML: {e}"))
+}
+
+/// The cluster's objects after `apply`/`delete` of `body`, as YAML text
+/// (later documents with the same kind/namespace/name win).
+fn merge_cluster(cluster: &str, body: &str, delete: bool) -> String {
+    let key = |doc: &serde_yaml::Value| {
+        let meta = &doc["metadata"];
+        (
+            doc["kind"].as_str().unwrap_or_default().to_owned(),
+            meta["namespace"].as_str().unwrap_or("default").to_owned(),
+            meta["name"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    let docs = |text: &str| -> Vec<serde_yaml::Value> {
+        serde_yaml::Deserializer::from_str(text)
+            .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+            .filter(|v: &serde_yaml::Value| !v.is_null())
+            .collect()
+    };
+    let changes = docs(body);
+    let mut all: Vec<serde_yaml::Value> =
+        docs(cluster).into_iter().filter(|d| !changes.iter().any(|c| key(c) == key(d))).collect();
+    if !delete {
+        all.extend(changes);
+    }
+    let mut out = String::new();
+    for d in &all {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(d).expect("YAML"));
+    }
+    out
+}
+
+fn run_case(path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let sections = sections(&text);
+    let mut config = CaseConfig::default();
+    let mut maps = FakeMaps::default();
+    let mut agent: Option<Agent> = None;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+    let mut actual_maps: Vec<(usize, String)> = Vec::new();
+    let mut mismatches = String::new();
+    // Writes and failures of the syncs since the last `maps`.
+    let mut synced: Option<(usize, usize)> = None;
+    let count = |synced: &mut Option<(usize, usize)>, s: &ebpf_proxy::pipeline::Synced| {
+        let (w, f) = synced.get_or_insert((0, 0));
+        *w += s.report.writes;
+        *f += s.report.failures.len();
+    };
+    let dir = path.parent().expect("a case file's folder");
+    for section in &sections {
+        let at = |e: String| format!("{}:{}: {e}", path.display(), section.line);
+        let body = expand(&section.body, dir).map_err(at)?;
+        let mut words = section.name.split_whitespace();
+        let verb = words.next().unwrap_or_default();
+        let number = || -> Result<usize, String> {
+            words.clone().next().and_then(|n| n.parse().ok()).ok_or_else(|| at(format!("`{verb} N` needs a number")))
+        };
+        let settings = || NodeSettings {
+            node_name: config.node.clone().unwrap_or_else(|| "node-a".to_owned()),
+            node_ips: config.node_ips.clone(),
+            node_port_cidrs: config.node_port_addresses.iter().filter_map(|c| c.parse().ok()).collect(),
+        };
+        match verb {
+            "config" => config = serde_yaml::from_str(&section.body).map_err(|e| at(e.to_string()))?,
+            "list" | "relist" if agent.is_none() => {
+                agent = Some(Agent::new(settings(), &mut maps, body).map_err(at)?);
+            }
+            "list" | "relist" => {
+                let a = agent.as_mut().expect("checked");
+                a.source.list(parse(&body).map_err(at)?);
+                a.cluster = body;
+            }
+            "apply" | "delete" => {
+                let a = agent.as_mut().ok_or_else(|| at("no `list` before".into()))?;
+                a.cluster = merge_cluster(&a.cluster, &body, verb == "delete");
+                let objects = parse(&body).map_err(at)?;
+                if verb == "apply" { a.source.apply(objects) } else { a.source.delete(objects) }
+            }
+            "fail" => maps.fail_at = Some(maps.ops + number()? - 1),
+            "capacity" => maps.capacity = Some(number()?),
+            "restart" | "upgrade" => {
+                let a = agent.take().ok_or_else(|| at("no `list` before".into()))?;
+                if verb == "upgrade" {
+                    maps = FakeMaps { capacity: maps.capacity, ..FakeMaps::default() };
+                }
+                agent = Some(Agent::new(a.settings, &mut maps, a.cluster).map_err(at)?);
+            }
+            "retry" => {
+                let a = agent.as_mut().ok_or_else(|| at("no `list` before".into()))?;
+                let s = runtime.block_on(a.pipeline.step(Wake::Retry, &mut a.source, &mut maps));
+                count(&mut synced, &s.ok_or_else(|| at("nothing to retry".into()))?);
+            }
+            "maps" => {
+                let a = agent.as_mut().ok_or_else(|| at("no `list` before".into()))?;
+                if a.source.store.has_pending()
+                    && let Some(s) = runtime.block_on(a.pipeline.step(Wake::Changed, &mut a.source, &mut maps))
+                {
+                    count(&mut synced, &s);
+                }
+                let actual = render(synced.take(), &maps, a).map_err(at)?;
+                let expected = normalized(&section.body);
+                if expected.trim_end() != actual.trim_end() {
+                    let _ = write!(
+                        mismatches,
+                        "{}:{}: maps differ\n--- expected\n{expected}--- actual\n{actual}",
+                        path.display(),
+                        section.line
+                    );
+                }
+                actual_maps.push((section.line, actual));
+            }
+            other => return Err(at(format!("unknown section `{other}`"))),
+        }
+    }
+    if std::env::var_os("UPDATE_SYNC_CASES").is_some() {
+        rewrite(path, &text, &actual_maps).map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    if actual_maps.is_empty() {
+        return Err(format!("{}: no `maps` section: the case checks nothing", path.display()));
+    }
+    if mismatches.is_empty() { Ok(()) } else { Err(mismatches) }
+}
+
+/// What a `maps` section expects: the writes and failures of the syncs
+/// since the last one, the maps as `ebpf-proxy service list` shows them,
+/// the entries of each map, and the pipeline's counts of bad input.
+fn render(synced: Option<(usize, usize)>, maps: &FakeMaps, agent: &Agent) -> Result<String, String> {
+    let mut out = String::new();
+    match synced {
+        Some((writes, failures)) => {
+            let _ = writeln!(out, "# writes {writes}, failures {failures}");
+        }
+        None => out.push_str("# no sync\n"),
+    }
+    let dump = maps.dump().map_err(|e| e.to_string())?;
+    out.push_str(&inspect::table(&inspect::frontends(&dump)));
+    let _ = writeln!(
+        out,
+        "entries: services {} backends {} rev-nat {} maglev {} source-ranges {}",
+        dump.services.len(),
+        dump.backends.len(),
+        dump.rev_nat.len(),
+        dump.maglev.len(),
+        dump.source_ranges.len()
+    );
+    let stats = agent.pipeline.stats();
+    if stats.objects_rejected + stats.problems > 0 {
+        let _ = writeln!(out, "rejected objects {}, problems {}", stats.objects_rejected, stats.problems);
+    }
+    Ok(normalized(&out))
+}
+
+/// `text` without trailing blanks on its lines.
+fn normalized(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Writes `actual` in place of the `maps` sections (by their line).
+fn rewrite(path: &Path, text: &str, actual: &[(usize, String)]) -> std::io::Result<()> {
+    let mut out = String::new();
+    let mut skipping = false;
+    for (i, line) in text.lines().enumerate() {
+        if line.starts_with("-- ") && line.ends_with(" --") {
+            skipping = false;
+            out.push_str(line);
+            out.push('\n');
+            if let Some((_, body)) = actual.iter().find(|(l, _)| *l == i + 1) {
+                out.push_str(body);
+                skipping = true;
+            }
+        } else if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    std::fs::write(path, out)
+}
+
+fn main() {
+    let args = libtest_mimic::Arguments::from_args();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sync-cases");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("tests/sync-cases")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    paths.sort();
+    let trials = paths
+        .into_iter()
+        .map(|path| {
+            let name = path.file_stem().expect("a file name").to_string_lossy().into_owned();
+            libtest_mimic::Trial::test(name, move || run_case(&path).map_err(Into::into))
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
