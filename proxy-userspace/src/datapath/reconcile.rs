@@ -1,6 +1,6 @@
 //! Keeps the maps equal to the desired table by writing only the difference,
 //! in an order that never lets a reader in the kernel see a `count` that
-//! points at an unwritten slot or a removed backend (DESIGN.md):
+//! points at an unwritten slot or a removed backend (docs/design.md):
 //!
 //! 1. upsert the backends the table needs;
 //! 2. per frontend (scope `External` twins before the entries that point
