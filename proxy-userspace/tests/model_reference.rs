@@ -165,7 +165,8 @@ fn node_port(port: u16) -> u16 {
 /// This node's address (NodePorts are served on it and on 127.0.0.1).
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 1);
 
-/// The reference: the rules of DESIGN.md, written out plainly.
+/// The reference: the Kubernetes rules the model follows (README, "What
+/// works now"), written out plainly.
 fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
     let mut order: Vec<&Svc> = services.iter().collect();
     order.sort_by_key(|s| (s.ns, s.name));
