@@ -19,7 +19,7 @@ use crate::{
     },
     devices::{self, DeviceSelection},
     healthcheck::HealthCheckServers,
-    metrics::Histogram,
+    metrics::Metrics,
     model::{Delta, FrontendKey, NodeContext, Protocol, ServiceInput, Severity, TableState},
     serve,
     source::{Objects, Snapshot, file, kube::KubeSource, stored_slice::StoredSlice},
@@ -69,6 +69,9 @@ pub struct AgentConfig {
     pub health_timeout: Duration,
     /// Devices the TC programs attach to (traffic from outside).
     pub devices: DeviceSelection,
+    /// Frontends whose connection counter is exported as its own series,
+    /// at most (0: none).
+    pub max_service_series: usize,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -82,25 +85,12 @@ pub struct Applied {
     pub failures: usize,
 }
 
-/// Counters and measurements since start.
-#[derive(Debug, Clone)]
+/// Counters since start.
+#[derive(Debug, Clone, Default)]
 pub struct Stats {
     pub objects_rejected: u64,
     pub problems: u64,
     pub map_write_failures: u64,
-    /// From an EndpointSlice's last-change-trigger-time to its map write.
-    pub network_programming: Histogram,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Self {
-            objects_rejected: 0,
-            problems: 0,
-            map_write_failures: 0,
-            network_programming: Histogram::network_programming(),
-        }
-    }
 }
 
 enum Source {
@@ -207,17 +197,13 @@ pub async fn run(
     tokio::pin!(shutdown);
     let telemetry: Shared =
         Arc::new(Mutex::new(Telemetry::new(config.load.services_map_size, config.load.backends_map_size)));
+    let metrics = Arc::new(Metrics::new(telemetry.clone(), config.max_service_series));
     // The first sync is a pending change until it is applied.
-    telemetry.lock().expect("telemetry lock").queued(Instant::now());
-    if let Some(addr) = config.health_bind {
-        serve::health(addr, telemetry.clone(), config.health_timeout).await?;
-    }
-    if let Some(addr) = config.metrics_bind {
-        serve::metrics(addr, telemetry.clone()).await?;
-    }
+    telemetry.lock().expect("telemetry lock").health.queued(Instant::now());
+    let _servers = start_servers(&config, &telemetry, &metrics);
     crate::fs::ensure_bpffs_dir(&config.load.pin_dir)?;
     crate::fs::check_cgroup2(&config.load.cgroup)?;
-    let mut source = start_source(&config, &telemetry).await?;
+    let mut source = start_source(&config, &telemetry, &metrics).await?;
     // Loaded (not attached, nothing written) while the lists arrive.
     let mut datapath = load_datapath(&config, &telemetry)?;
     if let Source::Kube(kube, _) = &source {
@@ -229,7 +215,7 @@ pub async fn run(
     }
     let mut health_checks = HealthCheckServers::new({
         let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);
-        Arc::new(move || telemetry.lock().expect("telemetry lock").healthy(Instant::now(), timeout))
+        Arc::new(move || telemetry.lock().expect("telemetry lock").health.healthy(Instant::now(), timeout))
     });
     let (mut reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
     info!(
@@ -251,7 +237,8 @@ pub async fn run(
         // When the change reached the agent: the latency of this sync
         // counts from here.
         let noticed = Instant::now();
-        telemetry.lock().expect("telemetry lock").queued(noticed);
+        telemetry.lock().expect("telemetry lock").health.queued(noticed);
+        metrics.last_queued.set(unix_seconds(SystemTime::now()));
         if changed {
             source.gather(state.last_sync).await;
         }
@@ -261,6 +248,7 @@ pub async fn run(
         if changed {
             let Some((snapshot, new_triggers)) = source.snapshot(&mut state.stats) else { continue };
             triggers = new_triggers;
+            set_pending(&metrics, &snapshot);
             let Some(update) = take_in(&config, &mut source, snapshot, &mut state, &mut triggers) else { continue };
             if !update.full && !state.must_compare_all {
                 changed_keys = Some(update.delta.keys);
@@ -283,7 +271,7 @@ pub async fn run(
         // After a failed write the next sync compares the whole table.
         state.must_compare_all = !report.failures.is_empty();
         if report.failures.is_empty() {
-            record_latency(&mut state.stats, &triggers);
+            record_latency(&metrics, &triggers);
         }
         forget_removed_backends(&report, &mut datapath, &reconciler, &mut destroyer);
         if !attached {
@@ -303,7 +291,8 @@ pub async fn run(
             crate::memory::release_free_memory();
         }
         let snapshot = applied_snapshot(&source, &state, &report, &reconciler, latency);
-        publish(&telemetry, &state, &report, &reconciler, took, health_checks.len(), changed_keys.is_none());
+        let sync = Sync { took, whole_table: changed_keys.is_none(), health_check_ports: health_checks.len() };
+        publish(&telemetry, &metrics, &state, &report, &reconciler, &sync);
         applied.send_replace(snapshot);
     }
     info!(
@@ -313,13 +302,22 @@ pub async fn run(
     Ok(())
 }
 
+/// The health and metrics servers, bound in the background: a taken port
+/// is retried, never fatal.
+fn start_servers(config: &AgentConfig, telemetry: &Shared, metrics: &Arc<Metrics>) -> serve::Servers {
+    let health =
+        config.health_bind.map(|addr| serve::health(addr, telemetry.clone(), metrics.clone(), config.health_timeout));
+    let metrics = config.metrics_bind.map(|addr| serve::metrics(addr, metrics.clone()));
+    serve::Servers([health, metrics].into_iter().flatten().collect())
+}
+
 /// The source the configuration names; a Kubernetes source starts its
 /// watches (the initial lists arrive in the background).
-async fn start_source(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Source> {
+async fn start_source(config: &AgentConfig, telemetry: &Shared, metrics: &Arc<Metrics>) -> anyhow::Result<Source> {
     Ok(match &config.source {
         SourceConfig::File(path) => Source::File(FileSource { path: path.clone(), read_once: false, stamp: None }),
         SourceConfig::Kube { kubeconfig } => {
-            let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
+            let client = crate::source::kube::client(kubeconfig.as_deref(), Some(metrics)).await?;
             let kube = KubeSource::start(&client, &config.node_name);
             telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
             Source::Kube(Box::new(kube), client)
@@ -409,36 +407,53 @@ fn load_datapath(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Dat
     Ok(datapath)
 }
 
+/// What one sync took and did, besides its report.
+struct Sync {
+    took: Duration,
+    /// The whole table was compared (not only what changed).
+    whole_table: bool,
+    health_check_ports: usize,
+}
+
 /// Hands the sync's results to the health and metrics endpoints.
 fn publish(
     telemetry: &Shared,
+    metrics: &Metrics,
     state: &SyncState,
     report: &Report,
     reconciler: &Reconciler,
-    took: Duration,
-    health_check_ports: usize,
-    whole_table: bool,
+    sync: &Sync,
 ) {
+    let seconds = sync.took.as_secs_f64();
+    metrics.sync_duration.observe(seconds);
+    if sync.whole_table {
+        metrics.sync_full_duration.observe(seconds);
+    } else {
+        metrics.sync_partial_duration.observe(seconds);
+    }
+    let now = SystemTime::now();
+    metrics.last_sync.set(unix_seconds(now));
+    metrics.service_changes_pending.set(0);
+    metrics.endpoint_changes_pending.set(0);
+    for c in &report.changes {
+        match c.kind {
+            ChangeKind::Added | ChangeKind::Removed => metrics.service_changes.inc(),
+            ChangeKind::Updated => metrics.endpoint_changes.inc(),
+        };
+    }
     let mut t = telemetry.lock().expect("telemetry lock");
     t.stats = state.stats.clone();
-    t.health_check_ports = health_check_ports;
+    t.health_check_ports = sync.health_check_ports;
     t.devices = state.devices.as_ref().map_or(0, Vec::len);
-    t.sync_duration.observe(took.as_secs_f64());
-    t.last_sync_wall = Some(SystemTime::now());
     // Applied, also when some writes failed: those are retried, counted and
     // logged; restarting the agent would not fix a full map.
-    t.pending_since = None;
+    t.health.updated(now);
+    t.health.node_eligible = state.node_eligible;
     t.frontends = reconciler.frontend_count();
     t.backends = reconciler.backend_count();
     t.service_entries = reconciler.service_entries();
     t.maglev_tables = reconciler.maglev_tables();
-    for c in &report.changes {
-        match c.kind {
-            ChangeKind::Added | ChangeKind::Removed => t.service_changes += 1,
-            ChangeKind::Updated => t.endpoint_changes += 1,
-        }
-    }
-    if whole_table {
+    if sync.whole_table {
         let ids = reconciler.frontend_ids().into_iter().map(|(id, key, service)| (id, service, key.to_string()));
         t.set_frontends(ids.collect());
     } else {
@@ -457,6 +472,16 @@ fn node_context(
     state: &mut SyncState,
 ) -> NodeContext {
     let mut node = NodeContext::from_nodes(&config.node_name, nodes.iter().map(|n| &**n));
+    let this_node = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(config.node_name.as_str()));
+    let eligible = this_node.is_none_or(|n| crate::health::node_eligible(n));
+    if eligible != state.node_eligible {
+        if eligible {
+            info!(node = %config.node_name, "node eligible for traffic again: /healthz follows the proxy's health");
+        } else {
+            warn!(node = %config.node_name, "node is being deleted or tainted ToBeDeletedByClusterAutoscaler: /healthz answers 503 so load balancers drain it");
+        }
+        state.node_eligible = eligible;
+    }
     if !config.node_ips.is_empty() {
         node = node.with_ips(config.node_ips.clone());
     }
@@ -510,7 +535,6 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-#[derive(Default)]
 struct SyncState {
     /// The desired table, kept service by service.
     model: TableState,
@@ -528,6 +552,27 @@ struct SyncState {
     retry_at: Option<Instant>,
     retry_delay: Option<Duration>,
     stats: Stats,
+    /// This node's Node says it should get traffic (see `health`).
+    node_eligible: bool,
+}
+
+impl Default for SyncState {
+    fn default() -> Self {
+        Self {
+            model: TableState::default(),
+            node: None,
+            must_compare_all: false,
+            zone: None,
+            node_ips: Vec::new(),
+            devices: None,
+            generation: 0,
+            last_sync: None,
+            retry_at: None,
+            retry_delay: None,
+            stats: Stats::default(),
+            node_eligible: true,
+        }
+    }
 }
 
 impl SyncState {
@@ -615,13 +660,28 @@ fn log_problems(delta: &Delta, stats: &mut Stats) {
 
 /// Records, for each slice change just applied, the time from its trigger
 /// to now.
-fn record_latency(stats: &mut Stats, triggers: &[SystemTime]) {
+fn record_latency(metrics: &Metrics, triggers: &[SystemTime]) {
     let now = SystemTime::now();
     for t in triggers {
         let seconds = now.duration_since(*t).unwrap_or_default().as_secs_f64();
-        stats.network_programming.observe(seconds);
+        metrics.network_programming.observe(seconds);
         debug!(seconds, "network programming latency");
     }
+}
+
+/// Services and EndpointSlices read and not yet in the maps, until the
+/// sync that writes them is published.
+fn set_pending(metrics: &Metrics, snapshot: &Snapshot) {
+    let (services, slices) = match snapshot {
+        Snapshot::Full { services, slices, .. } => (services.len(), slices.len()),
+        Snapshot::Changed { services, .. } => (services.len(), services.iter().map(|c| c.slices.len()).sum()),
+    };
+    metrics.service_changes_pending.set(i64::try_from(services).unwrap_or(i64::MAX));
+    metrics.endpoint_changes_pending.set(i64::try_from(slices).unwrap_or(i64::MAX));
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// A sync that changes more frontends than this (a first start, a relist)

@@ -276,8 +276,12 @@ pub fn announce(client: &Client, node_name: &str, reason: &str, note: String) {
 }
 
 /// A client from `--kubeconfig` when given, else the usual inference
-/// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`).
-pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+/// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`);
+/// its requests are counted in `metrics` when given.
+pub async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    metrics: Option<&Arc<crate::metrics::Metrics>>,
+) -> anyhow::Result<Client> {
     use anyhow::Context as _;
     let config = match kubeconfig {
         Some(path) => {
@@ -292,5 +296,5 @@ pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Clie
              pass --kubeconfig, or --services-file to run without a cluster",
         )?,
     };
-    Client::try_from(config).context("building the Kubernetes client")
+    crate::rest_metrics::build_client(config, metrics).context("building the Kubernetes client")
 }
