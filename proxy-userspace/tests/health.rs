@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Env, agent_address as address, http_get as get, metric, web};
-use ebpf_proxy::testkit::{AgentProcess, field, message, spawn_in};
+use ebpf_proxy::testkit::{AgentProcess, field, message};
 
 #[test]
 fn health_and_metrics_report_the_agents_state() {
@@ -80,19 +80,6 @@ fn health_turns_503_when_a_change_cannot_be_applied() {
     assert_eq!(get(&health, "/healthz").0, 200);
 }
 
-/// GET inside the test's namespace: (status, body).
-fn get_in(env: &Env, addr: &str, path: &str) -> (u16, String) {
-    let out = spawn_in(&env.ns, None, "curl")
-        .expect("prepare curl")
-        .args(["-sS", "--max-time", "3", "-w", "\n%{http_code}"])
-        .arg(format!("http://{addr}{path}"))
-        .output()
-        .expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').expect("status line");
-    (code.parse().expect("status"), body.to_owned())
-}
-
 /// kube-proxy still holds :10256 and :10249 during a migration: the agent
 /// warns, serves traffic, and binds once the ports are free (kube-proxy's
 /// own behaviour with bindAddressHardFail: false).
@@ -136,9 +123,9 @@ fn taken_health_and_metrics_ports_do_not_stop_the_agent() {
             .unwrap_or_else(|e| panic!("{what} is served once the port is free: {e}"));
         assert_eq!(field(&record, "retried"), Some(&serde_json::Value::Bool(true)), "{record}");
     }
-    let (status, body) = get_in(&env, &format!("127.0.0.1:{health_port}"), "/healthz");
+    let (status, body) = common::http_get_in(Some(&env.ns), &format!("127.0.0.1:{health_port}"), "/healthz");
     assert_eq!(status, 200, "{body}");
-    let (status, text) = get_in(&env, &format!("127.0.0.1:{metrics_port}"), "/metrics");
+    let (status, text) = common::http_get_in(Some(&env.ns), &format!("127.0.0.1:{metrics_port}"), "/metrics");
     assert_eq!(status, 200);
     assert!(metric(&text, "ebpf_proxy_bind_failures_total{server=\"health\"}") >= 1.0, "{text}");
     assert!(metric(&text, "ebpf_proxy_bind_failures_total{server=\"metrics\"}") >= 1.0, "{text}");
