@@ -20,10 +20,11 @@ use crate::{
     },
     devices::{self, DeviceSelection},
     healthcheck::HealthCheckServers,
+    metrics::Metrics,
     model::Protocol,
     pipeline::{NodeSettings, Pipeline, Synced},
     serve,
-    source::{ChangeSource, file_source::FileSource, kube::KubeSource},
+    source::{ChangeSource, file_source::FileSource, kube::KubeSource, reachability::Reachability},
     telemetry::{Shared, Telemetry},
 };
 
@@ -57,6 +58,9 @@ pub struct AgentConfig {
     pub health_timeout: Duration,
     /// Devices the TC programs attach to (traffic from outside).
     pub devices: DeviceSelection,
+    /// Frontends whose connection counter is exported as its own series,
+    /// at most (0: none).
+    pub max_service_series: usize,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -79,39 +83,53 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let telemetry: Shared =
         Arc::new(Mutex::new(Telemetry::new(config.load.services_map_size, config.load.backends_map_size)));
+    let metrics = Arc::new(Metrics::new(telemetry.clone(), config.max_service_series));
     // The first sync is a pending change until it is applied.
-    telemetry.lock().expect("telemetry lock").queued(Instant::now());
-    if let Some(addr) = config.health_bind {
-        serve::health(addr, telemetry.clone(), config.health_timeout).await?;
-    }
-    if let Some(addr) = config.metrics_bind {
-        serve::metrics(addr, telemetry.clone()).await?;
-    }
+    telemetry.lock().expect("telemetry lock").health.queued(Instant::now());
+    let _servers = start_servers(&config, &telemetry, &metrics);
     crate::fs::ensure_bpffs_dir(&config.load.pin_dir)?;
     crate::fs::check_cgroup2(&config.load.cgroup)?;
+    let telemetries = Telemetries { telemetry, metrics };
     match &config.source {
         SourceConfig::File(path) => {
-            run_with(FileSource::new(path.clone()), &config, &telemetry, applied, shutdown).await
+            run_with(FileSource::new(path.clone()), &config, &telemetries, applied, shutdown).await
         }
         SourceConfig::Kube { kubeconfig } => {
-            let reachability = Arc::default();
-            let client = crate::source::kube::client(kubeconfig.as_deref(), Arc::clone(&reachability)).await?;
+            let reachability = Arc::new(Reachability::default());
+            let requests = vec![reachability.observer(), crate::rest_metrics::observer(telemetries.metrics.clone())];
+            let client = crate::source::kube::client(kubeconfig.as_deref(), requests).await?;
             let kube = KubeSource::start(&client, &config.node_name, reachability);
-            telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
-            run_with(kube, &config, &telemetry, applied, shutdown).await
+            telemetries.telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
+            run_with(kube, &config, &telemetries, applied, shutdown).await
         }
     }
+}
+
+/// Where the health and metrics endpoints read from.
+struct Telemetries {
+    telemetry: Shared,
+    metrics: Arc<Metrics>,
+}
+
+/// The health and metrics servers, bound in the background: a taken port
+/// is retried, never fatal.
+fn start_servers(config: &AgentConfig, telemetry: &Shared, metrics: &Arc<Metrics>) -> serve::Servers {
+    let health =
+        config.health_bind.map(|addr| serve::health(addr, telemetry.clone(), metrics.clone(), config.health_timeout));
+    let metrics = config.metrics_bind.map(|addr| serve::metrics(addr, metrics.clone()));
+    serve::Servers([health, metrics].into_iter().flatten().collect())
 }
 
 /// The sync loop over `source`.
 async fn run_with(
     mut source: impl ChangeSource,
     config: &AgentConfig,
-    telemetry: &Shared,
+    telemetries: &Telemetries,
     applied: watch::Sender<Applied>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
+    let Telemetries { telemetry, metrics } = telemetries;
     // Loaded (not attached, nothing written) while the lists arrive.
     let mut datapath = load_datapath(config, telemetry)?;
     tokio::select! {
@@ -134,7 +152,7 @@ async fn run_with(
     let mut observers = Observers {
         health_checks: HealthCheckServers::new({
             let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);
-            Arc::new(move || telemetry.lock().expect("telemetry lock").healthy(Instant::now(), timeout))
+            Arc::new(move || telemetry.lock().expect("telemetry lock").health.healthy(Instant::now(), timeout))
         }),
         destroyer: SocketDestroyer::new(config.socket_netns.clone()),
         devices: None,
@@ -145,11 +163,16 @@ async fn run_with(
             () = &mut shutdown => break,
             wake = pipeline.wait(&mut source) => wake,
         };
-        telemetry.lock().expect("telemetry lock").queued(Instant::now());
+        telemetry.lock().expect("telemetry lock").health.queued(Instant::now());
+        metrics.last_queued.set(unix_seconds(SystemTime::now()));
+        let (services, slices) = source.pending();
+        metrics.service_changes_pending.set(i64::try_from(services).unwrap_or(i64::MAX));
+        metrics.endpoint_changes_pending.set(i64::try_from(slices).unwrap_or(i64::MAX));
         let Some(synced) = pipeline.step(wake, &mut source, &mut datapath.maps).await else { continue };
         observers.observe(&synced, &pipeline, &mut datapath, config, &source).await?;
         let snapshot = applied_snapshot(source.name(), &pipeline, &synced);
-        publish(telemetry, &pipeline, &synced, observers.health_checks.len(), observers.devices.as_ref());
+        let devices = observers.devices.as_ref();
+        publish(telemetries, &pipeline, &synced, observers.health_checks.len(), devices);
         applied.send_replace(snapshot);
     }
     info!(
@@ -274,32 +297,45 @@ fn load_datapath(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Dat
 
 /// Hands the sync's results to the health and metrics endpoints.
 fn publish(
-    telemetry: &Shared,
+    telemetries: &Telemetries,
     pipeline: &Pipeline,
     synced: &Synced,
     health_check_ports: usize,
     devices: Option<&Vec<String>>,
 ) {
-    let (report, reconciler) = (&synced.report, pipeline.reconciler());
-    let mut t = telemetry.lock().expect("telemetry lock");
+    let (report, reconciler, metrics) = (&synced.report, pipeline.reconciler(), &telemetries.metrics);
+    let seconds = synced.took.as_secs_f64();
+    metrics.sync_duration.observe(seconds);
+    if synced.whole_table {
+        metrics.sync_full_duration.observe(seconds);
+    } else {
+        metrics.sync_partial_duration.observe(seconds);
+    }
+    for seconds in &synced.programming_seconds {
+        metrics.network_programming.observe(*seconds);
+    }
+    let now = SystemTime::now();
+    metrics.last_sync.set(unix_seconds(now));
+    metrics.service_changes_pending.set(0);
+    metrics.endpoint_changes_pending.set(0);
+    for c in &report.changes {
+        match c.kind {
+            ChangeKind::Added | ChangeKind::Removed => metrics.service_changes.inc(),
+            ChangeKind::Updated => metrics.endpoint_changes.inc(),
+        };
+    }
+    let mut t = telemetries.telemetry.lock().expect("telemetry lock");
     t.stats = pipeline.stats().clone();
     t.health_check_ports = health_check_ports;
     t.devices = devices.map_or(0, Vec::len);
-    t.sync_duration.observe(synced.took.as_secs_f64());
-    t.last_sync_wall = Some(SystemTime::now());
     // Applied, also when some writes failed: those are retried, counted and
     // logged; restarting the agent would not fix a full map.
-    t.pending_since = None;
+    t.health.updated(now);
+    t.health.node_eligible = pipeline.node_eligible();
     t.frontends = reconciler.frontend_count();
     t.backends = reconciler.backend_count();
     t.service_entries = reconciler.service_entries();
     t.maglev_tables = reconciler.maglev_tables();
-    for c in &report.changes {
-        match c.kind {
-            ChangeKind::Added | ChangeKind::Removed => t.service_changes += 1,
-            ChangeKind::Updated => t.endpoint_changes += 1,
-        }
-    }
     if synced.whole_table {
         let ids = reconciler.frontend_ids().into_iter().map(|(id, key, service)| (id, service, key.to_string()));
         t.set_frontends(ids.collect());
@@ -309,6 +345,10 @@ fn publish(
             t.set_frontend(c.frontend.to_string(), now);
         }
     }
+}
+
+fn unix_seconds(t: SystemTime) -> f64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// After a sync that removed backends: forget their sessions (affinity,

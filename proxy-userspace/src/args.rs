@@ -159,6 +159,12 @@ pub struct RunArgs {
     /// per flow, LRU). Default: 262144.
     #[arg(long, value_name = "N")]
     pub ct_map_size: Option<u32>,
+    /// Frontends whose connection counter is exported as its own series
+    /// (ebpf_proxy_service_connections_total), at most; past it the
+    /// frontends with the highest ids are left out and counted in
+    /// ebpf_proxy_service_series_omitted. 0: none. Default: 1000.
+    #[arg(long, value_name = "N")]
+    pub max_service_series: Option<usize>,
 }
 
 fn parse_maglev_size(text: &str) -> Result<usize, String> {

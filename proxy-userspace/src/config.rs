@@ -75,6 +75,7 @@ pub struct FileConfig {
     pub devices: Vec<String>,
     pub maglev_table_size: Option<usize>,
     pub ct_map_size: Option<u32>,
+    pub max_service_series: Option<usize>,
     /// Fields seen that are kube-proxy's but mean nothing here.
     pub ignored: Vec<String>,
     /// Fields nobody knows.
@@ -104,6 +105,7 @@ struct Raw {
     devices: Vec<String>,
     maglev_table_size: Option<usize>,
     ct_map_size: Option<u32>,
+    max_service_series: Option<usize>,
     // kube-proxy's
     healthz_bind_address: Option<String>,
     metrics_bind_address: Option<String>,
@@ -156,6 +158,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         bpf_log: raw.bpf_log,
         devices: raw.devices,
         ct_map_size: raw.ct_map_size,
+        max_service_series: raw.max_service_series,
         ..FileConfig::default()
     };
     if let Some(m) = raw.maglev_table_size {

@@ -1,79 +1,317 @@
-//! Measurements kept for the metrics endpoint.
+//! The metrics endpoint's registry (prometheus-client, OpenMetrics text):
+//! kube-proxy's metrics under kube-proxy's names (pkg/proxy/metrics/
+//! metrics.go, client-go's rest_client_*, the process collector), so
+//! dashboards and alerts written for kube-proxy work, and ebpf-proxy's own
+//! (`ebpf_proxy_*`, read at scrape time from `Telemetry`).
+use std::sync::atomic::AtomicU64;
 
-/// A cumulative histogram with fixed upper bounds, as Prometheus has them.
-#[derive(Debug, Clone)]
-pub struct Histogram {
-    bounds: Vec<f64>,
-    /// `counts[i]`: observations `<= bounds[i]` (not cumulative here).
-    counts: Vec<u64>,
-    pub sum: f64,
-    pub count: u64,
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{
+        counter::Counter,
+        family::{Family, MetricConstructor},
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+use crate::{health::Endpoint, telemetry::Shared};
+
+/// The content type of `encode`'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Per-frontend series (`ebpf_proxy_service_connections_total`) exported
+/// at most, by default.
+pub const DEFAULT_MAX_SERVICE_SERIES: usize = 1000;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    pub code: String,
 }
 
-impl Histogram {
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServerLabels {
+    pub server: &'static str,
+}
+
+/// client-go's `rest_client_requests_total` labels.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub code: String,
+    pub method: String,
+    pub host: String,
+}
+
+/// client-go's `rest_client_request_duration_seconds` labels.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LatencyLabels {
+    pub verb: String,
+    pub host: String,
+}
+
+/// The agent's HTTP servers, as a label.
+#[derive(Debug, Clone, Copy)]
+pub enum Server {
+    Health,
+    Metrics,
+}
+
+/// A histogram of client-go's request latency buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestBuckets;
+
+impl MetricConstructor<Histogram> for RequestBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new([0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0])
+    }
+}
+
+/// A float gauge (seconds since the epoch).
+pub type Seconds = Gauge<f64, AtomicU64>;
+
+/// Every metric the agent updates as things happen.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Time to apply one sync to the maps (kube-proxy's buckets: 1 ms
+    /// doubling to 16 s), and the same split by whole-table and partial
+    /// syncs.
+    pub sync_duration: Histogram,
+    pub sync_full_duration: Histogram,
+    pub sync_partial_duration: Histogram,
+    /// From an EndpointSlice's last-change-trigger-time to its map write.
+    pub network_programming: Histogram,
+    pub last_sync: Seconds,
+    pub last_queued: Seconds,
+    /// Frontends added or removed / whose backends changed.
+    pub service_changes: Counter,
+    pub endpoint_changes: Counter,
+    /// Services and EndpointSlices read but not yet in the maps.
+    pub service_changes_pending: Gauge,
+    pub endpoint_changes_pending: Gauge,
+    healthz: Family<CodeLabels, Counter>,
+    livez: Family<CodeLabels, Counter>,
+    bind_failures: Family<ServerLabels, Counter>,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: Family<LatencyLabels, Histogram, RequestBuckets>,
+    max_service_series: usize,
+}
+
+impl Metrics {
+    /// The registry, with `telemetry`'s metrics read at each scrape.
     #[must_use]
-    pub fn new(bounds: Vec<f64>) -> Self {
-        let n = bounds.len();
-        Self { bounds, counts: vec![0; n + 1], sum: 0.0, count: 0 }
+    pub fn new(telemetry: Shared, max_service_series: usize) -> Self {
+        let sync_buckets = || Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        let mut network_buckets = vec![0.25, 0.5];
+        network_buckets.extend((1..=59).map(f64::from));
+        network_buckets.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+        network_buckets.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+        let m = Self {
+            registry: Registry::default(),
+            sync_duration: sync_buckets(),
+            sync_full_duration: sync_buckets(),
+            sync_partial_duration: sync_buckets(),
+            network_programming: Histogram::new(network_buckets),
+            last_sync: Seconds::default(),
+            last_queued: Seconds::default(),
+            service_changes: Counter::default(),
+            endpoint_changes: Counter::default(),
+            service_changes_pending: Gauge::default(),
+            endpoint_changes_pending: Gauge::default(),
+            healthz: Family::default(),
+            livez: Family::default(),
+            bind_failures: Family::default(),
+            requests: Family::default(),
+            request_duration: Family::new_with_constructor(RequestBuckets),
+            max_service_series,
+        };
+        m.register(telemetry)
     }
 
-    /// kube-proxy's buckets for `network_programming_duration_seconds`:
-    /// 0.25 s steps to 0.5 s, 1 s steps to 59 s, 5 s steps to 115 s, 30 s
-    /// steps to 300 s.
-    #[must_use]
-    pub fn network_programming() -> Self {
-        let mut b = vec![0.25, 0.5];
-        b.extend((1..=59).map(f64::from));
-        b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
-        b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
-        Self::new(b)
+    fn register(mut self, telemetry: Shared) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "Time to apply one sync to the BPF maps",
+            self.sync_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "Time to apply a sync that compared the whole table with the maps (start, relist, node change)",
+            self.sync_full_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "Time to apply a sync of only the services that changed",
+            self.sync_partial_duration.clone(),
+        );
+        r.register(
+            "kubeproxy_network_programming_duration_seconds",
+            "Time from an EndpointSlice's last-change-trigger-time to its map write",
+            self.network_programming.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "When the last sync finished (Unix time)",
+            self.last_sync.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "When the last change arrived that asked for a sync (Unix time)",
+            self.last_queued.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Frontends added or removed",
+            self.service_changes.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Frontends whose backends changed",
+            self.endpoint_changes.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Services read and not yet applied to the maps",
+            self.service_changes_pending.clone(),
+        );
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "EndpointSlices read and not yet applied to the maps",
+            self.endpoint_changes_pending.clone(),
+        );
+        r.register("kubeproxy_proxy_healthz", "/healthz answers by HTTP status code", self.healthz.clone());
+        r.register("kubeproxy_proxy_livez", "/livez answers by HTTP status code", self.livez.clone());
+        r.register(
+            "ebpf_proxy_bind_failures",
+            "Failed binds of the health and metrics ports (each retried with backoff; traffic is served meanwhile)",
+            self.bind_failures.clone(),
+        );
+        r.register(
+            "rest_client_requests",
+            "Requests to the Kubernetes API by status code, method and host",
+            self.requests.clone(),
+        );
+        r.register(
+            "rest_client_request_duration_seconds",
+            "Time from a request to the Kubernetes API to its response headers, by verb and host",
+            self.request_duration.clone(),
+        );
+        r.register_collector(Box::new(crate::telemetry::Collector {
+            telemetry,
+            max_service_series: self.max_service_series,
+        }));
+        r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+        self
     }
 
-    pub fn observe(&mut self, value: f64) {
-        let i = self.bounds.iter().position(|b| value <= *b).unwrap_or(self.bounds.len());
-        self.counts[i] += 1;
-        self.sum += value;
-        self.count += 1;
+    /// The OpenMetrics text of every metric.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
     }
 
-    /// `(upper bound, cumulative count)` per bucket, `+Inf` last.
+    pub fn health_answered(&self, endpoint: Endpoint, status: u16) {
+        let family = match endpoint {
+            Endpoint::Healthz => &self.healthz,
+            Endpoint::Livez => &self.livez,
+        };
+        family.get_or_create(&CodeLabels { code: status.to_string() }).inc();
+    }
+
+    pub fn bind_failed(&self, server: Server) {
+        let server = match server {
+            Server::Health => "health",
+            Server::Metrics => "metrics",
+        };
+        self.bind_failures.get_or_create(&ServerLabels { server }).inc();
+    }
+
+    /// The bound on per-frontend series (0: none exported).
     #[must_use]
-    pub fn cumulative(&self) -> Vec<(f64, u64)> {
-        let mut total = 0;
-        self.bounds
-            .iter()
-            .copied()
-            .chain(std::iter::once(f64::INFINITY))
-            .zip(&self.counts)
-            .map(|(b, c)| {
-                total += c;
-                (b, total)
-            })
-            .collect()
+    pub fn max_service_series(&self) -> usize {
+        self.max_service_series
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Histogram;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::telemetry::Telemetry;
+
+    /// kube-proxy's metrics that mean something here, as kube-proxy names
+    /// them (the sample names a scrape shows).
+    const KUBE_PROXY: &[&str] = &[
+        // pkg/proxy/metrics/metrics.go: SyncProxyRulesLatency
+        "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+        // pkg/proxy/metrics/metrics.go: SyncFullProxyRulesLatency
+        "kubeproxy_sync_full_proxy_rules_duration_seconds_bucket",
+        // pkg/proxy/metrics/metrics.go: SyncPartialProxyRulesLatency
+        "kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket",
+        // pkg/proxy/metrics/metrics.go: NetworkProgrammingLatency
+        "kubeproxy_network_programming_duration_seconds_bucket",
+        // pkg/proxy/metrics/metrics.go: SyncProxyRulesLastTimestamp
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        // pkg/proxy/metrics/metrics.go: SyncProxyRulesLastQueuedTimestamp
+        "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+        // pkg/proxy/metrics/metrics.go: ServiceChangesTotal, ServiceChangesPending
+        "kubeproxy_sync_proxy_rules_service_changes_total",
+        "kubeproxy_sync_proxy_rules_service_changes_pending",
+        // pkg/proxy/metrics/metrics.go: EndpointChangesTotal, EndpointChangesPending
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+        // pkg/proxy/metrics/metrics.go: ProxyHealthzTotal, ProxyLivezTotal
+        "kubeproxy_proxy_healthz_total{code=\"200\"}",
+        "kubeproxy_proxy_livez_total{code=\"503\"}",
+        // client-go tools/metrics, registered by component-base/metrics/
+        // prometheus/restclient/metrics.go: requestResult, requestLatency
+        "rest_client_requests_total{code=",
+        "rest_client_request_duration_seconds_bucket{le=",
+        // prometheus/client_golang's process collector
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+    ];
 
     #[test]
-    fn observations_land_in_their_bucket() {
-        let mut h = Histogram::new(vec![1.0, 2.0]);
-        for v in [0.5, 1.0, 1.5, 9.0] {
-            h.observe(v);
+    fn kube_proxys_names() {
+        let metrics = Metrics::new(Arc::new(Mutex::new(Telemetry::new(1, 1))), DEFAULT_MAX_SERVICE_SERIES);
+        metrics.health_answered(Endpoint::Healthz, 200);
+        metrics.health_answered(Endpoint::Livez, 503);
+        let labels = LatencyLabels { verb: "GET".into(), host: "h:443".into() };
+        metrics.request_duration.get_or_create(&labels).observe(0.01);
+        metrics
+            .requests
+            .get_or_create(&RequestLabels { code: "200".into(), method: "GET".into(), host: "h:443".into() })
+            .inc();
+        let text = metrics.encode();
+        for name in KUBE_PROXY {
+            assert!(text.lines().any(|l| l.starts_with(name)), "{name} missing:\n{text}");
         }
-        assert_eq!(h.cumulative(), vec![(1.0, 2), (2.0, 3), (f64::INFINITY, 4)]);
-        assert_eq!(h.count, 4);
-        assert!((h.sum - 12.0).abs() < 1e-9);
+        assert!(text.contains("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram"), "{text}");
+        assert!(
+            text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\"} 0"),
+            "kube-proxy's buckets:\n{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "a complete OpenMetrics exposition");
     }
 
     #[test]
-    fn kube_proxy_buckets() {
-        let h = Histogram::network_programming();
-        let bounds: Vec<f64> = h.cumulative().iter().map(|(b, _)| *b).collect();
-        assert_eq!(bounds.len(), 2 + 59 + 12 + 7 + 1);
-        assert!(bounds[..3].iter().zip([0.25, 0.5, 1.0]).all(|(a, b)| (a - b).abs() < f64::EPSILON));
-        assert!((bounds[bounds.len() - 2] - 300.0).abs() < f64::EPSILON);
+    fn bind_failures_are_counted_per_server() {
+        let metrics = Metrics::new(Arc::new(Mutex::new(Telemetry::new(1, 1))), 0);
+        metrics.bind_failed(Server::Health);
+        metrics.bind_failed(Server::Health);
+        metrics.bind_failed(Server::Metrics);
+        let text = metrics.encode();
+        assert!(text.contains("ebpf_proxy_bind_failures_total{server=\"health\"} 2\n"), "{text}");
+        assert!(text.contains("ebpf_proxy_bind_failures_total{server=\"metrics\"} 1\n"), "{text}");
     }
 }

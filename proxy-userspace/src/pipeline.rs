@@ -18,8 +18,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::{
     datapath::{ChangeKind, Reconciler, Report, ServiceMaps},
-    metrics::Histogram,
-    model::{Delta, NodeContext, ServiceInput, Severity, TableState},
+    model::{self, Delta, NodeContext, ServiceInput, Severity, TableState},
     source::{ChangeSource, Delivery, Snapshot, stored_slice::StoredSlice},
 };
 
@@ -34,25 +33,12 @@ pub struct NodeSettings {
     pub node_port_cidrs: Vec<ipnet::IpNet>,
 }
 
-/// Counters and measurements since start.
-#[derive(Debug, Clone)]
+/// Counters since start.
+#[derive(Debug, Clone, Default)]
 pub struct Stats {
     pub objects_rejected: u64,
     pub problems: u64,
     pub map_write_failures: u64,
-    /// From an EndpointSlice's last-change-trigger-time to its map write.
-    pub network_programming: Histogram,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Self {
-            objects_rejected: 0,
-            problems: 0,
-            map_write_failures: 0,
-            network_programming: Histogram::network_programming(),
-        }
-    }
 }
 
 /// Why the pipeline woke up.
@@ -77,6 +63,9 @@ pub struct Synced {
     pub took: Duration,
     /// Syncs so far (the first is 1).
     pub generation: u64,
+    /// For each EndpointSlice change this sync wrote (when it wrote all it
+    /// tried): seconds from its last-change-trigger-time to now.
+    pub programming_seconds: Vec<f64>,
 }
 
 pub struct Pipeline {
@@ -85,6 +74,9 @@ pub struct Pipeline {
     model: TableState,
     /// The node the model was translated for (`None`: nothing read yet).
     node: Option<NodeContext>,
+    /// This node's Node object says it should get traffic (true while
+    /// there is none: the file source may have no Node).
+    node_eligible: bool,
     reconciler: Reconciler,
     stats: Stats,
     generation: u64,
@@ -101,6 +93,7 @@ impl Pipeline {
             settings,
             model: TableState::default(),
             node: None,
+            node_eligible: true,
             reconciler,
             stats: Stats::default(),
             generation: 0,
@@ -128,6 +121,13 @@ impl Pipeline {
     #[must_use]
     pub const fn node(&self) -> Option<&NodeContext> {
         self.node.as_ref()
+    }
+
+    /// Whether this node is eligible for traffic from load balancers (see
+    /// `model::node_eligible`).
+    #[must_use]
+    pub const fn node_eligible(&self) -> bool {
+        self.node_eligible
     }
 
     /// Resolves when the source has something new, or when failed writes
@@ -167,12 +167,17 @@ impl Pipeline {
         log_report(&report, started.duration_since(noticed), took);
         self.stats.map_write_failures += report.failures.len() as u64;
         self.retry_at = self.reconciler.retry_delay().map(|d| Instant::now() + d);
-        if report.failures.is_empty() {
-            record_latency(&mut self.stats, &triggers);
-        }
+        let programming_seconds = if report.failures.is_empty() { since(&triggers) } else { Vec::new() };
         self.generation += 1;
         self.last_sync = Some(Instant::now());
-        Some(Synced { report, whole_table: changed.is_none(), latency, took, generation: self.generation })
+        Some(Synced {
+            report,
+            whole_table: changed.is_none(),
+            latency,
+            took,
+            generation: self.generation,
+            programming_seconds,
+        })
     }
 
     /// Translates a delivery into the model, logging (and counting) each
@@ -224,7 +229,8 @@ impl Pipeline {
     /// This node's context for a translation: zone and addresses from its
     /// Node object, addresses from the settings when given; changes are
     /// logged.
-    fn node_context(&self, nodes: &[Arc<k8s_openapi::api::core::v1::Node>]) -> NodeContext {
+    fn node_context(&mut self, nodes: &[Arc<k8s_openapi::api::core::v1::Node>]) -> NodeContext {
+        self.follow_eligibility(nodes);
         let settings = &self.settings;
         let mut node = NodeContext::from_nodes(&settings.node_name, nodes.iter().map(|n| &**n));
         if !settings.node_ips.is_empty() {
@@ -239,6 +245,27 @@ impl Pipeline {
             info!(node = %settings.node_name, zone = ?node.zone, "node zone (for topology hints)");
         }
         node
+    }
+}
+
+impl Pipeline {
+    /// Takes this node's eligibility for traffic from its Node object,
+    /// logging a change.
+    fn follow_eligibility(&mut self, nodes: &[Arc<k8s_openapi::api::core::v1::Node>]) {
+        let name = self.settings.node_name.as_str();
+        let this_node = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(name));
+        let eligible = this_node.is_none_or(|n| model::node_eligible(n));
+        if eligible != self.node_eligible {
+            if eligible {
+                info!(node = name, "node eligible for traffic again: /healthz follows the proxy's health");
+            } else {
+                warn!(
+                    node = name,
+                    "node is being deleted or tainted ToBeDeletedByClusterAutoscaler: /healthz answers 503 so load balancers drain it"
+                );
+            }
+            self.node_eligible = eligible;
+        }
     }
 }
 
@@ -273,15 +300,10 @@ fn log_problems(delta: &Delta, stats: &mut Stats) {
     }
 }
 
-/// Records, for each slice change just applied, the time from its trigger
-/// to now.
-fn record_latency(stats: &mut Stats, triggers: &[SystemTime]) {
+/// Seconds from each trigger time to now.
+fn since(triggers: &[SystemTime]) -> Vec<f64> {
     let now = SystemTime::now();
-    for t in triggers {
-        let seconds = now.duration_since(*t).unwrap_or_default().as_secs_f64();
-        stats.network_programming.observe(seconds);
-        debug!(seconds, "network programming latency");
-    }
+    triggers.iter().map(|t| now.duration_since(*t).unwrap_or_default().as_secs_f64()).collect()
 }
 
 /// A sync that changes more frontends than this (a first start, a relist)

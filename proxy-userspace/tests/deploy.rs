@@ -160,3 +160,64 @@ fn kubectl_apply_dry_run_accepts_the_manifests() {
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(stdout.lines().filter(|l| l.ends_with("created (dry run)")).count(), 5, "{stdout}");
 }
+
+/// deploy/monitoring: the metrics Service reaches the DaemonSet's pods on
+/// the metrics port, the ServiceMonitor scrapes that port under the job
+/// name the kubernetes-mixin selects, and the dashboard's queries name
+/// metrics the agent exports.
+#[test]
+fn the_monitoring_kustomization_matches_the_agent() {
+    let dir = deploy_dir().join("monitoring");
+    let out = Command::new("kubectl").arg("kustomize").arg(&dir).output().expect("kubectl (cargo xtask setup)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let of_kind = |kind: &str| objects.iter().find(|o| o["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let service: k8s_openapi::api::core::v1::Service = round_trip("metrics-service.yaml", of_kind("Service"));
+    let spec = service.spec.unwrap();
+    let daemonset = load("daemonset.yaml");
+    let pod_labels = &daemonset["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in spec.selector.unwrap() {
+        assert_eq!(pod_labels[&k], v.as_str(), "the Service selects the agent's pods by {k}");
+    }
+    let port = &spec.ports.unwrap()[0];
+    let default_metrics: std::net::SocketAddr = ebpf_proxy::paths::DEFAULT_METRICS.parse().unwrap();
+    assert_eq!(port.port, i32::from(default_metrics.port()));
+    let monitor = of_kind("ServiceMonitor");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"].as_str(), port.name.as_deref());
+    for (k, v) in monitor["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&service.metadata.labels.as_ref().unwrap()[k], v.as_str().unwrap());
+    }
+    assert!(
+        monitor["spec"]["endpoints"][0]["relabelings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["replacement"] == "kube-proxy")
+    );
+
+    let dashboard: Value =
+        serde_json::from_str(of_kind("ConfigMap")["data"]["ebpf-proxy-dashboard.json"].as_str().unwrap())
+            .expect("the dashboard is JSON");
+    let sources = [
+        include_str!("../src/telemetry.rs"),
+        include_str!("../src/metrics.rs"),
+        include_str!("../src/process_metrics.rs"),
+    ];
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 8);
+    for expr in panels.iter().flat_map(|p| p["targets"].as_array().unwrap()).map(|t| t["expr"].as_str().unwrap()) {
+        for name in expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| ["ebpf_proxy_", "kubeproxy_", "process_"].iter().any(|p| w.starts_with(p)))
+        {
+            // Registered names: counters without _total, histograms without _bucket.
+            let registered = name.trim_end_matches("_total").trim_end_matches("_bucket");
+            assert!(
+                sources.iter().any(|s| s.contains(&format!("\"{registered}\""))),
+                "{name} in {expr:?} is not a metric the agent exports"
+            );
+        }
+    }
+}

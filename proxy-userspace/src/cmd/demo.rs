@@ -77,6 +77,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         // The demo's clients are on the node: nothing is attached to the
         // machine's own devices.
         devices: crate::devices::DeviceSelection::Named(Vec::new()),
+        max_service_series: crate::metrics::DEFAULT_MAX_SERVICE_SERIES,
     };
     let (applied_tx, mut applied_rx) = watch::channel(Applied::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

@@ -79,6 +79,10 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
         ),
         health_timeout: Duration::from_secs(args.health_timeout.or(file.health_timeout_seconds).unwrap_or(60)),
         devices: crate::devices::DeviceSelection::from_names(flag_or_file(args.devices, file.devices)),
+        max_service_series: args
+            .max_service_series
+            .or(file.max_service_series)
+            .unwrap_or(crate::metrics::DEFAULT_MAX_SERVICE_SERIES),
     })
 }
 

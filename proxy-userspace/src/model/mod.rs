@@ -13,7 +13,7 @@ use std::{collections::BTreeMap, fmt, net::IpAddr};
 pub use endpoints::{SERVICE_NAME_LABEL, owning_service};
 pub use problem::{ObjectRef, Problem, Severity};
 pub use state::{Delta, ServiceId, ServiceInput, TableState, service_id};
-pub use table::{HealthCheck, NodeContext, Translation, ZONE_LABEL, translate};
+pub use table::{HealthCheck, NodeContext, TO_BE_DELETED_TAINT, Translation, ZONE_LABEL, node_eligible, translate};
 
 /// The loopback address NodePorts are also served on (as kube-proxy's
 /// iptables mode does), for processes on the node.

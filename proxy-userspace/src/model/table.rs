@@ -27,6 +27,23 @@ pub struct NodeContext {
 /// The Node label that names its zone.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
+/// The taint the cluster autoscaler puts on a node it is about to delete.
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Whether `node` should get traffic from load balancers: not being
+/// deleted, not tainted for deletion by the autoscaler (kube-proxy's
+/// `nodeEligible`, pkg/proxy/healthcheck).
+#[must_use]
+pub fn node_eligible(node: &Node) -> bool {
+    let deleted = node.metadata.deletion_timestamp.is_some();
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| taints.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
+    !deleted && !tainted
+}
+
 impl NodeContext {
     #[must_use]
     pub fn new(node_name: impl Into<String>) -> Self {

@@ -56,6 +56,12 @@ pub trait ChangeSource {
     /// this node's addresses or zone change).
     fn everything(&mut self) -> Option<Delivery>;
 
+    /// Changes received and not yet delivered: (Service changes,
+    /// EndpointSlice changes), for kube-proxy's `*_changes_pending`.
+    fn pending(&self) -> (usize, usize) {
+        (0, 0)
+    }
+
     /// The first table is in the maps and translation has started.
     fn started(&self, frontends: usize) {
         let _ = frontends;

@@ -34,7 +34,8 @@ use tracing::{debug, info, warn};
 
 use super::{
     ChangeSource, Delivery,
-    reachability::{Reachability, ReachabilityLayer},
+    reachability::Reachability,
+    requests::{ObserveLayer, Observer},
     retry::{Failure, RetrySchedule},
     slim::{slim_node, slim_service},
     store::ObjectStore,
@@ -97,6 +98,10 @@ impl ChangeSource for KubeSource {
 
     fn everything(&mut self) -> Option<Delivery> {
         Some(self.store.lock().expect("store lock").everything())
+    }
+
+    fn pending(&self) -> (usize, usize) {
+        self.store.lock().expect("store lock").pending_events()
     }
 
     fn started(&self, frontends: usize) {
@@ -275,9 +280,9 @@ pub fn announce(client: &Client, node_name: &str, reason: &str, note: String) {
 }
 
 /// A client from `--kubeconfig` when given, else the usual inference
-/// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`); its
-/// successful responses are reported to `reachability`.
-pub async fn client(kubeconfig: Option<&std::path::Path>, reachability: Arc<Reachability>) -> anyhow::Result<Client> {
+/// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`);
+/// `observers` see the outcome of each of its requests.
+pub async fn client(kubeconfig: Option<&std::path::Path>, observers: Vec<Observer>) -> anyhow::Result<Client> {
     use anyhow::Context as _;
     let config = match kubeconfig {
         Some(path) => {
@@ -292,6 +297,7 @@ pub async fn client(kubeconfig: Option<&std::path::Path>, reachability: Arc<Reac
              pass --kubeconfig, or --services-file to run without a cluster",
         )?,
     };
+    let host = config.cluster_url.authority().map(ToString::to_string).unwrap_or_default();
     let builder = kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
-    Ok(builder.with_layer(&ReachabilityLayer(reachability)).build())
+    Ok(builder.with_layer(&ObserveLayer::new(observers, &host)).build())
 }

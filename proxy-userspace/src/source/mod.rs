@@ -6,6 +6,7 @@ pub mod file_source;
 pub mod kube;
 pub mod objects;
 pub mod reachability;
+pub mod requests;
 pub mod retry;
 pub mod slim;
 pub mod store;

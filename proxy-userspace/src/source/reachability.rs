@@ -2,19 +2,19 @@
 //!
 //! A watch that resumes after an outage sends no event until something
 //! changes, so "watch is back" logged at the first event can come minutes
-//! late. Instead the watch loop marks a kind as failing, and a layer on the
-//! Kubernetes client clears the mark at the first successful response to a
-//! request for that kind: the list or watch that actually succeeded.
+//! late. Instead the watch loop marks a kind as failing, and an observer of
+//! the Kubernetes client's requests (`super::requests`) clears the mark at
+//! the first successful response to a request for that kind: the list or
+//! watch that actually succeeded.
 use std::{
     collections::HashMap,
-    future::Future,
-    pin::Pin,
     sync::{Arc, Mutex},
-    task::{Context, Poll},
     time::Instant,
 };
 
 use tracing::{info, warn};
+
+use super::requests::{Observer, Outcome};
 
 /// The kinds the agent watches, by their resource name in API paths.
 const KINDS: &[(&str, &str)] = &[("services", "Service"), ("endpointslices", "EndpointSlice"), ("nodes", "Node")];
@@ -45,6 +45,20 @@ impl Reachability {
         }
     }
 
+    /// An observer of the client's requests (`super::requests`) that
+    /// reports successful lists and watches here.
+    #[must_use]
+    pub fn observer(self: &Arc<Self>) -> Observer {
+        let this = self.clone();
+        Arc::new(move |outcome: &Outcome| {
+            if let Some(kind) = Self::kind_of(outcome.path)
+                && outcome.status.is_some_and(|s| (200..300).contains(&s))
+            {
+                this.succeeded(kind);
+            }
+        })
+    }
+
     /// Whether a watch of `kind` is failing now.
     #[must_use]
     pub fn is_failing(&self, kind: &str) -> bool {
@@ -64,53 +78,6 @@ impl Reachability {
         }?;
         let resource = if resource == "namespaces" { segments.nth(1)? } else { resource };
         KINDS.iter().find(|(r, _)| *r == resource).map(|(_, kind)| *kind)
-    }
-}
-
-/// The client layer that reports successful responses to `Reachability`.
-#[derive(Clone)]
-pub struct ReachabilityLayer(pub Arc<Reachability>);
-
-impl<S> tower::Layer<S> for ReachabilityLayer {
-    type Service = ReachabilityService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        ReachabilityService { inner, reachability: self.0.clone() }
-    }
-}
-
-#[derive(Clone)]
-pub struct ReachabilityService<S> {
-    inner: S,
-    reachability: Arc<Reachability>,
-}
-
-impl<S, B, R> tower::Service<http::Request<B>> for ReachabilityService<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let kind = Reachability::kind_of(request.uri().path());
-        let response = self.inner.call(request);
-        let reachability = self.reachability.clone();
-        Box::pin(async move {
-            let response = response.await?;
-            if let Some(kind) = kind
-                && response.status().is_success()
-            {
-                reachability.succeeded(kind);
-            }
-            Ok(response)
-        })
     }
 }
 

@@ -96,6 +96,9 @@ struct Pending {
     node: bool,
     /// Services whose Service changed, or one of whose slices did.
     services: BTreeSet<ServiceId>,
+    /// Service and EndpointSlice watch events (not list progress) since
+    /// the last read.
+    events: (usize, usize),
 }
 
 #[derive(Debug)]
@@ -118,7 +121,7 @@ impl Default for ObjectStore {
             slices: Kind::default(),
             nodes: Kind::default(),
             index: SliceIndex::default(),
-            pending: Pending { full: true, node: true, services: BTreeSet::new() },
+            pending: Pending { full: true, node: true, ..Pending::default() },
             triggers: Vec::new(),
         }
     }
@@ -139,11 +142,13 @@ impl ObjectStore {
             }
             Event::Apply(mut svc) => {
                 slim_service(&mut svc);
+                self.pending.events.0 += 1;
                 let id = service_id(&svc);
                 self.pending.services.insert(id.clone());
                 self.services.upsert(id, svc);
             }
             Event::Delete(svc) => {
+                self.pending.events.0 += 1;
                 let id = service_id(&svc);
                 self.services.remove(&id);
                 self.pending.services.insert(id);
@@ -176,12 +181,14 @@ impl ObjectStore {
             }
             Event::Apply(obj) => {
                 let slice = StoredSlice::from(obj);
+                self.pending.events.1 += 1;
                 self.triggers.extend(trigger_time(&slice));
                 let id = slice.id();
                 self.index.set(id.clone(), Some(&slice), &mut self.pending.services);
                 self.slices.upsert(id, slice);
             }
             Event::Delete(obj) => {
+                self.pending.events.1 += 1;
                 let id = StoredSlice::from(obj).id();
                 self.index.set(id.clone(), None, &mut self.pending.services);
                 self.slices.remove(&id);
@@ -224,6 +231,12 @@ impl ObjectStore {
     #[must_use]
     pub fn slices_listed(&self) -> bool {
         self.slices.listed
+    }
+
+    /// Service and EndpointSlice changes since the last read.
+    #[must_use]
+    pub const fn pending_events(&self) -> (usize, usize) {
+        self.pending.events
     }
 
     /// Whether anything changed since the last read.

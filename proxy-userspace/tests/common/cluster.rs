@@ -40,9 +40,7 @@ impl Cluster {
             std::fs::write(&path, kubeconfig_yaml(&server.url())).expect("write kubeconfig");
             (path, Some(server))
         };
-        let client = rt
-            .block_on(ebpf_proxy::source::kube::client(Some(&kubeconfig), std::sync::Arc::default()))
-            .expect("kube client");
+        let client = rt.block_on(ebpf_proxy::source::kube::client(Some(&kubeconfig), Vec::new())).expect("kube client");
         let namespace = unique_name("ebpf-proxy-test");
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
         rt.block_on(Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns))

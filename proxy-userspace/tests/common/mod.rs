@@ -326,7 +326,16 @@ pub fn agent_address(agent: &AgentProcess, what: &str) -> String {
 
 /// GET over loopback with curl: (status, body).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let out = std::process::Command::new("curl")
+    http_get_in(None, addr, path)
+}
+
+/// GET with curl, inside network namespace `ns` when given: (status, body).
+pub fn http_get_in(ns: Option<&NetNs>, addr: &str, path: &str) -> (u16, String) {
+    let mut curl = match ns {
+        Some(ns) => spawn_in(ns, None, "curl").expect("prepare curl"),
+        None => std::process::Command::new("curl"),
+    };
+    let out = curl
         .args(["-sS", "--max-time", "3", "-w", "\n%{http_code}"])
         .arg(format!("http://{addr}{path}"))
         .output()
