@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ebpf_proxy::model::{
     Backend, BackendState, Frontend, FrontendKey, FrontendKind, NodeContext, Protocol, Reach, Scope, ServiceId,
-    ServiceInput, ServiceTable, TableState, service_id, translate,
+    ServiceInput, ServicePort, ServiceTable, TableState, service_id, translate,
 };
 use ebpf_proxy::source::stored_slice::StoredSlice;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
@@ -245,7 +245,11 @@ fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
                     Affinity::ClientIp => Some(10_800),
                     Affinity::ClientIpFor(t) => Some(u32::from(t)),
                 },
-                ..Frontend::new(format!("ns{}/s{}:{}", s.ns, s.name, PORT_NAMES[usize::from(*pname)]), kind, backends)
+                ..Frontend::new(
+                    ServicePort::new(format!("ns{}", s.ns), format!("s{}", s.name), PORT_NAMES[usize::from(*pname)]),
+                    kind,
+                    backends,
+                )
             };
             let cluster_ip = FrontendKey::new(Ipv4Addr::new(10, 96, 0, s.ip).into(), *port, protocol);
             table.entry(cluster_ip).or_insert(frontend(

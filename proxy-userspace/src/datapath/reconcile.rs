@@ -32,7 +32,9 @@ use super::{
     maglev_tables::MaglevTables,
     maps::{Dump, MapError, ServiceMaps},
 };
-use crate::model::{BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServiceTable};
+use crate::model::{
+    BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServicePort, ServiceTable,
+};
 
 /// A backend as the maps know it: address, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -53,7 +55,9 @@ impl fmt::Display for BackendAddr {
 
 #[derive(Clone, Debug)]
 struct AppliedFrontend {
-    service_port: String,
+    service_port: ServicePort,
+    /// Whether `SERVICE_NAMES[rev_nat]` holds `service_port`.
+    name_written: bool,
     /// Allocated rev-NAT id (0: none yet).
     rev_nat: u16,
     /// Whether `REVNAT[rev_nat]` holds this frontend's address.
@@ -67,9 +71,10 @@ struct AppliedFrontend {
 }
 
 impl AppliedFrontend {
-    fn new(service_port: String) -> Self {
+    fn new(service_port: ServicePort) -> Self {
         Self {
             service_port,
+            name_written: false,
             rev_nat: 0,
             rev_nat_written: false,
             master: None,
@@ -88,7 +93,7 @@ impl AppliedFrontend {
 /// What happened to one frontend, for the logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
-    pub service_port: String,
+    pub service_port: ServicePort,
     pub frontend: FrontendKey,
     pub kind: ChangeKind,
     pub backends: usize,
@@ -298,7 +303,7 @@ impl Reconciler {
     /// deletes entries no reader can reach: slots without a slot 0, rev-NAT
     /// entries of no frontend, entries of unknown protocols.
     pub fn recover(maps: &mut impl ServiceMaps) -> Result<(Self, Recovery), MapError> {
-        let Dump { services, backends, rev_nat, maglev, source_ranges } = maps.dump()?;
+        let Dump { services, backends, rev_nat, maglev, source_ranges, names } = maps.dump()?;
         let mut this = Self::default();
         let mut recovery = Recovery::default();
         let mut stale_services = Vec::new();
@@ -327,11 +332,15 @@ impl Reconciler {
                 continue;
             };
             let fk = FrontendKey { addr: decode(&key.addr), port: u16::from_be(key.port), protocol, scope };
-            let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(fk.to_string()));
+            let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(ServicePort::default()));
             if key.slot == 0 {
                 fe.master = Some(*value);
                 fe.rev_nat = value.rev_nat;
                 fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| *r == rev_nat_value(fk));
+                if let Some(name) = names.get(&value.rev_nat) {
+                    fe.service_port = super::names::decode(name);
+                    fe.name_written = true;
+                }
             } else {
                 let i = usize::from(key.slot) - 1;
                 if fe.slots.len() <= i {
@@ -354,6 +363,7 @@ impl Reconciler {
         }
         let used_rev_nat: BTreeSet<u16> = this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
         let stale_rev_nat: Vec<u16> = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
+        let stale_names: Vec<u16> = names.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
         let by_rev_nat: HashMap<u16, FrontendKey> =
             this.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k)).collect();
         let mut stale_ranges = Vec::new();
@@ -388,6 +398,9 @@ impl Reconciler {
         for (id, net) in &stale_ranges {
             maps.remove_source_range(*id, *net)?;
         }
+        for id in &stale_names {
+            maps.remove_name(*id)?;
+        }
         for id in &stale_backends {
             maps.remove_backend(*id)?;
         }
@@ -396,7 +409,7 @@ impl Reconciler {
         recovery.frontends = this.frontends.len();
         recovery.backends = this.backends.len();
         recovery.stale_entries_removed =
-            stale_services.len() + stale_rev_nat.len() + stale_backends.len() + stale_ranges.len();
+            stale_services.len() + stale_rev_nat.len() + stale_backends.len() + stale_ranges.len() + stale_names.len();
         Ok((this, recovery))
     }
 
@@ -421,7 +434,7 @@ impl Reconciler {
 
     /// Every frontend's rev-NAT id, with its key and service port.
     #[must_use]
-    pub fn frontend_ids(&self) -> Vec<(u16, FrontendKey, String)> {
+    pub fn frontend_ids(&self) -> Vec<(u16, FrontendKey, ServicePort)> {
         self.frontends
             .iter()
             .filter(|(_, f)| f.rev_nat != 0)
@@ -645,7 +658,10 @@ impl Reconciler {
         let existed = self.frontends.contains_key(&key);
         let before: Vec<u32> = self.frontends.get(&key).map(|f| f.live_slots().to_vec()).unwrap_or_default();
         let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(frontend.service_port.clone()));
-        frontend.service_port.clone_into(&mut fe.service_port);
+        if fe.service_port != frontend.service_port {
+            frontend.service_port.clone_into(&mut fe.service_port);
+            fe.name_written = false;
+        }
         let writes_before = report.writes;
 
         if fe.rev_nat == 0 {
@@ -729,6 +745,17 @@ impl Reconciler {
             maps.remove_source_range(fe.rev_nat, *net)?;
             fe.ranges.remove(net);
         }
+        // Only `ebpf-proxy service` reads the name: a failure here is
+        // reported and retried but does not hold the frontend back.
+        if !fe.name_written {
+            report.writes += 1;
+            match maps.set_name(fe.rev_nat, &super::names::encode(&fe.service_port)) {
+                Ok(()) => fe.name_written = true,
+                Err(error) => {
+                    report.failures.push(Failure { subject: format!("{} {key} name", fe.service_port), error })
+                }
+            }
+        }
         if report.writes > writes_before {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
             let before: Vec<BackendAddr> =
@@ -769,6 +796,11 @@ impl Reconciler {
             report.writes += 1;
             maps.remove_source_range(fe.rev_nat, net)?;
             fe.ranges.remove(&net);
+        }
+        if fe.name_written {
+            report.writes += 1;
+            maps.remove_name(fe.rev_nat)?;
+            fe.name_written = false;
         }
         if fe.rev_nat != 0 {
             report.writes += 1;
