@@ -25,6 +25,13 @@ struct Svc {
     affinity: Affinity,
 }
 
+impl Svc {
+    /// Its port named `PORT_NAMES[pname]`, as the model names it.
+    fn service_port(&self, pname: u8) -> ServicePort {
+        ServicePort::new(format!("ns{}", self.ns), format!("s{}", self.name), PORT_NAMES[usize::from(pname)])
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Affinity {
     None,
@@ -245,11 +252,7 @@ fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
                     Affinity::ClientIp => Some(10_800),
                     Affinity::ClientIpFor(t) => Some(u32::from(t)),
                 },
-                ..Frontend::new(
-                    ServicePort::new(format!("ns{}", s.ns), format!("s{}", s.name), PORT_NAMES[usize::from(*pname)]),
-                    kind,
-                    backends,
-                )
+                ..Frontend::new(s.service_port(*pname), kind, backends)
             };
             let cluster_ip = FrontendKey::new(Ipv4Addr::new(10, 96, 0, s.ip).into(), *port, protocol);
             table.entry(cluster_ip).or_insert(frontend(

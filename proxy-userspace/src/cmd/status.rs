@@ -111,7 +111,7 @@ pub fn read(dir: &Path) -> anyhow::Result<Status> {
             .map_err(|e| e.to_string())
             .and_then(|s| s.read().map_err(|e| e.to_string()))
         {
-            Ok(stats) => (Some(stats.into_iter().collect()), None),
+            Ok(counters) => (Some(counters.into_iter().collect()), None),
             Err(err) => (None, Some(err)),
         };
     status.maps = Some(Maps {
@@ -160,10 +160,10 @@ pub fn text(status: &Status) -> String {
             m.maglev_tables, m.maglev_table_size, m.source_ranges
         );
         match (&m.external_traffic, &m.external_traffic_error) {
-            (Some(stats), _) => {
+            (Some(counters), _) => {
                 let text: Vec<String> = proxy_common::external_stat::NAMES
                     .iter()
-                    .filter_map(|name| Some(format!("{name}={}", stats.get(name)?)))
+                    .filter_map(|name| Some(format!("{name}={}", counters.get(name)?)))
                     .collect();
                 let _ = writeln!(out, "traffic from outside: {}", text.join(" "));
             }

@@ -22,7 +22,7 @@ use std::{
 
 use ipnet::IpNet;
 use proxy_common::{
-    Backend as BackendValue, RevNat, ServiceKey, ServiceValue, backend_flags, backend_state,
+    Backend as BackendValue, RevNat, ServiceKey, ServiceName, ServiceValue, backend_flags, backend_state,
     net::{decode, encode},
     scope, service_flags,
 };
@@ -80,6 +80,36 @@ impl AppliedFrontend {
             master: None,
             slots: Vec::new(),
             ranges: BTreeSet::new(),
+        }
+    }
+
+    /// Takes the service port `name` names (recovery).
+    fn recover_name(&mut self, name: Option<&ServiceName>) {
+        if let Some(name) = name {
+            self.service_port = super::names::decode(name);
+            self.name_written = true;
+        }
+    }
+
+    /// Takes `service_port`; its name is written again when it differs.
+    fn set_service_port(&mut self, service_port: &ServicePort) {
+        if self.service_port != *service_port {
+            service_port.clone_into(&mut self.service_port);
+            self.name_written = false;
+        }
+    }
+
+    /// Writes the name when it is not in the map. Only `ebpf-proxy
+    /// service` reads it: a failure is reported (and retried) but does not
+    /// hold the frontend back.
+    fn write_name(&mut self, maps: &mut impl ServiceMaps, key: FrontendKey, report: &mut Report) {
+        if self.name_written {
+            return;
+        }
+        report.writes += 1;
+        match maps.set_name(self.rev_nat, &super::names::encode(&self.service_port)) {
+            Ok(()) => self.name_written = true,
+            Err(error) => report.failures.push(Failure { subject: format!("{} {key} name", self.service_port), error }),
         }
     }
 
@@ -337,10 +367,7 @@ impl Reconciler {
                 fe.master = Some(*value);
                 fe.rev_nat = value.rev_nat;
                 fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| *r == rev_nat_value(fk));
-                if let Some(name) = names.get(&value.rev_nat) {
-                    fe.service_port = super::names::decode(name);
-                    fe.name_written = true;
-                }
+                fe.recover_name(names.get(&value.rev_nat));
             } else {
                 let i = usize::from(key.slot) - 1;
                 if fe.slots.len() <= i {
@@ -658,10 +685,7 @@ impl Reconciler {
         let existed = self.frontends.contains_key(&key);
         let before: Vec<u32> = self.frontends.get(&key).map(|f| f.live_slots().to_vec()).unwrap_or_default();
         let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(frontend.service_port.clone()));
-        if fe.service_port != frontend.service_port {
-            frontend.service_port.clone_into(&mut fe.service_port);
-            fe.name_written = false;
-        }
+        fe.set_service_port(&frontend.service_port);
         let writes_before = report.writes;
 
         if fe.rev_nat == 0 {
@@ -745,17 +769,7 @@ impl Reconciler {
             maps.remove_source_range(fe.rev_nat, *net)?;
             fe.ranges.remove(net);
         }
-        // Only `ebpf-proxy service` reads the name: a failure here is
-        // reported and retried but does not hold the frontend back.
-        if !fe.name_written {
-            report.writes += 1;
-            match maps.set_name(fe.rev_nat, &super::names::encode(&fe.service_port)) {
-                Ok(()) => fe.name_written = true,
-                Err(error) => {
-                    report.failures.push(Failure { subject: format!("{} {key} name", fe.service_port), error })
-                }
-            }
-        }
+        fe.write_name(maps, key, report);
         if report.writes > writes_before {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
             let before: Vec<BackendAddr> =
