@@ -24,6 +24,9 @@ pub mod map_names {
     pub const MAGLEV: &str = "MAGLEV";
     pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
     pub const EXTERNAL_STATS: &str = "EXTERNAL_STATS";
+    /// Userspace only (the programs never read it): the service port of
+    /// each frontend, for `ebpf-proxy service` with the agent stopped.
+    pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
 }
 
 /// Default sizes of the maps (entries); the agent can override them at load.
@@ -50,6 +53,8 @@ pub mod map_sizes {
     pub const MAGLEV: u32 = 65_535;
     /// loadBalancerSourceRanges entries over all frontends.
     pub const SOURCE_RANGES: u32 = 16_384;
+    /// One entry per frontend, by rev-NAT id (allocated as used).
+    pub const SERVICE_NAMES: u32 = REVNAT;
 }
 
 /// IP protocol numbers as they appear in `bpf_sock_addr.protocol`.
@@ -450,6 +455,24 @@ pub struct SourceRange {
     pub addr: Addr,
 }
 
+/// Value of `SERVICE_NAMES`, keyed by the `u16` rev-NAT id of a frontend:
+/// the service port it comes from, each part UTF-8 and zero-padded (the
+/// limits are Kubernetes': a namespace and a Service name are DNS labels of
+/// at most 63 bytes, a port name an IANA service name of at most 15).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceName {
+    pub namespace: [u8; 64],
+    pub name: [u8; 64],
+    pub port: [u8; 16],
+}
+
+impl Default for ServiceName {
+    fn default() -> Self {
+        Self { namespace: [0; 64], name: [0; 64], port: [0; 16] }
+    }
+}
+
 /// Bits of a `SOURCE_RANGES` prefix taken by `rev_nat` and `pad`.
 pub const SOURCE_RANGE_ID_BITS: u32 = 32;
 
@@ -466,6 +489,7 @@ const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
 const _: () = assert!(core::mem::size_of::<CtValue>() == 56);
 const _: () = assert!(core::mem::size_of::<SourceRange>() == 20);
+const _: () = assert!(core::mem::size_of::<ServiceName>() == 144);
 
 /// Conversions between the maps' 16-byte addresses and `std::net`.
 #[cfg(feature = "user")]
@@ -508,6 +532,7 @@ mod pod {
     unsafe impl aya::Pod for super::CtKey {}
     unsafe impl aya::Pod for super::CtValue {}
     unsafe impl aya::Pod for super::SourceRange {}
+    unsafe impl aya::Pod for super::ServiceName {}
 }
 
 #[cfg(test)]

@@ -5,10 +5,14 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::paths::DEFAULT_PIN_DIR;
 
+/// `--version`: the package version and the commit it is built from
+/// (`git describe`, "unknown" when built outside a git checkout; see build.rs).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("EBPF_PROXY_COMMIT"), ")");
+
 /// Kubernetes service proxy that translates service addresses with eBPF at
 /// the socket, instead of iptables DNAT.
 #[derive(Debug, Parser)]
-#[command(name = "ebpf-proxy", version)]
+#[command(name = "ebpf-proxy", version = VERSION)]
 pub struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -38,7 +42,13 @@ pub enum Command {
     Service(ServiceArgs),
     /// Show the datapath in the kernel: the attached programs (pinned
     /// links) and what the maps hold (the agent need not be running).
-    Status(PinDirArgs),
+    Status(StatusArgs),
+    /// Print a shell completion script, e.g. `ebpf-proxy completion bash >
+    /// /etc/bash_completion.d/ebpf-proxy`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -55,8 +65,13 @@ pub struct ServiceArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ServiceCommand {
-    /// Every frontend with its backends and their states.
-    List,
+    /// Every frontend with its service, backends and their states.
+    List {
+        /// Only the frontends of this service: NAMESPACE/NAME, or
+        /// NAMESPACE/NAME:PORT-NAME for one of its ports.
+        #[arg(long, value_name = "NAMESPACE/NAME[:PORT]")]
+        service: Option<String>,
+    },
     /// One frontend: ADDR:PORT, [IPv6]:PORT, optionally /TCP or /UDP.
     Get { frontend: String },
 }
@@ -65,6 +80,15 @@ pub enum ServiceCommand {
 pub enum OutputFormat {
     Table,
     Json,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub pin: PinDirArgs,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
 }
 
 /// Commands that only need the agent's pin directory.

@@ -16,6 +16,7 @@ async fn main() -> ExitCode {
         Command::Cleanup(args) => cmd::cleanup::run(&args),
         Command::Service(args) => cmd::service::run(&args),
         Command::Status(args) => cmd::status::run(&args),
+        Command::Completion { shell } => cmd::completion::run(shell),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

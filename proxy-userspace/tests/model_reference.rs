@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ebpf_proxy::model::{
     Backend, BackendState, Frontend, FrontendKey, FrontendKind, NodeContext, Protocol, Reach, Scope, ServiceId,
-    ServiceInput, ServiceTable, TableState, service_id, translate,
+    ServiceInput, ServicePort, ServiceTable, TableState, service_id, translate,
 };
 use ebpf_proxy::source::stored_slice::StoredSlice;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
@@ -23,6 +23,13 @@ struct Svc {
     local: bool,
     ports: Vec<(u8, u16, bool)>, // (name, port, udp)
     affinity: Affinity,
+}
+
+impl Svc {
+    /// Its port named `PORT_NAMES[pname]`, as the model names it.
+    fn service_port(&self, pname: u8) -> ServicePort {
+        ServicePort::new(format!("ns{}", self.ns), format!("s{}", self.name), PORT_NAMES[usize::from(pname)])
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -246,7 +253,7 @@ fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
                     Affinity::ClientIp => Some(10_800),
                     Affinity::ClientIpFor(t) => Some(u32::from(t)),
                 },
-                ..Frontend::new(format!("ns{}/s{}:{}", s.ns, s.name, PORT_NAMES[usize::from(*pname)]), kind, backends)
+                ..Frontend::new(s.service_port(*pname), kind, backends)
             };
             let cluster_ip = FrontendKey::new(Ipv4Addr::new(10, 96, 0, s.ip).into(), *port, protocol);
             table.entry(cluster_ip).or_insert(frontend(

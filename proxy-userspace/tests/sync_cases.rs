@@ -309,12 +309,13 @@ fn render(synced: Option<(usize, usize)>, maps: &FakeMaps, agent: &Agent) -> Res
     out.push_str(&inspect::table(&inspect::frontends(&dump)));
     let _ = writeln!(
         out,
-        "entries: services {} backends {} rev-nat {} maglev {} source-ranges {}",
+        "entries: services {} backends {} rev-nat {} maglev {} source-ranges {} names {}",
         dump.services.len(),
         dump.backends.len(),
         dump.rev_nat.len(),
         dump.maglev.len(),
-        dump.source_ranges.len()
+        dump.source_ranges.len(),
+        dump.names.len()
     );
     let stats = agent.pipeline.stats();
     if stats.objects_rejected + stats.problems > 0 {

@@ -1,5 +1,6 @@
 //! One file per subcommand.
 pub mod cleanup;
+pub mod completion;
 pub mod demo;
 pub mod run;
 pub mod service;

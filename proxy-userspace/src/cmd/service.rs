@@ -15,7 +15,11 @@ pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {
         .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?;
     let all = inspect::frontends(&maps.dump()?);
     let shown = match &args.command {
-        ServiceCommand::List => all,
+        ServiceCommand::List { service: None } => all,
+        ServiceCommand::List { service: Some(filter) } => {
+            let filter: inspect::ServiceFilter = filter.parse()?;
+            all.into_iter().filter(|f| f.is_of(&filter)).collect()
+        }
         ServiceCommand::Get { frontend } => {
             let wanted = parse_frontend(frontend)?;
             let found: Vec<_> = all

@@ -1,82 +1,241 @@
 //! `ebpf-proxy status`: the datapath left in the kernel, from the pins
-//! (the agent need not be running).
-use std::fmt::Write as _;
+//! (the agent need not be running), as text or JSON (`-o json`).
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    path::{Path, PathBuf},
+};
 
 use anyhow::Context as _;
+use serde::Serialize;
 
 use crate::{
-    args::PinDirArgs,
+    args::{OutputFormat, StatusArgs},
     datapath::{KernelMaps, ServiceMaps as _, counters::ExternalStats, inspect, links, links::LinkTarget},
     paths::LINKS_SUBDIR,
 };
+
+/// What `status` shows; the text is made from it, so both say the same.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub pin_directory: PathBuf,
+    /// False: nothing is pinned there (no datapath).
+    pub pinned: bool,
+    /// The pinned links, by name; none: translation is off.
+    pub programs: Vec<Program>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maps: Option<Maps>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Program {
+    /// The link's pin name (the program's, or `tc-DEVICE-DIRECTION`).
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_id: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub program_id: Option<u32>,
+    /// `cgroup id N`, `device DEV ingress|egress` or `link type N`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Why the link could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Maps {
+    pub frontends: usize,
+    pub frontends_without_backends: usize,
+    pub backend_slots: usize,
+    pub maglev_tables: usize,
+    pub maglev_table_size: usize,
+    pub source_ranges: usize,
+    /// What the TC programs did with traffic from outside, by counter name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_traffic: Option<BTreeMap<&'static str, u64>>,
+    /// Why the counters could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub external_traffic_error: Option<String>,
+}
 
 /// The name of device `ifindex` in this network namespace, or `#N`.
 fn device_name(ifindex: u32) -> String {
     nix::net::if_::if_indextoname(ifindex).map_or_else(|_| format!("#{ifindex}"), |n| n.to_string_lossy().into_owned())
 }
 
-pub fn run(args: &PinDirArgs) -> anyhow::Result<()> {
-    print!("{}", report(&args.bpffs_dir)?);
+pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
+    let status = read(&args.pin.bpffs_dir)?;
+    match args.output {
+        OutputFormat::Table => print!("{}", text(&status)),
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&status)?),
+    }
     Ok(())
 }
 
-/// The status text for the pin directory `dir`.
-pub fn report(dir: &std::path::Path) -> anyhow::Result<String> {
-    let mut out = String::new();
-    if !dir.exists() {
-        writeln!(out, "no datapath: nothing is pinned in {}", dir.display())?;
-        return Ok(out);
+/// Reads the status of the datapath pinned in `dir`.
+pub fn read(dir: &Path) -> anyhow::Result<Status> {
+    let mut status = Status { pin_directory: dir.to_owned(), pinned: dir.exists(), programs: Vec::new(), maps: None };
+    if !status.pinned {
+        return Ok(status);
     }
-    writeln!(out, "pin directory: {}", dir.display())?;
-    writeln!(out, "programs (attached through pinned links):")?;
     let mut names: Vec<_> = std::fs::read_dir(dir.join(LINKS_SUBDIR))
         .map(|entries| entries.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default();
     names.sort();
-    if names.is_empty() {
-        writeln!(out, "  none: translation is off")?;
-    }
     for name in names {
-        match links::pinned_link_info(&dir.join(LINKS_SUBDIR).join(&name)) {
-            Ok(i) => {
-                let target = match i.target {
+        let program = match links::pinned_link_info(&dir.join(LINKS_SUBDIR).join(&name)) {
+            Ok(i) => Program {
+                name,
+                link_id: Some(i.link_id),
+                program_id: Some(i.program_id),
+                target: Some(match i.target {
                     LinkTarget::Cgroup(id) => format!("cgroup id {id}"),
                     LinkTarget::Tc { ifindex, ingress } => {
                         format!("device {} {}", device_name(ifindex), if ingress { "ingress" } else { "egress" })
                     }
                     LinkTarget::Other { link_type } => format!("link type {link_type}"),
-                };
-                writeln!(out, "  {name:<24} link {:<6} program {:<6} {target}", i.link_id, i.program_id)?;
-            }
-            Err(err) => writeln!(out, "  {name:<24} unreadable: {err}")?,
-        }
+                }),
+                error: None,
+            },
+            Err(err) => Program { name, link_id: None, program_id: None, target: None, error: Some(err.to_string()) },
+        };
+        status.programs.push(program);
     }
     let maps_dir = crate::paths::current_maps_dir(dir).context("no pinned maps")?;
     let maps = KernelMaps::open_pinned(&maps_dir).context("reading the pinned maps")?;
     let dump = maps.dump()?;
     let frontends = inspect::frontends(&dump);
-    let backends: usize = frontends.iter().map(|f| f.backends.len()).sum();
-    let empty = frontends.iter().filter(|f| f.backends.is_empty()).count();
-    writeln!(out, "frontends: {} ({empty} without backends), backend slots: {backends}", frontends.len())?;
-    writeln!(
-        out,
-        "Maglev tables: {} of {} entries, source ranges: {}",
-        dump.maglev.len(),
-        maps.maglev_size(),
-        dump.source_ranges.len()
-    )?;
-    match ExternalStats::open_pinned(&maps_dir.join(proxy_common::map_names::EXTERNAL_STATS)).and_then(|s| {
-        s.read().map_err(|source| crate::datapath::MapError::Syscall {
-            map: crate::datapath::maps::MapName::Maglev,
-            op: "read",
-            source,
-        })
-    }) {
-        Ok(stats) => {
-            let text: Vec<String> = stats.iter().map(|(name, n)| format!("{name}={n}")).collect();
-            writeln!(out, "traffic from outside: {}", text.join(" "))?;
-        }
-        Err(err) => writeln!(out, "traffic from outside: unreadable: {err}")?,
+    let (external_traffic, external_traffic_error) =
+        match ExternalStats::open_pinned(&maps_dir.join(proxy_common::map_names::EXTERNAL_STATS))
+            .map_err(|e| e.to_string())
+            .and_then(|s| s.read().map_err(|e| e.to_string()))
+        {
+            Ok(counters) => (Some(counters.into_iter().collect()), None),
+            Err(err) => (None, Some(err)),
+        };
+    status.maps = Some(Maps {
+        frontends: frontends.len(),
+        frontends_without_backends: frontends.iter().filter(|f| f.backends.is_empty()).count(),
+        backend_slots: frontends.iter().map(|f| f.backends.len()).sum(),
+        maglev_tables: dump.maglev.len(),
+        maglev_table_size: maps.maglev_size(),
+        source_ranges: dump.source_ranges.len(),
+        external_traffic,
+        external_traffic_error,
+    });
+    Ok(status)
+}
+
+/// The status as text.
+#[must_use]
+pub fn text(status: &Status) -> String {
+    let mut out = String::new();
+    if !status.pinned {
+        let _ = writeln!(out, "no datapath: nothing is pinned in {}", status.pin_directory.display());
+        return out;
     }
-    Ok(out)
+    let _ = writeln!(out, "pin directory: {}", status.pin_directory.display());
+    let _ = writeln!(out, "programs (attached through pinned links):");
+    if status.programs.is_empty() {
+        let _ = writeln!(out, "  none: translation is off");
+    }
+    for p in &status.programs {
+        let _ = match (&p.error, p.link_id, p.program_id, &p.target) {
+            (None, Some(link), Some(program), Some(target)) => {
+                writeln!(out, "  {:<24} link {link:<6} program {program:<6} {target}", p.name)
+            }
+            (error, ..) => writeln!(out, "  {:<24} unreadable: {}", p.name, error.as_deref().unwrap_or("?")),
+        };
+    }
+    if let Some(m) = &status.maps {
+        let _ = writeln!(
+            out,
+            "frontends: {} ({} without backends), backend slots: {}",
+            m.frontends, m.frontends_without_backends, m.backend_slots
+        );
+        let _ = writeln!(
+            out,
+            "Maglev tables: {} of {} entries, source ranges: {}",
+            m.maglev_tables, m.maglev_table_size, m.source_ranges
+        );
+        match (&m.external_traffic, &m.external_traffic_error) {
+            (Some(counters), _) => {
+                let text: Vec<String> = proxy_common::external_stat::NAMES
+                    .iter()
+                    .filter_map(|name| Some(format!("{name}={}", counters.get(name)?)))
+                    .collect();
+                let _ = writeln!(out, "traffic from outside: {}", text.join(" "));
+            }
+            (None, error) => {
+                let _ = writeln!(out, "traffic from outside: unreadable: {}", error.as_deref().unwrap_or("?"));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Maps, Program, Status, text};
+
+    fn status() -> Status {
+        Status {
+            pin_directory: "/sys/fs/bpf/ebpf-proxy".into(),
+            pinned: true,
+            programs: vec![
+                Program {
+                    name: "connect4".into(),
+                    link_id: Some(7),
+                    program_id: Some(42),
+                    target: Some("cgroup id 1".into()),
+                    error: None,
+                },
+                Program { name: "tc-eth0-ingress".into(), error: Some("gone".into()), ..none() },
+            ],
+            maps: Some(Maps {
+                frontends: 3,
+                frontends_without_backends: 1,
+                backend_slots: 4,
+                maglev_tables: 1,
+                maglev_table_size: 16_381,
+                source_ranges: 0,
+                external_traffic: Some([("new_flow", 5), ("no_backend", 1)].into_iter().collect()),
+                external_traffic_error: None,
+            }),
+        }
+    }
+
+    fn none() -> Program {
+        Program { name: String::new(), link_id: None, program_id: None, target: None, error: None }
+    }
+
+    #[test]
+    fn text_and_json_say_the_same() {
+        let s = status();
+        assert_eq!(
+            text(&s),
+            "\
+pin directory: /sys/fs/bpf/ebpf-proxy
+programs (attached through pinned links):
+  connect4                 link 7      program 42     cgroup id 1
+  tc-eth0-ingress          unreadable: gone
+frontends: 3 (1 without backends), backend slots: 4
+Maglev tables: 1 of 16381 entries, source ranges: 0
+traffic from outside: new_flow=5 no_backend=1
+"
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["programs"][0]["program_id"], 42);
+        assert_eq!(json["programs"][1]["error"], "gone");
+        assert_eq!(json["maps"]["frontends_without_backends"], 1);
+        assert_eq!(json["maps"]["external_traffic"]["new_flow"], 5);
+    }
+
+    #[test]
+    fn nothing_pinned_says_so() {
+        let s = Status { pin_directory: "/x".into(), pinned: false, programs: Vec::new(), maps: None };
+        assert_eq!(text(&s), "no datapath: nothing is pinned in /x\n");
+        assert_eq!(serde_json::to_value(&s).unwrap()["pinned"], false);
+    }
 }

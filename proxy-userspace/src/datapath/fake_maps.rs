@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceValue, scope, service_flags};
+use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceName, ServiceValue, scope, service_flags};
 
 use super::maps::{Dump, MapError, MapName, ServiceMaps};
 
@@ -161,6 +161,20 @@ impl ServiceMaps for FakeMaps {
     fn remove_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError> {
         self.step(MapName::SourceRanges)?;
         self.state.source_ranges.remove(&(rev_nat, net));
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn set_name(&mut self, rev_nat: u16, name: &ServiceName) -> Result<(), MapError> {
+        self.step(MapName::Names)?;
+        Self::insert(&mut self.state.names, self.capacity, MapName::Names, rev_nat, *name)?;
+        self.check_reader_view();
+        Ok(())
+    }
+
+    fn remove_name(&mut self, rev_nat: u16) -> Result<(), MapError> {
+        self.step(MapName::Names)?;
+        self.state.names.remove(&rev_nat);
         self.check_reader_view();
         Ok(())
     }

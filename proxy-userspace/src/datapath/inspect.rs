@@ -16,6 +16,15 @@ pub struct FrontendView {
     pub address: IpAddr,
     pub port: u16,
     pub protocol: String,
+    /// The Service's namespace (absent: the agent wrote no name for it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The Service's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The service port's name (empty for an unnamed port).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port_name: Option<String>,
     /// ClusterIP, NodePort, LoadBalancer or ExternalIP.
     #[serde(rename = "type")]
     pub kind: &'static str,
@@ -62,6 +71,56 @@ impl FrontendView {
         let scope = if self.scope.is_some() { Scope::External } else { Scope::All };
         Some(FrontendKey { addr: self.address, port: self.port, protocol, scope })
     }
+
+    /// `namespace/name:port` (`namespace/name` for an unnamed port), or
+    /// `-` when the maps hold no name for it.
+    #[must_use]
+    pub fn service_text(&self) -> String {
+        match (&self.namespace, &self.name, self.port_name.as_deref()) {
+            (Some(ns), Some(name), None | Some("")) => format!("{ns}/{name}"),
+            (Some(ns), Some(name), Some(port)) => format!("{ns}/{name}:{port}"),
+            _ => "-".to_owned(),
+        }
+    }
+
+    /// Whether it comes from `filter`: a service (`namespace/name`) or one
+    /// of its ports (`namespace/name:port`).
+    #[must_use]
+    pub fn is_of(&self, filter: &ServiceFilter) -> bool {
+        self.namespace.as_deref() == Some(filter.namespace.as_str())
+            && self.name.as_deref() == Some(filter.name.as_str())
+            && filter.port.as_ref().is_none_or(|p| self.port_name.as_ref() == Some(p))
+    }
+}
+
+/// `--service NAMESPACE/NAME[:PORT]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceFilter {
+    pub namespace: String,
+    pub name: String,
+    /// One port's name (`Some("")`: the unnamed port).
+    pub port: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not NAMESPACE/NAME or NAMESPACE/NAME:PORT-NAME (e.g. kube-system/kube-dns:dns)")]
+pub struct BadServiceFilter(String);
+
+impl std::str::FromStr for ServiceFilter {
+    type Err = BadServiceFilter;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || BadServiceFilter(text.to_owned());
+        let (service, port) = match text.split_once(':') {
+            Some((s, p)) => (s, Some(p.to_owned())),
+            None => (text, None),
+        };
+        let (namespace, name) = service.split_once('/').ok_or_else(bad)?;
+        if namespace.is_empty() || name.is_empty() || name.contains('/') {
+            return Err(bad());
+        }
+        Ok(Self { namespace: namespace.to_owned(), name: name.to_owned(), port })
+    }
 }
 
 fn kind(flags: u16) -> &'static str {
@@ -84,6 +143,7 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
         .iter()
         .filter(|(k, _)| k.slot == 0)
         .map(|(k, master)| {
+            let service = dump.names.get(&master.rev_nat).map(super::names::decode);
             let backends = (1..=master.count)
                 .map(|slot| {
                     let slot_key = proxy_common::ServiceKey { slot, ..*k };
@@ -105,6 +165,9 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
                 address: decode(&k.addr),
                 port: u16::from_be(k.port),
                 protocol: Protocol::from_number(k.proto).map_or_else(|| k.proto.to_string(), |p| p.to_string()),
+                namespace: service.as_ref().map(|s| s.namespace.clone()),
+                name: service.as_ref().map(|s| s.name.clone()),
+                port_name: service.map(|s| s.port),
                 kind: kind(master.flags),
                 affinity_timeout: (master.flags & service_flags::AFFINITY != 0).then_some(master.affinity_timeout),
                 scope: (k.scope == scope::EXTERNAL).then_some("external"),
@@ -132,7 +195,7 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
 /// The frontends as an aligned text table.
 #[must_use]
 pub fn table(frontends: &[FrontendView]) -> String {
-    let rows: Vec<[String; 4]> = frontends
+    let rows: Vec<[String; 5]> = frontends
         .iter()
         .map(|f| {
             let frontend =
@@ -162,26 +225,105 @@ pub fn table(frontends: &[FrontendView]) -> String {
                 .collect();
             let backends =
                 if backends.is_empty() { "(none: connections are refused)".to_owned() } else { backends.join(", ") };
-            [f.id.to_string(), frontend, kind, backends]
+            [f.id.to_string(), frontend, f.service_text(), kind, backends]
         })
         .collect();
-    let header = ["ID".to_owned(), "FRONTEND".to_owned(), "TYPE".to_owned(), "BACKENDS".to_owned()];
-    let widths: Vec<usize> = (0..3)
+    let header = ["ID", "FRONTEND", "SERVICE", "TYPE", "BACKENDS"].map(str::to_owned);
+    let widths: Vec<usize> = (0..4)
         .map(|c| rows.iter().map(|r| r[c].len()).chain(std::iter::once(header[c].len())).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
     for row in std::iter::once(&header).chain(&rows) {
-        let _ = writeln!(
-            out,
-            "{:<w0$}  {:<w1$}  {:<w2$}  {}",
-            row[0],
-            row[1],
-            row[2],
-            row[3],
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2]
-        );
+        for (cell, width) in row.iter().zip(&widths) {
+            let _ = write!(out, "{cell:<width$}  ");
+        }
+        let _ = writeln!(out, "{}", row[4]);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::{ServiceFilter, frontends, table};
+    use crate::{
+        datapath::{Reconciler, fake_maps::FakeMaps},
+        model::{Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, ServicePort, ServiceTable},
+    };
+
+    fn maps_with(entries: &[(u8, u16, ServicePort)]) -> FakeMaps {
+        let backend = Backend {
+            addr: Ipv4Addr::new(10, 244, 0, 1).into(),
+            port: 8080,
+            state: BackendState::Active,
+            local: false,
+        };
+        let desired: ServiceTable = entries
+            .iter()
+            .map(|(last, port, sp)| {
+                let key = FrontendKey::new(Ipv4Addr::new(10, 96, 0, *last).into(), *port, Protocol::Tcp);
+                (key, Frontend::new(sp.clone(), FrontendKind::ClusterIp, vec![backend]))
+            })
+            .collect();
+        let mut maps = FakeMaps::default();
+        let report = Reconciler::new().apply(&mut maps, &desired);
+        assert!(report.failures.is_empty(), "{report:?}");
+        maps
+    }
+
+    #[test]
+    fn the_table_names_each_frontends_service_port() {
+        let maps = maps_with(&[
+            (10, 53, ServicePort::new("kube-system", "kube-dns", "dns-tcp")),
+            (11, 80, ServicePort::new("default", "web", "")),
+        ]);
+        let all = frontends(&maps.state);
+        assert_eq!(all[0].namespace.as_deref(), Some("kube-system"));
+        assert_eq!(all[0].port_name.as_deref(), Some("dns-tcp"));
+        assert_eq!(
+            table(&all),
+            "\
+ID  FRONTEND           SERVICE                       TYPE       BACKENDS
+1   10.96.0.10:53/TCP  kube-system/kube-dns:dns-tcp  ClusterIP  10.244.0.1:8080 (active)
+2   10.96.0.11:80/TCP  default/web                   ClusterIP  10.244.0.1:8080 (active)
+"
+        );
+        let json = serde_json::to_value(&all).unwrap();
+        assert_eq!(json[0]["namespace"], "kube-system");
+        assert_eq!(json[0]["name"], "kube-dns");
+        assert_eq!(json[1]["port_name"], "");
+    }
+
+    #[test]
+    fn a_frontend_without_a_name_shows_a_dash() {
+        let mut maps = maps_with(&[(10, 80, ServicePort::new("default", "web", "http"))]);
+        maps.state.names.clear();
+        let all = frontends(&maps.state);
+        assert_eq!(all[0].service_text(), "-");
+        assert!(serde_json::to_value(&all).unwrap()[0].get("namespace").is_none());
+        assert!(!all[0].is_of(&"default/web".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_service_filter_matches_a_service_or_one_port() {
+        let maps = maps_with(&[
+            (10, 53, ServicePort::new("kube-system", "kube-dns", "dns")),
+            (10, 9153, ServicePort::new("kube-system", "kube-dns", "metrics")),
+            (11, 80, ServicePort::new("kube-system", "kube-dns-2", "dns")),
+            (12, 80, ServicePort::new("default", "kube-dns", "dns")),
+        ]);
+        let all = frontends(&maps.state);
+        let ports = |filter: &str| -> Vec<u16> {
+            let filter: ServiceFilter = filter.parse().unwrap();
+            all.iter().filter(|f| f.is_of(&filter)).map(|f| f.port).collect()
+        };
+        assert_eq!(ports("kube-system/kube-dns"), [53, 9153]);
+        assert_eq!(ports("kube-system/kube-dns:metrics"), [9153]);
+        assert_eq!(ports("default/kube-dns"), [80]);
+        assert!(ports("kube-system/nothing").is_empty());
+        for bad in ["kube-dns", "/kube-dns", "kube-system/", "a/b/c"] {
+            assert!(bad.parse::<ServiceFilter>().is_err(), "{bad}");
+        }
+    }
 }

@@ -172,7 +172,8 @@ impl Datapath {
         let backends = take(&mut ebpf, map_names::BACKENDS)?;
         let rev_nat = take(&mut ebpf, map_names::REVNAT)?;
         let source_ranges = take(&mut ebpf, map_names::SOURCE_RANGES)?;
-        let maps = KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev)?;
+        let names = super::names::open_or_create(&maps_dir.join(map_names::SERVICE_NAMES))?;
+        let maps = KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev, names)?;
         let sessions = SessionMaps::from_maps(
             take(&mut ebpf, map_names::AFFINITY)?,
             take(&mut ebpf, map_names::SOCK_BACKEND)?,

@@ -12,7 +12,8 @@ use std::{
 use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError as AyaMapError, lpm_trie::Key as LpmKey};
 use ipnet::IpNet;
 use proxy_common::{
-    Backend as BackendValue, RevNat, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceValue, SourceRange, map_names,
+    Backend as BackendValue, RevNat, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceName, ServiceValue, SourceRange,
+    map_names,
     net::{decode, encode},
 };
 
@@ -26,6 +27,7 @@ pub enum MapName {
     RevNat,
     Maglev,
     SourceRanges,
+    Names,
 }
 
 impl MapName {
@@ -37,6 +39,7 @@ impl MapName {
             Self::RevNat => map_names::REVNAT,
             Self::Maglev => map_names::MAGLEV,
             Self::SourceRanges => map_names::SOURCE_RANGES,
+            Self::Names => map_names::SERVICE_NAMES,
         }
     }
 }
@@ -72,6 +75,8 @@ pub struct Dump {
     pub maglev: BTreeMap<u16, Vec<u32>>,
     /// loadBalancerSourceRanges: (rev-NAT id, source network).
     pub source_ranges: BTreeSet<(u16, IpNet)>,
+    /// The service port of each frontend, by rev-NAT id.
+    pub names: BTreeMap<u16, ServiceName>,
 }
 
 pub trait ServiceMaps {
@@ -103,6 +108,8 @@ pub trait ServiceMaps {
     fn remove_maglev(&mut self, id: u16) -> Result<(), MapError>;
     fn set_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError>;
     fn remove_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError>;
+    fn set_name(&mut self, rev_nat: u16, name: &ServiceName) -> Result<(), MapError>;
+    fn remove_name(&mut self, rev_nat: u16) -> Result<(), MapError>;
     fn dump(&self) -> Result<Dump, MapError>;
 }
 
@@ -119,6 +126,7 @@ pub struct KernelMaps {
     rev_nat: HashMap<MapData, u16, RevNat>,
     maglev: MaglevMap,
     source_ranges: LpmTrie<MapData, SourceRange, u8>,
+    names: HashMap<MapData, u16, ServiceName>,
 }
 
 /// The LPM key of a source range of frontend `rev_nat`.
@@ -142,14 +150,15 @@ fn source_range_of(key: &LpmKey<SourceRange>) -> Option<(u16, IpNet)> {
 }
 
 impl KernelMaps {
-    /// Takes the maps out of a loaded object, with the Maglev map the
-    /// loader made.
+    /// Takes the maps out of a loaded object, with the Maglev and names
+    /// maps the loader made.
     pub fn from_maps(
         services: Map,
         backends: Map,
         rev_nat: Map,
         source_ranges: Map,
         maglev: MaglevMap,
+        names: HashMap<MapData, u16, ServiceName>,
     ) -> Result<Self, MapError> {
         let services_fd = dup_fd(&services, MapName::Services)?;
         let backends_fd = dup_fd(&backends, MapName::Backends)?;
@@ -163,6 +172,7 @@ impl KernelMaps {
             source_ranges: LpmTrie::try_from(source_ranges)
                 .map_err(|source| MapError::Aya { map: MapName::SourceRanges, source })?,
             maglev,
+            names,
         })
     }
 
@@ -180,6 +190,7 @@ impl KernelMaps {
             open(map_names::REVNAT, Map::HashMap)?,
             open(map_names::SOURCE_RANGES, Map::LpmTrie)?,
             MaglevMap::open(&dir.join(map_names::MAGLEV))?,
+            super::names::open_or_create(&dir.join(map_names::SERVICE_NAMES))?,
         )
     }
 }
@@ -326,6 +337,14 @@ impl ServiceMaps for KernelMaps {
         delete_result(MapName::SourceRanges, self.source_ranges.remove(&source_range_key(rev_nat, net)))
     }
 
+    fn set_name(&mut self, rev_nat: u16, name: &ServiceName) -> Result<(), MapError> {
+        self.names.insert(rev_nat, name, 0).map_err(|e| update_error(MapName::Names, e))
+    }
+
+    fn remove_name(&mut self, rev_nat: u16) -> Result<(), MapError> {
+        delete_result(MapName::Names, self.names.remove(&rev_nat))
+    }
+
     fn dump(&self) -> Result<Dump, MapError> {
         let ranges: Vec<LpmKey<SourceRange>> = self
             .source_ranges
@@ -338,6 +357,7 @@ impl ServiceMaps for KernelMaps {
             rev_nat: collect(MapName::RevNat, self.rev_nat.iter())?,
             maglev: self.maglev.tables()?,
             source_ranges: ranges.iter().filter_map(source_range_of).collect(),
+            names: collect(MapName::Names, self.names.iter())?,
         })
     }
 }

@@ -9,6 +9,7 @@ pub mod loader;
 mod maglev_map;
 mod maglev_tables;
 pub mod maps;
+pub mod names;
 pub mod reconcile;
 pub mod sessions;
 pub mod sock_destroy;

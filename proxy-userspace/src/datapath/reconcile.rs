@@ -23,7 +23,7 @@ use std::{
 
 use ipnet::IpNet;
 use proxy_common::{
-    Backend as BackendValue, RevNat, ServiceKey, ServiceValue, backend_flags, backend_state,
+    Backend as BackendValue, RevNat, ServiceKey, ServiceName, ServiceValue, backend_flags, backend_state,
     net::{decode, encode},
     scope, service_flags,
 };
@@ -33,7 +33,9 @@ use super::{
     maglev_tables::MaglevTables,
     maps::{Dump, MapError, ServiceMaps},
 };
-use crate::model::{BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServiceTable};
+use crate::model::{
+    BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServicePort, ServiceTable,
+};
 
 /// A backend as the maps know it: address, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -54,7 +56,9 @@ impl fmt::Display for BackendAddr {
 
 #[derive(Clone, Debug)]
 struct AppliedFrontend {
-    service_port: String,
+    service_port: ServicePort,
+    /// Whether `SERVICE_NAMES[rev_nat]` holds `service_port`.
+    name_written: bool,
     /// Allocated rev-NAT id (0: none yet).
     rev_nat: u16,
     /// Whether `REVNAT[rev_nat]` holds this frontend's address.
@@ -68,14 +72,45 @@ struct AppliedFrontend {
 }
 
 impl AppliedFrontend {
-    fn new(service_port: String) -> Self {
+    fn new(service_port: ServicePort) -> Self {
         Self {
             service_port,
+            name_written: false,
             rev_nat: 0,
             rev_nat_written: false,
             master: None,
             slots: Vec::new(),
             ranges: BTreeSet::new(),
+        }
+    }
+
+    /// Takes the service port `name` names (recovery).
+    fn recover_name(&mut self, name: Option<&ServiceName>) {
+        if let Some(name) = name {
+            self.service_port = super::names::decode(name);
+            self.name_written = true;
+        }
+    }
+
+    /// Takes `service_port`; its name is written again when it differs.
+    fn set_service_port(&mut self, service_port: &ServicePort) {
+        if self.service_port != *service_port {
+            service_port.clone_into(&mut self.service_port);
+            self.name_written = false;
+        }
+    }
+
+    /// Writes the name when it is not in the map. Only `ebpf-proxy
+    /// service` reads it: a failure is reported (and retried) but does not
+    /// hold the frontend back.
+    fn write_name(&mut self, maps: &mut impl ServiceMaps, key: FrontendKey, report: &mut Report) {
+        if self.name_written {
+            return;
+        }
+        report.writes += 1;
+        match maps.set_name(self.rev_nat, &super::names::encode(&self.service_port)) {
+            Ok(()) => self.name_written = true,
+            Err(error) => report.failures.push(Failure { subject: format!("{} {key} name", self.service_port), error }),
         }
     }
 
@@ -89,7 +124,7 @@ impl AppliedFrontend {
 /// What happened to one frontend, for the logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
-    pub service_port: String,
+    pub service_port: ServicePort,
     pub frontend: FrontendKey,
     pub kind: ChangeKind,
     pub backends: usize,
@@ -327,7 +362,7 @@ impl Reconciler {
     /// deletes entries no reader can reach: slots without a slot 0, rev-NAT
     /// entries of no frontend, entries of unknown protocols.
     pub fn recover(maps: &mut impl ServiceMaps) -> Result<(Self, Recovery), MapError> {
-        let Dump { services, backends, rev_nat, maglev, source_ranges } = maps.dump()?;
+        let Dump { services, backends, rev_nat, maglev, source_ranges, names } = maps.dump()?;
         let mut this = Self::default();
         let mut recovery = Recovery::default();
         let mut stale_services = Vec::new();
@@ -356,11 +391,12 @@ impl Reconciler {
                 continue;
             };
             let fk = FrontendKey { addr: decode(&key.addr), port: u16::from_be(key.port), protocol, scope };
-            let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(fk.to_string()));
+            let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(ServicePort::default()));
             if key.slot == 0 {
                 fe.master = Some(*value);
                 fe.rev_nat = value.rev_nat;
                 fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| *r == rev_nat_value(fk));
+                fe.recover_name(names.get(&value.rev_nat));
             } else {
                 let i = usize::from(key.slot) - 1;
                 if fe.slots.len() <= i {
@@ -383,6 +419,7 @@ impl Reconciler {
         }
         let used_rev_nat: BTreeSet<u16> = this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
         let stale_rev_nat: Vec<u16> = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
+        let stale_names: Vec<u16> = names.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
         let by_rev_nat: HashMap<u16, FrontendKey> =
             this.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k)).collect();
         let mut stale_ranges = Vec::new();
@@ -417,6 +454,9 @@ impl Reconciler {
         for (id, net) in &stale_ranges {
             maps.remove_source_range(*id, *net)?;
         }
+        for id in &stale_names {
+            maps.remove_name(*id)?;
+        }
         for id in &stale_backends {
             maps.remove_backend(*id)?;
         }
@@ -425,7 +465,7 @@ impl Reconciler {
         recovery.frontends = this.frontends.len();
         recovery.backends = this.backends.len();
         recovery.stale_entries_removed =
-            stale_services.len() + stale_rev_nat.len() + stale_backends.len() + stale_ranges.len();
+            stale_services.len() + stale_rev_nat.len() + stale_backends.len() + stale_ranges.len() + stale_names.len();
         Ok((this, recovery))
     }
 
@@ -450,7 +490,7 @@ impl Reconciler {
 
     /// Every frontend's rev-NAT id, with its key and service port.
     #[must_use]
-    pub fn frontend_ids(&self) -> Vec<(u16, FrontendKey, String)> {
+    pub fn frontend_ids(&self) -> Vec<(u16, FrontendKey, ServicePort)> {
         self.frontends
             .iter()
             .filter(|(_, f)| f.rev_nat != 0)
@@ -698,7 +738,7 @@ impl Reconciler {
         let existed = self.frontends.contains_key(&key);
         let before: Vec<u32> = self.frontends.get(&key).map(|f| f.live_slots().to_vec()).unwrap_or_default();
         let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(frontend.service_port.clone()));
-        frontend.service_port.clone_into(&mut fe.service_port);
+        fe.set_service_port(&frontend.service_port);
         let writes_before = report.writes;
 
         if fe.rev_nat == 0 {
@@ -782,6 +822,7 @@ impl Reconciler {
             maps.remove_source_range(fe.rev_nat, *net)?;
             fe.ranges.remove(net);
         }
+        fe.write_name(maps, key, report);
         if report.writes > writes_before {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
             let before: Vec<BackendAddr> =
@@ -822,6 +863,11 @@ impl Reconciler {
             report.writes += 1;
             maps.remove_source_range(fe.rev_nat, net)?;
             fe.ranges.remove(&net);
+        }
+        if fe.name_written {
+            report.writes += 1;
+            maps.remove_name(fe.rev_nat)?;
+            fe.name_written = false;
         }
         if fe.rev_nat != 0 {
             report.writes += 1;

@@ -15,7 +15,9 @@ use super::{
     maps::{Dump, MapError},
     reconcile::{BackendAddr, ChangeKind, Reconciler},
 };
-use crate::model::{Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServiceTable};
+use crate::model::{
+    Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServicePort, ServiceTable,
+};
 
 fn fk(last: u8, port: u16, protocol: Protocol) -> FrontendKey {
     FrontendKey::new(Ipv4Addr::new(10, 96, 0, last).into(), port, protocol)
@@ -41,14 +43,27 @@ fn be6(last: u8, port: u16) -> Backend {
 fn table(entries: &[(FrontendKey, Vec<Backend>)]) -> ServiceTable {
     entries
         .iter()
-        .map(|(k, b)| (*k, Frontend::new(format!("ns/svc-{}:{}", k.addr, k.port), FrontendKind::ClusterIp, b.clone())))
+        .map(|(k, b)| {
+            (
+                *k,
+                Frontend::new(
+                    ServicePort::new("ns", format!("svc-{}", k.addr), k.port.to_string()),
+                    FrontendKind::ClusterIp,
+                    b.clone(),
+                ),
+            )
+        })
         .collect()
 }
 
 /// A NodePort frontend that traffic from outside reaches (`reach`), with
 /// `backends` and optional source ranges.
 fn external(backends: Vec<Backend>, reach: Reach, ranges: Option<Vec<IpNet>>) -> Frontend {
-    Frontend { reach, source_ranges: ranges, ..Frontend::new("ns/np:http", FrontendKind::NodePort, backends) }
+    Frontend {
+        reach,
+        source_ranges: ranges,
+        ..Frontend::new(ServicePort::new("ns", "np", "http"), FrontendKind::NodePort, backends)
+    }
 }
 
 /// What a reader in the kernel sees of one frontend.
@@ -173,6 +188,26 @@ fn assert_exact(maps: &FakeMaps, desired: &ServiceTable) {
     assert_eq!(maps.state.maglev.len(), lists.len(), "Maglev tables: one per distinct backend list");
     let ranges: usize = desired.values().map(|f| f.source_ranges.as_ref().map_or(0, Vec::len)).sum();
     assert_eq!(maps.state.source_ranges.len(), ranges, "stray source ranges");
+    // Each frontend's service port, under its rev-NAT id, and no other.
+    let names: BTreeMap<FrontendKey, ServicePort> = maps
+        .state
+        .services
+        .iter()
+        .filter(|(k, _)| k.slot == 0)
+        .map(|(k, master)| {
+            let key = FrontendKey {
+                addr: proxy_common::net::decode(&k.addr),
+                port: u16::from_be(k.port),
+                protocol: Protocol::from_number(k.proto).unwrap(),
+                scope: if k.scope == scope::EXTERNAL { Scope::External } else { Scope::All },
+            };
+            (key, super::names::decode(&maps.state.names[&master.rev_nat]))
+        })
+        .collect();
+    let wanted: BTreeMap<FrontendKey, ServicePort> =
+        desired.iter().map(|(k, f)| (*k, f.service_port.clone())).collect();
+    assert_eq!(names, wanted, "service names");
+    assert_eq!(maps.state.names.len(), desired.len(), "stray service names");
 }
 
 #[test]
@@ -231,7 +266,10 @@ fn empty_frontend_is_programmed_with_count_zero() {
 
 #[test]
 fn full_map_fails_only_what_does_not_fit() {
-    let mut maps = FakeMaps { capacity: Some(4), ..FakeMaps::default() };
+    // Five backends fit; the services map's 2 + 5 entries do not. (With
+    // room for only four backends, which one is left out follows hash map
+    // order: the test passed or failed by chance.)
+    let mut maps = FakeMaps { capacity: Some(5), ..FakeMaps::default() };
     let mut r = Reconciler::new();
     let small = fk(1, 80, Protocol::Tcp);
     let big = fk(2, 80, Protocol::Tcp);
@@ -276,6 +314,31 @@ fn recovery_removes_unreachable_entries() {
     assert_exact(&maps, &t);
 }
 
+#[test]
+fn names_follow_the_frontends_through_a_restart() {
+    let mut maps = FakeMaps::default();
+    let mut t = table(&[(fk(1, 80, Protocol::Tcp), vec![be(1, 80)]), (fk(2, 53, Protocol::Udp), vec![])]);
+    Reconciler::new().apply(&mut maps, &t);
+    assert_exact(&maps, &t);
+    // A name of nobody (a crash between removing a frontend and its name).
+    maps.state.names.insert(77, proxy_common::ServiceName::default());
+    let (mut r, recovery) = Reconciler::recover(&mut maps).unwrap();
+    assert_eq!(recovery.stale_entries_removed, 1);
+    // The recovered reconciler knows the names: in sync, nothing to write.
+    assert_eq!(r.apply(&mut maps, &t).writes, 0);
+    let ids = r.frontend_ids();
+    assert_eq!(ids[0].2, t[&fk(1, 80, Protocol::Tcp)].service_port);
+    // Another service takes the address: only its name is written.
+    t.get_mut(&fk(1, 80, Protocol::Tcp)).unwrap().service_port = ServicePort::new("other", "web", "http");
+    let report = r.apply(&mut maps, &t);
+    assert_eq!(report.writes, 1, "{report:?}");
+    assert_eq!(report.changes[0].service_port, ServicePort::new("other", "web", "http"));
+    assert_exact(&maps, &t);
+    t.remove(&fk(1, 80, Protocol::Tcp));
+    r.apply(&mut maps, &t);
+    assert_exact(&maps, &t);
+}
+
 fn arb_reach() -> impl Strategy<Value = Reach> {
     prop_oneof![Just(Reach::LocalClients), Just(Reach::Both), Just(Reach::Outside)]
 }
@@ -304,9 +367,11 @@ fn arb_table() -> impl Strategy<Value = ServiceTable> {
         prop::collection::btree_map((1u8..8, prop_oneof![Just(8080u16), Just(9090)]), prop::bool::weighted(0.2), 0..6)
             .prop_map(|m| m.into_iter().map(|((l, p), t)| (l, p, t)).collect::<Vec<_>>());
     let affinity = prop::option::of(prop_oneof![Just(10_800u32), Just(60)]);
-    prop::collection::btree_map(key, (backends, affinity, arb_reach(), arb_ranges()), 0..6).prop_map(|m| {
+    // A frontend may change hands (another service's name at its address).
+    let namespace = prop_oneof![Just("ns"), Just("other")];
+    prop::collection::btree_map(key, (backends, affinity, arb_reach(), arb_ranges(), namespace), 0..6).prop_map(|m| {
         m.into_iter()
-            .map(|((a, p, proto, twin), (bs, affinity_timeout, reach, ranges))| {
+            .map(|((a, p, proto, twin), (bs, affinity_timeout, reach, ranges, namespace))| {
                 let mut list: Vec<Backend> = bs
                     .into_iter()
                     .map(|(l, port, term)| Backend {
@@ -330,7 +395,7 @@ fn arb_table() -> impl Strategy<Value = ServiceTable> {
                     affinity_timeout,
                     reach,
                     source_ranges,
-                    ..Frontend::new(format!("ns/s{a}:{p}"), kind, list)
+                    ..Frontend::new(ServicePort::new(namespace, format!("s{a}"), p.to_string()), kind, list)
                 };
                 (k, frontend)
             })
@@ -417,7 +482,10 @@ fn external_frontends_share_one_maglev_table_per_backend_list() {
     let node_ip = |last| FrontendKey::new(Ipv4Addr::new(172, 30, 0, last).into(), 30080, Protocol::Tcp);
     let backends = vec![be(1, 8080), be(2, 8080), be(3, 8080)];
     let mut t = ServiceTable::new();
-    t.insert(fk(10, 80, Protocol::Tcp), Frontend::new("ns/web:http", FrontendKind::ClusterIp, backends.clone()));
+    t.insert(
+        fk(10, 80, Protocol::Tcp),
+        Frontend::new(ServicePort::new("ns", "web", "http"), FrontendKind::ClusterIp, backends.clone()),
+    );
     t.insert(node_ip(11), external(backends.clone(), Reach::Both, None));
     t.insert(node_ip(12), external(backends.clone(), Reach::Both, None));
     let report = r.apply(&mut maps, &t);

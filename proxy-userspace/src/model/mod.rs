@@ -167,12 +167,41 @@ impl Reach {
     }
 }
 
+/// The service port a frontend comes from: its Service's namespace and
+/// name, and the port's name (empty for an unnamed port).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServicePort {
+    pub namespace: String,
+    pub name: String,
+    pub port: String,
+}
+
+impl ServicePort {
+    #[must_use]
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>, port: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into(), port: port.into() }
+    }
+
+    /// `namespace/name`, the service's name.
+    #[must_use]
+    pub fn service(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// `namespace/name:port-name`.
+impl fmt::Display for ServicePort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}:{}", self.namespace, self.name, self.port)
+    }
+}
+
 /// A frontend with the backends it spreads new connections over, in slot
 /// order (active first, then by address and port).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frontend {
-    /// `namespace/name:port-name` of the service port it comes from.
-    pub service_port: String,
+    /// The service port it comes from.
+    pub service_port: ServicePort,
     pub backends: Vec<Backend>,
     /// `sessionAffinity: ClientIP`: how long (seconds) a client keeps its
     /// backend after its last connection.
@@ -187,15 +216,8 @@ pub struct Frontend {
 impl Frontend {
     /// A ClusterIP-like entry for local clients with these backends.
     #[must_use]
-    pub fn new(service_port: impl Into<String>, kind: FrontendKind, backends: Vec<Backend>) -> Self {
-        Self {
-            service_port: service_port.into(),
-            backends,
-            affinity_timeout: None,
-            kind,
-            reach: Reach::LocalClients,
-            source_ranges: None,
-        }
+    pub fn new(service_port: ServicePort, kind: FrontendKind, backends: Vec<Backend>) -> Self {
+        Self { service_port, backends, affinity_timeout: None, kind, reach: Reach::LocalClients, source_ranges: None }
     }
 }
 

@@ -74,7 +74,7 @@ pub fn translate_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeCo
                 FrontendKey { addr: planned.addr, port: planned.port, protocol: port.protocol, scope: planned.scope };
             let from_outside = planned.reach.from_outside();
             let frontend = Frontend {
-                service_port: format!("{}/{}:{}", object.namespace, object.name, port.name),
+                service_port: super::ServicePort::new(&object.namespace, &object.name, &port.name),
                 backends,
                 affinity_timeout: svc_frontends.affinity_timeout,
                 kind: planned.kind,
