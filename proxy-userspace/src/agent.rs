@@ -31,10 +31,11 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// A file change is read once the file has stayed the same this long, so a
 /// file being written is not read half-way.
 const SETTLE: Duration = Duration::from_millis(50);
-/// Syncs start at most this often: a change after a quiet spell is applied
-/// at once, and the changes of a burst are gathered into one sync per
-/// interval (kube-proxy's minSyncPeriod, on the leading edge).
-const COALESCE: Duration = Duration::from_millis(20);
+/// Syncs start at most this often unless configured (`AgentConfig::
+/// min_sync_period`): a change after a quiet spell is applied at once, and
+/// the changes of a burst are gathered into one sync per interval
+/// (kube-proxy's minSyncPeriod, on the leading edge).
+pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_millis(20);
 /// Backoff between retries of failed map writes.
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
@@ -44,8 +45,8 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 pub enum SourceConfig {
     /// A services file, re-read when it changes.
     File(PathBuf),
-    /// The Kubernetes API (`None`: the usual client configuration).
-    Kube { kubeconfig: Option<PathBuf> },
+    /// The Kubernetes API.
+    Kube(crate::source::kube::ClientOptions),
 }
 
 #[derive(Debug, Clone)]
@@ -69,6 +70,12 @@ pub struct AgentConfig {
     pub health_timeout: Duration,
     /// Devices the TC programs attach to (traffic from outside).
     pub devices: DeviceSelection,
+    /// Syncs start at most this often (kube-proxy's minSyncPeriod).
+    pub min_sync_period: Duration,
+    /// Every this often, the maps are read back from the kernel and the
+    /// whole table compared with them, so an entry changed by anyone else
+    /// is put right (kube-proxy's syncPeriod); `None`: never.
+    pub sync_period: Option<Duration>,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -105,7 +112,7 @@ impl Default for Stats {
 
 enum Source {
     File(FileSource),
-    Kube(Box<KubeSource>, kube::Client),
+    Kube(Box<KubeSource>, kube::Client, crate::source::kube::ApiEndpoint),
 }
 
 impl Source {
@@ -120,16 +127,16 @@ impl Source {
     async fn changed(&mut self) {
         match self {
             Self::File(f) => f.changed().await,
-            Self::Kube(k, _) => k.changed().await,
+            Self::Kube(k, ..) => k.changed().await,
         }
     }
 
-    /// Waits, if the last sync ended less than `COALESCE` ago, for the rest
-    /// of that interval, so a burst of events becomes one sync; then takes
-    /// in every change so far.
-    async fn gather(&mut self, last_sync: Option<Instant>) {
-        if let Self::Kube(k, _) = self {
-            if let Some(wait) = last_sync.and_then(|at| COALESCE.checked_sub(at.elapsed())) {
+    /// Waits, if the last sync ended less than `min_sync_period` ago, for
+    /// the rest of that interval, so a burst of events becomes one sync;
+    /// then takes in every change so far.
+    async fn gather(&mut self, last_sync: Option<Instant>, min_sync_period: Duration) {
+        if let Self::Kube(k, ..) = self {
+            if let Some(wait) = last_sync.and_then(|at| min_sync_period.checked_sub(at.elapsed())) {
                 tokio::time::sleep(wait).await;
             }
             k.absorb_pending();
@@ -141,7 +148,7 @@ impl Source {
     fn snapshot(&mut self, stats: &mut Stats) -> Option<(Snapshot, Vec<SystemTime>)> {
         match self {
             Self::File(f) => f.read(stats).map(|o| (Snapshot::from(o), Vec::new())),
-            Self::Kube(k, _) => Some(k.snapshot()),
+            Self::Kube(k, ..) => Some(k.snapshot()),
         }
     }
 
@@ -150,7 +157,7 @@ impl Source {
     fn everything(&mut self, stats: &mut Stats) -> Option<(Snapshot, Vec<SystemTime>)> {
         match self {
             Self::File(_) => self.snapshot(stats),
-            Self::Kube(k, _) => Some(k.everything()),
+            Self::Kube(k, ..) => Some(k.everything()),
         }
     }
 }
@@ -220,11 +227,16 @@ pub async fn run(
     let mut source = start_source(&config, &telemetry).await?;
     // Loaded (not attached, nothing written) while the lists arrive.
     let mut datapath = load_datapath(&config, &telemetry)?;
-    if let Source::Kube(kube, _) = &source {
+    if let Source::Kube(kube, _, endpoint) = &source {
         info!("waiting for the initial lists of Services and EndpointSlices before the first write");
+        let ready = crate::source::bootstrap::explain_while_waiting(
+            kube.wait_ready(),
+            endpoint,
+            crate::source::bootstrap::PROBE_AFTER,
+        );
         tokio::select! {
             () = &mut shutdown => return Ok(()),
-            ready = kube.wait_ready() => ready?,
+            ready = ready => ready?,
         }
     }
     let mut health_checks = HealthCheckServers::new({
@@ -241,19 +253,25 @@ pub async fn run(
     let mut state = SyncState::default();
     let mut attached = false;
     let mut destroyer = SocketDestroyer::new(config.socket_netns.clone());
+    let mut resync_at = config.sync_period.map(|p| Instant::now() + p);
     loop {
         let retry_at = state.retry_at;
-        let changed = tokio::select! {
+        let (changed, periodic) = tokio::select! {
             () = &mut shutdown => break,
-            () = source.changed() => true,
-            () = sleep_until(retry_at) => false,
+            () = source.changed() => (true, false),
+            () = sleep_until(retry_at) => (false, false),
+            () = sleep_until(resync_at) => (false, true),
         };
+        if periodic {
+            resync_at = config.sync_period.map(|p| Instant::now() + p);
+            reconciler = resync(&mut datapath)?;
+        }
         // When the change reached the agent: the latency of this sync
         // counts from here.
         let noticed = Instant::now();
         telemetry.lock().expect("telemetry lock").queued(noticed);
         if changed {
-            source.gather(state.last_sync).await;
+            source.gather(state.last_sync, config.min_sync_period).await;
         }
         let mut triggers = Vec::new();
         // The frontend keys that changed; `None`: compare the whole table.
@@ -313,16 +331,30 @@ pub async fn run(
     Ok(())
 }
 
+/// kube-proxy's periodic full sync: the maps are read back from the kernel
+/// (as on start) into a fresh reconciler, so the next sync, which compares
+/// the whole table, rewrites whatever differs there.
+fn resync(datapath: &mut Datapath) -> anyhow::Result<Reconciler> {
+    let (reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
+    info!(
+        frontends = recovery.frontends,
+        backends = recovery.backends,
+        stale_entries_removed = recovery.stale_entries_removed,
+        "periodic sync: read the maps back; the whole table is compared with them"
+    );
+    Ok(reconciler)
+}
+
 /// The source the configuration names; a Kubernetes source starts its
 /// watches (the initial lists arrive in the background).
 async fn start_source(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Source> {
     Ok(match &config.source {
         SourceConfig::File(path) => Source::File(FileSource { path: path.clone(), read_once: false, stamp: None }),
-        SourceConfig::Kube { kubeconfig } => {
-            let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
+        SourceConfig::Kube(options) => {
+            let (client, endpoint) = crate::source::kube::client(options).await?;
             let kube = KubeSource::start(&client, &config.node_name);
             telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
-            Source::Kube(Box::new(kube), client)
+            Source::Kube(Box::new(kube), client, endpoint)
         }
     })
 }
@@ -365,7 +397,7 @@ fn attach_devices(selection: &DeviceSelection, datapath: &mut Datapath, state: &
 
 /// Records on the Node (kube mode) that translation has started.
 fn announce_start(source: &Source, node_name: &str, frontends: usize) {
-    if let Source::Kube(_, client) = source {
+    if let Source::Kube(_, client, _) = source {
         let note = format!("ebpf-proxy translates {frontends} service frontends on this node");
         crate::source::kube::announce(client, node_name, "Starting", note);
     }

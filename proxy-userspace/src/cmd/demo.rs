@@ -77,6 +77,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         // The demo's clients are on the node: nothing is attached to the
         // machine's own devices.
         devices: crate::devices::DeviceSelection::Named(Vec::new()),
+        min_sync_period: agent::DEFAULT_MIN_SYNC_PERIOD,
+        sync_period: None,
     };
     let (applied_tx, mut applied_rx) = watch::channel(Applied::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

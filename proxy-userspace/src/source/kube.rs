@@ -32,6 +32,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
+pub use super::bootstrap::{ApiEndpoint, Origin};
 use super::{
     Changed, Snapshot,
     slice_store::SliceStore,
@@ -275,22 +276,55 @@ pub fn announce(client: &Client, node_name: &str, reason: &str, note: String) {
     });
 }
 
-/// A client from `--kubeconfig` when given, else the usual inference
-/// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`).
-pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+/// How to reach the API server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// `--kubeconfig`: else in-cluster when in a pod, else `KUBECONFIG` or
+    /// `~/.kube/config`.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// `HOST:PORT` dialled instead of the configured server (the
+    /// credentials and CA are kept).
+    pub api_server_endpoint: Option<String>,
+}
+
+/// The one place the Kubernetes client is built: from `--kubeconfig` when
+/// given, else the in-cluster service account when in a pod
+/// (`KUBERNETES_SERVICE_HOST` set), else `KUBECONFIG` / `~/.kube/config`;
+/// `api_server_endpoint` then replaces the server's address. Returns the
+/// client and where it dials.
+pub async fn client(options: &ClientOptions) -> anyhow::Result<(Client, ApiEndpoint)> {
     use anyhow::Context as _;
-    let config = match kubeconfig {
+    let (mut config, mut origin) = match &options.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
+                .with_context(|| format!("using kubeconfig {}", path.display()))?;
+            (config, Origin::Kubeconfig)
         }
-        None => kube::Config::infer().await.context(
-            "no Kubernetes configuration: not in a pod, no KUBECONFIG and no ~/.kube/config; \
-             pass --kubeconfig, or --services-file to run without a cluster",
-        )?,
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => (
+            kube::Config::incluster().context(
+                "KUBERNETES_SERVICE_HOST is set (in a pod) but the service account's token and CA cannot be \
+                 read from /var/run/secrets/kubernetes.io/serviceaccount; pass --kubeconfig",
+            )?,
+            Origin::InCluster,
+        ),
+        None => (
+            kube::Config::infer().await.context(
+                "no Kubernetes configuration: not in a pod, no KUBECONFIG and no ~/.kube/config; \
+                 pass --kubeconfig, or --services-file to run without a cluster",
+            )?,
+            Origin::Kubeconfig,
+        ),
     };
-    Client::try_from(config).context("building the Kubernetes client")
+    if let Some(endpoint) = &options.api_server_endpoint {
+        config.cluster_url = format!("https://{endpoint}")
+            .parse()
+            .with_context(|| format!("--api-server-endpoint {endpoint:?} is not HOST:PORT"))?;
+        origin = Origin::Endpoint;
+    }
+    let endpoint = ApiEndpoint::new(&config.cluster_url, origin);
+    info!(api_server = %endpoint.url, origin = endpoint.origin.name(), "Kubernetes API server");
+    Ok((Client::try_from(config).context("building the Kubernetes client")?, endpoint))
 }

@@ -1,4 +1,5 @@
 //! Where Services and EndpointSlices come from.
+pub mod bootstrap;
 pub mod file;
 pub mod kube;
 pub mod objects;
