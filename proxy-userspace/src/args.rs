@@ -13,7 +13,7 @@ use crate::paths::DEFAULT_PIN_DIR;
 /// --config=/var/lib/kube-proxy/config.conf --hostname-override=NODE` is
 /// kubeadm's kube-proxy DaemonSet with the binary swapped).
 #[derive(Debug, Parser)]
-#[command(name = "ebpf-proxy", version, args_conflicts_with_subcommands = true)]
+#[command(name = "ebpf-proxy", version)]
 pub struct Cli {
     /// Log format [default: the config file's logging.format, else text].
     #[arg(long, value_enum, global = true)]
@@ -22,6 +22,18 @@ pub struct Cli {
     pub command: Option<Command>,
     #[command(flatten)]
     pub kube_proxy: KubeProxyArgs,
+}
+
+impl Cli {
+    /// kube-proxy's flags go without a subcommand.
+    pub fn check(&self) -> Result<(), String> {
+        if self.command.is_some() && !self.kube_proxy.is_empty() {
+            return Err("kube-proxy's flags (--config, --hostname-override, ...) go before no subcommand; \
+                        after `run`, give them after it (`ebpf-proxy run --config FILE`)"
+                .into());
+        }
+        Ok(())
+    }
 }
 
 /// kube-proxy's flags that apply, for a drop-in `kube-proxy` command line.
@@ -333,4 +345,60 @@ pub struct DemoArgs {
     /// result and exit instead of waiting for Ctrl-C.
     #[arg(long)]
     pub check: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+        args.iter().map(Into::into).collect()
+    }
+
+    /// kubeadm's kube-proxy DaemonSet runs `kube-proxy
+    /// --config=/var/lib/kube-proxy/config.conf --hostname-override=$(NODE_NAME)`.
+    #[test]
+    fn kubeadms_command_line_runs_the_agent() {
+        let argv = ["ebpf-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=node-1"];
+        assert_eq!(refused_kube_proxy_flag(&os(&argv)), None);
+        let cli = Cli::try_parse_from(argv).unwrap();
+        assert!(cli.command.is_none());
+        let run = cli.kube_proxy.into_run_args();
+        assert_eq!(run.config.as_deref(), Some(std::path::Path::new("/var/lib/kube-proxy/config.conf")));
+        assert_eq!(run.node_name.as_deref(), Some("node-1"));
+        let cli = Cli::try_parse_from(["ebpf-proxy", "--master", "https://192.168.0.10:6443", "-v", "4"]).unwrap();
+        assert_eq!(cli.kube_proxy.verbosity, Some(4));
+        assert_eq!(cli.kube_proxy.into_run_args().api_server_endpoint.as_deref(), Some("192.168.0.10:6443"));
+        let cli = Cli::try_parse_from(["ebpf-proxy", "--healthz-bind-address=0.0.0.0:10256", "--metrics-bind-address", "127.0.0.1"]).unwrap();
+        assert_eq!(cli.kube_proxy.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
+    }
+
+    #[test]
+    fn subcommands_keep_their_flags() {
+        let cli = Cli::try_parse_from(["ebpf-proxy", "--log-format", "json", "run", "--config", "c.yaml"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Run(ref r)) if r.config.as_deref() == Some(std::path::Path::new("c.yaml"))));
+        assert!(cli.kube_proxy.is_empty());
+        assert_eq!(refused_kube_proxy_flag(&os(&["ebpf-proxy", "run", "--proxy-mode"])), None, "left to clap");
+        assert!(Cli::try_parse_from(["ebpf-proxy", "--config", "x", "run"]).unwrap().check().is_err(), "one or the other");
+        assert!(cli.check().is_ok());
+    }
+
+    #[test]
+    fn kube_proxy_flags_that_do_not_apply_are_refused_with_the_reason() {
+        for flag in ["--proxy-mode=ipvs", "--iptables-sync-period=1s", "--masquerade-all", "--cluster-cidr=10.0.0.0/8"] {
+            let refusal = refused_kube_proxy_flag(&os(&["ebpf-proxy", "--config=c", flag])).expect(flag);
+            assert!(refusal.contains(flag.split('=').next().unwrap()), "{refusal}");
+        }
+        assert!(Cli::try_parse_from(["ebpf-proxy", "--no-such-flag"]).is_err());
+    }
+
+    #[test]
+    fn endpoints_are_host_and_port() {
+        assert_eq!(parse_endpoint("10.0.0.1:6443").as_deref(), Ok("10.0.0.1:6443"));
+        assert_eq!(parse_endpoint("https://cp.example:6443/").as_deref(), Ok("cp.example:6443"));
+        assert_eq!(parse_endpoint("[fd00::1]:6443").as_deref(), Ok("[fd00::1]:6443"));
+        for bad in ["10.0.0.1", "fd00::1:6443", ":6443", "h:0", "h:x"] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
+        }
+    }
 }

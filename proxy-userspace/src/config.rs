@@ -124,11 +124,11 @@ struct Raw {
     healthz_bind_address: Option<String>,
     metrics_bind_address: Option<String>,
     // kube-proxy's v1alpha2: CIDRs and a port
-    #[serde(default)]
-    healthz_bind_addresses: Vec<String>,
+    // kubeadm writes `null` for an empty list
+    healthz_bind_addresses: Option<Vec<String>>,
     healthz_bind_port: Option<u16>,
-    #[serde(default)]
-    metrics_bind_addresses: Vec<String>,
+    // kubeadm writes `null` for an empty list
+    metrics_bind_addresses: Option<Vec<String>>,
     metrics_bind_port: Option<u16>,
     min_sync_period: Option<String>,
     sync_period: Option<String>,
@@ -136,8 +136,8 @@ struct Raw {
     nftables: Option<ModeConfig>,
     ipvs: Option<ModeConfig>,
     logging: Option<Logging>,
-    #[serde(default)]
-    node_port_addresses: Vec<String>,
+    // kubeadm writes `null` for an empty list
+    node_port_addresses: Option<Vec<String>>,
     hostname_override: Option<String>,
     client_connection: Option<ClientConnection>,
     #[serde(flatten)]
@@ -222,7 +222,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     for (i, ip) in raw.node_ips.iter().enumerate() {
         cfg.node_ips.push(ip.parse().map_err(|_| (format!("nodeIPs[{i}]"), format!("{ip:?} is not an IP address")))?);
     }
-    for (i, cidr) in raw.node_port_addresses.iter().enumerate() {
+    for (i, cidr) in raw.node_port_addresses.iter().flatten().enumerate() {
         if cidr == "primary" {
             continue; // the node's primary addresses: what node IPs are anyway
         }
@@ -231,10 +231,10 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     }
     cfg.healthz_bind_address = bind_address("healthzBindAddress", raw.healthz_bind_address.as_deref(), 10256)?;
     cfg.metrics_bind_address = bind_address("metricsBindAddress", raw.metrics_bind_address.as_deref(), 10249)?;
-    if let Some(a) = bind_cidrs("healthzBindAddresses", &raw.healthz_bind_addresses, raw.healthz_bind_port, 10256)? {
+    if let Some(a) = bind_cidrs("healthzBindAddresses", raw.healthz_bind_addresses.as_deref().unwrap_or_default(), raw.healthz_bind_port, 10256)? {
         cfg.healthz_bind_address = Some(a);
     }
-    if let Some(a) = bind_cidrs("metricsBindAddresses", &raw.metrics_bind_addresses, raw.metrics_bind_port, 10249)? {
+    if let Some(a) = bind_cidrs("metricsBindAddresses", raw.metrics_bind_addresses.as_deref().unwrap_or_default(), raw.metrics_bind_port, 10249)? {
         cfg.metrics_bind_address = Some(a);
     }
     let mode = raw.rest.get("mode").and_then(Value::as_str);
@@ -278,17 +278,27 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     Ok(cfg)
 }
 
-/// `clientConnection.qps`/`burst`: 0 (what kubeadm writes) means kube-proxy's
-/// default; any other value is refused, since the agent has no client-side
-/// rate limiter to honour it with.
+/// `clientConnection.qps`/`burst`: the agent has no client-side rate
+/// limiter; it makes 7 requests at start (3 lists, 3 watches, 1 event) and
+/// then one per watch reconnect, each watch backing off from 0.8 s
+/// (kube-runtime's default backoff): at most 4 a second. A limit it always
+/// stays under (qps >= 4, burst >= 7; 0 means kube-proxy's default, 5/10)
+/// holds as it is; a lower one cannot be honoured and is refused.
+pub const MIN_QPS: f64 = 4.0;
+pub const MIN_BURST: i64 = 7;
+
 fn client_rate(qps: Option<f64>, burst: Option<i64>) -> Result<(), (String, String)> {
-    let why = "ebpf-proxy has no client-side rate limiter: it makes 7 requests at start (3 lists, 3 watches, \
-               1 event) and one per watch reconnect, with backoff; remove the field or set it to 0";
-    if qps.is_some_and(|q| q != 0.0) {
-        return Err(("clientConnection.qps".into(), why.into()));
+    let why = |what: &str| {
+        format!(
+            "ebpf-proxy has no client-side rate limiter and makes up to {MIN_BURST} requests at once and {MIN_QPS} \
+             a second; {what} lower than that cannot be honoured: remove the field, set 0, or raise it"
+        )
+    };
+    if qps.is_some_and(|q| q != 0.0 && q < MIN_QPS) {
+        return Err(("clientConnection.qps".into(), why(&format!("a qps of {}", qps.unwrap_or_default()))));
     }
-    if burst.is_some_and(|b| b != 0) {
-        return Err(("clientConnection.burst".into(), why.into()));
+    if burst.is_some_and(|b| b != 0 && b < MIN_BURST) {
+        return Err(("clientConnection.burst".into(), why(&format!("a burst of {}", burst.unwrap_or_default()))));
     }
     Ok(())
 }
@@ -473,7 +483,8 @@ udpIdleTimeout: 250ms
         assert_eq!(cfg.node_port_cidrs, vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]);
         assert_eq!(cfg.node_name, None, "an empty hostnameOverride means the default");
         assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown);
-        assert!(cfg.ignored.contains(&"iptables".to_owned()) && cfg.ignored.contains(&"conntrack".to_owned()));
+        assert!(cfg.ignored.contains(&"iptables.masqueradeBit".to_owned()) && cfg.ignored.contains(&"conntrack".to_owned()));
+        assert_eq!(cfg.sync_period, Some(Duration::from_secs(30)), "iptables.syncPeriod, the mode's (\"\": iptables)");
     }
 
     #[test]
@@ -493,6 +504,80 @@ udpIdleTimeout: 250ms
     fn a_bare_ip_takes_the_default_port() {
         let cfg = parse("healthzBindAddress: 127.0.0.1\n").unwrap();
         assert_eq!(cfg.healthz_bind_address, Some("127.0.0.1:10256".parse().unwrap()));
+    }
+
+    /// kubeadm's `kube-proxy` ConfigMap, key `config.conf`, as kubeadm
+    /// (v1.31) writes it: every field present, zero values for defaults.
+    pub const KUBEADM_V1ALPHA1: &str = include_str!("../tests/fixtures/kubeadm/config.conf");
+
+    #[test]
+    fn kubeadms_config_conf_is_understood() {
+        let cfg = parse(KUBEADM_V1ALPHA1).unwrap();
+        assert_eq!(cfg.kubeconfig.as_deref(), Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf")));
+        assert_eq!(cfg.healthz_bind_address, None, "empty: the default");
+        assert_eq!(cfg.node_name, None);
+        // kube-proxy's defaulting reads 0s as unset.
+        assert_eq!((cfg.min_sync_period, cfg.sync_period), (None, None));
+        assert_eq!(cfg.log_format, None);
+        assert_eq!(cfg.log_verbosity, Some(0));
+        assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown);
+        for noted in ["iptables.masqueradeBit", "conntrack", "mode", "logging.flushFrequency", "winkernel"] {
+            assert!(cfg.ignored.iter().any(|i| i == noted), "{noted} in {:?}", cfg.ignored);
+        }
+    }
+
+    #[test]
+    fn v1alpha2_is_understood() {
+        let text = KUBEADM_V1ALPHA1
+            .replace("kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2")
+            .replace("healthzBindAddress: \"\"", "healthzBindAddresses: [0.0.0.0/0, \"::/0\"]\nhealthzBindPort: 10256")
+            .replace("metricsBindAddress: \"\"", "metricsBindAddresses: [127.0.0.1/32]\nmetricsBindPort: 10249")
+            .replace("mode: \"\"", "mode: \"\"\nminSyncPeriod: 1s\nsyncPeriod: 1m0s")
+            .replace("logging:\n", "logging:\n  format: json\n");
+        let cfg = parse(&text).unwrap();
+        assert_eq!(cfg.healthz_bind_address, Some("[::]:10256".parse().unwrap()));
+        assert_eq!(cfg.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
+        assert_eq!(cfg.min_sync_period, Some(Duration::from_secs(1)));
+        assert_eq!(cfg.sync_period, Some(Duration::from_mins(1)));
+        assert_eq!(cfg.log_format, Some(LogFormat::Json));
+        let ranged = text.replace("[127.0.0.1/32]", "[10.0.0.0/8]");
+        assert_eq!(parse(&ranged).unwrap_err().0, "metricsBindAddresses");
+    }
+
+    /// v1alpha1 keeps the sync periods in the section of the proxy mode.
+    #[test]
+    fn the_sync_periods_of_the_mode_apply() {
+        let text = "iptables: {minSyncPeriod: 1s, syncPeriod: 30s}\nnftables: {minSyncPeriod: 250ms}\n";
+        let cfg = parse(text).unwrap();
+        assert_eq!((cfg.min_sync_period, cfg.sync_period), (Some(Duration::from_secs(1)), Some(Duration::from_secs(30))));
+        let cfg = parse(&format!("mode: nftables\n{text}")).unwrap();
+        assert_eq!((cfg.min_sync_period, cfg.sync_period), (Some(Duration::from_millis(250)), None));
+        assert_eq!(parse("iptables: {syncPeriod: soon}\n").unwrap_err().0, "iptables.syncPeriod");
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        for (text, ms) in [("0s", 0), ("0", 0), ("250ms", 250), ("30s", 30_000), ("1m0s", 60_000), ("1h0m0s", 3_600_000), ("1.5s", 1500)] {
+            assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)), "{text}");
+        }
+        for bad in ["", "s", "10", "1x", "1m 0s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Fields that would change behaviour and cannot be honoured stop
+    /// startup with the field named (kube-proxy itself refuses invalid
+    /// configurations the same way).
+    #[test]
+    fn what_cannot_be_honoured_is_refused() {
+        assert_eq!(parse("iptables: {localhostNodePorts: false}\n").unwrap_err().0, "iptables.localhostNodePorts");
+        assert!(parse("iptables: {localhostNodePorts: true}\n").is_ok());
+        assert_eq!(parse("logging: {format: klog}\n").unwrap_err().0, "logging.format");
+        assert_eq!(parse("clientConnection: {qps: 1}\n").unwrap_err().0, "clientConnection.qps");
+        assert_eq!(parse("clientConnection: {burst: 2}\n").unwrap_err().0, "clientConnection.burst");
+        assert!(parse("clientConnection: {qps: 5, burst: 10}\n").is_ok(), "kube-proxy's defaults hold");
+        assert_eq!(parse("apiServerEndpoint: 10.0.0.1\n").unwrap_err().0, "apiServerEndpoint");
+        assert_eq!(parse("apiServerEndpoint: 10.0.0.1:6443\n").unwrap().api_server_endpoint.as_deref(), Some("10.0.0.1:6443"));
     }
 
     #[test]

@@ -14,6 +14,10 @@ async fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse_from(argv);
+    if let Err(refusal) = cli.check() {
+        eprintln!("error: {refusal}");
+        return ExitCode::from(2);
+    }
     let (command, verbosity) = match cli.command {
         Some(command) => (command, None),
         None if cli.kube_proxy.is_empty() => {
