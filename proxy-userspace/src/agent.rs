@@ -206,6 +206,7 @@ impl FileSource {
 
 /// Runs until `shutdown` resolves. The datapath stays in place afterwards
 /// (pinned links and maps), translating with the last table applied.
+#[expect(clippy::too_many_lines, reason = "the wiring of source, model, reconciler and observers, in order")]
 pub async fn run(
     config: AgentConfig,
     applied: watch::Sender<Applied>,
@@ -228,15 +229,9 @@ pub async fn run(
     // Loaded (not attached, nothing written) while the lists arrive.
     let mut datapath = load_datapath(&config, &telemetry)?;
     if let Source::Kube(kube, _, endpoint) = &source {
-        info!("waiting for the initial lists of Services and EndpointSlices before the first write");
-        let ready = crate::source::bootstrap::explain_while_waiting(
-            kube.wait_ready(),
-            endpoint,
-            crate::source::bootstrap::PROBE_AFTER,
-        );
         tokio::select! {
             () = &mut shutdown => return Ok(()),
-            ready = ready => ready?,
+            ready = wait_for_lists(kube, endpoint) => ready?,
         }
     }
     let mut health_checks = HealthCheckServers::new({
@@ -329,6 +324,14 @@ pub async fn run(
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
     Ok(())
+}
+
+/// Waits for the initial lists; when they are slow to come, says why the
+/// API server does not answer (see `source::bootstrap`).
+async fn wait_for_lists(kube: &KubeSource, endpoint: &crate::source::kube::ApiEndpoint) -> anyhow::Result<()> {
+    info!("waiting for the initial lists of Services and EndpointSlices before the first write");
+    crate::source::bootstrap::explain_while_waiting(kube.wait_ready(), endpoint, crate::source::bootstrap::PROBE_AFTER)
+        .await
 }
 
 /// kube-proxy's periodic full sync: the maps are read back from the kernel

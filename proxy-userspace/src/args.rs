@@ -99,11 +99,17 @@ impl KubeProxyArgs {
 /// with the reason (a flag kube-proxy does not have is left to clap).
 const REFUSED_KUBE_PROXY_FLAGS: &[(&str, &str)] = &[
     ("proxy-mode", "ebpf-proxy has one datapath (eBPF at the socket and on the devices); remove the flag"),
-    ("iptables-", "ebpf-proxy writes no iptables rules; sync periods go in the --config file (minSyncPeriod, syncPeriod)"),
+    (
+        "iptables-",
+        "ebpf-proxy writes no iptables rules; sync periods go in the --config file (minSyncPeriod, syncPeriod)",
+    ),
     ("ipvs-", "ebpf-proxy uses no IPVS; sync periods go in the --config file (minSyncPeriod, syncPeriod)"),
     ("nftables-", "ebpf-proxy writes no nftables rules; remove the flag"),
     ("masquerade-all", "ebpf-proxy does not masquerade pod traffic to services; remove the flag"),
-    ("cluster-cidr", "ebpf-proxy translates at connect() and on the devices and does not classify local traffic; remove the flag"),
+    (
+        "cluster-cidr",
+        "ebpf-proxy translates at connect() and on the devices and does not classify local traffic; remove the flag",
+    ),
     ("detect-local-mode", "ebpf-proxy does not classify local traffic; remove the flag"),
     ("pod-bridge-interface", "ebpf-proxy does not classify local traffic; remove the flag"),
     ("pod-interface-name-prefix", "ebpf-proxy does not classify local traffic; remove the flag"),
@@ -369,23 +375,35 @@ mod tests {
         let cli = Cli::try_parse_from(["ebpf-proxy", "--master", "https://192.168.0.10:6443", "-v", "4"]).unwrap();
         assert_eq!(cli.kube_proxy.verbosity, Some(4));
         assert_eq!(cli.kube_proxy.into_run_args().api_server_endpoint.as_deref(), Some("192.168.0.10:6443"));
-        let cli = Cli::try_parse_from(["ebpf-proxy", "--healthz-bind-address=0.0.0.0:10256", "--metrics-bind-address", "127.0.0.1"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "ebpf-proxy",
+            "--healthz-bind-address=0.0.0.0:10256",
+            "--metrics-bind-address",
+            "127.0.0.1",
+        ])
+        .unwrap();
         assert_eq!(cli.kube_proxy.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
     }
 
     #[test]
     fn subcommands_keep_their_flags() {
         let cli = Cli::try_parse_from(["ebpf-proxy", "--log-format", "json", "run", "--config", "c.yaml"]).unwrap();
-        assert!(matches!(cli.command, Some(Command::Run(ref r)) if r.config.as_deref() == Some(std::path::Path::new("c.yaml"))));
+        assert!(
+            matches!(cli.command, Some(Command::Run(ref r)) if r.config.as_deref() == Some(std::path::Path::new("c.yaml")))
+        );
         assert!(cli.kube_proxy.is_empty());
         assert_eq!(refused_kube_proxy_flag(&os(&["ebpf-proxy", "run", "--proxy-mode"])), None, "left to clap");
-        assert!(Cli::try_parse_from(["ebpf-proxy", "--config", "x", "run"]).unwrap().check().is_err(), "one or the other");
+        assert!(
+            Cli::try_parse_from(["ebpf-proxy", "--config", "x", "run"]).unwrap().check().is_err(),
+            "one or the other"
+        );
         assert!(cli.check().is_ok());
     }
 
     #[test]
     fn kube_proxy_flags_that_do_not_apply_are_refused_with_the_reason() {
-        for flag in ["--proxy-mode=ipvs", "--iptables-sync-period=1s", "--masquerade-all", "--cluster-cidr=10.0.0.0/8"] {
+        for flag in ["--proxy-mode=ipvs", "--iptables-sync-period=1s", "--masquerade-all", "--cluster-cidr=10.0.0.0/8"]
+        {
             let refusal = refused_kube_proxy_flag(&os(&["ebpf-proxy", "--config=c", flag])).expect(flag);
             assert!(refusal.contains(flag.split('=').next().unwrap()), "{refusal}");
         }

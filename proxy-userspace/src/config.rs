@@ -231,14 +231,30 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     }
     cfg.healthz_bind_address = bind_address("healthzBindAddress", raw.healthz_bind_address.as_deref(), 10256)?;
     cfg.metrics_bind_address = bind_address("metricsBindAddress", raw.metrics_bind_address.as_deref(), 10249)?;
-    if let Some(a) = bind_cidrs("healthzBindAddresses", raw.healthz_bind_addresses.as_deref().unwrap_or_default(), raw.healthz_bind_port, 10256)? {
+    if let Some(a) = bind_cidrs(
+        "healthzBindAddresses",
+        raw.healthz_bind_addresses.as_deref().unwrap_or_default(),
+        raw.healthz_bind_port,
+        10256,
+    )? {
         cfg.healthz_bind_address = Some(a);
     }
-    if let Some(a) = bind_cidrs("metricsBindAddresses", raw.metrics_bind_addresses.as_deref().unwrap_or_default(), raw.metrics_bind_port, 10249)? {
+    if let Some(a) = bind_cidrs(
+        "metricsBindAddresses",
+        raw.metrics_bind_addresses.as_deref().unwrap_or_default(),
+        raw.metrics_bind_port,
+        10249,
+    )? {
         cfg.metrics_bind_address = Some(a);
     }
     let mode = raw.rest.get("mode").and_then(Value::as_str);
-    sync_periods(&mut cfg, mode, [&raw.iptables, &raw.nftables, &raw.ipvs], &raw.min_sync_period, &raw.sync_period)?;
+    sync_periods(
+        &mut cfg,
+        mode,
+        [raw.iptables.as_ref(), raw.nftables.as_ref(), raw.ipvs.as_ref()],
+        raw.min_sync_period.as_deref(),
+        raw.sync_period.as_deref(),
+    )?;
     if let Some(false) = raw.iptables.as_ref().and_then(|i| i.localhost_node_ports) {
         return Err((
             "iptables.localhostNodePorts".into(),
@@ -253,16 +269,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         }
     }
     if let Some(logging) = raw.logging {
-        cfg.log_format = match logging.format.as_deref() {
-            None | Some("") => None,
-            Some("text") => Some(LogFormat::Text),
-            Some("json") => Some(LogFormat::Json),
-            Some(other) => {
-                return Err(("logging.format".into(), format!("{other:?}: ebpf-proxy logs as \"text\" or \"json\"")));
-            }
-        };
-        cfg.log_verbosity = logging.verbosity;
-        cfg.ignored.extend(logging.rest.keys().map(|k| format!("logging.{k}")));
+        apply_logging(&mut cfg, &logging)?;
     }
     for key in raw.rest.keys() {
         if NOT_APPLICABLE.contains(&key.as_str()) {
@@ -276,6 +283,21 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         cfg.ignored.extend(c.rest.keys().map(|k| format!("clientConnection.{k}")));
     }
     Ok(cfg)
+}
+
+/// component-base's `logging`: the format and verbosity apply.
+fn apply_logging(cfg: &mut FileConfig, logging: &Logging) -> Result<(), (String, String)> {
+    cfg.log_format = match logging.format.as_deref() {
+        None | Some("") => None,
+        Some("text") => Some(LogFormat::Text),
+        Some("json") => Some(LogFormat::Json),
+        Some(other) => {
+            return Err(("logging.format".into(), format!("{other:?}: ebpf-proxy logs as \"text\" or \"json\"")));
+        }
+    };
+    cfg.log_verbosity = logging.verbosity;
+    cfg.ignored.extend(logging.rest.keys().map(|k| format!("logging.{k}")));
+    Ok(())
 }
 
 /// `clientConnection.qps`/`burst`: the agent has no client-side rate
@@ -309,26 +331,26 @@ fn client_rate(qps: Option<f64>, burst: Option<i64>) -> Result<(), (String, Stri
 fn sync_periods(
     cfg: &mut FileConfig,
     mode: Option<&str>,
-    [iptables, nftables, ipvs]: [&Option<ModeConfig>; 3],
-    min_sync: &Option<String>,
-    sync: &Option<String>,
+    [iptables, nftables, ipvs]: [Option<&ModeConfig>; 3],
+    min_sync: Option<&str>,
+    sync: Option<&str>,
 ) -> Result<(), (String, String)> {
     let (name, section) = match mode {
         Some("nftables") => ("nftables", nftables),
         Some("ipvs") => ("ipvs", ipvs),
         _ => ("iptables", iptables),
     };
-    let field = |top: &Option<String>, in_mode: Option<&Option<String>>, field: &str| -> Result<Option<Duration>, (String, String)> {
+    let field = |top: Option<&str>, in_mode: Option<&str>, field: &str| -> Result<Option<Duration>, (String, String)> {
         let (path, value) = match (top, in_mode) {
             (Some(v), _) => (field.to_owned(), v),
-            (None, Some(Some(v))) => (format!("{name}.{field}"), v),
+            (None, Some(v)) => (format!("{name}.{field}"), v),
             _ => return Ok(None),
         };
         let d = parse_duration(value).map_err(|e| (path, e))?;
         Ok(Some(d).filter(|d| !d.is_zero()))
     };
-    cfg.min_sync_period = field(min_sync, section.as_ref().map(|s| &s.min_sync_period), "minSyncPeriod")?;
-    cfg.sync_period = field(sync, section.as_ref().map(|s| &s.sync_period), "syncPeriod")?;
+    cfg.min_sync_period = field(min_sync, section.and_then(|s| s.min_sync_period.as_deref()), "minSyncPeriod")?;
+    cfg.sync_period = field(sync, section.and_then(|s| s.sync_period.as_deref()), "syncPeriod")?;
     Ok(())
 }
 
@@ -403,7 +425,11 @@ fn bind_cidrs(
 }
 
 /// kube-proxy's `IP:PORT` or `IP` (the port defaults); empty means unset.
-pub fn bind_address(field: &str, value: Option<&str>, default_port: u16) -> Result<Option<SocketAddr>, (String, String)> {
+pub fn bind_address(
+    field: &str,
+    value: Option<&str>,
+    default_port: u16,
+) -> Result<Option<SocketAddr>, (String, String)> {
     let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
     if let Ok(addr) = value.parse::<SocketAddr>() {
         return Ok(Some(addr));
@@ -483,7 +509,9 @@ udpIdleTimeout: 250ms
         assert_eq!(cfg.node_port_cidrs, vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]);
         assert_eq!(cfg.node_name, None, "an empty hostnameOverride means the default");
         assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown);
-        assert!(cfg.ignored.contains(&"iptables.masqueradeBit".to_owned()) && cfg.ignored.contains(&"conntrack".to_owned()));
+        assert!(
+            cfg.ignored.contains(&"iptables.masqueradeBit".to_owned()) && cfg.ignored.contains(&"conntrack".to_owned())
+        );
         assert_eq!(cfg.sync_period, Some(Duration::from_secs(30)), "iptables.syncPeriod, the mode's (\"\": iptables)");
     }
 
@@ -549,7 +577,10 @@ udpIdleTimeout: 250ms
     fn the_sync_periods_of_the_mode_apply() {
         let text = "iptables: {minSyncPeriod: 1s, syncPeriod: 30s}\nnftables: {minSyncPeriod: 250ms}\n";
         let cfg = parse(text).unwrap();
-        assert_eq!((cfg.min_sync_period, cfg.sync_period), (Some(Duration::from_secs(1)), Some(Duration::from_secs(30))));
+        assert_eq!(
+            (cfg.min_sync_period, cfg.sync_period),
+            (Some(Duration::from_secs(1)), Some(Duration::from_secs(30)))
+        );
         let cfg = parse(&format!("mode: nftables\n{text}")).unwrap();
         assert_eq!((cfg.min_sync_period, cfg.sync_period), (Some(Duration::from_millis(250)), None));
         assert_eq!(parse("iptables: {syncPeriod: soon}\n").unwrap_err().0, "iptables.syncPeriod");
@@ -557,7 +588,15 @@ udpIdleTimeout: 250ms
 
     #[test]
     fn go_durations_parse() {
-        for (text, ms) in [("0s", 0), ("0", 0), ("250ms", 250), ("30s", 30_000), ("1m0s", 60_000), ("1h0m0s", 3_600_000), ("1.5s", 1500)] {
+        for (text, ms) in [
+            ("0s", 0),
+            ("0", 0),
+            ("250ms", 250),
+            ("30s", 30_000),
+            ("1m0s", 60_000),
+            ("1h0m0s", 3_600_000),
+            ("1.5s", 1500),
+        ] {
             assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)), "{text}");
         }
         for bad in ["", "s", "10", "1x", "1m 0s"] {
@@ -577,7 +616,10 @@ udpIdleTimeout: 250ms
         assert_eq!(parse("clientConnection: {burst: 2}\n").unwrap_err().0, "clientConnection.burst");
         assert!(parse("clientConnection: {qps: 5, burst: 10}\n").is_ok(), "kube-proxy's defaults hold");
         assert_eq!(parse("apiServerEndpoint: 10.0.0.1\n").unwrap_err().0, "apiServerEndpoint");
-        assert_eq!(parse("apiServerEndpoint: 10.0.0.1:6443\n").unwrap().api_server_endpoint.as_deref(), Some("10.0.0.1:6443"));
+        assert_eq!(
+            parse("apiServerEndpoint: 10.0.0.1:6443\n").unwrap().api_server_endpoint.as_deref(),
+            Some("10.0.0.1:6443")
+        );
     }
 
     #[test]

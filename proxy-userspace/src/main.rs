@@ -34,17 +34,19 @@ async fn main() -> ExitCode {
             if cleanup {
                 let prepared = cmd::run::prepare(run);
                 init_logging(cli.log_format.unwrap_or(LogFormat::Text), verbosity);
-                return finish(prepared.map_err(Into::into).and_then(|p| {
-                    cmd::cleanup::run(&PinDirArgs { bpffs_dir: p.pin_dir() })
-                }));
+                return finish(
+                    prepared
+                        .map_err(Into::into)
+                        .and_then(|p| cmd::cleanup::run(&PinDirArgs { bpffs_dir: p.pin_dir() })),
+                );
             }
             (Command::Run(Box::new(run)), verbosity)
         }
     };
     let result = match command {
-        Command::Run(args) => {
+        Command::Run(run) => {
             // The config file may choose the log format, so it is read first.
-            let prepared = cmd::run::prepare(*args);
+            let prepared = cmd::run::prepare(*run);
             let from_file = prepared.as_ref().ok();
             init_logging(
                 cli.log_format.or(from_file.and_then(cmd::run::Prepared::log_format)).unwrap_or(LogFormat::Text),
@@ -59,10 +61,10 @@ async fn main() -> ExitCode {
             init_logging(cli.log_format.unwrap_or(LogFormat::Text), None);
             match command {
                 Command::Run(_) => unreachable!("handled above"),
-                Command::Demo(args) => cmd::demo::run(args).await,
-                Command::Cleanup(args) => cmd::cleanup::run(&args),
-                Command::Service(args) => cmd::service::run(&args),
-                Command::Status(args) => cmd::status::run(&args),
+                Command::Demo(demo) => cmd::demo::run(demo).await,
+                Command::Cleanup(pins) => cmd::cleanup::run(&pins),
+                Command::Service(service) => cmd::service::run(&service),
+                Command::Status(pins) => cmd::status::run(&pins),
             }
         }
     };

@@ -97,7 +97,8 @@ fn the_built_daemonset_has_the_image_placeholder_and_the_endpoint_setting() {
     let cm = objects.iter().find(|o| o["kind"] == "ConfigMap").expect("ConfigMap");
     for var in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
         let env = c.env.iter().flatten().find(|e| e.name == var).unwrap_or_else(|| panic!("{var}"));
-        let key = env.value_from.as_ref().and_then(|v| v.config_map_key_ref.as_ref()).unwrap_or_else(|| panic!("{var}"));
+        let key =
+            env.value_from.as_ref().and_then(|v| v.config_map_key_ref.as_ref()).unwrap_or_else(|| panic!("{var}"));
         assert_eq!((key.name.as_str(), key.key.as_str()), (cm["metadata"]["name"].as_str().unwrap(), var));
         assert_eq!(key.optional, Some(true), "{var}: unset, kubelet's value stays");
     }

@@ -109,25 +109,24 @@ pub async fn explain_while_waiting<F: Future>(ready: F, endpoint: &ApiEndpoint, 
         out = &mut ready => return out,
         probe = probe(&endpoint.address) => probe,
     };
-    match probe {
-        Err(err) => {
-            let d = diagnose(endpoint);
-            error!(
-                code = d.code,
-                api_server = %endpoint.address,
-                origin = endpoint.origin.name(),
-                error = %err,
-                fix = d.fix,
-                waited_seconds = after.as_secs(),
-                "cannot reach the API server: {}; still retrying",
-                d.message
-            );
-        }
-        Ok(()) => warn!(
+    if let Err(err) = probe {
+        let d = diagnose(endpoint);
+        error!(
+            code = d.code,
+            api_server = %endpoint.address,
+            origin = endpoint.origin.name(),
+            error = %err,
+            fix = d.fix,
+            waited_seconds = after.as_secs(),
+            "cannot reach the API server: {}; still retrying",
+            d.message
+        );
+    } else {
+        warn!(
             api_server = %endpoint.address,
             waited_seconds = after.as_secs(),
             "the initial lists have not arrived although the API server accepts connections; see the watch errors"
-        ),
+        );
     }
     ready.await
 }
@@ -169,14 +168,15 @@ mod tests {
         for fix in ["KUBERNETES_SERVICE_HOST", "--api-server-endpoint", "--kubeconfig"] {
             assert!(in_cluster.fix.contains(fix), "{fix}");
         }
-        let codes: std::collections::BTreeSet<_> =
-            [Origin::InCluster, Origin::Kubeconfig, Origin::Endpoint].map(|o| diagnose(&endpoint("https://h:1", o)).code).into();
+        let codes: std::collections::BTreeSet<_> = [Origin::InCluster, Origin::Kubeconfig, Origin::Endpoint]
+            .map(|o| diagnose(&endpoint("https://h:1", o)).code)
+            .into();
         assert_eq!(codes.len(), 3);
     }
 
     #[tokio::test]
     async fn a_ready_list_is_never_probed() {
         let e = endpoint("https://127.0.0.1:1", Origin::InCluster);
-        assert_eq!(explain_while_waiting(async { 7 }, &e, Duration::from_secs(3600)).await, 7);
+        assert_eq!(explain_while_waiting(async { 7 }, &e, Duration::from_hours(1)).await, 7);
     }
 }
