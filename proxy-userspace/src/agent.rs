@@ -33,9 +33,13 @@ use crate::{
 pub enum SourceConfig {
     /// A services file, re-read when it changes.
     File(PathBuf),
-    /// The Kubernetes API (`None`: the usual client configuration).
-    Kube { kubeconfig: Option<PathBuf> },
+    /// The Kubernetes API.
+    Kube(crate::source::kube::ClientOptions),
 }
+
+/// Syncs start at most this often unless configured (`AgentConfig::
+/// min_sync_period`).
+pub use crate::source::kube::DEFAULT_MIN_SYNC_PERIOD;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -61,6 +65,12 @@ pub struct AgentConfig {
     /// Frontends whose connection counter is exported as its own series,
     /// at most (0: none).
     pub max_service_series: usize,
+    /// Syncs start at most this often (kube-proxy's minSyncPeriod).
+    pub min_sync_period: Duration,
+    /// Every this often, the maps are read back from the kernel and the
+    /// whole table compared with them, so an entry changed by anyone else
+    /// is put right (kube-proxy's syncPeriod); `None`: never.
+    pub sync_period: Option<Duration>,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -94,11 +104,12 @@ pub async fn run(
         SourceConfig::File(path) => {
             run_with(FileSource::new(path.clone()), &config, &telemetries, applied, shutdown).await
         }
-        SourceConfig::Kube { kubeconfig } => {
+        SourceConfig::Kube(options) => {
             let reachability = Arc::new(Reachability::default());
             let requests = vec![reachability.observer(), crate::rest_metrics::observer(telemetries.metrics.clone())];
-            let client = crate::source::kube::client(kubeconfig.as_deref(), requests).await?;
-            let kube = KubeSource::start(&client, &config.node_name, reachability);
+            let (client, endpoint) = crate::source::kube::client(options, requests).await?;
+            let kube = KubeSource::start(&client, endpoint, &config.node_name, reachability)
+                .with_min_sync_period(config.min_sync_period);
             telemetries.telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
             run_with(kube, &config, &telemetries, applied, shutdown).await
         }
@@ -148,7 +159,7 @@ async fn run_with(
         node_ips: config.node_ips.clone(),
         node_port_cidrs: config.node_port_cidrs.clone(),
     };
-    let mut pipeline = Pipeline::new(settings, reconciler);
+    let mut pipeline = Pipeline::new(settings, reconciler).with_sync_period(config.sync_period);
     let mut observers = Observers {
         health_checks: HealthCheckServers::new({
             let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);

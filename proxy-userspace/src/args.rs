@@ -11,17 +11,189 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("
 
 /// Kubernetes service proxy that translates service addresses with eBPF at
 /// the socket, instead of iptables DNAT.
+///
+/// With a subcommand, does what it says. Without one, takes kube-proxy's
+/// flags that apply and runs the agent (`ebpf-proxy
+/// --config=/var/lib/kube-proxy/config.conf --hostname-override=NODE` is
+/// kubeadm's kube-proxy DaemonSet with the binary swapped).
 #[derive(Debug, Parser)]
 #[command(name = "ebpf-proxy", version = VERSION)]
 pub struct Cli {
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
-    pub log_format: LogFormat,
+    /// Log format [default: the config file's logging.format, else text].
+    #[arg(long, value_enum, global = true)]
+    pub log_format: Option<LogFormat>,
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub kube_proxy: KubeProxyArgs,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
+impl Cli {
+    /// kube-proxy's flags go without a subcommand.
+    pub fn check(&self) -> Result<(), String> {
+        if self.command.is_some() && !self.kube_proxy.is_empty() {
+            return Err("kube-proxy's flags (--config, --hostname-override, ...) go before no subcommand; \
+                        after `run`, give them after it (`ebpf-proxy run --config FILE`)"
+                .into());
+        }
+        Ok(())
+    }
+}
+
+/// kube-proxy's flags that apply, for a drop-in `kube-proxy` command line.
+#[derive(Debug, Default, Args)]
+#[command(next_help_heading = "kube-proxy's flags (no subcommand: run the agent, as `run` does)")]
+pub struct KubeProxyArgs {
+    /// The configuration file (a KubeProxyConfiguration, v1alpha1 or v1alpha2).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// This node's name (overrides the file's hostnameOverride).
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// Kubeconfig for the API server (overrides clientConnection.kubeconfig).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server's address (overrides the kubeconfig's): `https://HOST:PORT` or `HOST:PORT`.
+    #[arg(long, value_name = "URL", value_parser = parse_endpoint)]
+    pub master: Option<String>,
+    /// Where to serve /healthz and /livez: IP:PORT or IP.
+    #[arg(long, value_name = "ADDR", value_parser = parse_healthz)]
+    pub healthz_bind_address: Option<std::net::SocketAddr>,
+    /// Where to serve /metrics and /proxyMode: IP:PORT or IP.
+    #[arg(long, value_name = "ADDR", value_parser = parse_metrics)]
+    pub metrics_bind_address: Option<std::net::SocketAddr>,
+    /// klog's verbosity: 0-2 info, 3-4 debug, 5 and above trace (`RUST_LOG` wins).
+    #[arg(short = 'v', long = "v", value_name = "LEVEL")]
+    pub verbosity: Option<u32>,
+    /// Remove the datapath (as `ebpf-proxy cleanup`) and exit.
+    #[arg(long)]
+    pub cleanup: bool,
+}
+
+impl KubeProxyArgs {
+    /// Whether any flag was given.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.config.is_none()
+            && self.hostname_override.is_none()
+            && self.kubeconfig.is_none()
+            && self.master.is_none()
+            && self.healthz_bind_address.is_none()
+            && self.metrics_bind_address.is_none()
+            && self.verbosity.is_none()
+            && !self.cleanup
+    }
+
+    /// The `run` arguments these flags mean.
+    #[must_use]
+    pub fn into_run_args(self) -> RunArgs {
+        RunArgs {
+            config: self.config,
+            kubeconfig: self.kubeconfig,
+            node_name: self.hostname_override,
+            api_server_endpoint: self.master,
+            healthz_bind_address: self.healthz_bind_address,
+            metrics_bind_address: self.metrics_bind_address,
+            ..RunArgs::default()
+        }
+    }
+}
+
+/// kube-proxy flags that change behaviour and have no counterpart here,
+/// with the reason (a flag kube-proxy does not have is left to clap).
+const REFUSED_KUBE_PROXY_FLAGS: &[(&str, &str)] = &[
+    ("proxy-mode", "ebpf-proxy has one datapath (eBPF at the socket and on the devices); remove the flag"),
+    (
+        "iptables-",
+        "ebpf-proxy writes no iptables rules; sync periods go in the --config file (minSyncPeriod, syncPeriod)",
+    ),
+    ("ipvs-", "ebpf-proxy uses no IPVS; sync periods go in the --config file (minSyncPeriod, syncPeriod)"),
+    ("nftables-", "ebpf-proxy writes no nftables rules; remove the flag"),
+    ("masquerade-all", "ebpf-proxy does not masquerade pod traffic to services; remove the flag"),
+    (
+        "cluster-cidr",
+        "ebpf-proxy translates at connect() and on the devices and does not classify local traffic; remove the flag",
+    ),
+    ("detect-local-mode", "ebpf-proxy does not classify local traffic; remove the flag"),
+    ("pod-bridge-interface", "ebpf-proxy does not classify local traffic; remove the flag"),
+    ("pod-interface-name-prefix", "ebpf-proxy does not classify local traffic; remove the flag"),
+    ("conntrack-", "ebpf-proxy does not tune netfilter conntrack; remove the flag"),
+    ("nodeport-addresses", "set nodePortAddresses in the --config file"),
+    ("kube-api-qps", "ebpf-proxy has no client-side rate limiter; remove the flag"),
+    ("kube-api-burst", "ebpf-proxy has no client-side rate limiter; remove the flag"),
+    ("kube-api-content-type", "ebpf-proxy speaks JSON to the API server; remove the flag"),
+    ("bind-address", "use --healthz-bind-address and --metrics-bind-address (and --node-ip with `run`)"),
+    ("oom-score-adj", "set the pod's resources instead; remove the flag"),
+    ("proxy-port-range", "ebpf-proxy proxies no ports in userspace; remove the flag"),
+    ("udp-timeout", "ebpf-proxy proxies no UDP in userspace; remove the flag"),
+    ("config-sync-period", "ebpf-proxy's watches never resync on a timer; remove the flag"),
+    ("feature-gates", "ebpf-proxy has no feature gates; remove the flag"),
+    ("logging-format", "use --log-format"),
+    ("write-config-to", "ebpf-proxy writes no config; remove the flag"),
+];
+
+/// The refusal of a kube-proxy flag ebpf-proxy does not take (only before
+/// a subcommand: subcommands have their own flags).
+#[must_use]
+pub fn refused_kube_proxy_flag(args: &[std::ffi::OsString]) -> Option<String> {
+    use clap::CommandFactory as _;
+    let cli = Cli::command();
+    for arg in args.iter().skip(1) {
+        let arg = arg.to_string_lossy();
+        if cli.find_subcommand(arg.as_ref()).is_some() {
+            return None;
+        }
+        let Some(name) = arg.strip_prefix("--") else { continue };
+        let name = name.split('=').next().unwrap_or(name);
+        if let Some((flag, reason)) = REFUSED_KUBE_PROXY_FLAGS
+            .iter()
+            .find(|(flag, _)| if flag.ends_with('-') { name.starts_with(flag) } else { name == *flag })
+        {
+            let shown = if flag.ends_with('-') { format!("--{flag}*") } else { format!("--{flag}") };
+            return Some(format!("kube-proxy's flag --{name} is not supported ({shown}): {reason}"));
+        }
+    }
+    None
+}
+
+/// `HOST:PORT` (an IPv6 host in brackets), or a URL `https://HOST:PORT`;
+/// returned as `HOST:PORT`.
+pub fn parse_endpoint(text: &str) -> Result<String, String> {
+    let rest = text.strip_prefix("https://").unwrap_or(text).trim_end_matches('/');
+    let bad = || format!("{text:?}: expected HOST:PORT (e.g. 192.168.0.10:6443 or [fd00::10]:6443)");
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    if host.is_empty() || host.contains('/') || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err(bad());
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err(bad());
+    }
+    Ok(rest.to_owned())
+}
+
+fn parse_healthz(text: &str) -> Result<std::net::SocketAddr, String> {
+    crate::config::bind_address("--healthz-bind-address", Some(text), 10256)
+        .map_err(|(_, e)| e)?
+        .ok_or_else(|| "empty".to_owned())
+}
+
+fn parse_metrics(text: &str) -> Result<std::net::SocketAddr, String> {
+    crate::config::bind_address("--metrics-bind-address", Some(text), 10249)
+        .map_err(|(_, e)| e)?
+        .ok_or_else(|| "empty".to_owned())
+}
+
+/// klog's verbosity as a `tracing` level filter.
+#[must_use]
+pub fn level_for_verbosity(v: u32) -> &'static str {
+    match v {
+        0..=2 => "info",
+        3..=4 => "debug",
+        _ => "trace",
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -99,7 +271,7 @@ pub struct PinDirArgs {
     pub bpffs_dir: PathBuf,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 pub struct RunArgs {
     /// Configuration file: ebpf-proxy's fields (camelCase, as the flags
     /// here) and/or a kube-proxy KubeProxyConfiguration, whose applicable
@@ -118,6 +290,13 @@ pub struct RunArgs {
     /// else KUBECONFIG, else ~/.kube/config.
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// The API server to dial, instead of the one the in-cluster config
+    /// (the `kubernetes` Service's ClusterIP, which nothing translates
+    /// before this agent has synced) or the kubeconfig names; the service
+    /// account token and CA are kept. The control plane's real endpoint,
+    /// e.g. 192.168.0.10:6443.
+    #[arg(long, value_name = "HOST:PORT", value_parser = parse_endpoint)]
+    pub api_server_endpoint: Option<String>,
     /// cgroup v2 directory to attach the socket programs to (they act on
     /// every process in it and below). Default: the root of the cgroup2
     /// hierarchy, mounted at /run/ebpf-proxy/cgroup2 if none is.
@@ -202,4 +381,72 @@ pub struct DemoArgs {
     /// result and exit instead of waiting for Ctrl-C.
     #[arg(long)]
     pub check: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+        args.iter().map(Into::into).collect()
+    }
+
+    /// kubeadm's kube-proxy DaemonSet runs `kube-proxy
+    /// --config=/var/lib/kube-proxy/config.conf --hostname-override=$(NODE_NAME)`.
+    #[test]
+    fn kubeadms_command_line_runs_the_agent() {
+        let argv = ["ebpf-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=node-1"];
+        assert_eq!(refused_kube_proxy_flag(&os(&argv)), None);
+        let cli = Cli::try_parse_from(argv).unwrap();
+        assert!(cli.command.is_none());
+        let run = cli.kube_proxy.into_run_args();
+        assert_eq!(run.config.as_deref(), Some(std::path::Path::new("/var/lib/kube-proxy/config.conf")));
+        assert_eq!(run.node_name.as_deref(), Some("node-1"));
+        let cli = Cli::try_parse_from(["ebpf-proxy", "--master", "https://192.168.0.10:6443", "-v", "4"]).unwrap();
+        assert_eq!(cli.kube_proxy.verbosity, Some(4));
+        assert_eq!(cli.kube_proxy.into_run_args().api_server_endpoint.as_deref(), Some("192.168.0.10:6443"));
+        let cli = Cli::try_parse_from([
+            "ebpf-proxy",
+            "--healthz-bind-address=0.0.0.0:10256",
+            "--metrics-bind-address",
+            "127.0.0.1",
+        ])
+        .unwrap();
+        assert_eq!(cli.kube_proxy.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
+    }
+
+    #[test]
+    fn subcommands_keep_their_flags() {
+        let cli = Cli::try_parse_from(["ebpf-proxy", "--log-format", "json", "run", "--config", "c.yaml"]).unwrap();
+        assert!(
+            matches!(cli.command, Some(Command::Run(ref r)) if r.config.as_deref() == Some(std::path::Path::new("c.yaml")))
+        );
+        assert!(cli.kube_proxy.is_empty());
+        assert_eq!(refused_kube_proxy_flag(&os(&["ebpf-proxy", "run", "--proxy-mode"])), None, "left to clap");
+        assert!(
+            Cli::try_parse_from(["ebpf-proxy", "--config", "x", "run"]).unwrap().check().is_err(),
+            "one or the other"
+        );
+        assert!(cli.check().is_ok());
+    }
+
+    #[test]
+    fn kube_proxy_flags_that_do_not_apply_are_refused_with_the_reason() {
+        for flag in ["--proxy-mode=ipvs", "--iptables-sync-period=1s", "--masquerade-all", "--cluster-cidr=10.0.0.0/8"]
+        {
+            let refusal = refused_kube_proxy_flag(&os(&["ebpf-proxy", "--config=c", flag])).expect(flag);
+            assert!(refusal.contains(flag.split('=').next().unwrap()), "{refusal}");
+        }
+        assert!(Cli::try_parse_from(["ebpf-proxy", "--no-such-flag"]).is_err());
+    }
+
+    #[test]
+    fn endpoints_are_host_and_port() {
+        assert_eq!(parse_endpoint("10.0.0.1:6443").as_deref(), Ok("10.0.0.1:6443"));
+        assert_eq!(parse_endpoint("https://cp.example:6443/").as_deref(), Ok("cp.example:6443"));
+        assert_eq!(parse_endpoint("[fd00::1]:6443").as_deref(), Ok("[fd00::1]:6443"));
+        for bad in ["10.0.0.1", "fd00::1:6443", ":6443", "h:0", "h:x"] {
+            assert!(parse_endpoint(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -1,19 +1,26 @@
 //! The configuration file (`--config`): ebpf-proxy's own fields, and the
-//! fields of kube-proxy's `KubeProxyConfiguration` that apply, so an
-//! operator can reuse theirs. Fields of kube-proxy that have no meaning here
-//! (iptables, IPVS, conntrack tuning, ...) are noted and ignored; unknown
-//! fields are named in a warning; invalid values stop startup.
+//! fields of kube-proxy's `KubeProxyConfiguration` (v1alpha1 and v1alpha2)
+//! that apply, so an operator can reuse theirs (kubeadm's `kube-proxy`
+//! ConfigMap key `config.conf` as it is). kube-proxy fields that change
+//! behaviour are honoured or refused with the reason; fields that tune a
+//! datapath ebpf-proxy does not have (iptables rules, IPVS, conntrack
+//! sysctls, ...) are noted and ignored; unknown fields are named in a
+//! warning; invalid values stop startup.
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
+    time::Duration,
 };
+
+use crate::args::LogFormat;
 
 use ipnet::IpNet;
 use serde::Deserialize;
 use serde_yaml::Value;
 
-pub const KUBE_PROXY_API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+/// The `KubeProxyConfiguration` versions understood.
+pub const KUBE_PROXY_API_VERSIONS: &[&str] = &["kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -28,22 +35,18 @@ const NOT_APPLICABLE: &[&str] = &[
     "mode",
     "bindAddress",
     "bindAddressHardFail",
+    "configHardFail",
     "configSyncPeriod",
     "conntrack",
     "detectLocal",
     "detectLocalMode",
     "enableProfiling",
     "featureGates",
-    "iptables",
-    "ipvs",
     "linux",
-    "logging",
-    "nftables",
+    "nodeIPOverride",
     "oomScoreAdj",
     "portRange",
     "showHiddenMetricsForVersion",
-    "syncPeriod",
-    "minSyncPeriod",
     "udpIdleTimeout",
     "winkernel",
     "windows",
@@ -76,6 +79,18 @@ pub struct FileConfig {
     pub maglev_table_size: Option<usize>,
     pub ct_map_size: Option<u32>,
     pub max_service_series: Option<usize>,
+    /// The API server to dial instead of the one the in-cluster config or
+    /// the kubeconfig names (`HOST:PORT`).
+    pub api_server_endpoint: Option<String>,
+    /// kube-proxy's `logging.format`.
+    pub log_format: Option<LogFormat>,
+    /// kube-proxy's `logging.verbosity` (klog's `-v`).
+    pub log_verbosity: Option<u32>,
+    /// kube-proxy's `minSyncPeriod`: syncs start at most this often.
+    pub min_sync_period: Option<Duration>,
+    /// kube-proxy's `syncPeriod`: the whole table is compared with what
+    /// the maps hold (read back from the kernel) this often.
+    pub sync_period: Option<Duration>,
     /// Fields seen that are kube-proxy's but mean nothing here.
     pub ignored: Vec<String>,
     /// Fields nobody knows.
@@ -106,11 +121,25 @@ struct Raw {
     maglev_table_size: Option<usize>,
     ct_map_size: Option<u32>,
     max_service_series: Option<usize>,
+    api_server_endpoint: Option<String>,
     // kube-proxy's
     healthz_bind_address: Option<String>,
     metrics_bind_address: Option<String>,
-    #[serde(default)]
-    node_port_addresses: Vec<String>,
+    // kube-proxy's v1alpha2: CIDRs and a port
+    // kubeadm writes `null` for an empty list
+    healthz_bind_addresses: Option<Vec<String>>,
+    healthz_bind_port: Option<u16>,
+    // kubeadm writes `null` for an empty list
+    metrics_bind_addresses: Option<Vec<String>>,
+    metrics_bind_port: Option<u16>,
+    min_sync_period: Option<String>,
+    sync_period: Option<String>,
+    iptables: Option<ModeConfig>,
+    nftables: Option<ModeConfig>,
+    ipvs: Option<ModeConfig>,
+    logging: Option<Logging>,
+    // kubeadm writes `null` for an empty list
+    node_port_addresses: Option<Vec<String>>,
     hostname_override: Option<String>,
     client_connection: Option<ClientConnection>,
     #[serde(flatten)]
@@ -121,6 +150,30 @@ struct Raw {
 #[serde(rename_all = "camelCase")]
 struct ClientConnection {
     kubeconfig: Option<PathBuf>,
+    qps: Option<f64>,
+    burst: Option<i64>,
+    #[serde(flatten)]
+    rest: BTreeMap<String, Value>,
+}
+
+/// kube-proxy's `iptables`, `nftables` and `ipvs` sections: the sync
+/// periods of the mode in use apply (v1alpha1), and `localhostNodePorts`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ModeConfig {
+    min_sync_period: Option<String>,
+    sync_period: Option<String>,
+    localhost_node_ports: Option<bool>,
+    #[serde(flatten)]
+    rest: BTreeMap<String, Value>,
+}
+
+/// component-base's `LoggingConfiguration`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Logging {
+    format: Option<String>,
+    verbosity: Option<u32>,
     #[serde(flatten)]
     rest: BTreeMap<String, Value>,
 }
@@ -141,9 +194,9 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         return Err(("kind".into(), format!("{kind:?}: expected KubeProxyConfiguration or no kind")));
     }
     if let Some(v) = raw.api_version.as_deref()
-        && v != KUBE_PROXY_API_VERSION
+        && !KUBE_PROXY_API_VERSIONS.contains(&v)
     {
-        return Err(("apiVersion".into(), format!("{v:?}: expected {KUBE_PROXY_API_VERSION}")));
+        return Err(("apiVersion".into(), format!("{v:?}: expected one of {KUBE_PROXY_API_VERSIONS:?}")));
     }
     let mut cfg = FileConfig {
         services_file: raw.services_file,
@@ -159,8 +212,12 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         devices: raw.devices,
         ct_map_size: raw.ct_map_size,
         max_service_series: raw.max_service_series,
+        api_server_endpoint: raw.api_server_endpoint.filter(|e| !e.is_empty()),
         ..FileConfig::default()
     };
+    if let Some(endpoint) = &cfg.api_server_endpoint {
+        crate::args::parse_endpoint(endpoint).map_err(|e| ("apiServerEndpoint".to_owned(), e))?;
+    }
     if let Some(m) = raw.maglev_table_size {
         cfg.maglev_table_size =
             Some(crate::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
@@ -168,7 +225,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     for (i, ip) in raw.node_ips.iter().enumerate() {
         cfg.node_ips.push(ip.parse().map_err(|_| (format!("nodeIPs[{i}]"), format!("{ip:?} is not an IP address")))?);
     }
-    for (i, cidr) in raw.node_port_addresses.iter().enumerate() {
+    for (i, cidr) in raw.node_port_addresses.iter().flatten().enumerate() {
         if cidr == "primary" {
             continue; // the node's primary addresses: what node IPs are anyway
         }
@@ -177,6 +234,46 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     }
     cfg.healthz_bind_address = bind_address("healthzBindAddress", raw.healthz_bind_address.as_deref(), 10256)?;
     cfg.metrics_bind_address = bind_address("metricsBindAddress", raw.metrics_bind_address.as_deref(), 10249)?;
+    if let Some(a) = bind_cidrs(
+        "healthzBindAddresses",
+        raw.healthz_bind_addresses.as_deref().unwrap_or_default(),
+        raw.healthz_bind_port,
+        10256,
+    )? {
+        cfg.healthz_bind_address = Some(a);
+    }
+    if let Some(a) = bind_cidrs(
+        "metricsBindAddresses",
+        raw.metrics_bind_addresses.as_deref().unwrap_or_default(),
+        raw.metrics_bind_port,
+        10249,
+    )? {
+        cfg.metrics_bind_address = Some(a);
+    }
+    let mode = raw.rest.get("mode").and_then(Value::as_str);
+    sync_periods(
+        &mut cfg,
+        mode,
+        [raw.iptables.as_ref(), raw.nftables.as_ref(), raw.ipvs.as_ref()],
+        raw.min_sync_period.as_deref(),
+        raw.sync_period.as_deref(),
+    )?;
+    if let Some(false) = raw.iptables.as_ref().and_then(|i| i.localhost_node_ports) {
+        return Err((
+            "iptables.localhostNodePorts".into(),
+            "false is not supported: ebpf-proxy always serves NodePorts on 127.0.0.1 (kube-proxy's default, \
+             true); remove the field or set it to true"
+                .into(),
+        ));
+    }
+    for (name, section) in [("iptables", &raw.iptables), ("nftables", &raw.nftables), ("ipvs", &raw.ipvs)] {
+        if let Some(section) = section {
+            cfg.ignored.extend(section.rest.keys().map(|k| format!("{name}.{k}")));
+        }
+    }
+    if let Some(logging) = raw.logging {
+        apply_logging(&mut cfg, &logging)?;
+    }
     for key in raw.rest.keys() {
         if NOT_APPLICABLE.contains(&key.as_str()) {
             cfg.ignored.push(key.clone());
@@ -185,13 +282,157 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         }
     }
     if let Some(c) = raw.client_connection {
+        client_rate(c.qps, c.burst)?;
         cfg.ignored.extend(c.rest.keys().map(|k| format!("clientConnection.{k}")));
     }
     Ok(cfg)
 }
 
+/// component-base's `logging`: the format and verbosity apply.
+fn apply_logging(cfg: &mut FileConfig, logging: &Logging) -> Result<(), (String, String)> {
+    cfg.log_format = match logging.format.as_deref() {
+        None | Some("") => None,
+        Some("text") => Some(LogFormat::Text),
+        Some("json") => Some(LogFormat::Json),
+        Some(other) => {
+            return Err(("logging.format".into(), format!("{other:?}: ebpf-proxy logs as \"text\" or \"json\"")));
+        }
+    };
+    cfg.log_verbosity = logging.verbosity;
+    cfg.ignored.extend(logging.rest.keys().map(|k| format!("logging.{k}")));
+    Ok(())
+}
+
+/// `clientConnection.qps`/`burst`: the agent has no client-side rate
+/// limiter; it makes 7 requests at start (3 lists, 3 watches, 1 event) and
+/// then one per watch reconnect, each watch backing off from 0.8 s
+/// (kube-runtime's default backoff): at most 4 a second. A limit it always
+/// stays under (qps >= 4, burst >= 7; 0 means kube-proxy's default, 5/10)
+/// holds as it is; a lower one cannot be honoured and is refused.
+pub const MIN_QPS: f64 = 4.0;
+pub const MIN_BURST: i64 = 7;
+
+fn client_rate(qps: Option<f64>, burst: Option<i64>) -> Result<(), (String, String)> {
+    let why = |what: &str| {
+        format!(
+            "ebpf-proxy has no client-side rate limiter and makes up to {MIN_BURST} requests at once and {MIN_QPS} \
+             a second; {what} lower than that cannot be honoured: remove the field, set 0, or raise it"
+        )
+    };
+    if qps.is_some_and(|q| q != 0.0 && q < MIN_QPS) {
+        return Err(("clientConnection.qps".into(), why(&format!("a qps of {}", qps.unwrap_or_default()))));
+    }
+    if burst.is_some_and(|b| b != 0 && b < MIN_BURST) {
+        return Err(("clientConnection.burst".into(), why(&format!("a burst of {}", burst.unwrap_or_default()))));
+    }
+    Ok(())
+}
+
+/// kube-proxy's sync periods: v1alpha2's top-level fields, else (v1alpha1)
+/// those of the mode's section (`mode` empty or `iptables`: `iptables`). A
+/// zero duration is unset, as kube-proxy's defaulting reads it.
+fn sync_periods(
+    cfg: &mut FileConfig,
+    mode: Option<&str>,
+    [iptables, nftables, ipvs]: [Option<&ModeConfig>; 3],
+    min_sync: Option<&str>,
+    sync: Option<&str>,
+) -> Result<(), (String, String)> {
+    let (name, section) = match mode {
+        Some("nftables") => ("nftables", nftables),
+        Some("ipvs") => ("ipvs", ipvs),
+        _ => ("iptables", iptables),
+    };
+    let field = |top: Option<&str>, in_mode: Option<&str>, field: &str| -> Result<Option<Duration>, (String, String)> {
+        let (path, value) = match (top, in_mode) {
+            (Some(v), _) => (field.to_owned(), v),
+            (None, Some(v)) => (format!("{name}.{field}"), v),
+            _ => return Ok(None),
+        };
+        let d = parse_duration(value).map_err(|e| (path, e))?;
+        Ok(Some(d).filter(|d| !d.is_zero()))
+    };
+    cfg.min_sync_period = field(min_sync, section.and_then(|s| s.min_sync_period.as_deref()), "minSyncPeriod")?;
+    cfg.sync_period = field(sync, section.and_then(|s| s.sync_period.as_deref()), "syncPeriod")?;
+    Ok(())
+}
+
+/// A Go duration (`metav1.Duration`): `30s`, `1m0s`, `250ms`, `1h0m0s`, `1.5s`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration such as 30s, 1m0s or 250ms");
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut rest = text;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        let number: f64 = rest[..number_end].parse().map_err(|_| bad())?;
+        rest = &rest[number_end..];
+        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let seconds = match &rest[..unit_end] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "\u{b5}s" => 1e-6,
+            "ns" => 1e-9,
+            _ => return Err(bad()),
+        };
+        total += number * seconds;
+        rest = &rest[unit_end..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
+/// v1alpha2's `healthzBindAddresses`/`metricsBindAddresses` (CIDRs) and
+/// port, as one address to bind: `0.0.0.0/0` all IPv4, `::/0` all (IPv6
+/// and IPv4), a single address (`/32`, `/128`) or the loopback range that
+/// one. Ranges to pick node addresses from are refused: name one.
+fn bind_cidrs(
+    field: &str,
+    cidrs: &[String],
+    port: Option<u16>,
+    default_port: u16,
+) -> Result<Option<SocketAddr>, (String, String)> {
+    let port = port.filter(|p| *p != 0).unwrap_or(default_port);
+    let mut nets = Vec::new();
+    for (i, c) in cidrs.iter().enumerate() {
+        nets.push(c.parse::<IpNet>().map_err(|_| (format!("{field}[{i}]"), format!("{c:?} is not a CIDR")))?);
+    }
+    let ip = match nets.as_slice() {
+        [] => return Ok(None),
+        [net] if net.prefix_len() == 0 => net.addr(),
+        [a, b] if a.prefix_len() == 0 && b.prefix_len() == 0 && a.addr().is_ipv4() != b.addr().is_ipv4() => {
+            IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+        }
+        [net] if net.prefix_len() == net.max_prefix_len() => net.addr(),
+        [net] if net.contains(&IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)) && net.addr().is_loopback() => {
+            IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+        }
+        [net] if net.addr() == IpAddr::V6(std::net::Ipv6Addr::LOCALHOST) => net.addr(),
+        _ => {
+            return Err((
+                field.to_owned(),
+                format!(
+                    "{cidrs:?}: ebpf-proxy binds one address; give 0.0.0.0/0, ::/0, both, or a single address \
+                     (/32 or /128)"
+                ),
+            ));
+        }
+    };
+    Ok(Some(SocketAddr::new(ip, port)))
+}
+
 /// kube-proxy's `IP:PORT` or `IP` (the port defaults); empty means unset.
-fn bind_address(field: &str, value: Option<&str>, default_port: u16) -> Result<Option<SocketAddr>, (String, String)> {
+pub fn bind_address(
+    field: &str,
+    value: Option<&str>,
+    default_port: u16,
+) -> Result<Option<SocketAddr>, (String, String)> {
     let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
     if let Ok(addr) = value.parse::<SocketAddr>() {
         return Ok(Some(addr));
@@ -271,7 +512,10 @@ udpIdleTimeout: 250ms
         assert_eq!(cfg.node_port_cidrs, vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]);
         assert_eq!(cfg.node_name, None, "an empty hostnameOverride means the default");
         assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown);
-        assert!(cfg.ignored.contains(&"iptables".to_owned()) && cfg.ignored.contains(&"conntrack".to_owned()));
+        assert!(
+            cfg.ignored.contains(&"iptables.masqueradeBit".to_owned()) && cfg.ignored.contains(&"conntrack".to_owned())
+        );
+        assert_eq!(cfg.sync_period, Some(Duration::from_secs(30)), "iptables.syncPeriod, the mode's (\"\": iptables)");
     }
 
     #[test]
@@ -291,6 +535,94 @@ udpIdleTimeout: 250ms
     fn a_bare_ip_takes_the_default_port() {
         let cfg = parse("healthzBindAddress: 127.0.0.1\n").unwrap();
         assert_eq!(cfg.healthz_bind_address, Some("127.0.0.1:10256".parse().unwrap()));
+    }
+
+    /// kubeadm's `kube-proxy` ConfigMap, key `config.conf`, as kubeadm
+    /// (v1.31) writes it: every field present, zero values for defaults.
+    pub const KUBEADM_V1ALPHA1: &str = include_str!("../tests/fixtures/kubeadm/config.conf");
+
+    #[test]
+    fn kubeadms_config_conf_is_understood() {
+        let cfg = parse(KUBEADM_V1ALPHA1).unwrap();
+        assert_eq!(cfg.kubeconfig.as_deref(), Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf")));
+        assert_eq!(cfg.healthz_bind_address, None, "empty: the default");
+        assert_eq!(cfg.node_name, None);
+        // kube-proxy's defaulting reads 0s as unset.
+        assert_eq!((cfg.min_sync_period, cfg.sync_period), (None, None));
+        assert_eq!(cfg.log_format, None);
+        assert_eq!(cfg.log_verbosity, Some(0));
+        assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown);
+        for noted in ["iptables.masqueradeBit", "conntrack", "mode", "logging.flushFrequency", "winkernel"] {
+            assert!(cfg.ignored.iter().any(|i| i == noted), "{noted} in {:?}", cfg.ignored);
+        }
+    }
+
+    #[test]
+    fn v1alpha2_is_understood() {
+        let text = KUBEADM_V1ALPHA1
+            .replace("kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2")
+            .replace("healthzBindAddress: \"\"", "healthzBindAddresses: [0.0.0.0/0, \"::/0\"]\nhealthzBindPort: 10256")
+            .replace("metricsBindAddress: \"\"", "metricsBindAddresses: [127.0.0.1/32]\nmetricsBindPort: 10249")
+            .replace("mode: \"\"", "mode: \"\"\nminSyncPeriod: 1s\nsyncPeriod: 1m0s")
+            .replace("logging:\n", "logging:\n  format: json\n");
+        let cfg = parse(&text).unwrap();
+        assert_eq!(cfg.healthz_bind_address, Some("[::]:10256".parse().unwrap()));
+        assert_eq!(cfg.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
+        assert_eq!(cfg.min_sync_period, Some(Duration::from_secs(1)));
+        assert_eq!(cfg.sync_period, Some(Duration::from_mins(1)));
+        assert_eq!(cfg.log_format, Some(LogFormat::Json));
+        let ranged = text.replace("[127.0.0.1/32]", "[10.0.0.0/8]");
+        assert_eq!(parse(&ranged).unwrap_err().0, "metricsBindAddresses");
+    }
+
+    /// v1alpha1 keeps the sync periods in the section of the proxy mode.
+    #[test]
+    fn the_sync_periods_of_the_mode_apply() {
+        let text = "iptables: {minSyncPeriod: 1s, syncPeriod: 30s}\nnftables: {minSyncPeriod: 250ms}\n";
+        let cfg = parse(text).unwrap();
+        assert_eq!(
+            (cfg.min_sync_period, cfg.sync_period),
+            (Some(Duration::from_secs(1)), Some(Duration::from_secs(30)))
+        );
+        let cfg = parse(&format!("mode: nftables\n{text}")).unwrap();
+        assert_eq!((cfg.min_sync_period, cfg.sync_period), (Some(Duration::from_millis(250)), None));
+        assert_eq!(parse("iptables: {syncPeriod: soon}\n").unwrap_err().0, "iptables.syncPeriod");
+    }
+
+    #[test]
+    fn go_durations_parse() {
+        for (text, ms) in [
+            ("0s", 0),
+            ("0", 0),
+            ("250ms", 250),
+            ("30s", 30_000),
+            ("1m0s", 60_000),
+            ("1h0m0s", 3_600_000),
+            ("1.5s", 1500),
+        ] {
+            assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)), "{text}");
+        }
+        for bad in ["", "s", "10", "1x", "1m 0s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// Fields that would change behaviour and cannot be honoured stop
+    /// startup with the field named (kube-proxy itself refuses invalid
+    /// configurations the same way).
+    #[test]
+    fn what_cannot_be_honoured_is_refused() {
+        assert_eq!(parse("iptables: {localhostNodePorts: false}\n").unwrap_err().0, "iptables.localhostNodePorts");
+        assert!(parse("iptables: {localhostNodePorts: true}\n").is_ok());
+        assert_eq!(parse("logging: {format: klog}\n").unwrap_err().0, "logging.format");
+        assert_eq!(parse("clientConnection: {qps: 1}\n").unwrap_err().0, "clientConnection.qps");
+        assert_eq!(parse("clientConnection: {burst: 2}\n").unwrap_err().0, "clientConnection.burst");
+        assert!(parse("clientConnection: {qps: 5, burst: 10}\n").is_ok(), "kube-proxy's defaults hold");
+        assert_eq!(parse("apiServerEndpoint: 10.0.0.1\n").unwrap_err().0, "apiServerEndpoint");
+        assert_eq!(
+            parse("apiServerEndpoint: 10.0.0.1:6443\n").unwrap().api_server_endpoint.as_deref(),
+            Some("10.0.0.1:6443")
+        );
     }
 
     #[test]

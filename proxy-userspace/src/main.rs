@@ -1,6 +1,6 @@
-use clap::Parser as _;
+use clap::{CommandFactory as _, Parser as _};
 use ebpf_proxy::{
-    args::{Cli, Command, LogFormat},
+    args::{self, Cli, Command, LogFormat, PinDirArgs},
     cmd,
 };
 
@@ -8,16 +8,71 @@ use std::process::ExitCode;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.log_format);
-    let result = match cli.command {
-        Command::Run(args) => cmd::run::run(*args).await,
-        Command::Demo(args) => cmd::demo::run(args).await,
-        Command::Cleanup(args) => cmd::cleanup::run(&args),
-        Command::Service(args) => cmd::service::run(&args),
-        Command::Status(args) => cmd::status::run(&args),
-        Command::Completion { shell } => cmd::completion::run(shell),
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(refusal) = args::refused_kube_proxy_flag(&argv) {
+        eprintln!("error: {refusal}");
+        return ExitCode::from(2);
+    }
+    let cli = Cli::parse_from(argv);
+    if let Err(refusal) = cli.check() {
+        eprintln!("error: {refusal}");
+        return ExitCode::from(2);
+    }
+    let (command, verbosity) = match cli.command {
+        Some(command) => (command, None),
+        None if cli.kube_proxy.is_empty() => {
+            // Nothing to do: an agent with every default attaches to the
+            // machine's root cgroup, so it is never started by accident.
+            let _ = Cli::command().print_help();
+            return ExitCode::from(2);
+        }
+        // kube-proxy's command line: `--cleanup` cleans up, the rest runs.
+        None => {
+            let cleanup = cli.kube_proxy.cleanup;
+            let verbosity = cli.kube_proxy.verbosity;
+            let run = cli.kube_proxy.into_run_args();
+            if cleanup {
+                let prepared = cmd::run::prepare(run);
+                init_logging(cli.log_format.unwrap_or(LogFormat::Text), verbosity);
+                return finish(
+                    prepared
+                        .map_err(Into::into)
+                        .and_then(|p| cmd::cleanup::run(&PinDirArgs { bpffs_dir: p.pin_dir() })),
+                );
+            }
+            (Command::Run(Box::new(run)), verbosity)
+        }
     };
+    let result = match command {
+        Command::Run(run) => {
+            // The config file may choose the log format, so it is read first.
+            let prepared = cmd::run::prepare(*run);
+            let from_file = prepared.as_ref().ok();
+            init_logging(
+                cli.log_format.or(from_file.and_then(cmd::run::Prepared::log_format)).unwrap_or(LogFormat::Text),
+                verbosity.or(from_file.and_then(cmd::run::Prepared::log_verbosity)),
+            );
+            match prepared {
+                Ok(prepared) => cmd::run::run(prepared).await,
+                Err(err) => Err(err.into()),
+            }
+        }
+        command => {
+            init_logging(cli.log_format.unwrap_or(LogFormat::Text), None);
+            match command {
+                Command::Run(_) => unreachable!("handled above"),
+                Command::Demo(demo) => cmd::demo::run(demo).await,
+                Command::Cleanup(pins) => cmd::cleanup::run(&pins),
+                Command::Service(service) => cmd::service::run(&service),
+                Command::Status(status) => cmd::status::run(&status),
+                Command::Completion { shell } => cmd::completion::run(shell),
+            }
+        }
+    };
+    finish(result)
+}
+
+fn finish(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -27,9 +82,12 @@ async fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs to stderr in `format`; `RUST_LOG` sets the level, else klog's
+/// `verbosity` (kube-proxy's `-v`, `logging.verbosity`), else info.
+fn init_logging(format: LogFormat, verbosity: Option<u32>) {
+    let default = verbosity.map_or("info", args::level_for_verbosity);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -48,6 +48,8 @@ pub enum Wake {
     Changed,
     /// Failed writes are due to be tried again.
     Retry,
+    /// The periodic full sync is due (kube-proxy's syncPeriod).
+    Resync,
 }
 
 /// One sync's outcome, for the observers.
@@ -83,6 +85,10 @@ pub struct Pipeline {
     /// When the last sync ended.
     last_sync: Option<Instant>,
     retry_at: Option<Instant>,
+    /// kube-proxy's syncPeriod: the maps are read back and the whole table
+    /// compared with them this often (`None`: never).
+    sync_period: Option<Duration>,
+    resync_at: Option<Instant>,
 }
 
 impl Pipeline {
@@ -99,7 +105,19 @@ impl Pipeline {
             generation: 0,
             last_sync: None,
             retry_at: None,
+            sync_period: None,
+            resync_at: None,
         }
+    }
+
+    /// Every `period`, the maps are read back from the kernel and the
+    /// whole table compared with them, so an entry anyone else changed is
+    /// put right (kube-proxy's syncPeriod).
+    #[must_use]
+    pub fn with_sync_period(mut self, period: Option<Duration>) -> Self {
+        self.sync_period = period;
+        self.resync_at = period.map(|p| Instant::now() + p);
+        self
     }
 
     #[must_use]
@@ -136,6 +154,7 @@ impl Pipeline {
         tokio::select! {
             () = source.changed() => Wake::Changed,
             () = sleep_until(self.retry_at) => Wake::Retry,
+            () = sleep_until(self.resync_at) => Wake::Resync,
         }
     }
 
@@ -151,6 +170,10 @@ impl Pipeline {
         let noticed = Instant::now();
         let mut triggers = Vec::new();
         let mut changed = None;
+        if wake == Wake::Resync {
+            self.resync_at = self.sync_period.map(|p| Instant::now() + p);
+            self.read_back(maps);
+        }
         if wake == Wake::Changed {
             source.gather(self.last_sync).await;
             let delivery = source.snapshot()?;
@@ -178,6 +201,24 @@ impl Pipeline {
             generation: self.generation,
             programming_seconds,
         })
+    }
+
+    /// Reads the maps back into a fresh reconciler, as on start, so the
+    /// next sync (which compares the whole table) rewrites whatever differs
+    /// there. A map that cannot be read keeps the reconciler as it is.
+    fn read_back(&mut self, maps: &mut impl ServiceMaps) {
+        match Reconciler::recover(maps) {
+            Ok((reconciler, recovery)) => {
+                self.reconciler = reconciler;
+                info!(
+                    frontends = recovery.frontends,
+                    backends = recovery.backends,
+                    stale_entries_removed = recovery.stale_entries_removed,
+                    "periodic sync: read the maps back; the whole table is compared with them"
+                );
+            }
+            Err(err) => warn!(%err, "periodic sync: cannot read the maps back; compared with what was written"),
+        }
     }
 
     /// Translates a delivery into the model, logging (and counting) each

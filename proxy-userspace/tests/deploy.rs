@@ -61,20 +61,50 @@ fn every_manifest_is_a_valid_object_of_its_kind() {
     assert_eq!(probe_path(&c.readiness_probe), Some(("/healthz".to_owned(), port)));
 }
 
-#[test]
-fn the_kustomization_builds() {
+/// `kubectl kustomize deploy/`: the objects an operator applies.
+fn built() -> Vec<Value> {
     let out = Command::new("kubectl").arg("kustomize").arg(deploy_dir()).output().expect("kubectl (cargo xtask setup)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let kinds: BTreeSet<String> = serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
-        .map(|d| {
-            serde::Deserialize::deserialize(d).map(|v: Value| v["kind"].as_str().unwrap_or("").to_owned()).unwrap()
-        })
-        .collect();
+    serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect()
+}
+
+#[test]
+fn the_kustomization_builds() {
+    let kinds: BTreeSet<String> = built().iter().map(|v| v["kind"].as_str().unwrap_or("").to_owned()).collect();
     let want: BTreeSet<String> = ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "ServiceAccount"]
         .into_iter()
         .map(String::from)
         .collect();
     assert_eq!(kinds, want);
+}
+
+/// The built DaemonSet pulls from a registry named as a placeholder to
+/// replace (never a bare `ebpf-proxy:latest` that pulls from nowhere), and
+/// takes the API server's endpoint from the ConfigMap when it is set there:
+/// as Cilium's k8sServiceHost/k8sServicePort, since kubelet's
+/// KUBERNETES_SERVICE_HOST is the `kubernetes` Service's ClusterIP, which
+/// nothing translates before the agent has synced.
+#[test]
+fn the_built_daemonset_has_the_image_placeholder_and_the_endpoint_setting() {
+    let objects = built();
+    let ds = objects.iter().find(|o| o["kind"] == "DaemonSet").expect("DaemonSet");
+    let ds: DaemonSet = serde_json::from_value(ds.clone()).unwrap();
+    let c = &ds.spec.template.spec.unwrap().containers[0];
+    let image = c.image.as_deref().unwrap();
+    assert_eq!(image, format!("registry.example.com/ebpf-proxy:{}", env!("CARGO_PKG_VERSION")));
+    let cm = objects.iter().find(|o| o["kind"] == "ConfigMap").expect("ConfigMap");
+    for var in ["KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"] {
+        let env = c.env.iter().flatten().find(|e| e.name == var).unwrap_or_else(|| panic!("{var}"));
+        let key =
+            env.value_from.as_ref().and_then(|v| v.config_map_key_ref.as_ref()).unwrap_or_else(|| panic!("{var}"));
+        assert_eq!((key.name.as_str(), key.key.as_str()), (cm["metadata"]["name"].as_str().unwrap(), var));
+        assert_eq!(key.optional, Some(true), "{var}: unset, kubelet's value stays");
+    }
+    // The image is built from the sources alone.
+    let ignore = std::fs::read_to_string(deploy_dir().join("../.containerignore")).unwrap();
+    assert!(ignore.lines().any(|l| l.trim() == "target/"), "{ignore}");
 }
 
 #[test]

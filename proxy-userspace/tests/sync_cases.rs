@@ -20,6 +20,11 @@
 //! - `restart`: a new agent: it reads the maps back and lists everything;
 //! - `upgrade`: a new agent with a new map layout: it fills empty maps;
 //! - `retry`: the retry of failed writes comes due (a sync runs);
+//! - `tamper`: someone else changes the maps behind the agent's back, in
+//!   ways a reader still follows: every backend's port is moved by one, the
+//!   first frontend loses its last slot, a stray frontend appears;
+//! - `resync`: the periodic full sync comes due (kube-proxy's syncPeriod):
+//!   the maps are read back and the whole table compared with them;
 //! - `maps`: the expected state: a sync runs first if anything changed, and
 //!   the first line is `# writes W, failures F` of the syncs since the last
 //!   `maps` (`# no sync` when none ran).
@@ -257,11 +262,13 @@ fn run_case(path: &Path) -> Result<(), String> {
                 }
                 agent = Some(Agent::new(a.settings, &mut maps, a.cluster).map_err(at)?);
             }
-            "retry" => {
+            "retry" | "resync" => {
                 let a = agent.as_mut().ok_or_else(|| at("no `list` before".into()))?;
-                let s = runtime.block_on(a.pipeline.step(Wake::Retry, &mut a.source, &mut maps));
-                count(&mut synced, &s.ok_or_else(|| at("nothing to retry".into()))?);
+                let wake = if verb == "retry" { Wake::Retry } else { Wake::Resync };
+                let s = runtime.block_on(a.pipeline.step(wake, &mut a.source, &mut maps));
+                count(&mut synced, &s.ok_or_else(|| at("nothing to sync".into()))?);
             }
+            "tamper" => tamper(&mut maps),
             "maps" => {
                 let a = agent.as_mut().ok_or_else(|| at("no `list` before".into()))?;
                 if a.source.store.has_pending()
@@ -292,6 +299,24 @@ fn run_case(path: &Path) -> Result<(), String> {
         return Err(format!("{}: no `maps` section: the case checks nothing", path.display()));
     }
     if mismatches.is_empty() { Ok(()) } else { Err(mismatches) }
+}
+
+/// Changes `maps` as someone other than the agent might, keeping them
+/// readable (a slot 0 never counts a missing slot).
+fn tamper(maps: &mut FakeMaps) {
+    use proxy_common::{RevNat, ServiceKey, ServiceValue};
+    for backend in maps.state.backends.values_mut() {
+        backend.port = (u16::from_be(backend.port) + 1).to_be();
+    }
+    if let Some((key, master)) = maps.state.services.iter_mut().find(|(k, v)| k.slot == 0 && v.count > 0) {
+        let last = ServiceKey { slot: master.count, ..*key };
+        master.count -= 1;
+        maps.state.services.remove(&last);
+    }
+    let stray = ServiceKey::new(proxy_common::net::encode("10.96.9.9".parse().expect("an IP")), 80u16.to_be(), 6, 0);
+    maps.state.services.insert(stray, ServiceValue { rev_nat: 999, ..ServiceValue::default() });
+    let rev_nat = RevNat { addr: stray.addr, port: stray.port, pad: 0 };
+    maps.state.rev_nat.insert(999, rev_nat);
 }
 
 /// What a `maps` section expects: the writes and failures of the syncs

@@ -7,26 +7,61 @@ use tokio::sync::watch;
 
 use crate::{
     agent::{self, AgentConfig},
-    args::RunArgs,
+    args::{LogFormat, RunArgs},
     config::{self, FileConfig},
     datapath::loader::LoadOptions,
     paths::{DEFAULT_HEALTHZ, DEFAULT_METRICS, DEFAULT_PIN_DIR},
 };
 
-pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+/// The `run` arguments and the config file they name, read before logging
+/// starts (the file may choose the log format).
+#[derive(Debug)]
+pub struct Prepared {
+    args: RunArgs,
+    file: FileConfig,
+}
+
+/// Reads the config file `args` names.
+pub fn prepare(args: RunArgs) -> Result<Prepared, config::ConfigError> {
     let file = match &args.config {
-        Some(path) => {
-            let file = config::load(path)?;
-            file.log_unused(path);
-            file
-        }
+        Some(path) => config::load(path)?,
         None => FileConfig::default(),
     };
+    Ok(Prepared { args, file })
+}
+
+impl Prepared {
+    /// The file's `logging.format`.
+    #[must_use]
+    pub fn log_format(&self) -> Option<LogFormat> {
+        self.file.log_format
+    }
+
+    /// The file's `logging.verbosity`.
+    #[must_use]
+    pub fn log_verbosity(&self) -> Option<u32> {
+        self.file.log_verbosity
+    }
+
+    /// The pin directory (`--bpffs-dir`, else the file's, else the default).
+    #[must_use]
+    pub fn pin_dir(&self) -> std::path::PathBuf {
+        self.args.bpffs_dir.clone().or_else(|| self.file.bpffs_dir.clone()).unwrap_or_else(|| DEFAULT_PIN_DIR.into())
+    }
+}
+
+pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
+    let Prepared { args, file } = prepared;
+    if let Some(path) = &args.config {
+        file.log_unused(path);
+    }
     let config = merge(args, file)?;
     tracing::info!(
         source = ?config.source,
         cgroup = %config.load.cgroup.display(),
         node = %config.node_name,
+        min_sync_period_ms = config.min_sync_period.as_millis(),
+        sync_period_seconds = config.sync_period.map(|p| p.as_secs_f64()),
         "starting"
     );
     let (applied, _) = watch::channel(agent::Applied::default());
@@ -39,7 +74,10 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
     let kubeconfig = args.kubeconfig.or(file.kubeconfig);
     let source = match services_file {
         Some(path) => agent::SourceConfig::File(path),
-        None => agent::SourceConfig::Kube { kubeconfig },
+        None => agent::SourceConfig::Kube(crate::source::kube::ClientOptions {
+            kubeconfig,
+            api_server_endpoint: args.api_server_endpoint.or(file.api_server_endpoint),
+        }),
     };
     let cgroup = match args.cgroup.or(file.cgroup) {
         Some(path) => path,
@@ -83,6 +121,8 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             .max_service_series
             .or(file.max_service_series)
             .unwrap_or(crate::metrics::DEFAULT_MAX_SERVICE_SERIES),
+        min_sync_period: file.min_sync_period.unwrap_or(agent::DEFAULT_MIN_SYNC_PERIOD),
+        sync_period: file.sync_period,
     })
 }
 

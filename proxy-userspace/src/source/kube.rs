@@ -32,6 +32,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
+pub use super::bootstrap::{ApiEndpoint, Origin};
 use super::{
     ChangeSource, Delivery,
     reachability::Reachability,
@@ -40,6 +41,9 @@ use super::{
     slim::{slim_node, slim_service},
     store::ObjectStore,
 };
+
+/// Syncs start at most this often unless configured otherwise.
+pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_millis(20);
 
 /// Watch events and errors since start (each error is retried, see
 /// `super::retry`).
@@ -59,13 +63,14 @@ pub struct KubeSource {
     pub counters: Arc<WatchCounters>,
     tasks: Vec<JoinHandle<()>>,
     client: Client,
+    /// Where the client dials (to explain a silence before the lists).
+    endpoint: ApiEndpoint,
     node_name: String,
+    /// Syncs start at most this often: a change after a quiet spell is
+    /// applied at once, and the changes of a burst are gathered into one
+    /// sync per interval (kube-proxy's minSyncPeriod, on the leading edge).
+    min_sync_period: Duration,
 }
-
-/// Syncs start at most this often: a change after a quiet spell is applied
-/// at once, and the changes of a burst are gathered into one sync per
-/// interval (kube-proxy's minSyncPeriod, on the leading edge).
-const COALESCE: Duration = Duration::from_millis(20);
 
 impl ChangeSource for KubeSource {
     fn name(&self) -> &'static str {
@@ -74,7 +79,10 @@ impl ChangeSource for KubeSource {
 
     async fn ready(&mut self) -> anyhow::Result<()> {
         info!("waiting for the initial lists of Services and EndpointSlices before the first write");
-        self.listed.wait_for(|listed| *listed).await?;
+        // When the lists are slow to come, says why the API server does not
+        // answer (see `super::bootstrap`).
+        let listed = self.listed.wait_for(|listed| *listed);
+        super::bootstrap::explain_while_waiting(listed, &self.endpoint, super::bootstrap::PROBE_AFTER).await?;
         let (services, slices) = self.store.lock().expect("store lock").counts();
         info!(services, slices, "initial lists complete");
         Ok(())
@@ -85,7 +93,7 @@ impl ChangeSource for KubeSource {
     }
 
     async fn gather(&mut self, last_sync: Option<Instant>) {
-        if let Some(wait) = last_sync.and_then(|at| COALESCE.checked_sub(at.elapsed())) {
+        if let Some(wait) = last_sync.and_then(|at| self.min_sync_period.checked_sub(at.elapsed())) {
             tokio::time::sleep(wait).await;
         }
         // Drops a pending change notice: its change is in the next snapshot.
@@ -115,7 +123,7 @@ impl KubeSource {
     /// named `node_name`; `reachability` is the one `client` was built
     /// with.
     #[must_use]
-    pub fn start(client: &Client, node_name: &str, reachability: Arc<Reachability>) -> Self {
+    pub fn start(client: &Client, endpoint: ApiEndpoint, node_name: &str, reachability: Arc<Reachability>) -> Self {
         let changed = Arc::new(Notify::new());
         let counters = Arc::new(WatchCounters::default());
         let store = Arc::new(Mutex::new(ObjectStore::default()));
@@ -143,7 +151,24 @@ impl KubeSource {
             )),
             tokio::spawn(drive(node_stream, "Node", feed.to(ObjectStore::node_event), counters.clone(), reachability)),
         ];
-        Self { store, listed, changed, counters, tasks, client: client.clone(), node_name: node_name.to_owned() }
+        Self {
+            store,
+            listed,
+            changed,
+            counters,
+            tasks,
+            client: client.clone(),
+            endpoint,
+            node_name: node_name.to_owned(),
+            min_sync_period: DEFAULT_MIN_SYNC_PERIOD,
+        }
+    }
+
+    /// Syncs start at most every `period` (kube-proxy's minSyncPeriod).
+    #[must_use]
+    pub const fn with_min_sync_period(mut self, period: Duration) -> Self {
+        self.min_sync_period = period;
+        self
     }
 }
 
@@ -279,25 +304,58 @@ pub fn announce(client: &Client, node_name: &str, reason: &str, note: String) {
     });
 }
 
-/// A client from `--kubeconfig` when given, else the usual inference
-/// (in-cluster service account, else `KUBECONFIG` / `~/.kube/config`);
-/// `observers` see the outcome of each of its requests.
-pub async fn client(kubeconfig: Option<&std::path::Path>, observers: Vec<Observer>) -> anyhow::Result<Client> {
+/// How to reach the API server.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// `--kubeconfig`: else in-cluster when in a pod, else `KUBECONFIG` or
+    /// `~/.kube/config`.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// `HOST:PORT` dialled instead of the configured server (the
+    /// credentials and CA are kept).
+    pub api_server_endpoint: Option<String>,
+}
+
+/// The one place the Kubernetes client is built: from `--kubeconfig` when
+/// given, else the in-cluster service account when in a pod
+/// (`KUBERNETES_SERVICE_HOST` set), else `KUBECONFIG` / `~/.kube/config`;
+/// `api_server_endpoint` then replaces the server's address; `observers`
+/// see the outcome of each of its requests. Returns the client and where
+/// it dials.
+pub async fn client(options: &ClientOptions, observers: Vec<Observer>) -> anyhow::Result<(Client, ApiEndpoint)> {
     use anyhow::Context as _;
-    let config = match kubeconfig {
+    let (mut config, mut origin) = match &options.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
+                .with_context(|| format!("using kubeconfig {}", path.display()))?;
+            (config, Origin::Kubeconfig)
         }
-        None => kube::Config::infer().await.context(
-            "no Kubernetes configuration: not in a pod, no KUBECONFIG and no ~/.kube/config; \
-             pass --kubeconfig, or --services-file to run without a cluster",
-        )?,
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => (
+            kube::Config::incluster().context(
+                "KUBERNETES_SERVICE_HOST is set (in a pod) but the service account's token and CA cannot be \
+                 read from /var/run/secrets/kubernetes.io/serviceaccount; pass --kubeconfig",
+            )?,
+            Origin::InCluster,
+        ),
+        None => (
+            kube::Config::infer().await.context(
+                "no Kubernetes configuration: not in a pod, no KUBECONFIG and no ~/.kube/config; \
+                 pass --kubeconfig, or --services-file to run without a cluster",
+            )?,
+            Origin::Kubeconfig,
+        ),
     };
+    if let Some(endpoint) = &options.api_server_endpoint {
+        config.cluster_url = format!("https://{endpoint}")
+            .parse()
+            .with_context(|| format!("--api-server-endpoint {endpoint:?} is not HOST:PORT"))?;
+        origin = Origin::Endpoint;
+    }
+    let endpoint = ApiEndpoint::new(&config.cluster_url, origin);
+    info!(api_server = %endpoint.url, origin = endpoint.origin.name(), "Kubernetes API server");
     let host = config.cluster_url.authority().map(ToString::to_string).unwrap_or_default();
     let builder = kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
-    Ok(builder.with_layer(&ObserveLayer::new(observers, &host)).build())
+    Ok((builder.with_layer(&ObserveLayer::new(observers, &host)).build(), endpoint))
 }

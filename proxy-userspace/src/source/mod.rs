@@ -1,5 +1,6 @@
 //! Where Services and EndpointSlices come from: every source implements
 //! `ChangeSource`.
+pub mod bootstrap;
 pub mod change_source;
 pub mod file;
 pub mod file_source;

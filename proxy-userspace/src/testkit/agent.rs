@@ -65,6 +65,16 @@ impl AgentProcess {
         Self::spawn(cmd, args, "info", &[], true)
     }
 
+    /// Like `start`, through `cmd` (a wrapper that execs the agent, which
+    /// gets `--log-format json run ARGS` appended).
+    pub fn start_command<I, S>(cmd: Command, args: I) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        Self::spawn(cmd, args, "info", &[], true)
+    }
+
     fn spawn<I, S>(mut cmd: Command, args: I, filter: &str, envs: &[(&str, &str)], echo: bool) -> io::Result<Self>
     where
         I: IntoIterator<Item = S>,

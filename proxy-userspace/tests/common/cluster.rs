@@ -40,7 +40,16 @@ impl Cluster {
             std::fs::write(&path, kubeconfig_yaml(&server.url())).expect("write kubeconfig");
             (path, Some(server))
         };
-        let client = rt.block_on(ebpf_proxy::source::kube::client(Some(&kubeconfig), Vec::new())).expect("kube client");
+        let client = rt
+            .block_on(ebpf_proxy::source::kube::client(
+                &ebpf_proxy::source::kube::ClientOptions {
+                    kubeconfig: Some(kubeconfig.clone()),
+                    api_server_endpoint: None,
+                },
+                Vec::new(),
+            ))
+            .expect("kube client")
+            .0;
         let namespace = unique_name("ebpf-proxy-test");
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap();
         rt.block_on(Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns))
