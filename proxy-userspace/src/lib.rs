@@ -13,7 +13,7 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod paths;
+pub mod sandbox;
 pub mod serve;
 pub mod source;
 pub mod telemetry;
-pub mod testkit;

@@ -4,7 +4,7 @@ mod common;
 use std::{process::Command, time::Duration};
 
 use common::{Env, web};
-use ebpf_proxy::testkit::{AgentProcess, field, message};
+use proxy_testkit::{AgentProcess, field, message};
 
 /// A kube-proxy configuration as operators write it, bound to loopback with
 /// free ports, with one misspelt field.

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Env, agent_address as address, http_get as get, metric, web};
-use ebpf_proxy::testkit::AgentProcess;
+use proxy_testkit::AgentProcess;
 
 #[test]
 fn health_and_metrics_report_the_agents_state() {

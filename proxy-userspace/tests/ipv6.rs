@@ -6,7 +6,7 @@ mod common;
 use std::{collections::BTreeSet, fmt::Write as _};
 
 use common::{Env, backend_ip, backend_ip6, web};
-use ebpf_proxy::testkit::UdpBackend;
+use proxy_testkit::UdpBackend;
 
 fn endpoints(ips: &[String]) -> String {
     let mut s = String::new();

@@ -11,7 +11,7 @@ use std::{
 };
 
 use common::{Env, backend_ip, cluster::Cluster};
-use ebpf_proxy::testkit::{field, message, spawn_in};
+use proxy_testkit::{field, message, spawn_in};
 use serde_json::Value;
 
 const HTTP: &[(&str, u16)] = &[("http", 80)];
@@ -207,7 +207,7 @@ fn nothing_is_written_before_the_initial_lists() {
     }
     cluster.server().stop();
     let agent =
-        ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), env.kube_args(&cluster)).unwrap();
+        proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), env.kube_args(&cluster)).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     assert!(
         !agent.records().iter().any(|r| message(r) == Some("service table applied")),

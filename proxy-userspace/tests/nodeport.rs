@@ -147,7 +147,7 @@ fn external_traffic_policy_local_keeps_the_client_address_and_stays_on_the_node(
 
 /// GET `url` from the client: (status, body).
 fn http_get(topo: &Topology, url: &str) -> (u16, String) {
-    let out = ebpf_proxy::testkit::spawn_in(&topo.client, None, "curl")
+    let out = proxy_testkit::spawn_in(&topo.client, None, "curl")
         .unwrap()
         .args(["-sS", "--max-time", "3", "-w", "\n%{http_code}", url])
         .output()
@@ -266,7 +266,7 @@ fn a_connection_stays_on_its_backend_when_another_is_added() {
     // A connected UDP socket sends through node 1 for 3 seconds; a third
     // backend is added meanwhile.
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
-    let client = ebpf_proxy::testkit::spawn_in(&topo.client, None, "/usr/bin/python3")
+    let client = proxy_testkit::spawn_in(&topo.client, None, "/usr/bin/python3")
         .unwrap()
         .arg(script)
         .args(["udp-connect-loop", &node_ip(1).to_string(), "30053", "60", "0.05"])
@@ -323,7 +323,7 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
     // A steady stream of connections from outside through node 1 while
     // its agent stops (its pinned programs, maps and flows stay) and a new
     // one takes them over: not one fails.
-    let mut stream = ebpf_proxy::testkit::spawn_in(&topo.client, None, "curl")
+    let mut stream = proxy_testkit::spawn_in(&topo.client, None, "curl")
         .unwrap()
         .args(["-sS", "--connect-timeout", "2", &format!("http://{}/?[1-10000000]", on_node(1, 30080))])
         .stdout(std::process::Stdio::piped())

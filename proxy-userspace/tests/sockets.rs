@@ -184,7 +184,7 @@ fn a_connected_udp_socket_of_a_removed_backend_is_destroyed_and_reconnects() {
         .agent()
         .records()
         .iter()
-        .any(|r| ebpf_proxy::testkit::message(r) == Some("destroyed sockets connected to removed backends"));
+        .any(|r| proxy_testkit::message(r) == Some("destroyed sockets connected to removed backends"));
     assert!(logged, "no log of the destroyed socket");
 }
 

@@ -21,8 +21,8 @@ use ebpf_proxy::{
     },
     model::{self, NodeContext},
     source::file,
-    testkit::{BpfFs, NetNs, unique_name},
 };
+use proxy_testkit::{BpfFs, NetNs, unique_name};
 
 /// `TC_ACT_OK`, `TC_ACT_SHOT`, `TC_ACT_REDIRECT` (linux/pkt_cls.h).
 const OK: i32 = 0;
@@ -160,7 +160,7 @@ impl Lab {
             ns.ip(args).unwrap();
         }
         let sysctl = |key: &str| {
-            ebpf_proxy::testkit::sh("ip", &["netns", "exec", ns.name(), "sysctl", "-qw", &format!("{key}=1")]).unwrap();
+            proxy_testkit::sh("ip", &["netns", "exec", ns.name(), "sysctl", "-qw", &format!("{key}=1")]).unwrap();
         };
         sysctl("net.ipv4.ip_forward");
         sysctl("net.ipv6.conf.all.forwarding");

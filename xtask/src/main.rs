@@ -64,12 +64,12 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Build { release } => {
             setup::run()?;
-            build(release)
+            build(release, &["proxy-userspace"])
         }
         Task::Run { release, args } => {
             setup::run()?;
             require_root("run")?;
-            build(release)?;
+            build(release, &["proxy-userspace"])?;
             let bin = root.join("target").join(if release { "release" } else { "debug" }).join("ebpf-proxy");
             let mut cmd = Command::new(&bin);
             if args.is_empty() {
@@ -91,7 +91,8 @@ fn main() -> anyhow::Result<()> {
         Task::Bench { quick, args } => {
             setup::run()?;
             require_root("bench")?;
-            build(true)?;
+            // The bench (its own crate) runs the agent binary beside it.
+            build(true, &["proxy-userspace", "proxy-bench"])?;
             let bin = root.join("target/release/ebpf-proxy-bench");
             let mut cmd = Command::new(bin);
             // A quick run never overwrites the last full results.
@@ -104,8 +105,9 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The benchmark's quick mode on the debug build the tests made, so it
-/// never rots (its numbers are not the point here).
+/// The benchmark's quick mode on the debug build the tests made (`cargo
+/// test` builds every default member's binaries, proxy-bench's among them),
+/// so it never rots (its numbers are not the point here).
 fn quick_bench(root: &Path) -> anyhow::Result<()> {
     println!("\nxtask: the benchmark, quick mode (debug build)");
     status(
@@ -141,9 +143,14 @@ fn cargo() -> Command {
     cmd
 }
 
-fn build(release: bool) -> anyhow::Result<()> {
+/// Builds the binaries of `packages`.
+fn build(release: bool, packages: &[&str]) -> anyhow::Result<()> {
     let mut cmd = cargo();
-    cmd.args(["build", "--package", "proxy-userspace", "--bins"]);
+    cmd.arg("build");
+    for p in packages {
+        cmd.args(["--package", p]);
+    }
+    cmd.arg("--bins");
     if release {
         cmd.arg("--release");
     }

@@ -14,7 +14,7 @@ use std::{
     process::Output,
 };
 
-use ebpf_proxy::testkit::{AgentProcess, BpfFs, HttpBackend, NetNs, TestCgroup, UdpBackend, spawn_in, unique_name};
+use proxy_testkit::{AgentProcess, BpfFs, HttpBackend, NetNs, TestCgroup, UdpBackend, spawn_in, unique_name};
 
 pub const AGENT: &str = env!("CARGO_BIN_EXE_ebpf-proxy");
 
@@ -281,12 +281,12 @@ pub fn web(which: &[u8]) -> String {
 
 /// `frontends` of an "applied" record.
 pub fn applied_frontends(applied: &serde_json::Value) -> u64 {
-    ebpf_proxy::testkit::field(applied, "frontends").and_then(serde_json::Value::as_u64).expect("frontends field")
+    proxy_testkit::field(applied, "frontends").and_then(serde_json::Value::as_u64).expect("frontends field")
 }
 
 /// `writes` of an "applied" record.
 pub fn writes(applied: &serde_json::Value) -> u64 {
-    ebpf_proxy::testkit::field(applied, "writes").and_then(serde_json::Value::as_u64).expect("writes field")
+    proxy_testkit::field(applied, "writes").and_then(serde_json::Value::as_u64).expect("writes field")
 }
 
 /// `BPF_PROG_TYPE_CGROUP_SOCK_ADDR` in linux/bpf.h (aya does not re-export
@@ -318,10 +318,10 @@ pub fn sock_addr_programs() -> usize {
 pub fn agent_address(agent: &AgentProcess, what: &str) -> String {
     let record = agent
         .wait_for(0, std::time::Duration::from_secs(10), |r| {
-            ebpf_proxy::testkit::message(r) == Some(&format!("serving {what}"))
+            proxy_testkit::message(r) == Some(&format!("serving {what}"))
         })
         .expect("the agent logs where it serves");
-    ebpf_proxy::testkit::field(&record, "address").and_then(|a| a.as_str()).expect("address").to_owned()
+    proxy_testkit::field(&record, "address").and_then(|a| a.as_str()).expect("address").to_owned()
 }
 
 /// GET over loopback with curl: (status, body).

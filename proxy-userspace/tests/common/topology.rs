@@ -13,7 +13,7 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
-use ebpf_proxy::testkit::{
+use proxy_testkit::{
     AgentProcess, BpfFs, HttpBackend, NetNs, TestCgroup, UdpBackend, message, sh, spawn_in, unique_name,
 };
 
