@@ -7,6 +7,7 @@ use common::{Env, backend_ip, service, slice, web};
 
 #[test]
 fn spreads_300_connections_over_three_backends() {
+    common::require_root!();
     let mut env = Env::new(3);
     env.write_services(&web(&[1, 2, 3]));
     env.start_agent();
@@ -22,6 +23,7 @@ fn spreads_300_connections_over_three_backends() {
 
 #[test]
 fn client_outside_the_cgroup_is_not_rewritten() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(&web(&[1]));
     env.start_agent();
@@ -37,6 +39,7 @@ fn client_outside_the_cgroup_is_not_rewritten() {
 
 #[test]
 fn service_without_endpoints_refuses_connections() {
+    common::require_root!();
     let mut env = Env::new(1);
     let yaml = service("empty", "10.96.0.20", &[("http", 80)])
         + &slice("empty-1", "empty", &[("http", 8080)], &[])
@@ -53,6 +56,7 @@ fn service_without_endpoints_refuses_connections() {
 
 #[test]
 fn services_file_edits_are_applied() {
+    common::require_root!();
     let mut env = Env::new(3);
     env.write_services(&web(&[1, 2]));
     env.start_agent();
@@ -87,6 +91,7 @@ fn services_file_edits_are_applied() {
 
 #[test]
 fn same_ip_other_port_and_same_port_other_ip_stay_apart() {
+    common::require_root!();
     let mut env = Env::new(3);
     let yaml = service("a", "10.96.0.10", &[("http", 80)])
         + &slice("a-1", "a", &[("http", 8080)], &[backend_ip(1)])
@@ -104,6 +109,7 @@ fn same_ip_other_port_and_same_port_other_ip_stay_apart() {
 
 #[test]
 fn malformed_objects_are_reported_and_skipped() {
+    common::require_root!();
     let mut env = Env::new(1);
     let broken_type = "---\napiVersion: v1\nkind: Service\nmetadata: {name: broken, namespace: test}\nspec:\n  clusterIP: 10.96.0.30\n  ports:\n  - {name: http, port: eighty}\n";
     let bad_ip = service("badip", "10.96.0.300", &[("http", 80)]);
@@ -126,6 +132,7 @@ fn malformed_objects_are_reported_and_skipped() {
 
 #[test]
 fn restarted_agent_takes_over_without_a_gap_and_writes_nothing_new() {
+    common::require_root!();
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     let first = env.start_agent();
@@ -147,6 +154,7 @@ fn restarted_agent_takes_over_without_a_gap_and_writes_nothing_new() {
 
 #[test]
 fn a_full_map_fails_only_the_service_that_does_not_fit() {
+    common::require_root!();
     let mut env = Env::new(3);
     // Service "a" needs 2 entries of SERVICES_V4 (slot 0 + 1); "b" needs 4.
     let yaml = service("a", "10.96.0.10", &[("http", 80)])
@@ -176,6 +184,7 @@ fn a_full_map_fails_only_the_service_that_does_not_fit() {
 
 #[test]
 fn a_full_backends_map_fails_only_the_service_of_the_backend_that_does_not_fit() {
+    common::require_root!();
     let mut env = Env::new(3);
     // Three backends, room for two: the backends are written in one batch
     // that the kernel stops at the third; the failure names it.
@@ -207,6 +216,7 @@ fn a_full_backends_map_fails_only_the_service_of_the_backend_that_does_not_fit()
 
 #[test]
 fn zone_hints_keep_connections_in_this_nodes_zone() {
+    common::require_root!();
     let mut env = Env::new(3);
     let node = |zone: &str| {
         format!(
@@ -229,6 +239,7 @@ fn zone_hints_keep_connections_in_this_nodes_zone() {
 
 #[test]
 fn bpf_log_reports_each_translation() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(&web(&[1]));
     let mut args = env.agent_args();
@@ -251,6 +262,7 @@ fn bpf_log_reports_each_translation() {
 
 #[test]
 fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.ns.add_lo_addr("10.200.0.1/32").unwrap(); // this "node"'s address
     let edge = "---\napiVersion: v1\nkind: Service\nmetadata: {name: edge, namespace: test}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.40\n  externalIPs: [\"10.200.0.1\", \"198.51.100.7\"]\n  ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 203.0.113.10}]\n";
@@ -273,6 +285,7 @@ fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
 
 #[test]
 fn restarts_under_a_steady_stream_of_connections_fail_none() {
+    common::require_root!();
     use std::io::Read as _;
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
@@ -310,6 +323,7 @@ fn restarts_under_a_steady_stream_of_connections_fail_none() {
 
 #[test]
 fn a_new_map_layout_takes_over_without_a_gap() {
+    common::require_root!();
     use ebpf_proxy::paths::{LAYOUT_VERSION_ENV, MAP_LAYOUT_VERSION};
     use std::io::Read as _;
     let mut env = Env::new(2);

@@ -79,6 +79,7 @@ fn the_kustomization_builds() {
 
 #[test]
 fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
+    common::require_root!();
     let mut env = common::Env::new(1);
     let server = proxy_testkit::TestApiServer::start();
     server.put(json!({"kind": "Service", "metadata": {"name": "web", "namespace": "t"}, "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]}}));

@@ -9,6 +9,7 @@ use proxy_testkit::AgentProcess;
 
 #[test]
 fn health_and_metrics_report_the_agents_state() {
+    common::require_root!();
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     env.start_agent();
@@ -52,6 +53,7 @@ fn health_and_metrics_report_the_agents_state() {
 
 #[test]
 fn health_turns_503_when_a_change_cannot_be_applied() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(&web(&[1]));
     let mut args = env.agent_args();

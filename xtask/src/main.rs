@@ -170,6 +170,10 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     // theirs.
     let mut cmd = cargo();
     cmd.args(["test", "--", "--test-threads=1"]);
+    // Without root a kernel test skips itself (so `cargo test` passes for an
+    // ordinary user); here it must run, so a skip fails the run instead
+    // (proxy-userspace/tests/common/mod.rs).
+    cmd.env("EBPF_PROXY_REQUIRE_KERNEL_TESTS", "1");
     if let Some(f) = filter {
         cmd.arg(f);
     }
