@@ -163,6 +163,7 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     if filter.is_none() {
         status(cargo().args(["fmt", "--all", "--check"]))?;
         status(cargo().args(["clippy", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
+        clippy_ebpf()?;
     }
     // The default members (the eBPF crate only builds for the bpf target).
     // --test-threads=1 keeps the kernel tests (namespaces, cgroups, attached
@@ -195,6 +196,16 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         bail!("no test ran");
     }
     Ok(())
+}
+
+/// Clippy on the eBPF crate, for the target it builds for (as aya lints
+/// its own eBPF crates): the nightly toolchain, `core` built from source.
+fn clippy_ebpf() -> anyhow::Result<()> {
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", setup::NIGHTLY, "cargo", "clippy", "--package", "proxy-ebpf", "--quiet"])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--", "-D", "warnings"])
+        .env("PATH", setup::path_with_tools());
+    status(&mut cmd)
 }
 
 /// Sums of cargo's `test result: ok. N passed; M failed; K ignored; …` lines.
