@@ -285,8 +285,8 @@ fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
 
 #[test]
 fn restarts_under_a_steady_stream_of_connections_fail_none() {
-    common::require_root!();
     use std::io::Read as _;
+    common::require_root!();
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     env.start_agent();
@@ -323,9 +323,9 @@ fn restarts_under_a_steady_stream_of_connections_fail_none() {
 
 #[test]
 fn a_new_map_layout_takes_over_without_a_gap() {
-    common::require_root!();
     use ebpf_proxy::paths::{LAYOUT_VERSION_ENV, MAP_LAYOUT_VERSION};
     use std::io::Read as _;
+    common::require_root!();
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     // An "older build": its maps under another layout version. (Both layouts
