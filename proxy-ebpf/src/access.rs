@@ -1,4 +1,5 @@
-//! Thin wrappers around the raw context and helpers: the only `unsafe` code.
+//! Thin wrappers around the raw context and helpers: with the map accessors
+//! of `maps.rs`, the only `unsafe` code.
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{bpf_fib_lookup, bpf_redir_neigh},
@@ -133,6 +134,7 @@ pub fn ifindex(ctx: &TcContext) -> u32 {
 /// `bpf_fib_lookup`: the kernel's route for `params` (see linux/bpf.h);
 /// returns its status (0: forwarded, neighbour known).
 #[inline(always)]
+#[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "the struct is 64 bytes")]
 pub fn fib_lookup(ctx: &TcContext, params: &mut bpf_fib_lookup, flags: u32) -> i64 {
     // SAFETY: `params` is a valid, initialised struct of the size passed.
     unsafe { fib_lookup_helper(ctx.as_ptr(), core::ptr::from_mut(params), size_of::<bpf_fib_lookup>() as i32, flags) }
@@ -143,7 +145,11 @@ pub fn fib_lookup(ctx: &TcContext, params: &mut bpf_fib_lookup, flags: u32) -> i
 #[inline(always)]
 pub fn redirect_neigh(ifindex: u32, nh: &mut bpf_redir_neigh) -> i32 {
     // SAFETY: `nh` is a valid struct of the size passed.
-    #[expect(clippy::cast_possible_truncation, reason = "the helper returns a TC action")]
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        reason = "the helper returns a TC action; the struct is 20 bytes"
+    )]
     unsafe {
         bpf_redirect_neigh(ifindex, core::ptr::from_mut(nh), size_of::<bpf_redir_neigh>() as i32, 0) as i32
     }

@@ -7,7 +7,7 @@ use proxy_common::{CtKey, CtValue, ct_dir, ct_flags, ct_lifetime, flow_hash, pro
 
 use crate::{
     access::now_ns,
-    maps::{ct_entry, ct_insert},
+    maps::{ct_insert, ct_update},
     packet::Packet,
 };
 
@@ -41,24 +41,23 @@ fn live(entry: &CtValue, protocol: u8, now: u64) -> bool {
 #[inline(never)]
 pub fn lookup(pkt: &Packet, dir: u8, out: &mut CtValue) -> bool {
     let key = &pkt.ct_key(dir);
-    let Some(ptr) = ct_entry(key) else { return false };
     let now = now_ns();
-    // SAFETY: a pointer into the map's value, valid during this program;
-    // concurrent writers only store whole integers.
-    let entry = unsafe { &mut *ptr };
-    if !live(entry, key.proto, now) {
-        return false;
-    }
-    if pkt.is_closing() && entry.flags & ct_flags::CLOSING == 0 {
-        entry.flags |= ct_flags::CLOSING;
-        entry.last_seen_ns = now;
-        mark_other_closing(key, entry);
-    } else if now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
-        entry.last_seen_ns = now;
-        refresh_other(key, entry, now);
-    }
-    *out = *entry;
-    true
+    ct_update(key, |entry| {
+        if !live(entry, key.proto, now) {
+            return false;
+        }
+        if pkt.is_closing() && entry.flags & ct_flags::CLOSING == 0 {
+            entry.flags |= ct_flags::CLOSING;
+            entry.last_seen_ns = now;
+            mark_other_closing(key, entry);
+        } else if now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
+            entry.last_seen_ns = now;
+            refresh_other(key, entry, now);
+        }
+        *out = *entry;
+        true
+    })
+    .unwrap_or(false)
 }
 
 /// The key of the other direction of the flow whose entry is `entry`.
@@ -79,18 +78,12 @@ fn other_key(key: &CtKey, entry: &CtValue) -> CtKey {
 /// way only for a long time; its other entry must not be taken meanwhile).
 #[inline(always)]
 fn refresh_other(key: &CtKey, entry: &CtValue, now: u64) {
-    if let Some(ptr) = ct_entry(&other_key(key, entry)) {
-        // SAFETY: as in `lookup`.
-        unsafe { (*ptr).last_seen_ns = now };
-    }
+    ct_update(&other_key(key, entry), |other| other.last_seen_ns = now);
 }
 
 #[inline(always)]
 fn mark_other_closing(key: &CtKey, entry: &CtValue) {
-    if let Some(ptr) = ct_entry(&other_key(key, entry)) {
-        // SAFETY: as in `lookup`.
-        unsafe { (*ptr).flags |= ct_flags::CLOSING };
-    }
+    ct_update(&other_key(key, entry), |other| other.flags |= ct_flags::CLOSING);
 }
 
 /// Records a new flow: the packet's tuple as it arrived (client to
@@ -162,12 +155,8 @@ fn snat_port(pkt: &Packet, value: &CtValue) -> u16 {
         #[expect(clippy::cast_possible_truncation, reason = "below span, which fits u16 with MIN")]
         let port = (snat_ports::MIN + (start.wrapping_add(i.wrapping_mul(7919)) % span) as u16).to_be();
         key.dport = port;
-        if let Some(ptr) = ct_entry(&key) {
-            // SAFETY: as in `lookup`.
-            let taken = unsafe { &*ptr };
-            if live(taken, pkt.proto, now) {
-                continue;
-            }
+        if ct_update(&key, |taken| live(taken, pkt.proto, now)) == Some(true) {
+            continue;
         }
         if ct_insert(&key, reply, false) {
             return port;

@@ -1,7 +1,12 @@
 //! eBPF programs of ebpf-proxy. One file per hook family; `unsafe` lives in
-//! the thin accessors of `access.rs`.
+//! the thin accessors of `access.rs` (context and helpers) and `maps.rs`
+//! (map lookups and in-place updates), nowhere else.
 #![no_std]
 #![no_main]
+// Every small function is inlined on purpose: a BPF-to-BPF call costs
+// stack and verifier work, and the big steps are `#[inline(never)]`
+// instead (each is verified once).
+#![expect(clippy::inline_always, reason = "BPF: inlining is chosen per function, see above")]
 
 mod access;
 mod ct;
@@ -37,44 +42,52 @@ use sock::Hook;
 /// Translates `connect()` to a service address (TCP, and connected UDP) into
 /// a connection to one of its backends.
 #[cgroup_sock_addr(connect4)]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
     sock::translate(&ctx, Hook::Connect, Family::V4)
 }
 
 #[cgroup_sock_addr(connect6)]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
     sock::translate(&ctx, Hook::Connect, Family::V6)
 }
 
 /// Translates each datagram an unconnected UDP socket sends to a service.
 #[cgroup_sock_addr(sendmsg4)]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
     sock::translate(&ctx, Hook::Sendmsg, Family::V4)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
     sock::translate(&ctx, Hook::Sendmsg, Family::V6)
 }
 
 /// Shows the service, not the backend, as the source of a UDP reply.
 #[cgroup_sock_addr(recvmsg4)]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
     sock::restore(&ctx, Family::V4)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
     sock::restore(&ctx, Family::V6)
 }
 
 /// Shows the service, not the backend, as the peer of a translated socket.
 #[cgroup_sock_addr(getpeername4)]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
     sock::restore(&ctx, Family::V4)
 }
 
 #[cgroup_sock_addr(getpeername6)]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     sock::restore(&ctx, Family::V6)
 }
@@ -83,6 +96,7 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
 /// IPs and externalIPs are balanced to a backend; replies to flows this
 /// node source-NATed go back to their clients.
 #[classifier]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn nodeport_ingress(ctx: TcContext) -> i32 {
     nodeport::ingress(&ctx)
 }
@@ -90,6 +104,7 @@ pub fn nodeport_ingress(ctx: TcContext) -> i32 {
 /// Traffic leaving on a node device: replies of backends on this node get
 /// the frontend as their source again.
 #[classifier]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn nodeport_egress(ctx: TcContext) -> i32 {
     nodeport::egress(&ctx)
 }

@@ -1,5 +1,9 @@
 //! The maps, pinned by name so that a restarted agent finds them again.
 //! Addresses are 16 bytes for both families (IPv4 as IPv4-mapped IPv6).
+//! The programs reach them only through the thin accessors below, which
+//! hold the `unsafe` of map access (with `access.rs`, the only `unsafe`
+//! code): lookups copy the value out, in-place updates go through
+//! `ct_update`.
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
@@ -102,7 +106,7 @@ pub fn sock_backend(key: &SockBackendKey) -> Option<u32> {
 
 #[inline(always)]
 pub fn remember_sock_backend(key: &SockBackendKey, backend_id: u32) {
-    let _ = SOCK_BACKEND.insert(key, &backend_id, 0);
+    let _ = SOCK_BACKEND.insert(key, backend_id, 0);
 }
 
 #[inline(always)]
@@ -115,16 +119,21 @@ pub fn remember_affinity(key: &AffinityKey, value: &AffinityValue) {
     let _ = AFFINITY.insert(key, value, 0);
 }
 
-/// A pointer to the `CT` entry of `key`, to read and refresh in place.
+/// Runs `f` on the `CT` entry of `key` in place (to read it and refresh it
+/// without copying it to the stack); `None` when there is none.
 #[inline(always)]
-pub fn ct_entry(key: &CtKey) -> Option<*mut CtValue> {
-    CT.get_ptr_mut(key)
+pub fn ct_update<R>(key: &CtKey, f: impl FnOnce(&mut CtValue) -> R) -> Option<R> {
+    let ptr = CT.get_ptr_mut(key)?;
+    // SAFETY: a pointer into the map's value, valid during this program;
+    // the reference does not outlive `f`, and concurrent writers (other
+    // CPUs) only store whole integers.
+    Some(f(unsafe { &mut *ptr }))
 }
 
 /// Inserts a `CT` entry; `only_new` fails if the key exists (BPF_NOEXIST).
 #[inline(always)]
 pub fn ct_insert(key: &CtKey, value: &CtValue, only_new: bool) -> bool {
-    CT.insert(key, value, if only_new { 1 } else { 0 }).is_ok()
+    CT.insert(key, value, u64::from(only_new)).is_ok()
 }
 
 /// Entry `index` of Maglev table `id`, whose tables have `size` entries.
@@ -135,7 +144,7 @@ pub fn maglev_entry(id: u16, index: u32, size: u32) -> Option<u32> {
     if index >= size {
         return None;
     }
-    let table = MAGLEV.get_ptr(&u32::from(id))?;
+    let table = MAGLEV.get_ptr(u32::from(id))?;
     // SAFETY: the agent created MAGLEV with values of `size` u32s (the
     // MAGLEV_SIZE it loaded the programs with) and `index` is below it.
     Some(unsafe { table.add(index as usize).read() })

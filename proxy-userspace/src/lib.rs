@@ -17,7 +17,7 @@ pub mod paths;
 pub mod pipeline;
 pub mod process_metrics;
 pub mod rest_metrics;
+pub mod sandbox;
 pub mod serve;
 pub mod source;
 pub mod telemetry;
-pub mod testkit;

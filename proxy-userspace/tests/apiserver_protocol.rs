@@ -5,7 +5,7 @@ mod common;
 
 use std::{collections::BTreeSet, path::Path};
 
-use ebpf_proxy::testkit::apiserver::TestApiServer;
+use proxy_testkit::apiserver::TestApiServer;
 use serde_json::Value;
 
 fn fixture(name: &str) -> String {
@@ -88,7 +88,7 @@ fn watch_events_look_like_the_real_ones() {
             "DELETED" => {
                 let meta = &object["metadata"];
                 server.delete(
-                    ebpf_proxy::testkit::apiserver::Kind::EndpointSlice,
+                    proxy_testkit::apiserver::Kind::EndpointSlice,
                     meta["namespace"].as_str().unwrap(),
                     meta["name"].as_str().unwrap(),
                 );

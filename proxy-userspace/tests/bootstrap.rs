@@ -8,7 +8,7 @@ mod common;
 
 use std::{path::Path, process::Command, time::Duration};
 
-use ebpf_proxy::testkit::{AgentProcess, BpfFs, NetNs, TestCgroup, field, spawn_in, unique_name};
+use proxy_testkit::{AgentProcess, BpfFs, NetNs, TestCgroup, field, spawn_in, unique_name};
 
 /// The in-cluster service account, with a CA certificate made for the test.
 fn service_account(dir: &Path) {
@@ -28,7 +28,7 @@ fn service_account(dir: &Path) {
 
 #[test]
 fn an_unreachable_in_cluster_api_server_is_explained_within_seconds() {
-    common::require_root();
+    common::require_root!();
     let name = unique_name("ebpf-proxy-boot");
     let ns = NetNs::create(&name).expect("netns");
     let cgroup = TestCgroup::create(&name).expect("cgroup");

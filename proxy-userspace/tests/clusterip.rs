@@ -7,6 +7,7 @@ use common::{Env, backend_ip, service, slice, web};
 
 #[test]
 fn spreads_300_connections_over_three_backends() {
+    common::require_root!();
     let mut env = Env::new(3);
     env.write_services(&web(&[1, 2, 3]));
     env.start_agent();
@@ -22,6 +23,7 @@ fn spreads_300_connections_over_three_backends() {
 
 #[test]
 fn client_outside_the_cgroup_is_not_rewritten() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(&web(&[1]));
     env.start_agent();
@@ -37,6 +39,7 @@ fn client_outside_the_cgroup_is_not_rewritten() {
 
 #[test]
 fn service_without_endpoints_refuses_connections() {
+    common::require_root!();
     let mut env = Env::new(1);
     let yaml = service("empty", "10.96.0.20", &[("http", 80)])
         + &slice("empty-1", "empty", &[("http", 8080)], &[])
@@ -53,6 +56,7 @@ fn service_without_endpoints_refuses_connections() {
 
 #[test]
 fn services_file_edits_are_applied() {
+    common::require_root!();
     let mut env = Env::new(3);
     env.write_services(&web(&[1, 2]));
     env.start_agent();
@@ -87,6 +91,7 @@ fn services_file_edits_are_applied() {
 
 #[test]
 fn same_ip_other_port_and_same_port_other_ip_stay_apart() {
+    common::require_root!();
     let mut env = Env::new(3);
     let yaml = service("a", "10.96.0.10", &[("http", 80)])
         + &slice("a-1", "a", &[("http", 8080)], &[backend_ip(1)])
@@ -104,6 +109,7 @@ fn same_ip_other_port_and_same_port_other_ip_stay_apart() {
 
 #[test]
 fn malformed_objects_are_reported_and_skipped() {
+    common::require_root!();
     let mut env = Env::new(1);
     let broken_type = "---\napiVersion: v1\nkind: Service\nmetadata: {name: broken, namespace: test}\nspec:\n  clusterIP: 10.96.0.30\n  ports:\n  - {name: http, port: eighty}\n";
     let bad_ip = service("badip", "10.96.0.300", &[("http", 80)]);
@@ -114,8 +120,8 @@ fn malformed_objects_are_reported_and_skipped() {
     let records = env.agent().records();
     let logged = |object: &str, field: &str| {
         records.iter().any(|r| {
-            ebpf_proxy::testkit::field(r, "object").and_then(|v| v.as_str()).is_some_and(|o| o.contains(object))
-                && ebpf_proxy::testkit::field(r, "field").and_then(|v| v.as_str()) == Some(field)
+            proxy_testkit::field(r, "object").and_then(|v| v.as_str()).is_some_and(|o| o.contains(object))
+                && proxy_testkit::field(r, "field").and_then(|v| v.as_str()) == Some(field)
                 && r.get("level").and_then(|l| l.as_str()) == Some("ERROR")
         })
     };
@@ -126,6 +132,7 @@ fn malformed_objects_are_reported_and_skipped() {
 
 #[test]
 fn restarted_agent_takes_over_without_a_gap_and_writes_nothing_new() {
+    common::require_root!();
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     let first = env.start_agent();
@@ -138,8 +145,8 @@ fn restarted_agent_takes_over_without_a_gap_and_writes_nothing_new() {
     let second = env.start_agent();
     assert_eq!(common::writes(&second), 0, "the maps were already right");
     let updated = env.agent().records().iter().any(|r| {
-        ebpf_proxy::testkit::message(r) == Some("program attached")
-            && ebpf_proxy::testkit::field(r, "outcome").and_then(|v| v.as_str()) == Some("Updated")
+        proxy_testkit::message(r) == Some("program attached")
+            && proxy_testkit::field(r, "outcome").and_then(|v| v.as_str()) == Some("Updated")
     });
     assert!(updated, "the new agent did not take over the pinned link");
     assert_eq!(env.requests("10.96.0.10", 20).len(), 20);
@@ -147,6 +154,7 @@ fn restarted_agent_takes_over_without_a_gap_and_writes_nothing_new() {
 
 #[test]
 fn a_full_map_fails_only_the_service_that_does_not_fit() {
+    common::require_root!();
     let mut env = Env::new(3);
     // Service "a" needs 2 entries of SERVICES_V4 (slot 0 + 1); "b" needs 4.
     let yaml = service("a", "10.96.0.10", &[("http", 80)])
@@ -156,17 +164,17 @@ fn a_full_map_fails_only_the_service_that_does_not_fit() {
     env.write_services(&yaml);
     let mut args = env.agent_args();
     args.extend(["--services-map-size".to_owned(), "4".to_owned()]);
-    let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let agent = proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let applied = agent.wait_applied(0);
-    assert!(ebpf_proxy::testkit::field(&applied, "failures").and_then(serde_json::Value::as_u64) > Some(0));
+    assert!(proxy_testkit::field(&applied, "failures").and_then(serde_json::Value::as_u64) > Some(0));
     let failure = agent
         .wait_for(0, std::time::Duration::from_secs(5), |r| {
-            ebpf_proxy::testkit::message(r).is_some_and(|m| m.starts_with("map write failed"))
+            proxy_testkit::message(r).is_some_and(|m| m.starts_with("map write failed"))
         })
         .expect("the failure is logged");
-    let subject = ebpf_proxy::testkit::field(&failure, "subject").and_then(|v| v.as_str()).unwrap_or_default();
+    let subject = proxy_testkit::field(&failure, "subject").and_then(|v| v.as_str()).unwrap_or_default();
     assert!(subject.contains("test/b:http"), "names the service: {failure}");
-    let error = ebpf_proxy::testkit::field(&failure, "error").and_then(|v| v.as_str()).unwrap_or_default();
+    let error = proxy_testkit::field(&failure, "error").and_then(|v| v.as_str()).unwrap_or_default();
     assert!(error.contains("SERVICES is full"), "{failure}");
     env.agent = Some(agent);
     assert_eq!(env.requests("10.96.0.10", 10), vec!["backend-1"; 10], "the service that fits works");
@@ -176,6 +184,7 @@ fn a_full_map_fails_only_the_service_that_does_not_fit() {
 
 #[test]
 fn a_full_backends_map_fails_only_the_service_of_the_backend_that_does_not_fit() {
+    common::require_root!();
     let mut env = Env::new(3);
     // Three backends, room for two: the backends are written in one batch
     // that the kernel stops at the third; the failure names it.
@@ -186,15 +195,15 @@ fn a_full_backends_map_fails_only_the_service_of_the_backend_that_does_not_fit()
     env.write_services(&yaml);
     let mut args = env.agent_args();
     args.extend(["--backends-map-size".to_owned(), "2".to_owned()]);
-    let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let agent = proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let _ = agent.wait_applied(0);
     let failures: Vec<serde_json::Value> = agent
         .records()
         .into_iter()
-        .filter(|r| ebpf_proxy::testkit::message(r).is_some_and(|m| m.starts_with("map write failed")))
+        .filter(|r| proxy_testkit::message(r).is_some_and(|m| m.starts_with("map write failed")))
         .collect();
     assert_eq!(failures.len(), 1, "{failures:?}");
-    let field = |name| ebpf_proxy::testkit::field(&failures[0], name).and_then(|v| v.as_str()).unwrap_or_default();
+    let field = |name| proxy_testkit::field(&failures[0], name).and_then(|v| v.as_str()).unwrap_or_default();
     assert!(field("error").contains("BACKENDS is full"), "{failures:?}");
     let lost =
         (1..=3).find(|b| field("subject").contains(&format!("{}:8080", backend_ip(*b)))).expect("names a backend");
@@ -207,6 +216,7 @@ fn a_full_backends_map_fails_only_the_service_of_the_backend_that_does_not_fit()
 
 #[test]
 fn zone_hints_keep_connections_in_this_nodes_zone() {
+    common::require_root!();
     let mut env = Env::new(3);
     let node = |zone: &str| {
         format!(
@@ -229,11 +239,12 @@ fn zone_hints_keep_connections_in_this_nodes_zone() {
 
 #[test]
 fn bpf_log_reports_each_translation() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(&web(&[1]));
     let mut args = env.agent_args();
     args.push("--bpf-log".into());
-    let agent = ebpf_proxy::testkit::AgentProcess::start_with_filter(
+    let agent = proxy_testkit::AgentProcess::start_with_filter(
         std::path::Path::new(common::AGENT),
         args,
         "info,proxy_ebpf=debug",
@@ -244,20 +255,21 @@ fn bpf_log_reports_each_translation() {
     assert_eq!(env.requests("10.96.0.10", 1), vec!["backend-1"]);
     env.agent()
         .wait_for(0, std::time::Duration::from_secs(5), |r| {
-            ebpf_proxy::testkit::message(r) == Some("10.96.0.10:80 -> 10.244.0.11:8080")
+            proxy_testkit::message(r) == Some("10.96.0.10:80 -> 10.244.0.11:8080")
         })
         .expect("the translation was not logged");
 }
 
 #[test]
 fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.ns.add_lo_addr("10.200.0.1/32").unwrap(); // this "node"'s address
     let edge = "---\napiVersion: v1\nkind: Service\nmetadata: {name: edge, namespace: test}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.40\n  externalIPs: [\"10.200.0.1\", \"198.51.100.7\"]\n  ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 203.0.113.10}]\n";
     env.write_services(&(edge.to_owned() + &slice("edge-1", "edge", &[("http", 8080)], &[backend_ip(1)])));
     let mut args = env.agent_args();
     args.extend(["--node-ip".to_owned(), "10.200.0.1".to_owned()]);
-    let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let agent = proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let applied = agent.wait_applied(0);
     env.agent = Some(agent);
     // ClusterIP, NodePort on 127.0.0.1 and on the node address, LB IP, local
@@ -274,10 +286,11 @@ fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
 #[test]
 fn restarts_under_a_steady_stream_of_connections_fail_none() {
     use std::io::Read as _;
+    common::require_root!();
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     env.start_agent();
-    let mut client = ebpf_proxy::testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
+    let mut client = proxy_testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
         .unwrap()
         .args(["-sS", "--connect-timeout", "2", "http://10.96.0.10/?[1-10000000]"])
         .stdout(std::process::Stdio::piped())
@@ -293,7 +306,7 @@ fn restarts_under_a_steady_stream_of_connections_fail_none() {
         pause();
         let mut args = env.agent_args();
         args.extend(extra.map(str::to_owned));
-        let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+        let agent = proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
         assert_eq!(common::writes(&agent.wait_applied(0)), 0);
         env.agent = Some(agent);
         pause();
@@ -312,12 +325,13 @@ fn restarts_under_a_steady_stream_of_connections_fail_none() {
 fn a_new_map_layout_takes_over_without_a_gap() {
     use ebpf_proxy::paths::{LAYOUT_VERSION_ENV, MAP_LAYOUT_VERSION};
     use std::io::Read as _;
+    common::require_root!();
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     // An "older build": its maps under another layout version. (Both layouts
     // are this build's types; what is tested is the switch-over.)
     let old = (MAP_LAYOUT_VERSION - 1).to_string();
-    let agent = ebpf_proxy::testkit::AgentProcess::start_with_env(
+    let agent = proxy_testkit::AgentProcess::start_with_env(
         std::path::Path::new(common::AGENT),
         env.agent_args(),
         "info",
@@ -330,7 +344,7 @@ fn a_new_map_layout_takes_over_without_a_gap() {
     let maps_dir = |version: &str| pin_dir.join(format!("maps-v{version}-m{}", ebpf_proxy::maglev::DEFAULT_SIZE));
     assert!(maps_dir(&old).exists());
 
-    let mut client = ebpf_proxy::testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
+    let mut client = proxy_testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
         .unwrap()
         .args(["-sS", "--connect-timeout", "2", "http://10.96.0.10/?[1-10000000]"])
         .stdout(std::process::Stdio::piped())

@@ -4,7 +4,7 @@ mod common;
 use std::{process::Command, time::Duration};
 
 use common::{Env, web};
-use ebpf_proxy::testkit::{AgentProcess, field, message};
+use proxy_testkit::{AgentProcess, field, message};
 
 /// A kube-proxy configuration as operators write it, bound to loopback with
 /// free ports, with one misspelt field.
@@ -45,6 +45,7 @@ fn logged(agent: &AgentProcess, msg: &str) -> serde_json::Value {
 
 #[test]
 fn a_kube_proxy_configuration_is_used_and_flags_override_it() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(&web(&[1]));
     let config = env.dir.path().join("kube-proxy.yaml");
@@ -74,6 +75,7 @@ fn a_kube_proxy_configuration_is_used_and_flags_override_it() {
 
 #[test]
 fn an_invalid_configuration_stops_startup_with_the_field_named() {
+    common::require_root!();
     let env = Env::new(1);
     env.write_services(&web(&[1]));
     let config = env.dir.path().join("bad.yaml");

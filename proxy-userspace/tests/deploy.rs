@@ -109,8 +109,9 @@ fn the_built_daemonset_has_the_image_placeholder_and_the_endpoint_setting() {
 
 #[test]
 fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
+    common::require_root!();
     let mut env = common::Env::new(1);
-    let server = ebpf_proxy::testkit::TestApiServer::start();
+    let server = proxy_testkit::TestApiServer::start();
     server.put(json!({"kind": "Service", "metadata": {"name": "web", "namespace": "t"}, "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]}}));
     server.put(json!({"kind": "EndpointSlice", "metadata": {"name": "web-1", "namespace": "t", "labels": {"kubernetes.io/service-name": "web"}}, "addressType": "IPv4", "ports": [{"name": "http", "port": 8080}], "endpoints": [{"addresses": ["10.244.0.11"]}]}));
     server.put(json!({"kind": "Node", "metadata": {"name": "test-node"}}));
@@ -118,7 +119,7 @@ fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
     std::fs::write(&kubeconfig, format!("apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: \"{}\"}}\nusers:\n- name: t\n  user: {{}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t}}\ncurrent-context: t\n", server.url())).unwrap();
     let mut args = vec!["--kubeconfig".to_owned(), kubeconfig.display().to_string()];
     args.extend(env.datapath_args());
-    let agent = ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let agent = proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let _ = agent.wait_applied(0);
     std::thread::sleep(std::time::Duration::from_millis(500)); // the watches open, the event is sent
     env.agent = Some(agent);
@@ -172,7 +173,7 @@ fn the_cluster_role_grants_exactly_the_calls_the_agent_makes() {
 
 #[test]
 fn kubectl_apply_dry_run_accepts_the_manifests() {
-    let server = ebpf_proxy::testkit::TestApiServer::start();
+    let server = proxy_testkit::TestApiServer::start();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, format!("apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster: {{server: \"{}\"}}\nusers:\n- name: t\n  user: {{}}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t}}\ncurrent-context: t\n", server.url())).unwrap();

@@ -5,10 +5,11 @@ mod common;
 use std::time::Duration;
 
 use common::{Env, agent_address as address, http_get as get, metric, web};
-use ebpf_proxy::testkit::{AgentProcess, field, message};
+use proxy_testkit::{AgentProcess, field, message};
 
 #[test]
 fn health_and_metrics_report_the_agents_state() {
+    common::require_root!();
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     env.start_agent();
@@ -58,6 +59,7 @@ fn health_and_metrics_report_the_agents_state() {
 
 #[test]
 fn health_turns_503_when_a_change_cannot_be_applied() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(&web(&[1]));
     let mut args = env.agent_args();
@@ -85,6 +87,7 @@ fn health_turns_503_when_a_change_cannot_be_applied() {
 /// own behaviour with bindAddressHardFail: false).
 #[test]
 fn taken_health_and_metrics_ports_do_not_stop_the_agent() {
+    common::require_root!();
     let mut env = Env::new(2);
     env.write_services(&web(&[1, 2]));
     // The "other proxy": listeners on both ports inside the namespace.

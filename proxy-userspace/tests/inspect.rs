@@ -79,6 +79,7 @@ fn check_service_views(env: &Env) -> String {
 
 #[test]
 fn service_list_shows_the_kernel_table_with_and_without_the_agent() {
+    common::require_root!();
     let mut env = Env::new(2);
     let yaml = service("web", "10.96.0.10", &[("http", 80)])
         + &slice("web-1", "web", &[("http", 8080)], &[backend_ip(1), backend_ip(2)])
@@ -96,6 +97,7 @@ fn service_list_shows_the_kernel_table_with_and_without_the_agent() {
 #[test]
 fn status_shows_the_attached_programs_and_the_maps() {
     use std::os::unix::fs::MetadataExt as _;
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(
         &(service("web", "10.96.0.10", &[("http", 80)]) + &slice("web-1", "web", &[("http", 8080)], &[backend_ip(1)])),

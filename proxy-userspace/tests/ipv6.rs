@@ -6,7 +6,7 @@ mod common;
 use std::{collections::BTreeSet, fmt::Write as _};
 
 use common::{Env, backend_ip, backend_ip6, web};
-use ebpf_proxy::testkit::UdpBackend;
+use proxy_testkit::UdpBackend;
 
 fn endpoints(ips: &[String]) -> String {
     let mut s = String::new();
@@ -42,6 +42,7 @@ fn service(name: &str, cluster_ips: &[&str], v4: &[u8], v6: &[u8]) -> String {
 
 #[test]
 fn an_ipv6_service_over_tcp_and_udp() {
+    common::require_root!();
     let mut env = Env::new(3);
     env.start_http6(3);
     for i in 1..=3 {
@@ -66,6 +67,7 @@ fn an_ipv6_service_over_tcp_and_udp() {
 
 #[test]
 fn a_dual_stack_service_is_reached_over_both_families() {
+    common::require_root!();
     let mut env = Env::new(2);
     env.start_http6(2);
     env.write_services(&service("dual", &["10.96.0.60", "fd00:96::60"], &[1], &[2]));
@@ -78,6 +80,7 @@ fn a_dual_stack_service_is_reached_over_both_families() {
 
 #[test]
 fn an_ipv4_mapped_ipv6_socket_reaches_an_ipv4_service() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.start_udp(1, 5353);
     env.write_services(&(web(&[1]) + &service("dns", &["10.96.0.53"], &[1], &[])));

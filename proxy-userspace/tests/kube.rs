@@ -11,7 +11,7 @@ use std::{
 };
 
 use common::{Env, backend_ip, cluster::Cluster};
-use ebpf_proxy::testkit::{field, message, spawn_in};
+use proxy_testkit::{field, message, spawn_in};
 use serde_json::Value;
 
 const HTTP: &[(&str, u16)] = &[("http", 80)];
@@ -51,6 +51,7 @@ fn wait_frontend(env: &Env, mark: usize, service: &str, backends: u64) {
 
 #[test]
 fn cluster_ip_follows_the_api() {
+    common::require_root!();
     let (mut env, cluster, ip) = setup(3, 1..=3);
     env.start_agent_kube(&cluster);
 
@@ -81,6 +82,7 @@ fn continuous_client(env: &Env, addr: &str) -> Child {
 
 #[test]
 fn scaling_3_10_1_5_under_load_never_fails_a_connection() {
+    common::require_root!();
     let (mut env, cluster, ip) = setup(10, 1..=3);
     env.start_agent_kube(&cluster);
 
@@ -132,6 +134,7 @@ fn scaling_3_10_1_5_under_load_never_fails_a_connection() {
 
 #[test]
 fn api_server_restart_keeps_the_datapath_and_converges() {
+    common::require_root!();
     let (mut env, mut cluster, ip) = setup(2, 1..=2);
     if cluster.is_real() {
         eprintln!("skipped on a real cluster: its API server cannot be restarted by the test");
@@ -187,6 +190,7 @@ fn api_server_restart_keeps_the_datapath_and_converges() {
 
 #[test]
 fn agent_restart_keeps_connections_and_applies_only_the_difference() {
+    common::require_root!();
     let (mut env, cluster, ip) = setup(3, 1..=3);
     env.start_agent_kube(&cluster);
 
@@ -225,6 +229,7 @@ fn agent_restart_keeps_connections_and_applies_only_the_difference() {
 
 #[test]
 fn nothing_is_written_before_the_initial_lists() {
+    common::require_root!();
     let (mut env, mut cluster, ip) = setup(1, 1..=1);
     if cluster.is_real() {
         eprintln!("skipped on a real cluster: its API server cannot be stopped by the test");
@@ -232,7 +237,7 @@ fn nothing_is_written_before_the_initial_lists() {
     }
     cluster.server().stop();
     let agent =
-        ebpf_proxy::testkit::AgentProcess::start(std::path::Path::new(common::AGENT), env.kube_args(&cluster)).unwrap();
+        proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), env.kube_args(&cluster)).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     assert!(
         !agent.records().iter().any(|r| message(r) == Some("service table applied")),
@@ -247,6 +252,7 @@ fn nothing_is_written_before_the_initial_lists() {
 
 #[test]
 fn a_problem_is_logged_once_not_on_every_sync() {
+    common::require_root!();
     let mut env = Env::new(3);
     let cluster = Cluster::new();
     let ip = cluster.create_service("web", HTTP);
@@ -270,6 +276,7 @@ fn a_problem_is_logged_once_not_on_every_sync() {
 
 #[test]
 fn a_slice_relabelled_to_another_service_moves_its_endpoints() {
+    common::require_root!();
     let (mut env, cluster, web_ip) = setup(3, 1..=2);
     let api_ip = cluster.create_service("api", HTTP);
     cluster.set_slice("api-a", "api", TARGET, &ips(3..=3));
@@ -292,6 +299,7 @@ fn a_slice_relabelled_to_another_service_moves_its_endpoints() {
 
 #[test]
 fn a_change_of_the_nodes_zone_translates_every_service_again() {
+    common::require_root!();
     let mut env = Env::new(2);
     let mut cluster = Cluster::new();
     if cluster.is_real() {

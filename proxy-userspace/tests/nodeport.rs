@@ -71,6 +71,7 @@ fn udp_replies(lines: &[String]) -> Vec<(String, String)> {
 
 #[test]
 fn node_ports_reach_backends_on_every_node_and_replies_come_back() {
+    common::require_root!();
     let mut topo = Topology::new(&[1, 1, 1]);
     for n in 1..=3 {
         topo.http_on(n, 1);
@@ -117,6 +118,7 @@ fn node_ports_reach_backends_on_every_node_and_replies_come_back() {
 
 #[test]
 fn external_traffic_policy_local_keeps_the_client_address_and_stays_on_the_node() {
+    common::require_root!();
     let mut topo = Topology::new(&[1, 1, 1]);
     topo.http_on(1, 1);
     topo.http_on(2, 1);
@@ -147,7 +149,7 @@ fn external_traffic_policy_local_keeps_the_client_address_and_stays_on_the_node(
 
 /// GET `url` from the client: (status, body).
 fn http_get(topo: &Topology, url: &str) -> (u16, String) {
-    let out = ebpf_proxy::testkit::spawn_in(&topo.client, None, "curl")
+    let out = proxy_testkit::spawn_in(&topo.client, None, "curl")
         .unwrap()
         .args(["-sS", "--max-time", "3", "-w", "\n%{http_code}", url])
         .output()
@@ -159,6 +161,7 @@ fn http_get(topo: &Topology, url: &str) -> (u16, String) {
 
 #[test]
 fn health_check_node_port_answers_200_or_503_as_endpoints_move() {
+    common::require_root!();
     let mut topo = Topology::new(&[1, 1]);
     topo.http_on(1, 1);
     topo.http_on(2, 1);
@@ -204,6 +207,7 @@ fn health_check_node_port_answers_200_or_503_as_endpoints_move() {
 
 #[test]
 fn load_balancer_source_ranges_block_and_allow() {
+    common::require_root!();
     let mut topo = Topology::new(&[1, 1]);
     topo.http_on(1, 1);
     topo.http_on(2, 1);
@@ -232,6 +236,7 @@ fn load_balancer_source_ranges_block_and_allow() {
 
 #[test]
 fn hairpin_a_pod_reaches_its_own_service_through_node_ports_and_load_balancer_ips() {
+    common::require_root!();
     let mut topo = Topology::new(&[1, 1]);
     topo.http_on(1, 1);
     topo.write_services(
@@ -252,6 +257,7 @@ fn hairpin_a_pod_reaches_its_own_service_through_node_ports_and_load_balancer_ip
 
 #[test]
 fn a_connection_stays_on_its_backend_when_another_is_added() {
+    common::require_root!();
     let mut topo = Topology::new(&[1, 1, 1]);
     for n in 1..=3 {
         topo.udp_on(n, 1);
@@ -266,7 +272,7 @@ fn a_connection_stays_on_its_backend_when_another_is_added() {
     // A connected UDP socket sends through node 1 for 3 seconds; a third
     // backend is added meanwhile.
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
-    let client = ebpf_proxy::testkit::spawn_in(&topo.client, None, "/usr/bin/python3")
+    let client = proxy_testkit::spawn_in(&topo.client, None, "/usr/bin/python3")
         .unwrap()
         .arg(script)
         .args(["udp-connect-loop", &node_ip(1).to_string(), "30053", "60", "0.05"])
@@ -285,6 +291,7 @@ fn a_connection_stays_on_its_backend_when_another_is_added() {
 
 #[test]
 fn a_real_http_server_behind_node_ports_on_other_nodes() {
+    common::require_root!();
     let mut topo = Topology::new(&[1, 1, 1]);
     topo.python_http_server(2, 1);
     topo.python_http_server(3, 1);
@@ -304,6 +311,7 @@ fn a_real_http_server_behind_node_ports_on_other_nodes() {
 
 #[test]
 fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_the_tc_programs() {
+    common::require_root!();
     let mut topo = Topology::new(&[1, 1]);
     topo.http_on(1, 1);
     topo.http_on(2, 1);
@@ -323,7 +331,7 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
     // A steady stream of connections from outside through node 1 while
     // its agent stops (its pinned programs, maps and flows stay) and a new
     // one takes them over: not one fails.
-    let mut stream = ebpf_proxy::testkit::spawn_in(&topo.client, None, "curl")
+    let mut stream = proxy_testkit::spawn_in(&topo.client, None, "curl")
         .unwrap()
         .args(["-sS", "--connect-timeout", "2", &format!("http://{}/?[1-10000000]", on_node(1, 30080))])
         .stdout(std::process::Stdio::piped())

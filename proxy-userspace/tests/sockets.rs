@@ -45,6 +45,7 @@ fn udp_env(backends: u8) -> Env {
 
 #[test]
 fn unconnected_udp_keeps_one_backend_and_replies_come_from_the_service() {
+    common::require_root!();
     let env = udp_env(3);
     let (ok, lines) = env.probe(&["udp-sendto", "10.96.0.53", "53", "20"]);
     assert!(ok, "{lines:?}");
@@ -56,6 +57,7 @@ fn unconnected_udp_keeps_one_backend_and_replies_come_from_the_service() {
 
 #[test]
 fn sockets_spread_over_the_backends() {
+    common::require_root!();
     let env = udp_env(3);
     let mut seen = BTreeSet::new();
     for _ in 0..30 {
@@ -68,6 +70,7 @@ fn sockets_spread_over_the_backends() {
 
 #[test]
 fn connected_udp_is_translated_at_connect_and_shows_the_service() {
+    common::require_root!();
     let env = udp_env(3);
     let (ok, lines) = env.probe(&["udp-connect", "10.96.0.53", "53", "10"]);
     assert!(ok, "{lines:?}");
@@ -80,6 +83,7 @@ fn connected_udp_is_translated_at_connect_and_shows_the_service() {
 
 #[test]
 fn getpeername_of_a_tcp_connection_shows_the_service() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(&web(&[1]));
     env.start_agent();
@@ -91,6 +95,7 @@ fn getpeername_of_a_tcp_connection_shows_the_service() {
 
 #[test]
 fn udp_to_a_service_without_endpoints_is_refused() {
+    common::require_root!();
     let mut env = Env::new(1);
     env.write_services(&dns(&[]));
     env.start_agent();
@@ -129,6 +134,7 @@ fn remove_the_backend_in_use(env: &Env, args: &[&str]) -> Switch {
 
 #[test]
 fn an_unconnected_socket_moves_when_its_backend_is_removed() {
+    common::require_root!();
     let env = udp_env(2);
     let sw = remove_the_backend_in_use(&env, &["udp-sendto", "10.96.0.53", "53", "40", "0.05"]);
     let (names, sources) = replies(&sw.lines);
@@ -141,6 +147,7 @@ fn an_unconnected_socket_moves_when_its_backend_is_removed() {
 
 #[test]
 fn client_ip_affinity_keeps_one_backend_until_it_is_removed() {
+    common::require_root!();
     let mut env = Env::new(3);
     let affine = |which: &[u8]| {
         web(which).replace(
@@ -167,6 +174,7 @@ fn client_ip_affinity_keeps_one_backend_until_it_is_removed() {
 
 #[test]
 fn a_connected_udp_socket_of_a_removed_backend_is_destroyed_and_reconnects() {
+    common::require_root!();
     let env = udp_env(2);
     let sw = remove_the_backend_in_use(&env, &["udp-connect-loop", "10.96.0.53", "53", "60", "0.05"]);
     let lines = &sw.lines;
@@ -184,12 +192,13 @@ fn a_connected_udp_socket_of_a_removed_backend_is_destroyed_and_reconnects() {
         .agent()
         .records()
         .iter()
-        .any(|r| ebpf_proxy::testkit::message(r) == Some("destroyed sockets connected to removed backends"));
+        .any(|r| proxy_testkit::message(r) == Some("destroyed sockets connected to removed backends"));
     assert!(logged, "no log of the destroyed socket");
 }
 
 #[test]
 fn client_ip_affinity_ends_when_its_timeout_passes() {
+    common::require_root!();
     let mut env = Env::new(3);
     let affine = web(&[1, 2, 3]).replace(
         "  type: ClusterIP\n",

@@ -21,8 +21,8 @@ use ebpf_proxy::{
     },
     model::{self, NodeContext},
     source::file,
-    testkit::{BpfFs, NetNs, unique_name},
 };
+use proxy_testkit::{BpfFs, NetNs, unique_name};
 
 /// `TC_ACT_OK`, `TC_ACT_SHOT`, `TC_ACT_REDIRECT` (linux/pkt_cls.h).
 const OK: i32 = 0;
@@ -144,7 +144,7 @@ struct Lab {
 
 impl Lab {
     fn new() -> Self {
-        common::require_root();
+        common::assert_root();
         let ns = NetNs::create(&unique_name("ebpf-proxy-tcpkt")).unwrap();
         for args in [
             &["link", "add", "ext0", "type", "veth", "peer", "name", "ext1"][..],
@@ -160,7 +160,7 @@ impl Lab {
             ns.ip(args).unwrap();
         }
         let sysctl = |key: &str| {
-            ebpf_proxy::testkit::sh("ip", &["netns", "exec", ns.name(), "sysctl", "-qw", &format!("{key}=1")]).unwrap();
+            proxy_testkit::sh("ip", &["netns", "exec", ns.name(), "sysctl", "-qw", &format!("{key}=1")]).unwrap();
         };
         sysctl("net.ipv4.ip_forward");
         sysctl("net.ipv6.conf.all.forwarding");
@@ -274,6 +274,7 @@ fn crafted_frames_have_valid_checksums() {
 
 #[test]
 fn a_node_port_flow_to_a_local_backend_keeps_the_client_and_its_reply_shows_the_frontend() {
+    common::require_root!();
     Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
         let client = sa("192.0.2.7:40000");
         let frontend = sa("172.30.0.11:30080");
@@ -297,6 +298,7 @@ fn a_node_port_flow_to_a_local_backend_keeps_the_client_and_its_reply_shows_the_
 
 #[test]
 fn ipv6_node_port_flows_are_translated_with_valid_checksums() {
+    common::require_root!();
     Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
         let client = sa("[fd00:30::99]:40000");
         let frontend = sa("[fd00:30::11]:30080");
@@ -311,6 +313,7 @@ fn ipv6_node_port_flows_are_translated_with_valid_checksums() {
 
 #[test]
 fn a_flow_to_a_remote_backend_is_source_natted_routed_and_its_reply_comes_back() {
+    common::require_root!();
     Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
         let client = sa("198.51.100.20:5000");
         let frontend = sa("203.0.113.53:53");
@@ -338,6 +341,7 @@ fn a_flow_to_a_remote_backend_is_source_natted_routed_and_its_reply_comes_back()
 
 #[test]
 fn a_udp_datagram_without_checksum_keeps_none() {
+    common::require_root!();
     Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
         let frame = packet::udp4_without_checksum(sa("198.51.100.20:5001"), sa("203.0.113.53:53"), b"q");
         let (action, out) = node.ingress(&frame);
@@ -350,6 +354,7 @@ fn a_udp_datagram_without_checksum_keeps_none() {
 
 #[test]
 fn source_ranges_drop_other_sources() {
+    common::require_root!();
     Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
         let frontend = sa("203.0.113.53:53");
         let (action, _) = node.ingress(&packet::frame(sa("192.0.2.7:5000"), frontend, None, b"q"));
@@ -366,6 +371,7 @@ fn source_ranges_drop_other_sources() {
 
 #[test]
 fn external_traffic_policy_local_without_a_local_endpoint_drops() {
+    common::require_root!();
     Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
         let (action, _) = node.ingress(&packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30090"), Some(SYN), b""));
         assert_eq!(action, SHOT);
@@ -375,6 +381,7 @@ fn external_traffic_policy_local_without_a_local_endpoint_drops() {
 
 #[test]
 fn what_is_not_an_external_frontend_is_left_alone() {
+    common::require_root!();
     Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
         for (dst, what) in [
             ("172.30.0.11:22", "another port of the node"),
@@ -396,6 +403,7 @@ fn what_is_not_an_external_frontend_is_left_alone() {
 
 #[test]
 fn a_flow_keeps_its_backend_when_another_is_added_and_a_closed_one_starts_afresh() {
+    common::require_root!();
     Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
         let frontend = sa("203.0.113.30:80");
         let backend_of = |node: &Node, client: SocketAddr, flags: u8| -> Seen {
@@ -431,6 +439,7 @@ fn a_flow_keeps_its_backend_when_another_is_added_and_a_closed_one_starts_afresh
 
 #[test]
 fn every_node_picks_the_same_backend_for_a_flow() {
+    common::require_root!();
     let lab = Lab::new();
     let pick = |node: &Node| -> Vec<SocketAddr> {
         (0..30)

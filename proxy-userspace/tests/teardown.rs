@@ -16,6 +16,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 
 #[test]
 fn an_environment_leaves_nothing_behind() {
+    common::require_root!();
     let _serial = one_at_a_time();
     let before = sock_addr_programs();
     let (ns, cgroup, bpffs) = {
@@ -34,7 +35,7 @@ fn an_environment_leaves_nothing_behind() {
 
 #[test]
 fn the_demo_check_passes_and_cleans_up() {
-    common::require_root();
+    common::require_root!();
     let _serial = one_at_a_time();
     let before = sock_addr_programs();
     let out = Command::new(common::AGENT).args(["demo", "--check"]).output().expect("run demo");
@@ -51,6 +52,7 @@ fn the_demo_check_passes_and_cleans_up() {
 
 #[test]
 fn cleanup_detaches_and_unpins_everything() {
+    common::require_root!();
     let _serial = one_at_a_time();
     let before = sock_addr_programs();
     let mut env = Env::new(1);

@@ -64,12 +64,12 @@ fn main() -> anyhow::Result<()> {
         Task::Setup => setup::run(),
         Task::Build { release } => {
             setup::run()?;
-            build(release)
+            build(release, &["proxy-userspace"])
         }
         Task::Run { release, args } => {
             setup::run()?;
             require_root("run")?;
-            build(release)?;
+            build(release, &["proxy-userspace"])?;
             let bin = root.join("target").join(if release { "release" } else { "debug" }).join("ebpf-proxy");
             let mut cmd = Command::new(&bin);
             if args.is_empty() {
@@ -91,7 +91,8 @@ fn main() -> anyhow::Result<()> {
         Task::Bench { quick, args } => {
             setup::run()?;
             require_root("bench")?;
-            build(true)?;
+            // The bench (its own crate) runs the agent binary beside it.
+            build(true, &["proxy-userspace", "proxy-bench"])?;
             let bin = root.join("target/release/ebpf-proxy-bench");
             let mut cmd = Command::new(bin);
             // A quick run never overwrites the last full results.
@@ -104,8 +105,9 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The benchmark's quick mode on the debug build the tests made, so it
-/// never rots (its numbers are not the point here).
+/// The benchmark's quick mode on the debug build the tests made (`cargo
+/// test` builds every default member's binaries, proxy-bench's among them),
+/// so it never rots (its numbers are not the point here).
 fn quick_bench(root: &Path) -> anyhow::Result<()> {
     println!("\nxtask: the benchmark, quick mode (debug build)");
     status(
@@ -141,9 +143,14 @@ fn cargo() -> Command {
     cmd
 }
 
-fn build(release: bool) -> anyhow::Result<()> {
+/// Builds the binaries of `packages`.
+fn build(release: bool, packages: &[&str]) -> anyhow::Result<()> {
     let mut cmd = cargo();
-    cmd.args(["build", "--package", "proxy-userspace", "--bins"]);
+    cmd.arg("build");
+    for p in packages {
+        cmd.args(["--package", p]);
+    }
+    cmd.arg("--bins");
     if release {
         cmd.arg("--release");
     }
@@ -156,6 +163,7 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     if filter.is_none() {
         status(cargo().args(["fmt", "--all", "--check"]))?;
         status(cargo().args(["clippy", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
+        clippy_ebpf()?;
     }
     // The default members (the eBPF crate only builds for the bpf target).
     // --test-threads=1 keeps the kernel tests (namespaces, cgroups, attached
@@ -163,6 +171,10 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     // theirs.
     let mut cmd = cargo();
     cmd.args(["test", "--", "--test-threads=1"]);
+    // Without root a kernel test skips itself (so `cargo test` passes for an
+    // ordinary user); here it must run, so a skip fails the run instead
+    // (proxy-userspace/tests/common/mod.rs).
+    cmd.env("EBPF_PROXY_REQUIRE_KERNEL_TESTS", "1");
     if let Some(f) = filter {
         cmd.arg(f);
     }
@@ -184,6 +196,16 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         bail!("no test ran");
     }
     Ok(())
+}
+
+/// Clippy on the eBPF crate, for the target it builds for (as aya lints
+/// its own eBPF crates): the nightly toolchain, `core` built from source.
+fn clippy_ebpf() -> anyhow::Result<()> {
+    let mut cmd = Command::new("rustup");
+    cmd.args(["run", setup::NIGHTLY, "cargo", "clippy", "--package", "proxy-ebpf", "--quiet"])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--", "-D", "warnings"])
+        .env("PATH", setup::path_with_tools());
+    status(&mut cmd)
 }
 
 /// Sums of cargo's `test result: ok. N passed; M failed; K ignored; …` lines.

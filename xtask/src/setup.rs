@@ -5,7 +5,7 @@
 //!   from kubernetes-client when none is on PATH), and iptables and
 //!   nftables for the benchmark;
 //! - the nightly toolchain's rust-src (the eBPF crate builds `core` with
-//!   `-Z build-std`);
+//!   `-Z build-std`) and clippy (to lint the eBPF crate for its target);
 //! - bpf-linker 0.13 built against Debian's LLVM 22.
 use std::{
     env,
@@ -34,7 +34,7 @@ const APT_PACKAGES: &[&str] = &[
 ];
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 const BPF_LINKER_VERSION: &str = "0.13";
-const NIGHTLY: &str = "nightly";
+pub const NIGHTLY: &str = "nightly";
 
 pub fn run() -> anyhow::Result<()> {
     apt_packages()?;
@@ -105,9 +105,13 @@ fn rust_src() -> anyhow::Result<()> {
         run_loud(Command::new("rustup").args(["toolchain", "install", NIGHTLY, "--profile", "minimal"]))?;
     }
     let installed = output("rustup", &["component", "list", "--toolchain", NIGHTLY, "--installed"]).unwrap_or_default();
-    if !installed.lines().any(|l| l.starts_with("rust-src")) {
-        println!("setup: adding rust-src to the {NIGHTLY} toolchain");
-        run_loud(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", NIGHTLY]))?;
+    // rust-src to build `core` for the bpf target; clippy to lint the eBPF
+    // crate for it (`cargo xtask test`).
+    for component in ["rust-src", "clippy"] {
+        if !installed.lines().any(|l| l.starts_with(component)) {
+            println!("setup: adding {component} to the {NIGHTLY} toolchain");
+            run_loud(Command::new("rustup").args(["component", "add", component, "--toolchain", NIGHTLY]))?;
+        }
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use crate::{
     args::DemoArgs,
     cmd::run::shutdown_signal,
     datapath::loader::LoadOptions,
-    testkit::{BpfFs, HttpBackend, NetNs, TestCgroup, spawn_in},
+    sandbox::{BpfFs, HttpBackend, NetNs, TestCgroup, spawn_in},
 };
 
 const NAME: &str = "ebpf-proxy-demo";

@@ -14,7 +14,7 @@ use kube::{
 };
 use serde_json::json;
 
-use ebpf_proxy::testkit::{TestApiServer, kubeconfig_yaml, unique_name};
+use proxy_testkit::{TestApiServer, kubeconfig_yaml, unique_name};
 
 pub const REAL_CLUSTER_ENV: &str = "EBPF_PROXY_TEST_KUBECONFIG";
 

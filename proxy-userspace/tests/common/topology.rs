@@ -13,7 +13,7 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
-use ebpf_proxy::testkit::{
+use proxy_testkit::{
     AgentProcess, BpfFs, HttpBackend, NetNs, TestCgroup, UdpBackend, message, sh, spawn_in, unique_name,
 };
 
@@ -99,7 +99,7 @@ fn veth(ns: &NetNs, inner: &str, outer_ns: &NetNs, outer: &str) {
 impl Topology {
     /// `nodes` nodes with `pods[n-1]` pods each.
     pub fn new(pods: &[u8]) -> Self {
-        super::require_root();
+        super::assert_root();
         let lan = netns("ebpf-proxy-lan");
         lan.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
         lan.ip(&["link", "set", "br0", "up"]).unwrap();

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use super::NetNs;
+use ebpf_proxy::sandbox::NetNs;
 
 pub struct UdpBackend {
     name: String,

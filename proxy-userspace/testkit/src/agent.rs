@@ -56,12 +56,12 @@ impl AgentProcess {
 
     /// Like `start`, inside network namespace `ns` (as an agent on a node
     /// of a multi-node test runs in its node's namespace).
-    pub fn start_in<I, S>(ns: &super::NetNs, bin: &Path, args: I) -> io::Result<Self>
+    pub fn start_in<I, S>(ns: &ebpf_proxy::sandbox::NetNs, bin: &Path, args: I) -> io::Result<Self>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let cmd = super::spawn_in(ns, None, &bin.to_string_lossy())?;
+        let cmd = ebpf_proxy::sandbox::spawn_in(ns, None, &bin.to_string_lossy())?;
         Self::spawn(cmd, args, "info", &[], true)
     }
 

@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail, ensure};
-use ebpf_proxy::testkit::{BpfFs, NetNs, TestCgroup, spawn_in, unique_name};
+use proxy_testkit::{BpfFs, NetNs, TestCgroup, spawn_in, unique_name};
 use serde::Serialize;
 
 use super::{
@@ -91,7 +91,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoa
         "warn,ebpf_proxy::agent=info",
     )?;
     let applied = agent
-        .wait_for(0, Duration::from_mins(5), |r| ebpf_proxy::testkit::message(r) == Some("service table applied"))
+        .wait_for(0, Duration::from_mins(5), |r| proxy_testkit::message(r) == Some("service table applied"))
         .map_err(anyhow::Error::msg)
         .context("ebpf-proxy did not apply the services")?;
     super::control::ensure_applied(&applied)?;

@@ -6,7 +6,7 @@
 //! goes on drop.
 use std::io;
 
-use ebpf_proxy::testkit::{NetNs, sh, unique_name};
+use proxy_testkit::{NetNs, sh, unique_name};
 
 use super::spec::{ENDPOINTS, backend_net};
 

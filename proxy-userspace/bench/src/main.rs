@@ -101,7 +101,7 @@ impl Settings {
         cgroup: &std::path::Path,
         bpffs: &std::path::Path,
         filter: &str,
-    ) -> std::io::Result<ebpf_proxy::testkit::AgentProcess> {
+    ) -> std::io::Result<proxy_testkit::AgentProcess> {
         let (cgroup, pins) = (cgroup.display().to_string(), bpffs.join("ebpf-proxy").display().to_string());
         let args = [
             source[0],
@@ -120,9 +120,9 @@ impl Settings {
             "127.0.0.1:0",
         ];
         if self.agent_log {
-            ebpf_proxy::testkit::AgentProcess::start_with_filter(&self.agent, args, filter)
+            proxy_testkit::AgentProcess::start_with_filter(&self.agent, args, filter)
         } else {
-            ebpf_proxy::testkit::AgentProcess::start_quiet(&self.agent, args, filter)
+            proxy_testkit::AgentProcess::start_quiet(&self.agent, args, filter)
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ebpf_proxy::testkit::{BpfFs, TestApiServer, TestCgroup, field, kubeconfig_yaml, message, unique_name};
+use proxy_testkit::{BpfFs, TestApiServer, TestCgroup, field, kubeconfig_yaml, message, unique_name};
 use serde::Serialize;
 
 use super::{Settings, spec, stopping};

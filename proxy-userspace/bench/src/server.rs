@@ -4,7 +4,7 @@
 //! runtime in the bench process.
 use std::{io, net::SocketAddr};
 
-use ebpf_proxy::testkit::NetNs;
+use proxy_testkit::NetNs;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::spec::BACKEND_PORT;
