@@ -329,6 +329,8 @@ fn publish(
     metrics.last_sync.set(unix_seconds(now));
     metrics.service_changes_pending.set(0);
     metrics.endpoint_changes_pending.set(0);
+    let no_local = pipeline.model().no_local_endpoints();
+    metrics.set_no_local_endpoints(no_local.internal, no_local.external);
     for c in &report.changes {
         match c.kind {
             ChangeKind::Added | ChangeKind::Removed => metrics.service_changes.inc(),

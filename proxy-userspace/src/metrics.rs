@@ -30,6 +30,12 @@ pub struct CodeLabels {
     pub code: String,
 }
 
+/// `internal` or `external` (kube-proxy's `traffic_policy` label).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrafficPolicyLabels {
+    pub traffic_policy: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServerLabels {
     pub server: &'static str,
@@ -90,6 +96,9 @@ pub struct Metrics {
     /// Services and EndpointSlices read but not yet in the maps.
     pub service_changes_pending: Gauge,
     pub endpoint_changes_pending: Gauge,
+    /// Service ports with a Local traffic policy and no endpoint on this
+    /// node, by policy.
+    no_local_endpoints: Family<TrafficPolicyLabels, Gauge>,
     healthz: Family<CodeLabels, Counter>,
     livez: Family<CodeLabels, Counter>,
     bind_failures: Family<ServerLabels, Counter>,
@@ -119,6 +128,7 @@ impl Metrics {
             endpoint_changes: Counter::default(),
             service_changes_pending: Gauge::default(),
             endpoint_changes_pending: Gauge::default(),
+            no_local_endpoints: Family::default(),
             healthz: Family::default(),
             livez: Family::default(),
             bind_failures: Family::default(),
@@ -181,6 +191,11 @@ impl Metrics {
             "EndpointSlices read and not yet applied to the maps",
             self.endpoint_changes_pending.clone(),
         );
+        r.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            self.no_local_endpoints.clone(),
+        );
         r.register("kubeproxy_proxy_healthz", "/healthz answers by HTTP status code", self.healthz.clone());
         r.register("kubeproxy_proxy_livez", "/livez answers by HTTP status code", self.livez.clone());
         r.register(
@@ -220,6 +235,16 @@ impl Metrics {
             Endpoint::Livez => &self.livez,
         };
         family.get_or_create(&CodeLabels { code: status.to_string() }).inc();
+    }
+
+    /// Service ports with a Local internal / external traffic policy and no
+    /// endpoint on this node, after the last sync.
+    pub fn set_no_local_endpoints(&self, internal: usize, external: usize) {
+        for (traffic_policy, n) in [("internal", internal), ("external", external)] {
+            self.no_local_endpoints
+                .get_or_create(&TrafficPolicyLabels { traffic_policy })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn bind_failed(&self, server: Server) {
@@ -265,6 +290,9 @@ mod tests {
         // pkg/proxy/metrics/metrics.go: EndpointChangesTotal, EndpointChangesPending
         "kubeproxy_sync_proxy_rules_endpoint_changes_total",
         "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+        // pkg/proxy/metrics/metrics.go: SyncProxyRulesNoLocalEndpointsTotal
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\"} 2",
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 1",
         // pkg/proxy/metrics/metrics.go: ProxyHealthzTotal, ProxyLivezTotal
         "kubeproxy_proxy_healthz_total{code=\"200\"}",
         "kubeproxy_proxy_livez_total{code=\"503\"}",
@@ -286,6 +314,7 @@ mod tests {
         let metrics = Metrics::new(Arc::new(Mutex::new(Telemetry::new(1, 1))), DEFAULT_MAX_SERVICE_SERIES);
         metrics.health_answered(Endpoint::Healthz, 200);
         metrics.health_answered(Endpoint::Livez, 503);
+        metrics.set_no_local_endpoints(2, 1);
         let labels = LatencyLabels { verb: "GET".into(), host: "h:443".into() };
         metrics.request_duration.get_or_create(&labels).observe(0.01);
         metrics

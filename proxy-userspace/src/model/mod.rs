@@ -5,6 +5,8 @@ mod endpoints;
 mod frontends;
 mod problem;
 mod service;
+
+pub use service::NoLocalEndpoints;
 mod state;
 mod table;
 

@@ -32,6 +32,32 @@ pub struct ServiceOutput {
     /// Why the service is not programmed, when it is not.
     pub skipped: Option<SkipReason>,
     pub health_check: Option<HealthCheck>,
+    /// Service ports (per family) with a Local traffic policy and no
+    /// endpoint on this node: kube-proxy's
+    /// `sync_proxy_rules_no_local_endpoints_total`.
+    pub no_local: NoLocalEndpoints,
+}
+
+/// Counts of service ports with a Local traffic policy and no endpoint on
+/// this node, by policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NoLocalEndpoints {
+    /// internalTrafficPolicy: Local.
+    pub internal: usize,
+    /// externalTrafficPolicy: Local (services reachable from outside).
+    pub external: usize,
+}
+
+impl NoLocalEndpoints {
+    pub fn add(&mut self, other: Self) {
+        self.internal += other.internal;
+        self.external += other.external;
+    }
+
+    pub fn subtract(&mut self, other: Self) {
+        self.internal -= other.internal;
+        self.external -= other.external;
+    }
 }
 
 /// The part of the table service `svc` makes, with `slices` (those that
@@ -47,6 +73,7 @@ pub fn translate_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeCo
                 problems,
                 skipped: Some(reason),
                 health_check: None,
+                no_local: NoLocalEndpoints::default(),
             };
         }
     };
@@ -58,6 +85,7 @@ pub fn translate_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeCo
     }
     let families: Vec<bool> = svc_frontends.addrs.iter().map(IpAddr::is_ipv6).collect();
     let mut claims: Vec<Claim> = Vec::new();
+    let mut no_local = NoLocalEndpoints::default();
     for (i, port) in svc_frontends.ports.iter().enumerate() {
         // Backends per (family, endpoint selection), computed once.
         let mut cache: BTreeMap<(bool, Endpoints), Vec<super::Backend>> = BTreeMap::new();
@@ -94,6 +122,15 @@ pub fn translate_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeCo
                 claims.push(Claim { key, frontend, field: planned.field });
             }
         }
+        // As kube-proxy counts them: a port whose Local policy leaves it no
+        // endpoint (pkg/proxy/iptables, serviceNoLocalEndpointsTotal*).
+        for ((_, endpoints), backends) in &cache {
+            match endpoints {
+                Endpoints::Internal if svc_frontends.internal_local && backends.is_empty() => no_local.internal += 1,
+                Endpoints::LocalNode if backends.is_empty() => no_local.external += 1,
+                _ => {}
+            }
+        }
     }
     let health_check = svc_frontends.health_check_node_port.map(|port| HealthCheck {
         service: object.clone(),
@@ -103,7 +140,7 @@ pub fn translate_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeCo
     // Kept until the service changes: no spare capacity (10,000 services).
     claims.shrink_to_fit();
     problems.shrink_to_fit();
-    ServiceOutput { object, claims, problems, skipped: None, health_check }
+    ServiceOutput { object, claims, problems, skipped: None, health_check, no_local }
 }
 
 /// Which endpoints a frontend entry uses.

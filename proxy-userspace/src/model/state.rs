@@ -16,7 +16,7 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use super::{
     FrontendKey, ObjectRef, Problem, ServiceTable, endpoints,
     frontends::{self, SkipReason},
-    service::{Claim, ServiceOutput, translate_service},
+    service::{Claim, NoLocalEndpoints, ServiceOutput, translate_service},
     table::{HealthCheck, NodeContext},
 };
 
@@ -51,6 +51,8 @@ pub struct TableState {
     /// Problems of keys claimed more than once, on the losing services.
     conflicts: BTreeMap<FrontendKey, Vec<Problem>>,
     table: ServiceTable,
+    /// Summed over the services.
+    no_local: NoLocalEndpoints,
 }
 
 /// One service's inputs: the Service (`None`: gone) and its slices
@@ -71,6 +73,13 @@ impl TableState {
     /// Every problem, service by service in object order.
     pub fn problems(&self) -> impl Iterator<Item = &Problem> {
         self.services.values().flat_map(|s| s.problems.iter()).chain(self.conflicts.values().flatten())
+    }
+
+    /// Service ports with a Local traffic policy and no endpoint on this
+    /// node.
+    #[must_use]
+    pub const fn no_local_endpoints(&self) -> NoLocalEndpoints {
+        self.no_local
     }
 
     /// The health check ports to serve, by port.
@@ -135,6 +144,7 @@ impl TableState {
         for (id, input) in changes {
             let old = self.services.remove(&id);
             if let Some(old) = &old {
+                self.no_local.subtract(old.no_local);
                 for claim in &old.claims {
                     touched.insert(claim.key);
                     if let Some(claimants) = self.claims.get_mut(&claim.key) {
@@ -148,6 +158,7 @@ impl TableState {
             let slices: Vec<&EndpointSlice> = input.slices.iter().map(|s| &**s).collect();
             let new = input.service.map(|svc| translate_service(svc, &slices, node));
             if let Some(new) = &new {
+                self.no_local.add(new.no_local);
                 for Claim { key, .. } in &new.claims {
                     touched.insert(*key);
                     let claimants = self.claims.entry(*key).or_default();

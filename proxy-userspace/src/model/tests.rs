@@ -1,5 +1,5 @@
 //! One test per Kubernetes rule of the model.
-use super::{NodeContext, render, translate};
+use super::{NoLocalEndpoints, NodeContext, TableState, render, translate};
 use crate::source::file;
 
 /// Translates a YAML stream of Services and EndpointSlices for node `n1`.
@@ -307,4 +307,40 @@ fn invalid_source_ranges_fail_closed() {
         "{problems:?}"
     );
     assert!(problems.iter().any(|p| p.contains("no valid range")), "{problems:?}");
+}
+
+/// kube-proxy's `sync_proxy_rules_no_local_endpoints_total`: service ports
+/// whose Local policy leaves them no endpoint on this node, by policy; a
+/// service with an endpoint here, or without a Local policy, is not counted.
+#[test]
+fn ports_with_a_local_policy_and_no_local_endpoint_are_counted() {
+    let svc = |name: &str, extra: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}}]\n{extra}"
+        )
+    };
+    let slice = |service: &str, node: &str| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {service}-a, namespace: ns, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints: [{{addresses: [10.244.2.1], conditions: {{ready: true}}, nodeName: {node}}}]\n"
+        )
+    };
+    let services = [
+        svc("internal", "  internalTrafficPolicy: Local\n"),
+        svc("external", "  type: NodePort\n  externalTrafficPolicy: Local\n"),
+        svc("both", "  type: NodePort\n  internalTrafficPolicy: Local\n  externalTrafficPolicy: Local\n"),
+        svc("cluster", "  type: NodePort\n"),
+    ]
+    .concat();
+    let node = NodeContext::new("node-a").with_ips(vec!["192.168.1.10".parse().unwrap()]);
+    let count = |endpoints_on: &str| {
+        let names = ["internal", "external", "both", "cluster"];
+        let yaml = services.clone() + &names.map(|n| slice(n, endpoints_on)).concat();
+        let parsed = file::parse(&yaml).expect("yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let mut state = TableState::default();
+        state.replace_all(&parsed.objects.services, &parsed.objects.slices, &node);
+        state.no_local_endpoints()
+    };
+    assert_eq!(count("node-b"), NoLocalEndpoints { internal: 2, external: 2 });
+    assert_eq!(count("node-a"), NoLocalEndpoints::default(), "the endpoints are on this node");
 }
