@@ -85,3 +85,51 @@ fn an_invalid_configuration_stops_startup_with_the_field_named() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("metricsBindAddress") && stderr.contains("localhost-ish"), "{stderr}");
 }
+
+/// kubeadm's kube-proxy DaemonSet with the binary swapped: no subcommand,
+/// `--config=FILE --hostname-override=NAME` (kubeadm's command line, its
+/// `config.conf` naming the kubeconfig), and the agent runs from the file.
+/// The file also carries this test's cgroup and pin directory (ebpf-proxy's
+/// own fields), so nothing attaches to the machine's.
+#[test]
+fn kubeadms_command_line_runs_the_agent_from_the_file() {
+    common::require_root!();
+    let mut env = Env::new(2);
+    let cluster = common::cluster::Cluster::new();
+    let ip = cluster.create_service("web", &[("http", 80)]);
+    cluster.set_slice("web-a", "web", &[("http", 8080)], &[common::backend_ip(1), common::backend_ip(2)]);
+    let config = env.dir.path().join("config.conf");
+    let text = format!(
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: {kubeconfig}
+  qps: 5
+  burst: 10
+healthzBindAddress: 127.0.0.1:0
+metricsBindAddress: 127.0.0.1:0
+mode: \"\"
+cgroup: {cgroup}
+bpffsDir: {pins}
+socketNetns: [{netns}]
+devices: [none]
+",
+        kubeconfig = cluster.kubeconfig.display(),
+        cgroup = env.cgroup.path().display(),
+        pins = env.pin_dir().display(),
+        netns = env.ns.path().display(),
+    );
+    std::fs::write(&config, text).unwrap();
+    let agent = AgentProcess::start_as_kube_proxy(
+        std::path::Path::new(common::AGENT),
+        [format!("--config={}", config.display()), "--hostname-override=test-node".to_owned()],
+    )
+    .unwrap();
+    let applied = agent.wait_applied(0);
+    assert_eq!(field(&applied, "source").and_then(|s| s.as_str()), Some("kubernetes"), "{applied}");
+    let started = logged(&agent, "starting");
+    assert!(started.to_string().contains("test-node"), "--hostname-override names the node: {started}");
+    env.agent = Some(agent);
+    let answers = env.requests(&ip, 20);
+    assert!(answers.iter().any(|a| a == "backend-1") && answers.iter().any(|a| a == "backend-2"), "{answers:?}");
+}

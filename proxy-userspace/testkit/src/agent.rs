@@ -75,16 +75,29 @@ impl AgentProcess {
         Self::spawn(cmd, args, "info", &[], true)
     }
 
+    /// Starts `bin ARGS` with no subcommand: kube-proxy's command line, as
+    /// kubeadm's DaemonSet runs it (`--log-format json` still comes first).
+    pub fn start_as_kube_proxy<I, S>(bin: &Path, args: I) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = Command::new(bin);
+        cmd.arg("--log-format").arg("json").args(args);
+        Self::spawn_command(cmd, "info", &[], true)
+    }
+
     fn spawn<I, S>(mut cmd: Command, args: I, filter: &str, envs: &[(&str, &str)], echo: bool) -> io::Result<Self>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        cmd.arg("--log-format").arg("json").arg("run").args(args);
+        Self::spawn_command(cmd, filter, envs, echo)
+    }
+
+    fn spawn_command(mut cmd: Command, filter: &str, envs: &[(&str, &str)], echo: bool) -> io::Result<Self> {
         let mut child = cmd
-            .arg("--log-format")
-            .arg("json")
-            .arg("run")
-            .args(args)
             .env("RUST_LOG", filter)
             .envs(envs.iter().copied())
             .stdin(Stdio::null())
