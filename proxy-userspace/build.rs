@@ -27,6 +27,8 @@ fn commit() -> String {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let git = |args: &[&str]| {
         Command::new("git")
+            // The checkout may belong to another user than the builder.
+            .args(["-c", "safe.directory=*"])
             .arg("-C")
             .arg(&repo)
             .args(args)

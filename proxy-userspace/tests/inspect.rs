@@ -172,7 +172,9 @@ fn version_names_the_commit() {
     assert!(out.status.success());
     let version = String::from_utf8(out.stdout).unwrap();
     let head = Command::new("git")
-        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"])
+        // (safe.directory: the checkout may belong to another user than the
+        // one running the tests.)
+        .args(["-c", "safe.directory=*", "-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"])
         .output()
         .ok()
         .filter(|o| o.status.success())
