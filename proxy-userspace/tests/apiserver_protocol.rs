@@ -135,7 +135,17 @@ fn as_kubectl_sent(captured: &Value) -> Value {
 
 fn post(server: &TestApiServer, path_and_query: &str, object: &Value) -> u16 {
     let out = std::process::Command::new("curl")
-        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "3", "-H", "content-type: application/json"])
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "3",
+            "-H",
+            "content-type: application/json",
+        ])
         .args(["--data-binary", &object.to_string()])
         .arg(format!("{}{path_and_query}", server.url()))
         .output()
@@ -152,7 +162,10 @@ fn sizes(server: &TestApiServer, captured_list: &str, collection: &str) -> Vec<(
     for item in items {
         let ns = item["metadata"]["namespace"].as_str().unwrap();
         let path = collection.replace("{ns}", ns);
-        assert_eq!(post(server, &format!("{path}?fieldManager=kubectl-client-side-apply"), &as_kubectl_sent(item)), 201);
+        assert_eq!(
+            post(server, &format!("{path}?fieldManager=kubectl-client-side-apply"), &as_kubectl_sent(item)),
+            201
+        );
     }
     let (code, body) = get(server, &collection.replace("{ns}", "shop"));
     assert_eq!(code, 200);
@@ -162,7 +175,8 @@ fn sizes(server: &TestApiServer, captured_list: &str, collection: &str) -> Vec<(
         .map(|r| {
             let name = r["metadata"]["name"].as_str().unwrap();
             let o = ours["items"].as_array().unwrap().iter().find(|o| o["metadata"]["name"] == name).expect("served");
-            let managers: Vec<&Value> = o["metadata"]["managedFields"].as_array().unwrap().iter().map(|e| &e["manager"]).collect();
+            let managers: Vec<&Value> =
+                o["metadata"]["managedFields"].as_array().unwrap().iter().map(|e| &e["manager"]).collect();
             assert_eq!(managers, [&Value::from("kubectl-client-side-apply")], "{name}: the writer's entry");
             assert_eq!(
                 o["metadata"]["managedFields"][0]["fieldsV1"], r["metadata"]["managedFields"][0]["fieldsV1"],
