@@ -115,6 +115,18 @@ pub fn slice_object(s: u32, moved: Option<u8>) -> Value {
 mod tests {
     use super::*;
 
+    /// A YAML stream of objects through the agent's parser and model, as
+    /// on node "bench".
+    fn translate(text: &str) -> ebpf_proxy::model::Translation {
+        let parsed = ebpf_proxy::source::file::parse(text).unwrap();
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        ebpf_proxy::model::translate(
+            &parsed.objects.services,
+            &parsed.objects.slices,
+            &ebpf_proxy::model::NodeContext::new("bench"),
+        )
+    }
+
     #[test]
     fn addresses_follow_the_plan() {
         assert_eq!(vip(0), Ipv4Addr::new(10, 96, 0, 0));
@@ -124,13 +136,7 @@ mod tests {
 
     #[test]
     fn the_services_file_parses_into_n_services_of_ten_endpoints() {
-        let parsed = ebpf_proxy::source::file::parse(&services_yaml(3)).unwrap();
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        let t = ebpf_proxy::model::translate(
-            &parsed.objects.services,
-            &parsed.objects.slices,
-            &ebpf_proxy::model::NodeContext::new("bench"),
-        );
+        let t = translate(&services_yaml(3));
         assert_eq!(t.table.len(), 3);
         assert!(t.table.values().all(|f| f.backends.len() == usize::from(ENDPOINTS)));
     }
@@ -149,13 +155,7 @@ mod tests {
             let _ = write!(out, "---\n{o}\n");
             out
         });
-        let parsed = ebpf_proxy::source::file::parse(&stream).unwrap();
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        let t = ebpf_proxy::model::translate(
-            &parsed.objects.services,
-            &parsed.objects.slices,
-            &ebpf_proxy::model::NodeContext::new("bench"),
-        );
+        let t = translate(&stream);
         assert_eq!(t.table.len(), 1);
         let frontend = t.table.values().next().unwrap();
         assert_eq!(frontend.backends.len(), usize::from(ENDPOINTS));
