@@ -120,3 +120,84 @@ fn watch_events_look_like_the_real_ones() {
     assert_eq!(error["object"]["code"], 410);
     assert_eq!(error["object"]["reason"], "Expired");
 }
+
+/// What `kubectl apply` sends to create a captured object: its
+/// last-applied configuration with that annotation added (everything else
+/// in the capture is what the server added).
+fn as_kubectl_sent(captured: &Value) -> Value {
+    let applied = captured["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"]
+        .as_str()
+        .expect("a captured object written by kubectl apply");
+    let mut sent: Value = serde_json::from_str(applied).unwrap();
+    sent["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = Value::from(applied);
+    sent
+}
+
+fn post(server: &TestApiServer, path_and_query: &str, object: &Value) -> u16 {
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "3",
+            "-H",
+            "content-type: application/json",
+        ])
+        .args(["--data-binary", &object.to_string()])
+        .arg(format!("{}{path_and_query}", server.url()))
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).parse().expect("status code")
+}
+
+/// Served and captured sizes (compact JSON, bytes) of each captured list
+/// item, after writing what kubectl sent for it as kubectl does
+/// (`fieldManager=kubectl-client-side-apply`) and listing it back.
+fn sizes(server: &TestApiServer, captured_list: &str, collection: &str) -> Vec<(String, usize, usize)> {
+    let real: Value = serde_json::from_str(&fixture(captured_list)).unwrap();
+    let items = real["items"].as_array().unwrap();
+    for item in items {
+        let ns = item["metadata"]["namespace"].as_str().unwrap();
+        let path = collection.replace("{ns}", ns);
+        assert_eq!(
+            post(server, &format!("{path}?fieldManager=kubectl-client-side-apply"), &as_kubectl_sent(item)),
+            201
+        );
+    }
+    let (code, body) = get(server, &collection.replace("{ns}", "shop"));
+    assert_eq!(code, 200);
+    let ours: Value = serde_json::from_str(&body).unwrap();
+    items
+        .iter()
+        .map(|r| {
+            let name = r["metadata"]["name"].as_str().unwrap();
+            let o = ours["items"].as_array().unwrap().iter().find(|o| o["metadata"]["name"] == name).expect("served");
+            let managers: Vec<&Value> =
+                o["metadata"]["managedFields"].as_array().unwrap().iter().map(|e| &e["manager"]).collect();
+            assert_eq!(managers, [&Value::from("kubectl-client-side-apply")], "{name}: the writer's entry");
+            assert_eq!(
+                o["metadata"]["managedFields"][0]["fieldsV1"], r["metadata"]["managedFields"][0]["fieldsV1"],
+                "{name}: the writer's field set"
+            );
+            (name.to_owned(), o.to_string().len(), r.to_string().len())
+        })
+        .collect()
+}
+
+#[test]
+fn objects_are_served_as_large_as_a_real_server_serves_them() {
+    let server = TestApiServer::start();
+    let mut all = sizes(&server, "services-list-page1.json", "/api/v1/namespaces/{ns}/services");
+    all.extend(sizes(&server, "endpointslices-list.json", "/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"));
+    assert_eq!(all.len(), 7, "two services, five slices");
+    // Within 15% object by object (resourceVersions, allocated addresses
+    // and uids differ in length, nothing else should).
+    for (name, ours, real) in &all {
+        eprintln!("{name}: served {ours} bytes, captured {real}");
+        let ratio = f64::from(u32::try_from(*ours).unwrap()) / f64::from(u32::try_from(*real).unwrap());
+        assert!((0.85..=1.15).contains(&ratio), "{name}: served {ours} bytes, the real server {real} ({ratio:.2}×)");
+    }
+}

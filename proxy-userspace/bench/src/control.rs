@@ -1,7 +1,8 @@
 //! The control plane: the agent against an API server holding `n`
-//! services of ten endpoints (the repo's list/watch test server): time from
-//! start to every map written, the time each single-endpoint change takes,
-//! and the agent's memory.
+//! services of ten endpoints (the repo's list/watch test server, with
+//! objects as large as a real server's): time from start to every map
+//! written, the time each single-endpoint change takes, the agent's memory,
+//! and the API server's restarts (`relist`).
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -27,9 +28,21 @@ pub struct Control {
     /// From writing the change to the API server to its maps written.
     pub change_end_to_end_p50_ms: f64,
     pub change_end_to_end_p99_ms: f64,
-    /// Peak and final resident memory of the agent.
+    /// Peak resident memory of the agent (the cold start's), and after
+    /// the changes (before the restarts).
     pub peak_rss_mib: f64,
     pub rss_mib: f64,
+    /// From the API server serving again (the watches resume) to the first
+    /// sync applied.
+    pub resync_after_restart_seconds: f64,
+    /// From the API server serving again after an etcd compaction (every
+    /// watch position expired: 410 Gone) to the sync after the full
+    /// relists of Services and EndpointSlices.
+    pub relist_seconds: f64,
+    /// Peak resident memory during that relist (sampled every 10 ms).
+    pub relist_peak_rss_mib: f64,
+    /// Resident memory a moment after the relist.
+    pub rss_after_relist_mib: f64,
 }
 
 fn percentile(values: &mut [f64], p: f64) -> f64 {
@@ -38,7 +51,7 @@ fn percentile(values: &mut [f64], p: f64) -> f64 {
 }
 
 /// `VmHWM` and `VmRSS` of process `pid`, MiB.
-fn rss(pid: u32) -> (f64, f64) {
+pub fn rss(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = |key: &str| -> f64 {
         status
@@ -52,10 +65,10 @@ fn rss(pid: u32) -> (f64, f64) {
 
 pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     eprintln!("bench: control plane: {n} services on the test API server");
-    let server = TestApiServer::start();
+    let mut server = TestApiServer::start();
     for s in 0..n {
         server.put(spec::service_object(s));
-        server.put(spec::slice_object(s, None));
+        server.put_by(spec::SLICE_MANAGER, spec::slice_object(s, None));
     }
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
@@ -91,16 +104,17 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         let moved = u8::try_from(k % usize::from(spec::ENDPOINTS)).unwrap_or(0);
         let mark = agent.mark();
         let written = Instant::now();
-        server.put(spec::slice_object(s, Some(moved)));
+        server.put_by(spec::SLICE_MANAGER, spec::slice_object(s, Some(moved)));
         let record = agent.wait_for(mark, Duration::from_secs(30), applied).map_err(anyhow::Error::msg)?;
         end_to_end.push(written.elapsed().as_secs_f64() * 1000.0);
         at_agent.push(latency_ms(&record));
         // Put it back, outside the measurement.
         let mark = agent.mark();
-        server.put(spec::slice_object(s, None));
+        server.put_by(spec::SLICE_MANAGER, spec::slice_object(s, None));
         agent.wait_for(mark, Duration::from_secs(30), applied).map_err(anyhow::Error::msg)?;
     }
     let (peak_rss_mib, rss_mib) = rss(agent.pid());
+    let restarts = crate::relist::run(&mut server, &agent, n)?;
     drop(agent);
     Ok(Control {
         services: n,
@@ -114,6 +128,10 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         change_end_to_end_p99_ms: percentile(&mut end_to_end, 0.99),
         peak_rss_mib,
         rss_mib,
+        resync_after_restart_seconds: restarts.resync_after_restart_seconds,
+        relist_seconds: restarts.relist_seconds,
+        relist_peak_rss_mib: restarts.relist_peak_rss_mib,
+        rss_after_relist_mib: restarts.rss_after_relist_mib,
     })
 }
 

@@ -7,6 +7,7 @@ mod datapath;
 mod load;
 mod net;
 mod percentile;
+mod relist;
 mod report;
 mod rules;
 mod server;
@@ -44,6 +45,9 @@ struct Cli {
     /// Service count of the control-plane measurement.
     #[arg(long)]
     control_services: Option<u32>,
+    /// Only the control-plane measurement (no datapath runs).
+    #[arg(long)]
+    control_only: bool,
     /// Single-endpoint changes to time.
     #[arg(long)]
     changes: Option<usize>,
@@ -196,7 +200,7 @@ fn main() -> anyhow::Result<()> {
         control: None,
         unavailable: vec![ipvs_missing()],
     };
-    for n in sizes {
+    for n in sizes.into_iter().filter(|_| !cli.control_only) {
         let (rows, loads) =
             datapath::run(&settings, n).with_context(|| format!("the datapath bench at {n} services"))?;
         report.datapath.extend(rows);

@@ -66,57 +66,60 @@ impl Report {
             "Measured on {} ({} cores, {:.0} GiB), kernel {}; {} round(s) of {} s per variant and mode, {} client threads, variants interleaved.\n",
             m.cpu, m.cores, m.memory_gib, m.kernel, self.rounds, self.seconds_per_run, self.client_threads
         );
-        for (mode, title) in [
-            (
-                "short",
-                "New connections (connect, 32 bytes each way, close): connections/s, ratio to direct, connect latency p50/p99",
-            ),
-            ("keep", "Requests on kept connections: requests/s, ratio to direct, request latency p50/p99"),
-        ] {
-            let _ = writeln!(out, "{title}:\n");
-            let variants: Vec<&str> = {
-                let mut v: Vec<&str> = Vec::new();
-                for r in self.datapath.iter().filter(|r| r.mode == mode) {
-                    if !v.contains(&r.variant) {
-                        v.push(r.variant);
+        // A control-only run (`--control-only`) has no datapath tables.
+        if !self.datapath.is_empty() {
+            for (mode, title) in [
+                (
+                    "short",
+                    "New connections (connect, 32 bytes each way, close): connections/s, ratio to direct, connect latency p50/p99",
+                ),
+                ("keep", "Requests on kept connections: requests/s, ratio to direct, request latency p50/p99"),
+            ] {
+                let _ = writeln!(out, "{title}:\n");
+                let variants: Vec<&str> = {
+                    let mut v: Vec<&str> = Vec::new();
+                    for r in self.datapath.iter().filter(|r| r.mode == mode) {
+                        if !v.contains(&r.variant) {
+                            v.push(r.variant);
+                        }
                     }
+                    v
+                };
+                let _ = writeln!(out, "| services | {} |", variants.join(" | "));
+                let _ = writeln!(out, "|---:|{}", "---:|".repeat(variants.len()));
+                let mut sizes: Vec<u32> = self.datapath.iter().map(|r| r.services).collect();
+                sizes.dedup();
+                for n in sizes {
+                    let cells: Vec<String> = variants
+                        .iter()
+                        .map(|v| {
+                            self.datapath
+                                .iter()
+                                .find(|r| r.services == n && r.mode == mode && r.variant == *v)
+                                .map_or_else(String::new, |r| {
+                                    format!(
+                                        "{:.0}/s ({:.2}x) {:.0}/{:.0} us{}",
+                                        r.ops_per_second,
+                                        r.ratio,
+                                        r.p50_us,
+                                        r.p99_us,
+                                        if r.errors > 0 { format!(", {} errors", r.errors) } else { String::new() }
+                                    )
+                                })
+                        })
+                        .collect();
+                    let _ = writeln!(out, "| {n} | {} |", cells.join(" | "));
                 }
-                v
-            };
-            let _ = writeln!(out, "| services | {} |", variants.join(" | "));
-            let _ = writeln!(out, "|---:|{}", "---:|".repeat(variants.len()));
-            let mut sizes: Vec<u32> = self.datapath.iter().map(|r| r.services).collect();
-            sizes.dedup();
-            for n in sizes {
-                let cells: Vec<String> = variants
-                    .iter()
-                    .map(|v| {
-                        self.datapath.iter().find(|r| r.services == n && r.mode == mode && r.variant == *v).map_or_else(
-                            String::new,
-                            |r| {
-                                format!(
-                                    "{:.0}/s ({:.2}x) {:.0}/{:.0} us{}",
-                                    r.ops_per_second,
-                                    r.ratio,
-                                    r.p50_us,
-                                    r.p99_us,
-                                    if r.errors > 0 { format!(", {} errors", r.errors) } else { String::new() }
-                                )
-                            },
-                        )
-                    })
-                    .collect();
-                let _ = writeln!(out, "| {n} | {} |", cells.join(" | "));
+                out.push('\n');
             }
-            out.push('\n');
-        }
-        if !self.unavailable.is_empty() {
-            let _ = writeln!(out, "Not measured here: {}.\n", self.unavailable.join("; "));
-        }
-        let _ = writeln!(out, "Loading the service set (10 endpoints per service):\n");
-        let _ = writeln!(out, "| services | tool | seconds |\n|---:|---|---:|");
-        for l in &self.rule_loads {
-            let _ = writeln!(out, "| {} | {} | {:.2} |", l.services, l.tool, l.seconds);
+            if !self.unavailable.is_empty() {
+                let _ = writeln!(out, "Not measured here: {}.\n", self.unavailable.join("; "));
+            }
+            let _ = writeln!(out, "Loading the service set (10 endpoints per service):\n");
+            let _ = writeln!(out, "| services | tool | seconds |\n|---:|---|---:|");
+            for l in &self.rule_loads {
+                let _ = writeln!(out, "| {} | {} | {:.2} |", l.services, l.tool, l.seconds);
+            }
         }
         if let Some(c) = &self.control {
             let _ = writeln!(
@@ -139,6 +142,18 @@ impl Report {
             );
             let _ = writeln!(out, "| agent peak RSS | {:.1} MiB |", c.peak_rss_mib);
             let _ = writeln!(out, "| agent RSS after the changes | {:.1} MiB |", c.rss_mib);
+            let _ = writeln!(
+                out,
+                "| API server restart: serving again to first sync applied | {:.2} s |",
+                c.resync_after_restart_seconds
+            );
+            let _ = writeln!(
+                out,
+                "| restart after a compaction (410 Gone): serving again to the sync after the relists | {:.2} s |",
+                c.relist_seconds
+            );
+            let _ = writeln!(out, "| agent peak RSS during the relist | {:.1} MiB |", c.relist_peak_rss_mib);
+            let _ = writeln!(out, "| agent RSS after the relist | {:.1} MiB |", c.rss_after_relist_mib);
         }
         out
     }

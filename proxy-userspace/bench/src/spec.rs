@@ -51,19 +51,36 @@ pub fn services_yaml(n: u32) -> String {
     out
 }
 
-/// Service `s` as the API server stores it.
-#[must_use]
-pub fn service_object(s: u32) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name(s), "namespace": "bench"},
-        "spec": {"clusterIP": vip(s).to_string(), "clusterIPs": [vip(s).to_string()],
-                 "ports": [{"name": "http", "port": SERVICE_PORT, "protocol": "TCP"}]},
-    })
+/// The field manager of the EndpointSlice controller, which writes the
+/// slices in a cluster.
+pub const SLICE_MANAGER: &str = "kube-controller-manager";
+
+/// A stand-in for the uid the API server gave service `s` (for the slices'
+/// owner references: only its shape matters).
+fn service_uid(s: u32) -> String {
+    format!("5e7f1ce0-0000-4000-8000-{s:012}")
 }
 
-/// Service `s`'s EndpointSlice, with endpoint `moved` (if any) on its
-/// alternative address (10.(110+i)...): a one-endpoint change.
+/// Service `s` as `kubectl apply` writes it (with its last-applied
+/// configuration, as in tests/fixtures/real-apiserver/services.yaml).
+#[must_use]
+pub fn service_object(s: u32) -> Value {
+    let mut service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"annotations": {}, "name": name(s), "namespace": "bench"},
+        "spec": {"clusterIP": vip(s).to_string(),
+                 "ports": [{"name": "http", "port": SERVICE_PORT, "protocol": "TCP", "targetPort": BACKEND_PORT}],
+                 "selector": {"app": name(s)}},
+    });
+    let applied = format!("{service}\n");
+    service["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = json!(applied);
+    service
+}
+
+/// Service `s`'s EndpointSlice as the EndpointSlice controller writes it
+/// (labels, trigger-time annotation, owner reference; endpoints with
+/// conditions, node, zone and pod reference), with endpoint `moved` (if
+/// any) on its alternative address (10.(110+i)...): a one-endpoint change.
 #[must_use]
 pub fn slice_object(s: u32, moved: Option<u8>) -> Value {
     let endpoints: Vec<Value> = (0..ENDPOINTS)
@@ -73,13 +90,21 @@ pub fn slice_object(s: u32, moved: Option<u8>) -> Value {
                 let octets = addr.octets();
                 addr = Ipv4Addr::new(octets[0], octets[1] + 10, octets[2], octets[3]);
             }
-            json!({"addresses": [addr.to_string()], "conditions": {"ready": true}})
+            json!({"addresses": [addr.to_string()],
+                   "conditions": {"ready": true, "serving": true, "terminating": false},
+                   "nodeName": format!("node-{i}"), "zone": format!("zone-{}", i % 3),
+                   "targetRef": {"kind": "Pod", "name": format!("{}-7d9f8c6b5-{i:05}", name(s)), "namespace": "bench",
+                                 "uid": format!("0d0d0000-0000-4000-8000-{:012}", s * u32::from(ENDPOINTS) + u32::from(i))}})
         })
         .collect();
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": format!("{}-1", name(s)), "namespace": "bench",
-                     "labels": {"kubernetes.io/service-name": name(s)}},
+                     "labels": {"endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                                "kubernetes.io/service-name": name(s)},
+                     "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-22T00:00:00Z"},
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": name(s), "uid": service_uid(s),
+                                          "controller": true, "blockOwnerDeletion": true}]},
         "addressType": "IPv4",
         "ports": [{"name": "http", "port": BACKEND_PORT, "protocol": "TCP"}],
         "endpoints": endpoints,
@@ -90,6 +115,18 @@ pub fn slice_object(s: u32, moved: Option<u8>) -> Value {
 mod tests {
     use super::*;
 
+    /// A YAML stream of objects through the agent's parser and model, as
+    /// on node "bench".
+    fn translate(text: &str) -> ebpf_proxy::model::Translation {
+        let parsed = ebpf_proxy::source::file::parse(text).unwrap();
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        ebpf_proxy::model::translate(
+            &parsed.objects.services,
+            &parsed.objects.slices,
+            &ebpf_proxy::model::NodeContext::new("bench"),
+        )
+    }
+
     #[test]
     fn addresses_follow_the_plan() {
         assert_eq!(vip(0), Ipv4Addr::new(10, 96, 0, 0));
@@ -99,14 +136,30 @@ mod tests {
 
     #[test]
     fn the_services_file_parses_into_n_services_of_ten_endpoints() {
-        let parsed = ebpf_proxy::source::file::parse(&services_yaml(3)).unwrap();
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        let t = ebpf_proxy::model::translate(
-            &parsed.objects.services,
-            &parsed.objects.slices,
-            &ebpf_proxy::model::NodeContext::new("bench"),
-        );
+        let t = translate(&services_yaml(3));
         assert_eq!(t.table.len(), 3);
         assert!(t.table.values().all(|f| f.backends.len() == usize::from(ENDPOINTS)));
+    }
+
+    #[test]
+    fn the_objects_as_the_api_server_serves_them_translate_into_the_plan() {
+        // Written as kubectl and the EndpointSlice controller write them,
+        // served with everything the server adds (managed fields and all).
+        let server = proxy_testkit::TestApiServer::start();
+        server.put_by(SLICE_MANAGER, slice_object(258, None));
+        // The slice replaced (a one-endpoint change), as the server keeps it.
+        let objects = [server.put(service_object(258)), server.put_by(SLICE_MANAGER, slice_object(258, Some(3)))];
+        assert!(objects.iter().all(|o| o.pointer("/metadata/managedFields/0/fieldsV1").is_some()));
+        assert_eq!(objects[1]["metadata"]["generation"], 2);
+        let stream = objects.iter().fold(String::new(), |mut out, o| {
+            let _ = write!(out, "---\n{o}\n");
+            out
+        });
+        let t = translate(&stream);
+        assert_eq!(t.table.len(), 1);
+        let frontend = t.table.values().next().unwrap();
+        assert_eq!(frontend.backends.len(), usize::from(ENDPOINTS));
+        let moved = Ipv4Addr::new(10, 113, 1, 2);
+        assert!(format!("{:?}", frontend.backends).contains(&moved.to_string()), "the replaced slice counts");
     }
 }

@@ -10,8 +10,12 @@
 //!   the asked resourceVersion on, with `BOOKMARK`s when asked for, ending
 //!   at `timeoutSeconds`; a watch from a compacted resourceVersion gets an
 //!   `ERROR` event carrying a 410 Status, as kube-apiserver does;
-//! - create, replace, get and delete of single objects (ClusterIPs are
-//!   allocated from 10.96.0.0/16 when not given);
+//! - create, replace, get and delete of single objects; a write gets what
+//!   kube-apiserver adds (API defaults, the writer's `managedFields` entry,
+//!   `generation` on EndpointSlices: see `on_write`), and Services get a
+//!   ClusterIP from 10.96.0.0/16 when not given, their IP family fields,
+//!   node ports and an empty status, so objects are served as large as a
+//!   real server's (tests/apiserver_protocol.rs compares the sizes);
 //! - `stop()` drops the listener and every open connection mid-stream;
 //!   `start_again()` serves the same state on the same port; `compact()`
 //!   forgets history like an etcd compaction.
@@ -31,6 +35,12 @@ use hyper::{Method, Request, Response, StatusCode, body::Frame, server::conn::ht
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
+
+mod on_write;
+
+/// The field manager of objects put with [`TestApiServer::put`]: what
+/// `kubectl apply` writes as (the captures were made that way).
+pub const KUBECTL_APPLY: &str = "kubectl-client-side-apply";
 
 /// The kinds this server serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -83,6 +93,7 @@ struct State {
     /// Events at or below this resourceVersion are forgotten.
     compacted: u64,
     next_cluster_ip: u32,
+    next_node_port: u32,
 }
 
 /// One request the server answered: method, path and whether it watched.
@@ -146,10 +157,18 @@ impl TestApiServer {
         st.history.clear();
     }
 
-    /// Creates or replaces an object directly (also while stopped).
+    /// Creates or replaces an object directly (also while stopped), as
+    /// `kubectl apply` would ([`KUBECTL_APPLY`] in its managed fields).
     pub fn put(&self, object: Value) -> Value {
+        self.put_by(KUBECTL_APPLY, object)
+    }
+
+    /// Creates or replaces an object directly as field manager `manager`
+    /// (`kube-controller-manager` for what the EndpointSlice controller
+    /// writes, say).
+    pub fn put_by(&self, manager: &str, object: Value) -> Value {
         let kind = kind_of(&object).expect("object with a known kind");
-        write(&self.state, &self.events, kind, object, None)
+        write(&self.state, &self.events, kind, object, None, manager)
     }
 
     /// Deletes an object directly (also while stopped).
@@ -225,13 +244,15 @@ fn meta_str<'a>(object: &'a Value, field: &str) -> &'a str {
     object.pointer(&format!("/metadata/{field}")).and_then(Value::as_str).unwrap_or("")
 }
 
-/// Stores `object` (filling in what the server owns) and emits its event.
+/// Stores `object` written by `manager` (filling in what the server owns
+/// and adds, as kube-apiserver does: see `on_write`) and emits its event.
 fn write(
     state: &Mutex<State>,
     events: &broadcast::Sender<Event>,
     kind: Kind,
     mut object: Value,
     namespace: Option<&str>,
+    manager: &str,
 ) -> Value {
     let mut st = state.lock().unwrap();
     st.rv += 1;
@@ -247,6 +268,9 @@ fn write(
     let existing = st.objects.get(&key).cloned();
     object["kind"] = json!(kind.name());
     object["apiVersion"] = json!(kind.api_version());
+    on_write::apply_defaults(kind, &mut object);
+    on_write::record_manager(&mut object, existing.as_ref(), manager);
+    on_write::set_generation(kind, &mut object, existing.as_ref());
     let meta = object["metadata"].as_object_mut().expect("metadata");
     if !kind.cluster_scoped() {
         meta.insert("namespace".into(), json!(ns));
@@ -256,20 +280,9 @@ fn write(
         .as_ref()
         .map_or_else(|| format!("00000000-0000-4000-8000-{rv:012}"), |e| meta_str(e, "uid").to_owned());
     meta.insert("uid".into(), json!(uid));
-    meta.entry("creationTimestamp").or_insert(json!("2026-11-22T00:00:00Z"));
+    meta.entry("creationTimestamp").or_insert(json!(on_write::TIMESTAMP));
     if kind == Kind::Service {
-        let spec = object["spec"].as_object_mut().expect("spec");
-        let kept = existing.as_ref().and_then(|e| e.pointer("/spec/clusterIP")).cloned();
-        if spec.get("clusterIP").and_then(Value::as_str).is_none_or(str::is_empty) {
-            let ip = kept.unwrap_or_else(|| {
-                let n = st.next_cluster_ip;
-                st.next_cluster_ip += 1;
-                json!(format!("10.96.{}.{}", 200 + (n >> 8), n & 0xff))
-            });
-            spec.insert("clusterIP".into(), ip.clone());
-            spec.insert("clusterIPs".into(), json!([ip]));
-        }
-        spec.entry("type").or_insert(json!("ClusterIP"));
+        allocate(&mut st, &mut object, existing.as_ref());
     }
     let change = if existing.is_some() { "MODIFIED" } else { "ADDED" };
     st.objects.insert(key, object.clone());
@@ -277,6 +290,48 @@ fn write(
     st.history.push(event.clone());
     let _ = events.send(event);
     object
+}
+
+/// What the Service registry allocates and fills in: a ClusterIP from
+/// 10.96.0.0/16 when none is given (kept across replaces; none for
+/// ExternalName), the IP family fields, node ports for NodePort and
+/// LoadBalancer services, and an empty status.
+fn allocate(st: &mut State, object: &mut Value, existing: Option<&Value>) {
+    if object.get("spec").is_none_or(|s| !s.is_object()) {
+        object["spec"] = json!({});
+    }
+    let spec = object["spec"].as_object_mut().expect("spec");
+    let kind = spec.entry("type").or_insert(json!("ClusterIP")).as_str().unwrap_or("").to_owned();
+    if kind != "ExternalName" {
+        let kept = existing.and_then(|e| e.pointer("/spec/clusterIP")).cloned();
+        if spec.get("clusterIP").and_then(Value::as_str).is_none_or(str::is_empty) {
+            let ip = kept.unwrap_or_else(|| {
+                let n = st.next_cluster_ip;
+                st.next_cluster_ip += 1;
+                json!(format!("10.96.{}.{}", 200 + (n >> 8), n & 0xff))
+            });
+            spec.insert("clusterIP".into(), ip);
+        }
+        let ip = spec["clusterIP"].clone();
+        spec.entry("clusterIPs").or_insert(json!([ip]));
+        spec.entry("ipFamilies").or_insert(json!(["IPv4"]));
+        spec.entry("ipFamilyPolicy").or_insert(json!("SingleStack"));
+    }
+    if matches!(kind.as_str(), "NodePort" | "LoadBalancer") {
+        spec.entry("externalTrafficPolicy").or_insert(json!("Cluster"));
+        for port in spec.get_mut("ports").and_then(Value::as_array_mut).into_iter().flatten() {
+            if let Some(port) = port.as_object_mut().filter(|p| !p.contains_key("nodePort")) {
+                st.next_node_port += 1;
+                port.insert("nodePort".into(), json!(30000 + st.next_node_port % 2768));
+            }
+        }
+    }
+    if kind == "LoadBalancer" {
+        spec.entry("allocateLoadBalancerNodePorts").or_insert(json!(true));
+    }
+    if object.get("status").is_none() {
+        object["status"] = json!({"loadBalancer": {}});
+    }
 }
 
 fn remove(state: &Mutex<State>, events: &broadcast::Sender<Event>, kind: Kind, ns: &str, name: &str) -> Option<Value> {
@@ -441,10 +496,11 @@ async fn handle(
             }
         }
         (Method::POST | Method::PUT, _) => {
+            let manager = field_manager(&req, &q);
             let body = req.into_body().collect().await.map(http_body_util::Collected::to_bytes).unwrap_or_default();
             match serde_json::from_slice::<Value>(&body) {
                 Ok(object) if object.get("metadata").is_some() => {
-                    let created = write(state, events, kind, object, ns.as_deref());
+                    let created = write(state, events, kind, object, ns.as_deref(), &manager);
                     full(StatusCode::CREATED, &created)
                 }
                 _ => full(StatusCode::BAD_REQUEST, &status_body(400, "BadRequest", "body is not an object")),
@@ -462,6 +518,16 @@ async fn handle(
             &status_body(405, "MethodNotAllowed", "not supported by the test server"),
         ),
     }
+}
+
+/// The field manager of a write, as kube-apiserver names it: the
+/// `fieldManager` parameter, else the User-Agent up to its first `/`.
+fn field_manager(req: &Request<hyper::body::Incoming>, q: &BTreeMap<String, String>) -> String {
+    if let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()) {
+        return manager.clone();
+    }
+    let agent = req.headers().get(hyper::header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("unknown");
+    agent.split('/').next().unwrap_or(agent).to_owned()
 }
 
 fn in_scope(key: &(Kind, String, String), kind: Kind, ns: Option<&str>) -> bool {
