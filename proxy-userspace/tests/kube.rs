@@ -142,6 +142,20 @@ fn api_server_restart_keeps_the_datapath_and_converges() {
     }
     env.start_agent_kube(&cluster);
 
+    // A plain restart: the watches resume where they were (nothing to
+    // relist), and each says it is back as soon as its watch succeeds.
+    let mark = env.agent().mark();
+    cluster.server().stop();
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.server().start_again();
+    for kind in ["Service", "EndpointSlice", "Node"] {
+        env.agent()
+            .wait_for(mark, Duration::from_secs(4), |r| {
+                message(r) == Some("watch is back") && field(r, "kind").and_then(Value::as_str) == Some(kind)
+            })
+            .unwrap_or_else(|e| panic!("no 'watch is back' for {kind} after a plain restart: {e}"));
+    }
+
     let down = env.agent().mark();
     cluster.server().stop();
     std::thread::sleep(Duration::from_millis(500));
