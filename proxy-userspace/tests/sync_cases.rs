@@ -304,19 +304,24 @@ fn run_case(path: &Path) -> Result<(), String> {
 /// Changes `maps` as someone other than the agent might, keeping them
 /// readable (a slot 0 never counts a missing slot).
 fn tamper(maps: &mut FakeMaps) {
-    use proxy_common::{RevNat, ServiceKey, ServiceValue};
+    use ebpf_proxy::{
+        datapath::codec,
+        model::{FrontendKey, Protocol},
+    };
+    use proxy_common::{ServiceKey, ServiceValue};
     for backend in maps.state.backends.values_mut() {
-        backend.port = (u16::from_be(backend.port) + 1).to_be();
+        let mut entry = codec::backend_entry(backend).expect("the agent writes known backends");
+        entry.addr.port += 1;
+        *backend = codec::backend_value(entry);
     }
     if let Some((key, master)) = maps.state.services.iter_mut().find(|(k, v)| k.slot == 0 && v.count > 0) {
         let last = ServiceKey { slot: master.count, ..*key };
         master.count -= 1;
         maps.state.services.remove(&last);
     }
-    let stray = ServiceKey::new(proxy_common::net::encode("10.96.9.9".parse().expect("an IP")), 80u16.to_be(), 6, 0);
-    maps.state.services.insert(stray, ServiceValue { rev_nat: 999, ..ServiceValue::default() });
-    let rev_nat = RevNat { addr: stray.addr, port: stray.port, pad: 0 };
-    maps.state.rev_nat.insert(999, rev_nat);
+    let stray = FrontendKey::new("10.96.9.9".parse().expect("an IP"), 80, Protocol::Tcp);
+    maps.state.services.insert(codec::service_key(stray, 0), ServiceValue { rev_nat: 999, ..ServiceValue::default() });
+    maps.state.rev_nat.insert(999, codec::rev_nat_value(stray));
 }
 
 /// What a `maps` section expects: the writes and failures of the syncs

@@ -5,9 +5,13 @@
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceName, ServiceValue, scope, service_flags};
+use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceName, ServiceValue};
 
-use super::maps::{Dump, MapError, MapName, ServiceMaps};
+use super::{
+    codec,
+    maps::{Dump, MapError, MapName, ServiceMaps},
+};
+use crate::model::Scope;
 
 #[derive(Default)]
 pub struct FakeMaps {
@@ -63,8 +67,8 @@ impl FakeMaps {
                     assert!(self.state.backends.contains_key(id), "{key:?}: Maglev table names missing backend {id}");
                 }
             }
-            if master.flags & service_flags::TWO_SCOPES != 0 {
-                let twin = ServiceKey { scope: scope::EXTERNAL, ..*key };
+            if codec::says_two_scopes(master.flags) {
+                let twin = ServiceKey { scope: codec::scope_number(Scope::External), ..*key };
                 assert!(self.state.services.contains_key(&twin), "{key:?} says TWO_SCOPES without its external twin");
             }
             for slot in 1..=master.count {

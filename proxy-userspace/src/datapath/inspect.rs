@@ -3,11 +3,13 @@
 //! announces), whether or not the agent is running.
 use std::{fmt::Write as _, net::IpAddr};
 
-use proxy_common::{backend_flags, backend_state, net::decode, scope, service_flags};
 use serde::Serialize;
 
-use super::maps::Dump;
-use crate::model::{FrontendKey, Protocol, Scope};
+use super::{
+    codec::{self, FrontendFlags},
+    maps::Dump,
+};
+use crate::model::{BackendState, FrontendKey, Protocol, Scope};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FrontendView {
@@ -25,7 +27,8 @@ pub struct FrontendView {
     /// The service port's name (empty for an unnamed port).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub port_name: Option<String>,
-    /// ClusterIP, NodePort, LoadBalancer or ExternalIP.
+    /// ClusterIP, NodePort, LoadBalancer or ExternalIP (`unknown`: flags
+    /// the agent never writes; nothing else is read from them then).
     #[serde(rename = "type")]
     pub kind: &'static str,
     /// ClientIP affinity timeout in seconds, when set.
@@ -54,7 +57,8 @@ pub struct BackendView {
     /// `None` when the slot names a backend id that is not in the map.
     pub address: Option<IpAddr>,
     pub port: u16,
-    /// active, terminating, or missing.
+    /// active, terminating, missing, or unknown (a state or flags the
+    /// agent never writes).
     pub state: &'static str,
     /// On this node: traffic from outside reaches it without source NAT.
     pub local: bool,
@@ -123,15 +127,25 @@ impl std::str::FromStr for ServiceFilter {
     }
 }
 
-fn kind(flags: u16) -> &'static str {
-    if flags & service_flags::NODE_PORT != 0 {
-        "NodePort"
-    } else if flags & service_flags::LOAD_BALANCER != 0 {
-        "LoadBalancer"
-    } else if flags & service_flags::EXTERNAL_IP != 0 {
-        "ExternalIP"
-    } else {
-        "ClusterIP"
+/// The view of the backend slot `id` names (`None`: not in the map).
+fn backend_view(id: u32, value: Option<&proxy_common::Backend>) -> BackendView {
+    let Some(value) = value else {
+        return BackendView { id, address: None, port: 0, state: "missing", local: false };
+    };
+    let (address, port) = codec::endpoint_of(&value.addr, value.port);
+    let address = Some(address);
+    match codec::backend_entry(value) {
+        Ok(b) => BackendView {
+            id,
+            address,
+            port,
+            state: match b.state {
+                BackendState::Active => "active",
+                BackendState::Terminating => "terminating",
+            },
+            local: b.local,
+        },
+        Err(_) => BackendView { id, address, port, state: "unknown", local: false },
     }
 }
 
@@ -143,40 +157,34 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
         .iter()
         .filter(|(k, _)| k.slot == 0)
         .map(|(k, master)| {
-            let service = dump.names.get(&master.rev_nat).map(super::names::decode);
+            let service = dump.names.get(&master.rev_nat).map(codec::service_port_of);
+            let flags = FrontendFlags::decode(master.flags).ok();
+            let has = |f: fn(&FrontendFlags) -> bool| flags.as_ref().is_some_and(f);
             let backends = (1..=master.count)
                 .map(|slot| {
                     let slot_key = proxy_common::ServiceKey { slot, ..*k };
                     let id = dump.services.get(&slot_key).map_or(0, |v| v.backend_id);
-                    match dump.backends.get(&id) {
-                        Some(b) => BackendView {
-                            id,
-                            address: Some(decode(&b.addr)),
-                            port: u16::from_be(b.port),
-                            state: if b.state == backend_state::TERMINATING { "terminating" } else { "active" },
-                            local: b.flags & backend_flags::LOCAL != 0,
-                        },
-                        None => BackendView { id, address: None, port: 0, state: "missing", local: false },
-                    }
+                    backend_view(id, dump.backends.get(&id))
                 })
                 .collect();
+            let (address, port) = codec::endpoint_of(&k.addr, k.port);
             FrontendView {
                 id: master.rev_nat,
-                address: decode(&k.addr),
-                port: u16::from_be(k.port),
-                protocol: Protocol::from_number(k.proto).map_or_else(|| k.proto.to_string(), |p| p.to_string()),
+                address,
+                port,
+                protocol: codec::protocol_of(k.proto).map_or_else(|_| k.proto.to_string(), |p| p.to_string()),
                 namespace: service.as_ref().map(|s| s.namespace.clone()),
                 name: service.as_ref().map(|s| s.name.clone()),
                 port_name: service.map(|s| s.port),
-                kind: kind(master.flags),
-                affinity_timeout: (master.flags & service_flags::AFFINITY != 0).then_some(master.affinity_timeout),
-                scope: (k.scope == scope::EXTERNAL).then_some("external"),
-                reach: [(service_flags::EXTERNAL_ONLY, "outside-only"), (service_flags::TWO_SCOPES, "two-scopes")]
+                kind: flags.map_or("unknown", |f| f.kind.as_str()),
+                affinity_timeout: has(|f| f.affinity).then_some(master.affinity_timeout),
+                scope: (codec::scope_of(k.scope) == Ok(Scope::External)).then_some("external"),
+                reach: [(has(|f| f.outside_only), "outside-only"), (has(|f| f.two_scopes), "two-scopes")]
                     .into_iter()
-                    .filter(|(flag, _)| master.flags & flag != 0)
+                    .filter(|(set, _)| *set)
                     .map(|(_, name)| name)
                     .collect(),
-                source_ranges: (master.flags & service_flags::SOURCE_RANGES != 0).then(|| {
+                source_ranges: has(|f| f.source_ranges).then(|| {
                     dump.source_ranges
                         .iter()
                         .filter(|(id, _)| *id == master.rev_nat)
@@ -293,6 +301,26 @@ ID  FRONTEND           SERVICE                       TYPE       BACKENDS
         assert_eq!(json[0]["namespace"], "kube-system");
         assert_eq!(json[0]["name"], "kube-dns");
         assert_eq!(json[1]["port_name"], "");
+    }
+
+    #[test]
+    fn flags_and_states_the_agent_never_writes_show_as_unknown() {
+        let mut maps = maps_with(&[(10, 80, ServicePort::new("default", "web", "http"))]);
+        let (key, master) = maps.state.services.iter_mut().find(|(k, _)| k.slot == 0).unwrap();
+        let key = *key;
+        master.flags |= 1 << 12;
+        master.affinity_timeout = 30;
+        let slot = maps.state.services[&proxy_common::ServiceKey { slot: 1, ..key }];
+        maps.state.backends.get_mut(&slot.backend_id).unwrap().state = 9;
+        let all = frontends(&maps.state);
+        assert_eq!((all[0].kind, all[0].affinity_timeout), ("unknown", None));
+        assert_eq!(all[0].backends[0].state, "unknown");
+        assert_eq!(all[0].backends[0].address, Some(Ipv4Addr::new(10, 244, 0, 1).into()));
+        // A protocol the agent never writes shows as its number.
+        let value = maps.state.services.remove(&key).unwrap();
+        maps.state.services.insert(proxy_common::ServiceKey { proto: 132, ..key }, value);
+        let all = frontends(&maps.state);
+        assert_eq!((all[0].protocol.as_str(), all[0].key()), ("132", None));
     }
 
     #[test]

@@ -4,18 +4,13 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     io,
-    net::IpAddr,
     os::fd::{AsFd as _, OwnedFd},
     path::Path,
 };
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError as AyaMapError, lpm_trie::Key as LpmKey};
 use ipnet::IpNet;
-use proxy_common::{
-    Backend as BackendValue, RevNat, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceName, ServiceValue, SourceRange,
-    map_names,
-    net::{decode, encode},
-};
+use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceName, ServiceValue, SourceRange, map_names};
 
 use super::maglev_map::MaglevMap;
 
@@ -131,22 +126,13 @@ pub struct KernelMaps {
 
 /// The LPM key of a source range of frontend `rev_nat`.
 fn source_range_key(rev_nat: u16, net: IpNet) -> LpmKey<SourceRange> {
-    let (addr, bits) = match net {
-        IpNet::V4(n) => (encode(IpAddr::V4(n.network())), 96 + u32::from(n.prefix_len())),
-        IpNet::V6(n) => (encode(IpAddr::V6(n.network())), u32::from(n.prefix_len())),
-    };
-    LpmKey::new(SOURCE_RANGE_ID_BITS + bits, SourceRange { rev_nat: rev_nat.to_be(), pad: 0, addr })
+    let (prefix_len, key) = super::codec::source_range(rev_nat, net);
+    LpmKey::new(prefix_len, key)
 }
 
 /// The frontend and network of an LPM key (`None`: not one we write).
 fn source_range_of(key: &LpmKey<SourceRange>) -> Option<(u16, IpNet)> {
-    let bits = key.prefix_len().checked_sub(SOURCE_RANGE_ID_BITS)?;
-    let data = key.data();
-    let net = match decode(&data.addr) {
-        IpAddr::V4(a) => IpNet::new(IpAddr::V4(a), u8::try_from(bits.checked_sub(96)?).ok()?).ok()?,
-        a @ IpAddr::V6(_) => IpNet::new(a, u8::try_from(bits).ok()?).ok()?,
-    };
-    Some((u16::from_be(data.rev_nat), net))
+    super::codec::source_range_of(key.prefix_len(), &key.data())
 }
 
 impl KernelMaps {

@@ -16,43 +16,20 @@
 //! write leaves a state the next `apply` diffs against and retries.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    fmt,
-    net::IpAddr,
     time::Duration,
 };
 
 use ipnet::IpNet;
-use proxy_common::{
-    Backend as BackendValue, RevNat, ServiceKey, ServiceName, ServiceValue, backend_flags, backend_state,
-    net::{decode, encode},
-    scope, service_flags,
-};
+use proxy_common::{Backend as BackendValue, ServiceKey, ServiceName, ServiceValue};
 
+pub use super::codec::BackendAddr;
 use super::{
+    codec::{self, BackendEntry, FrontendFlags},
     ids::IdPool,
     maglev_tables::MaglevTables,
     maps::{Dump, MapError, ServiceMaps},
 };
-use crate::model::{
-    BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServicePort, ServiceTable,
-};
-
-/// A backend as the maps know it: address, port and protocol.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BackendAddr {
-    pub addr: IpAddr,
-    pub port: u16,
-    pub protocol: Protocol,
-}
-
-impl fmt::Display for BackendAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.addr {
-            IpAddr::V4(a) => write!(f, "{a}:{}", self.port),
-            IpAddr::V6(a) => write!(f, "[{a}]:{}", self.port),
-        }
-    }
-}
+use crate::model::{BackendState, Frontend, FrontendKey, Scope, ServicePort, ServiceTable};
 
 #[derive(Clone, Debug)]
 struct AppliedFrontend {
@@ -87,7 +64,7 @@ impl AppliedFrontend {
     /// Takes the service port `name` names (recovery).
     fn recover_name(&mut self, name: Option<&ServiceName>) {
         if let Some(name) = name {
-            self.service_port = super::names::decode(name);
+            self.service_port = codec::service_port_of(name);
             self.name_written = true;
         }
     }
@@ -108,7 +85,7 @@ impl AppliedFrontend {
             return;
         }
         report.writes += 1;
-        match maps.set_name(self.rev_nat, &super::names::encode(&self.service_port)) {
+        match maps.set_name(self.rev_nat, &codec::service_name(&self.service_port)) {
             Ok(()) => self.name_written = true,
             Err(error) => report.failures.push(Failure { subject: format!("{} {key} name", self.service_port), error }),
         }
@@ -218,31 +195,8 @@ impl RetryBackoff {
     }
 }
 
-fn frontend_key(key: FrontendKey, slot: u16) -> ServiceKey {
-    let mut k = ServiceKey::new(encode(key.addr), key.port.to_be(), key.protocol.number(), slot);
-    k.scope = match key.scope {
-        Scope::All => scope::ALL,
-        Scope::External => scope::EXTERNAL,
-    };
-    k
-}
-
-fn rev_nat_value(key: FrontendKey) -> RevNat {
-    RevNat { addr: encode(key.addr), port: key.port.to_be(), pad: 0 }
-}
-
-fn backend_value(b: BackendAddr, wanted: Wanted) -> BackendValue {
-    BackendValue {
-        addr: encode(b.addr),
-        port: b.port.to_be(),
-        proto: b.protocol.number(),
-        state: match wanted.state {
-            BackendState::Active => backend_state::ACTIVE,
-            BackendState::Terminating => backend_state::TERMINATING,
-        },
-        flags: if wanted.local { backend_flags::LOCAL } else { 0 },
-        pad: [0; 3],
-    }
+fn backend_value(addr: BackendAddr, wanted: Wanted) -> BackendValue {
+    codec::backend_value(BackendEntry { addr, state: wanted.state, local: wanted.local })
 }
 
 /// A backend as the table wants it: its best state, and whether it is on
@@ -338,15 +292,6 @@ fn unref(refs: &mut HashMap<u32, u32>, id: u32) {
     }
 }
 
-fn kind_flag(kind: FrontendKind) -> u16 {
-    match kind {
-        FrontendKind::ClusterIp => service_flags::CLUSTER_IP,
-        FrontendKind::NodePort => service_flags::NODE_PORT,
-        FrontendKind::LoadBalancer => service_flags::LOAD_BALANCER,
-        FrontendKind::ExternalIp => service_flags::EXTERNAL_IP,
-    }
-}
-
 fn slot_number(i: usize) -> u16 {
     u16::try_from(i + 1).expect("the model caps backends at u16::MAX")
 }
@@ -369,36 +314,26 @@ impl Reconciler {
         let mut stale_backends = Vec::new();
 
         for (id, value) in &backends {
-            let Some(protocol) = Protocol::from_number(value.proto).filter(|_| *id != 0) else {
+            let Some(addr) = codec::backend_addr(value).ok().filter(|_| *id != 0) else {
                 stale_backends.push(*id);
                 continue;
             };
-            let addr = BackendAddr { addr: decode(&value.addr), port: u16::from_be(value.port), protocol };
             this.backend_ids.entry(addr).or_insert(*id);
             this.backends.insert(*id, (addr, *value));
         }
         for (key, value) in &services {
-            let scope = match key.scope {
-                scope::ALL => Scope::All,
-                scope::EXTERNAL => Scope::External,
-                _ => {
-                    stale_services.push(*key);
-                    continue;
-                }
-            };
-            let Some(protocol) = Protocol::from_number(key.proto) else {
+            let Ok((fk, slot)) = codec::frontend_of(key) else {
                 stale_services.push(*key);
                 continue;
             };
-            let fk = FrontendKey { addr: decode(&key.addr), port: u16::from_be(key.port), protocol, scope };
             let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(ServicePort::default()));
-            if key.slot == 0 {
+            if slot == 0 {
                 fe.master = Some(*value);
                 fe.rev_nat = value.rev_nat;
-                fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| *r == rev_nat_value(fk));
+                fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| *r == codec::rev_nat_value(fk));
                 fe.recover_name(names.get(&value.rev_nat));
             } else {
-                let i = usize::from(key.slot) - 1;
+                let i = usize::from(slot) - 1;
                 if fe.slots.len() <= i {
                     fe.slots.resize(i + 1, 0);
                 }
@@ -414,7 +349,7 @@ impl Reconciler {
             for id in &fe.slots {
                 unref(&mut this.slot_refs, *id);
             }
-            let keys = (0..fe.slots.len()).map(|i| frontend_key(fk, slot_number(i)));
+            let keys = (0..fe.slots.len()).map(|i| codec::service_key(fk, slot_number(i)));
             stale_services.extend(keys.filter(|k| services.contains_key(k)));
         }
         let used_rev_nat: BTreeSet<u16> = this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
@@ -507,7 +442,7 @@ impl Reconciler {
     /// Whether the applied slot 0 of `key` sends traffic from outside to
     /// its external twin.
     fn says_two_scopes(&self, key: FrontendKey) -> bool {
-        self.frontends.get(&key).and_then(|f| f.master).is_some_and(|m| m.flags & service_flags::TWO_SCOPES != 0)
+        self.frontends.get(&key).and_then(|f| f.master).is_some_and(|m| codec::says_two_scopes(m.flags))
     }
 
     /// Number of Maglev tables in the maps.
@@ -672,7 +607,7 @@ impl Reconciler {
         let twin_written = key.scope == Scope::All
             && desired.contains_key(&key.with_scope(Scope::External))
             && self.frontends.get(&key.with_scope(Scope::External)).is_some_and(|f| f.master.is_some());
-        let flags = frontend_flags(key, frontend, twin_written);
+        let flags = FrontendFlags::of(key, frontend, twin_written).encode();
         if let Err(error) = self.update_frontend(maps, key, frontend, flags, &targets, report) {
             report.failures.push(Failure { subject: format!("{} {key}", frontend.service_port), error });
         }
@@ -746,7 +681,7 @@ impl Reconciler {
         }
         if !fe.rev_nat_written {
             report.writes += 1;
-            maps.set_rev_nat(fe.rev_nat, &rev_nat_value(key))?;
+            maps.set_rev_nat(fe.rev_nat, &codec::rev_nat_value(key))?;
             fe.rev_nat_written = true;
         }
         let ranges: BTreeSet<IpNet> = frontend.source_ranges.iter().flatten().copied().collect();
@@ -766,7 +701,7 @@ impl Reconciler {
         let entries: Vec<(ServiceKey, ServiceValue)> = slots
             .iter()
             .map(|(i, id)| {
-                (frontend_key(key, slot_number(*i)), ServiceValue { backend_id: *id, ..ServiceValue::default() })
+                (codec::service_key(key, slot_number(*i)), ServiceValue { backend_id: *id, ..ServiceValue::default() })
             })
             .collect();
         report.writes += entries.len();
@@ -808,13 +743,13 @@ impl Reconciler {
         };
         if fe.master != Some(master) {
             report.writes += 1;
-            maps.set_service(&frontend_key(key, 0), &master)?;
+            maps.set_service(&codec::service_key(key, 0), &master)?;
             self.maglev.master_changed(fe.master.map_or(0, |m| m.maglev), master.maglev);
             fe.master = Some(master);
         }
         while fe.slots.len() > targets.len() {
             report.writes += 1;
-            maps.remove_service(&frontend_key(key, slot_number(fe.slots.len() - 1)))?;
+            maps.remove_service(&codec::service_key(key, slot_number(fe.slots.len() - 1)))?;
             pop_slot(&mut fe.slots, &mut self.slot_refs);
         }
         for net in fe.ranges.clone().difference(&ranges) {
@@ -850,13 +785,13 @@ impl Reconciler {
             fe.live_slots().iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
         if let Some(master) = fe.master {
             report.writes += 1;
-            maps.remove_service(&frontend_key(key, 0))?;
+            maps.remove_service(&codec::service_key(key, 0))?;
             self.maglev.master_changed(master.maglev, 0);
             fe.master = None;
         }
         while !fe.slots.is_empty() {
             report.writes += 1;
-            maps.remove_service(&frontend_key(key, slot_number(fe.slots.len() - 1)))?;
+            maps.remove_service(&codec::service_key(key, slot_number(fe.slots.len() - 1)))?;
             pop_slot(&mut fe.slots, &mut self.slot_refs);
         }
         while let Some(net) = fe.ranges.first().copied() {
@@ -911,28 +846,6 @@ impl Reconciler {
             }
         }
     }
-}
-
-/// Slot 0's flags for `frontend` at `key`: its kind, affinity, who it is
-/// for (`EXTERNAL_ONLY`; `TWO_SCOPES` when its external twin is written)
-/// and whether its sources are restricted.
-fn frontend_flags(key: FrontendKey, frontend: &Frontend, twin_written: bool) -> u16 {
-    let mut flags = kind_flag(frontend.kind);
-    if frontend.affinity_timeout.is_some() {
-        flags |= service_flags::AFFINITY;
-    }
-    if key.scope == Scope::All {
-        if frontend.reach == Reach::Outside {
-            flags |= service_flags::EXTERNAL_ONLY;
-        }
-        if twin_written {
-            flags |= service_flags::TWO_SCOPES;
-        }
-    }
-    if frontend.source_ranges.is_some() {
-        flags |= service_flags::SOURCE_RANGES;
-    }
-    flags
 }
 
 impl super::sessions::Liveness for Reconciler {

@@ -5,11 +5,8 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use ipnet::IpNet;
-use proptest::prelude::*;
-use proxy_common::{backend_flags, scope, service_flags};
-
 use super::{
+    codec::{self, FrontendFlags},
     fake_maps::FakeMaps,
     maglev_tables::identity,
     maps::{Dump, MapError},
@@ -18,6 +15,8 @@ use super::{
 use crate::model::{
     Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServicePort, ServiceTable,
 };
+use ipnet::IpNet;
+use proptest::prelude::*;
 
 fn fk(last: u8, port: u16, protocol: Protocol) -> FrontendKey {
     FrontendKey::new(Ipv4Addr::new(10, 96, 0, last).into(), port, protocol)
@@ -86,27 +85,23 @@ struct Seen {
 fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
     let mut out = BTreeMap::new();
     for (key, master) in dump.services.iter().filter(|(k, _)| k.slot == 0) {
-        let k = FrontendKey {
-            addr: proxy_common::net::decode(&key.addr),
-            port: u16::from_be(key.port),
-            protocol: Protocol::from_number(key.proto).unwrap(),
-            scope: if key.scope == scope::EXTERNAL { Scope::External } else { Scope::All },
-        };
+        let (k, _) = codec::frontend_of(key).expect("the agent writes known keys");
+        let flags = FrontendFlags::decode(master.flags).expect("the agent writes known flags");
+        let backend = |id: &u32| codec::backend_entry(&dump.backends[id]).expect("the agent writes known backends");
         let addr_of = |id: &u32| {
-            let b = dump.backends[id];
-            (proxy_common::net::decode(&b.addr), u16::from_be(b.port))
+            let b = backend(id).addr;
+            (b.addr, b.port)
         };
         let backends = (1..=master.count)
             .map(|slot| {
                 let id = dump.services[&proxy_common::ServiceKey { slot, ..*key }].backend_id;
-                let b = dump.backends[&id];
-                let (addr, port) = addr_of(&id);
-                (addr, port, b.state == proxy_common::backend_state::TERMINATING, b.flags & backend_flags::LOCAL != 0)
+                let b = backend(&id);
+                (b.addr.addr, b.addr.port, b.state == BackendState::Terminating, b.local)
             })
             .collect();
-        let affinity = master.flags & service_flags::AFFINITY != 0;
-        assert_eq!(affinity, master.affinity_timeout != 0, "affinity flag and timeout disagree");
-        let ranges = (master.flags & service_flags::SOURCE_RANGES != 0)
+        assert_eq!(flags.affinity, master.affinity_timeout != 0, "affinity flag and timeout disagree");
+        let ranges = flags
+            .source_ranges
             .then(|| dump.source_ranges.iter().filter(|(id, _)| *id == master.rev_nat).map(|(_, net)| *net).collect());
         out.insert(
             k,
@@ -115,8 +110,8 @@ fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
                 backends,
                 maglev: (master.maglev != 0).then(|| dump.maglev[&master.maglev].iter().map(addr_of).collect()),
                 ranges,
-                outside_only: master.flags & service_flags::EXTERNAL_ONLY != 0,
-                two_scopes: master.flags & service_flags::TWO_SCOPES != 0,
+                outside_only: flags.outside_only,
+                two_scopes: flags.two_scopes,
             },
         );
     }
@@ -195,13 +190,8 @@ fn assert_exact(maps: &FakeMaps, desired: &ServiceTable) {
         .iter()
         .filter(|(k, _)| k.slot == 0)
         .map(|(k, master)| {
-            let key = FrontendKey {
-                addr: proxy_common::net::decode(&k.addr),
-                port: u16::from_be(k.port),
-                protocol: Protocol::from_number(k.proto).unwrap(),
-                scope: if k.scope == scope::EXTERNAL { Scope::External } else { Scope::All },
-            };
-            (key, super::names::decode(&maps.state.names[&master.rev_nat]))
+            let (key, _) = codec::frontend_of(k).expect("the agent writes known keys");
+            (key, codec::service_port_of(&maps.state.names[&master.rev_nat]))
         })
         .collect();
     let wanted: BTreeMap<FrontendKey, ServicePort> =
@@ -298,15 +288,37 @@ fn recovery_after_restart_writes_nothing_when_in_sync() {
 }
 
 #[test]
+fn recovery_removes_entries_the_agent_never_writes() {
+    let mut maps = FakeMaps::default();
+    let t = table(&[(fk(1, 80, Protocol::Tcp), vec![be(1, 80)])]);
+    Reconciler::new().apply(&mut maps, &t);
+    let master = codec::service_key(fk(1, 80, Protocol::Tcp), 0);
+    let value = proxy_common::ServiceValue { count: 0, ..maps.state.services[&master] };
+    // SCTP (132) and a scope that does not exist: no reader of ours finds them.
+    let sctp = proxy_common::ServiceKey { proto: 132, ..master };
+    let scope = proxy_common::ServiceKey { scope: 7, ..master };
+    maps.state.services.insert(sctp, value);
+    maps.state.services.insert(scope, value);
+    let backend = maps.state.backends.values().next().copied().unwrap();
+    maps.state.backends.insert(900, proxy_common::Backend { proto: 132, ..backend });
+    let (mut r, recovery) = Reconciler::recover(&mut maps).unwrap();
+    assert_eq!(recovery.stale_entries_removed, 3);
+    assert!(!maps.state.services.contains_key(&sctp) && !maps.state.services.contains_key(&scope));
+    assert!(!maps.state.backends.contains_key(&900));
+    assert_eq!(r.apply(&mut maps, &t).writes, 0, "the rest is as it was");
+    assert_exact(&maps, &t);
+}
+
+#[test]
 fn recovery_removes_unreachable_entries() {
     let mut maps = FakeMaps::default();
     let t = table(&[(fk(1, 80, Protocol::Tcp), vec![be(1, 80)])]);
     Reconciler::new().apply(&mut maps, &t);
     // A crash left a slot without slot 0, a rev-NAT of nobody and a slot above count.
-    let stray = proxy_common::ServiceKey::new(proxy_common::mapped_v4([10, 96, 9, 9]), 80u16.to_be(), 6, 1);
+    let stray = codec::service_key(fk(9, 80, Protocol::Tcp), 1);
     maps.state.services.insert(stray, proxy_common::ServiceValue { backend_id: 1, ..Default::default() });
     maps.state.rev_nat.insert(77, proxy_common::RevNat::default());
-    let above = proxy_common::ServiceKey::new(proxy_common::mapped_v4([10, 96, 0, 1]), 80u16.to_be(), 6, 2);
+    let above = codec::service_key(fk(1, 80, Protocol::Tcp), 2);
     maps.state.services.insert(above, proxy_common::ServiceValue { backend_id: 1, ..Default::default() });
     let (mut r, recovery) = Reconciler::recover(&mut maps).unwrap();
     assert_eq!(recovery.stale_entries_removed, 2);
@@ -584,8 +596,13 @@ fn liveness_answers_what_the_slots_hold() {
     let (web, dns) = (fk(10, 80, Protocol::Tcp), fk(53, 53, Protocol::Udp));
     r.apply(&mut maps, &table(&[(web, vec![be(1, 8080), be(2, 8080)]), (dns, vec![be(3, 53)])]));
     let id_of = |maps: &FakeMaps, last: u8| {
-        let addr = proxy_common::net::encode(Ipv4Addr::new(10, 244, 0, last).into());
-        maps.state.backends.iter().find(|(_, b)| b.addr == addr).map(|(id, _)| *id).expect("backend written")
+        let addr = IpAddr::from(Ipv4Addr::new(10, 244, 0, last));
+        maps.state
+            .backends
+            .iter()
+            .find(|(_, b)| codec::backend_addr(b).is_ok_and(|b| b.addr == addr))
+            .map(|(id, _)| *id)
+            .expect("backend written")
     };
     let (one, two, three) = (id_of(&maps, 1), id_of(&maps, 2), id_of(&maps, 3));
     let (web_id, dns_id) = (r.frontend_id(&web).expect("web"), r.frontend_id(&dns).expect("dns"));

@@ -10,13 +10,9 @@ use std::{
 };
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError as AyaMapError};
-use proxy_common::{
-    AffinityKey, AffinityValue, CtKey, CtValue, SockBackendKey, SockRevNat, SockRevNatKey,
-    net::{decode, encode},
-    proto,
-};
+use proxy_common::{AffinityKey, AffinityValue, CtKey, CtValue, SockBackendKey, SockRevNat, SockRevNatKey, proto};
 
-use super::maps::MapError;
+use super::{codec, maps::MapError};
 use crate::model::{FrontendKey, Protocol};
 
 pub struct SessionMaps {
@@ -44,9 +40,8 @@ impl SessionMaps {
     /// this backend.
     #[must_use]
     pub fn service_of(&self, cookie: u64, addr: IpAddr, port: u16, protocol: Protocol) -> Option<FrontendKey> {
-        let key = SockRevNatKey { cookie, addr: encode(addr), port: port.to_be(), pad: [0; 6] };
-        let value = self.sock_revnat.get(&key, 0).ok()?;
-        Some(FrontendKey::new(decode(&value.addr), u16::from_be(value.port), protocol))
+        let value = self.sock_revnat.get(&codec::sock_revnat_key(cookie, addr, port), 0).ok()?;
+        Some(codec::sock_revnat_frontend(&value, protocol))
     }
 
     /// Deletes memos whose backend no longer serves their frontend; returns
@@ -67,9 +62,8 @@ impl SessionMaps {
             .iter()
             .filter_map(Result::ok)
             .filter(|(k, id)| {
-                let frontend = Protocol::from_number(k.proto)
-                    .map(|protocol| FrontendKey::new(decode(&k.addr), u16::from_be(k.port), protocol));
-                !frontend.is_some_and(|f| live.serves(&f, *id))
+                // A protocol the agent never writes serves nothing: deleted.
+                !codec::sock_backend_frontend(k).is_ok_and(|f| live.serves(&f, *id))
             })
             .map(|(k, _)| k)
             .collect();
