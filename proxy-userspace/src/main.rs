@@ -6,8 +6,17 @@ use ebpf_proxy::{
 
 use std::process::ExitCode;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // Before any thread exists (the runtime's workers): see memory.rs.
+    ebpf_proxy::memory::use_one_heap();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("building the tokio runtime")
+        .block_on(run())
+}
+
+async fn run() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(refusal) = args::refused_kube_proxy_flag(&argv) {
         eprintln!("error: {refusal}");
