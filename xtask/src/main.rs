@@ -105,11 +105,13 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// The benchmark's quick mode on the debug build the tests made (`cargo
-/// test` builds every default member's binaries, proxy-bench's among them),
-/// so it never rots (its numbers are not the point here).
+/// The benchmark's quick mode on a debug build, so it never rots (its
+/// numbers are not the point here). `cargo test` builds the agent (the
+/// integration tests need it) but not the benchmark's binary, whose crate
+/// has no integration tests: it is built here.
 fn quick_bench(root: &Path) -> anyhow::Result<()> {
     println!("\nxtask: the benchmark, quick mode (debug build)");
+    status(cargo().args(["build", "--package", "proxy-bench", "--package", "proxy-userspace", "--bins"]))?;
     status(
         Command::new(root.join("target/debug/ebpf-proxy-bench"))
             .arg("--quick")
