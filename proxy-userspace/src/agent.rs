@@ -232,6 +232,12 @@ impl Observers {
     }
 }
 
+/// The message of the one log record each sync ends with (fields:
+/// `generation`, `frontends`, `backends`, `writes`, `failures`,
+/// `latency_us`, ...): an interface, which tests, the benchmark and
+/// operators' scripts wait for by this constant, never by its text.
+pub const APPLIED: &str = "service table applied";
+
 /// What a sync applied, logged in one line with its latency, the time from
 /// the change reaching the agent to its maps written.
 fn applied_snapshot(source: &str, pipeline: &Pipeline, synced: &Synced) -> Applied {
@@ -251,7 +257,7 @@ fn applied_snapshot(source: &str, pipeline: &Pipeline, synced: &Synced) -> Appli
         failures = snapshot.failures,
         objects_rejected = pipeline.stats().objects_rejected,
         latency_us = u64::try_from(synced.latency.as_micros()).unwrap_or(u64::MAX),
-        "service table applied"
+        "{APPLIED}"
     );
     snapshot
 }

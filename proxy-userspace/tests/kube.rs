@@ -254,7 +254,7 @@ fn nothing_is_written_before_the_initial_lists() {
         proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), env.kube_args(&cluster)).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     assert!(
-        !agent.records().iter().any(|r| message(r) == Some("service table applied")),
+        !agent.records().iter().any(|r| message(r) == Some(ebpf_proxy::agent::APPLIED)),
         "the agent wrote before it had the lists"
     );
     cluster.server().start_again();

@@ -82,7 +82,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         bpffs.path(),
         "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info",
     )?;
-    let applied = |r: &serde_json::Value| message(r) == Some("service table applied");
+    let applied = |r: &serde_json::Value| message(r) == Some(ebpf_proxy::agent::APPLIED);
     let first = agent
         .wait_for(0, Duration::from_mins(5), applied)
         .map_err(anyhow::Error::msg)

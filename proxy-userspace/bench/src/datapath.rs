@@ -91,7 +91,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoa
         "warn,ebpf_proxy::agent=info",
     )?;
     let applied = agent
-        .wait_for(0, Duration::from_mins(5), |r| proxy_testkit::message(r) == Some("service table applied"))
+        .wait_for(0, Duration::from_mins(5), |r| proxy_testkit::message(r) == Some(ebpf_proxy::agent::APPLIED))
         .map_err(anyhow::Error::msg)
         .context("ebpf-proxy did not apply the services")?;
     super::control::ensure_applied(&applied)?;

@@ -39,7 +39,7 @@ pub struct Restarts {
 }
 
 fn is_applied(r: &Value) -> bool {
-    message(r) == Some("service table applied")
+    message(r) == Some(ebpf_proxy::agent::APPLIED)
 }
 
 /// Runs both restarts against the agent following `server`, which holds

@@ -148,11 +148,11 @@ impl AgentProcess {
         }
     }
 
-    /// Waits for the next "service table applied" record after the first
+    /// Waits for the next `ebpf_proxy::agent::APPLIED` record after the first
     /// `skip` records, returning it.
     #[must_use]
     pub fn wait_applied(&self, skip: usize) -> Value {
-        self.wait_for(skip, Duration::from_secs(20), |r| message(r) == Some("service table applied"))
+        self.wait_for(skip, Duration::from_secs(20), |r| message(r) == Some(ebpf_proxy::agent::APPLIED))
             .unwrap_or_else(|e| panic!("agent did not apply the services file: {e}"))
     }
 
