@@ -8,7 +8,7 @@ use aya::maps::MapData;
 use proxy_common::map_sizes;
 
 use super::{
-    maps::{MapError, MapName},
+    map_error::{MapError, MapName},
     sys,
 };
 

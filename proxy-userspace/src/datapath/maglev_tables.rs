@@ -7,9 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{
+    codec::BackendAddr,
     ids::IdPool,
-    maps::{MapError, ServiceMaps},
-    reconcile::BackendAddr,
+    map_error::{MapError, MapName},
+    maps::ServiceMaps,
 };
 
 #[derive(Debug, Default)]
@@ -125,7 +126,7 @@ impl MaglevTables {
             return Ok(*id);
         }
         let content = build(list, addrs, maps.maglev_size()).expect("every listed backend is in the map");
-        let id = self.pool.allocate().ok_or(MapError::Full { map: super::maps::MapName::Maglev })?;
+        let id = self.pool.allocate().ok_or(MapError::Full { map: MapName::Maglev })?;
         *writes += 1;
         if let Err(err) = maps.set_maglev(id, &content) {
             self.pool.release(id);

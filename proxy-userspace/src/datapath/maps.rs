@@ -14,50 +14,7 @@ use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceName, Ser
 
 use super::maglev_map::MaglevMap;
 
-/// Which map an operation was on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MapName {
-    Services,
-    Backends,
-    RevNat,
-    Maglev,
-    SourceRanges,
-    Names,
-}
-
-impl MapName {
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Services => map_names::SERVICES,
-            Self::Backends => map_names::BACKENDS,
-            Self::RevNat => map_names::REVNAT,
-            Self::Maglev => map_names::MAGLEV,
-            Self::SourceRanges => map_names::SOURCE_RANGES,
-            Self::Names => map_names::SERVICE_NAMES,
-        }
-    }
-}
-
-impl std::fmt::Display for MapName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum MapError {
-    #[error("map {map} is full; raise its size (see --help) or reduce the services")]
-    Full { map: MapName },
-    #[error("{op} on map {map} failed: {source}")]
-    Syscall { map: MapName, op: &'static str, source: io::Error },
-    #[error("map {map}: {source}")]
-    Aya { map: MapName, source: AyaMapError },
-    #[error("session map {map}: {source}")]
-    Session { map: &'static str, source: AyaMapError },
-    #[error("pinned map {path} cannot be opened: {source}; is the agent's --bpffs-dir right?")]
-    Open { path: String, source: AyaMapError },
-}
+pub use super::map_error::{MapError, MapName};
 
 /// Every entry of the maps the reconciler writes, for recovery and
 /// inspection.

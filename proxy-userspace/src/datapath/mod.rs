@@ -9,6 +9,7 @@ pub mod links;
 pub mod loader;
 mod maglev_map;
 mod maglev_tables;
+mod map_error;
 pub mod maps;
 pub mod names;
 pub mod reconcile;

@@ -1,0 +1,52 @@
+//! The error of a map operation, and which map it was on: shared by the
+//! service maps (`maps`) and the Maglev map (`maglev_map`), which each
+//! other use, so neither owns it.
+use std::io;
+
+use aya::maps::MapError as AyaMapError;
+use proxy_common::map_names;
+
+/// Which map an operation was on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapName {
+    Services,
+    Backends,
+    RevNat,
+    Maglev,
+    SourceRanges,
+    Names,
+}
+
+impl MapName {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Services => map_names::SERVICES,
+            Self::Backends => map_names::BACKENDS,
+            Self::RevNat => map_names::REVNAT,
+            Self::Maglev => map_names::MAGLEV,
+            Self::SourceRanges => map_names::SOURCE_RANGES,
+            Self::Names => map_names::SERVICE_NAMES,
+        }
+    }
+}
+
+impl std::fmt::Display for MapName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    #[error("map {map} is full; raise its size (see --help) or reduce the services")]
+    Full { map: MapName },
+    #[error("{op} on map {map} failed: {source}")]
+    Syscall { map: MapName, op: &'static str, source: io::Error },
+    #[error("map {map}: {source}")]
+    Aya { map: MapName, source: AyaMapError },
+    #[error("session map {map}: {source}")]
+    Session { map: &'static str, source: AyaMapError },
+    #[error("pinned map {path} cannot be opened: {source}; is the agent's --bpffs-dir right?")]
+    Open { path: String, source: AyaMapError },
+}
