@@ -8,7 +8,7 @@ use std::path::Path;
 use aya::maps::{HashMap, Map, MapData};
 use proxy_common::{ServiceName, map_names, map_sizes};
 
-use super::maps::{MapError, MapName};
+use super::map_error::{MapError, MapName};
 
 /// `BPF_MAP_TYPE_HASH` and `BPF_F_NO_PREALLOC` (linux/bpf.h).
 const BPF_MAP_TYPE_HASH: u32 = 1;
