@@ -162,6 +162,12 @@ impl prometheus_client::collector::Collector for Collector {
                 "Watch failures (each retried with backoff)",
                 watch.errors.load(Relaxed),
             )?;
+            counter(
+                &mut out,
+                "ebpf_proxy_watch_relists",
+                "Full relists after a watch position expired (410 Gone)",
+                watch.relists.load(Relaxed),
+            )?;
         }
         t.connections(&mut out, self.max_service_series)
     }

@@ -199,6 +199,8 @@ fn api_server_restart_keeps_the_datapath_and_converges() {
     let metrics = common::agent_address(env.agent(), "metrics");
     let (_, text) = common::http_get(&metrics, "/metrics");
     assert!(common::metric(&text, "ebpf_proxy_watch_errors_total") >= 1.0, "{text}");
+    // Every watch relisted once after the compaction.
+    assert!(common::metric(&text, "ebpf_proxy_watch_relists_total") >= 3.0, "{text}");
     assert!(common::metric(&text, "ebpf_proxy_watch_events_total") >= 2.0, "{text}");
 }
 

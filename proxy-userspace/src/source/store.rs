@@ -227,12 +227,6 @@ impl ObjectStore {
         self.services.listed && self.slices.listed && self.nodes.listed
     }
 
-    /// Whether the slices' first list is complete.
-    #[must_use]
-    pub fn slices_listed(&self) -> bool {
-        self.slices.listed
-    }
-
     /// Service and EndpointSlice changes since the last read.
     #[must_use]
     pub const fn pending_events(&self) -> (usize, usize) {
