@@ -128,7 +128,10 @@ devices: [none]
     let applied = agent.wait_applied(0);
     assert_eq!(field(&applied, "source").and_then(|s| s.as_str()), Some("kubernetes"), "{applied}");
     let started = logged(&agent, "starting");
-    assert!(started.to_string().contains("test-node"), "--hostname-override names the node: {started}");
+    assert_eq!(field(&started, "node").and_then(|n| n.as_str()), Some("test-node"), "--hostname-override: {started}");
+    // The file's own fields are used: the test's cgroup, not the machine's.
+    let cgroup = env.cgroup.path().display().to_string();
+    assert_eq!(field(&started, "cgroup").and_then(|c| c.as_str()), Some(cgroup.as_str()), "{started}");
     env.agent = Some(agent);
     let answers = env.requests(&ip, 20);
     assert!(answers.iter().any(|a| a == "backend-1") && answers.iter().any(|a| a == "backend-2"), "{answers:?}");
