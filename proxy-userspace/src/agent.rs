@@ -179,17 +179,49 @@ async fn run_with(
         let (services, slices) = source.pending();
         metrics.service_changes_pending.set(i64::try_from(services).unwrap_or(i64::MAX));
         metrics.endpoint_changes_pending.set(i64::try_from(slices).unwrap_or(i64::MAX));
-        let Some(synced) = pipeline.step(wake, &mut source, &mut datapath.maps).await else { continue };
+        let Some(mut synced) = pipeline.step(wake, &mut source, &mut datapath.maps).await else { continue };
+        resize(&mut datapath, &mut pipeline, &mut synced, &mut observers, config, telemetry)?;
         observers.observe(&synced, &pipeline, &mut datapath, config, &source).await?;
         let snapshot = applied_snapshot(source.name(), &pipeline, &synced);
         let devices = observers.devices.as_ref();
         publish(telemetries, &pipeline, &synced, observers.health_checks.len(), devices);
+        let sizes = datapath.sizes();
+        let mut t = telemetry.lock().expect("telemetry lock");
+        (t.services_map_size, t.backends_map_size) = (sizes.services, sizes.backends);
+        drop(t);
         applied.send_replace(snapshot);
     }
     info!(
         pin_dir = %config.load.pin_dir.display(),
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
+    Ok(())
+}
+
+/// Moves to maps of other sizes when the table needs it (see
+/// `crate::resize`): the sync's failures become those of writing the new
+/// set, its frontends are all reported again (their ids are new), and the
+/// new programs' counters and TC links take over.
+fn resize(
+    datapath: &mut Datapath,
+    pipeline: &mut Pipeline,
+    synced: &mut Synced,
+    observers: &mut Observers,
+    config: &AgentConfig,
+    telemetry: &Shared,
+) -> anyhow::Result<()> {
+    let Some(written) = crate::resize::after_sync(datapath, pipeline, &config.load, &synced.report, observers.attached)?
+    else {
+        return Ok(());
+    };
+    synced.report.failures = written.failures;
+    synced.report.writes += written.writes;
+    synced.whole_table = true;
+    // The new programs' TC links are swapped in by `observe`.
+    observers.devices = None;
+    let mut t = telemetry.lock().expect("telemetry lock");
+    t.counters = datapath.counters.take();
+    t.external_stats = datapath.external_stats.take();
     Ok(())
 }
 
@@ -347,9 +379,19 @@ fn publish(
     t.stats = pipeline.stats().clone();
     t.health_check_ports = health_check_ports;
     t.devices = devices.map_or(0, Vec::len);
-    // Applied, also when some writes failed: those are retried, counted and
-    // logged; restarting the agent would not fix a full map.
-    t.health.updated(now);
+    // Writes that failed (a map at its bound) leave the change pending:
+    // they are retried, counted and logged in one line, and health turns
+    // 503 once the failure is older than the health timeout, as
+    // kube-proxy's does when its syncs fail.
+    if report.failures.is_empty() {
+        t.health.updated(now);
+    } else {
+        t.health.failed();
+    }
+    let summary = crate::datapath::failures::summarise(&report.failures);
+    for (map, n) in summary.full {
+        *t.map_full.entry(map).or_default() += n as u64;
+    }
     t.health.node_eligible = pipeline.node_eligible();
     t.frontends = reconciler.frontend_count();
     t.backends = reconciler.backend_count();

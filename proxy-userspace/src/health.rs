@@ -2,7 +2,8 @@
 //! it (pkg/proxy/healthcheck/proxy_health.go), for load balancers and
 //! kubelet's probes:
 //! - a change that waits longer than the health timeout unapplied makes
-//!   both 503 (the proxy is stuck);
+//!   both 503 (the proxy is stuck); a sync whose writes failed (a full
+//!   map) leaves its changes unapplied, as kube-proxy's failed syncs do;
 //! - `/healthz` is also 503 before the first sync, and while this node is
 //!   not eligible for traffic: being deleted (deletionTimestamp) or tainted
 //!   `ToBeDeletedByClusterAutoscaler`, so load balancers drain it first;
@@ -28,8 +29,11 @@ pub struct Answer {
 /// The state the rules read; the agent updates it.
 #[derive(Debug, Clone)]
 pub struct ProxyHealth {
-    /// When the last sync finished (`None`: none yet).
+    /// When the last sync that wrote everything finished (`None`: none
+    /// yet).
     pub last_updated: Option<SystemTime>,
+    /// A sync has run (also one whose writes failed).
+    pub synced: bool,
     /// A change seen but not yet applied since this instant.
     pub pending_since: Option<Instant>,
     /// The Node says this node should get traffic. True until its Node
@@ -40,7 +44,7 @@ pub struct ProxyHealth {
 
 impl Default for ProxyHealth {
     fn default() -> Self {
-        Self { last_updated: None, pending_since: None, node_eligible: true }
+        Self { last_updated: None, synced: false, pending_since: None, node_eligible: true }
     }
 }
 
@@ -54,6 +58,15 @@ impl ProxyHealth {
     pub fn updated(&mut self, wall: SystemTime) {
         self.pending_since = None;
         self.last_updated = Some(wall);
+        self.synced = true;
+    }
+
+    /// A sync ran but some writes failed: what waits stays pending (and
+    /// `lastUpdated` stays), so the proxy turns unhealthy once the failure
+    /// is older than the timeout, as kube-proxy's does when its syncs fail
+    /// (it calls `Updated` only after a successful sync).
+    pub fn failed(&mut self) {
+        self.synced = true;
     }
 
     /// kube-proxy's rule: healthy unless a change has waited longer than
@@ -71,7 +84,7 @@ impl ProxyHealth {
         let proxier_healthy = self.healthy(now, timeout);
         let ok = match endpoint {
             Endpoint::Livez => proxier_healthy,
-            Endpoint::Healthz => proxier_healthy && self.node_eligible && self.last_updated.is_some(),
+            Endpoint::Healthz => proxier_healthy && self.node_eligible && self.synced,
         };
         // kube-proxy reports "now" as lastUpdated while healthy (older
         // clients read a recent lastUpdated as healthy).
@@ -201,5 +214,29 @@ mod tests {
         }
         h.updated(wall);
         assert_eq!(h.answer(Endpoint::Healthz, late, wall, TIMEOUT).status, 200);
+    }
+
+    /// kube-proxy (pkg/proxy/healthcheck/proxy_health.go) calls `Updated`
+    /// only after a sync that succeeded: while syncs fail, the oldest queued
+    /// change stays pending and `/healthz` turns 503 once it is older than
+    /// the timeout.
+    #[test]
+    fn failing_syncs_turn_unhealthy_after_the_timeout() {
+        let mut h = ProxyHealth::default();
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        h.queued(now);
+        h.failed();
+        let soon = now + Duration::from_secs(30);
+        assert_eq!(h.answer(Endpoint::Healthz, soon, wall, TIMEOUT).status, 200, "within the timeout");
+        // A retry that fails again does not make the failure younger.
+        h.queued(soon);
+        h.failed();
+        let late = now + Duration::from_secs(61);
+        let a = h.answer(Endpoint::Healthz, late, wall, TIMEOUT);
+        assert_eq!(a.status, 503, "{}", a.body);
+        assert_eq!(a.body["lastUpdated"], "0001-01-01T00:00:00Z", "no sync wrote everything yet");
+        assert_eq!(h.answer(Endpoint::Livez, late, wall, TIMEOUT).status, 503);
+        h.updated(wall);
+        assert_eq!(h.answer(Endpoint::Healthz, late, wall, TIMEOUT).status, 200, "a sync that wrote everything");
     }
 }

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod model;
 pub mod paths;
 pub mod pipeline;
+pub mod resize;
 pub mod process_metrics;
 pub mod rest_metrics;
 pub mod sandbox;

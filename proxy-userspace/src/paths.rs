@@ -29,12 +29,37 @@ pub fn map_layout_version() -> u32 {
     std::env::var(LAYOUT_VERSION_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(MAP_LAYOUT_VERSION)
 }
 
-/// Where the maps of this build's layout and Maglev table size are pinned
-/// under `pin_dir` (`maps-vN-mM`): another size is another layout, since the
-/// programs read the tables with the size they were loaded with.
+/// Where the maps of this build's layout, Maglev table size and map sizes
+/// are pinned under `pin_dir` (`maps-vN-mM-sS-bB`): another Maglev size is
+/// another layout, since the programs read the tables with the size they
+/// were loaded with, and other sizes of `SERVICES` (S) and `BACKENDS` (B)
+/// are a new set the agent moves to the same way.
 #[must_use]
-pub fn maps_dir(pin_dir: &Path, maglev_size: usize) -> PathBuf {
-    pin_dir.join(format!("{}-m{maglev_size}", layout_prefix()))
+pub fn maps_dir(pin_dir: &Path, maglev_size: usize, services: u32, backends: u32) -> PathBuf {
+    pin_dir.join(format!("{}-s{services}-b{backends}", maglev_prefix(maglev_size)))
+}
+
+/// The map sizes (`SERVICES`, `BACKENDS`) of the most recently written set
+/// of this build's layout and Maglev table size pinned under `pin_dir`.
+#[must_use]
+pub fn pinned_sizes(pin_dir: &Path, maglev_size: usize) -> Option<(u32, u32)> {
+    let prefix = format!("{}-s", maglev_prefix(maglev_size));
+    std::fs::read_dir(pin_dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (services, backends) = name.strip_prefix(&prefix)?.split_once("-b")?;
+            let sizes = (services.parse().ok()?, backends.parse().ok()?);
+            Some((e.metadata().and_then(|m| m.modified()).ok(), sizes))
+        })
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, sizes)| sizes)
+}
+
+/// `maps-vN-mM`.
+fn maglev_prefix(maglev_size: usize) -> String {
+    format!("{}-m{maglev_size}", layout_prefix())
 }
 
 /// `maps-vN`: the prefix of this build's maps directories.

@@ -203,6 +203,19 @@ impl Pipeline {
         })
     }
 
+    /// Moves to other maps (a set of other sizes, see `datapath::sizing`):
+    /// `reconciler` was recovered from them, and the whole table is
+    /// written there now. The caller swaps the programs over afterwards.
+    pub fn move_to(&mut self, reconciler: Reconciler, maps: &mut impl ServiceMaps) -> Report {
+        self.reconciler = reconciler;
+        let started = Instant::now();
+        let report = self.reconciler.sync(maps, self.model.table(), None);
+        log_report(&report, Duration::ZERO, started.elapsed());
+        self.stats.map_write_failures += report.failures.len() as u64;
+        self.retry_at = self.reconciler.retry_delay().map(|d| Instant::now() + d);
+        report
+    }
+
     /// Reads the maps back into a fresh reconciler, as on start, so the
     /// next sync (which compares the whole table) rewrites whatever differs
     /// there. A map that cannot be read keeps the reconciler as it is.
@@ -347,6 +360,12 @@ fn since(triggers: &[SystemTime]) -> Vec<f64> {
     triggers.iter().map(|t| now.duration_since(*t).unwrap_or_default().as_secs_f64()).collect()
 }
 
+/// The message of the one line a sync with failed writes logs (fields:
+/// `failures`, `per_map`, `full`, `first`, `error`): an interface tests and
+/// operators wait for by this constant.
+pub const MAP_WRITES_FAILED: &str =
+    "map writes failed; retrying with backoff, the services not written keep their previous state (or none)";
+
 /// A sync that changes more frontends than this (a first start, a relist)
 /// logs a summary at info and each change at debug.
 const LOG_EACH_CHANGE_UP_TO: usize = 64;
@@ -381,8 +400,17 @@ fn log_report(report: &Report, read: Duration, took: Duration) {
             "service frontends changed (each change is logged at debug level; `ebpf-proxy service list` shows the table)"
         );
     }
-    for f in &report.failures {
-        error!(subject = %f.subject, error = %f.error, "map write failed; retrying with backoff, other services are unaffected");
+    if let Some(first) = report.failures.first() {
+        // One line per sync, however many writes failed.
+        let summary = crate::datapath::failures::summarise(&report.failures);
+        warn!(
+            failures = report.failures.len(),
+            per_map = ?summary.per_map,
+            full = ?summary.full,
+            first = ?summary.first,
+            error = %first.error,
+            "{MAP_WRITES_FAILED}"
+        );
     }
     debug!(writes = report.writes, read_us = read.as_micros(), write_us = took.as_micros(), "sync done");
 }

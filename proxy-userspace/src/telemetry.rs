@@ -26,8 +26,11 @@ pub struct Telemetry {
     pub frontends: usize,
     pub backends: usize,
     pub service_entries: usize,
+    /// Sizes of the maps in use (they grow with the table).
     pub services_map_size: u32,
     pub backends_map_size: u32,
+    /// Writes a full map refused, per map name, since start.
+    pub map_full: BTreeMap<&'static str, u64>,
     /// The kernel's per-frontend connection counters (once loaded).
     pub counters: Option<ConnCounters>,
     /// What the TC programs did with traffic from outside (once loaded).
@@ -57,6 +60,7 @@ impl Telemetry {
             service_entries: 0,
             services_map_size,
             backends_map_size,
+            map_full: BTreeMap::new(),
             counters: None,
             external_stats: None,
             maglev_tables: 0,
@@ -147,6 +151,7 @@ impl prometheus_client::collector::Collector for Collector {
             t.stats.map_write_failures,
         )?;
         t.map_fill(&mut out)?;
+        t.map_sizes(&mut out)?;
         t.external_metrics(&mut out)?;
         if let Some(watch) = &t.watch {
             use std::sync::atomic::Ordering::Relaxed;
@@ -190,6 +195,32 @@ impl Telemetry {
         )?;
         for (map, value) in fill {
             ConstGauge::new(value).encode(m.encode_family(&[("map", map)])?)?;
+        }
+        Ok(())
+    }
+
+    /// The sized maps' sizes, and the writes refused because a map was full
+    /// (at its bound, the size flag: raise it).
+    fn map_sizes(&self, out: &mut DescriptorEncoder) -> std::fmt::Result {
+        let sizes = [("SERVICES", self.services_map_size), ("BACKENDS", self.backends_map_size)];
+        let mut m = out.encode_descriptor(
+            "ebpf_proxy_map_size",
+            "Entries the map can hold (grown with the table up to --services-map-size / --backends-map-size)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (map, size) in sizes {
+            ConstGauge::new(f64::from(size)).encode(m.encode_family(&[("map", map)])?)?;
+        }
+        let mut m = out.encode_descriptor(
+            "ebpf_proxy_map_full",
+            "Map writes refused because the map was full (each retried; raise the map's size flag)",
+            None,
+            MetricType::Counter,
+        )?;
+        for map in ["SERVICES", "BACKENDS", "REVNAT", "MAGLEV", "SOURCE_RANGES", "SERVICE_NAMES"] {
+            let n = self.map_full.get(map).copied().unwrap_or(0);
+            ConstCounter::new(n).encode(m.encode_family(&[("map", map)])?)?;
         }
         Ok(())
     }
@@ -279,6 +310,8 @@ mod tests {
         }
         let text = Metrics::new(telemetry, 10).encode();
         assert!(text.contains("ebpf_proxy_frontends 3.0\n"), "{text}");
+        assert!(text.contains("ebpf_proxy_map_size{map=\"BACKENDS\"} 50.0\n"), "{text}");
+        assert!(text.contains("ebpf_proxy_map_full_total{map=\"SERVICES\"} 0\n"), "{text}");
         assert!(text.contains("ebpf_proxy_map_fill_ratio{map=\"SERVICES\"} 0.25\n"), "{text}");
         assert!(
             text.contains("# TYPE ebpf_proxy_objects_rejected counter\nebpf_proxy_objects_rejected_total 0\n"),

@@ -155,6 +155,13 @@ fn check_status_json(env: &Env, text: &str) {
     );
     assert!(text.contains(&line), "{line} not in\n{text}");
     let line = format!(
+        "map SERVICES: {} of {} entries, map BACKENDS: {} of {} entries",
+        m["services_map_entries"], m["services_map_size"], m["backends_map_entries"], m["backends_map_size"]
+    );
+    assert!(text.contains(&line), "{line} not in\n{text}");
+    // The maps start at the smallest size (`sizing::MIN_SIZE`).
+    assert_eq!(m["services_map_size"], 4096, "{m}");
+    let line = format!(
         "Maglev tables: {} of {} entries, source ranges: {}",
         m["maglev_tables"], m["maglev_table_size"], m["source_ranges"]
     );

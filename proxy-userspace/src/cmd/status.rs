@@ -48,6 +48,13 @@ pub struct Maps {
     pub frontends: usize,
     pub frontends_without_backends: usize,
     pub backend_slots: usize,
+    /// Entries in the services map (slot 0 of each frontend and its
+    /// backend slots) and the most it holds now (it grows with the table).
+    pub services_map_entries: usize,
+    pub services_map_size: u32,
+    /// Entries in the backends map and the most it holds now.
+    pub backends_map_entries: usize,
+    pub backends_map_size: u32,
     pub maglev_tables: usize,
     pub maglev_table_size: usize,
     pub source_ranges: usize,
@@ -105,6 +112,7 @@ pub fn read(dir: &Path) -> anyhow::Result<Status> {
     let maps_dir = crate::paths::current_maps_dir(dir).context("no pinned maps")?;
     let maps = KernelMaps::open_pinned(&maps_dir).context("reading the pinned maps")?;
     let dump = maps.dump()?;
+    let (services_map_size, backends_map_size) = maps.sizes()?;
     let frontends = inspect::frontends(&dump);
     let (external_traffic, external_traffic_error) =
         match ExternalStats::open_pinned(&maps_dir.join(proxy_common::map_names::EXTERNAL_STATS))
@@ -118,6 +126,10 @@ pub fn read(dir: &Path) -> anyhow::Result<Status> {
         frontends: frontends.len(),
         frontends_without_backends: frontends.iter().filter(|f| f.backends.is_empty()).count(),
         backend_slots: frontends.iter().map(|f| f.backends.len()).sum(),
+        services_map_entries: dump.services.len(),
+        services_map_size,
+        backends_map_entries: dump.backends.len(),
+        backends_map_size,
         maglev_tables: dump.maglev.len(),
         maglev_table_size: maps.maglev_size(),
         source_ranges: dump.source_ranges.len(),
@@ -153,6 +165,11 @@ pub fn text(status: &Status) -> String {
             out,
             "frontends: {} ({} without backends), backend slots: {}",
             m.frontends, m.frontends_without_backends, m.backend_slots
+        );
+        let _ = writeln!(
+            out,
+            "map SERVICES: {} of {} entries, map BACKENDS: {} of {} entries",
+            m.services_map_entries, m.services_map_size, m.backends_map_entries, m.backends_map_size
         );
         let _ = writeln!(
             out,
@@ -197,6 +214,10 @@ mod tests {
                 frontends: 3,
                 frontends_without_backends: 1,
                 backend_slots: 4,
+                services_map_entries: 7,
+                services_map_size: 4096,
+                backends_map_entries: 3,
+                backends_map_size: 8192,
                 maglev_tables: 1,
                 maglev_table_size: 16_381,
                 source_ranges: 0,
@@ -221,6 +242,7 @@ programs (attached through pinned links):
   connect4                 link 7      program 42     cgroup id 1
   tc-eth0-ingress          unreadable: gone
 frontends: 3 (1 without backends), backend slots: 4
+map SERVICES: 7 of 4096 entries, map BACKENDS: 3 of 8192 entries
 Maglev tables: 1 of 16381 entries, source ranges: 0
 traffic from outside: new_flow=5 no_backend=1
 "

@@ -16,8 +16,9 @@ use super::{
     counters::{ConnCounters, ExternalStats},
     links::{self, LinkError, LinkOutcome},
     maglev_map::MaglevMap,
-    maps::{KernelMaps, MapError, ServiceMaps as _},
+    maps::{KernelMaps, MapError},
     sessions::SessionMaps,
+    sizing::{self, Sizes},
 };
 use crate::paths::{LINKS_SUBDIR, maps_dir};
 
@@ -43,12 +44,23 @@ pub struct LoadOptions {
     pub cgroup: PathBuf,
     /// Turn on the programs' debug logging (aya-log).
     pub bpf_log: bool,
+    /// Most entries of the services map (`--services-map-size`): the
+    /// agent sizes it from the table (see `sizing`), up to this.
     pub services_map_size: u32,
+    /// Most entries of the backends map (`--backends-map-size`).
     pub backends_map_size: u32,
     /// Entries of each Maglev table (a prime, see `maglev::SIZES`).
     pub maglev_size: usize,
     /// Entries of the connection-tracking map (traffic from outside).
     pub ct_map_size: u32,
+}
+
+impl LoadOptions {
+    /// The size flags, as the bounds of `sizing`.
+    #[must_use]
+    pub const fn bounds(&self) -> Sizes {
+        Sizes { services: self.services_map_size, backends: self.backends_map_size }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +113,9 @@ pub struct Datapath {
     pub external_stats: Option<ExternalStats>,
     /// Whether the TC programs loaded (traffic from outside can be served).
     tc_loaded: bool,
+    /// Sizes of the services and backends maps of this set.
+    sizes: Sizes,
+    maglev_size: usize,
 }
 
 /// What `attach_devices` did on one device.
@@ -112,11 +127,24 @@ pub struct DeviceAttach {
 
 impl Datapath {
     /// Loads the programs and the maps, reusing maps of this layout already
-    /// pinned (after checking their key and value sizes). Nothing is
-    /// attached yet: see `attach`.
+    /// pinned (after checking their key and value sizes), whatever their
+    /// sizes: the agent moves to another set once it knows the table (see
+    /// `sizing::plan`). With nothing pinned, the maps start small. Nothing
+    /// is attached yet: see `attach`.
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
+        let sizes = crate::paths::pinned_sizes(&opts.pin_dir, opts.maglev_size).map_or_else(
+            || sizing::wanted(sizing::Demand::default(), opts.bounds()),
+            |(services, backends)| Sizes { services, backends },
+        );
+        Self::load_sized(opts, sizes)
+    }
+
+    /// Loads the programs with maps of `sizes`, pinned in their own
+    /// directory beside any other set (reused when that set is pinned).
+    /// Nothing is attached yet: see `attach`.
+    pub fn load_sized(opts: &LoadOptions, sizes: Sizes) -> Result<Self, LoadError> {
         let log_flag: u8 = opts.bpf_log.into();
-        let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size);
+        let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size, sizes.services, sizes.backends);
         std::fs::create_dir_all(&maps_dir)
             .map_err(|source| LoadError::Dir { path: maps_dir.display().to_string(), source })?;
         // The Maglev map's value size depends on the table size, which only
@@ -127,8 +155,8 @@ impl Datapath {
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&maps_dir)
             .map_pin_path(map_names::MAGLEV, maglev_pin.as_path())
-            .map_max_entries(map_names::SERVICES, opts.services_map_size)
-            .map_max_entries(map_names::BACKENDS, opts.backends_map_size)
+            .map_max_entries(map_names::SERVICES, sizes.services)
+            .map_max_entries(map_names::BACKENDS, sizes.backends)
             .map_max_entries(map_names::CT, opts.ct_map_size)
             .override_global(LOG_ENABLED, &log_flag, true)
             .override_global(MAGLEV_SIZE, &maglev_size, true)
@@ -180,7 +208,12 @@ impl Datapath {
             take(&mut ebpf, map_names::SOCK_REVNAT)?,
             take(&mut ebpf, map_names::CT)?,
         )?;
-        tracing::info!(maps = %maps_dir.display(), "datapath loaded");
+        tracing::info!(
+            maps = %maps_dir.display(),
+            services_map_size = sizes.services,
+            backends_map_size = sizes.backends,
+            "datapath loaded"
+        );
         let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?)?;
         let external_stats = ExternalStats::from_map(take(&mut ebpf, map_names::EXTERNAL_STATS)?)?;
         Ok(Self {
@@ -192,7 +225,15 @@ impl Datapath {
             counters: Some(counters),
             external_stats: Some(external_stats),
             tc_loaded,
+            sizes,
+            maglev_size: opts.maglev_size,
         })
+    }
+
+    /// Sizes of the services and backends maps this datapath writes.
+    #[must_use]
+    pub const fn sizes(&self) -> Sizes {
+        self.sizes
     }
 
     /// Attaches the programs through the pinned links (swapping them into
@@ -205,7 +246,8 @@ impl Datapath {
             let outcome = links::attach_cgroup(program, name, &self.cgroup, &links_dir.join(name))?;
             tracing::info!(program = name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         }
-        remove_other_layouts(&self.pin_dir, &maps_dir(&self.pin_dir, self.maps.maglev_size()));
+        let current = maps_dir(&self.pin_dir, self.maglev_size, self.sizes.services, self.sizes.backends);
+        remove_other_layouts(&self.pin_dir, &current);
         Ok(())
     }
 

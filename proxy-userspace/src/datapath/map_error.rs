@@ -37,6 +37,18 @@ impl std::fmt::Display for MapName {
     }
 }
 
+impl MapError {
+    /// The map the operation was on, by its name.
+    #[must_use]
+    pub const fn map_name(&self) -> &'static str {
+        match self {
+            Self::Full { map } | Self::Syscall { map, .. } | Self::Aya { map, .. } => map.as_str(),
+            Self::Session { map, .. } => map,
+            Self::Open { .. } => "(pinned map)",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
     #[error("map {map} is full; raise its size (see --help) or reduce the services")]

@@ -138,6 +138,18 @@ impl KernelMaps {
     }
 }
 
+impl KernelMaps {
+    /// `max_entries` of the services and backends maps, as the kernel
+    /// reports them.
+    pub fn sizes(&self) -> Result<(u32, u32), MapError> {
+        let size = |fd: &OwnedFd, map: MapName| {
+            let fd = fd.try_clone().map_err(|source| MapError::Syscall { map, op: "dup", source })?;
+            MapData::from_fd(fd).and_then(|m| m.info()).map(|i| i.max_entries()).map_err(|source| MapError::Aya { map, source })
+        };
+        Ok((size(&self.services_fd, MapName::Services)?, size(&self.backends_fd, MapName::Backends)?))
+    }
+}
+
 /// A second descriptor of a hash map.
 fn dup_fd(map: &Map, name: MapName) -> Result<OwnedFd, MapError> {
     let Map::HashMap(data) = map else {
@@ -172,7 +184,7 @@ where
             Ok(()) => {}
             Err(err) if n == 0 && done == 0 && err.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
             Err(err) => {
-                let error = if err.raw_os_error() == Some(libc::E2BIG) {
+                let error = if is_full(&err) {
                     MapError::Full { map }
                 } else {
                     MapError::Syscall { map, op: "bpf_map_update_batch", source: err }
@@ -184,9 +196,15 @@ where
     Ok(true)
 }
 
+/// Whether a write failed because the map holds `max_entries` already
+/// (E2BIG from a hash map; ENOSPC from some other map types).
+fn is_full(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::E2BIG | libc::ENOSPC))
+}
+
 fn update_error(map: MapName, err: AyaMapError) -> MapError {
     match err {
-        AyaMapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::E2BIG) => MapError::Full { map },
+        AyaMapError::SyscallError(e) if is_full(&e.io_error) => MapError::Full { map },
         AyaMapError::SyscallError(e) => MapError::Syscall { map, op: e.call, source: e.io_error },
         source => MapError::Aya { map, source },
     }

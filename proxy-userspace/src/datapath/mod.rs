@@ -1,6 +1,7 @@
 //! Everything that touches the kernel: loading and attaching the programs,
 //! and keeping the maps equal to the desired table. Only this module knows aya.
 pub mod codec;
+pub mod failures;
 pub mod counters;
 pub mod fake_maps;
 mod ids;
@@ -14,6 +15,7 @@ pub mod maps;
 pub mod names;
 pub mod reconcile;
 pub mod sessions;
+pub mod sizing;
 pub mod sock_destroy;
 mod sys;
 

@@ -404,10 +404,11 @@ impl Reconciler {
         Ok((this, recovery))
     }
 
-    /// Number of frontends in the maps.
+    /// Number of frontends in the maps: those whose slot 0 is written (a
+    /// frontend whose writes failed is tracked but not served).
     #[must_use]
     pub fn frontend_count(&self) -> usize {
-        self.frontends.len()
+        self.frontends.values().filter(|f| f.master.is_some()).count()
     }
 
     /// Entries of the services map in use: slot 0 and the slots of each

@@ -1,0 +1,68 @@
+//! Maps that grow with the cluster: after a sync, when the services or
+//! backends map cannot hold the table (or refused a write as full), or is
+//! bigger than its bound (a lowered flag), the agent moves to a set of
+//! maps of the size `datapath::sizing` plans, the way a layout upgrade
+//! does: the new set is filled beside the old one, the programs are
+//! swapped into the pinned links atomically, and the old set is unpinned.
+//! No moment exists where a service the old maps held is missing.
+use tracing::info;
+
+use crate::{
+    datapath::{
+        Reconciler, Report,
+        failures::summarise,
+        loader::{Datapath, LoadOptions},
+        sizing::{self, Full},
+    },
+    pipeline::Pipeline,
+};
+
+/// Moves `datapath` to maps of other sizes when the plan says so; the
+/// report of writing the whole table there (`None`: stayed). When the
+/// programs are `attached` already the new ones take over at once (the TC
+/// programs' links are left to the caller); otherwise the first `attach`
+/// does it.
+pub fn after_sync(
+    datapath: &mut Datapath,
+    pipeline: &mut Pipeline,
+    opts: &LoadOptions,
+    report: &Report,
+    attached: bool,
+) -> anyhow::Result<Option<Report>> {
+    let summary = summarise(&report.failures);
+    let full = Full {
+        services: summary.full.contains_key(proxy_common::map_names::SERVICES),
+        backends: summary.full.contains_key(proxy_common::map_names::BACKENDS),
+    };
+    let demand = sizing::demand(pipeline.model().table());
+    let current = datapath.sizes();
+    let Some(next) = sizing::plan(current, demand, full, opts.bounds()) else { return Ok(None) };
+    info!(
+        services_map_size = next.services,
+        backends_map_size = next.backends,
+        was_services = current.services,
+        was_backends = current.backends,
+        services_needed = demand.services,
+        backends_needed = demand.backends,
+        "{RESIZING}"
+    );
+    let mut moved = Datapath::load_sized(opts, next)?;
+    let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
+    let written = pipeline.move_to(reconciler, &mut moved.maps);
+    if attached {
+        moved.attach()?;
+    }
+    *datapath = moved;
+    info!(
+        services_map_size = next.services,
+        backends_map_size = next.backends,
+        failures = written.failures.len(),
+        "moved to the new maps"
+    );
+    Ok(Some(written))
+}
+
+/// The message logged when the agent starts moving to maps of other
+/// sizes (fields: `services_map_size`, `backends_map_size`, `was_services`,
+/// `was_backends`, ...).
+pub const RESIZING: &str = "maps resized: filling a new set beside the current one, then swapping the programs over";

@@ -1,0 +1,198 @@
+//! Maps that grow with the cluster, and health that tells the truth when a
+//! bound stops them: the real agent, a steady curl client in a test
+//! namespace, real maps.
+mod common;
+
+use std::{
+    io::Read as _,
+    net::Ipv4Addr,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::{Env, backend_ip, service, slice, web};
+use ebpf_proxy::{pipeline::MAP_WRITES_FAILED, resize::RESIZING};
+use proxy_testkit::{AgentProcess, field, message};
+
+/// `web` and `n` more one-port services (10.97.x.y) with backend 1 each:
+/// `SERVICES` holds 3 + 2n entries of it.
+fn services(n: u16) -> String {
+    let mut yaml = web(&[1, 2]);
+    for i in 0..n {
+        let byte = |n: u16| u8::try_from(n).expect("fewer than 62,500 services");
+        let ip = Ipv4Addr::new(10, 97, byte(i / 250), byte(i % 250 + 1));
+        let name = format!("svc-{i}");
+        yaml += &service(&name, &ip.to_string(), &[("http", 80)]);
+        yaml += &slice(&format!("{name}-1"), &name, &[("http", 8080)], &[backend_ip(1)]);
+    }
+    yaml
+}
+
+/// curl connecting to `http://10.96.0.10/` again and again until killed.
+fn steady_client(env: &Env) -> Child {
+    proxy_testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
+        .unwrap()
+        .args(["-sS", "--connect-timeout", "2", "http://10.96.0.10/?[1-10000000]"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Stops the steady client and checks that it ran and that no connection
+/// failed.
+fn check_steady_client(mut client: Child, during: &str) {
+    let _ = client.kill();
+    let _ = client.wait();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    client.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    client.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(stdout.lines().count() > 20, "only {} requests", stdout.lines().count());
+    assert!(!stderr.contains("curl: ("), "a connection failed {during}: {stderr}");
+}
+
+fn u64_field(record: &serde_json::Value, name: &str) -> u64 {
+    field(record, name).and_then(serde_json::Value::as_u64).unwrap_or_else(|| panic!("{name} in {record}"))
+}
+
+/// The maps directories pinned (`maps-v...`).
+fn maps_dirs(env: &Env) -> Vec<String> {
+    let mut dirs: Vec<String> = std::fs::read_dir(env.pin_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("maps-v"))
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// `ebpf-proxy status -o json`'s maps.
+fn status_maps(env: &Env) -> serde_json::Value {
+    let out = std::process::Command::new(common::AGENT)
+        .args(["status", "-o", "json", "--bpffs-dir"])
+        .arg(env.pin_dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["maps"].clone()
+}
+
+#[test]
+fn maps_grow_past_their_first_size_under_a_steady_client() {
+    common::require_root!();
+    let mut env = Env::new(2);
+    env.write_services(&web(&[1, 2]));
+    env.start_agent();
+    // A small table: the maps start at their smallest (sizing::MIN_SIZE).
+    assert_eq!(status_maps(&env)["services_map_size"], 4096);
+    let client = steady_client(&env);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // 2,100 more services: 4,203 entries, past the 4,096 the map holds.
+    let agent = env.agent();
+    let mark = agent.mark();
+    env.write_services(&services(2100));
+    let resized = agent
+        .wait_for(mark, Duration::from_mins(1), |r| message(r) == Some(RESIZING))
+        .expect("the agent moves to bigger maps");
+    assert_eq!(u64_field(&resized, "was_services"), 4096);
+    assert_eq!(u64_field(&resized, "services_map_size"), 16_384, "twice the need, rounded up");
+    let applied = agent
+        .wait_for(mark, Duration::from_mins(1), |r| {
+            message(r) == Some(ebpf_proxy::agent::APPLIED) && u64_field(r, "frontends") == 2101
+        })
+        .expect("every service applied");
+    assert_eq!(u64_field(&applied, "failures"), 0, "{applied}");
+    std::thread::sleep(Duration::from_millis(300));
+    check_steady_client(client, "while the maps grew");
+
+    // One set pinned, the new one; it serves the new services too.
+    let dirs = maps_dirs(&env);
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    assert!(dirs[0].ends_with("-s16384-b4096"), "{dirs:?}");
+    let maps = status_maps(&env);
+    assert_eq!(maps["services_map_size"], 16_384, "{maps}");
+    assert_eq!(maps["frontends"], 2101, "{maps}");
+    assert_eq!(env.requests("10.97.8.100", 2), vec!["backend-1"; 2]);
+    assert_eq!(env.requests("10.96.0.10", 4).len(), 4);
+}
+
+#[test]
+fn a_bound_too_small_turns_health_503_and_a_larger_bound_serves_all_without_a_gap() {
+    common::require_root!();
+    let mut env = Env::new(2);
+    // web (3 entries) and 40 services (80 entries) in a map bounded at 64.
+    env.write_services(&services(40));
+    let mut args = env.agent_args();
+    args.extend(["--services-map-size", "64", "--health-timeout", "2"].map(str::to_owned));
+    let agent = AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let applied = agent.wait_applied(0);
+    assert!(u64_field(&applied, "failures") > 0, "{applied}");
+    let health = common::agent_address(&agent, "health");
+    let metrics = common::agent_address(&agent, "metrics");
+    env.agent = Some(agent);
+    // Served: what fits (written in order, never half a service).
+    let client = steady_client(&env);
+
+    // kube-proxy (pkg/proxy/healthcheck/proxy_health.go) turns /healthz
+    // 503 once an update waits unapplied longer than the health timeout;
+    // a sync that failed writes applied nothing as far as it is concerned.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (status, body) = loop {
+        let (status, body) = common::http_get(&health, "/healthz");
+        if status == 503 || Instant::now() > deadline {
+            break (status, body);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"healthy\":false"), "{body}");
+
+    // The metric, and what is in the maps rather than what is wanted.
+    let (_, text) = common::http_get(&metrics, "/metrics");
+    assert!(common::metric(&text, "ebpf_proxy_map_full_total{map=\"SERVICES\"}") > 0.0, "{text}");
+    assert!((common::metric(&text, "ebpf_proxy_map_size{map=\"SERVICES\"}") - 64.0).abs() < f64::EPSILON);
+    let in_maps = status_maps(&env)["frontends"].as_u64().unwrap();
+    assert!((1..41).contains(&in_maps), "{in_maps} of 41 frontends fit");
+    let frontends = common::metric(&text, "ebpf_proxy_frontends");
+    assert!((frontends - f64::from(u32::try_from(in_maps).unwrap())).abs() < f64::EPSILON, "{frontends} {in_maps}");
+
+    // One summarised line per sync that failed writes, not one per service.
+    let records = env.agent().records();
+    let failed_syncs = records
+        .iter()
+        .filter(|r| message(r) == Some(ebpf_proxy::agent::APPLIED) && u64_field(r, "failures") > 0)
+        .count();
+    let lines: Vec<&serde_json::Value> = records.iter().filter(|r| message(r) == Some(MAP_WRITES_FAILED)).collect();
+    assert!(failed_syncs >= 1);
+    // (A sync may be logging its line while the records are read.)
+    assert!((failed_syncs..=failed_syncs + 1).contains(&lines.len()), "{failed_syncs} syncs, {} lines", lines.len());
+    let line = lines[0];
+    assert!(u64_field(line, "failures") > 1, "{line}");
+    assert!(field(line, "per_map").unwrap().as_str().unwrap().contains("SERVICES"), "{line}");
+    assert!(!records.iter().any(|r| r["level"] == "ERROR"), "no error line per failed write");
+
+    // A larger bound on the next start: the pinned 64-entry set is left
+    // for a bigger one without a gap, and everything is served.
+    env.agent.take();
+    std::thread::sleep(Duration::from_millis(300));
+    let agent = AgentProcess::start(std::path::Path::new(common::AGENT), env.agent_args()).unwrap();
+    agent
+        .wait_for(0, Duration::from_secs(30), |r| message(r) == Some(RESIZING))
+        .expect("the agent moves to maps of the larger bound");
+    let applied = agent
+        .wait_for(0, Duration::from_secs(30), |r| {
+            message(r) == Some(ebpf_proxy::agent::APPLIED) && u64_field(r, "failures") == 0
+        })
+        .expect("every service applied");
+    assert_eq!(u64_field(&applied, "frontends"), 41);
+    let health = common::agent_address(&agent, "health");
+    env.agent = Some(agent);
+    std::thread::sleep(Duration::from_millis(300));
+    check_steady_client(client, "across the restart with a larger bound");
+    assert_eq!(common::http_get(&health, "/healthz").0, 200);
+    assert_eq!(status_maps(&env)["services_map_size"], 4096);
+    assert_eq!(maps_dirs(&env).len(), 1, "the 64-entry set is unpinned");
+    assert_eq!(env.requests("10.97.0.40", 2), vec!["backend-1"; 2]);
+}
