@@ -210,7 +210,14 @@ fn resize(
     config: &AgentConfig,
     telemetry: &Shared,
 ) -> anyhow::Result<()> {
-    let Some(written) = crate::resize::after_sync(datapath, pipeline, &config.load, &synced.report, observers.attached)?
+    let Some(written) = crate::resize::after_sync(
+        datapath,
+        pipeline,
+        &config.load,
+        &synced.report,
+        synced.whole_table,
+        observers.attached,
+    )?
     else {
         return Ok(());
     };
@@ -339,6 +346,7 @@ fn attach_devices(
 fn load_datapath(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Datapath> {
     let mut datapath = Datapath::load(&config.load)?;
     let mut t = telemetry.lock().expect("telemetry lock");
+    (t.services_map_size, t.backends_map_size) = (datapath.sizes().services, datapath.sizes().backends);
     t.counters = datapath.counters.take();
     t.external_stats = datapath.external_stats.take();
     Ok(datapath)
@@ -364,7 +372,10 @@ fn publish(
         metrics.network_programming.observe(*seconds);
     }
     let now = SystemTime::now();
-    metrics.last_sync.set(unix_seconds(now));
+    if report.failures.is_empty() {
+        // As kube-proxy's, set only by a sync that wrote everything.
+        metrics.last_sync.set(unix_seconds(now));
+    }
     metrics.service_changes_pending.set(0);
     metrics.endpoint_changes_pending.set(0);
     let no_local = pipeline.model().no_local_endpoints();

@@ -340,12 +340,17 @@ pub struct RunArgs {
     /// Costs time on every connect: for troubleshooting only.
     #[arg(long)]
     pub bpf_log: bool,
-    /// Entries of the services map: one per frontend plus one per backend
-    /// slot (allocated as used). Default: 262144.
-    #[arg(long)]
+    /// Most entries of the services map (one per frontend plus one per
+    /// backend slot). The map is sized from the table with room to spare
+    /// and grows as needed, up to this; past it the services that do not
+    /// fit are not written, /healthz turns 503 after --health-timeout, and
+    /// ebpf_proxy_map_full_total counts the refused writes. Default:
+    /// 4194304.
+    #[arg(long, value_name = "N")]
     pub services_map_size: Option<u32>,
-    /// Entries of the backends map (allocated as used). Default: 131072.
-    #[arg(long)]
+    /// Most entries of the backends map (one per distinct backend), sized
+    /// and grown as the services map is. Default: 2097152.
+    #[arg(long, value_name = "N")]
     pub backends_map_size: Option<u32>,
     /// A network device that traffic from outside arrives on: the TC
     /// programs serve NodePorts, LoadBalancer IPs and externalIPs there.

@@ -18,7 +18,10 @@ use crate::{
 };
 
 /// Moves `datapath` to maps of other sizes when the plan says so; the
-/// report of writing the whole table there (`None`: stayed). When the
+/// report of writing the whole table there (`None`: stayed). The table is
+/// measured only after a sync that compared all of it (a start, a relist)
+/// or that a full map refused writes in, so a sync of one change costs
+/// nothing more. When the
 /// programs are `attached` already the new ones take over at once (the TC
 /// programs' links are left to the caller); otherwise the first `attach`
 /// does it.
@@ -27,6 +30,7 @@ pub fn after_sync(
     pipeline: &mut Pipeline,
     opts: &LoadOptions,
     report: &Report,
+    whole_table: bool,
     attached: bool,
 ) -> anyhow::Result<Option<Report>> {
     let summary = summarise(&report.failures);
@@ -34,6 +38,9 @@ pub fn after_sync(
         services: summary.full.contains_key(proxy_common::map_names::SERVICES),
         backends: summary.full.contains_key(proxy_common::map_names::BACKENDS),
     };
+    if !whole_table && full == Full::default() {
+        return Ok(None);
+    }
     let demand = sizing::demand(pipeline.model().table());
     let current = datapath.sizes();
     let Some(next) = sizing::plan(current, demand, full, opts.bounds()) else { return Ok(None) };

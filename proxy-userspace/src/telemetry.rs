@@ -11,6 +11,8 @@ use prometheus_client::{
     metrics::{MetricType, counter::ConstCounter, gauge::ConstGauge},
 };
 
+use proxy_common::map_names::{BACKENDS, MAGLEV, REVNAT, SERVICE_NAMES, SERVICES, SOURCE_RANGES};
+
 use crate::{
     datapath::counters::{ConnCounters, ExternalStats},
     health::ProxyHealth,
@@ -202,7 +204,7 @@ impl Telemetry {
     /// The sized maps' sizes, and the writes refused because a map was full
     /// (at its bound, the size flag: raise it).
     fn map_sizes(&self, out: &mut DescriptorEncoder) -> std::fmt::Result {
-        let sizes = [("SERVICES", self.services_map_size), ("BACKENDS", self.backends_map_size)];
+        let sizes = [(SERVICES, self.services_map_size), (BACKENDS, self.backends_map_size)];
         let mut m = out.encode_descriptor(
             "ebpf_proxy_map_size",
             "Entries the map can hold (grown with the table up to --services-map-size / --backends-map-size)",
@@ -218,7 +220,7 @@ impl Telemetry {
             None,
             MetricType::Counter,
         )?;
-        for map in ["SERVICES", "BACKENDS", "REVNAT", "MAGLEV", "SOURCE_RANGES", "SERVICE_NAMES"] {
+        for map in [SERVICES, BACKENDS, REVNAT, MAGLEV, SOURCE_RANGES, SERVICE_NAMES] {
             let n = self.map_full.get(map).copied().unwrap_or(0);
             ConstCounter::new(n).encode(m.encode_family(&[("map", map)])?)?;
         }

@@ -169,10 +169,11 @@ fn a_full_map_fails_only_the_service_that_does_not_fit() {
     assert!(proxy_testkit::field(&applied, "failures").and_then(serde_json::Value::as_u64) > Some(0));
     let failure = agent
         .wait_for(0, std::time::Duration::from_secs(5), |r| {
-            proxy_testkit::message(r).is_some_and(|m| m.starts_with("map write failed"))
+            proxy_testkit::message(r) == Some(ebpf_proxy::pipeline::MAP_WRITES_FAILED)
         })
         .expect("the failure is logged");
-    let subject = proxy_testkit::field(&failure, "subject").and_then(|v| v.as_str()).unwrap_or_default();
+    // One summarised line: the first services that failed, and the error.
+    let subject = proxy_testkit::field(&failure, "first").and_then(|v| v.as_str()).unwrap_or_default();
     assert!(subject.contains("test/b:http"), "names the service: {failure}");
     let error = proxy_testkit::field(&failure, "error").and_then(|v| v.as_str()).unwrap_or_default();
     assert!(error.contains("SERVICES is full"), "{failure}");
@@ -200,13 +201,12 @@ fn a_full_backends_map_fails_only_the_service_of_the_backend_that_does_not_fit()
     let failures: Vec<serde_json::Value> = agent
         .records()
         .into_iter()
-        .filter(|r| proxy_testkit::message(r).is_some_and(|m| m.starts_with("map write failed")))
+        .filter(|r| proxy_testkit::message(r) == Some(ebpf_proxy::pipeline::MAP_WRITES_FAILED))
         .collect();
     assert_eq!(failures.len(), 1, "{failures:?}");
     let field = |name| proxy_testkit::field(&failures[0], name).and_then(|v| v.as_str()).unwrap_or_default();
     assert!(field("error").contains("BACKENDS is full"), "{failures:?}");
-    let lost =
-        (1..=3).find(|b| field("subject").contains(&format!("{}:8080", backend_ip(*b)))).expect("names a backend");
+    let lost = (1..=3).find(|b| field("first").contains(&format!("{}:8080", backend_ip(*b)))).expect("names a backend");
     env.agent = Some(agent);
     let (working, broken) = if lost == 1 { ("10.96.0.11", "10.96.0.10") } else { ("10.96.0.10", "10.96.0.11") };
     assert_eq!(env.requests(working, 10).len(), 10, "the service whose backends fit works");
@@ -344,7 +344,10 @@ fn a_new_map_layout_takes_over_without_a_gap() {
     // maps-vN-mM-sS-bB: layout, Maglev table size, map sizes.
     let maps_dir = |version: &str| {
         let prefix = format!("maps-v{version}-m{}-", ebpf_proxy::maglev::DEFAULT_SIZE);
-        std::fs::read_dir(&pin_dir).unwrap().filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        std::fs::read_dir(&pin_dir)
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|e| e.file_name().to_string_lossy().starts_with(&prefix))
     };
     assert!(maps_dir(&old));
 

@@ -9,7 +9,7 @@ use crate::{
     agent::{self, AgentConfig},
     args::{LogFormat, RunArgs},
     config::{self, FileConfig},
-    datapath::loader::LoadOptions,
+    datapath::{loader::LoadOptions, sizing::DEFAULT_BOUNDS},
     paths::{DEFAULT_HEALTHZ, DEFAULT_METRICS, DEFAULT_PIN_DIR},
 };
 
@@ -97,8 +97,8 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             pin_dir: args.bpffs_dir.or(file.bpffs_dir).unwrap_or_else(|| DEFAULT_PIN_DIR.into()),
             cgroup,
             bpf_log: args.bpf_log || file.bpf_log.unwrap_or(false),
-            services_map_size: args.services_map_size.or(file.services_map_size).unwrap_or(map_sizes::SERVICES),
-            backends_map_size: args.backends_map_size.or(file.backends_map_size).unwrap_or(map_sizes::BACKENDS),
+            services_map_size: args.services_map_size.or(file.services_map_size).unwrap_or(DEFAULT_BOUNDS.services),
+            backends_map_size: args.backends_map_size.or(file.backends_map_size).unwrap_or(DEFAULT_BOUNDS.backends),
             maglev_size: args.maglev_table_size.or(file.maglev_table_size).unwrap_or(crate::maglev::DEFAULT_SIZE),
             ct_map_size: args.ct_map_size.or(file.ct_map_size).unwrap_or(map_sizes::CT),
         },

@@ -43,9 +43,8 @@ mod tests {
     #[test]
     fn counts_per_map_and_names_the_first_few() {
         let full = |map| MapError::Full { map };
-        let mut failures: Vec<Failure> = (0..8)
-            .map(|i| Failure { subject: format!("ns/svc-{i}:http"), error: full(MapName::Services) })
-            .collect();
+        let mut failures: Vec<Failure> =
+            (0..8).map(|i| Failure { subject: format!("ns/svc-{i}:http"), error: full(MapName::Services) }).collect();
         failures.push(Failure { subject: "backend 10.0.0.1:80/TCP".into(), error: full(MapName::Backends) });
         failures.push(Failure {
             subject: "ns/svc-9:http name".into(),

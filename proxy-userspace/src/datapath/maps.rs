@@ -144,7 +144,10 @@ impl KernelMaps {
     pub fn sizes(&self) -> Result<(u32, u32), MapError> {
         let size = |fd: &OwnedFd, map: MapName| {
             let fd = fd.try_clone().map_err(|source| MapError::Syscall { map, op: "dup", source })?;
-            MapData::from_fd(fd).and_then(|m| m.info()).map(|i| i.max_entries()).map_err(|source| MapError::Aya { map, source })
+            MapData::from_fd(fd)
+                .and_then(|m| m.info())
+                .map(|i| i.max_entries())
+                .map_err(|source| MapError::Aya { map, source })
         };
         Ok((size(&self.services_fd, MapName::Services)?, size(&self.backends_fd, MapName::Backends)?))
     }

@@ -1,8 +1,8 @@
 //! Everything that touches the kernel: loading and attaching the programs,
 //! and keeping the maps equal to the desired table. Only this module knows aya.
 pub mod codec;
-pub mod failures;
 pub mod counters;
+pub mod failures;
 pub mod fake_maps;
 mod ids;
 pub mod inspect;

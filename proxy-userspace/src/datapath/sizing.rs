@@ -30,6 +30,11 @@ pub struct Full {
     pub backends: bool,
 }
 
+/// The bounds when no flag sets them: room for 1,000,000 backends, and
+/// 100,000 services of 10 endpoints (1,100,000 slots), with the headroom.
+/// Only what the table needs is made, and entries are allocated as used.
+pub const DEFAULT_BOUNDS: Sizes = Sizes { services: 1 << 22, backends: 1 << 21 };
+
 /// No map is made smaller than this (a handful of services need no
 /// resizing as they come and go).
 pub const MIN_SIZE: u32 = 4096;
@@ -41,9 +46,11 @@ pub fn demand(table: &ServiceTable) -> Demand {
     let mut services = 0;
     for (key, frontend) in table {
         services += 1 + frontend.backends.len();
-        backends.extend(
-            frontend.backends.iter().map(|b| BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol }),
-        );
+        backends.extend(frontend.backends.iter().map(|b| BackendAddr {
+            addr: b.addr,
+            port: b.port,
+            protocol: key.protocol,
+        }));
     }
     Demand { services, backends: backends.len() }
 }
