@@ -4,9 +4,7 @@
 mod common;
 
 use std::{
-    io::Read as _,
     net::Ipv4Addr,
-    process::{Child, Stdio},
     time::{Duration, Instant},
 };
 
@@ -26,29 +24,6 @@ fn services(n: u16) -> String {
         yaml += &slice(&format!("{name}-1"), &name, &[("http", 8080)], &[backend_ip(1)]);
     }
     yaml
-}
-
-/// curl connecting to `http://10.96.0.10/` again and again until killed.
-fn steady_client(env: &Env) -> Child {
-    proxy_testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
-        .unwrap()
-        .args(["-sS", "--connect-timeout", "2", "http://10.96.0.10/?[1-10000000]"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Stops the steady client and checks that it ran and that no connection
-/// failed.
-fn check_steady_client(mut client: Child, during: &str) {
-    let _ = client.kill();
-    let _ = client.wait();
-    let (mut stdout, mut stderr) = (String::new(), String::new());
-    client.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
-    client.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    assert!(stdout.lines().count() > 20, "only {} requests", stdout.lines().count());
-    assert!(!stderr.contains("curl: ("), "a connection failed {during}: {stderr}");
 }
 
 fn u64_field(record: &serde_json::Value, name: &str) -> u64 {
@@ -86,7 +61,7 @@ fn maps_grow_past_their_first_size_under_a_steady_client() {
     env.start_agent();
     // A small table: the maps start at their smallest (sizing::MIN_SIZE).
     assert_eq!(status_maps(&env)["services_map_size"], 4096);
-    let client = steady_client(&env);
+    let client = env.steady_client();
     std::thread::sleep(Duration::from_millis(300));
 
     // 2,100 more services: 4,203 entries, past the 4,096 the map holds.
@@ -105,7 +80,7 @@ fn maps_grow_past_their_first_size_under_a_steady_client() {
         .expect("every service applied");
     assert_eq!(u64_field(&applied, "failures"), 0, "{applied}");
     std::thread::sleep(Duration::from_millis(300));
-    check_steady_client(client, "while the maps grew");
+    common::check_steady_client(client, "while the maps grew");
 
     // One set pinned, the new one; it serves the new services too.
     let dirs = maps_dirs(&env);
@@ -133,7 +108,7 @@ fn a_bound_too_small_turns_health_503_and_a_larger_bound_serves_all_without_a_ga
     let metrics = common::agent_address(&agent, "metrics");
     env.agent = Some(agent);
     // Served: what fits (written in order, never half a service).
-    let client = steady_client(&env);
+    let client = env.steady_client();
 
     // kube-proxy (pkg/proxy/healthcheck/proxy_health.go) turns /healthz
     // 503 once an update waits unapplied longer than the health timeout;
@@ -190,7 +165,7 @@ fn a_bound_too_small_turns_health_503_and_a_larger_bound_serves_all_without_a_ga
     let health = common::agent_address(&agent, "health");
     env.agent = Some(agent);
     std::thread::sleep(Duration::from_millis(300));
-    check_steady_client(client, "across the restart with a larger bound");
+    common::check_steady_client(client, "across the restart with a larger bound");
     assert_eq!(common::http_get(&health, "/healthz").0, 200);
     assert_eq!(status_maps(&env)["services_map_size"], 4096);
     assert_eq!(maps_dirs(&env).len(), 1, "the 64-entry set is unpinned");

@@ -190,6 +190,18 @@ impl Env {
         self.agent.as_ref().expect("agent running")
     }
 
+    /// curl from the cgroup connecting to `http://10.96.0.10/` again and
+    /// again, until `check_steady_client` stops it.
+    pub fn steady_client(&self) -> std::process::Child {
+        spawn_in(&self.ns, Some(&self.cgroup), "curl")
+            .expect("prepare curl")
+            .args(["-sS", "--connect-timeout", "2", "http://10.96.0.10/?[1-10000000]"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start curl")
+    }
+
     /// curl inside the namespace (and the cgroup when `in_cgroup`).
     pub fn curl(&self, in_cgroup: bool, url: &str) -> Output {
         let cgroup = in_cgroup.then_some(&self.cgroup);
@@ -393,4 +405,18 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("{name} missing:\n{text}"))
         .parse()
         .expect("a number")
+}
+
+/// Stops a `steady_client` and checks that it ran and that no connection
+/// failed `during` what the test did.
+pub fn check_steady_client(mut client: std::process::Child, during: &str) {
+    use std::io::Read as _;
+    let _ = client.kill();
+    let _ = client.wait();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    client.stdout.take().expect("piped").read_to_string(&mut stdout).expect("read curl's output");
+    client.stderr.take().expect("piped").read_to_string(&mut stderr).expect("read curl's errors");
+    // The point is that none fails; this only checks that the client ran.
+    assert!(stdout.lines().count() > 20, "only {} requests", stdout.lines().count());
+    assert!(!stderr.contains("curl: ("), "a connection failed {during}: {stderr}");
 }
