@@ -368,6 +368,17 @@ pub struct RunArgs {
     /// ebpf_proxy_service_series_omitted. 0: none. Default: 1000.
     #[arg(long, value_name = "N")]
     pub max_service_series: Option<usize>,
+    /// How often the drift audit compares the maps in the kernel with the
+    /// desired table and repairs what something else changed (logged, and
+    /// counted in ebpf_proxy_datapath_drift_total): a duration such as 5m,
+    /// 30s or 1h0m0s; 0 disables the timer (SIGHUP still audits at once).
+    /// Default: the config file's syncPeriod, else 5m.
+    #[arg(long, value_name = "DURATION", value_parser = parse_audit_interval)]
+    pub audit_interval: Option<std::time::Duration>,
+}
+
+fn parse_audit_interval(text: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_duration(text)
 }
 
 fn parse_maglev_size(text: &str) -> Result<usize, String> {
