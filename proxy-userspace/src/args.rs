@@ -221,6 +221,10 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Where a connection to a frontend goes and why: its service, type,
+    /// policies and backends, and with --from the backend that client gets
+    /// (read from the pinned maps; the agent need not be running).
+    Explain(ExplainArgs),
 }
 
 #[derive(Debug, Args)]
@@ -392,6 +396,22 @@ pub struct DemoArgs {
     /// result and exit instead of waiting for Ctrl-C.
     #[arg(long)]
     pub check: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The frontend: ADDR:PORT, [IPv6]:PORT, optionally /TCP or /UDP.
+    pub frontend: String,
+    /// A client, IP or IP:PORT: the backend it would get (from outside the
+    /// node: the Maglev entry its flow hashes to, which needs its port).
+    #[arg(long, value_name = "IP[:PORT]")]
+    pub from: Option<String>,
+    /// The agent's pin directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub bpffs_dir: PathBuf,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
 }
 
 #[cfg(test)]

@@ -128,11 +128,12 @@ fn drift_line(agent: &AgentProcess, mark: usize) -> (u64, String) {
     (entries, maps)
 }
 
-fn drift_metric(agent: &AgentProcess, map: &str) -> f64 {
+/// `ebpf_proxy_datapath_drift_total{map}` (0 while the series is absent).
+fn drift_metric(agent: &AgentProcess, map: &str) -> u64 {
     let (status, text) = common::http_get(&common::agent_address(agent, "metrics"), "/metrics");
     assert_eq!(status, 200);
-    let name = format!("ebpf_proxy_datapath_drift_total{{map=\"{map}\"}}");
-    if text.lines().any(|l| l.starts_with(&name)) { common::metric(&text, &name) } else { 0.0 }
+    let name = format!("ebpf_proxy_datapath_drift_total{{map=\"{map}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&name)).map_or(0, |n| n.parse().expect("a count"))
 }
 
 #[test]
@@ -195,7 +196,7 @@ fn sighup_audits_and_repairs_what_bpftool_changed_added_and_deleted() {
     assert_eq!(dump_all(&dir), before, "repaired: the maps are as the agent wrote them");
     assert_eq!(
         [map_names::SERVICES, map_names::BACKENDS, map_names::REVNAT].map(|m| drift_metric(agent, m)),
-        [3.0, 1.0, 1.0]
+        [3, 1, 1]
     );
 
     // A second audit finds nothing: no line, the counters stay.
@@ -207,7 +208,7 @@ fn sighup_audits_and_repairs_what_bpftool_changed_added_and_deleted() {
         agent.records()[mark..].iter().all(|r| message(r) != Some(DRIFT_REPAIRED)),
         "no drift line when nothing differs"
     );
-    assert_eq!(drift_metric(agent, map_names::SERVICES), 3.0);
+    assert_eq!(drift_metric(agent, map_names::SERVICES), 3);
     std::thread::sleep(Duration::from_millis(300));
     stop_client(client);
 }
@@ -231,5 +232,5 @@ fn the_audit_interval_repairs_without_a_signal() {
     let (entries, maps) = drift_line(env.agent(), mark);
     assert_eq!((entries, maps.as_str()), (1, "SERVICES 1 missing (10.96.0.20:80/TCP slot 2)"));
     assert_eq!(dump_all(&dir), before, "repaired within one interval");
-    assert_eq!(drift_metric(env.agent(), map_names::SERVICES), 1.0);
+    assert_eq!(drift_metric(env.agent(), map_names::SERVICES), 1);
 }

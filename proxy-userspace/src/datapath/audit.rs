@@ -103,6 +103,7 @@ pub fn diff(before: &Dump, after: &Dump) -> Drift {
     drift.add(MapName::Backends, diff_map(&before.backends, &after.backends, |id| format!("id {id}")));
     drift.add(MapName::RevNat, diff_map(&before.rev_nat, &after.rev_nat, |id| format!("id {id}")));
     drift.add(MapName::Maglev, diff_map(&before.maglev, &after.maglev, |id| format!("table {id}")));
+    #[expect(clippy::zero_sized_map_values, reason = "a set seen as a map of no values, to be compared as the others")]
     let ranges = |d: &Dump| d.source_ranges.iter().map(|r| (*r, ())).collect::<BTreeMap<_, _>>();
     let range_name = |(id, net): &(u16, ipnet::IpNet)| format!("{net} of id {id}");
     drift.add(MapName::SourceRanges, diff_map(&ranges(before), &ranges(after), range_name));
@@ -266,8 +267,10 @@ mod tests {
     /// the audit names the map and the kind of difference, and repairs it.
     #[test]
     fn every_map_is_compared_and_repaired() {
+        /// (missing, extra, changed)
+        type Counts = (usize, usize, usize);
         type Tamper = fn(&mut Dump);
-        let cases: &[(&str, MapName, (usize, usize, usize), Tamper)] = &[
+        let cases: &[(&str, MapName, Counts, Tamper)] = &[
             ("slot 2 deleted", MapName::Services, (1, 0, 0), |d| {
                 d.services.remove(&codec::service_key(key(1), 2));
             }),

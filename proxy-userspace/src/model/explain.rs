@@ -60,6 +60,10 @@ pub struct EndpointUse {
     pub unused: Option<Unused>,
 }
 
+/// An endpoint that passed the per-endpoint checks: its best state across
+/// slices, its zone hints, its node.
+type Candidate = (BackendState, BTreeSet<String>, Option<String>);
+
 /// An endpoint's conditions, read as kube-proxy reads them (absent: true,
 /// terminating absent: false).
 fn state_of(endpoint: &k8s_openapi::api::discovery::v1::Endpoint) -> Option<BackendState> {
@@ -92,7 +96,7 @@ pub fn endpoint_uses(
     let family = if ipv6 { "IPv6" } else { "IPv4" };
     let mut out = Vec::new();
     // Candidates by (address, port): best state, zone hints, node.
-    let mut candidates: BTreeMap<(IpAddr, u16), (BackendState, BTreeSet<String>, Option<String>)> = BTreeMap::new();
+    let mut candidates: BTreeMap<(IpAddr, u16), Candidate> = BTreeMap::new();
     for slice in slices.iter().filter(|s| s.address_type == family) {
         let target = super::endpoints::slice_port(slice, port, &mut Vec::new());
         for endpoint in slice.endpoints.iter().flatten() {
@@ -297,10 +301,10 @@ mod tests {
                 &selection,
                 &mut Vec::new(),
             );
-            let used: Vec<(IpAddr, u16)> =
+            let said_used: Vec<(IpAddr, u16)> =
                 uses.iter().filter(|u| u.unused.is_none()).map(|u| (u.address, u.port.unwrap())).collect();
             let programmed: Vec<(IpAddr, u16)> = backends.iter().map(|b| (b.addr, b.port)).collect();
-            assert_eq!(used, programmed, "{}: the model's backends", case.name);
+            assert_eq!(said_used, programmed, "{}: the model's backends", case.name);
             assert!(uses.iter().all(|u| u.unused.is_none_or(|r| !r.text().is_empty())));
         }
     }
