@@ -87,7 +87,31 @@ fn dump_all(maps: &Path) -> Vec<(String, Vec<String>)> {
     all
 }
 
-fn maps_dir(env: &Env) -> PathBuf {
+/// `bpftool map update pinned PATH key hex K value hex V`.
+fn update(path: &Path, key: &[u8], value: &[u8]) {
+    let mut args = vec!["key".to_owned(), "hex".to_owned()];
+    args.extend(hex(key));
+    args.extend(["value".to_owned(), "hex".to_owned()]);
+    args.extend(hex(value));
+    bpftool("update", path, &args);
+}
+
+/// `bpftool map delete pinned PATH key hex K`.
+fn delete(path: &Path, key: &[u8]) {
+    let mut args = vec!["key".to_owned(), "hex".to_owned()];
+    args.extend(hex(key));
+    bpftool("delete", path, &args);
+}
+
+/// Starts the agent on `services()` with `--audit-interval interval`;
+/// returns its maps directory.
+fn start(env: &mut Env, interval: &str) -> PathBuf {
+    env.write_services(&services());
+    let mut args = env.agent_args();
+    args.extend(["--audit-interval".to_owned(), interval.to_owned()]);
+    let agent = AgentProcess::start(Path::new(common::AGENT), args).expect("start agent");
+    let _ = agent.wait_applied(0);
+    env.agent = Some(agent);
     ebpf_proxy::paths::current_maps_dir(&env.pin_dir()).expect("the agent's maps directory")
 }
 
@@ -140,14 +164,8 @@ fn drift_metric(agent: &AgentProcess, map: &str) -> u64 {
 fn sighup_audits_and_repairs_what_bpftool_changed_added_and_deleted() {
     common::require_root!();
     let mut env = Env::new(3);
-    env.write_services(&services());
-    let mut args = env.agent_args();
     // Only SIGHUP audits here.
-    args.extend(["--audit-interval".to_owned(), "0".to_owned()]);
-    let agent = AgentProcess::start(Path::new(common::AGENT), args).expect("start agent");
-    let _ = agent.wait_applied(0);
-    env.agent = Some(agent);
-    let dir = maps_dir(&env);
+    let dir = start(&mut env, "0");
     let before = dump_all(&dir);
     let dump = KernelMaps::open_pinned(&dir).unwrap().dump().unwrap();
     let client = steady_client(&env);
@@ -155,33 +173,15 @@ fn sighup_audits_and_repairs_what_bpftool_changed_added_and_deleted() {
 
     // Changed: slot 1 of `other` names slot 2's backend.
     let services = dir.join(map_names::SERVICES);
-    let slot2 = dump.services[&other(2)];
-    let mut update = vec!["key".to_owned(), "hex".to_owned()];
-    update.extend(hex(&service_key_bytes(&other(1))));
-    update.extend(["value".to_owned(), "hex".to_owned()]);
-    update.extend(hex(&service_value_bytes(&slot2)));
-    bpftool("update", &services, &update);
+    update(&services, &service_key_bytes(&other(1)), &service_value_bytes(&dump.services[&other(2)]));
     // Added: a frontend nobody asked for, and a backend nobody uses.
     let stray = codec::service_key(FrontendKey::new(Ipv4Addr::new(10, 96, 0, 99).into(), 80, Protocol::Tcp), 0);
-    let mut add = vec!["key".to_owned(), "hex".to_owned()];
-    add.extend(hex(&service_key_bytes(&stray)));
-    add.extend(["value".to_owned(), "hex".to_owned()]);
-    add.extend(hex(&service_value_bytes(&ServiceValue::default())));
-    bpftool("update", &services, &add);
+    update(&services, &service_key_bytes(&stray), &service_value_bytes(&ServiceValue::default()));
     let backend = dump.backends.values().next().copied().unwrap();
-    let mut add = vec!["key".to_owned(), "hex".to_owned()];
-    add.extend(hex(&4000u32.to_ne_bytes()));
-    add.extend(["value".to_owned(), "hex".to_owned()]);
-    add.extend(hex(&backend_bytes(&backend)));
-    bpftool("update", &dir.join(map_names::BACKENDS), &add);
+    update(&dir.join(map_names::BACKENDS), &4000u32.to_ne_bytes(), &backend_bytes(&backend));
     // Deleted: slot 3 of `other`, and its rev-NAT entry.
-    let mut delete = vec!["key".to_owned(), "hex".to_owned()];
-    delete.extend(hex(&service_key_bytes(&other(3))));
-    bpftool("delete", &services, &delete);
-    let rev_nat = dump.services[&other(0)].rev_nat;
-    let mut delete = vec!["key".to_owned(), "hex".to_owned()];
-    delete.extend(hex(&rev_nat.to_ne_bytes()));
-    bpftool("delete", &dir.join(map_names::REVNAT), &delete);
+    delete(&services, &service_key_bytes(&other(3)));
+    delete(&dir.join(map_names::REVNAT), &dump.services[&other(0)].rev_nat.to_ne_bytes());
     assert_ne!(dump_all(&dir), before, "tampered");
 
     let agent = env.agent();
@@ -217,18 +217,10 @@ fn sighup_audits_and_repairs_what_bpftool_changed_added_and_deleted() {
 fn the_audit_interval_repairs_without_a_signal() {
     common::require_root!();
     let mut env = Env::new(3);
-    env.write_services(&services());
-    let mut args = env.agent_args();
-    args.extend(["--audit-interval".to_owned(), "1s".to_owned()]);
-    let agent = AgentProcess::start(Path::new(common::AGENT), args).expect("start agent");
-    let _ = agent.wait_applied(0);
-    env.agent = Some(agent);
-    let dir = maps_dir(&env);
+    let dir = start(&mut env, "1s");
     let before = dump_all(&dir);
     let mark = env.agent().mark();
-    let mut delete = vec!["key".to_owned(), "hex".to_owned()];
-    delete.extend(hex(&service_key_bytes(&other(2))));
-    bpftool("delete", &dir.join(map_names::SERVICES), &delete);
+    delete(&dir.join(map_names::SERVICES), &service_key_bytes(&other(2)));
     let (entries, maps) = drift_line(env.agent(), mark);
     assert_eq!((entries, maps.as_str()), (1, "SERVICES 1 missing (10.96.0.20:80/TCP slot 2)"));
     assert_eq!(dump_all(&dir), before, "repaired within one interval");
