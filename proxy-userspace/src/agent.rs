@@ -22,7 +22,7 @@ use crate::{
     healthcheck::HealthCheckServers,
     metrics::Metrics,
     model::Protocol,
-    pipeline::{NodeSettings, Pipeline, Synced},
+    pipeline::{NodeSettings, Pipeline, Synced, Wake},
     serve,
     source::{ChangeSource, file_source::FileSource, kube::KubeSource, reachability::Reachability},
     telemetry::{Shared, Telemetry},
@@ -67,10 +67,11 @@ pub struct AgentConfig {
     pub max_service_series: usize,
     /// Syncs start at most this often (kube-proxy's minSyncPeriod).
     pub min_sync_period: Duration,
-    /// Every this often, the maps are read back from the kernel and the
-    /// whole table compared with them, so an entry changed by anyone else
-    /// is put right (kube-proxy's syncPeriod); `None`: never.
-    pub sync_period: Option<Duration>,
+    /// The drift audit's interval: every this often (and on SIGHUP), the
+    /// maps are read back from the kernel and the whole table compared with
+    /// them, so an entry changed by anyone else is put right and counted
+    /// (kube-proxy's syncPeriod); `None`: only on SIGHUP.
+    pub audit_interval: Option<Duration>,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -159,7 +160,10 @@ async fn run_with(
         node_ips: config.node_ips.clone(),
         node_port_cidrs: config.node_port_cidrs.clone(),
     };
-    let mut pipeline = Pipeline::new(settings, reconciler).with_sync_period(config.sync_period);
+    let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
+    // SIGHUP: a drift audit now (installed once the maps are read, so an
+    // early SIGHUP still ends the process, as its default).
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let mut observers = Observers {
         health_checks: HealthCheckServers::new({
             let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);
@@ -173,6 +177,10 @@ async fn run_with(
         let wake = tokio::select! {
             () = &mut shutdown => break,
             wake = pipeline.wait(&mut source) => wake,
+            _ = hangup.recv() => {
+                info!("SIGHUP received: auditing the maps for drift");
+                Wake::Resync
+            }
         };
         telemetry.lock().expect("telemetry lock").health.queued(Instant::now());
         metrics.last_queued.set(unix_seconds(SystemTime::now()));
@@ -367,6 +375,9 @@ fn publish(
         metrics.sync_full_duration.observe(seconds);
     } else {
         metrics.sync_partial_duration.observe(seconds);
+    }
+    if let Some(drift) = &synced.drift {
+        metrics.drift_repaired(drift);
     }
     for seconds in &synced.programming_seconds {
         metrics.network_programming.observe(*seconds);

@@ -221,6 +221,10 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Where a connection to a frontend goes and why: its service, type,
+    /// policies and backends, and with --from the backend that client gets
+    /// (read from the pinned maps; the agent need not be running).
+    Explain(ExplainArgs),
 }
 
 #[derive(Debug, Args)]
@@ -373,6 +377,17 @@ pub struct RunArgs {
     /// ebpf_proxy_service_series_omitted. 0: none. Default: 1000.
     #[arg(long, value_name = "N")]
     pub max_service_series: Option<usize>,
+    /// How often the drift audit compares the maps in the kernel with the
+    /// desired table and repairs what something else changed (logged, and
+    /// counted in ebpf_proxy_datapath_drift_total): a duration such as 5m,
+    /// 30s or 1h0m0s; 0 disables the timer (SIGHUP still audits at once).
+    /// Default: the config file's syncPeriod, else 5m.
+    #[arg(long, value_name = "DURATION", value_parser = parse_audit_interval)]
+    pub audit_interval: Option<std::time::Duration>,
+}
+
+fn parse_audit_interval(text: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_duration(text)
 }
 
 fn parse_maglev_size(text: &str) -> Result<usize, String> {
@@ -386,6 +401,22 @@ pub struct DemoArgs {
     /// result and exit instead of waiting for Ctrl-C.
     #[arg(long)]
     pub check: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The frontend: ADDR:PORT, [IPv6]:PORT, optionally /TCP or /UDP.
+    pub frontend: String,
+    /// A client, IP or IP:PORT: the backend it would get (from outside the
+    /// node: the Maglev entry its flow hashes to, which needs its port).
+    #[arg(long, value_name = "IP[:PORT]")]
+    pub from: Option<String>,
+    /// The agent's pin directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
+    pub bpffs_dir: PathBuf,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
 }
 
 #[cfg(test)]

@@ -75,6 +75,7 @@ async fn run() -> ExitCode {
                 Command::Service(service) => cmd::service::run(&service),
                 Command::Status(status) => cmd::status::run(&status),
                 Command::Completion { shell } => cmd::completion::run(shell),
+                Command::Explain(explain) => cmd::explain::run(&explain),
             }
         }
     };

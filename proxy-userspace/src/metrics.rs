@@ -36,6 +36,12 @@ pub struct TrafficPolicyLabels {
     pub traffic_policy: &'static str,
 }
 
+/// A map of the datapath (`SERVICES`, `BACKENDS`, ...).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabels {
+    pub map: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServerLabels {
     pub server: &'static str,
@@ -102,6 +108,8 @@ pub struct Metrics {
     healthz: Family<CodeLabels, Counter>,
     livez: Family<CodeLabels, Counter>,
     bind_failures: Family<ServerLabels, Counter>,
+    /// Map entries the drift audit found changed by something else, by map.
+    drift: Family<MapLabels, Counter>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<LatencyLabels, Histogram, RequestBuckets>,
     max_service_series: usize,
@@ -132,6 +140,7 @@ impl Metrics {
             healthz: Family::default(),
             livez: Family::default(),
             bind_failures: Family::default(),
+            drift: Family::default(),
             requests: Family::default(),
             request_duration: Family::new_with_constructor(RequestBuckets),
             max_service_series,
@@ -204,6 +213,11 @@ impl Metrics {
             self.bind_failures.clone(),
         );
         r.register(
+            "ebpf_proxy_datapath_drift",
+            "Map entries the drift audit found differing from the desired table (changed, added or deleted by something else) and repaired, by map",
+            self.drift.clone(),
+        );
+        r.register(
             "rest_client_requests",
             "Requests to the Kubernetes API by status code, method and host",
             self.requests.clone(),
@@ -253,6 +267,13 @@ impl Metrics {
             Server::Metrics => "metrics",
         };
         self.bind_failures.get_or_create(&ServerLabels { server }).inc();
+    }
+
+    /// Counts what a drift audit found differing, map by map.
+    pub fn drift_repaired(&self, drift: &crate::datapath::audit::Drift) {
+        for (map, d) in &drift.maps {
+            self.drift.get_or_create(&MapLabels { map }).inc_by(d.total() as u64);
+        }
     }
 
     /// The bound on per-frontend series (0: none exported).

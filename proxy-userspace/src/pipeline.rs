@@ -17,7 +17,10 @@ use std::{
 use tracing::{debug, error, info, warn};
 
 use crate::{
-    datapath::{ChangeKind, Reconciler, Report, ServiceMaps},
+    datapath::{
+        ChangeKind, Reconciler, Report, ServiceMaps,
+        audit::{self, Audit, Drift},
+    },
     model::{self, Delta, NodeContext, ServiceInput, Severity, TableState},
     source::{ChangeSource, Delivery, Snapshot, stored_slice::StoredSlice},
 };
@@ -41,6 +44,10 @@ pub struct Stats {
     pub map_write_failures: u64,
 }
 
+/// How often the drift audit runs unless configured (`--audit-interval`,
+/// syncPeriod).
+pub const DEFAULT_AUDIT_INTERVAL: Duration = Duration::from_mins(5);
+
 /// Why the pipeline woke up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wake {
@@ -48,7 +55,9 @@ pub enum Wake {
     Changed,
     /// Failed writes are due to be tried again.
     Retry,
-    /// The periodic full sync is due (kube-proxy's syncPeriod).
+    /// The drift audit is due (`--audit-interval`, kube-proxy's syncPeriod,
+    /// or SIGHUP): the maps are read back and the whole table compared with
+    /// them.
     Resync,
 }
 
@@ -68,6 +77,9 @@ pub struct Synced {
     /// For each EndpointSlice change this sync wrote (when it wrote all it
     /// tried): seconds from its last-change-trigger-time to now.
     pub programming_seconds: Vec<f64>,
+    /// A drift audit ran: how the maps differed from the desired table
+    /// (empty: not at all).
+    pub drift: Option<Drift>,
 }
 
 pub struct Pipeline {
@@ -85,9 +97,10 @@ pub struct Pipeline {
     /// When the last sync ended.
     last_sync: Option<Instant>,
     retry_at: Option<Instant>,
-    /// kube-proxy's syncPeriod: the maps are read back and the whole table
-    /// compared with them this often (`None`: never).
-    sync_period: Option<Duration>,
+    /// The drift audit's interval (kube-proxy's syncPeriod): the maps are
+    /// read back and the whole table compared with them this often
+    /// (`None`: never).
+    audit_interval: Option<Duration>,
     resync_at: Option<Instant>,
 }
 
@@ -105,17 +118,17 @@ impl Pipeline {
             generation: 0,
             last_sync: None,
             retry_at: None,
-            sync_period: None,
+            audit_interval: None,
             resync_at: None,
         }
     }
 
-    /// Every `period`, the maps are read back from the kernel and the
-    /// whole table compared with them, so an entry anyone else changed is
-    /// put right (kube-proxy's syncPeriod).
+    /// Every `period`, the drift audit reads the maps back from the kernel
+    /// and compares the whole table with them, so an entry anyone else
+    /// changed is put right (kube-proxy's syncPeriod).
     #[must_use]
-    pub fn with_sync_period(mut self, period: Option<Duration>) -> Self {
-        self.sync_period = period;
+    pub fn with_audit_interval(mut self, period: Option<Duration>) -> Self {
+        self.audit_interval = period;
         self.resync_at = period.map(|p| Instant::now() + p);
         self
     }
@@ -170,9 +183,12 @@ impl Pipeline {
         let noticed = Instant::now();
         let mut triggers = Vec::new();
         let mut changed = None;
+        let mut audit = None;
         if wake == Wake::Resync {
-            self.resync_at = self.sync_period.map(|p| Instant::now() + p);
-            self.read_back(maps);
+            self.resync_at = self.audit_interval.map(|p| Instant::now() + p);
+            if self.node.is_some() {
+                audit = self.start_audit(maps);
+            }
         }
         if wake == Wake::Changed {
             source.gather(self.last_sync).await;
@@ -187,7 +203,8 @@ impl Pipeline {
         let report = self.reconciler.sync(maps, self.model.table(), changed.as_ref());
         let took = started.elapsed();
         let latency = noticed.elapsed();
-        log_report(&report, started.duration_since(noticed), took);
+        let drift = audit.and_then(|a| finish_audit(a, maps));
+        log_report(&report, started.duration_since(noticed), took, drift.is_some());
         self.stats.map_write_failures += report.failures.len() as u64;
         self.retry_at = self.reconciler.retry_delay().map(|d| Instant::now() + d);
         let programming_seconds = if report.failures.is_empty() { since(&triggers) } else { Vec::new() };
@@ -200,6 +217,7 @@ impl Pipeline {
             took,
             generation: self.generation,
             programming_seconds,
+            drift,
         })
     }
 
@@ -210,27 +228,33 @@ impl Pipeline {
         self.reconciler = reconciler;
         let started = Instant::now();
         let report = self.reconciler.sync(maps, self.model.table(), None);
-        log_report(&report, Duration::ZERO, started.elapsed());
+        log_report(&report, Duration::ZERO, started.elapsed(), false);
         self.stats.map_write_failures += report.failures.len() as u64;
         self.retry_at = self.reconciler.retry_delay().map(|d| Instant::now() + d);
         report
     }
 
-    /// Reads the maps back into a fresh reconciler, as on start, so the
-    /// next sync (which compares the whole table) rewrites whatever differs
-    /// there. A map that cannot be read keeps the reconciler as it is.
-    fn read_back(&mut self, maps: &mut impl ServiceMaps) {
-        match Reconciler::recover(maps) {
-            Ok((reconciler, recovery)) => {
+    /// Starts a drift audit: the maps are read back into a fresh
+    /// reconciler, as on start, so the sync that follows (which compares
+    /// the whole table) rewrites whatever differs there, in the
+    /// reconciler's safe order. A map that cannot be read keeps the
+    /// reconciler as it is.
+    fn start_audit(&mut self, maps: &mut impl ServiceMaps) -> Option<Audit> {
+        match Audit::start(maps) {
+            Ok((audit, reconciler, recovery)) => {
                 self.reconciler = reconciler;
-                info!(
+                debug!(
                     frontends = recovery.frontends,
                     backends = recovery.backends,
                     stale_entries_removed = recovery.stale_entries_removed,
-                    "periodic sync: read the maps back; the whole table is compared with them"
+                    "drift audit: read the maps back; the whole table is compared with them"
                 );
+                Some(audit)
             }
-            Err(err) => warn!(%err, "periodic sync: cannot read the maps back; compared with what was written"),
+            Err(err) => {
+                warn!(%err, "drift audit: cannot read the maps back; compared with what was written");
+                None
+            }
         }
     }
 
@@ -331,6 +355,25 @@ struct Update {
     full: bool,
 }
 
+/// Ends a drift audit: logs one line naming what differed (at warn: the
+/// maps were changed by something else), or at debug that nothing did.
+fn finish_audit(audit: Audit, maps: &impl ServiceMaps) -> Option<Drift> {
+    match audit.finish(maps) {
+        Ok(drift) if drift.is_empty() => {
+            debug!("drift audit: the maps hold the desired table");
+            Some(drift)
+        }
+        Ok(drift) => {
+            warn!(entries = drift.total(), maps = %drift, "{}", audit::DRIFT_REPAIRED);
+            Some(drift)
+        }
+        Err(err) => {
+            warn!(%err, "drift audit: cannot read the maps after the repair; the difference is not counted");
+            None
+        }
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -371,9 +414,10 @@ pub const MAP_WRITES_FAILED: &str =
 const LOG_EACH_CHANGE_UP_TO: usize = 64;
 
 /// Logs what a sync changed; `read` is the time spent reading and
-/// translating, `took` the time spent writing the maps.
-fn log_report(report: &Report, read: Duration, took: Duration) {
-    let each_at_info = report.changes.len() <= LOG_EACH_CHANGE_UP_TO;
+/// translating, `took` the time spent writing the maps. The changes of a
+/// drift audit's repair go to debug (its one line names them).
+fn log_report(report: &Report, read: Duration, took: Duration, audit: bool) {
+    let each_at_info = !audit && report.changes.len() <= LOG_EACH_CHANGE_UP_TO;
     for c in &report.changes {
         if !each_at_info && !tracing::enabled!(tracing::Level::DEBUG) {
             break;
@@ -391,7 +435,7 @@ fn log_report(report: &Report, read: Duration, took: Duration) {
             debug!(service = %c.service_port, frontend = %c.frontend, backends = c.backends, ?added, ?removed, "{kind}");
         }
     }
-    if !each_at_info {
+    if !each_at_info && !audit {
         let count = |kind| report.changes.iter().filter(|c| c.kind == kind).count();
         info!(
             added = count(ChangeKind::Added),

@@ -79,7 +79,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         devices: crate::devices::DeviceSelection::Named(Vec::new()),
         max_service_series: crate::metrics::DEFAULT_MAX_SERVICE_SERIES,
         min_sync_period: agent::DEFAULT_MIN_SYNC_PERIOD,
-        sync_period: None,
+        audit_interval: None,
     };
     let (applied_tx, mut applied_rx) = watch::channel(Applied::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

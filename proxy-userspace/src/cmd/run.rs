@@ -61,7 +61,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
         cgroup = %config.load.cgroup.display(),
         node = %config.node_name,
         min_sync_period_ms = config.min_sync_period.as_millis(),
-        sync_period_seconds = config.sync_period.map(|p| p.as_secs_f64()),
+        audit_interval_seconds = config.audit_interval.map(|p| p.as_secs_f64()),
         "starting"
     );
     let (applied, _) = watch::channel(agent::Applied::default());
@@ -122,7 +122,12 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             .or(file.max_service_series)
             .unwrap_or(crate::metrics::DEFAULT_MAX_SERVICE_SERIES),
         min_sync_period: file.min_sync_period.unwrap_or(agent::DEFAULT_MIN_SYNC_PERIOD),
-        sync_period: file.sync_period,
+        // One timer: the config file's syncPeriod (0s there is kube-proxy's
+        // default) is the audit's interval unless the flag sets it.
+        audit_interval: Some(
+            args.audit_interval.or(file.sync_period).unwrap_or(crate::pipeline::DEFAULT_AUDIT_INTERVAL),
+        )
+        .filter(|d| !d.is_zero()),
     })
 }
 

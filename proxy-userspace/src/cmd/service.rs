@@ -44,7 +44,7 @@ pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {
 }
 
 /// `ADDR:PORT`, `[V6]:PORT`, optionally `/TCP` or `/UDP`.
-fn parse_frontend(text: &str) -> anyhow::Result<(std::net::IpAddr, u16, Option<Protocol>)> {
+pub(crate) fn parse_frontend(text: &str) -> anyhow::Result<(std::net::IpAddr, u16, Option<Protocol>)> {
     let (addr_port, proto) = match text.rsplit_once('/') {
         Some((a, "TCP" | "tcp")) => (a, Some(Protocol::Tcp)),
         Some((a, "UDP" | "udp")) => (a, Some(Protocol::Udp)),

@@ -250,6 +250,35 @@ pub fn table(frontends: &[FrontendView]) -> String {
     out
 }
 
+/// Which backend a flow from outside the node, from `client`, gets at
+/// `frontend`: the Maglev table entry the TC programs pick for a new flow
+/// (the same hash, `proxy_common::flow_hash`), with its index. `None` when
+/// the frontend has no Maglev table (it is not served to traffic from
+/// outside) or the table is not in `dump`.
+#[must_use]
+pub fn maglev_pick(dump: &Dump, frontend: &FrontendView, client: std::net::SocketAddr) -> Option<(u32, BackendView)> {
+    let table = dump.maglev.get(&frontend.maglev_table?)?;
+    let protocol = frontend.key()?.protocol;
+    let hash = proxy_common::flow_hash(
+        &proxy_common::net::encode(client.ip()),
+        client.port().to_be(),
+        frontend.port.to_be(),
+        codec::protocol_number(protocol),
+    );
+    let index = proxy_common::maglev_index(hash, u32::try_from(table.len()).ok()?);
+    let id = *table.get(usize::try_from(index).ok()?)?;
+    Some((index, backend_view(id, dump.backends.get(&id))))
+}
+
+/// Whether `frontend`'s source ranges admit `client` (`true` when it has
+/// none: every source is admitted).
+#[must_use]
+pub fn admits(frontend: &FrontendView, client: IpAddr) -> bool {
+    frontend.source_ranges.as_ref().is_none_or(|ranges| {
+        ranges.iter().filter_map(|r| r.parse::<ipnet::IpNet>().ok()).any(|net| net.contains(&client))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;

@@ -164,7 +164,7 @@ pub fn local_ready_endpoints(slices: &[&EndpointSlice], node: &str) -> usize {
 }
 
 /// The target port for `port` in `slice`, matched by name and protocol.
-fn slice_port(slice: &EndpointSlice, port: &PortSpec, problems: &mut Vec<Problem>) -> Option<u16> {
+pub(super) fn slice_port(slice: &EndpointSlice, port: &PortSpec, problems: &mut Vec<Problem>) -> Option<u16> {
     let (j, sp) = slice.ports.iter().flatten().enumerate().find(|(_, sp)| {
         sp.name.as_deref().unwrap_or("") == port.name && protocol_matches(sp.protocol.as_deref(), port.protocol)
     })?;

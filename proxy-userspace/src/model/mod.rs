@@ -2,6 +2,7 @@
 //! service table out. No I/O, no aya, no kube client: every Kubernetes rule
 //! of the proxy lives here and is tested without a kernel.
 mod endpoints;
+pub mod explain;
 mod frontends;
 mod problem;
 mod service;
@@ -12,7 +13,7 @@ mod table;
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
-pub use endpoints::{SERVICE_NAME_LABEL, owning_service};
+pub use endpoints::{SERVICE_NAME_LABEL, Selection, owning_service};
 pub use problem::{ObjectRef, Problem, Severity};
 pub use state::{Delta, ServiceId, ServiceInput, TableState, service_id};
 pub use table::{HealthCheck, NodeContext, TO_BE_DELETED_TAINT, Translation, ZONE_LABEL, node_eligible, translate};

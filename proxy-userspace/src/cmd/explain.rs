@@ -1,0 +1,191 @@
+//! `ebpf-proxy explain ADDR:PORT[/PROTO] [--from IP[:PORT]]`: where a
+//! connection to a frontend goes and why, read from the pinned maps (the
+//! agent need not be running): the service and port, its type and
+//! policies, each backend with its state, and with `--from` the backend
+//! that client would get.
+use std::net::{IpAddr, SocketAddr};
+
+use anyhow::{Context as _, bail};
+use serde::Serialize;
+
+use crate::{
+    args::{ExplainArgs, OutputFormat},
+    datapath::{
+        KernelMaps, ServiceMaps as _,
+        inspect::{self, BackendView, FrontendView},
+    },
+};
+
+/// What the maps cannot tell (the reasons live in the agent's model,
+/// `model::explain`, which it does not serve yet).
+const UNUSED_UNKNOWN: &str = "which endpoints of the cluster are not used, and why, is not in the maps \
+     (the agent does not serve its reasons yet); compare the backends above with the service's EndpointSlices";
+
+#[derive(Debug, Serialize)]
+struct Explanation {
+    /// The entries of the frontend (the one every client uses, and its
+    /// `external` twin when externalTrafficPolicy is Local).
+    frontends: Vec<FrontendView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from: Option<ClientView>,
+    /// What this answer cannot tell.
+    unknown: Vec<&'static str>,
+}
+
+#[derive(Debug, Serialize)]
+struct ClientView {
+    client: IpAddr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    port: Option<u16>,
+    /// Traffic from outside: the source ranges admit it.
+    admitted: bool,
+    /// Traffic from outside: the Maglev entry a new flow picks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    maglev_entry: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend: Option<BackendView>,
+    /// How it is chosen, in words.
+    how: String,
+}
+
+pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
+    let (addr, port, protocol) = super::service::parse_frontend(&args.frontend)?;
+    let client = args.from.as_deref().map(parse_client).transpose()?;
+    let dir = crate::paths::current_maps_dir(&args.bpffs_dir)
+        .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?;
+    let dump = KernelMaps::open_pinned(&dir)
+        .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?
+        .dump()?;
+    let frontends: Vec<FrontendView> = inspect::frontends(&dump)
+        .into_iter()
+        .filter(|f| {
+            f.key().is_some_and(|k| k.addr == addr && k.port == port && protocol.is_none_or(|p| p == k.protocol))
+        })
+        .collect();
+    if frontends.is_empty() {
+        bail!("no frontend {} in the maps: it is not a service address this node translates", args.frontend);
+    }
+    let from = client.map(|(ip, port)| client_view(&dump, &frontends, ip, port));
+    let explanation = Explanation { frontends, from, unknown: vec![UNUSED_UNKNOWN] };
+    match args.output {
+        OutputFormat::Table => print!("{}", text(&explanation)),
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&explanation)?),
+    }
+    Ok(())
+}
+
+/// `IP` or `IP:PORT` (`[IPv6]:PORT`).
+fn parse_client(text: &str) -> anyhow::Result<(IpAddr, Option<u16>)> {
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Ok((ip, None));
+    }
+    let sock: SocketAddr =
+        text.parse().with_context(|| format!("--from {text}: expected IP or IP:PORT ([IPv6]:PORT)"))?;
+    Ok((sock.ip(), Some(sock.port())))
+}
+
+/// The backend `client` gets: from outside, the Maglev entry of the entry
+/// traffic from outside uses (the external twin when there is one).
+fn client_view(
+    dump: &crate::datapath::maps::Dump,
+    frontends: &[FrontendView],
+    ip: IpAddr,
+    port: Option<u16>,
+) -> ClientView {
+    let outside = frontends
+        .iter()
+        .find(|f| f.scope.is_some())
+        .or_else(|| frontends.iter().find(|f| f.maglev_table.is_some()))
+        .unwrap_or(&frontends[0]);
+    let admitted = inspect::admits(outside, ip);
+    let mut view = ClientView { client: ip, port, admitted, maglev_entry: None, backend: None, how: String::new() };
+    let local = match frontends[0].affinity_timeout {
+        Some(t) => {
+            format!("from this node: a backend at random at connect, then kept {t}s per client (ClientIP affinity)")
+        }
+        None => "from this node: a backend at random per connection".to_owned(),
+    };
+    view.how = if outside.maglev_table.is_none() {
+        format!("{local}; traffic from outside is not served at this frontend")
+    } else if !admitted {
+        format!("{local}; from outside: dropped, the source ranges do not admit {ip}")
+    } else if let Some(port) = port {
+        match inspect::maglev_pick(dump, outside, SocketAddr::new(ip, port)) {
+            Some((entry, backend)) => {
+                view.maglev_entry = Some(entry);
+                view.backend = Some(backend);
+                format!("{local}; from outside: a new flow takes Maglev entry {entry} (kept by connection tracking)")
+            }
+            None => format!("{local}; from outside: the Maglev table is missing from the maps"),
+        }
+    } else {
+        format!("{local}; from outside: the Maglev entry depends on the client's port (give --from IP:PORT)")
+    };
+    view
+}
+
+fn text(e: &Explanation) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for f in &e.frontends {
+        let scope =
+            if f.scope.is_some() { " (external: traffic from outside, externalTrafficPolicy: Local)" } else { "" };
+        let _ = writeln!(out, "frontend {}:{}/{}{scope}", f.address, f.port, f.protocol);
+        let _ = writeln!(out, "  service        {} (id {})", f.service_text(), f.id);
+        let _ = writeln!(out, "  type           {}", f.kind);
+        let affinity = f.affinity_timeout.map_or_else(|| "none".to_owned(), |t| format!("ClientIP, {t}s"));
+        let _ = writeln!(out, "  affinity       {affinity}");
+        let reach = match (f.reach.contains(&"outside-only"), f.reach.contains(&"two-scopes"), f.maglev_table) {
+            (true, _, _) => "traffic from outside only",
+            (_, true, _) => "local clients; traffic from outside uses the external entry (this node's endpoints)",
+            (_, _, Some(_)) => "local clients and traffic from outside",
+            _ => "local clients only",
+        };
+        let _ = writeln!(out, "  reach          {reach}");
+        let ranges = f.source_ranges.as_ref().map_or_else(
+            || "any".to_owned(),
+            |r| if r.is_empty() { "none (admits nobody)".to_owned() } else { r.join(", ") },
+        );
+        let _ = writeln!(out, "  source ranges  {ranges}");
+        if let Some(t) = f.maglev_table {
+            let _ = writeln!(out, "  maglev table   {t}");
+        }
+        let _ = writeln!(
+            out,
+            "  backends       {}",
+            if f.backends.is_empty() { "none: connections are refused" } else { "" }
+        );
+        for b in &f.backends {
+            let addr =
+                b.address.map_or_else(|| format!("id {} (missing)", b.id), |a| SocketAddr::new(a, b.port).to_string());
+            let _ = writeln!(out, "    {addr}  {}{}", b.state, if b.local { ", local" } else { "" });
+        }
+    }
+    if let Some(c) = &e.from {
+        let who = c.port.map_or_else(|| c.client.to_string(), |p| SocketAddr::new(c.client, p).to_string());
+        let _ = writeln!(out, "from {who}");
+        let _ = writeln!(out, "  {}", c.how);
+        if let Some(b) = &c.backend {
+            let addr =
+                b.address.map_or_else(|| format!("id {} (missing)", b.id), |a| SocketAddr::new(a, b.port).to_string());
+            let _ = writeln!(out, "  backend {addr}");
+        }
+    }
+    for u in &e.unknown {
+        let _ = writeln!(out, "not known: {u}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_client;
+
+    #[test]
+    fn clients_parse() {
+        assert_eq!(parse_client("192.0.2.1").unwrap(), ("192.0.2.1".parse().unwrap(), None));
+        assert_eq!(parse_client("192.0.2.1:4000").unwrap(), ("192.0.2.1".parse().unwrap(), Some(4000)));
+        assert_eq!(parse_client("[fd00::1]:53").unwrap(), ("fd00::1".parse().unwrap(), Some(53)));
+        assert!(parse_client("host:1").is_err());
+    }
+}

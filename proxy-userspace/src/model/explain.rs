@@ -1,0 +1,311 @@
+//! Why each endpoint of a service port is used or not, for `ebpf-proxy
+//! explain`: the same inputs as `endpoints::backends_for_port` (the port,
+//! the family, the slices, the selection), every endpoint the slices list
+//! with its verdict. A test holds the two together: the endpoints said to
+//! be used are exactly the backends the model programs.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::Serialize;
+
+use super::{BackendState, endpoints::Selection, frontends::PortSpec};
+
+/// Why an endpoint the cluster has is not a backend of a frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Unused {
+    /// Its slice has no port of this name and protocol.
+    PortNameUnmatched,
+    /// Neither ready nor serving-and-terminating.
+    NotReady,
+    /// On another node, and the traffic policy is Local.
+    OtherNode,
+    /// Serving and terminating, but ready endpoints exist (kube-proxy falls
+    /// back to terminating endpoints only when no endpoint is ready).
+    TerminatingNotNeeded,
+    /// Its zone hints are for other zones, and every ready endpoint has hints
+    /// with one for this node's zone.
+    ZoneHint,
+    /// Past the most backends a frontend holds (by address order).
+    OverCap,
+}
+
+impl Unused {
+    /// What the operator reads.
+    #[must_use]
+    pub const fn text(self) -> &'static str {
+        match self {
+            Self::PortNameUnmatched => "its slice has no port of this name and protocol",
+            Self::NotReady => "not ready (and not serving while terminating)",
+            Self::OtherNode => "on another node, and the traffic policy is Local",
+            Self::TerminatingNotNeeded => "terminating; ready endpoints exist, so it is not needed",
+            Self::ZoneHint => "its zone hints are for other zones",
+            Self::OverCap => "over the most backends a frontend holds",
+        }
+    }
+}
+
+/// One endpoint of the service's slices, and whether the frontend uses it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EndpointUse {
+    pub address: IpAddr,
+    /// The target port (`None`: the slice has no matching port).
+    pub port: Option<u16>,
+    /// Its node (`nodeName`), when the slice says.
+    pub node: Option<String>,
+    /// `None`: a backend of the frontend.
+    pub unused: Option<Unused>,
+}
+
+/// An endpoint that passed the per-endpoint checks: its best state across
+/// slices, its zone hints, its node.
+type Candidate = (BackendState, BTreeSet<String>, Option<String>);
+
+/// An endpoint's conditions, read as kube-proxy reads them (absent: true,
+/// terminating absent: false).
+fn state_of(endpoint: &k8s_openapi::api::discovery::v1::Endpoint) -> Option<BackendState> {
+    let c = endpoint.conditions.as_ref();
+    let (ready, serving, terminating) = (
+        c.and_then(|c| c.ready).unwrap_or(true),
+        c.and_then(|c| c.serving).unwrap_or(true),
+        c.and_then(|c| c.terminating).unwrap_or(false),
+    );
+    match (ready, serving && terminating) {
+        (true, _) => Some(BackendState::Active),
+        (false, true) => Some(BackendState::Terminating),
+        (false, false) => None,
+    }
+}
+
+/// Every endpoint of `port` in the slices of one family (`ipv6`), with
+/// why it is not used, under `selection`: the reasons are checked in the
+/// order the model applies them (port, conditions, node, terminating
+/// fallback, zone, cap), and each endpoint gets the first that applies. An
+/// endpoint without a valid address of the family is left out (the model
+/// reports it as a problem of its slice).
+#[must_use]
+pub fn endpoint_uses(
+    port: &PortSpec,
+    ipv6: bool,
+    slices: &[&EndpointSlice],
+    selection: &Selection<'_>,
+) -> Vec<EndpointUse> {
+    let family = if ipv6 { "IPv6" } else { "IPv4" };
+    let mut out = Vec::new();
+    // Candidates by (address, port): best state, zone hints, node.
+    let mut candidates: BTreeMap<(IpAddr, u16), Candidate> = BTreeMap::new();
+    for slice in slices.iter().filter(|s| s.address_type == family) {
+        let target = super::endpoints::slice_port(slice, port, &mut Vec::new());
+        for endpoint in slice.endpoints.iter().flatten() {
+            let Some(address) = endpoint.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else { continue };
+            if address.is_ipv6() != ipv6 {
+                continue;
+            }
+            let node = endpoint.node_name.clone();
+            let rejected = |unused| EndpointUse { address, port: target, node: node.clone(), unused: Some(unused) };
+            let Some(target) = target else {
+                out.push(rejected(Unused::PortNameUnmatched));
+                continue;
+            };
+            let Some(state) = state_of(endpoint) else {
+                out.push(rejected(Unused::NotReady));
+                continue;
+            };
+            if selection.local_node.is_some() && node.as_deref() != Some(selection.node_name) {
+                out.push(rejected(Unused::OtherNode));
+                continue;
+            }
+            let hints = endpoint.hints.iter().flat_map(|h| h.for_zones.iter().flatten()).map(|z| z.name.clone());
+            let c = candidates.entry((address, target)).or_insert((state, BTreeSet::new(), None));
+            c.0 = c.0.min(state);
+            c.1.extend(hints);
+            // The model marks a backend local if any of its entries is.
+            if c.2.as_deref() != Some(selection.node_name) {
+                c.2.clone_from(&node);
+            }
+        }
+    }
+    let wanted = if candidates.values().any(|c| c.0 == BackendState::Active) {
+        BackendState::Active
+    } else {
+        BackendState::Terminating
+    };
+    let follow_zone = selection.zone.filter(|zone| {
+        let ready = || candidates.values().filter(|c| c.0 == BackendState::Active);
+        wanted == BackendState::Active && ready().all(|c| !c.1.is_empty()) && ready().any(|c| c.1.contains(*zone))
+    });
+    let mut kept = 0;
+    for ((address, target), (state, hints, node)) in candidates {
+        let unused = if state != wanted {
+            Some(Unused::TerminatingNotNeeded)
+        } else if follow_zone.is_some_and(|zone| !hints.contains(zone)) {
+            Some(Unused::ZoneHint)
+        } else if kept == selection.max_backends {
+            Some(Unused::OverCap)
+        } else {
+            kept += 1;
+            None
+        };
+        out.push(EndpointUse { address, port: Some(target), node, unused });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+    use super::*;
+    use crate::model::{ObjectRef, Protocol, endpoints::backends_for_port};
+
+    fn slices(yaml: &str) -> Vec<EndpointSlice> {
+        yaml.split("---\n").filter(|d| !d.trim().is_empty()).map(|d| serde_yaml::from_str(d).unwrap()).collect()
+    }
+
+    fn http() -> PortSpec {
+        PortSpec { name: "http".into(), port: 80, protocol: Protocol::Tcp, node_port: None }
+    }
+
+    const PORTS: &str = "addressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\n";
+
+    /// A slice with the ports above and `endpoints` (YAML flow list items).
+    fn slice(endpoints: &[&str]) -> String {
+        format!("metadata: {{name: s, namespace: ns}}\n{PORTS}endpoints: [{}]\n", endpoints.join(", "))
+    }
+
+    struct Case {
+        name: &'static str,
+        slices: String,
+        local: bool,
+        zone: Option<&'static str>,
+        max: usize,
+        /// (last octet of 10.0.0.x, verdict)
+        expected: &'static [(u8, Option<Unused>)],
+    }
+
+    fn cases() -> Vec<Case> {
+        let ep = |last: u8, rest: &str| format!("{{addresses: [10.0.0.{last}]{rest}}}");
+        let ready = |last| ep(last, ", conditions: {ready: true}, nodeName: here");
+        let zoned = |last, zone: &str| {
+            ep(last, &format!(", conditions: {{ready: true}}, nodeName: here, hints: {{forZones: [{{name: {zone}}}]}}"))
+        };
+        let terminating = |last| ep(last, ", conditions: {ready: false, serving: true, terminating: true}");
+        vec![
+            Case {
+                name: "ready endpoints are used; not ready ones are not",
+                slices: slice(&[&ready(1), &ep(2, ", conditions: {ready: false}")]),
+                local: false,
+                zone: None,
+                max: 10,
+                expected: &[(2, Some(Unused::NotReady)), (1, None)],
+            },
+            Case {
+                name: "terminating ones only when nothing is ready",
+                slices: slice(&[&ready(1), &terminating(2)])
+                    + "---\n"
+                    + &slice(&[&terminating(3)]).replace("name: s,", "name: t,"),
+                local: false,
+                zone: None,
+                max: 10,
+                expected: &[
+                    (1, None),
+                    (2, Some(Unused::TerminatingNotNeeded)),
+                    (3, Some(Unused::TerminatingNotNeeded)),
+                ],
+            },
+            Case {
+                name: "the fallback when none is ready",
+                slices: slice(&[
+                    &terminating(2),
+                    &ep(3, ", conditions: {ready: false, serving: false, terminating: true}"),
+                ]),
+                local: false,
+                zone: None,
+                max: 10,
+                expected: &[(3, Some(Unused::NotReady)), (2, None)],
+            },
+            Case {
+                name: "Local: endpoints of other nodes are not used",
+                slices: slice(&[&ready(1), &ep(2, ", nodeName: there"), &ep(3, "")]),
+                local: true,
+                zone: None,
+                max: 10,
+                expected: &[(2, Some(Unused::OtherNode)), (3, Some(Unused::OtherNode)), (1, None)],
+            },
+            Case {
+                name: "zone hints for this zone narrow the ready endpoints",
+                slices: slice(&[&zoned(1, "a"), &zoned(2, "b")]),
+                local: false,
+                zone: Some("a"),
+                max: 10,
+                expected: &[(1, None), (2, Some(Unused::ZoneHint))],
+            },
+            Case {
+                name: "zone hints are ignored unless every ready endpoint has one",
+                slices: slice(&[&zoned(1, "a"), &ready(2)]),
+                local: false,
+                zone: Some("a"),
+                max: 10,
+                expected: &[(1, None), (2, None)],
+            },
+            Case {
+                name: "a slice without the port name",
+                slices: slice(&[&ready(1)])
+                    + "---\n"
+                    + &slice(&[&ready(2)]).replace("name: http", "name: metrics").replace("name: s,", "name: t,"),
+                local: false,
+                zone: None,
+                max: 10,
+                expected: &[(2, Some(Unused::PortNameUnmatched)), (1, None)],
+            },
+            Case {
+                name: "over the cap, by address order",
+                slices: slice(&[&ready(3), &ready(1), &ready(2)]),
+                local: false,
+                zone: None,
+                max: 2,
+                expected: &[(1, None), (2, None), (3, Some(Unused::OverCap))],
+            },
+        ]
+    }
+
+    #[test]
+    fn each_endpoint_gets_its_reason() {
+        for case in cases() {
+            let owned = slices(&case.slices);
+            let refs: Vec<&EndpointSlice> = owned.iter().collect();
+            let selection = Selection {
+                local_node: case.local.then_some("here"),
+                zone: case.zone,
+                node_name: "here",
+                max_backends: case.max,
+            };
+            let uses = endpoint_uses(&http(), false, &refs, &selection);
+            let got: Vec<(u8, Option<Unused>)> = uses
+                .iter()
+                .map(|u| match u.address {
+                    IpAddr::V4(a) => (a.octets()[3], u.unused),
+                    IpAddr::V6(_) => unreachable!("IPv4 slices"),
+                })
+                .collect();
+            assert_eq!(got, case.expected, "{}", case.name);
+            // The endpoints said to be used are the model's backends.
+            let backends = backends_for_port(
+                &ObjectRef::new("Service", Some("ns"), Some("s")),
+                &http(),
+                false,
+                &refs,
+                &selection,
+                &mut Vec::new(),
+            );
+            let said_used: Vec<(IpAddr, u16)> =
+                uses.iter().filter(|u| u.unused.is_none()).map(|u| (u.address, u.port.unwrap())).collect();
+            let programmed: Vec<(IpAddr, u16)> = backends.iter().map(|b| (b.addr, b.port)).collect();
+            assert_eq!(said_used, programmed, "{}: the model's backends", case.name);
+            assert!(uses.iter().all(|u| u.unused.is_none_or(|r| !r.text().is_empty())));
+        }
+    }
+}
