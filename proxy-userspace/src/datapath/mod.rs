@@ -1,5 +1,6 @@
 //! Everything that touches the kernel: loading and attaching the programs,
 //! and keeping the maps equal to the desired table. Only this module knows aya.
+mod backend_table;
 pub mod codec;
 pub mod counters;
 pub mod fake_maps;
