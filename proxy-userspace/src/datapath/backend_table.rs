@@ -6,9 +6,14 @@
 //! Records live in a `Vec` indexed by id: ids are handed out lowest first
 //! (`IdPool`), so the `Vec` is as long as the most backends held at once,
 //! and a record costs 48 bytes where a tree or hash map entry keyed by id
-//! and address cost several times that.
-use std::collections::{BTreeMap, HashMap};
+//! and address cost several times that. The index by address holds ids
+//! only (4 bytes each), hashing the address in the id's record.
+use std::{
+    collections::BTreeMap,
+    hash::{BuildHasher, RandomState},
+};
 
+use hashbrown::HashTable;
 use proxy_common::Backend as BackendValue;
 
 use super::{
@@ -90,7 +95,8 @@ pub struct BackendTable {
     by_id: Vec<Option<Record>>,
     /// The id of each address (the lowest, should the maps hold two),
     /// written or reserved.
-    ids: HashMap<BackendAddr, u32>,
+    ids: HashTable<u32>,
+    hasher: RandomState,
     pool: IdPool<u32>,
     /// Records written to the map.
     written: usize,
@@ -107,8 +113,10 @@ impl BackendTable {
                 stale.push(*id);
                 continue;
             };
-            this.ids.entry(addr).or_insert(*id);
             *this.slot(*id) = Some(Record { value: *value, written: true, slots: 0, wants: WantCounts::default() });
+            if this.lookup(&addr).is_none() {
+                this.index(*id);
+            }
             this.written += 1;
         }
         this.pool = IdPool::with_used(this.ids_in_use());
@@ -122,9 +130,26 @@ impl BackendTable {
     fn slot(&mut self, id: u32) -> &mut Option<Record> {
         let i = usize::try_from(id).expect("u32 fits usize");
         if self.by_id.len() <= i {
+            // Grown by an eighth, not doubled: ids are dense, and the
+            // table is about as large as it will stay.
+            let more = (i + 1 - self.by_id.len()).max(self.by_id.len() / 8);
+            self.by_id.reserve_exact(more);
             self.by_id.resize(i + 1, None);
         }
         &mut self.by_id[i]
+    }
+
+    /// The id `addr` is indexed by.
+    fn lookup(&self, addr: &BackendAddr) -> Option<u32> {
+        let by_id = &self.by_id;
+        self.ids.find(self.hasher.hash_one(addr), |id| record_addr(by_id, *id).as_ref() == Some(addr)).copied()
+    }
+
+    /// Indexes `id` by the address in its record.
+    fn index(&mut self, id: u32) {
+        let Self { by_id, ids, hasher, .. } = self;
+        let Some(addr) = record_addr(by_id, id) else { return };
+        ids.insert_unique(hasher.hash_one(addr), id, |id| record_addr(by_id, *id).map_or(0, |a| hasher.hash_one(a)));
     }
 
     fn get(&self, id: u32) -> Option<&Record> {
@@ -147,14 +172,14 @@ impl BackendTable {
 
     /// The id each address is known by (written or reserved), in order.
     pub fn primary_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.ids.values().copied().collect();
+        let mut ids: Vec<u32> = self.ids.iter().copied().collect();
         ids.sort_unstable();
         ids
     }
 
     /// The id of `addr` in the map (`None`: not written).
     pub fn id(&self, addr: &BackendAddr) -> Option<u32> {
-        self.ids.get(addr).copied().filter(|id| self.get(*id).is_some_and(|r| r.written))
+        self.lookup(addr).filter(|id| self.get(*id).is_some_and(|r| r.written))
     }
 
     /// The address of backend `id` (`None`: no such backend).
@@ -173,13 +198,13 @@ impl BackendTable {
     /// The id of `addr`, reserving a free one when it has none (`None`:
     /// every id is taken).
     pub fn reserve(&mut self, addr: BackendAddr) -> Option<u32> {
-        if let Some(id) = self.ids.get(&addr) {
-            return Some(*id);
+        if let Some(id) = self.lookup(&addr) {
+            return Some(id);
         }
         let id = self.pool.allocate()?;
         let value = codec::backend_value(BackendEntry { addr, state: BackendState::Active, local: false });
         *self.slot(id) = Some(Record { value, written: false, slots: 0, wants: WantCounts::default() });
-        self.ids.insert(addr, id);
+        self.index(id);
         Some(id)
     }
 
@@ -232,14 +257,14 @@ impl BackendTable {
     /// Drops the record of `id` (deleted from the map, or never written)
     /// and frees the id.
     pub fn forget(&mut self, id: u32) {
+        if let Some(addr) = record_addr(&self.by_id, id)
+            && let Ok(entry) = self.ids.find_entry(self.hasher.hash_one(addr), |x| *x == id)
+        {
+            entry.remove();
+        }
         let Some(r) = self.slot(id).take() else { return };
         if r.written {
             self.written -= 1;
-        }
-        if let Ok(addr) = codec::backend_addr(&r.value)
-            && self.ids.get(&addr) == Some(&id)
-        {
-            self.ids.remove(&addr);
         }
         self.pool.release(id);
     }
@@ -271,6 +296,13 @@ impl BackendTable {
     pub fn reserve_recovered(&mut self) {
         self.pool = IdPool::with_used(self.ids_in_use());
     }
+}
+
+/// The address in the record of `id` (`None`: no record, or one of no
+/// address).
+fn record_addr(by_id: &[Option<Record>], id: u32) -> Option<BackendAddr> {
+    let r = by_id.get(usize::try_from(id).ok()?)?.as_ref()?;
+    codec::backend_addr(&r.value).ok()
 }
 
 fn to_id(i: usize) -> u32 {

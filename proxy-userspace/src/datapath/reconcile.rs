@@ -199,7 +199,7 @@ impl RetryBackoff {
 }
 
 /// How frontend `key`'s backends are wanted, in slot order.
-fn wanted_of<'a>(key: FrontendKey, frontend: &'a Frontend) -> impl Iterator<Item = (BackendAddr, Wanted)> + 'a {
+fn wanted_of(key: FrontendKey, frontend: &Frontend) -> impl Iterator<Item = (BackendAddr, Wanted)> + '_ {
     frontend.backends.iter().map(move |b| {
         (BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol }, Wanted { state: b.state, local: b.local })
     })
