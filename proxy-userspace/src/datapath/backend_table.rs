@@ -1,7 +1,7 @@
 //! The reconciler's record of `BACKENDS`, one small record per id: the
 //! value the map holds, how many slots name the id, and how many frontends
-//! of the desired table want it (docs/design.md, "One copy of each fact":
-//! the backends themselves are the model's; this is what the model lacks).
+//! of the desired table want it (docs/design.md, "Reconciler": the
+//! backends themselves are the model's; this is what the model lacks).
 //!
 //! Records live in a `Vec` indexed by id: ids are handed out lowest first
 //! (`IdPool`), so the `Vec` is as long as the most backends held at once,
