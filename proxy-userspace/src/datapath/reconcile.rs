@@ -24,12 +24,13 @@ use proxy_common::{Backend as BackendValue, ServiceKey, ServiceName, ServiceValu
 
 pub use super::codec::BackendAddr;
 use super::{
-    codec::{self, BackendEntry, FrontendFlags},
+    backend_table::{BackendTable, Wanted},
+    codec::{self, FrontendFlags},
     ids::IdPool,
     maglev_tables::MaglevTables,
     maps::{Dump, MapError, ServiceMaps},
 };
-use crate::model::{BackendState, Frontend, FrontendKey, Scope, ServicePort, ServiceTable};
+use crate::model::{Frontend, FrontendKey, Scope, ServicePort, ServiceTable};
 
 #[derive(Clone, Debug)]
 struct AppliedFrontend {
@@ -46,6 +47,9 @@ struct AppliedFrontend {
     slots: Vec<u32>,
     /// Source ranges in `SOURCE_RANGES` for this frontend's rev-NAT id.
     ranges: BTreeSet<IpNet>,
+    /// How the desired table wanted each backend of `slots` when it was
+    /// last applied (what this frontend added to their want counts).
+    wanted: Box<[Wanted]>,
 }
 
 impl AppliedFrontend {
@@ -58,6 +62,7 @@ impl AppliedFrontend {
             master: None,
             slots: Vec::new(),
             ranges: BTreeSet::new(),
+            wanted: Box::default(),
         }
     }
 
@@ -88,6 +93,14 @@ impl AppliedFrontend {
         match maps.set_name(self.rev_nat, &codec::service_name(&self.service_port)) {
             Ok(()) => self.name_written = true,
             Err(error) => report.failures.push(Failure { subject: format!("{} {key} name", self.service_port), error }),
+        }
+    }
+
+    /// Takes how `frontend` wants its backends (kept only when it differs:
+    /// a full sync passes every frontend here).
+    fn set_wanted(&mut self, key: FrontendKey, frontend: &Frontend) {
+        if !self.wanted.iter().copied().eq(wanted_of(key, frontend).map(|(_, w)| w)) {
+            self.wanted = wanted_of(key, frontend).map(|(_, w)| w).collect();
         }
     }
 
@@ -146,24 +159,14 @@ pub struct Recovery {
 #[derive(Debug, Default)]
 pub struct Reconciler {
     frontends: BTreeMap<FrontendKey, AppliedFrontend>,
-    /// Backend id per address (the lowest, should the maps hold two).
-    backend_ids: HashMap<BackendAddr, u32>,
-    /// Every backend in the map, by id.
-    backends: BTreeMap<u32, (BackendAddr, BackendValue)>,
-    backend_pool: IdPool<u32>,
+    /// Every backend in the map (and those about to be), by id and address.
+    backends: BackendTable,
     rev_nat_pool: IdPool<u16>,
     maglev: MaglevTables,
-    /// How many slots name each backend id (it must stay in `BACKENDS`).
-    slot_refs: HashMap<u32, u32>,
-    /// The desired table's backends per frontend, and the frontends using
-    /// each backend (a backend's value is the best they give it): what
-    /// `apply_changes` updates one frontend at a time.
-    desired: HashMap<FrontendKey, Vec<(BackendAddr, Wanted)>>,
-    /// (Counts, not the users themselves: a list or map per backend would
-    /// cost far more memory at 100,000 backends.)
-    users: HashMap<BackendAddr, WantCounts>,
-    /// Whether `desired` and `users` describe the last table applied (a
-    /// full `apply` builds them).
+    /// Whether the want counts of `backends` and each frontend's `wanted`
+    /// describe the last table applied, so that `apply_changes` can update
+    /// them one frontend at a time (a full `apply` without failures counts
+    /// them).
     indexed: bool,
     /// When to try again after failed writes.
     retry: RetryBackoff,
@@ -195,100 +198,29 @@ impl RetryBackoff {
     }
 }
 
-fn backend_value(addr: BackendAddr, wanted: Wanted) -> BackendValue {
-    codec::backend_value(BackendEntry { addr, state: wanted.state, local: wanted.local })
+/// How frontend `key`'s backends are wanted, in slot order.
+fn wanted_of(key: FrontendKey, frontend: &Frontend) -> impl Iterator<Item = (BackendAddr, Wanted)> + '_ {
+    frontend.backends.iter().map(move |b| {
+        (BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol }, Wanted { state: b.state, local: b.local })
+    })
 }
 
-/// A backend as the table wants it: its best state, and whether it is on
-/// this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Wanted {
-    state: BackendState,
-    local: bool,
-}
-
-impl Wanted {
-    /// The best of two frontends' views of one backend.
-    fn merge(self, other: Self) -> Self {
-        Self { state: self.state.min(other.state), local: self.local || other.local }
-    }
-}
-
-/// How many frontends of the desired table want a backend, by the way
-/// they want it (state x local).
-#[derive(Clone, Copy, Debug, Default)]
-struct WantCounts([u32; 4]);
-
-impl WantCounts {
-    const WAYS: [Wanted; 4] = [
-        Wanted { state: BackendState::Active, local: false },
-        Wanted { state: BackendState::Active, local: true },
-        Wanted { state: BackendState::Terminating, local: false },
-        Wanted { state: BackendState::Terminating, local: true },
-    ];
-
-    fn way(w: Wanted) -> usize {
-        Self::WAYS.iter().position(|x| *x == w).expect("every Wanted is one of the four")
-    }
-
-    fn add(&mut self, w: Wanted) {
-        self.0[Self::way(w)] += 1;
-    }
-
-    fn remove(&mut self, w: Wanted) {
-        let n = &mut self.0[Self::way(w)];
-        *n = n.saturating_sub(1);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.iter().all(|n| *n == 0)
-    }
-
-    /// The best of what the frontends want (`None`: none wants it).
-    fn best(&self) -> Option<Wanted> {
-        Self::WAYS.iter().zip(self.0).filter(|(_, n)| *n > 0).map(|(w, _)| *w).reduce(Wanted::merge)
-    }
-}
-
-/// A frontend's backends as the maps know them.
-fn wanted_of(key: FrontendKey, frontend: &Frontend) -> Vec<(BackendAddr, Wanted)> {
-    frontend
-        .backends
-        .iter()
-        .map(|b| {
-            (
-                BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol },
-                Wanted { state: b.state, local: b.local },
-            )
-        })
-        .collect()
-}
-
-/// `slots[i] = id`, keeping `refs` (slots naming each id) right.
-fn set_slot(slots: &mut Vec<u32>, refs: &mut HashMap<u32, u32>, i: usize, id: u32) {
+/// `slots[i] = id`, keeping the slot counts of `backends` right.
+fn set_slot(slots: &mut Vec<u32>, backends: &mut BackendTable, i: usize, id: u32) {
     let old = if i < slots.len() {
         std::mem::replace(&mut slots[i], id)
     } else {
         slots.push(id);
         0
     };
-    *refs.entry(id).or_default() += 1;
-    unref(refs, old);
+    backends.add_slot(id);
+    backends.remove_slot(old);
 }
 
-/// Drops the last slot, keeping `refs` right.
-fn pop_slot(slots: &mut Vec<u32>, refs: &mut HashMap<u32, u32>) {
+/// Drops the last slot, keeping the slot counts of `backends` right.
+fn pop_slot(slots: &mut Vec<u32>, backends: &mut BackendTable) {
     if let Some(old) = slots.pop() {
-        unref(refs, old);
-    }
-}
-
-fn unref(refs: &mut HashMap<u32, u32>, id: u32) {
-    if let Some(n) = refs.get_mut(&id) {
-        *n -= 1;
-        if *n == 0 {
-            refs.remove(&id);
-        }
+        backends.remove_slot(old);
     }
 }
 
@@ -311,16 +243,8 @@ impl Reconciler {
         let mut this = Self::default();
         let mut recovery = Recovery::default();
         let mut stale_services = Vec::new();
-        let mut stale_backends = Vec::new();
-
-        for (id, value) in &backends {
-            let Some(addr) = codec::backend_addr(value).ok().filter(|_| *id != 0) else {
-                stale_backends.push(*id);
-                continue;
-            };
-            this.backend_ids.entry(addr).or_insert(*id);
-            this.backends.insert(*id, (addr, *value));
-        }
+        let (table, stale_backends) = BackendTable::recover(&backends);
+        this.backends = table;
         for (key, value) in &services {
             let Ok((fk, slot)) = codec::frontend_of(key) else {
                 stale_services.push(*key);
@@ -338,7 +262,7 @@ impl Reconciler {
                     fe.slots.resize(i + 1, 0);
                 }
                 fe.slots[i] = value.backend_id;
-                *this.slot_refs.entry(value.backend_id).or_default() += 1;
+                this.backends.add_slot(value.backend_id);
             }
         }
         // Slots of a frontend without slot 0 are unreachable: delete them.
@@ -347,7 +271,7 @@ impl Reconciler {
         for fk in orphans {
             let fe = this.frontends.remove(&fk).expect("listed above");
             for id in &fe.slots {
-                unref(&mut this.slot_refs, *id);
+                this.backends.remove_slot(*id);
             }
             let keys = (0..fe.slots.len()).map(|i| codec::service_key(fk, slot_number(i)));
             stale_services.extend(keys.filter(|k| services.contains_key(k)));
@@ -374,8 +298,7 @@ impl Reconciler {
             .filter_map(|f| Some((f.master?.maglev, f.live_slots().to_vec())))
             .filter(|(id, _)| *id != 0)
             .collect();
-        let addrs: BTreeMap<u32, BackendAddr> = this.backends.iter().map(|(id, (a, _))| (*id, *a)).collect();
-        this.maglev = MaglevTables::recover(&maglev, &lists, &addrs, maps.maglev_size());
+        this.maglev = MaglevTables::recover(&maglev, &lists, &this.backends.addrs(), maps.maglev_size());
         for fe in this.frontends.values() {
             this.maglev.master_changed(0, fe.master.map_or(0, |m| m.maglev));
         }
@@ -395,7 +318,7 @@ impl Reconciler {
         for id in &stale_backends {
             maps.remove_backend(*id)?;
         }
-        this.backend_pool = IdPool::with_used(this.backends.keys().copied());
+        this.backends.reserve_recovered();
         this.rev_nat_pool = IdPool::with_used(used_rev_nat.iter().copied());
         recovery.frontends = this.frontends.len();
         recovery.backends = this.backends.len();
@@ -479,24 +402,24 @@ impl Reconciler {
     /// Makes the maps hold `desired`, writing only what differs; the whole
     /// table is compared (see `apply_changes` for a few frontends).
     pub fn apply(&mut self, maps: &mut impl ServiceMaps, desired: &ServiceTable) -> Report {
-        self.desired.clear();
-        self.users.clear();
+        let mut report = Report::default();
+        self.backends.clear_wants();
         for (key, frontend) in desired {
-            self.index(*key, Some(frontend));
+            self.want(*key, frontend, &mut report);
         }
-        self.indexed = true;
         let keys: Vec<FrontendKey> = desired.keys().chain(self.frontends.keys()).copied().collect();
-        let backends: Vec<BackendAddr> = self.users.keys().chain(self.backend_ids.keys()).copied().collect();
-        let mut report = self.apply_keys(maps, desired, keys, &backends);
+        let ids = self.backends.primary_ids();
+        self.apply_keys(maps, desired, keys, &ids, &mut report);
         // Every id, also a second id of one address (left by a crash).
-        let ids: Vec<u32> = self.backends.keys().copied().collect();
-        self.remove_unused_backends(maps, ids, &mut report);
+        self.remove_unused_backends(maps, self.backends.all_ids(), &mut report);
+        self.indexed = report.failures.is_empty();
         report
     }
 
     /// Makes the maps hold `desired` when it differs from the table last
     /// applied only at `changed`: the work is proportional to those
-    /// frontends, not to the table. (Before any full `apply`, it is one.)
+    /// frontends, not to the table. (Before any full `apply`, or after a
+    /// sync that failed a write, it is one.)
     pub fn apply_changes(
         &mut self,
         maps: &mut impl ServiceMaps,
@@ -506,55 +429,61 @@ impl Reconciler {
         if !self.indexed {
             return self.apply(maps, desired);
         }
+        let mut report = Report::default();
         let mut keys: BTreeSet<FrontendKey> = changed.clone();
         // An entry's TWO_SCOPES flag follows its twin.
         keys.extend(changed.iter().filter(|k| k.scope == Scope::External).map(|k| k.with_scope(Scope::All)));
-        let mut backends: BTreeSet<BackendAddr> = BTreeSet::new();
+        let mut ids: Vec<u32> = Vec::new();
         for key in &keys {
-            backends.extend(self.desired.get(key).into_iter().flatten().map(|(a, _)| *a));
-            self.index(*key, desired.get(key));
-            backends.extend(self.desired.get(key).into_iter().flatten().map(|(a, _)| *a));
-        }
-        let backends: Vec<BackendAddr> = backends.into_iter().collect();
-        self.apply_keys(maps, desired, keys.into_iter().collect(), &backends)
-    }
-
-    /// Records that the desired table gives `key` `frontend` (`None`: gone).
-    fn index(&mut self, key: FrontendKey, frontend: Option<&Frontend>) {
-        for (addr, want) in self.desired.remove(&key).unwrap_or_default() {
-            if let Some(users) = self.users.get_mut(&addr) {
-                users.remove(want);
-                if users.is_empty() {
-                    self.users.remove(&addr);
+            // The last sync wrote every frontend: its slots are the
+            // backends the table gave it, in order.
+            if let Some(fe) = self.frontends.get(key) {
+                for (id, way) in fe.slots.iter().zip(&fe.wanted) {
+                    self.backends.want(*id, *way, false);
+                    ids.push(*id);
                 }
             }
-        }
-        if let Some(frontend) = frontend {
-            let wanted = wanted_of(key, frontend);
-            for (addr, want) in &wanted {
-                self.users.entry(*addr).or_default().add(*want);
+            if let Some(frontend) = desired.get(key) {
+                ids.extend(self.want(*key, frontend, &mut report));
             }
-            self.desired.insert(key, wanted);
         }
+        ids.sort_unstable();
+        ids.dedup();
+        self.apply_keys(maps, desired, keys.into_iter().collect(), &ids, &mut report);
+        self.indexed = report.failures.is_empty();
+        report
     }
 
-    /// The value the desired table wants for backend `addr`, if any.
-    fn wanted(&self, addr: &BackendAddr) -> Option<Wanted> {
-        self.users.get(addr)?.best()
+    /// Counts what frontend `key` of the desired table wants of its
+    /// backends, reserving ids for the new ones; returns their ids.
+    fn want(&mut self, key: FrontendKey, frontend: &Frontend, report: &mut Report) -> Vec<u32> {
+        let mut ids = Vec::with_capacity(frontend.backends.len());
+        for (addr, way) in wanted_of(key, frontend) {
+            let Some(id) = self.backends.reserve(addr) else {
+                let error = MapError::Full { map: super::maps::MapName::Backends };
+                let subject = format!("backend {addr}/{}", addr.protocol);
+                if !report.failures.iter().any(|f| f.subject == subject) {
+                    report.failures.push(Failure { subject, error });
+                }
+                continue;
+            };
+            self.backends.want(id, way, true);
+            ids.push(id);
+        }
+        ids
     }
 
-    /// Brings frontends `keys` (and, first, backends `backends`) to what
+    /// Brings frontends `keys` (and, first, backends `ids`) to what
     /// `desired` says, then removes what nothing refers to any more.
     fn apply_keys(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
         mut keys: Vec<FrontendKey>,
-        backends: &[BackendAddr],
-    ) -> Report {
-        let mut report = Report::default();
-        let upserts: Vec<(BackendAddr, Wanted)> = backends.iter().filter_map(|a| Some((*a, self.wanted(a)?))).collect();
-        self.upsert_backends(maps, &upserts, &mut report);
+        ids: &[u32],
+        report: &mut Report,
+    ) {
+        self.upsert_backends(maps, ids, report);
         keys.sort();
         keys.dedup();
         let (mut updates, removals): (Vec<FrontendKey>, Vec<FrontendKey>) =
@@ -564,7 +493,7 @@ impl Reconciler {
         // their entry stopped saying so): keys of scope All sort first.
         updates.sort_by_key(|k| (k.scope != Scope::External, *k));
         for key in updates {
-            self.apply_frontend(maps, desired, key, &desired[&key], &mut report);
+            self.apply_frontend(maps, desired, key, &desired[&key], report);
         }
         for key in removals {
             // A twin stays while its entry still sends traffic from outside
@@ -574,7 +503,7 @@ impl Reconciler {
             {
                 continue;
             }
-            if let Err(error) = self.remove_frontend(maps, key, &mut report) {
+            if let Err(error) = self.remove_frontend(maps, key, report) {
                 let subject = format!("{} {key}", self.frontends[&key].service_port);
                 report.failures.push(Failure { subject, error });
             }
@@ -582,9 +511,7 @@ impl Reconciler {
         for (id, error) in self.maglev.remove_unused(maps, &mut report.writes) {
             report.failures.push(Failure { subject: format!("Maglev table {id}"), error });
         }
-        let ids: Vec<u32> = backends.iter().filter_map(|a| self.backend_ids.get(a).copied()).collect();
-        self.remove_unused_backends(maps, ids, &mut report);
-        report
+        self.remove_unused_backends(maps, ids.to_vec(), report);
     }
 
     fn apply_frontend(
@@ -600,7 +527,7 @@ impl Reconciler {
             .iter()
             .map(|b| {
                 let addr = BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol };
-                self.backend_ids.get(&addr).map(|id| (addr, *id))
+                self.backends.id(&addr).map(|id| (addr, id))
             })
             .collect();
         // A missing backend failed to be written (and is reported).
@@ -614,27 +541,17 @@ impl Reconciler {
         }
     }
 
-    /// Writes the backends that are new or changed, all in one batch.
-    fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, wanted: &[(BackendAddr, Wanted)], report: &mut Report) {
-        // (address, id, whether the id is newly allocated)
-        let mut writes: Vec<(BackendAddr, u32, bool)> = Vec::new();
+    /// Writes those of backends `ids` that are new or changed, all in one
+    /// batch; a new one that fails is forgotten (its id freed).
+    fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, ids: &[u32], report: &mut Report) {
+        // (id, whether it is new to the map)
+        let mut writes: Vec<(u32, bool)> = Vec::new();
         let mut entries: Vec<(u32, BackendValue)> = Vec::new();
-        for (addr, want) in wanted {
-            let value = backend_value(*addr, *want);
-            let (id, new) = match self.backend_ids.get(addr) {
-                Some(id) if self.backends[id].1 == value => continue,
-                Some(id) => (*id, false),
-                None => {
-                    let Some(id) = self.backend_pool.allocate() else {
-                        let error = MapError::Full { map: super::maps::MapName::Backends };
-                        report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error });
-                        continue;
-                    };
-                    (id, true)
-                }
-            };
-            writes.push((*addr, id, new));
-            entries.push((id, value));
+        for id in ids {
+            if let Some((value, new)) = self.backends.to_write(*id) {
+                writes.push((*id, new));
+                entries.push((*id, value));
+            }
         }
         report.writes += entries.len();
         let mut start = 0;
@@ -644,17 +561,16 @@ impl Reconciler {
                 Err((i, error)) => (i, Some(error)),
             };
             for n in start..start + written {
-                let ((addr, id, _), (_, value)) = (writes[n], entries[n]);
-                if self.backend_ids.insert(addr, id).is_none() {
-                    report.backends_added += 1;
-                }
-                self.backends.insert(id, (addr, value));
+                let ((id, new), (_, value)) = (writes[n], entries[n]);
+                self.backends.written(id, value);
+                report.backends_added += usize::from(new);
             }
             start += written;
             if let Some(error) = failed {
-                let (addr, id, new) = writes[start];
+                let (id, new) = writes[start];
+                let addr = self.backends.addr(id).expect("a backend to write has an address");
                 if new {
-                    self.backend_pool.release(id);
+                    self.backends.forget(id);
                 }
                 report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error });
                 start += 1;
@@ -675,6 +591,7 @@ impl Reconciler {
         let before: Vec<u32> = self.frontends.get(&key).map(|f| f.live_slots().to_vec()).unwrap_or_default();
         let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(frontend.service_port.clone()));
         fe.set_service_port(&frontend.service_port);
+        fe.set_wanted(key, frontend);
         let writes_before = report.writes;
 
         if fe.rev_nat == 0 {
@@ -711,7 +628,7 @@ impl Reconciler {
             Err((i, error)) => (i, Some(error)),
         };
         for (i, id) in &slots[..written] {
-            set_slot(&mut fe.slots, &mut self.slot_refs, *i, *id);
+            set_slot(&mut fe.slots, &mut self.backends, *i, *id);
         }
         if let Some(error) = failed {
             return Err(error);
@@ -751,7 +668,7 @@ impl Reconciler {
         while fe.slots.len() > targets.len() {
             report.writes += 1;
             maps.remove_service(&codec::service_key(key, slot_number(fe.slots.len() - 1)))?;
-            pop_slot(&mut fe.slots, &mut self.slot_refs);
+            pop_slot(&mut fe.slots, &mut self.backends);
         }
         for net in fe.ranges.clone().difference(&ranges) {
             report.writes += 1;
@@ -761,8 +678,7 @@ impl Reconciler {
         fe.write_name(maps, key, report);
         if report.writes > writes_before {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
-            let before: Vec<BackendAddr> =
-                before.iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
+            let before: Vec<BackendAddr> = before.iter().filter_map(|id| self.backends.addr(*id)).collect();
             report.changes.push(Change {
                 service_port: frontend.service_port.clone(),
                 frontend: key,
@@ -782,8 +698,7 @@ impl Reconciler {
         report: &mut Report,
     ) -> Result<(), MapError> {
         let fe = self.frontends.get_mut(&key).expect("caller lists applied frontends");
-        let before: Vec<BackendAddr> =
-            fe.live_slots().iter().filter_map(|id| self.backends.get(id).map(|(a, _)| *a)).collect();
+        let before: Vec<BackendAddr> = fe.live_slots().iter().filter_map(|id| self.backends.addr(*id)).collect();
         if let Some(master) = fe.master {
             report.writes += 1;
             maps.remove_service(&codec::service_key(key, 0))?;
@@ -793,7 +708,7 @@ impl Reconciler {
         while !fe.slots.is_empty() {
             report.writes += 1;
             maps.remove_service(&codec::service_key(key, slot_number(fe.slots.len() - 1)))?;
-            pop_slot(&mut fe.slots, &mut self.slot_refs);
+            pop_slot(&mut fe.slots, &mut self.backends);
         }
         while let Some(net) = fe.ranges.first().copied() {
             report.writes += 1;
@@ -826,23 +741,23 @@ impl Reconciler {
     /// names and that the desired table does not want at that id.
     fn remove_unused_backends(&mut self, maps: &mut impl ServiceMaps, ids: Vec<u32>, report: &mut Report) {
         for id in ids {
-            let Some((addr, _)) = self.backends.get(&id).copied() else { continue };
-            let wanted_here = self.users.contains_key(&addr) && self.backend_ids.get(&addr) == Some(&id);
-            if wanted_here || self.slot_refs.contains_key(&id) || self.maglev.holds_backend(id) {
+            let Some(in_map) = self.backends.unused(id).filter(|_| !self.maglev.holds_backend(id)) else { continue };
+            if !in_map {
+                self.backends.forget(id);
                 continue;
             }
             report.writes += 1;
             match maps.remove_backend(id) {
                 Ok(()) => {
-                    self.backends.remove(&id);
-                    if self.backend_ids.get(&addr) == Some(&id) {
-                        self.backend_ids.remove(&addr);
-                    }
-                    self.backend_pool.release(id);
+                    self.backends.forget(id);
                     report.backends_removed += 1;
                 }
                 Err(error) => {
-                    report.failures.push(Failure { subject: format!("backend {addr}/{}", addr.protocol), error });
+                    let subject = self
+                        .backends
+                        .addr(id)
+                        .map_or_else(|| format!("backend {id}"), |addr| format!("backend {addr}/{}", addr.protocol));
+                    report.failures.push(Failure { subject, error });
                 }
             }
         }

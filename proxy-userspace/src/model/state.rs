@@ -70,6 +70,12 @@ impl TableState {
         &self.table
     }
 
+    /// The table, without the state around it (a one-off translation).
+    #[must_use]
+    pub fn into_table(self) -> ServiceTable {
+        self.table
+    }
+
     /// Every problem, service by service in object order.
     pub fn problems(&self) -> impl Iterator<Item = &Problem> {
         self.services.values().flat_map(|s| s.problems.iter()).chain(self.conflicts.values().flatten())

@@ -112,10 +112,9 @@ pub fn translate<'a>(
 ) -> Translation {
     let mut state = TableState::default();
     state.replace_all(services, slices, node);
-    Translation {
-        table: state.table().clone(),
-        problems: state.problems().cloned().collect(),
-        skipped: state.skipped().map(|(o, r)| (o.clone(), r)).collect(),
-        health_checks: state.health_checks(),
-    }
+    let problems = state.problems().cloned().collect();
+    let skipped = state.skipped().map(|(o, r)| (o.clone(), r)).collect();
+    let health_checks = state.health_checks();
+    // The table is moved out, not copied.
+    Translation { table: state.into_table(), problems, skipped, health_checks }
 }

@@ -1,0 +1,371 @@
+//! The reconciler's record of `BACKENDS`, one small record per id: the
+//! value the map holds, how many slots name the id, and how many frontends
+//! of the desired table want it (docs/design.md, "Reconciler": the
+//! backends themselves are the model's; this is what the model lacks).
+//!
+//! Records live in a `Vec` indexed by id: ids are handed out lowest first
+//! (`IdPool`), so the `Vec` is as long as the most backends held at once,
+//! and a record costs 48 bytes where a tree or hash map entry keyed by id
+//! and address cost several times that. The index by address holds ids
+//! only (4 bytes each), hashing the address in the id's record.
+use std::{
+    collections::BTreeMap,
+    hash::{BuildHasher, RandomState},
+};
+
+use hashbrown::HashTable;
+use proxy_common::Backend as BackendValue;
+
+use super::{
+    codec::{self, BackendAddr, BackendEntry},
+    ids::IdPool,
+};
+use crate::model::BackendState;
+
+/// Ids at or above this were not handed out by this agent (its ids stay
+/// below the size of `BACKENDS`): found in the maps, they are stale.
+const MAX_ID: u32 = 1 << 24;
+
+/// A backend as one frontend of the table wants it: its state, and whether
+/// it is on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    pub state: BackendState,
+    pub local: bool,
+}
+
+impl Wanted {
+    /// The best of two frontends' views of one backend.
+    fn merge(self, other: Self) -> Self {
+        Self { state: self.state.min(other.state), local: self.local || other.local }
+    }
+}
+
+/// How many frontends of the desired table want a backend, by the way
+/// they want it (state x local). Counts, not the frontends themselves: a
+/// list per backend would cost far more memory at 100,000 backends.
+#[derive(Clone, Copy, Debug, Default)]
+struct WantCounts([u32; 4]);
+
+impl WantCounts {
+    const WAYS: [Wanted; 4] = [
+        Wanted { state: BackendState::Active, local: false },
+        Wanted { state: BackendState::Active, local: true },
+        Wanted { state: BackendState::Terminating, local: false },
+        Wanted { state: BackendState::Terminating, local: true },
+    ];
+
+    fn way(w: Wanted) -> usize {
+        Self::WAYS.iter().position(|x| *x == w).expect("every Wanted is one of the four")
+    }
+
+    fn add(&mut self, w: Wanted) {
+        self.0[Self::way(w)] += 1;
+    }
+
+    fn remove(&mut self, w: Wanted) {
+        let n = &mut self.0[Self::way(w)];
+        *n = n.saturating_sub(1);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|n| *n == 0)
+    }
+
+    /// The best of what the frontends want (`None`: none wants it).
+    fn best(&self) -> Option<Wanted> {
+        Self::WAYS.iter().zip(self.0).filter(|(_, n)| *n > 0).map(|(w, _)| *w).reduce(Wanted::merge)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    /// The value in the map; for an id reserved and not written yet, one
+    /// with the backend's address (a slot found naming an id the map
+    /// lacks: the default, of no address).
+    value: BackendValue,
+    written: bool,
+    /// How many slots name the id: it stays in `BACKENDS` while any does.
+    slots: u32,
+    wants: WantCounts,
+}
+
+#[derive(Debug, Default)]
+pub struct BackendTable {
+    by_id: Vec<Option<Record>>,
+    /// The id of each address (the lowest, should the maps hold two),
+    /// written or reserved.
+    ids: HashTable<u32>,
+    hasher: RandomState,
+    pool: IdPool<u32>,
+    /// Records written to the map.
+    written: usize,
+}
+
+impl BackendTable {
+    /// The backends found in the map; returns the ids to delete: those of
+    /// no backend (an unknown protocol, id 0 or too large).
+    pub fn recover(found: &BTreeMap<u32, BackendValue>) -> (Self, Vec<u32>) {
+        let mut this = Self::default();
+        let mut stale = Vec::new();
+        for (id, value) in found {
+            let Some(addr) = codec::backend_addr(value).ok().filter(|_| (1..MAX_ID).contains(id)) else {
+                stale.push(*id);
+                continue;
+            };
+            *this.slot(*id) = Some(Record { value: *value, written: true, slots: 0, wants: WantCounts::default() });
+            if this.lookup(&addr).is_none() {
+                this.index(*id);
+            }
+            this.written += 1;
+        }
+        this.pool = IdPool::with_used(this.ids_in_use());
+        (this, stale)
+    }
+
+    fn ids_in_use(&self) -> impl Iterator<Item = u32> + '_ {
+        self.by_id.iter().enumerate().filter(|(_, r)| r.is_some()).map(|(id, _)| to_id(id))
+    }
+
+    fn slot(&mut self, id: u32) -> &mut Option<Record> {
+        let i = usize::try_from(id).expect("u32 fits usize");
+        if self.by_id.len() <= i {
+            // Grown by an eighth, not doubled: ids are dense, and the
+            // table is about as large as it will stay.
+            let more = (i + 1 - self.by_id.len()).max(self.by_id.len() / 8);
+            self.by_id.reserve_exact(more);
+            self.by_id.resize(i + 1, None);
+        }
+        &mut self.by_id[i]
+    }
+
+    /// The id `addr` is indexed by.
+    fn lookup(&self, addr: &BackendAddr) -> Option<u32> {
+        let by_id = &self.by_id;
+        self.ids.find(self.hasher.hash_one(addr), |id| record_addr(by_id, *id).as_ref() == Some(addr)).copied()
+    }
+
+    /// Indexes `id` by the address in its record.
+    fn index(&mut self, id: u32) {
+        let Self { by_id, ids, hasher, .. } = self;
+        let Some(addr) = record_addr(by_id, id) else { return };
+        ids.insert_unique(hasher.hash_one(addr), id, |id| record_addr(by_id, *id).map_or(0, |a| hasher.hash_one(a)));
+    }
+
+    fn get(&self, id: u32) -> Option<&Record> {
+        self.by_id.get(usize::try_from(id).ok()?)?.as_ref()
+    }
+
+    fn get_mut(&mut self, id: u32) -> Option<&mut Record> {
+        self.by_id.get_mut(usize::try_from(id).ok()?)?.as_mut()
+    }
+
+    /// Number of backends in the map.
+    pub const fn len(&self) -> usize {
+        self.written
+    }
+
+    /// Every id with a record, in order.
+    pub fn all_ids(&self) -> Vec<u32> {
+        self.ids_in_use().collect()
+    }
+
+    /// The id each address is known by (written or reserved), in order.
+    pub fn primary_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.ids.iter().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The id of `addr` in the map (`None`: not written).
+    pub fn id(&self, addr: &BackendAddr) -> Option<u32> {
+        self.lookup(addr).filter(|id| self.get(*id).is_some_and(|r| r.written))
+    }
+
+    /// The address of backend `id` (`None`: no such backend).
+    pub fn addr(&self, id: u32) -> Option<BackendAddr> {
+        codec::backend_addr(&self.get(id)?.value).ok()
+    }
+
+    /// Every written backend's address, by id (recovery's Maglev check).
+    pub fn addrs(&self) -> BTreeMap<u32, BackendAddr> {
+        self.ids_in_use()
+            .filter(|id| self.get(*id).is_some_and(|r| r.written))
+            .filter_map(|id| Some((id, self.addr(id)?)))
+            .collect()
+    }
+
+    /// The id of `addr`, reserving a free one when it has none (`None`:
+    /// every id is taken).
+    pub fn reserve(&mut self, addr: BackendAddr) -> Option<u32> {
+        if let Some(id) = self.lookup(&addr) {
+            return Some(id);
+        }
+        let id = self.pool.allocate()?;
+        let value = codec::backend_value(BackendEntry { addr, state: BackendState::Active, local: false });
+        *self.slot(id) = Some(Record { value, written: false, slots: 0, wants: WantCounts::default() });
+        self.index(id);
+        Some(id)
+    }
+
+    /// A frontend of the desired table wants backend `id` (`wanted`: a
+    /// frontend no longer does).
+    pub fn want(&mut self, id: u32, way: Wanted, wanted: bool) {
+        if let Some(r) = self.get_mut(id) {
+            if wanted {
+                r.wants.add(way);
+            } else {
+                r.wants.remove(way);
+            }
+        }
+    }
+
+    /// Forgets every frontend's wants (before counting the table anew).
+    pub fn clear_wants(&mut self) {
+        for r in self.by_id.iter_mut().flatten() {
+            r.wants = WantCounts::default();
+        }
+    }
+
+    /// The value the desired table wants at `id` when it differs from the
+    /// map's, and whether the id is new to the map.
+    pub fn to_write(&self, id: u32) -> Option<(BackendValue, bool)> {
+        let r = self.get(id)?;
+        let best = r.wants.best()?;
+        let addr = codec::backend_addr(&r.value).ok()?;
+        let value = codec::backend_value(BackendEntry { addr, state: best.state, local: best.local });
+        (!r.written || r.value != value).then_some((value, !r.written))
+    }
+
+    /// `value` is in the map at `id`.
+    pub fn written(&mut self, id: u32, value: BackendValue) {
+        let Some(r) = self.get_mut(id) else { return };
+        let new = !r.written;
+        r.value = value;
+        r.written = true;
+        self.written += usize::from(new);
+    }
+
+    /// Whether `id` can go: no slot names it and the desired table does not
+    /// want it there; `Some(true)` when it must be deleted from the map
+    /// first (else it was never written).
+    pub fn unused(&self, id: u32) -> Option<bool> {
+        let r = self.get(id)?;
+        (r.slots == 0 && r.wants.is_empty()).then_some(r.written)
+    }
+
+    /// Drops the record of `id` (deleted from the map, or never written)
+    /// and frees the id.
+    pub fn forget(&mut self, id: u32) {
+        if let Some(addr) = record_addr(&self.by_id, id)
+            && let Ok(entry) = self.ids.find_entry(self.hasher.hash_one(addr), |x| *x == id)
+        {
+            entry.remove();
+        }
+        let Some(r) = self.slot(id).take() else { return };
+        if r.written {
+            self.written -= 1;
+        }
+        self.pool.release(id);
+    }
+
+    /// One more slot names `id` (one the map lacks, found on recovery,
+    /// gets a record so that the id is not handed out while named).
+    pub fn add_slot(&mut self, id: u32) {
+        if id == 0 || id >= MAX_ID {
+            return;
+        }
+        let r = self.slot(id).get_or_insert(Record {
+            value: BackendValue::default(),
+            written: false,
+            slots: 0,
+            wants: WantCounts::default(),
+        });
+        r.slots += 1;
+    }
+
+    /// One slot fewer names `id`.
+    pub fn remove_slot(&mut self, id: u32) {
+        if let Some(r) = self.get_mut(id) {
+            r.slots = r.slots.saturating_sub(1);
+        }
+    }
+
+    /// Takes ids found named by slots into the pool's used ids (recovery,
+    /// after the slots were read).
+    pub fn reserve_recovered(&mut self) {
+        self.pool = IdPool::with_used(self.ids_in_use());
+    }
+}
+
+/// The address in the record of `id` (`None`: no record, or one of no
+/// address).
+fn record_addr(by_id: &[Option<Record>], id: u32) -> Option<BackendAddr> {
+    let r = by_id.get(usize::try_from(id).ok()?)?.as_ref()?;
+    codec::backend_addr(&r.value).ok()
+}
+
+fn to_id(i: usize) -> u32 {
+    u32::try_from(i).expect("ids stay below MAX_ID")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Protocol;
+
+    fn addr(n: u8) -> BackendAddr {
+        BackendAddr { addr: [10, 0, 0, n].into(), port: 80, protocol: Protocol::Tcp }
+    }
+
+    const ACTIVE: Wanted = Wanted { state: BackendState::Active, local: false };
+    const TERMINATING_LOCAL: Wanted = Wanted { state: BackendState::Terminating, local: true };
+
+    #[test]
+    fn a_backend_takes_the_best_of_what_its_frontends_want() {
+        let mut t = BackendTable::default();
+        let id = t.reserve(addr(1)).unwrap();
+        assert_eq!(t.reserve(addr(1)), Some(id), "one id per address");
+        assert_eq!(t.id(&addr(1)), None, "not written yet");
+        t.want(id, TERMINATING_LOCAL, true);
+        t.want(id, ACTIVE, true);
+        let (value, new) = t.to_write(id).unwrap();
+        assert!(new);
+        let entry = codec::backend_entry(&value).unwrap();
+        assert_eq!((entry.state, entry.local), (BackendState::Active, true));
+        t.written(id, value);
+        assert_eq!((t.id(&addr(1)), t.len(), t.to_write(id)), (Some(id), 1, None));
+        t.want(id, ACTIVE, false);
+        let entry = codec::backend_entry(&t.to_write(id).unwrap().0).unwrap();
+        assert_eq!(entry.state, BackendState::Terminating);
+    }
+
+    #[test]
+    fn a_backend_goes_once_no_slot_names_it_and_no_frontend_wants_it() {
+        let mut t = BackendTable::default();
+        let id = t.reserve(addr(1)).unwrap();
+        t.want(id, ACTIVE, true);
+        t.written(id, t.to_write(id).unwrap().0);
+        t.add_slot(id);
+        t.want(id, ACTIVE, false);
+        assert_eq!(t.unused(id), None, "a slot names it");
+        t.remove_slot(id);
+        assert_eq!(t.unused(id), Some(true), "in the map: delete it first");
+        t.forget(id);
+        assert_eq!((t.len(), t.id(&addr(1)), t.addr(id)), (0, None, None));
+        assert_eq!(t.reserve(addr(2)), Some(id), "the id is free again");
+    }
+
+    #[test]
+    fn recovery_keeps_the_lowest_id_of_an_address_and_drops_bad_ids() {
+        let value = codec::backend_value(BackendEntry { addr: addr(1), state: BackendState::Active, local: false });
+        let found = BTreeMap::from([(0, value), (3, value), (5, value), (MAX_ID, value)]);
+        let (mut t, stale) = BackendTable::recover(&found);
+        assert_eq!(stale, vec![0, MAX_ID]);
+        assert_eq!((t.len(), t.id(&addr(1)), t.all_ids()), (2, Some(3), vec![3, 5]));
+        t.add_slot(7);
+        t.reserve_recovered();
+        let fresh: Vec<u32> = (2..6).filter_map(|n| t.reserve(addr(n))).collect();
+        assert_eq!(fresh, vec![1, 2, 4, 6], "3 and 5 are in the map, 7 is named by a slot");
+    }
+}
