@@ -6,10 +6,9 @@
 mod common;
 
 use std::{
-    io::Read as _,
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
@@ -120,28 +119,6 @@ fn sighup(agent: &AgentProcess) {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).expect("SIGHUP the agent we started");
 }
 
-/// A curl through `web` as fast as it goes, until `stop_client`.
-fn steady_client(env: &Env) -> Child {
-    proxy_testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
-        .unwrap()
-        .args(["-sS", "--connect-timeout", "2", "http://10.96.0.10/?[1-10000000]"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-/// Stops the client; fails the test if any of its requests failed.
-fn stop_client(mut client: Child) {
-    let _ = client.kill();
-    let _ = client.wait();
-    let (mut stdout, mut stderr) = (String::new(), String::new());
-    client.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
-    client.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-    assert!(stdout.lines().count() > 20, "only {} requests: the client did not run", stdout.lines().count());
-    assert!(!stderr.contains("curl: ("), "a connection failed: {stderr}");
-}
-
 /// Waits for the drift line after `mark`; returns (entries, maps).
 fn drift_line(agent: &AgentProcess, mark: usize) -> (u64, String) {
     let record = agent
@@ -168,7 +145,7 @@ fn sighup_audits_and_repairs_what_bpftool_changed_added_and_deleted() {
     let dir = start(&mut env, "0");
     let before = dump_all(&dir);
     let dump = KernelMaps::open_pinned(&dir).unwrap().dump().unwrap();
-    let client = steady_client(&env);
+    let client = env.steady_client();
     std::thread::sleep(Duration::from_millis(300));
 
     // Changed: slot 1 of `other` names slot 2's backend.
@@ -210,7 +187,7 @@ fn sighup_audits_and_repairs_what_bpftool_changed_added_and_deleted() {
     );
     assert_eq!(drift_metric(agent, map_names::SERVICES), 3);
     std::thread::sleep(Duration::from_millis(300));
-    stop_client(client);
+    common::check_steady_client(client, "during the audits");
 }
 
 #[test]
