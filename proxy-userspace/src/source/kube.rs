@@ -38,7 +38,7 @@ use super::{
     reachability::Reachability,
     requests::{ObserveLayer, Observer},
     retry::{Failure, RetrySchedule},
-    slim::{slim_node, slim_service},
+    slim::slim_node,
     store::ObjectStore,
 };
 
@@ -128,8 +128,9 @@ impl KubeSource {
         let counters = Arc::new(WatchCounters::default());
         let store = Arc::new(Mutex::new(ObjectStore::default()));
         let (listed_tx, listed) = watch::channel(false);
-        // Objects are slimmed as they arrive, before a list page is held.
-        let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default()).modify(slim_service);
+        // The store converts each Service and EndpointSlice into the
+        // model's form as it arrives (`convert`); the Node is slimmed.
+        let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default());
         let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default());
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let node_stream = watcher(Api::<Node>::all(client.clone()), node_config).modify(slim_node);

@@ -27,11 +27,11 @@ use kube::runtime::watcher::Event;
 
 use super::{
     Changed, Delivery, Snapshot,
-    slim::{slim_node, slim_service},
-    stored_slice::{SliceId, StoredSlice},
+    slim::slim_node,
+    stored_slice::{self, SliceId, StoredSlice},
     tracker::SliceIndex,
 };
-use crate::model::{ServiceId, service_id};
+use crate::model::{ServiceId, ServiceSpec};
 
 /// The objects of one kind, by id, with a relist in progress.
 #[derive(Debug)]
@@ -103,7 +103,7 @@ struct Pending {
 
 #[derive(Debug)]
 pub struct ObjectStore {
-    services: Kind<ServiceId, Service>,
+    services: Kind<ServiceId, ServiceSpec>,
     slices: Kind<SliceId, StoredSlice>,
     nodes: Kind<String, Node>,
     /// The slices of each service.
@@ -132,24 +132,24 @@ impl ObjectStore {
     pub fn service_event(&mut self, event: Event<Service>) {
         match event {
             Event::Init => self.services.begin_list(),
-            Event::InitApply(mut svc) => {
-                slim_service(&mut svc);
-                self.services.upsert(service_id(&svc), svc);
+            Event::InitApply(svc) => {
+                let svc = ServiceSpec::from(&svc);
+                self.services.upsert(svc.id(), svc);
             }
             Event::InitDone => {
                 self.services.end_list();
                 self.pending.full = true;
             }
-            Event::Apply(mut svc) => {
-                slim_service(&mut svc);
+            Event::Apply(svc) => {
+                let svc = ServiceSpec::from(&svc);
                 self.pending.events.0 += 1;
-                let id = service_id(&svc);
+                let id = svc.id();
                 self.pending.services.insert(id.clone());
                 self.services.upsert(id, svc);
             }
             Event::Delete(svc) => {
                 self.pending.events.0 += 1;
-                let id = service_id(&svc);
+                let id = ServiceSpec::from(&svc).id();
                 self.services.remove(&id);
                 self.pending.services.insert(id);
             }
@@ -161,13 +161,14 @@ impl ObjectStore {
         match event {
             Event::Init => self.slices.begin_list(),
             Event::InitApply(obj) => {
-                let slice = StoredSlice::from(obj);
+                let slice = StoredSlice::from(&obj);
+                let trigger = trigger_time(&obj);
+                drop(obj);
                 let id = slice.id();
                 let mut touched = BTreeSet::new();
                 self.index.set(id.clone(), Some(&slice), &mut touched);
                 let listed = self.slices.listed;
                 let version = slice.resource_version.clone();
-                let trigger = trigger_time(&slice);
                 let old = self.slices.upsert(id, slice);
                 if listed && old.is_none_or(|o| o.resource_version != version) {
                     self.triggers.extend(trigger);
@@ -180,16 +181,17 @@ impl ObjectStore {
                 self.pending.full = true;
             }
             Event::Apply(obj) => {
-                let slice = StoredSlice::from(obj);
+                let slice = StoredSlice::from(&obj);
                 self.pending.events.1 += 1;
-                self.triggers.extend(trigger_time(&slice));
+                self.triggers.extend(trigger_time(&obj));
+                drop(obj);
                 let id = slice.id();
                 self.index.set(id.clone(), Some(&slice), &mut self.pending.services);
                 self.slices.upsert(id, slice);
             }
             Event::Delete(obj) => {
                 self.pending.events.1 += 1;
-                let id = StoredSlice::from(obj).id();
+                let id = StoredSlice::from(&obj).id();
                 self.index.set(id.clone(), None, &mut self.pending.services);
                 self.slices.remove(&id);
             }
@@ -277,8 +279,8 @@ impl ObjectStore {
     }
 }
 
-fn trigger_time(slice: &StoredSlice) -> Option<SystemTime> {
-    slice.trigger_time.as_deref()?.parse::<Timestamp>().ok().map(SystemTime::from)
+fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
+    stored_slice::trigger_time(slice)?.parse::<Timestamp>().ok().map(SystemTime::from)
 }
 
 #[cfg(test)]
