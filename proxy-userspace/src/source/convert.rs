@@ -112,3 +112,61 @@ fn endpoint(e: &Endpoint) -> EndpointSpec {
         zone_hints: zones.into_iter().flatten().map(|z| z.name.as_str().into()).collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::file;
+
+    fn one(yaml: &str) -> (Vec<ServiceSpec>, Vec<SliceSpec>) {
+        let parsed = file::parse(yaml).expect("yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        parsed.objects.inputs()
+    }
+
+    #[test]
+    fn defaults_the_api_documents_are_applied_once_here() {
+        let (services, slices) = one(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, labels: {service.kubernetes.io/service-proxy-name: other}}\n\
+             spec:\n  type: Weird\n  sessionAffinity: ClientIP\n  ports: [{port: 80}]\n\
+             status: {loadBalancer: {ingress: [{ip: 10.0.0.9, ipMode: Proxy}, {hostname: lb.example}]}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: ns\n  labels: {kubernetes.io/service-name: web}\n\
+             addressType: FQDN\nports: [{name: http}]\nendpoints:\n- addresses: [a.example, b.example]\n- addresses: [\"10.0.0.1\"]\n  conditions: {ready: false, terminating: true}\n  hints: {forZones: [{name: z1}]}\n",
+        );
+        let svc = &services[0];
+        assert_eq!((svc.namespace.as_str(), svc.name.as_str()), ("default", "web"));
+        assert_eq!(svc.service_proxy_name.as_deref(), Some("other"));
+        assert_eq!(svc.service_type, ServiceType::ClusterIp, "an unknown type is served as ClusterIP");
+        assert_eq!(svc.client_ip_affinity, Some(None));
+        assert_eq!(svc.ports[0].protocol, "TCP");
+        assert_eq!(
+            svc.lb_ingress,
+            [
+                IngressSpec { ip: Some("10.0.0.9".into()), proxy_mode: true },
+                IngressSpec { ip: None, proxy_mode: false }
+            ]
+        );
+        let slice = &slices[0];
+        assert_eq!(slice.owner, Some(("ns".into(), "web".into())));
+        assert_eq!(slice.address_type, AddressType::Other);
+        assert_eq!((&*slice.ports[0].name, &*slice.ports[0].protocol, slice.ports[0].port), ("http", "TCP", None));
+        let [first, second] = &*slice.endpoints else { panic!("two endpoints") };
+        assert_eq!(first.address, Some(Address::Raw("a.example".into())), "the first address only");
+        assert!(first.ready && first.serving && !first.terminating, "unset conditions");
+        assert!(!second.ready && second.serving && second.terminating);
+        assert_eq!(&*second.zone_hints, [Box::from("z1")]);
+    }
+
+    #[test]
+    fn real_apiserver_slices_name_their_service() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real-apiserver/endpointslices.yaml");
+        let objects = file::load(&path).unwrap().objects;
+        assert!(!objects.slices.is_empty());
+        for (object, spec) in objects.slices.iter().zip(objects.inputs().1) {
+            let label = object.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL));
+            assert_eq!(spec.owner.as_ref().map(|o| &o.1), label);
+            assert_eq!(spec.endpoints.len(), object.endpoints.as_ref().map_or(0, Vec::len));
+        }
+    }
+}
