@@ -8,9 +8,10 @@ use k8s_openapi::api::{
     discovery::v1::{Endpoint, EndpointPort, EndpointSlice},
 };
 
+use super::stored_slice::SliceId;
 use crate::model::{
-    Address, AddressType, EndpointSpec, IngressSpec, ServicePortSpec, ServiceSpec, ServiceType, SlicePortSpec,
-    SliceSpec,
+    Address, AddressType, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec, ServiceSpec, ServiceType,
+    SlicePortSpec, SliceSpec,
 };
 
 /// Label naming the service a slice belongs to.
@@ -24,16 +25,32 @@ pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-
 const DEFAULT_NAMESPACE: &str = "default";
 const UNNAMED: &str = "<unnamed>";
 
+/// The id of a Service: what its converted form's `id()` is.
+#[must_use]
+pub fn service_id(svc: &Service) -> ServiceId {
+    let meta = &svc.metadata;
+    (
+        meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE).to_owned(),
+        meta.name.as_deref().unwrap_or(UNNAMED).to_owned(),
+    )
+}
+
+/// The id of an EndpointSlice: what its stored form's `id()` is.
+#[must_use]
+pub fn slice_id(slice: &EndpointSlice) -> SliceId {
+    let meta = &slice.metadata;
+    (
+        meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE).to_owned(),
+        meta.name.as_deref().unwrap_or(UNNAMED).to_owned(),
+    )
+}
+
 impl From<&Service> for ServiceSpec {
     fn from(svc: &Service) -> Self {
         let meta = &svc.metadata;
         let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).cloned();
-        let mut out = Self {
-            namespace: meta.namespace.clone().unwrap_or_else(|| DEFAULT_NAMESPACE.into()),
-            name: meta.name.clone().unwrap_or_else(|| UNNAMED.into()),
-            service_proxy_name: label(SERVICE_PROXY_NAME_LABEL),
-            ..Self::default()
-        };
+        let (namespace, name) = service_id(svc);
+        let mut out = Self { namespace, name, service_proxy_name: label(SERVICE_PROXY_NAME_LABEL), ..Self::default() };
         if let Some(spec) = &svc.spec {
             out.service_type = match spec.type_.as_deref() {
                 Some("NodePort") => ServiceType::NodePort,
@@ -74,13 +91,12 @@ fn service_port(port: &ServicePort) -> ServicePortSpec {
 
 impl From<&EndpointSlice> for SliceSpec {
     fn from(slice: &EndpointSlice) -> Self {
-        let meta = &slice.metadata;
-        let namespace = meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
-        let owner = meta.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL));
+        let (namespace, name) = slice_id(slice);
+        let owner = slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL));
         Self {
+            owner: owner.map(|owner| (namespace.clone(), owner.clone())),
             namespace: namespace.into(),
-            name: meta.name.as_deref().unwrap_or(UNNAMED).into(),
-            owner: owner.map(|name| (namespace.to_owned(), name.clone())),
+            name: name.into(),
             address_type: match slice.address_type.as_str() {
                 "IPv4" => AddressType::IPv4,
                 "IPv6" => AddressType::IPv6,

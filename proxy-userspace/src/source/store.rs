@@ -26,7 +26,7 @@ use k8s_openapi::{
 use kube::runtime::watcher::Event;
 
 use super::{
-    Changed, Delivery, Snapshot,
+    Changed, Delivery, Snapshot, convert,
     slim::slim_node,
     stored_slice::{self, SliceId, StoredSlice},
     tracker::SliceIndex,
@@ -36,11 +36,18 @@ use crate::model::{ServiceId, ServiceSpec};
 /// The objects of one kind, by id, with a relist in progress.
 #[derive(Debug)]
 struct Kind<K, V> {
-    live: HashMap<K, Arc<V>>,
+    live: HashMap<K, Entry<V>>,
     /// The ids a relist in progress has seen.
     relist: Option<HashSet<K>>,
     /// The first list is complete.
     listed: bool,
+}
+
+/// An object and the resourceVersion it was converted from.
+#[derive(Debug)]
+struct Entry<V> {
+    version: Option<Box<str>>,
+    value: Arc<V>,
 }
 
 impl<K, V> Default for Kind<K, V> {
@@ -54,16 +61,29 @@ impl<K: Clone + Eq + Hash, V> Kind<K, V> {
         self.relist = Some(HashSet::new());
     }
 
-    /// Puts `value` in place; returns what it replaced.
-    fn upsert(&mut self, id: K, value: V) -> Option<Arc<V>> {
+    /// Whether the store holds `id` at `version` already; if so, a relist
+    /// in progress has seen it. A relist after 410 Gone brings back nearly
+    /// every object unchanged: those are neither converted again nor
+    /// reallocated (which would scatter the store's long-lived objects
+    /// among the freed list pages, where the heap cannot give memory back).
+    fn unchanged(&mut self, id: &K, version: Option<&str>) -> bool {
+        let same = version.is_some() && self.live.get(id).is_some_and(|e| e.version.as_deref() == version);
+        if same && let Some(seen) = self.relist.as_mut() {
+            seen.insert(id.clone());
+        }
+        same
+    }
+
+    /// Puts `value` at `version` in place; returns what it replaced.
+    fn upsert(&mut self, id: K, version: Option<&str>, value: V) -> Option<Entry<V>> {
         if let Some(seen) = self.relist.as_mut() {
             seen.insert(id.clone());
         }
-        self.live.insert(id, Arc::new(value))
+        self.live.insert(id, Entry { version: version.map(Into::into), value: Arc::new(value) })
     }
 
-    fn remove(&mut self, id: &K) -> Option<Arc<V>> {
-        self.live.remove(id)
+    fn remove(&mut self, id: &K) {
+        self.live.remove(id);
     }
 
     /// Ends a list: removes what it did not see; returns those ids.
@@ -78,11 +98,11 @@ impl<K: Clone + Eq + Hash, V> Kind<K, V> {
     }
 
     fn get(&self, id: &K) -> Option<Arc<V>> {
-        self.live.get(id).cloned()
+        self.live.get(id).map(|e| e.value.clone())
     }
 
     fn all(&self) -> Vec<Arc<V>> {
-        self.live.values().cloned().collect()
+        self.live.values().map(|e| e.value.clone()).collect()
     }
 }
 
@@ -133,23 +153,25 @@ impl ObjectStore {
         match event {
             Event::Init => self.services.begin_list(),
             Event::InitApply(svc) => {
-                let svc = ServiceSpec::from(&svc);
-                self.services.upsert(svc.id(), svc);
+                let id = convert::service_id(&svc);
+                let version = svc.metadata.resource_version.as_deref();
+                if !self.services.unchanged(&id, version) {
+                    self.services.upsert(id, version, ServiceSpec::from(&svc));
+                }
             }
             Event::InitDone => {
                 self.services.end_list();
                 self.pending.full = true;
             }
             Event::Apply(svc) => {
-                let svc = ServiceSpec::from(&svc);
                 self.pending.events.0 += 1;
-                let id = svc.id();
+                let id = convert::service_id(&svc);
                 self.pending.services.insert(id.clone());
-                self.services.upsert(id, svc);
+                self.services.upsert(id, svc.metadata.resource_version.as_deref(), ServiceSpec::from(&svc));
             }
             Event::Delete(svc) => {
                 self.pending.events.0 += 1;
-                let id = ServiceSpec::from(&svc).id();
+                let id = convert::service_id(&svc);
                 self.services.remove(&id);
                 self.pending.services.insert(id);
             }
@@ -161,17 +183,18 @@ impl ObjectStore {
         match event {
             Event::Init => self.slices.begin_list(),
             Event::InitApply(obj) => {
+                let id = convert::slice_id(&obj);
+                let version = obj.metadata.resource_version.as_deref();
+                if self.slices.unchanged(&id, version) {
+                    return;
+                }
                 let slice = StoredSlice::from(&obj);
-                let trigger = trigger_time(&obj);
-                drop(obj);
-                let id = slice.id();
-                let mut touched = BTreeSet::new();
-                self.index.set(id.clone(), Some(&slice), &mut touched);
-                let listed = self.slices.listed;
-                let version = slice.resource_version.clone();
-                let old = self.slices.upsert(id, slice);
-                if listed && old.is_none_or(|o| o.resource_version != version) {
-                    self.triggers.extend(trigger);
+                self.index.set(id.clone(), Some(&slice), &mut BTreeSet::new());
+                let old = self.slices.upsert(id, version, slice);
+                // A version new to a relist carries its trigger time (the
+                // first list's changes happened before start).
+                if self.slices.listed && old.is_none_or(|o| o.version.as_deref() != version) {
+                    self.triggers.extend(trigger_time(&obj));
                 }
             }
             Event::InitDone => {
@@ -184,14 +207,13 @@ impl ObjectStore {
                 let slice = StoredSlice::from(&obj);
                 self.pending.events.1 += 1;
                 self.triggers.extend(trigger_time(&obj));
-                drop(obj);
-                let id = slice.id();
+                let id = convert::slice_id(&obj);
                 self.index.set(id.clone(), Some(&slice), &mut self.pending.services);
-                self.slices.upsert(id, slice);
+                self.slices.upsert(id, obj.metadata.resource_version.as_deref(), slice);
             }
             Event::Delete(obj) => {
                 self.pending.events.1 += 1;
-                let id = StoredSlice::from(&obj).id();
+                let id = convert::slice_id(&obj);
                 self.index.set(id.clone(), None, &mut self.pending.services);
                 self.slices.remove(&id);
             }
@@ -205,7 +227,7 @@ impl ObjectStore {
             Event::Init => self.nodes.begin_list(),
             Event::InitApply(mut node) => {
                 slim_node(&mut node);
-                self.nodes.upsert(name(&node), node);
+                self.nodes.upsert(name(&node), None, node);
             }
             Event::InitDone => {
                 self.nodes.end_list();
@@ -213,7 +235,7 @@ impl ObjectStore {
             }
             Event::Apply(mut node) => {
                 slim_node(&mut node);
-                self.nodes.upsert(name(&node), node);
+                self.nodes.upsert(name(&node), None, node);
                 self.pending.node = true;
             }
             Event::Delete(node) => {
@@ -300,7 +322,7 @@ mod tests {
         }
     }
 
-    fn slice(name: &str, service: &str, version: &str, trigger: &str) -> EndpointSlice {
+    fn slice_object(name: &str, service: &str, version: &str, trigger: &str) -> EndpointSlice {
         let mut metadata = meta(name, version);
         metadata.labels = Some(BTreeMap::from([("kubernetes.io/service-name".into(), service.into())]));
         metadata.annotations =
@@ -308,7 +330,7 @@ mod tests {
         EndpointSlice { metadata, address_type: "IPv4".into(), ..EndpointSlice::default() }
     }
 
-    fn service(name: &str, version: &str) -> Service {
+    fn service_object(name: &str, version: &str) -> Service {
         Service { metadata: meta(name, version), ..Service::default() }
     }
 
@@ -321,10 +343,10 @@ mod tests {
         store.node_event(Event::Init);
         store.node_event(Event::InitDone);
         store.service_event(Event::Init);
-        store.service_event(Event::InitApply(service("web", "1")));
+        store.service_event(Event::InitApply(service_object("web", "1")));
         store.service_event(Event::InitDone);
         store.slice_event(Event::Init);
-        store.slice_event(Event::InitApply(slice("a", "web", "1", "2026-01-01T00:00:00Z")));
+        store.slice_event(Event::InitApply(slice_object("a", "web", "1", "2026-01-01T00:00:00Z")));
         assert!(!store.is_listed(), "not before every list is complete");
         store.slice_event(Event::InitDone);
         assert!(store.is_listed());
@@ -353,26 +375,26 @@ mod tests {
     fn a_change_names_its_service_and_carries_its_trigger() {
         let mut store = listed();
         store.take();
-        store.slice_event(Event::Apply(slice("b", "web", "2", "2026-01-01T00:00:01Z")));
+        store.slice_event(Event::Apply(slice_object("b", "web", "2", "2026-01-01T00:00:01Z")));
         let d = store.take();
         assert_eq!(changed_services(&d), [id("web")]);
         assert_eq!(d.triggers.len(), 1);
         let Snapshot::Changed { services, .. } = d.snapshot else { unreachable!() };
         assert_eq!(services[0].slices.len(), 2, "both slices of web");
         // A slice that moves to another service touches both.
-        store.slice_event(Event::Apply(slice("b", "api", "3", "2026-01-01T00:00:02Z")));
+        store.slice_event(Event::Apply(slice_object("b", "api", "3", "2026-01-01T00:00:02Z")));
         assert_eq!(changed_services(&store.take()), [id("api"), id("web")]);
     }
 
     #[test]
     fn a_relist_updates_in_place_and_removes_what_it_did_not_see_at_its_end() {
         let mut store = listed();
-        store.slice_event(Event::Apply(slice("b", "web", "2", "2026-01-01T00:00:01Z")));
+        store.slice_event(Event::Apply(slice_object("b", "web", "2", "2026-01-01T00:00:01Z")));
         store.take();
         // A relist: a unchanged, b at a new version, c new; a service gone.
         store.slice_event(Event::Init);
-        store.slice_event(Event::InitApply(slice("b", "web", "3", "2026-01-01T00:00:02Z")));
-        store.slice_event(Event::InitApply(slice("c", "web", "1", "2026-01-01T00:00:03Z")));
+        store.slice_event(Event::InitApply(slice_object("b", "web", "3", "2026-01-01T00:00:02Z")));
+        store.slice_event(Event::InitApply(slice_object("c", "web", "1", "2026-01-01T00:00:03Z")));
         assert_eq!(store.counts().1, 3, "nothing is removed before the relist is done");
         store.slice_event(Event::InitDone);
         assert_eq!(store.counts().1, 2, "a was not in the relist");
@@ -386,14 +408,39 @@ mod tests {
     }
 
     #[test]
+    fn a_relist_keeps_unchanged_objects_where_they_are() {
+        let mut store = listed();
+        store.take();
+        let held = |store: &ObjectStore| (store.services.get(&id("web")).unwrap(), store.slices.get(&id("a")).unwrap());
+        let (service, slice) = held(&store);
+        store.service_event(Event::Init);
+        store.service_event(Event::InitApply(service_object("web", "1")));
+        store.service_event(Event::InitDone);
+        store.slice_event(Event::Init);
+        store.slice_event(Event::InitApply(slice_object("a", "web", "1", "2026-01-01T00:00:00Z")));
+        store.slice_event(Event::InitDone);
+        let (service_after, slice_after) = held(&store);
+        assert!(Arc::ptr_eq(&service, &service_after) && Arc::ptr_eq(&slice, &slice_after), "same versions: kept");
+        assert!(store.take().triggers.is_empty(), "nothing new");
+        // A new version is converted again, and its trigger counts.
+        store.slice_event(Event::Init);
+        store.slice_event(Event::InitApply(slice_object("a", "api", "2", "2026-01-01T00:00:01Z")));
+        store.slice_event(Event::InitDone);
+        let (_, slice_after) = held(&store);
+        assert!(!Arc::ptr_eq(&slice, &slice_after));
+        assert_eq!(slice_after.owner(), Some(&id("api")));
+        assert_eq!(store.take().triggers.len(), 1);
+    }
+
+    #[test]
     fn deletions_are_pending_for_their_service() {
         let mut store = listed();
         store.take();
-        store.service_event(Event::Delete(service("web", "1")));
+        store.service_event(Event::Delete(service_object("web", "1")));
         let d = store.take();
         let Snapshot::Changed { services, nodes } = d.snapshot else { panic!("full") };
         assert!(services[0].service.is_none() && services[0].slices.len() == 1 && nodes.is_none());
-        store.slice_event(Event::Delete(slice("a", "web", "1", "")));
+        store.slice_event(Event::Delete(slice_object("a", "web", "1", "")));
         assert_eq!(changed_services(&store.take()), [id("web")]);
     }
 }

@@ -1,7 +1,8 @@
 //! An EndpointSlice as the agent keeps it between syncs: the model's input
 //! form of it (`crate::model::SliceSpec`, converted once in
-//! `super::convert`) and its resourceVersion. At 10,000 services the
-//! slices as the API sends them were most of the agent's memory.
+//! `super::convert`; the store keeps its resourceVersion). At 10,000
+//! services the slices as the API sends them were most of the agent's
+//! memory.
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::model::{ServiceId, SliceSpec};
@@ -15,7 +16,6 @@ pub type SliceId = (String, String);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredSlice {
-    pub resource_version: Option<Box<str>>,
     /// What the model reads.
     pub spec: SliceSpec,
 }
@@ -36,7 +36,7 @@ impl StoredSlice {
 
 impl From<&EndpointSlice> for StoredSlice {
     fn from(slice: &EndpointSlice) -> Self {
-        Self { resource_version: slice.metadata.resource_version.as_deref().map(Into::into), spec: slice.into() }
+        Self { spec: slice.into() }
     }
 }
 
