@@ -231,8 +231,13 @@ async fn drive<K: Resource>(
                 schedule.reset();
                 reachability.succeeded(kind);
                 counters.events.fetch_add(1, Ordering::Relaxed);
-                list.follow(kind, &event);
+                let relisted = list.follow(kind, &event);
                 handle(event);
+                if relisted {
+                    // The relist's pages are freed; a relist no longer ends
+                    // in a whole-table sync, which would give the memory back.
+                    crate::memory::release_free_memory();
+                }
             }
             Err(err) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -259,7 +264,8 @@ struct ListProgress {
 }
 
 impl ListProgress {
-    fn follow<K>(&mut self, kind: &'static str, event: &watcher::Event<K>) {
+    /// Follows one event; true when it ends a relist.
+    fn follow<K>(&mut self, kind: &'static str, event: &watcher::Event<K>) -> bool {
         match event {
             watcher::Event::Init => {
                 self.started = Some(Instant::now());
@@ -271,9 +277,11 @@ impl ListProgress {
                 let relist = self.lists > 0;
                 self.lists += 1;
                 info!(kind, objects = self.objects, seconds, relist, "{kind} list complete");
+                return relist;
             }
             watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
         }
+        false
     }
 }
 

@@ -8,7 +8,12 @@
 //! those it did not see: the store never holds two copies of the cluster,
 //! and never shows it empty. Every object it holds is a version the API
 //! server sent, so a read in the middle of a relist sees real objects,
-//! only some of them newer; the relist's end asks for a full read.
+//! only some of them newer. An object a relist brings back at the version
+//! the store holds is left as it is; the services whose objects changed or
+//! went are pending like those of watch events, so a relist is read and
+//! translated as the changes it found (as kube-proxy's change trackers,
+//! which compare each relisted object with the one they hold), not as
+//! everything again. Only the first list is read whole.
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
     hash::Hash,
@@ -109,9 +114,10 @@ impl<K: Clone + Eq + Hash, V> Kind<K, V> {
 /// What changed since the last read.
 #[derive(Debug, Default)]
 struct Pending {
-    /// Everything must be read again: the first lists, or a relist (which
-    /// may have missed deletions and changes).
+    /// Everything must be read: the first lists.
     full: bool,
+    /// A relist ended: a sync follows even when it found no change.
+    relisted: bool,
     /// This node's Node object changed (its zone or addresses may have).
     node: bool,
     /// Services whose Service changed, or one of whose slices did.
@@ -119,6 +125,19 @@ struct Pending {
     /// Service and EndpointSlice watch events (not list progress) since
     /// the last read.
     events: (usize, usize),
+}
+
+impl Pending {
+    /// A list ended: the first asks for everything; a relist for the
+    /// services of what it removed (`gone`), besides those it changed.
+    fn ended_list(&mut self, relist: bool, gone: impl IntoIterator<Item = ServiceId>) {
+        if relist {
+            self.services.extend(gone);
+            self.relisted = true;
+        } else {
+            self.full = true;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -156,12 +175,16 @@ impl ObjectStore {
                 let id = convert::service_id(&svc);
                 let version = svc.metadata.resource_version.as_deref();
                 if !self.services.unchanged(&id, version) {
+                    if self.services.listed {
+                        self.pending.services.insert(id.clone());
+                    }
                     self.services.upsert(id, version, ServiceSpec::from(&svc));
                 }
             }
             Event::InitDone => {
-                self.services.end_list();
-                self.pending.full = true;
+                let relist = self.services.listed;
+                let gone = self.services.end_list();
+                self.pending.ended_list(relist, gone);
             }
             Event::Apply(svc) => {
                 self.pending.events.0 += 1;
@@ -189,7 +212,11 @@ impl ObjectStore {
                     return;
                 }
                 let slice = StoredSlice::from(&obj);
-                self.index.set(id.clone(), Some(&slice), &mut BTreeSet::new());
+                // The first list is read whole after it: no need to note
+                // what it touches.
+                let mut first_list = BTreeSet::new();
+                let touched = if self.slices.listed { &mut self.pending.services } else { &mut first_list };
+                self.index.set(id.clone(), Some(&slice), touched);
                 let old = self.slices.upsert(id, version, slice);
                 // A version new to a relist carries its trigger time (the
                 // first list's changes happened before start).
@@ -198,10 +225,12 @@ impl ObjectStore {
                 }
             }
             Event::InitDone => {
+                let relist = self.slices.listed;
+                let mut touched = BTreeSet::new();
                 for id in self.slices.end_list() {
-                    self.index.set(id, None, &mut BTreeSet::new());
+                    self.index.set(id, None, &mut touched);
                 }
-                self.pending.full = true;
+                self.pending.ended_list(relist, touched);
             }
             Event::Apply(obj) => {
                 let slice = StoredSlice::from(&obj);
@@ -260,7 +289,7 @@ impl ObjectStore {
     /// Whether anything changed since the last read.
     #[must_use]
     pub fn has_pending(&self) -> bool {
-        self.pending.full || self.pending.node || !self.pending.services.is_empty()
+        self.pending.full || self.pending.relisted || self.pending.node || !self.pending.services.is_empty()
     }
 
     /// What changed since the last read (everything, the first time and
@@ -400,10 +429,14 @@ mod tests {
         assert_eq!(store.counts().1, 2, "a was not in the relist");
         store.service_event(Event::Init);
         store.service_event(Event::InitDone);
+        assert!(store.has_pending());
         let d = store.take();
-        let Snapshot::Full { services, slices, .. } = &d.snapshot else { panic!("a relist reads everything") };
-        assert!(services.is_empty());
-        assert_eq!(slices.len(), 2);
+        // web: its Service went (the service relist did not see it), b
+        // changed, c came, a went.
+        assert_eq!(changed_services(&d), [id("web")]);
+        let Snapshot::Changed { services, .. } = &d.snapshot else { unreachable!() };
+        assert!(services[0].service.is_none());
+        assert_eq!(services[0].slices.len(), 2);
         assert_eq!(d.triggers.len(), 2, "b's new version and c");
     }
 
@@ -421,7 +454,9 @@ mod tests {
         store.slice_event(Event::InitDone);
         let (service_after, slice_after) = held(&store);
         assert!(Arc::ptr_eq(&service, &service_after) && Arc::ptr_eq(&slice, &slice_after), "same versions: kept");
-        assert!(store.take().triggers.is_empty(), "nothing new");
+        assert!(store.has_pending(), "a relist is followed by a sync, even when it found no change");
+        let d = store.take();
+        assert!(changed_services(&d).is_empty() && d.triggers.is_empty(), "nothing new");
         // A new version is converted again, and its trigger counts.
         store.slice_event(Event::Init);
         store.slice_event(Event::InitApply(slice_object("a", "api", "2", "2026-01-01T00:00:01Z")));
