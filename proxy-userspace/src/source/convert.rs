@@ -3,9 +3,12 @@
 //! is read field by field. Each object is converted once, as it arrives;
 //! the store keeps the converted form. A field the model starts to read is
 //! added to the model's input type and filled here.
-use k8s_openapi::api::{
-    core::v1::{Service, ServicePort},
-    discovery::v1::{Endpoint, EndpointPort, EndpointSlice},
+use k8s_openapi::{
+    api::{
+        core::v1::{Service, ServicePort},
+        discovery::v1::{Endpoint, EndpointPort, EndpointSlice},
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
 use super::stored_slice::SliceId;
@@ -28,17 +31,17 @@ const UNNAMED: &str = "<unnamed>";
 /// The id of a Service: what its converted form's `id()` is.
 #[must_use]
 pub fn service_id(svc: &Service) -> ServiceId {
-    let meta = &svc.metadata;
-    (
-        meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE).to_owned(),
-        meta.name.as_deref().unwrap_or(UNNAMED).to_owned(),
-    )
+    id(&svc.metadata)
 }
 
 /// The id of an EndpointSlice: what its stored form's `id()` is.
 #[must_use]
 pub fn slice_id(slice: &EndpointSlice) -> SliceId {
-    let meta = &slice.metadata;
+    id(&slice.metadata)
+}
+
+/// Namespace and name, as `crate::model::ObjectRef` names an object.
+fn id(meta: &ObjectMeta) -> (String, String) {
     (
         meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE).to_owned(),
         meta.name.as_deref().unwrap_or(UNNAMED).to_owned(),
