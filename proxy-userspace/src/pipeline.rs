@@ -8,7 +8,6 @@
 //! Kubernetes or file source and the kernel maps, the tests with a test
 //! source and in-memory maps, the same code.
 use std::{
-    borrow::Cow,
     net::IpAddr,
     sync::Arc,
     time::{Duration, Instant, SystemTime},
@@ -22,7 +21,7 @@ use crate::{
         audit::{self, Audit, Drift},
     },
     model::{self, Delta, NodeContext, ServiceInput, Severity, TableState},
-    source::{ChangeSource, Delivery, Snapshot, stored_slice::StoredSlice},
+    source::{ChangeSource, Delivery, Snapshot},
 };
 
 /// What the pipeline knows of this node besides its Node object.
@@ -272,11 +271,8 @@ impl Pipeline {
         let update = match delivery.snapshot {
             Snapshot::Full { services, slices, nodes } => {
                 let node = self.node_context(&nodes);
-                // Each service's slices are expanded right before it is
-                // translated, and dropped after.
-                let slices = slices.iter().filter_map(|s| Some((s.owner()?.clone(), &**s)));
-                let expand = |s: &StoredSlice| Cow::Owned(s.to_object());
-                let delta = self.model.replace_all_with(services.iter().map(|s| &**s), slices, expand, &node);
+                let delta =
+                    self.model.replace_all(services.iter().map(|s| &**s), slices.iter().map(|s| &s.spec), &node);
                 self.node = Some(node);
                 Update { delta, full: true }
             }
@@ -293,7 +289,7 @@ impl Pipeline {
                 let inputs = services.iter().map(|c| {
                     let input = ServiceInput {
                         service: c.service.as_deref(),
-                        slices: c.slices.iter().map(|s| Cow::Owned(s.to_object())).collect(),
+                        slices: c.slices.iter().map(|s| &s.spec).collect(),
                     };
                     (c.id.clone(), input)
                 });

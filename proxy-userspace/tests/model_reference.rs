@@ -7,9 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ebpf_proxy::model::{
     Backend, BackendState, Frontend, FrontendKey, FrontendKind, NodeContext, Protocol, Reach, Scope, ServiceId,
-    ServiceInput, ServicePort, ServiceTable, TableState, service_id, translate,
+    ServiceInput, ServicePort, ServiceSpec, ServiceTable, SliceSpec, TableState, translate,
 };
-use ebpf_proxy::source::stored_slice::StoredSlice;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -303,22 +302,19 @@ proptest! {
     }
 }
 
-/// The inputs of every service of a world: the Service and the slices
-/// naming it (sorted, to compare).
-fn inputs<'a>(services: &'a [Service], slices: &'a [EndpointSlice]) -> BTreeMap<ServiceId, ServiceInput<'a>> {
+/// The inputs of every service of a world (API objects converted as the
+/// source does): the Service and the slices naming it (sorted, to compare).
+fn inputs<'a>(services: &'a [ServiceSpec], slices: &'a [SliceSpec]) -> BTreeMap<ServiceId, ServiceInput<'a>> {
     let mut out: BTreeMap<ServiceId, ServiceInput<'a>> = BTreeMap::new();
     for svc in services {
-        out.entry(service_id(svc)).or_default().service = Some(svc);
+        out.entry(svc.id()).or_default().service = Some(svc);
     }
     for slice in slices {
-        let owner = (
-            slice.metadata.namespace.clone().unwrap_or_default(),
-            slice.metadata.labels.as_ref().unwrap()["kubernetes.io/service-name"].clone(),
-        );
-        out.entry(owner).or_default().slices.push(std::borrow::Cow::Borrowed(slice));
+        let owner = slice.owner.clone().expect("every generated slice names a service");
+        out.entry(owner).or_default().slices.push(slice);
     }
     for input in out.values_mut() {
-        input.slices.sort_by_key(|s| s.metadata.name.clone());
+        input.slices.sort_by_key(|s| s.name.clone());
     }
     out
 }
@@ -347,7 +343,7 @@ proptest! {
     ) {
         let node = NodeContext::new("n0").with_ips(vec![NODE_IP.into()]);
         let mut state = TableState::default();
-        let mut previous: (Vec<Service>, Vec<EndpointSlice>) = (Vec::new(), Vec::new());
+        let mut previous: (Vec<ServiceSpec>, Vec<SliceSpec>) = (Vec::new(), Vec::new());
         for (services, slices) in worlds {
             let mut unique: Vec<Svc> = Vec::new();
             for s in &services {
@@ -355,8 +351,8 @@ proptest! {
                     unique.push(s.clone());
                 }
             }
-            let services: Vec<Service> = unique.iter().map(to_service).collect();
-            let slices: Vec<EndpointSlice> = slices.iter().enumerate().map(|(i, s)| to_slice(s, i)).collect();
+            let services: Vec<ServiceSpec> = unique.iter().map(|s| (&to_service(s)).into()).collect();
+            let slices: Vec<SliceSpec> = slices.iter().enumerate().map(|(i, s)| (&to_slice(s, i)).into()).collect();
             let before = state.table().clone();
             let (old, new) = (inputs(&previous.0, &previous.1), inputs(&services, &slices));
             let ids: BTreeSet<ServiceId> = old.keys().chain(new.keys()).cloned().collect();
@@ -372,50 +368,23 @@ proptest! {
                 .collect();
             let delta = state.update(changed, &node);
 
-            let full = translate(&services, &slices, &node);
-            prop_assert_eq!(state.table(), &full.table);
+            let mut full = TableState::default();
+            full.replace_all(&services, &slices, &node);
+            prop_assert_eq!(state.table(), full.table());
             let mut got: Vec<String> = state.problems().map(ToString::to_string).collect();
-            let mut want: Vec<String> = full.problems.iter().map(ToString::to_string).collect();
+            let mut want: Vec<String> = full.problems().map(ToString::to_string).collect();
             got.sort();
             want.sort();
             prop_assert_eq!(got, want);
-            prop_assert_eq!(state.health_checks(), full.health_checks);
+            prop_assert_eq!(state.health_checks(), full.health_checks());
             let differ: BTreeSet<FrontendKey> = before
                 .keys()
-                .chain(full.table.keys())
-                .filter(|k| before.get(k) != full.table.get(k))
+                .chain(full.table().keys())
+                .filter(|k| before.get(k) != full.table().get(k))
                 .copied()
                 .collect();
             prop_assert_eq!(delta.keys, differ);
             previous = (services, slices);
         }
-    }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
-
-    /// The agent's full read: slices kept compact (`StoredSlice`) and
-    /// expanded one service at a time (`replace_all_with`) give exactly
-    /// the translation of the API objects.
-    #[test]
-    fn compact_slices_expanded_per_service_translate_the_same(
-        services in prop::collection::vec(svc_strategy(), 0..6),
-        slices in prop::collection::vec(slice_strategy(), 0..6),
-        node in 0..3u8,
-    ) {
-        let services: Vec<Service> = services.iter().map(to_service).collect();
-        let slices: Vec<EndpointSlice> = slices.iter().enumerate().map(|(i, s)| to_slice(s, i)).collect();
-        let stored: Vec<StoredSlice> = slices.iter().cloned().map(StoredSlice::from).collect();
-        let node = NodeContext::new(format!("n{node}")).with_ips(vec![NODE_IP.into()]);
-        let full = translate(&services, &slices, &node);
-        let mut state = TableState::default();
-        let owned = stored.iter().filter_map(|s| Some((s.owner()?.clone(), s)));
-        state.replace_all_with(&services, owned, |s| std::borrow::Cow::Owned(s.to_object()), &node);
-        prop_assert_eq!(state.table(), &full.table);
-        let got: Vec<String> = state.problems().map(ToString::to_string).collect();
-        let want: Vec<String> = full.problems.iter().map(ToString::to_string).collect();
-        prop_assert_eq!(got, want);
-        prop_assert_eq!(state.health_checks(), full.health_checks);
     }
 }

@@ -1,26 +1,11 @@
 //! Endpoints of a service port, from all of the service's EndpointSlices.
 use std::{collections::BTreeMap, net::IpAddr};
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-
 use super::{
     Backend, BackendState, ObjectRef, Problem, Protocol,
     frontends::{PortSpec, valid_port},
+    input::{AddressType, SliceSpec},
 };
-
-/// Label naming the service a slice belongs to.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-
-pub fn object_ref(slice: &EndpointSlice) -> ObjectRef {
-    ObjectRef::new("EndpointSlice", slice.metadata.namespace.as_deref(), slice.metadata.name.as_deref())
-}
-
-/// The service (`namespace`, `name`) a slice belongs to, if it says.
-#[must_use]
-pub fn owning_service(slice: &EndpointSlice) -> Option<(String, String)> {
-    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-    Some((slice.metadata.namespace.clone().unwrap_or_else(|| "default".into()), name.clone()))
-}
 
 /// Endpoint selection rules for one service.
 pub struct Selection<'a> {
@@ -45,14 +30,14 @@ pub fn backends_for_port(
     service: &ObjectRef,
     port: &PortSpec,
     ipv6: bool,
-    slices: &[&EndpointSlice],
+    slices: &[&SliceSpec],
     selection: &Selection<'_>,
     problems: &mut Vec<Problem>,
 ) -> Vec<Backend> {
     // (addr, port) -> best state seen across slices, zone hints, and
     // whether it is on this node.
-    let mut found: BTreeMap<(IpAddr, u16), (BackendState, Vec<String>, bool)> = BTreeMap::new();
-    let (address_type, family) = if ipv6 { ("IPv6", "IPv6") } else { ("IPv4", "IPv4") };
+    let mut found: BTreeMap<(IpAddr, u16), (BackendState, Vec<&str>, bool)> = BTreeMap::new();
+    let (address_type, family) = if ipv6 { (AddressType::IPv6, "IPv6") } else { (AddressType::IPv4, "IPv4") };
     for slice in slices {
         if slice.address_type != address_type {
             continue;
@@ -60,15 +45,11 @@ pub fn backends_for_port(
         let Some(target) = slice_port(slice, port, problems) else {
             continue;
         };
-        let object = object_ref(slice);
-        for (k, endpoint) in slice.endpoints.iter().flatten().enumerate() {
-            let conditions = endpoint.conditions.as_ref();
-            let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
-            let serving = conditions.and_then(|c| c.serving).unwrap_or(true);
-            let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
-            let state = if ready {
+        let object = slice.object_ref();
+        for (k, endpoint) in slice.endpoints.iter().enumerate() {
+            let state = if endpoint.ready {
                 BackendState::Active
-            } else if serving && terminating {
+            } else if endpoint.serving && endpoint.terminating {
                 BackendState::Terminating
             } else {
                 continue;
@@ -78,7 +59,7 @@ pub fn backends_for_port(
                 continue;
             }
             // Like kube-proxy, only an endpoint's first address is used.
-            let Some(raw) = endpoint.addresses.first() else {
+            let Some(raw) = &endpoint.address else {
                 problems.push(Problem::error(
                     &object,
                     format!("endpoints[{k}].addresses"),
@@ -86,28 +67,23 @@ pub fn backends_for_port(
                 ));
                 continue;
             };
-            let addr = match raw.parse::<IpAddr>() {
-                Ok(addr) if addr.is_ipv6() == ipv6 => addr,
+            let addr = match raw.ip() {
+                Some(addr) if addr.is_ipv6() == ipv6 => addr,
                 _ => {
                     problems.push(Problem::error(
                         &object,
                         format!("endpoints[{k}].addresses[0]"),
-                        format!("{raw:?} is not an {family} address; endpoint skipped"),
+                        format!("{:?} is not an {family} address; endpoint skipped", raw.to_string()),
                     ));
                     continue;
                 }
             };
-            let hints: Vec<String> = endpoint
-                .hints
-                .as_ref()
-                .and_then(|h| h.for_zones.as_ref())
-                .map(|zones| zones.iter().map(|z| z.name.clone()).collect())
-                .unwrap_or_default();
+            let hints: Vec<&str> = endpoint.zone_hints.iter().map(|z| &**z).collect();
             found
                 .entry((addr, target))
                 .and_modify(|(s, h, l)| {
                     *s = (*s).min(state);
-                    h.extend(hints.iter().cloned());
+                    h.extend(hints.iter().copied());
                     *l |= local;
                 })
                 .or_insert((state, hints, local));
@@ -115,7 +91,7 @@ pub fn backends_for_port(
     }
     let any_ready = found.values().any(|(s, _, _)| *s == BackendState::Active);
     let wanted = if any_ready { BackendState::Active } else { BackendState::Terminating };
-    let mut chosen: Vec<((IpAddr, u16), Vec<String>, bool)> = found
+    let mut chosen: Vec<((IpAddr, u16), Vec<&str>, bool)> = found
         .into_iter()
         .filter(|(_, (state, _, _))| *state == wanted)
         .map(|(k, (_, hints, local))| (k, hints, local))
@@ -123,9 +99,9 @@ pub fn backends_for_port(
     if let Some(zone) = selection.zone
         && wanted == BackendState::Active
         && chosen.iter().all(|(_, hints, _)| !hints.is_empty())
-        && chosen.iter().any(|(_, hints, _)| hints.iter().any(|h| h == zone))
+        && chosen.iter().any(|(_, hints, _)| hints.contains(&zone))
     {
-        chosen.retain(|(_, hints, _)| hints.iter().any(|h| h == zone));
+        chosen.retain(|(_, hints, _)| hints.contains(&zone));
     }
     let mut backends: Vec<Backend> =
         chosen.into_iter().map(|((addr, port), _, local)| Backend { addr, port, state: wanted, local }).collect();
@@ -147,14 +123,13 @@ pub fn backends_for_port(
 
 /// Ready endpoints (distinct addresses, any port or family) of the slices
 /// on node `node`: what a healthCheckNodePort reports.
-pub fn local_ready_endpoints(slices: &[&EndpointSlice], node: &str) -> usize {
-    let mut addrs: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+pub fn local_ready_endpoints(slices: &[&SliceSpec], node: &str) -> usize {
+    let mut addrs: std::collections::BTreeSet<&super::input::Address> = std::collections::BTreeSet::new();
     for slice in slices {
-        for endpoint in slice.endpoints.iter().flatten() {
-            let ready = endpoint.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-            if ready
+        for endpoint in &slice.endpoints {
+            if endpoint.ready
                 && endpoint.node_name.as_deref() == Some(node)
-                && let Some(addr) = endpoint.addresses.first()
+                && let Some(addr) = &endpoint.address
             {
                 addrs.insert(addr);
             }
@@ -164,15 +139,17 @@ pub fn local_ready_endpoints(slices: &[&EndpointSlice], node: &str) -> usize {
 }
 
 /// The target port for `port` in `slice`, matched by name and protocol.
-pub(super) fn slice_port(slice: &EndpointSlice, port: &PortSpec, problems: &mut Vec<Problem>) -> Option<u16> {
-    let (j, sp) = slice.ports.iter().flatten().enumerate().find(|(_, sp)| {
-        sp.name.as_deref().unwrap_or("") == port.name && protocol_matches(sp.protocol.as_deref(), port.protocol)
-    })?;
+pub(super) fn slice_port(slice: &SliceSpec, port: &PortSpec, problems: &mut Vec<Problem>) -> Option<u16> {
+    let (j, sp) = slice
+        .ports
+        .iter()
+        .enumerate()
+        .find(|(_, sp)| *sp.name == port.name && protocol_matches(&sp.protocol, port.protocol))?;
     match sp.port.map(valid_port) {
         Some(Some(n)) => Some(n),
         Some(None) => {
             problems.push(Problem::error(
-                &object_ref(slice),
+                &slice.object_ref(),
                 format!("ports[{j}].port"),
                 format!("{} is not a port number (1-65535)", sp.port.unwrap_or_default()),
             ));
@@ -180,7 +157,7 @@ pub(super) fn slice_port(slice: &EndpointSlice, port: &PortSpec, problems: &mut 
         }
         None => {
             problems.push(Problem::warning(
-                &object_ref(slice),
+                &slice.object_ref(),
                 format!("ports[{j}].port"),
                 "no port number; its endpoints are not used",
             ));
@@ -189,22 +166,21 @@ pub(super) fn slice_port(slice: &EndpointSlice, port: &PortSpec, problems: &mut 
     }
 }
 
-fn protocol_matches(slice_proto: Option<&str>, protocol: Protocol) -> bool {
-    matches!((slice_proto.unwrap_or("TCP"), protocol), ("TCP", Protocol::Tcp) | ("UDP", Protocol::Udp))
+fn protocol_matches(slice_proto: &str, protocol: Protocol) -> bool {
+    matches!((slice_proto, protocol), ("TCP", Protocol::Tcp) | ("UDP", Protocol::Udp))
 }
 
 /// Slice ports no service port names, as warnings on the slice.
-pub fn unmatched_slice_ports(slice: &EndpointSlice, ports: &[PortSpec], problems: &mut Vec<Problem>) {
-    for (j, sp) in slice.ports.iter().flatten().enumerate() {
-        let name = sp.name.as_deref().unwrap_or("");
-        let proto = sp.protocol.as_deref().unwrap_or("TCP");
+pub fn unmatched_slice_ports(slice: &SliceSpec, ports: &[PortSpec], problems: &mut Vec<Problem>) {
+    for (j, sp) in slice.ports.iter().enumerate() {
+        let (name, proto) = (&*sp.name, &*sp.protocol);
         if proto == "SCTP" {
             continue;
         }
-        let matched = ports.iter().any(|p| p.name == name && protocol_matches(Some(proto), p.protocol));
+        let matched = ports.iter().any(|p| p.name == name && protocol_matches(proto, p.protocol));
         if !matched {
             problems.push(Problem::warning(
-                &object_ref(slice),
+                &slice.object_ref(),
                 format!("ports[{j}].name"),
                 format!("port {name:?}/{proto} matches no port of the service; it is not used"),
             ));

@@ -8,10 +8,14 @@ use std::{
     net::IpAddr,
 };
 
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Serialize;
 
-use super::{BackendState, endpoints::Selection, frontends::PortSpec};
+use super::{
+    BackendState,
+    endpoints::Selection,
+    frontends::PortSpec,
+    input::{AddressType, EndpointSpec, SliceSpec},
+};
 
 /// Why an endpoint the cluster has is not a backend of a frontend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -64,16 +68,10 @@ pub struct EndpointUse {
 /// slices, its zone hints, its node.
 type Candidate = (BackendState, BTreeSet<String>, Option<String>);
 
-/// An endpoint's conditions, read as kube-proxy reads them (absent: true,
-/// terminating absent: false).
-fn state_of(endpoint: &k8s_openapi::api::discovery::v1::Endpoint) -> Option<BackendState> {
-    let c = endpoint.conditions.as_ref();
-    let (ready, serving, terminating) = (
-        c.and_then(|c| c.ready).unwrap_or(true),
-        c.and_then(|c| c.serving).unwrap_or(true),
-        c.and_then(|c| c.terminating).unwrap_or(false),
-    );
-    match (ready, serving && terminating) {
+/// An endpoint's conditions, as the model reads them (the source filled
+/// in kube-proxy's defaults: absent ready/serving true, terminating false).
+const fn state_of(endpoint: &EndpointSpec) -> Option<BackendState> {
+    match (endpoint.ready, endpoint.serving && endpoint.terminating) {
         (true, _) => Some(BackendState::Active),
         (false, true) => Some(BackendState::Terminating),
         (false, false) => None,
@@ -90,21 +88,21 @@ fn state_of(endpoint: &k8s_openapi::api::discovery::v1::Endpoint) -> Option<Back
 pub fn endpoint_uses(
     port: &PortSpec,
     ipv6: bool,
-    slices: &[&EndpointSlice],
+    slices: &[&SliceSpec],
     selection: &Selection<'_>,
 ) -> Vec<EndpointUse> {
-    let family = if ipv6 { "IPv6" } else { "IPv4" };
+    let family = if ipv6 { AddressType::IPv6 } else { AddressType::IPv4 };
     let mut out = Vec::new();
     // Candidates by (address, port): best state, zone hints, node.
     let mut candidates: BTreeMap<(IpAddr, u16), Candidate> = BTreeMap::new();
     for slice in slices.iter().filter(|s| s.address_type == family) {
         let target = super::endpoints::slice_port(slice, port, &mut Vec::new());
-        for endpoint in slice.endpoints.iter().flatten() {
-            let Some(address) = endpoint.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else { continue };
+        for endpoint in &slice.endpoints {
+            let Some(address) = endpoint.address.as_ref().and_then(super::input::Address::ip) else { continue };
             if address.is_ipv6() != ipv6 {
                 continue;
             }
-            let node = endpoint.node_name.clone();
+            let node = endpoint.node_name.as_deref().map(str::to_owned);
             let rejected = |unused| EndpointUse { address, port: target, node: node.clone(), unused: Some(unused) };
             let Some(target) = target else {
                 out.push(rejected(Unused::PortNameUnmatched));
@@ -118,7 +116,7 @@ pub fn endpoint_uses(
                 out.push(rejected(Unused::OtherNode));
                 continue;
             }
-            let hints = endpoint.hints.iter().flat_map(|h| h.for_zones.iter().flatten()).map(|z| z.name.clone());
+            let hints = endpoint.zone_hints.iter().map(ToString::to_string);
             let c = candidates.entry((address, target)).or_insert((state, BTreeSet::new(), None));
             c.0 = c.0.min(state);
             c.1.extend(hints);
@@ -161,8 +159,12 @@ mod tests {
     use super::*;
     use crate::model::{ObjectRef, Protocol, endpoints::backends_for_port};
 
-    fn slices(yaml: &str) -> Vec<EndpointSlice> {
-        yaml.split("---\n").filter(|d| !d.trim().is_empty()).map(|d| serde_yaml::from_str(d).unwrap()).collect()
+    /// Slices as the source hands them to the model.
+    fn slices(yaml: &str) -> Vec<SliceSpec> {
+        yaml.split("---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| SliceSpec::from(&serde_yaml::from_str::<EndpointSlice>(d).unwrap()))
+            .collect()
     }
 
     fn http() -> PortSpec {
@@ -276,7 +278,7 @@ mod tests {
     fn each_endpoint_gets_its_reason() {
         for case in cases() {
             let owned = slices(&case.slices);
-            let refs: Vec<&EndpointSlice> = owned.iter().collect();
+            let refs: Vec<&SliceSpec> = owned.iter().collect();
             let selection = Selection {
                 local_node: case.local.then_some("here"),
                 zone: case.zone,

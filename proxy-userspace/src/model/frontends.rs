@@ -1,12 +1,10 @@
 //! Which services are proxied, on which addresses and ports.
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Service;
-
-use super::{ObjectRef, Problem, Protocol};
-
-/// Label that hands a service to another proxy.
-pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+use super::{
+    ObjectRef, Problem, Protocol,
+    input::{ServiceSpec, ServiceType},
+};
 
 /// Why a service is not programmed at all (not an error).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,28 +70,21 @@ pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
 /// The API server's upper bound for it (one day).
 pub const MAX_AFFINITY_TIMEOUT: u32 = 86_400;
 
-pub fn object_ref(svc: &Service) -> ObjectRef {
-    ObjectRef::new("Service", svc.metadata.namespace.as_deref(), svc.metadata.name.as_deref())
-}
-
 /// The frontends of `svc`, or why it has none. Problems with parts of the
 /// service (a bad address, an unsupported protocol) go to `problems`.
-pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<ServiceFrontends, SkipReason> {
-    let object = object_ref(svc);
-    if svc.metadata.labels.as_ref().is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL)) {
+pub fn service_frontends(svc: &ServiceSpec, problems: &mut Vec<Problem>) -> Result<ServiceFrontends, SkipReason> {
+    let object = svc.object_ref();
+    if svc.service_proxy_name.is_some() {
         return Err(SkipReason::OtherProxy);
     }
-    let Some(spec) = svc.spec.as_ref() else {
-        return Err(SkipReason::NoClusterIp);
-    };
-    if spec.type_.as_deref() == Some("ExternalName") {
+    if svc.service_type == ServiceType::ExternalName {
         return Err(SkipReason::ExternalName);
     }
-    let addrs = cluster_ips(&object, spec.cluster_ip.as_deref(), spec.cluster_ips.as_deref(), problems)?;
+    let addrs = cluster_ips(&object, svc.cluster_ip.as_deref(), &svc.cluster_ips, problems)?;
     let mut ports: Vec<PortSpec> = Vec::new();
-    for (i, port) in spec.ports.iter().flatten().enumerate() {
+    for (i, port) in svc.ports.iter().enumerate() {
         let field = |f: &str| format!("spec.ports[{i}].{f}");
-        let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
+        let protocol = match port.protocol.as_str() {
             "TCP" => Protocol::Tcp,
             "UDP" => Protocol::Udp,
             "SCTP" => {
@@ -121,8 +112,8 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
             ));
             continue;
         };
-        let name = port.name.clone().unwrap_or_default();
-        let wants_node_port = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
+        let name = port.name.clone();
+        let wants_node_port = matches!(svc.service_type, ServiceType::NodePort | ServiceType::LoadBalancer);
         let node_port = port.node_port.filter(|_| wants_node_port).and_then(|n| {
             let valid = valid_port(n);
             if valid.is_none() {
@@ -140,23 +131,21 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
         }
         ports.push(PortSpec { name, port: number, protocol, node_port });
     }
-    let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-    let affinity_timeout = affinity_timeout(spec, &object, problems);
+    let affinity_timeout = affinity_timeout(svc, &object, problems);
     let (lb_ips, external_ips) = external_addresses(svc, &object, problems);
-    let is_load_balancer = spec.type_.as_deref() == Some("LoadBalancer");
-    let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
-    let source_ranges = if is_load_balancer { source_ranges(spec, &object, problems) } else { None };
+    let is_load_balancer = svc.service_type == ServiceType::LoadBalancer;
+    let source_ranges = if is_load_balancer { source_ranges(svc, &object, problems) } else { None };
     let health_check_node_port =
-        if is_load_balancer && external_local { health_check_node_port(spec, &object, problems) } else { None };
+        if is_load_balancer && svc.external_local { health_check_node_port(svc, &object, problems) } else { None };
     Ok(ServiceFrontends {
         object,
         addrs,
         ports,
-        internal_local,
+        internal_local: svc.internal_local,
         affinity_timeout,
         lb_ips,
         external_ips,
-        external_local,
+        external_local: svc.external_local,
         source_ranges,
         health_check_node_port,
     })
@@ -164,38 +153,26 @@ pub fn service_frontends(svc: &Service, problems: &mut Vec<Problem>) -> Result<S
 
 /// `sessionAffinity: ClientIP`: the timeout in seconds (the default when
 /// unset, and when out of range, which is reported).
-fn affinity_timeout(
-    spec: &k8s_openapi::api::core::v1::ServiceSpec,
-    object: &ObjectRef,
-    problems: &mut Vec<Problem>,
-) -> Option<u32> {
-    (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
-        let asked =
-            spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds);
-        match asked {
-            None => DEFAULT_AFFINITY_TIMEOUT,
-            Some(t) => match u32::try_from(t) {
-                Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => t,
-                _ => {
-                    problems.push(Problem::warning(
-                        object,
-                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
-                        format!("{t} is not within 1-{MAX_AFFINITY_TIMEOUT}; {DEFAULT_AFFINITY_TIMEOUT} is used"),
-                    ));
-                    DEFAULT_AFFINITY_TIMEOUT
-                }
-            },
-        }
+fn affinity_timeout(svc: &ServiceSpec, object: &ObjectRef, problems: &mut Vec<Problem>) -> Option<u32> {
+    svc.client_ip_affinity.map(|asked| match asked {
+        None => DEFAULT_AFFINITY_TIMEOUT,
+        Some(t) => match u32::try_from(t) {
+            Ok(t) if (1..=MAX_AFFINITY_TIMEOUT).contains(&t) => t,
+            _ => {
+                problems.push(Problem::warning(
+                    object,
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                    format!("{t} is not within 1-{MAX_AFFINITY_TIMEOUT}; {DEFAULT_AFFINITY_TIMEOUT} is used"),
+                ));
+                DEFAULT_AFFINITY_TIMEOUT
+            }
+        },
     })
 }
 
 /// `spec.healthCheckNodePort`, when it is a port number (else reported).
-fn health_check_node_port(
-    spec: &k8s_openapi::api::core::v1::ServiceSpec,
-    object: &ObjectRef,
-    problems: &mut Vec<Problem>,
-) -> Option<u16> {
-    let port = spec.health_check_node_port?;
+fn health_check_node_port(svc: &ServiceSpec, object: &ObjectRef, problems: &mut Vec<Problem>) -> Option<u16> {
+    let port = svc.health_check_node_port?;
     let valid = valid_port(port);
     if valid.is_none() {
         problems.push(Problem::error(object, "spec.healthCheckNodePort", format!("{port} is not a port number")));
@@ -205,12 +182,8 @@ fn health_check_node_port(
 
 /// `spec.loadBalancerSourceRanges` as networks (host bits cleared); a
 /// range that is not a CIDR is reported and left out.
-fn source_ranges(
-    spec: &k8s_openapi::api::core::v1::ServiceSpec,
-    object: &ObjectRef,
-    problems: &mut Vec<Problem>,
-) -> Option<Vec<ipnet::IpNet>> {
-    let listed = spec.load_balancer_source_ranges.as_ref().filter(|r| !r.is_empty())?;
+fn source_ranges(svc: &ServiceSpec, object: &ObjectRef, problems: &mut Vec<Problem>) -> Option<Vec<ipnet::IpNet>> {
+    let listed = Some(&svc.source_ranges).filter(|r| !r.is_empty())?;
     let mut out = Vec::new();
     for (i, raw) in listed.iter().enumerate() {
         let raw = raw.trim();
@@ -238,10 +211,13 @@ fn source_ranges(
 /// `status.loadBalancer.ingress[].ip` (LoadBalancer services only, without
 /// `ipMode: Proxy` ones, which the load balancer itself proxies) and
 /// `spec.externalIPs`.
-fn external_addresses(svc: &Service, object: &ObjectRef, problems: &mut Vec<Problem>) -> (Vec<IpAddr>, Vec<IpAddr>) {
-    let Some(spec) = svc.spec.as_ref() else { return (Vec::new(), Vec::new()) };
+fn external_addresses(
+    svc: &ServiceSpec,
+    object: &ObjectRef,
+    problems: &mut Vec<Problem>,
+) -> (Vec<IpAddr>, Vec<IpAddr>) {
     let mut external_ips = Vec::new();
-    for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
+    for (i, ip) in svc.external_ips.iter().enumerate() {
         match ip.parse::<IpAddr>() {
             Ok(ip) => external_ips.push(ip),
             Err(_) => problems.push(Problem::error(
@@ -252,9 +228,8 @@ fn external_addresses(svc: &Service, object: &ObjectRef, problems: &mut Vec<Prob
         }
     }
     let mut lb_ips = Vec::new();
-    let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
-    for (i, ing) in ingress.into_iter().flatten().enumerate() {
-        if ing.ip_mode.as_deref() == Some("Proxy") {
+    for (i, ing) in svc.lb_ingress.iter().enumerate() {
+        if ing.proxy_mode {
             continue;
         }
         match ing.ip.as_deref().map(str::parse::<IpAddr>) {
@@ -267,7 +242,7 @@ fn external_addresses(svc: &Service, object: &ObjectRef, problems: &mut Vec<Prob
             None => {} // hostname-only ingress: nothing to program
         }
     }
-    if spec.type_.as_deref() != Some("LoadBalancer") {
+    if svc.service_type != ServiceType::LoadBalancer {
         lb_ips.clear();
     }
     (lb_ips, external_ips)
@@ -276,13 +251,14 @@ fn external_addresses(svc: &Service, object: &ObjectRef, problems: &mut Vec<Prob
 fn cluster_ips(
     object: &ObjectRef,
     cluster_ip: Option<&str>,
-    cluster_ips: Option<&[String]>,
+    cluster_ips: &[String],
     problems: &mut Vec<Problem>,
 ) -> Result<Vec<IpAddr>, SkipReason> {
     // `clusterIPs` is authoritative when set; `clusterIP` is its first entry.
-    let (field, list): (&str, Vec<&str>) = match cluster_ips {
-        Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().map(String::as_str).collect()),
-        _ => ("spec.clusterIP", cluster_ip.into_iter().collect()),
+    let (field, list): (&str, Vec<&str>) = if cluster_ips.is_empty() {
+        ("spec.clusterIP", cluster_ip.into_iter().collect())
+    } else {
+        ("spec.clusterIPs", cluster_ips.iter().map(String::as_str).collect())
     };
     if list.first().is_some_and(|ip| *ip == "None") {
         return Err(SkipReason::Headless);

@@ -1,9 +1,11 @@
-//! The pure model: Kubernetes Services and EndpointSlices in, the desired
-//! service table out. No I/O, no aya, no kube client: every Kubernetes rule
-//! of the proxy lives here and is tested without a kernel.
+//! The pure model: Services and EndpointSlices in (in the model's own
+//! compact form, `input`, which the source converts API objects into),
+//! the desired service table out. No I/O, no aya, no kube client: every
+//! Kubernetes rule of the proxy lives here and is tested without a kernel.
 mod endpoints;
 pub mod explain;
 mod frontends;
+mod input;
 mod problem;
 mod service;
 
@@ -13,9 +15,13 @@ mod table;
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
-pub use endpoints::{SERVICE_NAME_LABEL, Selection, owning_service};
+pub use endpoints::Selection;
+pub use input::{
+    Address, AddressType, EndpointSpec, IngressSpec, ServicePortSpec, ServiceSpec, ServiceType, SlicePortSpec,
+    SliceSpec,
+};
 pub use problem::{ObjectRef, Problem, Severity};
-pub use state::{Delta, ServiceId, ServiceInput, TableState, service_id};
+pub use state::{Delta, ServiceId, ServiceInput, TableState};
 pub use table::{HealthCheck, NodeContext, TO_BE_DELETED_TAINT, Translation, ZONE_LABEL, node_eligible, translate};
 
 /// The loopback address NodePorts are also served on (as kube-proxy's

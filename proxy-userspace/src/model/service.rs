@@ -3,12 +3,11 @@
 //! function of the Service, its EndpointSlices and the node.
 use std::{collections::BTreeMap, net::IpAddr};
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
-
 use super::{
     Frontend, FrontendKey, FrontendKind, ObjectRef, Problem, Reach, Scope,
     endpoints::{self, Selection},
     frontends::{self, PortSpec, ServiceFrontends, SkipReason},
+    input::{ServiceSpec, SliceSpec},
     table::{HealthCheck, NodeContext},
 };
 
@@ -62,13 +61,13 @@ impl NoLocalEndpoints {
 
 /// The part of the table service `svc` makes, with `slices` (those that
 /// name it, any order).
-pub fn translate_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeContext) -> ServiceOutput {
+pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeContext) -> ServiceOutput {
     let mut problems = Vec::new();
     let svc_frontends = match frontends::service_frontends(svc, &mut problems) {
         Ok(f) => f,
         Err(reason) => {
             return ServiceOutput {
-                object: frontends::object_ref(svc),
+                object: svc.object_ref(),
                 claims: Vec::new(),
                 problems,
                 skipped: Some(reason),
@@ -78,8 +77,8 @@ pub fn translate_service(svc: &Service, slices: &[&EndpointSlice], node: &NodeCo
         }
     };
     let object = svc_frontends.object.clone();
-    let mut slices: Vec<&EndpointSlice> = slices.to_vec();
-    slices.sort_by_key(|s| endpoints::object_ref(s));
+    let mut slices: Vec<&SliceSpec> = slices.to_vec();
+    slices.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     for slice in &slices {
         endpoints::unmatched_slice_ports(slice, &svc_frontends.ports, &mut problems);
     }

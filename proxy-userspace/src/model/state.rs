@@ -6,29 +6,18 @@
 //! its first claimant in object order (as `translate` does over sorted
 //! services), so a key two services ask for passes to the other when the
 //! first lets go of it.
-use std::{
-    borrow::Cow,
-    collections::{BTreeMap, BTreeSet},
-};
-
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    FrontendKey, ObjectRef, Problem, ServiceTable, endpoints,
-    frontends::{self, SkipReason},
+    FrontendKey, ObjectRef, Problem, ServiceTable,
+    frontends::SkipReason,
+    input::{ServiceSpec, SliceSpec},
     service::{Claim, NoLocalEndpoints, ServiceOutput, translate_service},
     table::{HealthCheck, NodeContext},
 };
 
 /// A service by namespace and name (its EndpointSlices name it so).
 pub type ServiceId = (String, String);
-
-/// The id of a Service object.
-#[must_use]
-pub fn service_id(svc: &Service) -> ServiceId {
-    let object = frontends::object_ref(svc);
-    (object.namespace, object.name)
-}
 
 /// What an update changed.
 #[derive(Debug, Default)]
@@ -55,12 +44,11 @@ pub struct TableState {
     no_local: NoLocalEndpoints,
 }
 
-/// One service's inputs: the Service (`None`: gone) and its slices
-/// (borrowed, or expanded for this translation only).
+/// One service's inputs: the Service (`None`: gone) and its slices.
 #[derive(Clone, Debug, Default)]
 pub struct ServiceInput<'a> {
-    pub service: Option<&'a Service>,
-    pub slices: Vec<Cow<'a, EndpointSlice>>,
+    pub service: Option<&'a ServiceSpec>,
+    pub slices: Vec<&'a SliceSpec>,
 }
 
 impl TableState {
@@ -105,36 +93,20 @@ impl TableState {
     /// `slices` that name it; services no longer there go.
     pub fn replace_all<'a>(
         &mut self,
-        services: impl IntoIterator<Item = &'a Service>,
-        slices: impl IntoIterator<Item = &'a EndpointSlice>,
+        services: impl IntoIterator<Item = &'a ServiceSpec>,
+        slices: impl IntoIterator<Item = &'a SliceSpec>,
         node: &NodeContext,
     ) -> Delta {
-        let slices = slices.into_iter().filter_map(|s| Some((endpoints::owning_service(s)?, s)));
-        self.replace_all_with(services, slices, Cow::Borrowed, node)
-    }
-
-    /// `replace_all` over slices kept in another form: each with the
-    /// service it names, and `expand` making the API object of it, called
-    /// one service at a time, right before that service is translated (so
-    /// no more than one service's slices are expanded at once).
-    pub fn replace_all_with<'a, T: 'a>(
-        &mut self,
-        services: impl IntoIterator<Item = &'a Service>,
-        slices: impl IntoIterator<Item = (ServiceId, &'a T)>,
-        expand: impl Fn(&'a T) -> Cow<'a, EndpointSlice>,
-        node: &NodeContext,
-    ) -> Delta {
-        let mut inputs: BTreeMap<ServiceId, (Option<&'a Service>, Vec<&'a T>)> =
-            self.services.keys().map(|id| (id.clone(), (None, Vec::new()))).collect();
+        let mut inputs: BTreeMap<ServiceId, ServiceInput<'a>> =
+            self.services.keys().map(|id| (id.clone(), ServiceInput::default())).collect();
         for svc in services {
-            inputs.entry(service_id(svc)).or_default().0 = Some(svc);
+            inputs.entry(svc.id()).or_default().service = Some(svc);
         }
-        for (owner, slice) in slices {
-            inputs.entry(owner).or_default().1.push(slice);
+        for slice in slices {
+            if let Some(owner) = &slice.owner {
+                inputs.entry(owner.clone()).or_default().slices.push(slice);
+            }
         }
-        let inputs = inputs.into_iter().map(|(id, (service, slices))| {
-            (id, ServiceInput { service, slices: slices.into_iter().map(&expand).collect() })
-        });
         self.update(inputs, node)
     }
 
@@ -161,8 +133,7 @@ impl TableState {
                     }
                 }
             }
-            let slices: Vec<&EndpointSlice> = input.slices.iter().map(|s| &**s).collect();
-            let new = input.service.map(|svc| translate_service(svc, &slices, node));
+            let new = input.service.map(|svc| translate_service(svc, &input.slices, node));
             if let Some(new) = &new {
                 self.no_local.add(new.no_local);
                 for Claim { key, .. } in &new.claims {

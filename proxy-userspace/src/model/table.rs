@@ -1,12 +1,14 @@
 //! Services + EndpointSlices -> the desired service table.
 use std::net::IpAddr;
 
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::Node;
 
-use super::{ObjectRef, Problem, ServiceTable, frontends::SkipReason, state::TableState};
+use super::{
+    ObjectRef, Problem, ServiceTable,
+    frontends::SkipReason,
+    input::{ServiceSpec, SliceSpec},
+    state::TableState,
+};
 
 /// What the model needs to know about the node it runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,13 +107,23 @@ pub struct Translation {
 ///
 /// Deterministic: the same objects give the same table whatever their order
 /// (a key two services ask for goes to the first by namespace and name).
-pub fn translate<'a>(
-    services: impl IntoIterator<Item = &'a Service>,
-    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+/// Takes the model's inputs, or anything that converts into them (the
+/// source converts API objects: tests and tools pass those).
+pub fn translate<'a, S, E>(
+    services: impl IntoIterator<Item = &'a S>,
+    slices: impl IntoIterator<Item = &'a E>,
     node: &NodeContext,
-) -> Translation {
+) -> Translation
+where
+    S: 'a,
+    E: 'a,
+    &'a S: Into<ServiceSpec>,
+    &'a E: Into<SliceSpec>,
+{
+    let services: Vec<ServiceSpec> = services.into_iter().map(Into::into).collect();
+    let slices: Vec<SliceSpec> = slices.into_iter().map(Into::into).collect();
     let mut state = TableState::default();
-    state.replace_all(services, slices, node);
+    state.replace_all(&services, &slices, node);
     let problems = state.problems().cloned().collect();
     let skipped = state.skipped().map(|(o, r)| (o.clone(), r)).collect();
     let health_checks = state.health_checks();

@@ -337,8 +337,9 @@ fn ports_with_a_local_policy_and_no_local_endpoint_are_counted() {
         let yaml = services.clone() + &names.map(|n| slice(n, endpoints_on)).concat();
         let parsed = file::parse(&yaml).expect("yaml");
         assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let (services, slices) = parsed.objects.inputs();
         let mut state = TableState::default();
-        state.replace_all(&parsed.objects.services, &parsed.objects.slices, &node);
+        state.replace_all(&services, &slices, &node);
         state.no_local_endpoints()
     };
     assert_eq!(count("node-b"), NoLocalEndpoints { internal: 2, external: 2 });

@@ -38,7 +38,7 @@ use super::{
     reachability::Reachability,
     requests::{ObserveLayer, Observer},
     retry::{Failure, RetrySchedule},
-    slim::{slim_node, slim_service},
+    slim::slim_node,
     store::ObjectStore,
 };
 
@@ -128,8 +128,9 @@ impl KubeSource {
         let counters = Arc::new(WatchCounters::default());
         let store = Arc::new(Mutex::new(ObjectStore::default()));
         let (listed_tx, listed) = watch::channel(false);
-        // Objects are slimmed as they arrive, before a list page is held.
-        let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default()).modify(slim_service);
+        // The store converts each Service and EndpointSlice into the
+        // model's form as it arrives (`convert`); the Node is slimmed.
+        let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default());
         let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default());
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let node_stream = watcher(Api::<Node>::all(client.clone()), node_config).modify(slim_node);
@@ -230,8 +231,13 @@ async fn drive<K: Resource>(
                 schedule.reset();
                 reachability.succeeded(kind);
                 counters.events.fetch_add(1, Ordering::Relaxed);
-                list.follow(kind, &event);
+                let relisted = list.follow(kind, &event);
                 handle(event);
+                if relisted {
+                    // The relist's pages are freed; a relist no longer ends
+                    // in a whole-table sync, which would give the memory back.
+                    crate::memory::release_free_memory();
+                }
             }
             Err(err) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -258,7 +264,8 @@ struct ListProgress {
 }
 
 impl ListProgress {
-    fn follow<K>(&mut self, kind: &'static str, event: &watcher::Event<K>) {
+    /// Follows one event; true when it ends a relist.
+    fn follow<K>(&mut self, kind: &'static str, event: &watcher::Event<K>) -> bool {
         match event {
             watcher::Event::Init => {
                 self.started = Some(Instant::now());
@@ -270,9 +277,11 @@ impl ListProgress {
                 let relist = self.lists > 0;
                 self.lists += 1;
                 info!(kind, objects = self.objects, seconds, relist, "{kind} list complete");
+                return relist;
             }
             watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
         }
+        false
     }
 }
 

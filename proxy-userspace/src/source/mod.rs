@@ -2,6 +2,7 @@
 //! `ChangeSource`.
 pub mod bootstrap;
 pub mod change_source;
+pub mod convert;
 pub mod file;
 pub mod file_source;
 pub mod kube;

@@ -1,4 +1,5 @@
-//! What the model reads: all objects at once, or the services that changed.
+//! What a source delivers: all objects at once, or the services that
+//! changed, in the model's input form (`super::convert`).
 use std::sync::Arc;
 
 use k8s_openapi::api::{
@@ -7,7 +8,7 @@ use k8s_openapi::api::{
 };
 
 use super::stored_slice::StoredSlice;
-use crate::model::ServiceId;
+use crate::model::{ServiceId, ServiceSpec, SliceSpec};
 
 /// Services, EndpointSlices and this node's Node object as one source sees
 /// them at one moment.
@@ -19,11 +20,19 @@ pub struct Objects {
     pub nodes: Vec<Node>,
 }
 
+impl Objects {
+    /// The Services and EndpointSlices in the model's input form.
+    #[must_use]
+    pub fn inputs(&self) -> (Vec<ServiceSpec>, Vec<SliceSpec>) {
+        (self.services.iter().map(Into::into).collect(), self.slices.iter().map(Into::into).collect())
+    }
+}
+
 /// What a source has for the agent since it last asked.
 #[derive(Clone, Debug)]
 pub enum Snapshot {
     /// Everything: the first read, a relist, a services file read again.
-    Full { services: Vec<Arc<Service>>, slices: Vec<Arc<StoredSlice>>, nodes: Vec<Arc<Node>> },
+    Full { services: Vec<Arc<ServiceSpec>>, slices: Vec<Arc<StoredSlice>>, nodes: Vec<Arc<Node>> },
     /// Only these services changed: each with its Service now (`None`:
     /// deleted) and the EndpointSlices that name it now; `nodes` is this
     /// node's Node object when it may have changed.
@@ -34,15 +43,15 @@ pub enum Snapshot {
 #[derive(Clone, Debug)]
 pub struct Changed {
     pub id: ServiceId,
-    pub service: Option<Arc<Service>>,
+    pub service: Option<Arc<ServiceSpec>>,
     pub slices: Vec<Arc<StoredSlice>>,
 }
 
 impl From<Objects> for Snapshot {
     fn from(objects: Objects) -> Self {
         Self::Full {
-            services: objects.services.into_iter().map(Arc::new).collect(),
-            slices: objects.slices.into_iter().map(|s| Arc::new(StoredSlice::from(s))).collect(),
+            services: objects.services.iter().map(|s| Arc::new(ServiceSpec::from(s))).collect(),
+            slices: objects.slices.iter().map(|s| Arc::new(StoredSlice::from(s))).collect(),
             nodes: objects.nodes.into_iter().map(Arc::new).collect(),
         }
     }

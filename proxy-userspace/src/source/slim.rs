@@ -1,9 +1,9 @@
-//! What the stores drop from the API objects: at 10,000 services the
-//! objects as the API sends them are most of the agent's memory. A field
-//! the model starts to read must be kept here too. (EndpointSlices are
-//! kept as `StoredSlice`, which takes only what the model reads.)
+//! What the store drops from the Node object: at 10,000 services the
+//! objects as the API sends them are most of the agent's memory. (Services
+//! and EndpointSlices are kept in the model's input form, `super::convert`,
+//! which takes only what the model reads.)
 use k8s_openapi::{
-    api::core::v1::{Node, NodeSpec, NodeStatus, Service},
+    api::core::v1::{Node, NodeSpec, NodeStatus},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
@@ -16,13 +16,6 @@ fn slim_meta(meta: &mut ObjectMeta) {
     meta.owner_references = None;
     meta.finalizers = None;
     meta.annotations = None;
-}
-
-pub fn slim_service(svc: &mut Service) {
-    slim_meta(&mut svc.metadata);
-    if let Some(status) = svc.status.as_mut() {
-        status.conditions = None;
-    }
 }
 
 /// The node keeps its zone label, its addresses, and what says it is

@@ -8,7 +8,12 @@
 //! those it did not see: the store never holds two copies of the cluster,
 //! and never shows it empty. Every object it holds is a version the API
 //! server sent, so a read in the middle of a relist sees real objects,
-//! only some of them newer; the relist's end asks for a full read.
+//! only some of them newer. An object a relist brings back at the version
+//! the store holds is left as it is; the services whose objects changed or
+//! went are pending like those of watch events, so a relist is read and
+//! translated as the changes it found (as kube-proxy's change trackers,
+//! which compare each relisted object with the one they hold), not as
+//! everything again. Only the first list is read whole.
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
     hash::Hash,
@@ -26,21 +31,28 @@ use k8s_openapi::{
 use kube::runtime::watcher::Event;
 
 use super::{
-    Changed, Delivery, Snapshot,
-    slim::{slim_node, slim_service},
-    stored_slice::{SliceId, StoredSlice},
+    Changed, Delivery, Snapshot, convert,
+    slim::slim_node,
+    stored_slice::{self, SliceId, StoredSlice},
     tracker::SliceIndex,
 };
-use crate::model::{ServiceId, service_id};
+use crate::model::{ServiceId, ServiceSpec};
 
 /// The objects of one kind, by id, with a relist in progress.
 #[derive(Debug)]
 struct Kind<K, V> {
-    live: HashMap<K, Arc<V>>,
+    live: HashMap<K, Entry<V>>,
     /// The ids a relist in progress has seen.
     relist: Option<HashSet<K>>,
     /// The first list is complete.
     listed: bool,
+}
+
+/// An object and the resourceVersion it was converted from.
+#[derive(Debug)]
+struct Entry<V> {
+    version: Option<Box<str>>,
+    value: Arc<V>,
 }
 
 impl<K, V> Default for Kind<K, V> {
@@ -54,16 +66,29 @@ impl<K: Clone + Eq + Hash, V> Kind<K, V> {
         self.relist = Some(HashSet::new());
     }
 
-    /// Puts `value` in place; returns what it replaced.
-    fn upsert(&mut self, id: K, value: V) -> Option<Arc<V>> {
+    /// Whether the store holds `id` at `version` already; if so, a relist
+    /// in progress has seen it. A relist after 410 Gone brings back nearly
+    /// every object unchanged: those are neither converted again nor
+    /// reallocated (which would scatter the store's long-lived objects
+    /// among the freed list pages, where the heap cannot give memory back).
+    fn unchanged(&mut self, id: &K, version: Option<&str>) -> bool {
+        let same = version.is_some() && self.live.get(id).is_some_and(|e| e.version.as_deref() == version);
+        if same && let Some(seen) = self.relist.as_mut() {
+            seen.insert(id.clone());
+        }
+        same
+    }
+
+    /// Puts `value` at `version` in place; returns what it replaced.
+    fn upsert(&mut self, id: K, version: Option<&str>, value: V) -> Option<Entry<V>> {
         if let Some(seen) = self.relist.as_mut() {
             seen.insert(id.clone());
         }
-        self.live.insert(id, Arc::new(value))
+        self.live.insert(id, Entry { version: version.map(Into::into), value: Arc::new(value) })
     }
 
-    fn remove(&mut self, id: &K) -> Option<Arc<V>> {
-        self.live.remove(id)
+    fn remove(&mut self, id: &K) {
+        self.live.remove(id);
     }
 
     /// Ends a list: removes what it did not see; returns those ids.
@@ -78,20 +103,21 @@ impl<K: Clone + Eq + Hash, V> Kind<K, V> {
     }
 
     fn get(&self, id: &K) -> Option<Arc<V>> {
-        self.live.get(id).cloned()
+        self.live.get(id).map(|e| e.value.clone())
     }
 
     fn all(&self) -> Vec<Arc<V>> {
-        self.live.values().cloned().collect()
+        self.live.values().map(|e| e.value.clone()).collect()
     }
 }
 
 /// What changed since the last read.
 #[derive(Debug, Default)]
 struct Pending {
-    /// Everything must be read again: the first lists, or a relist (which
-    /// may have missed deletions and changes).
+    /// Everything must be read: the first lists.
     full: bool,
+    /// A relist ended: a sync follows even when it found no change.
+    relisted: bool,
     /// This node's Node object changed (its zone or addresses may have).
     node: bool,
     /// Services whose Service changed, or one of whose slices did.
@@ -101,9 +127,22 @@ struct Pending {
     events: (usize, usize),
 }
 
+impl Pending {
+    /// A list ended: the first asks for everything; a relist for the
+    /// services of what it removed (`gone`), besides those it changed.
+    fn ended_list(&mut self, relist: bool, gone: impl IntoIterator<Item = ServiceId>) {
+        if relist {
+            self.services.extend(gone);
+            self.relisted = true;
+        } else {
+            self.full = true;
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct ObjectStore {
-    services: Kind<ServiceId, Service>,
+    services: Kind<ServiceId, ServiceSpec>,
     slices: Kind<SliceId, StoredSlice>,
     nodes: Kind<String, Node>,
     /// The slices of each service.
@@ -132,24 +171,30 @@ impl ObjectStore {
     pub fn service_event(&mut self, event: Event<Service>) {
         match event {
             Event::Init => self.services.begin_list(),
-            Event::InitApply(mut svc) => {
-                slim_service(&mut svc);
-                self.services.upsert(service_id(&svc), svc);
+            Event::InitApply(svc) => {
+                let id = convert::service_id(&svc);
+                let version = svc.metadata.resource_version.as_deref();
+                if !self.services.unchanged(&id, version) {
+                    if self.services.listed {
+                        self.pending.services.insert(id.clone());
+                    }
+                    self.services.upsert(id, version, ServiceSpec::from(&svc));
+                }
             }
             Event::InitDone => {
-                self.services.end_list();
-                self.pending.full = true;
+                let relist = self.services.listed;
+                let gone = self.services.end_list();
+                self.pending.ended_list(relist, gone);
             }
-            Event::Apply(mut svc) => {
-                slim_service(&mut svc);
+            Event::Apply(svc) => {
                 self.pending.events.0 += 1;
-                let id = service_id(&svc);
+                let id = convert::service_id(&svc);
                 self.pending.services.insert(id.clone());
-                self.services.upsert(id, svc);
+                self.services.upsert(id, svc.metadata.resource_version.as_deref(), ServiceSpec::from(&svc));
             }
             Event::Delete(svc) => {
                 self.pending.events.0 += 1;
-                let id = service_id(&svc);
+                let id = convert::service_id(&svc);
                 self.services.remove(&id);
                 self.pending.services.insert(id);
             }
@@ -161,35 +206,43 @@ impl ObjectStore {
         match event {
             Event::Init => self.slices.begin_list(),
             Event::InitApply(obj) => {
-                let slice = StoredSlice::from(obj);
-                let id = slice.id();
-                let mut touched = BTreeSet::new();
-                self.index.set(id.clone(), Some(&slice), &mut touched);
-                let listed = self.slices.listed;
-                let version = slice.resource_version.clone();
-                let trigger = trigger_time(&slice);
-                let old = self.slices.upsert(id, slice);
-                if listed && old.is_none_or(|o| o.resource_version != version) {
-                    self.triggers.extend(trigger);
+                let id = convert::slice_id(&obj);
+                let version = obj.metadata.resource_version.as_deref();
+                if self.slices.unchanged(&id, version) {
+                    return;
+                }
+                let slice = StoredSlice::from(&obj);
+                // The first list is read whole after it: no need to note
+                // what it touches.
+                let mut first_list = BTreeSet::new();
+                let touched = if self.slices.listed { &mut self.pending.services } else { &mut first_list };
+                self.index.set(id.clone(), Some(&slice), touched);
+                let old = self.slices.upsert(id, version, slice);
+                // A version new to a relist carries its trigger time (the
+                // first list's changes happened before start).
+                if self.slices.listed && old.is_none_or(|o| o.version.as_deref() != version) {
+                    self.triggers.extend(trigger_time(&obj));
                 }
             }
             Event::InitDone => {
+                let relist = self.slices.listed;
+                let mut touched = BTreeSet::new();
                 for id in self.slices.end_list() {
-                    self.index.set(id, None, &mut BTreeSet::new());
+                    self.index.set(id, None, &mut touched);
                 }
-                self.pending.full = true;
+                self.pending.ended_list(relist, touched);
             }
             Event::Apply(obj) => {
-                let slice = StoredSlice::from(obj);
+                let slice = StoredSlice::from(&obj);
                 self.pending.events.1 += 1;
-                self.triggers.extend(trigger_time(&slice));
-                let id = slice.id();
+                self.triggers.extend(trigger_time(&obj));
+                let id = convert::slice_id(&obj);
                 self.index.set(id.clone(), Some(&slice), &mut self.pending.services);
-                self.slices.upsert(id, slice);
+                self.slices.upsert(id, obj.metadata.resource_version.as_deref(), slice);
             }
             Event::Delete(obj) => {
                 self.pending.events.1 += 1;
-                let id = StoredSlice::from(obj).id();
+                let id = convert::slice_id(&obj);
                 self.index.set(id.clone(), None, &mut self.pending.services);
                 self.slices.remove(&id);
             }
@@ -203,7 +256,7 @@ impl ObjectStore {
             Event::Init => self.nodes.begin_list(),
             Event::InitApply(mut node) => {
                 slim_node(&mut node);
-                self.nodes.upsert(name(&node), node);
+                self.nodes.upsert(name(&node), None, node);
             }
             Event::InitDone => {
                 self.nodes.end_list();
@@ -211,7 +264,7 @@ impl ObjectStore {
             }
             Event::Apply(mut node) => {
                 slim_node(&mut node);
-                self.nodes.upsert(name(&node), node);
+                self.nodes.upsert(name(&node), None, node);
                 self.pending.node = true;
             }
             Event::Delete(node) => {
@@ -236,7 +289,7 @@ impl ObjectStore {
     /// Whether anything changed since the last read.
     #[must_use]
     pub fn has_pending(&self) -> bool {
-        self.pending.full || self.pending.node || !self.pending.services.is_empty()
+        self.pending.full || self.pending.relisted || self.pending.node || !self.pending.services.is_empty()
     }
 
     /// What changed since the last read (everything, the first time and
@@ -277,8 +330,8 @@ impl ObjectStore {
     }
 }
 
-fn trigger_time(slice: &StoredSlice) -> Option<SystemTime> {
-    slice.trigger_time.as_deref()?.parse::<Timestamp>().ok().map(SystemTime::from)
+fn trigger_time(slice: &EndpointSlice) -> Option<SystemTime> {
+    stored_slice::trigger_time(slice)?.parse::<Timestamp>().ok().map(SystemTime::from)
 }
 
 #[cfg(test)]
@@ -298,7 +351,7 @@ mod tests {
         }
     }
 
-    fn slice(name: &str, service: &str, version: &str, trigger: &str) -> EndpointSlice {
+    fn slice_object(name: &str, service: &str, version: &str, trigger: &str) -> EndpointSlice {
         let mut metadata = meta(name, version);
         metadata.labels = Some(BTreeMap::from([("kubernetes.io/service-name".into(), service.into())]));
         metadata.annotations =
@@ -306,7 +359,7 @@ mod tests {
         EndpointSlice { metadata, address_type: "IPv4".into(), ..EndpointSlice::default() }
     }
 
-    fn service(name: &str, version: &str) -> Service {
+    fn service_object(name: &str, version: &str) -> Service {
         Service { metadata: meta(name, version), ..Service::default() }
     }
 
@@ -319,10 +372,10 @@ mod tests {
         store.node_event(Event::Init);
         store.node_event(Event::InitDone);
         store.service_event(Event::Init);
-        store.service_event(Event::InitApply(service("web", "1")));
+        store.service_event(Event::InitApply(service_object("web", "1")));
         store.service_event(Event::InitDone);
         store.slice_event(Event::Init);
-        store.slice_event(Event::InitApply(slice("a", "web", "1", "2026-01-01T00:00:00Z")));
+        store.slice_event(Event::InitApply(slice_object("a", "web", "1", "2026-01-01T00:00:00Z")));
         assert!(!store.is_listed(), "not before every list is complete");
         store.slice_event(Event::InitDone);
         assert!(store.is_listed());
@@ -351,47 +404,78 @@ mod tests {
     fn a_change_names_its_service_and_carries_its_trigger() {
         let mut store = listed();
         store.take();
-        store.slice_event(Event::Apply(slice("b", "web", "2", "2026-01-01T00:00:01Z")));
+        store.slice_event(Event::Apply(slice_object("b", "web", "2", "2026-01-01T00:00:01Z")));
         let d = store.take();
         assert_eq!(changed_services(&d), [id("web")]);
         assert_eq!(d.triggers.len(), 1);
         let Snapshot::Changed { services, .. } = d.snapshot else { unreachable!() };
         assert_eq!(services[0].slices.len(), 2, "both slices of web");
         // A slice that moves to another service touches both.
-        store.slice_event(Event::Apply(slice("b", "api", "3", "2026-01-01T00:00:02Z")));
+        store.slice_event(Event::Apply(slice_object("b", "api", "3", "2026-01-01T00:00:02Z")));
         assert_eq!(changed_services(&store.take()), [id("api"), id("web")]);
     }
 
     #[test]
     fn a_relist_updates_in_place_and_removes_what_it_did_not_see_at_its_end() {
         let mut store = listed();
-        store.slice_event(Event::Apply(slice("b", "web", "2", "2026-01-01T00:00:01Z")));
+        store.slice_event(Event::Apply(slice_object("b", "web", "2", "2026-01-01T00:00:01Z")));
         store.take();
         // A relist: a unchanged, b at a new version, c new; a service gone.
         store.slice_event(Event::Init);
-        store.slice_event(Event::InitApply(slice("b", "web", "3", "2026-01-01T00:00:02Z")));
-        store.slice_event(Event::InitApply(slice("c", "web", "1", "2026-01-01T00:00:03Z")));
+        store.slice_event(Event::InitApply(slice_object("b", "web", "3", "2026-01-01T00:00:02Z")));
+        store.slice_event(Event::InitApply(slice_object("c", "web", "1", "2026-01-01T00:00:03Z")));
         assert_eq!(store.counts().1, 3, "nothing is removed before the relist is done");
         store.slice_event(Event::InitDone);
         assert_eq!(store.counts().1, 2, "a was not in the relist");
         store.service_event(Event::Init);
         store.service_event(Event::InitDone);
+        assert!(store.has_pending());
         let d = store.take();
-        let Snapshot::Full { services, slices, .. } = &d.snapshot else { panic!("a relist reads everything") };
-        assert!(services.is_empty());
-        assert_eq!(slices.len(), 2);
+        // web: its Service went (the service relist did not see it), b
+        // changed, c came, a went.
+        assert_eq!(changed_services(&d), [id("web")]);
+        let Snapshot::Changed { services, .. } = &d.snapshot else { unreachable!() };
+        assert!(services[0].service.is_none());
+        assert_eq!(services[0].slices.len(), 2);
         assert_eq!(d.triggers.len(), 2, "b's new version and c");
+    }
+
+    #[test]
+    fn a_relist_keeps_unchanged_objects_where_they_are() {
+        let mut store = listed();
+        store.take();
+        let held = |store: &ObjectStore| (store.services.get(&id("web")).unwrap(), store.slices.get(&id("a")).unwrap());
+        let (service, slice) = held(&store);
+        store.service_event(Event::Init);
+        store.service_event(Event::InitApply(service_object("web", "1")));
+        store.service_event(Event::InitDone);
+        store.slice_event(Event::Init);
+        store.slice_event(Event::InitApply(slice_object("a", "web", "1", "2026-01-01T00:00:00Z")));
+        store.slice_event(Event::InitDone);
+        let (service_after, slice_after) = held(&store);
+        assert!(Arc::ptr_eq(&service, &service_after) && Arc::ptr_eq(&slice, &slice_after), "same versions: kept");
+        assert!(store.has_pending(), "a relist is followed by a sync, even when it found no change");
+        let d = store.take();
+        assert!(changed_services(&d).is_empty() && d.triggers.is_empty(), "nothing new");
+        // A new version is converted again, and its trigger counts.
+        store.slice_event(Event::Init);
+        store.slice_event(Event::InitApply(slice_object("a", "api", "2", "2026-01-01T00:00:01Z")));
+        store.slice_event(Event::InitDone);
+        let (_, slice_after) = held(&store);
+        assert!(!Arc::ptr_eq(&slice, &slice_after));
+        assert_eq!(slice_after.owner(), Some(&id("api")));
+        assert_eq!(store.take().triggers.len(), 1);
     }
 
     #[test]
     fn deletions_are_pending_for_their_service() {
         let mut store = listed();
         store.take();
-        store.service_event(Event::Delete(service("web", "1")));
+        store.service_event(Event::Delete(service_object("web", "1")));
         let d = store.take();
         let Snapshot::Changed { services, nodes } = d.snapshot else { panic!("full") };
         assert!(services[0].service.is_none() && services[0].slices.len() == 1 && nodes.is_none());
-        store.slice_event(Event::Delete(slice("a", "web", "1", "")));
+        store.slice_event(Event::Delete(slice_object("a", "web", "1", "")));
         assert_eq!(changed_services(&store.take()), [id("web")]);
     }
 }

@@ -70,7 +70,7 @@ mod tests {
     use super::*;
 
     fn slice(ns: &str, name: &str, service: Option<&str>) -> StoredSlice {
-        StoredSlice::from(EndpointSlice {
+        StoredSlice::from(&EndpointSlice {
             metadata: ObjectMeta {
                 namespace: Some(ns.into()),
                 name: Some(name.into()),

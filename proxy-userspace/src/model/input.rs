@@ -1,0 +1,215 @@
+//! What the model reads: a Service and an EndpointSlice in the compact
+//! form the source converts each API object into once
+//! (`crate::source::convert`), with only the fields the model uses. This is
+//! also what the source's store holds between syncs.
+//!
+//! Values the model validates (addresses, port numbers, protocols, CIDRs)
+//! stay as the API object wrote them, so a problem names the field and the
+//! value as written; defaults the API documents (`protocol: TCP`, endpoint
+//! conditions) are applied by the conversion.
+//!
+//! A field the model starts to read is added here and filled in
+//! `crate::source::convert`, nowhere else.
+use std::{fmt, net::IpAddr};
+
+use super::{ObjectRef, ServiceId};
+
+/// `spec.type` of a Service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServiceType {
+    /// `ClusterIP`, and a type the model does not know (served as one).
+    #[default]
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+/// One Service as the model reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceSpec {
+    /// `metadata.namespace` (`default` when unset).
+    pub namespace: String,
+    /// `metadata.name` (`<unnamed>` when unset).
+    pub name: String,
+    /// The value of the `service.kubernetes.io/service-proxy-name` label.
+    pub service_proxy_name: Option<String>,
+    pub service_type: ServiceType,
+    /// `spec.clusterIP` as written.
+    pub cluster_ip: Option<String>,
+    /// `spec.clusterIPs` as written (authoritative when not empty).
+    pub cluster_ips: Vec<String>,
+    pub ports: Vec<ServicePortSpec>,
+    /// `spec.internalTrafficPolicy: Local`.
+    pub internal_local: bool,
+    /// `spec.externalTrafficPolicy: Local`.
+    pub external_local: bool,
+    /// `spec.sessionAffinity: ClientIP`, with
+    /// `sessionAffinityConfig.clientIP.timeoutSeconds` as written.
+    pub client_ip_affinity: Option<Option<i32>>,
+    /// `spec.externalIPs` as written.
+    pub external_ips: Vec<String>,
+    /// `status.loadBalancer.ingress`, in order (problems name the index).
+    pub lb_ingress: Vec<IngressSpec>,
+    /// `spec.loadBalancerSourceRanges` as written.
+    pub source_ranges: Vec<String>,
+    /// `spec.healthCheckNodePort` as written.
+    pub health_check_node_port: Option<i32>,
+}
+
+/// One `spec.ports[]` entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServicePortSpec {
+    /// `""` when unnamed.
+    pub name: String,
+    /// As written; `TCP` when unset.
+    pub protocol: String,
+    pub port: i32,
+    pub node_port: Option<i32>,
+}
+
+/// One `status.loadBalancer.ingress[]` entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IngressSpec {
+    /// As written; `None`: a hostname-only ingress.
+    pub ip: Option<String>,
+    /// `ipMode: Proxy`: the load balancer itself proxies it.
+    pub proxy_mode: bool,
+}
+
+impl ServiceSpec {
+    #[must_use]
+    pub fn object_ref(&self) -> ObjectRef {
+        ObjectRef::new("Service", Some(&self.namespace), Some(&self.name))
+    }
+
+    #[must_use]
+    pub fn id(&self) -> ServiceId {
+        (self.namespace.clone(), self.name.clone())
+    }
+}
+
+/// `addressType` of an EndpointSlice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AddressType {
+    #[default]
+    IPv4,
+    IPv6,
+    /// `FQDN` and anything else: not proxied.
+    Other,
+}
+
+/// One EndpointSlice as the model reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SliceSpec {
+    /// `metadata.namespace` (`default` when unset).
+    pub namespace: Box<str>,
+    /// `metadata.name` (`<unnamed>` when unset).
+    pub name: Box<str>,
+    /// The service its `kubernetes.io/service-name` label names.
+    pub owner: Option<ServiceId>,
+    pub address_type: AddressType,
+    pub ports: Box<[SlicePortSpec]>,
+    pub endpoints: Box<[EndpointSpec]>,
+}
+
+impl SliceSpec {
+    #[must_use]
+    pub fn object_ref(&self) -> ObjectRef {
+        ObjectRef::new("EndpointSlice", Some(&self.namespace), Some(&self.name))
+    }
+}
+
+/// One `ports[]` entry of a slice.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlicePortSpec {
+    /// `""` when unnamed.
+    pub name: Box<str>,
+    /// As written; `TCP` when unset.
+    pub protocol: Box<str>,
+    pub port: Option<i32>,
+}
+
+/// One endpoint of a slice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSpec {
+    /// Its first address (as kube-proxy, the model uses only that one);
+    /// `None`: it has none.
+    pub address: Option<Address>,
+    /// `conditions.ready` (unset: true).
+    pub ready: bool,
+    /// `conditions.serving` (unset: true).
+    pub serving: bool,
+    /// `conditions.terminating` (unset: false).
+    pub terminating: bool,
+    pub node_name: Option<Box<str>>,
+    /// `hints.forZones[].name`.
+    pub zone_hints: Box<[Box<str>]>,
+}
+
+impl Default for EndpointSpec {
+    fn default() -> Self {
+        Self {
+            address: None,
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: None,
+            zone_hints: Box::default(),
+        }
+    }
+}
+
+/// An endpoint address: parsed when it is an IP address written the way
+/// it prints (nearly always), else kept as written for the problem that
+/// names it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Address {
+    Ip(IpAddr),
+    Raw(Box<str>),
+}
+
+impl Address {
+    #[must_use]
+    pub fn new(raw: &str) -> Self {
+        match raw.parse::<IpAddr>() {
+            Ok(ip) if ip.to_string() == raw => Self::Ip(ip),
+            _ => Self::Raw(raw.into()),
+        }
+    }
+
+    /// The address, if it is one.
+    #[must_use]
+    pub fn ip(&self) -> Option<IpAddr> {
+        match self {
+            Self::Ip(ip) => Some(*ip),
+            Self::Raw(raw) => raw.parse().ok(),
+        }
+    }
+}
+
+/// As written.
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ip(ip) => ip.fmt(f),
+            Self::Raw(raw) => f.write_str(raw),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_keeps_how_it_was_written() {
+        for raw in ["10.0.0.1", "fd00::1", "::ffff:10.0.0.1", "010.0.0.1", "fd00:0::1", "x", ""] {
+            let addr = Address::new(raw);
+            assert_eq!(addr.to_string(), raw);
+            assert_eq!(addr.ip(), raw.parse().ok(), "{raw}");
+        }
+        assert!(matches!(Address::new("10.0.0.1"), Address::Ip(_)));
+        assert!(matches!(Address::new("fd00:0::1"), Address::Raw(_)));
+    }
+}

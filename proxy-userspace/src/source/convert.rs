@@ -1,0 +1,191 @@
+//! API objects into the model's inputs (`crate::model::ServiceSpec`,
+//! `crate::model::SliceSpec`): the one place a Service or an EndpointSlice
+//! is read field by field. Each object is converted once, as it arrives;
+//! the store keeps the converted form. A field the model starts to read is
+//! added to the model's input type and filled here.
+use k8s_openapi::{
+    api::{
+        core::v1::{Service, ServicePort},
+        discovery::v1::{Endpoint, EndpointPort, EndpointSlice},
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+
+use super::stored_slice::SliceId;
+use crate::model::{
+    Address, AddressType, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec, ServiceSpec, ServiceType,
+    SlicePortSpec, SliceSpec,
+};
+
+/// Label naming the service a slice belongs to.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Label that hands a service to another proxy.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+
+/// What an unset namespace and name read as (as `crate::model::ObjectRef`
+/// names them).
+const DEFAULT_NAMESPACE: &str = "default";
+const UNNAMED: &str = "<unnamed>";
+
+/// The id of a Service: what its converted form's `id()` is.
+#[must_use]
+pub fn service_id(svc: &Service) -> ServiceId {
+    id(&svc.metadata)
+}
+
+/// The id of an EndpointSlice: what its stored form's `id()` is.
+#[must_use]
+pub fn slice_id(slice: &EndpointSlice) -> SliceId {
+    id(&slice.metadata)
+}
+
+/// Namespace and name, as `crate::model::ObjectRef` names an object.
+fn id(meta: &ObjectMeta) -> (String, String) {
+    (
+        meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE).to_owned(),
+        meta.name.as_deref().unwrap_or(UNNAMED).to_owned(),
+    )
+}
+
+impl From<&Service> for ServiceSpec {
+    fn from(svc: &Service) -> Self {
+        let meta = &svc.metadata;
+        let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).cloned();
+        let (namespace, name) = service_id(svc);
+        let mut out = Self { namespace, name, service_proxy_name: label(SERVICE_PROXY_NAME_LABEL), ..Self::default() };
+        if let Some(spec) = &svc.spec {
+            out.service_type = match spec.type_.as_deref() {
+                Some("NodePort") => ServiceType::NodePort,
+                Some("LoadBalancer") => ServiceType::LoadBalancer,
+                Some("ExternalName") => ServiceType::ExternalName,
+                _ => ServiceType::ClusterIp,
+            };
+            out.cluster_ip.clone_from(&spec.cluster_ip);
+            out.cluster_ips = spec.cluster_ips.clone().unwrap_or_default();
+            out.ports = spec.ports.iter().flatten().map(service_port).collect();
+            out.internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+            out.external_local = spec.external_traffic_policy.as_deref() == Some("Local");
+            out.client_ip_affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+                spec.session_affinity_config.as_ref().and_then(|c| c.client_ip.as_ref()).and_then(|c| c.timeout_seconds)
+            });
+            out.external_ips = spec.external_ips.clone().unwrap_or_default();
+            out.source_ranges = spec.load_balancer_source_ranges.clone().unwrap_or_default();
+            out.health_check_node_port = spec.health_check_node_port;
+        }
+        let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+        out.lb_ingress = ingress
+            .into_iter()
+            .flatten()
+            .map(|i| IngressSpec { ip: i.ip.clone(), proxy_mode: i.ip_mode.as_deref() == Some("Proxy") })
+            .collect();
+        out
+    }
+}
+
+fn service_port(port: &ServicePort) -> ServicePortSpec {
+    ServicePortSpec {
+        name: port.name.clone().unwrap_or_default(),
+        protocol: port.protocol.clone().unwrap_or_else(|| "TCP".into()),
+        port: port.port,
+        node_port: port.node_port,
+    }
+}
+
+impl From<&EndpointSlice> for SliceSpec {
+    fn from(slice: &EndpointSlice) -> Self {
+        let (namespace, name) = slice_id(slice);
+        let owner = slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL));
+        Self {
+            owner: owner.map(|owner| (namespace.clone(), owner.clone())),
+            namespace: namespace.into(),
+            name: name.into(),
+            address_type: match slice.address_type.as_str() {
+                "IPv4" => AddressType::IPv4,
+                "IPv6" => AddressType::IPv6,
+                _ => AddressType::Other,
+            },
+            ports: slice.ports.iter().flatten().map(slice_port).collect(),
+            endpoints: slice.endpoints.iter().flatten().map(endpoint).collect(),
+        }
+    }
+}
+
+fn slice_port(port: &EndpointPort) -> SlicePortSpec {
+    SlicePortSpec {
+        name: port.name.as_deref().unwrap_or_default().into(),
+        protocol: port.protocol.as_deref().unwrap_or("TCP").into(),
+        port: port.port,
+    }
+}
+
+fn endpoint(e: &Endpoint) -> EndpointSpec {
+    let conditions = e.conditions.as_ref();
+    let zones = e.hints.as_ref().and_then(|h| h.for_zones.as_ref());
+    EndpointSpec {
+        address: e.addresses.first().map(|a| Address::new(a)),
+        ready: conditions.and_then(|c| c.ready).unwrap_or(true),
+        serving: conditions.and_then(|c| c.serving).unwrap_or(true),
+        terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
+        node_name: e.node_name.as_deref().map(Into::into),
+        zone_hints: zones.into_iter().flatten().map(|z| z.name.as_str().into()).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::file;
+
+    fn one(yaml: &str) -> (Vec<ServiceSpec>, Vec<SliceSpec>) {
+        let parsed = file::parse(yaml).expect("yaml");
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        parsed.objects.inputs()
+    }
+
+    #[test]
+    fn defaults_the_api_documents_are_applied_once_here() {
+        let (services, slices) = one(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, labels: {service.kubernetes.io/service-proxy-name: other}}\n\
+             spec:\n  type: Weird\n  sessionAffinity: ClientIP\n  ports: [{port: 80}]\n\
+             status: {loadBalancer: {ingress: [{ip: 10.0.0.9, ipMode: Proxy}, {hostname: lb.example}]}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: ns\n  labels: {kubernetes.io/service-name: web}\n\
+             addressType: FQDN\nports: [{name: http}]\nendpoints:\n- addresses: [a.example, b.example]\n- addresses: [\"10.0.0.1\"]\n  conditions: {ready: false, terminating: true}\n  hints: {forZones: [{name: z1}]}\n",
+        );
+        let svc = &services[0];
+        assert_eq!((svc.namespace.as_str(), svc.name.as_str()), ("default", "web"));
+        assert_eq!(svc.service_proxy_name.as_deref(), Some("other"));
+        assert_eq!(svc.service_type, ServiceType::ClusterIp, "an unknown type is served as ClusterIP");
+        assert_eq!(svc.client_ip_affinity, Some(None));
+        assert_eq!(svc.ports[0].protocol, "TCP");
+        assert_eq!(
+            svc.lb_ingress,
+            [
+                IngressSpec { ip: Some("10.0.0.9".into()), proxy_mode: true },
+                IngressSpec { ip: None, proxy_mode: false }
+            ]
+        );
+        let slice = &slices[0];
+        assert_eq!(slice.owner, Some(("ns".into(), "web".into())));
+        assert_eq!(slice.address_type, AddressType::Other);
+        assert_eq!((&*slice.ports[0].name, &*slice.ports[0].protocol, slice.ports[0].port), ("http", "TCP", None));
+        let [first, second] = &*slice.endpoints else { panic!("two endpoints") };
+        assert_eq!(first.address, Some(Address::Raw("a.example".into())), "the first address only");
+        assert!(first.ready && first.serving && !first.terminating, "unset conditions");
+        assert!(!second.ready && second.serving && second.terminating);
+        assert_eq!(&*second.zone_hints, [Box::from("z1")]);
+    }
+
+    #[test]
+    fn real_apiserver_slices_name_their_service() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real-apiserver/endpointslices.yaml");
+        let objects = file::load(&path).unwrap().objects;
+        assert!(!objects.slices.is_empty());
+        for (object, spec) in objects.slices.iter().zip(objects.inputs().1) {
+            let label = object.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL));
+            assert_eq!(spec.owner.as_ref().map(|o| &o.1), label);
+            assert_eq!(spec.endpoints.len(), object.endpoints.as_ref().map_or(0, Vec::len));
+        }
+    }
+}
