@@ -5,7 +5,8 @@ use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_redir_neigh},
     helpers::generated::{
         bpf_csum_diff, bpf_fib_lookup as fib_lookup_helper, bpf_get_netns_cookie, bpf_get_prandom_u32,
-        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect_neigh, bpf_set_retval,
+        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh, bpf_set_retval,
+        bpf_skb_change_tail,
     },
     programs::{SockAddrContext, TcContext},
 };
@@ -153,6 +154,26 @@ pub fn redirect_neigh(ifindex: u32, nh: &mut bpf_redir_neigh) -> i32 {
     unsafe {
         bpf_redirect_neigh(ifindex, core::ptr::from_mut(nh), size_of::<bpf_redir_neigh>() as i32, 0) as i32
     }
+}
+
+/// Sends the packet back out of the device it arrived on (a reply built in
+/// its place); the program must then return the value returned.
+#[inline(always)]
+pub fn redirect_back(ctx: &TcContext) -> i32 {
+    // SAFETY: the helper takes plain integers; an unknown ifindex makes the
+    // redirect fail later, in the kernel, not here.
+    #[expect(clippy::cast_possible_truncation, reason = "the helper returns a TC action")]
+    unsafe {
+        bpf_redirect(ifindex(ctx), 0) as i32
+    }
+}
+
+/// Cuts the packet to `len` bytes, or grows it with zeros at its end;
+/// false when the kernel refuses.
+#[inline(always)]
+pub fn change_tail(ctx: &TcContext, len: u32) -> bool {
+    // SAFETY: tc programs get a valid __sk_buff; flags must be 0.
+    unsafe { bpf_skb_change_tail(ctx.skb.skb, len, 0) == 0 }
 }
 
 /// The one's-complement checksum difference of replacing `from` by `to`

@@ -7,6 +7,9 @@
 //! the same backend on every node) and its destination rewritten. When the
 //! backend is on another node the source becomes the node's address too,
 //! so the replies come back here, and the packet is routed out directly.
+//! A frontend without any endpoint is rejected (`reject.rs`), one whose
+//! endpoints are all elsewhere while it wants this node's (externalTraffic
+//! Policy: Local) drops the packet, as kube-proxy does.
 //! Egress: a reply from a backend on this node gets the frontend as its
 //! source again.
 use aya_ebpf::{
@@ -24,6 +27,7 @@ use crate::{
     ct,
     maps::{backend, count_connection, count_external, maglev_entry, service, source_allowed},
     packet::{End, Packet},
+    reject::reject,
 };
 
 /// Why a packet is dropped: an `external_stat` index.
@@ -95,7 +99,7 @@ fn reply_to_client(ctx: &TcContext, pkt: &mut Packet) -> i32 {
 /// backend.
 #[inline(never)]
 fn to_frontend(ctx: &TcContext, pkt: &mut Packet) -> i32 {
-    let Some((key, frontend)) = external_frontend(pkt) else { return TC_ACT_OK };
+    let Some((key, frontend, has_endpoints)) = external_frontend(pkt) else { return TC_ACT_OK };
     let mut flow = CtValue::default();
     // A new connection on the tuple of a closing one starts afresh; a flow
     // whose backend is gone picks another.
@@ -104,6 +108,13 @@ fn to_frontend(ctx: &TcContext, pkt: &mut Packet) -> i32 {
         && backend(flow.backend_id).is_some();
     if !known {
         let stat = new_flow(ctx, pkt, &key, &frontend, &mut flow);
+        if stat == external_stat::NO_BACKEND && !has_endpoints {
+            // kube-proxy's KUBE-EXTERNAL-SERVICES: REJECT when the service
+            // has no endpoints at all; with endpoints on other nodes only
+            // (externalTrafficPolicy: Local) it drops (new_flow's
+            // NO_BACKEND), and so do we.
+            return reject(ctx, pkt);
+        }
         if stat != ADMITTED {
             return drop_packet(stat);
         }
@@ -140,19 +151,21 @@ fn forward(ctx: &TcContext, pkt: &Packet) -> i32 {
 
 /// The frontend traffic from outside reaches at the packet's destination:
 /// a NodePort, LoadBalancer IP or externalIP (not a ClusterIP), in its
-/// external scope when it has two.
+/// external scope when it has two; and whether the service has any
+/// endpoint (the scope `ALL` entry has every endpoint of the cluster).
 #[inline(always)]
-fn external_frontend(pkt: &Packet) -> Option<(ServiceKey, ServiceValue)> {
+fn external_frontend(pkt: &Packet) -> Option<(ServiceKey, ServiceValue, bool)> {
     let mut key = ServiceKey::new(pkt.dst, pkt.dport, pkt.proto, 0);
     let frontend = service(&key)?;
     if frontend.flags & service_flags::EXTERNAL_KINDS == 0 {
         return None;
     }
+    let has_endpoints = frontend.count != 0;
     if frontend.flags & service_flags::TWO_SCOPES != 0 {
         key.scope = scope::EXTERNAL;
-        return Some((key, service(&key)?));
+        return Some((key, service(&key)?, has_endpoints));
     }
-    Some((key, frontend))
+    Some((key, frontend, has_endpoints))
 }
 
 /// `new_flow`: the flow was admitted.

@@ -393,3 +393,45 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
     assert!(!ok, "node 1 still translates after cleanup");
     assert_eq!(topo.requests(&on_node(2, 30080), 5).len(), 5, "node 2 is unaffected");
 }
+
+/// kube-proxy rejects traffic from outside to a service without endpoints
+/// (KUBE-EXTERNAL-SERVICES, pkg/proxy/iptables/proxier.go: REJECT when the
+/// service `!hasEndpoints`): the client fails at once instead of after a
+/// timeout. With endpoints on other nodes only and externalTrafficPolicy:
+/// Local it drops instead (the same code: "has no local endpoints", DROP;
+/// the load balancer's health check keeps clients away from such a node).
+#[test]
+fn a_node_port_without_endpoints_is_refused_and_external_policy_local_still_drops() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(2, 1);
+    topo.write_services(
+        &(service("empty", "NodePort", &[("http", 80, 30087, "TCP"), ("dns", 53, 30088, "UDP")], "", &[])
+            + &endpoints("empty", ("http", 8080, "TCP"), &[])
+            + &service("elsewhere", "NodePort", &[("http", 80, 30089, "TCP")], "  externalTrafficPolicy: Local\n", &[])
+            + &endpoints("elsewhere", ("http", 8080, "TCP"), &[(2, 1)])),
+    );
+    topo.start_agents();
+    let node1 = node_ip(1).to_string();
+    for n in 1..=2 {
+        let (ok, lines) = topo.probe(&["tcp-peer", &node_ip(n).to_string(), "30087"]);
+        assert_eq!((ok, lines), (false, vec!["error ECONNREFUSED".to_owned()]), "TCP through node {n}");
+    }
+    // A connected UDP socket learns of the ICMP port unreachable.
+    let (ok, lines) = topo.probe(&["udp-connect", &node1, "30088", "1"]);
+    assert!(!ok, "{lines:?}");
+    assert_eq!(lines.last().map(String::as_str), Some("error ECONNREFUSED"), "{lines:?}");
+    // externalTrafficPolicy: Local, the endpoint on node 2: node 1 drops,
+    // so the client waits (its 2 s timeout) rather than being refused.
+    let (ok, lines) = topo.probe(&["tcp-peer", &node1, "30089"]);
+    assert_eq!((ok, lines), (false, vec!["error timeout".to_owned()]));
+    assert_eq!(topo.requests(&on_node(2, 30089), 3), vec!["pod-2-1"; 3], "node 2 serves it");
+
+    // An endpoint appears: the same NodePort now answers.
+    topo.http_on(1, 1);
+    topo.apply(
+        &(service("empty", "NodePort", &[("http", 80, 30087, "TCP"), ("dns", 53, 30088, "UDP")], "", &[])
+            + &endpoints("empty", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    assert_eq!(topo.requests(&on_node(2, 30087), 3), vec!["pod-1-1"; 3]);
+}
