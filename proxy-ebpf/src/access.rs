@@ -213,12 +213,24 @@ impl Route {
     }
 }
 
+/// `bpf_fib_lookup`'s answer for a destination that is not forwarded: a
+/// local address of the node (among others: linux/bpf.h,
+/// `BPF_FIB_LKUP_RET_NOT_FWDED`).
+pub const ROUTE_NOT_FORWARDED: i64 = 4;
+
 /// Asks the routing table for `r` as if the packet entered on its device
 /// (filling `ifindex`, `nexthop`, and `src` when `want_src`); false when
 /// the kernel would not forward it. IPv4 when both addresses are
 /// IPv4-mapped.
-#[inline(never)]
+#[inline(always)]
 pub fn route(ctx: &TcContext, r: &mut Route) -> bool {
+    route_status(ctx, r) == 0
+}
+
+/// `route`, returning `bpf_fib_lookup`'s status (0: forwarded; see
+/// `ROUTE_NOT_FORWARDED`).
+#[inline(never)]
+pub fn route_status(ctx: &TcContext, r: &mut Route) -> i64 {
     use aya_ebpf::bindings::{
         bpf_fib_lookup__bindgen_ty_1 as TotLen, bpf_fib_lookup__bindgen_ty_2 as Tos,
         bpf_fib_lookup__bindgen_ty_3 as Src, bpf_fib_lookup__bindgen_ty_4 as Dst, bpf_fib_lookup__bindgen_ty_5 as Vlan,
@@ -252,8 +264,9 @@ pub fn route(ctx: &TcContext, r: &mut Route) -> bool {
         }
     }
     let flags = BPF_FIB_LOOKUP_SKIP_NEIGH | if r.want_src { BPF_FIB_LOOKUP_SRC } else { 0 };
-    if fib_lookup(ctx, &mut params, flags) != 0 {
-        return false;
+    let status = fib_lookup(ctx, &mut params, flags);
+    if status != 0 {
+        return status;
     }
     r.ifindex = params.ifindex;
     // SAFETY: the kernel wrote the union members of the family asked for.
@@ -270,7 +283,7 @@ pub fn route(ctx: &TcContext, r: &mut Route) -> bool {
             r.nexthop = Addr::from_words(params.__bindgen_anon_4.ipv6_dst);
         }
     }
-    true
+    0
 }
 
 /// Sends the packet out along `route`, resolving the next hop's link-layer

@@ -23,7 +23,7 @@ use proxy_common::{
 
 use crate::{
     MAGLEV_SIZE,
-    access::{Route, redirect, route},
+    access::{ROUTE_NOT_FORWARDED, Route, redirect, route, route_status},
     ct,
     maps::{backend, count_connection, count_external, maglev_entry, service, source_allowed},
     packet::{End, Packet},
@@ -189,10 +189,15 @@ fn new_flow(ctx: &TcContext, pkt: &Packet, key: &ServiceKey, frontend: &ServiceV
         CtValue { addr: target.addr, port: target.port, rev_nat: frontend.rev_nat, backend_id, ..CtValue::default() };
     if target.flags & backend_flags::LOCAL == 0 {
         // The node's address on the way to the backend is the new source.
-        if !snat_address(ctx, pkt, flow) {
-            return external_stat::NO_ROUTE;
+        match snat_address(ctx, pkt, flow) {
+            Way::Routed => flow.flags = ct_flags::SNAT,
+            // An endpoint at one of this node's own addresses without
+            // `nodeName` (hostNetwork, or a hand-made EndpointSlice): the
+            // routes say it is here, so it is delivered here like one
+            // whose nodeName is this node's.
+            Way::Here => {}
+            Way::Unroutable => return external_stat::NO_ROUTE,
         }
-        flow.flags = ct_flags::SNAT;
     }
     if !ct::create(pkt, flow) {
         return external_stat::NO_SNAT_PORT;
@@ -202,17 +207,31 @@ fn new_flow(ctx: &TcContext, pkt: &Packet, key: &ServiceKey, frontend: &ServiceV
     ADMITTED
 }
 
+/// Where the route to a backend goes (`snat_address`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Forwarded to another machine.
+    Routed,
+    /// The backend's address is this node's own.
+    Here,
+    Unroutable,
+}
+
 /// Sets `flow.nat_addr` to the address the route to the backend
-/// (`flow.addr`) prefers: the node's address on that way.
+/// (`flow.addr`) prefers: the node's address on that way; or says that
+/// there is no such way.
 #[inline(never)]
-fn snat_address(ctx: &TcContext, pkt: &Packet, flow: &mut CtValue) -> bool {
+fn snat_address(ctx: &TcContext, pkt: &Packet, flow: &mut CtValue) -> Way {
     let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &flow.addr, flow.port);
     to.want_src = true;
-    if !route(ctx, &mut to) {
-        return false;
+    match route_status(ctx, &mut to) {
+        0 => {
+            flow.nat_addr = to.src;
+            Way::Routed
+        }
+        ROUTE_NOT_FORWARDED => Way::Here,
+        _ => Way::Unroutable,
     }
-    flow.nat_addr = to.src;
-    true
 }
 
 /// The backend id of a new flow: its entry in the frontend's Maglev table,

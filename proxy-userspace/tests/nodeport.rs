@@ -435,3 +435,48 @@ fn a_node_port_without_endpoints_is_refused_and_external_policy_local_still_drop
     );
     assert_eq!(topo.requests(&on_node(2, 30087), 3), vec!["pod-1-1"; 3]);
 }
+
+/// The Service of a hostNetwork-style endpoint: `hosts` (node numbers)
+/// serve on their node's own address without `nodeName` (as a hand-made
+/// EndpointSlice, or a hostNetwork pod's, may have), `pods` as usual.
+fn host_network_service(name: &str, node_port: u16, hosts: &[u8], pods: &[(u8, u8)]) -> String {
+    let mut yaml = service(name, "NodePort", &[("http", 80, node_port, "TCP")], "", &[])
+        + &endpoints(name, ("http", 8080, "TCP"), pods);
+    if pods.is_empty() {
+        yaml = yaml.replace("endpoints: []\n", "endpoints:\n");
+    }
+    for n in hosts {
+        writeln!(yaml, "- {{addresses: [\"{}\"], conditions: {{ready: true}}}}", node_ip(*n)).unwrap();
+    }
+    yaml
+}
+
+/// An endpoint at a node's own address without nodeName is delivered on
+/// that node (its routes say the address is local) and source-NATed to it
+/// from the others, whichever Maglev slot a flow hashes to.
+#[test]
+fn an_endpoint_at_a_node_address_without_node_name_answers_through_every_node() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(2, 1);
+    // Node 1's "host network": a server on the node's own address.
+    let host = proxy_testkit::HttpBackend::start(&topo.node(1).ns, node_ip(1).into(), 8080, "host-1").unwrap();
+    topo.http.push(host);
+    topo.write_services(
+        &(host_network_service("hostnet", 30090, &[1], &[]) + &host_network_service("mixed", 30091, &[1], &[(2, 1)])),
+    );
+    topo.start_agents();
+    for n in 1..=2 {
+        assert_eq!(topo.requests(&on_node(n, 30090), 10), vec!["host-1"; 10], "through node {n}");
+    }
+    // Every flow answers (`requests` fails unless all do), through both
+    // nodes, and both endpoints take some.
+    for n in 1..=2 {
+        let answers: BTreeSet<String> = topo.requests(&on_node(n, 30091), 40).into_iter().collect();
+        assert_eq!(answers, BTreeSet::from(["host-1".to_owned(), "pod-2-1".to_owned()]), "through node {n}");
+    }
+    // Delivered on node 1 without source NAT: the server saw the client.
+    let peers: BTreeSet<IpAddr> = topo.http_server("host-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert!(peers.contains(&IpAddr::V4(CLIENT)), "node 1 delivered with the client's address: {peers:?}");
+    assert!(peers.contains(&IpAddr::V4(node_ip(2))), "node 2 source-NATed to its own address: {peers:?}");
+}
