@@ -71,6 +71,9 @@ pub struct AgentConfig {
     /// whole table compared with them, so an entry changed by anyone else
     /// is put right (kube-proxy's syncPeriod); `None`: never.
     pub sync_period: Option<Duration>,
+    /// Clients on the node reach only this node's externalIPs through the
+    /// service (`--external-ips-local-only`).
+    pub external_ips_local_only: bool,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -158,6 +161,7 @@ async fn run_with(
         node_name: config.node_name.clone(),
         node_ips: config.node_ips.clone(),
         node_port_cidrs: config.node_port_cidrs.clone(),
+        external_ips_local_only: config.external_ips_local_only,
     };
     let mut pipeline = Pipeline::new(settings, reconciler).with_sync_period(config.sync_period);
     let mut observers = Observers {

@@ -480,3 +480,46 @@ fn an_endpoint_at_a_node_address_without_node_name_answers_through_every_node() 
     assert!(peers.contains(&IpAddr::V4(CLIENT)), "node 1 delivered with the client's address: {peers:?}");
     assert!(peers.contains(&IpAddr::V4(node_ip(2))), "node 2 source-NATed to its own address: {peers:?}");
 }
+
+/// kube-proxy takes over connections from pods and from the node to every
+/// externalIP (its KUBE-SERVICES chain runs in OUTPUT and PREROUTING; the
+/// upstream e2e test "should be possible to connect to a service via
+/// ExternalIP when the external IP is not assigned to a node"); with
+/// `--external-ips-local-only` they reach the address itself.
+#[test]
+fn an_external_ip_of_another_machine_is_taken_over_for_clients_on_the_node_unless_local_only() {
+    common::require_root!();
+    let mut topo = Topology::new(&[2]);
+    topo.http_on(1, 1);
+    // The machine that really holds 203.0.113.77: the client's namespace,
+    // with a server of its own there.
+    let real: IpAddr = "203.0.113.77".parse().unwrap();
+    topo.client.ip(&["addr", "add", "203.0.113.77/32", "dev", "eth0"]).unwrap();
+    topo.client.ip(&["route", "add", "10.244.1.0/24", "via", &node_ip(1).to_string()]).unwrap();
+    topo.node(1).ns.ip(&["route", "add", "203.0.113.77/32", "via", &CLIENT.to_string()]).unwrap();
+    topo.http.push(proxy_testkit::HttpBackend::start(&topo.client, real, 80, "real").unwrap());
+    topo.write_services(
+        &(service("ext", "ClusterIP", &[("http", 80, 30092, "TCP")], "  externalIPs: [203.0.113.77]\n", &[])
+            + &endpoints("ext", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    // A pod (another one than the endpoint) and the node itself, both in
+    // the node's cgroup.
+    let from_pod_and_node = |topo: &Topology| -> [String; 2] {
+        let node = topo.node(1);
+        let from_node = proxy_testkit::spawn_in(&node.ns, Some(&node.cgroup), "curl")
+            .unwrap()
+            .args(["-sS", "--connect-timeout", "2", "--max-time", "5", "http://203.0.113.77/"])
+            .output()
+            .unwrap();
+        let (ok, from_pod) = topo.curl_from_pod(1, 2, "http://203.0.113.77/");
+        assert!(ok && from_node.status.success(), "{}", String::from_utf8_lossy(&from_node.stderr));
+        [from_pod, String::from_utf8_lossy(&from_node.stdout).into_owned()]
+    };
+
+    topo.start_agents();
+    assert_eq!(from_pod_and_node(&topo), ["pod-1-1\n", "pod-1-1\n"], "by default: the service's endpoint");
+
+    topo.stop_agent(1);
+    topo.start_agent_with(1, &["--external-ips-local-only"]);
+    assert_eq!(from_pod_and_node(&topo), ["real\n", "real\n"], "--external-ips-local-only: the address itself");
+}

@@ -123,6 +123,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             .unwrap_or(crate::metrics::DEFAULT_MAX_SERVICE_SERIES),
         min_sync_period: file.min_sync_period.unwrap_or(agent::DEFAULT_MIN_SYNC_PERIOD),
         sync_period: file.sync_period,
+        external_ips_local_only: args.external_ips_local_only,
     })
 }
 
