@@ -5,8 +5,7 @@ use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_redir_neigh},
     helpers::generated::{
         bpf_csum_diff, bpf_fib_lookup as fib_lookup_helper, bpf_get_netns_cookie, bpf_get_prandom_u32,
-        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh, bpf_set_retval,
-        bpf_skb_change_tail,
+        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh, bpf_set_retval, bpf_skb_change_tail,
     },
     programs::{SockAddrContext, TcContext},
 };

@@ -104,16 +104,20 @@ fn reset_numbers(ctx: &TcContext, pkt: &Packet, l4_len: usize) -> Option<([u8; 4
 }
 
 /// A TCP header with no options, from the packet's destination port to its
-/// source port; the checksum is left 0 (`finish_tcp` fills it).
+/// source port; its checksum is left 0 for the caller to fill.
 #[inline(always)]
 fn tcp_header(pkt: &Packet, seq: [u8; 4], ack: [u8; 4], flags: u8) -> [u8; TCP_HLEN] {
-    let (sport, dport) = (pkt.dport.to_ne_bytes(), pkt.sport.to_ne_bytes());
+    let mut h = [0u8; TCP_HLEN];
+    // Ports in network order already: their bytes as they are.
+    h[0..2].copy_from_slice(&pkt.dport.to_ne_bytes());
+    h[2..4].copy_from_slice(&pkt.sport.to_ne_bytes());
+    h[4..8].copy_from_slice(&seq);
+    h[8..12].copy_from_slice(&ack);
     #[expect(clippy::cast_possible_truncation, reason = "the header is 20 bytes")]
     let data_offset = ((TCP_HLEN / 4) as u8) << 4;
-    [
-        sport[0], sport[1], dport[0], dport[1], seq[0], seq[1], seq[2], seq[3], ack[0], ack[1], ack[2], ack[3],
-        data_offset, flags, 0, 0, 0, 0, 0, 0,
-    ]
+    h[12] = data_offset;
+    h[13] = flags;
+    h
 }
 
 #[inline(never)]
@@ -205,10 +209,13 @@ const fn len_u8(len: usize) -> u8 {
 fn ipv4_header(src: [u8; 4], dst: [u8; 4], protocol: u8, total: usize) -> [u8; IPV4_HLEN] {
     #[expect(clippy::cast_possible_truncation, reason = "a reply is below 100 bytes")]
     let total = (total as u16).to_be_bytes();
-    let mut h = [
-        0x45, 0, total[0], total[1], 0, 0, 0, 0, TTL, protocol, 0, 0, src[0], src[1], src[2], src[3], dst[0], dst[1],
-        dst[2], dst[3],
-    ];
+    let mut h = [0u8; IPV4_HLEN];
+    h[0] = 0x45;
+    h[2..4].copy_from_slice(&total);
+    h[8] = TTL;
+    h[9] = protocol;
+    h[12..16].copy_from_slice(&src);
+    h[16..20].copy_from_slice(&dst);
     let acc = sum(0, &h);
     set_checksum(&mut h, 10, acc);
     h

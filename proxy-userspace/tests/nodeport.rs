@@ -408,7 +408,13 @@ fn a_node_port_without_endpoints_is_refused_and_external_policy_local_still_drop
     topo.write_services(
         &(service("empty", "NodePort", &[("http", 80, 30087, "TCP"), ("dns", 53, 30088, "UDP")], "", &[])
             + &endpoints("empty", ("http", 8080, "TCP"), &[])
-            + &service("elsewhere", "NodePort", &[("http", 80, 30089, "TCP")], "  externalTrafficPolicy: Local\n", &[])
+            + &service(
+                "elsewhere",
+                "NodePort",
+                &[("http", 80, 30089, "TCP")],
+                "  externalTrafficPolicy: Local\n",
+                &[],
+            )
             + &endpoints("elsewhere", ("http", 8080, "TCP"), &[(2, 1)])),
     );
     topo.start_agents();

@@ -549,10 +549,7 @@ fn external_traffic_policy_local_rejects_only_without_any_endpoint() {
     Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
         let syn = packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30090"), Some(SYN), b"");
         assert_eq!(node.ingress(&syn).0, SHOT, "an endpoint on n2: dropped");
-        node.apply(&SERVICES.replace(
-            r#"endpoints: [{addresses: ["10.244.2.9"], nodeName: n2}]"#,
-            "endpoints: []",
-        ));
+        node.apply(&SERVICES.replace(r#"endpoints: [{addresses: ["10.244.2.9"], nodeName: n2}]"#, "endpoints: []"));
         let (action, out) = node.ingress(&syn);
         assert_eq!(action, REDIRECT, "no endpoint anywhere: rejected");
         assert_eq!(packet::parse(&out).tcp.map(|t| t.flags), Some(RST | ACK));

@@ -289,7 +289,9 @@ fn external_traffic_policy_local_gives_outside_traffic_this_nodes_endpoints() {
         t.contains("198.51.100.7:80/TCP (external) ns/s:http ExternalIP outside-only -> 10.0.0.1:8080(local)\n"),
         "{t}"
     );
-    assert!(t.contains("198.51.100.7:80/TCP ns/s:http ExternalIP local-clients -> 10.0.0.1:8080(local) 10.0.0.2:8080\n"));
+    assert!(
+        t.contains("198.51.100.7:80/TCP ns/s:http ExternalIP local-clients -> 10.0.0.1:8080(local) 10.0.0.2:8080\n")
+    );
     // --external-ips-local-only: the entry every client would use is for
     // traffic from outside only too, and keeps every endpoint, so that the
     // TC programs tell "none anywhere" (rejected) from "none here" (dropped).
