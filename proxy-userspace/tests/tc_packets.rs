@@ -38,7 +38,8 @@ const NODE_IP6: &str = "fd00:30::11";
 /// IPv6 too), LoadBalancer `dns` (UDP, backend on n2, source ranges),
 /// NodePort `lonely` (externalTrafficPolicy Local, no endpoint here),
 /// LoadBalancer `spread` (four backends on n2), ClusterIP `inside`, and
-/// NodePort `empty` (TCP and UDP, both families, no endpoint anywhere).
+/// LoadBalancer `empty` (TCP and UDP, both families, an externalIP, no
+/// endpoint anywhere).
 const SERVICES: &str = r#"
 apiVersion: v1
 kind: Service
@@ -135,13 +136,15 @@ apiVersion: v1
 kind: Service
 metadata: {name: empty, namespace: t}
 spec:
-  type: NodePort
+  type: LoadBalancer
+  externalIPs: [198.51.100.50]
   clusterIP: 10.96.0.50
   clusterIPs: [10.96.0.50, "fd00:96::50"]
   ipFamilies: [IPv4, IPv6]
   ports:
   - {name: http, port: 80, nodePort: 30050, protocol: TCP}
   - {name: dns, port: 53, nodePort: 30051, protocol: UDP}
+status: {loadBalancer: {ingress: [{ip: 203.0.113.50}]}}
 "#;
 
 fn sa(text: &str) -> SocketAddr {
@@ -533,7 +536,13 @@ fn a_frontend_without_endpoints_is_answered_with_a_reset_or_a_port_unreachable()
             assert_eq!((icmp.src, icmp.dst, icmp.kind), (frontend.ip(), client.ip(), kind), "port unreachable");
             assert_eq!(icmp.quoted, query[14..14 + header + 8], "quotes the IP header and the UDP header");
         }
-        assert_eq!(node.stat("rejected"), 2 * 3 + 2);
+        // Its LoadBalancer IP and externalIP alike.
+        for frontend in ["203.0.113.50:80", "198.51.100.50:80"] {
+            let (action, out) = node.ingress(&packet::frame(sa("192.0.2.7:40001"), sa(frontend), Some(SYN), b""));
+            assert_eq!(action, REDIRECT, "{frontend}");
+            assert_eq!(packet::parse(&out).src, sa(frontend), "the reset comes from {frontend}");
+        }
+        assert_eq!(node.stat("rejected"), 2 * 3 + 2 + 2);
         assert_eq!(node.stat("no_backend"), 2, "the resets were dropped");
         assert_eq!(node.stat("new_flow"), 0);
     });
@@ -573,13 +582,12 @@ fn rejections_are_rate_limited() {
                 answered += 1;
             }
         }
-        let elapsed = started.elapsed().as_secs_f64();
+        let elapsed = started.elapsed();
         let cpus = u64::try_from(aya::util::nr_cpus().unwrap()).unwrap();
         // Each CPU's bucket starts full (BURST) and refills at PER_SECOND.
-        #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a small positive count")]
-        let refilled = (elapsed * PER_SECOND as f64).ceil() as u64 + 1;
+        let refilled = u64::try_from(elapsed.as_millis()).unwrap() * PER_SECOND / 1000 + 1;
         let ceiling = cpus * (BURST + refilled);
-        assert!(answered <= ceiling, "{answered} of {SENT} answered in {elapsed:.3} s; at most {ceiling} may be");
+        assert!(answered <= ceiling, "{answered} of {SENT} answered in {elapsed:?}; at most {ceiling} may be");
         assert!(answered >= BURST, "only {answered} answered: a full bucket answers {BURST}");
         assert_eq!((node.stat("rejected"), node.stat("reject_limited")), (answered, SENT - answered));
     });

@@ -226,13 +226,13 @@ fn load_balancer(extra: &str) -> String {
 }
 
 fn translate_on_node(yaml: &str) -> super::Translation {
-    translate_with(yaml, NodeContext::new("n1").with_ips(vec!["192.168.1.10".parse().unwrap()]))
+    translate_with(yaml, &NodeContext::new("n1").with_ips(vec!["192.168.1.10".parse().unwrap()]))
 }
 
-fn translate_with(yaml: &str, node: NodeContext) -> super::Translation {
+fn translate_with(yaml: &str, node: &NodeContext) -> super::Translation {
     let parsed = file::parse(yaml).expect("yaml");
     assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-    translate(&parsed.objects.services, &parsed.objects.slices, &node)
+    translate(&parsed.objects.services, &parsed.objects.slices, node)
 }
 
 /// `translate_on_node` with `--external-ips-local-only`.
@@ -241,7 +241,7 @@ fn translate_local_only(yaml: &str) -> super::Translation {
         external_ips_local_only: true,
         ..NodeContext::new("n1").with_ips(vec!["192.168.1.10".parse().unwrap()])
     };
-    translate_with(yaml, node)
+    translate_with(yaml, &node)
 }
 
 #[test]
