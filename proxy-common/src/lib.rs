@@ -89,7 +89,8 @@ pub mod service_flags {
     /// this frontend; sockets on the node use this one.
     pub const TWO_SCOPES: u16 = 1 << 5;
     /// Only for traffic from outside the node (an externalIP that is not
-    /// this node's): the socket programs leave it alone (CVE-2020-8554).
+    /// this node's, with `--external-ips-local-only`): the socket programs
+    /// leave it alone (CVE-2020-8554).
     pub const EXTERNAL_ONLY: u16 = 1 << 6;
     /// loadBalancerSourceRanges: traffic from outside is accepted only from
     /// the sources `SOURCE_RANGES` holds for this rev-NAT id.
@@ -153,11 +154,36 @@ pub mod external_stat {
     pub const NO_SNAT_PORT: u32 = 4;
     /// Dropped: the packet could not be rewritten.
     pub const REWRITE_FAILED: u32 = 5;
+    /// Answered with a TCP reset or an ICMP port unreachable: the frontend
+    /// has no endpoints at all (kube-proxy's REJECT).
+    pub const REJECTED: u32 = 6;
+    /// Dropped instead of answered: over the rate of `reject_limit`.
+    pub const REJECT_LIMITED: u32 = 7;
     /// Number of counters.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 8;
     /// Names, by index, for metrics.
-    pub const NAMES: [&str; COUNT as usize] =
-        ["new_flow", "no_backend", "source_denied", "no_route", "no_snat_port", "rewrite_failed"];
+    pub const NAMES: [&str; COUNT as usize] = [
+        "new_flow",
+        "no_backend",
+        "source_denied",
+        "no_route",
+        "no_snat_port",
+        "rewrite_failed",
+        "rejected",
+        "reject_limited",
+    ];
+}
+
+/// How many rejections (TCP resets, ICMP port unreachable) the TC programs
+/// send for traffic from outside to frontends without endpoints: a token
+/// bucket per CPU, so a flood of packets to such a frontend cannot make the
+/// node flood replies (the kernel limits its own ICMP errors alike:
+/// `icmp_msgs_per_sec`, `icmp_msgs_burst`). Over it, packets are dropped.
+pub mod reject_limit {
+    /// Replies per second, per CPU.
+    pub const PER_SECOND: u64 = 1_000;
+    /// Replies a CPU may send at once after a quiet time.
+    pub const BURST: u64 = 100;
 }
 
 /// `Backend.state` values.

@@ -5,7 +5,7 @@ use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_redir_neigh},
     helpers::generated::{
         bpf_csum_diff, bpf_fib_lookup as fib_lookup_helper, bpf_get_netns_cookie, bpf_get_prandom_u32,
-        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect_neigh, bpf_set_retval,
+        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh, bpf_set_retval, bpf_skb_change_tail,
     },
     programs::{SockAddrContext, TcContext},
 };
@@ -155,6 +155,26 @@ pub fn redirect_neigh(ifindex: u32, nh: &mut bpf_redir_neigh) -> i32 {
     }
 }
 
+/// Sends the packet back out of the device it arrived on (a reply built in
+/// its place); the program must then return the value returned.
+#[inline(always)]
+pub fn redirect_back(ctx: &TcContext) -> i32 {
+    // SAFETY: the helper takes plain integers; an unknown ifindex makes the
+    // redirect fail later, in the kernel, not here.
+    #[expect(clippy::cast_possible_truncation, reason = "the helper returns a TC action")]
+    unsafe {
+        bpf_redirect(ifindex(ctx), 0) as i32
+    }
+}
+
+/// Cuts the packet to `len` bytes, or grows it with zeros at its end;
+/// false when the kernel refuses.
+#[inline(always)]
+pub fn change_tail(ctx: &TcContext, len: u32) -> bool {
+    // SAFETY: tc programs get a valid __sk_buff; flags must be 0.
+    unsafe { bpf_skb_change_tail(ctx.skb.skb, len, 0) == 0 }
+}
+
 /// The one's-complement checksum difference of replacing `from` by `to`
 /// (network-order words), for `l4_csum_replace` with a size of 0.
 #[inline(always)]
@@ -192,12 +212,24 @@ impl Route {
     }
 }
 
+/// `bpf_fib_lookup`'s answer for a destination that is not forwarded: a
+/// local address of the node (among others: linux/bpf.h,
+/// `BPF_FIB_LKUP_RET_NOT_FWDED`).
+pub const ROUTE_NOT_FORWARDED: i64 = 4;
+
 /// Asks the routing table for `r` as if the packet entered on its device
 /// (filling `ifindex`, `nexthop`, and `src` when `want_src`); false when
 /// the kernel would not forward it. IPv4 when both addresses are
 /// IPv4-mapped.
-#[inline(never)]
+#[inline(always)]
 pub fn route(ctx: &TcContext, r: &mut Route) -> bool {
+    route_status(ctx, r) == 0
+}
+
+/// `route`, returning `bpf_fib_lookup`'s status (0: forwarded; see
+/// `ROUTE_NOT_FORWARDED`).
+#[inline(never)]
+pub fn route_status(ctx: &TcContext, r: &mut Route) -> i64 {
     use aya_ebpf::bindings::{
         bpf_fib_lookup__bindgen_ty_1 as TotLen, bpf_fib_lookup__bindgen_ty_2 as Tos,
         bpf_fib_lookup__bindgen_ty_3 as Src, bpf_fib_lookup__bindgen_ty_4 as Dst, bpf_fib_lookup__bindgen_ty_5 as Vlan,
@@ -231,8 +263,9 @@ pub fn route(ctx: &TcContext, r: &mut Route) -> bool {
         }
     }
     let flags = BPF_FIB_LOOKUP_SKIP_NEIGH | if r.want_src { BPF_FIB_LOOKUP_SRC } else { 0 };
-    if fib_lookup(ctx, &mut params, flags) != 0 {
-        return false;
+    let status = fib_lookup(ctx, &mut params, flags);
+    if status != 0 {
+        return status;
     }
     r.ifindex = params.ifindex;
     // SAFETY: the kernel wrote the union members of the family asked for.
@@ -249,7 +282,7 @@ pub fn route(ctx: &TcContext, r: &mut Route) -> bool {
             r.nexthop = Addr::from_words(params.__bindgen_anon_4.ipv6_dst);
         }
     }
-    true
+    0
 }
 
 /// Sends the packet out along `route`, resolving the next hop's link-layer

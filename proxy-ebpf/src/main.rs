@@ -13,6 +13,7 @@ mod ct;
 mod maps;
 mod nodeport;
 mod packet;
+mod reject;
 mod sock;
 
 use aya_ebpf::{

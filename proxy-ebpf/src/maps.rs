@@ -57,6 +57,28 @@ pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> = LpmTrie::pinned(map_sizes::
 #[map]
 pub static EXTERNAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(external_stat::COUNT, 0);
 
+/// This CPU's budget of rejections (`reject.rs`): a token bucket per CPU,
+/// so no atomics. Not pinned: a restarted agent starts with full buckets.
+#[map]
+static REJECT_BUDGET: PerCpuArray<RejectBudget> = PerCpuArray::with_max_entries(1, 0);
+
+/// A token bucket counted in nanoseconds of credit.
+#[repr(C)]
+pub struct RejectBudget {
+    pub credit_ns: u64,
+    /// `bpf_ktime_get_ns()` of the last update.
+    pub last_ns: u64,
+}
+
+/// Runs `f` on this CPU's `REJECT_BUDGET`; `None` if the map has no slot.
+#[inline(always)]
+pub fn reject_budget<R>(f: impl FnOnce(&mut RejectBudget) -> R) -> Option<R> {
+    let ptr = REJECT_BUDGET.get_ptr_mut(0)?;
+    // SAFETY: as in `count_connection`: this CPU's slot, written by this
+    // program alone while it runs.
+    Some(f(unsafe { &mut *ptr }))
+}
+
 #[inline(always)]
 pub fn count_external(stat: u32) {
     if let Some(counter) = EXTERNAL_STATS.get_ptr_mut(stat) {

@@ -7,6 +7,9 @@
 //! the same backend on every node) and its destination rewritten. When the
 //! backend is on another node the source becomes the node's address too,
 //! so the replies come back here, and the packet is routed out directly.
+//! A frontend without any endpoint is rejected (`reject.rs`), one whose
+//! endpoints are all elsewhere while it wants this node's (externalTraffic
+//! Policy: Local) drops the packet, as kube-proxy does.
 //! Egress: a reply from a backend on this node gets the frontend as its
 //! source again.
 use aya_ebpf::{
@@ -20,10 +23,11 @@ use proxy_common::{
 
 use crate::{
     MAGLEV_SIZE,
-    access::{Route, redirect, route},
+    access::{ROUTE_NOT_FORWARDED, Route, redirect, route, route_status},
     ct,
     maps::{backend, count_connection, count_external, maglev_entry, service, source_allowed},
     packet::{End, Packet},
+    reject::reject,
 };
 
 /// Why a packet is dropped: an `external_stat` index.
@@ -95,7 +99,7 @@ fn reply_to_client(ctx: &TcContext, pkt: &mut Packet) -> i32 {
 /// backend.
 #[inline(never)]
 fn to_frontend(ctx: &TcContext, pkt: &mut Packet) -> i32 {
-    let Some((key, frontend)) = external_frontend(pkt) else { return TC_ACT_OK };
+    let Some((key, frontend, has_endpoints)) = external_frontend(pkt) else { return TC_ACT_OK };
     let mut flow = CtValue::default();
     // A new connection on the tuple of a closing one starts afresh; a flow
     // whose backend is gone picks another.
@@ -104,6 +108,13 @@ fn to_frontend(ctx: &TcContext, pkt: &mut Packet) -> i32 {
         && backend(flow.backend_id).is_some();
     if !known {
         let stat = new_flow(ctx, pkt, &key, &frontend, &mut flow);
+        if stat == external_stat::NO_BACKEND && !has_endpoints {
+            // kube-proxy's KUBE-EXTERNAL-SERVICES: REJECT when the service
+            // has no endpoints at all; with endpoints on other nodes only
+            // (externalTrafficPolicy: Local) it drops (new_flow's
+            // NO_BACKEND), and so do we.
+            return reject(ctx, pkt);
+        }
         if stat != ADMITTED {
             return drop_packet(stat);
         }
@@ -140,19 +151,21 @@ fn forward(ctx: &TcContext, pkt: &Packet) -> i32 {
 
 /// The frontend traffic from outside reaches at the packet's destination:
 /// a NodePort, LoadBalancer IP or externalIP (not a ClusterIP), in its
-/// external scope when it has two.
+/// external scope when it has two; and whether the service has any
+/// endpoint (the scope `ALL` entry has every endpoint of the cluster).
 #[inline(always)]
-fn external_frontend(pkt: &Packet) -> Option<(ServiceKey, ServiceValue)> {
+fn external_frontend(pkt: &Packet) -> Option<(ServiceKey, ServiceValue, bool)> {
     let mut key = ServiceKey::new(pkt.dst, pkt.dport, pkt.proto, 0);
     let frontend = service(&key)?;
     if frontend.flags & service_flags::EXTERNAL_KINDS == 0 {
         return None;
     }
+    let has_endpoints = frontend.count != 0;
     if frontend.flags & service_flags::TWO_SCOPES != 0 {
         key.scope = scope::EXTERNAL;
-        return Some((key, service(&key)?));
+        return Some((key, service(&key)?, has_endpoints));
     }
-    Some((key, frontend))
+    Some((key, frontend, has_endpoints))
 }
 
 /// `new_flow`: the flow was admitted.
@@ -176,10 +189,15 @@ fn new_flow(ctx: &TcContext, pkt: &Packet, key: &ServiceKey, frontend: &ServiceV
         CtValue { addr: target.addr, port: target.port, rev_nat: frontend.rev_nat, backend_id, ..CtValue::default() };
     if target.flags & backend_flags::LOCAL == 0 {
         // The node's address on the way to the backend is the new source.
-        if !snat_address(ctx, pkt, flow) {
-            return external_stat::NO_ROUTE;
+        match snat_address(ctx, pkt, flow) {
+            Way::Routed => flow.flags = ct_flags::SNAT,
+            // An endpoint at one of this node's own addresses without
+            // `nodeName` (hostNetwork, or a hand-made EndpointSlice): the
+            // routes say it is here, so it is delivered here like one
+            // whose nodeName is this node's.
+            Way::Here => {}
+            Way::Unroutable => return external_stat::NO_ROUTE,
         }
-        flow.flags = ct_flags::SNAT;
     }
     if !ct::create(pkt, flow) {
         return external_stat::NO_SNAT_PORT;
@@ -189,17 +207,31 @@ fn new_flow(ctx: &TcContext, pkt: &Packet, key: &ServiceKey, frontend: &ServiceV
     ADMITTED
 }
 
+/// Where the route to a backend goes (`snat_address`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Forwarded to another machine.
+    Routed,
+    /// The backend's address is this node's own.
+    Here,
+    Unroutable,
+}
+
 /// Sets `flow.nat_addr` to the address the route to the backend
-/// (`flow.addr`) prefers: the node's address on that way.
+/// (`flow.addr`) prefers: the node's address on that way; or says that
+/// there is no such way.
 #[inline(never)]
-fn snat_address(ctx: &TcContext, pkt: &Packet, flow: &mut CtValue) -> bool {
+fn snat_address(ctx: &TcContext, pkt: &Packet, flow: &mut CtValue) -> Way {
     let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &flow.addr, flow.port);
     to.want_src = true;
-    if !route(ctx, &mut to) {
-        return false;
+    match route_status(ctx, &mut to) {
+        0 => {
+            flow.nat_addr = to.src;
+            Way::Routed
+        }
+        ROUTE_NOT_FORWARDED => Way::Here,
+        _ => Way::Unroutable,
     }
-    flow.nat_addr = to.src;
-    true
 }
 
 /// The backend id of a new flow: its entry in the frontend's Maglev table,

@@ -8,16 +8,16 @@ use proxy_common::{Addr, CtKey, as_v4, mapped_v4, proto};
 
 use crate::access::csum_diff;
 
-const ETH_HLEN: usize = 14;
+pub const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
 /// `l4_csum_replace` flags (linux/bpf.h).
 const BPF_F_PSEUDO_HDR: u64 = 1 << 4;
 const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
 
 /// Rewriting a packet failed (a helper refused).
 pub struct RewriteFailed;
@@ -39,9 +39,9 @@ pub enum End {
 pub struct Packet {
     pub family: Family,
     /// Offset of the IP header.
-    l3: usize,
+    pub l3: usize,
     /// Offset of the TCP or UDP header.
-    l4: usize,
+    pub l4: usize,
     pub proto: u8,
     pub src: Addr,
     pub dst: Addr,

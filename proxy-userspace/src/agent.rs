@@ -72,6 +72,9 @@ pub struct AgentConfig {
     /// them, so an entry changed by anyone else is put right and counted
     /// (kube-proxy's syncPeriod); `None`: only on SIGHUP.
     pub audit_interval: Option<Duration>,
+    /// Clients on the node reach only this node's externalIPs through the
+    /// service (`--external-ips-local-only`).
+    pub external_ips_local_only: bool,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -159,6 +162,7 @@ async fn run_with(
         node_name: config.node_name.clone(),
         node_ips: config.node_ips.clone(),
         node_port_cidrs: config.node_port_cidrs.clone(),
+        external_ips_local_only: config.external_ips_local_only,
     };
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
     // SIGHUP: a drift audit now (installed once the maps are read, so an

@@ -317,8 +317,8 @@ pub struct RunArgs {
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
     /// An address of this node: NodePorts are served on it (and on
-    /// 127.0.0.1), and an externalIP is served only if it is one of them.
-    /// Repeatable. Default: the InternalIP and ExternalIP addresses of this
+    /// 127.0.0.1); with --external-ips-local-only, an externalIP is served
+    /// to clients on the node only if it is one of them. Repeatable. Default: the InternalIP and ExternalIP addresses of this
     /// node's Node object.
     #[arg(long, value_name = "IP")]
     pub node_ip: Vec<std::net::IpAddr>,
@@ -384,6 +384,15 @@ pub struct RunArgs {
     /// Default: the config file's syncPeriod, else 5m.
     #[arg(long, value_name = "DURATION", value_parser = parse_audit_interval)]
     pub audit_interval: Option<std::time::Duration>,
+    /// Take over connections from this node (its pods and itself) to an
+    /// externalIP only when it is one of this node's addresses; to any
+    /// other externalIP they reach that address itself (a mitigation of
+    /// CVE-2020-8554 on this node alone; the DenyServiceExternalIPs
+    /// admission plugin is the cluster-wide one). Default: every
+    /// externalIP of every service is taken over, as kube-proxy does.
+    /// Traffic from outside is served on every externalIP either way.
+    #[arg(long)]
+    pub external_ips_local_only: bool,
 }
 
 fn parse_audit_interval(text: &str) -> Result<std::time::Duration, String> {

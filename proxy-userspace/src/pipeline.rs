@@ -33,6 +33,8 @@ pub struct NodeSettings {
     /// kube-proxy's nodePortAddresses: only node addresses in these ranges
     /// serve NodePorts (empty: all).
     pub node_port_cidrs: Vec<ipnet::IpNet>,
+    /// `--external-ips-local-only` (`NodeContext::external_ips_local_only`).
+    pub external_ips_local_only: bool,
 }
 
 /// Counters since start.
@@ -311,6 +313,7 @@ impl Pipeline {
             node = node.with_ips(settings.node_ips.clone());
         }
         node.node_port_ips = crate::config::node_port_addresses(&node.node_ips, &settings.node_port_cidrs);
+        node.external_ips_local_only = settings.external_ips_local_only;
         let before = self.node.as_ref();
         if before.map(|b| &b.node_ips) != Some(&node.node_ips) {
             info!(node = %settings.node_name, addresses = ?node.node_ips, "node addresses (NodePorts, externalIPs)");

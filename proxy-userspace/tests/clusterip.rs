@@ -268,7 +268,9 @@ fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
     let edge = "---\napiVersion: v1\nkind: Service\nmetadata: {name: edge, namespace: test}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.0.40\n  externalIPs: [\"10.200.0.1\", \"198.51.100.7\"]\n  ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]\nstatus:\n  loadBalancer:\n    ingress: [{ip: 203.0.113.10}]\n";
     env.write_services(&(edge.to_owned() + &slice("edge-1", "edge", &[("http", 8080)], &[backend_ip(1)])));
     let mut args = env.agent_args();
-    args.extend(["--node-ip".to_owned(), "10.200.0.1".to_owned()]);
+    // Only this node's externalIPs for clients on the node (the default,
+    // every externalIP as kube-proxy, is tested in tests/nodeport.rs).
+    args.extend(["--node-ip", "10.200.0.1", "--external-ips-local-only"].map(str::to_owned));
     let agent = proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let applied = agent.wait_applied(0);
     env.agent = Some(agent);
@@ -278,7 +280,8 @@ fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
     for addr in ["10.96.0.40:80", "127.0.0.1:30080", "10.200.0.1:30080", "203.0.113.10:80", "10.200.0.1:80"] {
         assert_eq!(env.requests(addr, 3), vec!["backend-1"; 3], "{addr}");
     }
-    // An externalIP that is not this node's is not taken over (CVE-2020-8554).
+    // An externalIP that is not this node's is not taken over
+    // (--external-ips-local-only: CVE-2020-8554).
     let (ok, err) = env.socat_connect(true, "198.51.100.7:80");
     assert!(!ok && err.contains("Network is unreachable"), "a foreign externalIP was hijacked: {err}");
 }

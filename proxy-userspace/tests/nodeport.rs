@@ -393,3 +393,139 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
     assert!(!ok, "node 1 still translates after cleanup");
     assert_eq!(topo.requests(&on_node(2, 30080), 5).len(), 5, "node 2 is unaffected");
 }
+
+/// kube-proxy rejects traffic from outside to a service without endpoints
+/// (KUBE-EXTERNAL-SERVICES, pkg/proxy/iptables/proxier.go: REJECT when the
+/// service `!hasEndpoints`): the client fails at once instead of after a
+/// timeout. With endpoints on other nodes only and externalTrafficPolicy:
+/// Local it drops instead (the same code: "has no local endpoints", DROP;
+/// the load balancer's health check keeps clients away from such a node).
+#[test]
+fn a_node_port_without_endpoints_is_refused_and_external_policy_local_still_drops() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(2, 1);
+    topo.write_services(
+        &(service("empty", "NodePort", &[("http", 80, 30087, "TCP"), ("dns", 53, 30088, "UDP")], "", &[])
+            + &endpoints("empty", ("http", 8080, "TCP"), &[])
+            + &service(
+                "elsewhere",
+                "NodePort",
+                &[("http", 80, 30089, "TCP")],
+                "  externalTrafficPolicy: Local\n",
+                &[],
+            )
+            + &endpoints("elsewhere", ("http", 8080, "TCP"), &[(2, 1)])),
+    );
+    topo.start_agents();
+    let node1 = node_ip(1).to_string();
+    for n in 1..=2 {
+        let (ok, lines) = topo.probe(&["tcp-peer", &node_ip(n).to_string(), "30087"]);
+        assert_eq!((ok, lines), (false, vec!["error ECONNREFUSED".to_owned()]), "TCP through node {n}");
+    }
+    // A connected UDP socket learns of the ICMP port unreachable.
+    let (ok, lines) = topo.probe(&["udp-connect", &node1, "30088", "1"]);
+    assert!(!ok, "{lines:?}");
+    assert_eq!(lines.last().map(String::as_str), Some("error ECONNREFUSED"), "{lines:?}");
+    // externalTrafficPolicy: Local, the endpoint on node 2: node 1 drops,
+    // so the client waits (its 2 s timeout) rather than being refused.
+    let (ok, lines) = topo.probe(&["tcp-peer", &node1, "30089"]);
+    assert_eq!((ok, lines), (false, vec!["error timeout".to_owned()]));
+    assert_eq!(topo.requests(&on_node(2, 30089), 3), vec!["pod-2-1"; 3], "node 2 serves it");
+
+    // An endpoint appears: the same NodePort now answers.
+    topo.http_on(1, 1);
+    topo.apply(
+        &(service("empty", "NodePort", &[("http", 80, 30087, "TCP"), ("dns", 53, 30088, "UDP")], "", &[])
+            + &endpoints("empty", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    assert_eq!(topo.requests(&on_node(2, 30087), 3), vec!["pod-1-1"; 3]);
+}
+
+/// The Service of a hostNetwork-style endpoint: `hosts` (node numbers)
+/// serve on their node's own address without `nodeName` (as a hand-made
+/// EndpointSlice, or a hostNetwork pod's, may have), `pods` as usual.
+fn host_network_service(name: &str, node_port: u16, hosts: &[u8], pods: &[(u8, u8)]) -> String {
+    let mut yaml = service(name, "NodePort", &[("http", 80, node_port, "TCP")], "", &[])
+        + &endpoints(name, ("http", 8080, "TCP"), pods);
+    if pods.is_empty() {
+        yaml = yaml.replace("endpoints: []\n", "endpoints:\n");
+    }
+    for n in hosts {
+        writeln!(yaml, "- {{addresses: [\"{}\"], conditions: {{ready: true}}}}", node_ip(*n)).unwrap();
+    }
+    yaml
+}
+
+/// An endpoint at a node's own address without nodeName is delivered on
+/// that node (its routes say the address is local) and source-NATed to it
+/// from the others, whichever Maglev slot a flow hashes to.
+#[test]
+fn an_endpoint_at_a_node_address_without_node_name_answers_through_every_node() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(2, 1);
+    // Node 1's "host network": a server on the node's own address.
+    let host = proxy_testkit::HttpBackend::start(&topo.node(1).ns, node_ip(1).into(), 8080, "host-1").unwrap();
+    topo.http.push(host);
+    topo.write_services(
+        &(host_network_service("hostnet", 30090, &[1], &[]) + &host_network_service("mixed", 30091, &[1], &[(2, 1)])),
+    );
+    topo.start_agents();
+    for n in 1..=2 {
+        assert_eq!(topo.requests(&on_node(n, 30090), 10), vec!["host-1"; 10], "through node {n}");
+    }
+    // Every flow answers (`requests` fails unless all do), through both
+    // nodes, and both endpoints take some.
+    for n in 1..=2 {
+        let answers: BTreeSet<String> = topo.requests(&on_node(n, 30091), 40).into_iter().collect();
+        assert_eq!(answers, BTreeSet::from(["host-1".to_owned(), "pod-2-1".to_owned()]), "through node {n}");
+    }
+    // Delivered on node 1 without source NAT: the server saw the client.
+    let peers: BTreeSet<IpAddr> = topo.http_server("host-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert!(peers.contains(&IpAddr::V4(CLIENT)), "node 1 delivered with the client's address: {peers:?}");
+    assert!(peers.contains(&IpAddr::V4(node_ip(2))), "node 2 source-NATed to its own address: {peers:?}");
+}
+
+/// kube-proxy takes over connections from pods and from the node to every
+/// externalIP (its KUBE-SERVICES chain runs in OUTPUT and PREROUTING; the
+/// upstream e2e test "should be possible to connect to a service via
+/// ExternalIP when the external IP is not assigned to a node"); with
+/// `--external-ips-local-only` they reach the address itself.
+#[test]
+fn an_external_ip_of_another_machine_is_taken_over_for_clients_on_the_node_unless_local_only() {
+    common::require_root!();
+    let mut topo = Topology::new(&[2]);
+    topo.http_on(1, 1);
+    // The machine that really holds 203.0.113.77: the client's namespace,
+    // with a server of its own there.
+    let real: IpAddr = "203.0.113.77".parse().unwrap();
+    topo.client.ip(&["addr", "add", "203.0.113.77/32", "dev", "eth0"]).unwrap();
+    topo.client.ip(&["route", "add", "10.244.1.0/24", "via", &node_ip(1).to_string()]).unwrap();
+    topo.node(1).ns.ip(&["route", "add", "203.0.113.77/32", "via", &CLIENT.to_string()]).unwrap();
+    topo.http.push(proxy_testkit::HttpBackend::start(&topo.client, real, 80, "real").unwrap());
+    topo.write_services(
+        &(service("ext", "ClusterIP", &[("http", 80, 30092, "TCP")], "  externalIPs: [203.0.113.77]\n", &[])
+            + &endpoints("ext", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    // A pod (another one than the endpoint) and the node itself, both in
+    // the node's cgroup.
+    let from_pod_and_node = |topo: &Topology| -> [String; 2] {
+        let node = topo.node(1);
+        let from_node = proxy_testkit::spawn_in(&node.ns, Some(&node.cgroup), "curl")
+            .unwrap()
+            .args(["-sS", "--connect-timeout", "2", "--max-time", "5", "http://203.0.113.77/"])
+            .output()
+            .unwrap();
+        let (ok, from_pod) = topo.curl_from_pod(1, 2, "http://203.0.113.77/");
+        assert!(ok && from_node.status.success(), "{}", String::from_utf8_lossy(&from_node.stderr));
+        [from_pod, String::from_utf8_lossy(&from_node.stdout).into_owned()]
+    };
+
+    topo.start_agents();
+    assert_eq!(from_pod_and_node(&topo), ["pod-1-1\n", "pod-1-1\n"], "by default: the service's endpoint");
+
+    topo.stop_agent(1);
+    topo.start_agent_with(1, &["--external-ips-local-only"]);
+    assert_eq!(from_pod_and_node(&topo), ["real\n", "real\n"], "--external-ips-local-only: the address itself");
+}

@@ -152,6 +152,9 @@ struct CaseConfig {
     node_ips: Vec<std::net::IpAddr>,
     #[serde(default)]
     node_port_addresses: Vec<String>,
+    /// `--external-ips-local-only`.
+    #[serde(default)]
+    external_ips_local_only: bool,
 }
 
 /// The agent of a case: a pipeline over the test source and the maps.
@@ -236,6 +239,7 @@ fn run_case(path: &Path) -> Result<(), String> {
             node_name: config.node.clone().unwrap_or_else(|| "node-a".to_owned()),
             node_ips: config.node_ips.clone(),
             node_port_cidrs: config.node_port_addresses.iter().filter_map(|c| c.parse().ok()).collect(),
+            external_ips_local_only: config.external_ips_local_only,
         };
         match verb {
             "config" => config = serde_yaml::from_str(&section.body).map_err(|e| at(e.to_string()))?,

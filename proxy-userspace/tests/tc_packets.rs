@@ -12,7 +12,7 @@ use std::{
 };
 
 use aya::programs::{TestRun as _, TestRunOptions};
-use common::packet::{self, ACK, FIN, SYN, Seen};
+use common::packet::{self, ACK, ACK_NUMBER, FIN, RST, SEQ_NUMBER, SYN, Seen, TcpSeen};
 use ebpf_proxy::{
     datapath::{
         Reconciler,
@@ -37,7 +37,9 @@ const NODE_IP6: &str = "fd00:30::11";
 /// Services on this node: NodePort `web` (TCP, backend on this node, and
 /// IPv6 too), LoadBalancer `dns` (UDP, backend on n2, source ranges),
 /// NodePort `lonely` (externalTrafficPolicy Local, no endpoint here),
-/// LoadBalancer `spread` (four backends on n2), and ClusterIP `inside`.
+/// LoadBalancer `spread` (four backends on n2), ClusterIP `inside`, and
+/// LoadBalancer `empty` (TCP and UDP, both families, an externalIP, no
+/// endpoint anywhere).
 const SERVICES: &str = r#"
 apiVersion: v1
 kind: Service
@@ -129,6 +131,20 @@ metadata: {name: inside-1, namespace: t, labels: {kubernetes.io/service-name: in
 addressType: IPv4
 ports: [{name: http, port: 8080, protocol: TCP}]
 endpoints: [{addresses: ["10.244.1.6"], nodeName: n1}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: t}
+spec:
+  type: LoadBalancer
+  externalIPs: [198.51.100.50]
+  clusterIP: 10.96.0.50
+  clusterIPs: [10.96.0.50, "fd00:96::50"]
+  ipFamilies: [IPv4, IPv6]
+  ports:
+  - {name: http, port: 80, nodePort: 30050, protocol: TCP}
+  - {name: dns, port: 53, nodePort: 30051, protocol: UDP}
+status: {loadBalancer: {ingress: [{ip: 203.0.113.50}]}}
 "#;
 
 fn sa(text: &str) -> SocketAddr {
@@ -459,4 +475,120 @@ fn every_node_picks_the_same_backend_for_a_flow() {
         pick(node)
     });
     assert_eq!(first, second);
+}
+
+/// The reply's Ethernet addresses are the packet's, swapped: it goes back
+/// to the neighbour the packet came from.
+fn assert_sent_back(frame: &[u8], reply: &[u8]) {
+    assert_eq!((&reply[..6], &reply[6..12]), (&frame[6..12], &frame[..6]), "Ethernet addresses not swapped");
+}
+
+/// kube-proxy rejects traffic from outside to a service without endpoints
+/// (KUBE-EXTERNAL-SERVICES, pkg/proxy/iptables/proxier.go: "-j REJECT"
+/// when `!hasEndpoints`); here a TCP reset (RFC 9293 3.10.7.1: a segment
+/// without ACK is acknowledged, one with ACK gives the reset its number)
+/// and ICMP/ICMPv6 port unreachable for UDP, quoting the datagram's IP and
+/// UDP headers. Every checksum is recomputed from scratch by the parser.
+#[test]
+fn a_frontend_without_endpoints_is_answered_with_a_reset_or_a_port_unreachable() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
+        for (client, frontend) in
+            [("192.0.2.7:40000", "172.30.0.11:30050"), ("[fd00:30::99]:40000", "[fd00:30::11]:30050")]
+        {
+            let (client, frontend) = (sa(client), sa(frontend));
+            let syn = packet::frame(client, frontend, Some(SYN), b"");
+            let (action, out) = node.ingress(&syn);
+            assert_eq!(action, REDIRECT, "sent back out of the device it came in on");
+            assert_sent_back(&syn, &out);
+            let reset = packet::parse(&out);
+            assert_eq!((reset.src, reset.dst, reset.proto, reset.ttl), (frontend, client, packet::TCP, 64));
+            let expected = TcpSeen { flags: RST | ACK, seq: 0, ack: SEQ_NUMBER + 1, header_len: 20, data_len: 0 };
+            assert_eq!(reset.tcp, Some(expected), "a SYN's reset acknowledges the SYN");
+
+            // A segment of a connection the node does not know (its
+            // endpoints left): the reset takes the segment's ACK number.
+            let data = packet::frame(client, frontend, Some(ACK), b"GET / HTTP/1.1\r\n\r\n");
+            let (action, out) = node.ingress(&data);
+            assert_eq!(action, REDIRECT);
+            let reset = packet::parse(&out);
+            let expected = TcpSeen { flags: RST, seq: ACK_NUMBER, ack: 0, header_len: 20, data_len: 0 };
+            assert_eq!((reset.dst, reset.tcp), (client, Some(expected)));
+
+            // Data without ACK: the reset acknowledges the data and the FIN.
+            let (_, out) = node.ingress(&packet::frame(client, frontend, Some(FIN), b"12345"));
+            assert_eq!(packet::parse(&out).tcp.map(|t| (t.flags, t.ack)), Some((RST | ACK, SEQ_NUMBER + 5 + 1)));
+
+            // A reset is never answered.
+            let (action, _) = node.ingress(&packet::frame(client, frontend, Some(RST), b""));
+            assert_eq!(action, SHOT);
+        }
+        for (client, frontend, kind, header) in [
+            ("192.0.2.7:5000", "172.30.0.11:30051", (3, 3), 20),
+            ("[fd00:30::99]:5000", "[fd00:30::11]:30051", (1, 4), 40),
+        ] {
+            let (client, frontend) = (sa(client), sa(frontend));
+            let query = packet::frame(client, frontend, None, b"a query of some length");
+            let (action, out) = node.ingress(&query);
+            assert_eq!(action, REDIRECT);
+            assert_sent_back(&query, &out);
+            let icmp = packet::parse_icmp(&out);
+            assert_eq!((icmp.src, icmp.dst, icmp.kind), (frontend.ip(), client.ip(), kind), "port unreachable");
+            assert_eq!(icmp.quoted, query[14..14 + header + 8], "quotes the IP header and the UDP header");
+        }
+        // Its LoadBalancer IP and externalIP alike.
+        for frontend in ["203.0.113.50:80", "198.51.100.50:80"] {
+            let (action, out) = node.ingress(&packet::frame(sa("192.0.2.7:40001"), sa(frontend), Some(SYN), b""));
+            assert_eq!(action, REDIRECT, "{frontend}");
+            assert_eq!(packet::parse(&out).src, sa(frontend), "the reset comes from {frontend}");
+        }
+        assert_eq!(node.stat("rejected"), 2 * 3 + 2 + 2);
+        assert_eq!(node.stat("no_backend"), 2, "the resets were dropped");
+        assert_eq!(node.stat("new_flow"), 0);
+    });
+}
+
+/// With endpoints only on other nodes, externalTrafficPolicy: Local drops
+/// (kube-proxy: "has no local endpoints", DROP, since the load balancer's
+/// health check steers clients away); with no endpoint anywhere it rejects
+/// like any other service (`!hasEndpoints` wins over the policy).
+#[test]
+fn external_traffic_policy_local_rejects_only_without_any_endpoint() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let syn = packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30090"), Some(SYN), b"");
+        assert_eq!(node.ingress(&syn).0, SHOT, "an endpoint on n2: dropped");
+        node.apply(&SERVICES.replace(r#"endpoints: [{addresses: ["10.244.2.9"], nodeName: n2}]"#, "endpoints: []"));
+        let (action, out) = node.ingress(&syn);
+        assert_eq!(action, REDIRECT, "no endpoint anywhere: rejected");
+        assert_eq!(packet::parse(&out).tcp.map(|t| t.flags), Some(RST | ACK));
+    });
+}
+
+/// Rejections cost the node a reply each: a token bucket per CPU
+/// (`reject_limit`) bounds them; the rest are dropped and counted.
+#[test]
+fn rejections_are_rate_limited() {
+    use proxy_common::reject_limit::{BURST, PER_SECOND};
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        const SENT: u64 = 3000;
+        let started = std::time::Instant::now();
+        let mut answered = 0u64;
+        for i in 0..SENT {
+            let client = SocketAddr::new("192.0.2.7".parse().unwrap(), u16::try_from(10_000 + i).unwrap());
+            let (action, _) = node.ingress(&packet::frame(client, sa("172.30.0.11:30050"), Some(SYN), b""));
+            if action == REDIRECT {
+                answered += 1;
+            }
+        }
+        let elapsed = started.elapsed();
+        let cpus = u64::try_from(aya::util::nr_cpus().unwrap()).unwrap();
+        // Each CPU's bucket starts full (BURST) and refills at PER_SECOND.
+        let refilled = u64::try_from(elapsed.as_millis()).unwrap() * PER_SECOND / 1000 + 1;
+        let ceiling = cpus * (BURST + refilled);
+        assert!(answered <= ceiling, "{answered} of {SENT} answered in {elapsed:?}; at most {ceiling} may be");
+        assert!(answered >= BURST, "only {answered} answered: a full bucket answers {BURST}");
+        assert_eq!((node.stat("rejected"), node.stat("reject_limited")), (answered, SENT - answered));
+    });
 }

@@ -128,6 +128,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             args.audit_interval.or(file.sync_period).unwrap_or(crate::pipeline::DEFAULT_AUDIT_INTERVAL),
         )
         .filter(|d| !d.is_zero()),
+        external_ips_local_only: args.external_ips_local_only,
     })
 }
 

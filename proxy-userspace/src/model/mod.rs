@@ -138,7 +138,7 @@ pub enum FrontendKind {
     NodePort,
     /// A `status.loadBalancer.ingress[].ip`.
     LoadBalancer,
-    /// One of `spec.externalIPs` that is this node's address.
+    /// One of `spec.externalIPs`.
     ExternalIp,
 }
 
@@ -164,7 +164,8 @@ pub enum Reach {
     /// Processes on the node and traffic from outside (the TC programs).
     Both,
     /// Traffic from outside only: `External` twins, and externalIPs that are
-    /// not this node's (not taken over for local clients: CVE-2020-8554).
+    /// not this node's with `external_ips_local_only` (not taken over for
+    /// local clients: CVE-2020-8554).
     Outside,
 }
 

@@ -184,8 +184,10 @@ struct Planned {
 /// Every entry one service port gets on this node: its ClusterIPs; its
 /// nodePort on each node address and on 127.0.0.1; its LoadBalancer ingress
 /// IPs; its externalIPs. Local clients reach all endpoints through all of
-/// them (as kube-proxy sends in-cluster traffic to cluster endpoints), but
-/// never an externalIP that is not this node's (CVE-2020-8554). Traffic
+/// them (as kube-proxy sends in-cluster traffic to cluster endpoints, and
+/// captures every externalIP in its OUTPUT chain too), except, with
+/// `external_ips_local_only`, an externalIP that is not this node's
+/// (a mitigation of CVE-2020-8554). Traffic
 /// from outside reaches the node addresses, LoadBalancer IPs and every
 /// externalIP; with externalTrafficPolicy: Local it gets a twin entry of
 /// scope `External` with this node's endpoints only. Only the families the
@@ -233,8 +235,8 @@ fn port_frontends(
         push_external(&mut out, svc, (*ip, port.port), FrontendKind::LoadBalancer, "status.loadBalancer.ingress", true);
     }
     for ip in svc.external_ips.iter().filter(|ip| has(ip)) {
-        let ours = node.node_ips.contains(ip);
-        push_external(&mut out, svc, (*ip, port.port), FrontendKind::ExternalIp, "spec.externalIPs", ours);
+        let local_clients = !node.external_ips_local_only || node.node_ips.contains(ip);
+        push_external(&mut out, svc, (*ip, port.port), FrontendKind::ExternalIp, "spec.externalIPs", local_clients);
     }
     out
 }
@@ -249,7 +251,6 @@ fn push_external(
     field: &str,
     local_clients: bool,
 ) {
-    let outside = if svc.external_local { Endpoints::LocalNode } else { Endpoints::Cluster };
     let entry =
         |scope, reach, endpoints| Planned { addr, port, kind, scope, reach, endpoints, field: field.to_owned() };
     match (local_clients, svc.external_local) {
@@ -258,6 +259,13 @@ fn push_external(
             out.push(entry(Scope::All, Reach::LocalClients, Endpoints::Cluster));
             out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode));
         }
-        (false, _) => out.push(entry(Scope::All, Reach::Outside, outside)),
+        (false, false) => out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster)),
+        // The twin carries this node's endpoints; the entry itself every
+        // endpoint, so that the TC programs tell "no endpoint at all"
+        // (rejected) from "none on this node" (dropped), as kube-proxy does.
+        (false, true) => {
+            out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster));
+            out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode));
+        }
     }
 }

@@ -14,8 +14,8 @@ use super::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeContext {
     pub node_name: String,
-    /// This node's addresses: externalIPs are served only when they are one
-    /// of them.
+    /// This node's addresses (with `external_ips_local_only`, the only
+    /// externalIPs clients on the node reach through the service).
     pub node_ips: Vec<IpAddr>,
     /// The node addresses NodePorts are served on (besides 127.0.0.1): all
     /// of `node_ips` unless nodePortAddresses narrows them.
@@ -24,6 +24,10 @@ pub struct NodeContext {
     pub zone: Option<String>,
     /// Most backends one frontend may have (its slot array).
     pub max_backends: usize,
+    /// Clients on the node reach an externalIP through the service only
+    /// when it is one of `node_ips` (a mitigation of CVE-2020-8554);
+    /// otherwise every externalIP, as kube-proxy does.
+    pub external_ips_local_only: bool,
 }
 
 /// The Node label that names its zone.
@@ -55,6 +59,7 @@ impl NodeContext {
             node_port_ips: Vec::new(),
             zone: None,
             max_backends: usize::from(u16::MAX),
+            external_ips_local_only: false,
         }
     }
 

@@ -226,10 +226,22 @@ fn load_balancer(extra: &str) -> String {
 }
 
 fn translate_on_node(yaml: &str) -> super::Translation {
+    translate_with(yaml, &NodeContext::new("n1").with_ips(vec!["192.168.1.10".parse().unwrap()]))
+}
+
+fn translate_with(yaml: &str, node: &NodeContext) -> super::Translation {
     let parsed = file::parse(yaml).expect("yaml");
     assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-    let node = NodeContext::new("n1").with_ips(vec!["192.168.1.10".parse().unwrap()]);
-    translate(&parsed.objects.services, &parsed.objects.slices, &node)
+    translate(&parsed.objects.services, &parsed.objects.slices, node)
+}
+
+/// `translate_on_node` with `--external-ips-local-only`.
+fn translate_local_only(yaml: &str) -> super::Translation {
+    let node = NodeContext {
+        external_ips_local_only: true,
+        ..NodeContext::new("n1").with_ips(vec!["192.168.1.10".parse().unwrap()])
+    };
+    translate_with(yaml, &node)
 }
 
 #[test]
@@ -244,10 +256,15 @@ fn external_traffic_policy_cluster_serves_everyone_from_one_entry() {
     ] {
         assert!(t.contains(&format!("{line}{all}")), "{line}\n{t}");
     }
-    // An externalIP of another machine: traffic from outside only
-    // (CVE-2020-8554: local clients reach the real address).
-    assert!(t.contains(&format!("198.51.100.7:80/TCP ns/s:http ExternalIP outside-only {all}")), "{t}");
+    // An externalIP of another machine too, as kube-proxy captures it in
+    // OUTPUT as well as PREROUTING.
+    assert!(t.contains(&format!("198.51.100.7:80/TCP ns/s:http ExternalIP {all}")), "{t}");
     assert!(!t.contains("(external)"), "no twins with externalTrafficPolicy: Cluster\n{t}");
+    // --external-ips-local-only: traffic from outside only (CVE-2020-8554:
+    // local clients reach the real address); this node's own is served.
+    let t = render(&translate_local_only(&load_balancer("")).table);
+    assert!(t.contains(&format!("198.51.100.7:80/TCP ns/s:http ExternalIP outside-only {all}")), "{t}");
+    assert!(t.contains(&format!("192.168.1.10:80/TCP ns/s:http ExternalIP {all}")), "{t}");
 }
 
 #[test]
@@ -268,7 +285,25 @@ fn external_traffic_policy_local_gives_outside_traffic_this_nodes_endpoints() {
         t.contains("203.0.113.50:80/TCP (external) ns/s:http LoadBalancer outside-only -> 10.0.0.1:8080(local)\n"),
         "{t}"
     );
-    assert!(t.contains("198.51.100.7:80/TCP ns/s:http ExternalIP outside-only -> 10.0.0.1:8080(local)\n"), "{t}");
+    assert!(
+        t.contains("198.51.100.7:80/TCP (external) ns/s:http ExternalIP outside-only -> 10.0.0.1:8080(local)\n"),
+        "{t}"
+    );
+    assert!(
+        t.contains("198.51.100.7:80/TCP ns/s:http ExternalIP local-clients -> 10.0.0.1:8080(local) 10.0.0.2:8080\n")
+    );
+    // --external-ips-local-only: the entry every client would use is for
+    // traffic from outside only too, and keeps every endpoint, so that the
+    // TC programs tell "none anywhere" (rejected) from "none here" (dropped).
+    let t = render(&translate_local_only(&load_balancer("  externalTrafficPolicy: Local\n")).table);
+    assert!(
+        t.contains("198.51.100.7:80/TCP ns/s:http ExternalIP outside-only -> 10.0.0.1:8080(local) 10.0.0.2:8080\n"),
+        "{t}"
+    );
+    assert!(
+        t.contains("198.51.100.7:80/TCP (external) ns/s:http ExternalIP outside-only -> 10.0.0.1:8080(local)\n"),
+        "{t}"
+    );
     assert_eq!(tr.health_checks.len(), 1);
     assert_eq!((tr.health_checks[0].port, tr.health_checks[0].local_endpoints), (32000, 1));
     assert_eq!(tr.health_checks[0].service.to_string(), "Service ns/s");

@@ -8,6 +8,11 @@ pub const UDP: u8 = 17;
 pub const SYN: u8 = 0x02;
 pub const ACK: u8 = 0x10;
 pub const FIN: u8 = 0x01;
+pub const RST: u8 = 0x04;
+/// The acknowledgment number of crafted segments with ACK set (0 without).
+pub const ACK_NUMBER: u32 = 7000;
+/// The sequence number of crafted segments.
+pub const SEQ_NUMBER: u32 = 1000;
 
 /// One's-complement sum of `data` (16-bit big-endian words) onto `sum`.
 fn sum(mut acc: u32, data: &[u8]) -> u32 {
@@ -64,8 +69,9 @@ fn build(src: SocketAddr, dst: SocketAddr, tcp_flags: Option<u8>, payload: &[u8]
     l4.extend_from_slice(&src.port().to_be_bytes());
     l4.extend_from_slice(&dst.port().to_be_bytes());
     if let Some(flags) = tcp_flags {
-        l4.extend_from_slice(&1000u32.to_be_bytes()); // seq
-        l4.extend_from_slice(&0u32.to_be_bytes()); // ack
+        l4.extend_from_slice(&SEQ_NUMBER.to_be_bytes());
+        let ack = if flags & ACK != 0 { ACK_NUMBER } else { 0 };
+        l4.extend_from_slice(&ack.to_be_bytes());
         l4.push(5 << 4); // data offset
         l4.push(flags);
         l4.extend_from_slice(&64_000u16.to_be_bytes()); // window
@@ -123,19 +129,45 @@ pub struct Seen {
     pub ttl: u8,
     /// The UDP checksum field was 0 (none).
     pub udp_checksum_zero: bool,
+    /// TCP only.
+    pub tcp: Option<TcpSeen>,
 }
 
-/// Parses `frame`, panicking unless its IPv4 header checksum and its
-/// TCP/UDP checksum are right.
-#[must_use]
-pub fn parse(frame: &[u8]) -> Seen {
+/// A TCP segment's control fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSeen {
+    pub flags: u8,
+    pub seq: u32,
+    pub ack: u32,
+    /// Data offset, in bytes.
+    pub header_len: usize,
+    /// Bytes after the header.
+    pub data_len: usize,
+}
+
+/// An ICMP or ICMPv6 message, with its checksums verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IcmpSeen {
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    /// Type and code.
+    pub kind: (u8, u8),
+    /// What follows the 8-byte ICMP header: the packet it is about.
+    pub quoted: Vec<u8>,
+}
+
+/// The IP header's addresses, protocol, TTL and payload of `frame`,
+/// panicking unless the IPv4 header checksum is right and the frame holds
+/// exactly the IP packet.
+fn ip_parts(frame: &[u8]) -> (IpAddr, IpAddr, u8, u8, &[u8]) {
     let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
     let ip = &frame[14..];
-    let (src, dst, proto, ttl, l4) = match ethertype {
+    match ethertype {
         0x0800 => {
             let ihl = usize::from(ip[0] & 0x0f) * 4;
             assert_eq!(fold(sum(0, &ip[..ihl])), 0, "IPv4 header checksum is wrong: {frame:02x?}");
             let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            assert!(total <= ip.len(), "IPv4 total length {total} beyond the frame: {frame:02x?}");
             let src = IpAddr::from(<[u8; 4]>::try_from(&ip[12..16]).unwrap());
             let dst = IpAddr::from(<[u8; 4]>::try_from(&ip[16..20]).unwrap());
             (src, dst, ip[9], ip[8], &ip[ihl..total])
@@ -147,7 +179,31 @@ pub fn parse(frame: &[u8]) -> Seen {
             (src, dst, ip[6], ip[7], &ip[40..40 + len])
         }
         other => panic!("ethertype {other:#x}"),
-    };
+    }
+}
+
+/// Parses an ICMP (IPv4) or ICMPv6 frame, panicking unless its checksums
+/// are right and it is exactly as long as its IP header says.
+#[must_use]
+pub fn parse_icmp(frame: &[u8]) -> IcmpSeen {
+    let (src, dst, proto, _, icmp) = ip_parts(frame);
+    let (header, ipv6) = if src.is_ipv4() { (20, false) } else { (40, true) };
+    assert_eq!(frame.len(), 14 + header + icmp.len(), "trailing bytes after the ICMP message: {frame:02x?}");
+    if ipv6 {
+        assert_eq!(proto, 58, "not ICMPv6: {frame:02x?}");
+        assert_eq!(l4_checksum(src, dst, proto, icmp), 0, "ICMPv6 checksum is wrong: {frame:02x?}");
+    } else {
+        assert_eq!(proto, 1, "not ICMP: {frame:02x?}");
+        assert_eq!(fold(sum(0, icmp)), 0, "ICMP checksum is wrong: {frame:02x?}");
+    }
+    IcmpSeen { src, dst, kind: (icmp[0], icmp[1]), quoted: icmp[8..].to_vec() }
+}
+
+/// Parses `frame`, panicking unless its IPv4 header checksum and its
+/// TCP/UDP checksum are right.
+#[must_use]
+pub fn parse(frame: &[u8]) -> Seen {
+    let (src, dst, proto, ttl, l4) = ip_parts(frame);
     let csum_at = if proto == TCP { 16 } else { 6 };
     let field = u16::from_be_bytes([l4[csum_at], l4[csum_at + 1]]);
     let udp_checksum_zero = proto == UDP && field == 0;
@@ -155,5 +211,10 @@ pub fn parse(frame: &[u8]) -> Seen {
         assert_eq!(l4_checksum(src, dst, proto, l4), 0, "{proto} checksum is wrong: {frame:02x?}");
     }
     let port = |at: usize| u16::from_be_bytes([l4[at], l4[at + 1]]);
-    Seen { src: SocketAddr::new(src, port(0)), dst: SocketAddr::new(dst, port(2)), proto, ttl, udp_checksum_zero }
+    let word = |at: usize| u32::from_be_bytes([l4[at], l4[at + 1], l4[at + 2], l4[at + 3]]);
+    let tcp = (proto == TCP).then(|| {
+        let header_len = usize::from(l4[12] >> 4) * 4;
+        TcpSeen { flags: l4[13], seq: word(4), ack: word(8), header_len, data_len: l4.len() - header_len }
+    });
+    Seen { src: SocketAddr::new(src, port(0)), dst: SocketAddr::new(dst, port(2)), proto, ttl, udp_checksum_zero, tcp }
 }

@@ -236,7 +236,14 @@ impl Topology {
     /// Starts node `n`'s agent (in its namespace, devices found by itself)
     /// and waits for its first sync and for its TC programs to attach.
     pub fn start_agent(&mut self, n: u8) {
-        let agent = AgentProcess::start_in(&self.node(n).ns, Path::new(AGENT), self.agent_args(n)).unwrap();
+        self.start_agent_with(n, &[]);
+    }
+
+    /// `start_agent` with `extra` arguments.
+    pub fn start_agent_with(&mut self, n: u8, extra: &[&str]) {
+        let mut args = self.agent_args(n);
+        args.extend(extra.iter().map(ToString::to_string));
+        let agent = AgentProcess::start_in(&self.node(n).ns, Path::new(AGENT), args).unwrap();
         let _ = agent.wait_applied(0);
         agent
             .wait_for(0, std::time::Duration::from_secs(10), |r| {
