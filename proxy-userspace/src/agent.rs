@@ -102,7 +102,10 @@ pub async fn run(
     let telemetries = Telemetries { telemetry, metrics };
     match &config.source {
         SourceConfig::File(path) => {
-            run_with(FileSource::new(path.clone()), &config, &telemetries, applied, shutdown).await
+            let metrics = telemetries.metrics.clone();
+            let source = FileSource::new(path.clone())
+                .with_rejections(Arc::new(move |rejection| metrics.file_rejected(rejection.as_str())));
+            run_with(source, &config, &telemetries, applied, shutdown).await
         }
         SourceConfig::Kube(options) => {
             let reachability = Arc::new(Reachability::default());

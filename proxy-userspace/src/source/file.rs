@@ -18,13 +18,52 @@ use serde_yaml::Value;
 
 use super::Objects;
 
+/// Why the file, or one object of it, was not applied: the `reason` label
+/// of `ebpf_proxy_services_file_rejections_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rejection {
+    /// The file cannot be read (missing, no permission).
+    Unreadable,
+    /// The file is not YAML.
+    NotYaml,
+    /// The file holds no object; applied only once it stays so.
+    Empty,
+    /// An object of a kind the agent does not read.
+    UnknownKind,
+    /// An object of a known kind whose fields are wrong.
+    InvalidObject,
+}
+
+impl Rejection {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unreadable => "unreadable",
+            Self::NotYaml => "not_yaml",
+            Self::Empty => "empty",
+            Self::UnknownKind => "unknown_kind",
+            Self::InvalidObject => "invalid_object",
+        }
+    }
+}
+
 /// The file as a whole could not be read; nothing from it is used.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("cannot read services file {path}: {source}")]
+    #[error("cannot read services file {path}: {source}; the last good content stays in effect")]
     Read { path: PathBuf, source: io::Error },
     #[error("services file {path} is not valid YAML: {source}; the last good content stays in effect")]
     Yaml { path: PathBuf, source: serde_yaml::Error },
+}
+
+impl FileError {
+    #[must_use]
+    pub const fn rejection(&self) -> Rejection {
+        match self {
+            Self::Read { .. } => Rejection::Unreadable,
+            Self::Yaml { .. } => Rejection::NotYaml,
+        }
+    }
 }
 
 /// One object of the file that is skipped, with where and why.
@@ -37,6 +76,7 @@ pub struct ObjectError {
     /// Path of the offending field, `.` when the object as a whole is wrong.
     pub field: String,
     pub message: String,
+    pub rejection: Rejection,
 }
 
 impl std::fmt::Display for ObjectError {
@@ -50,6 +90,16 @@ impl std::fmt::Display for ObjectError {
 pub struct Parsed {
     pub objects: Objects,
     pub errors: Vec<ObjectError>,
+}
+
+impl Parsed {
+    /// The file held no object at all, good or bad (empty, only comments or
+    /// `---`).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        let Objects { services, slices, nodes } = &self.objects;
+        services.is_empty() && slices.is_empty() && nodes.is_empty() && self.errors.is_empty()
+    }
 }
 
 /// Reads and parses `path`.
@@ -91,6 +141,7 @@ pub fn parse(text: &str) -> Result<Parsed, serde_yaml::Error> {
                     object: kind.to_owned(),
                     field: "items".into(),
                     message: "a list needs an `items` sequence".into(),
+                    rejection: Rejection::InvalidObject,
                 }),
             }
         } else {
@@ -115,16 +166,20 @@ fn describe(value: &Value) -> String {
 fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) {
     let object = describe(&value);
     let api_version = value.get("apiVersion").and_then(Value::as_str);
-    let error = |field: String, message: String| ObjectError { document, object: object.clone(), field, message };
+    let invalid = |(field, message)| (field, message, Rejection::InvalidObject);
     let result = match (api_version, kind_of(&value)) {
-        (Some("v1"), Some("Service")) => typed::<Service>(value).map(|s| parsed.objects.services.push(s)),
+        (Some("v1"), Some("Service")) => {
+            typed::<Service>(value).map(|s| parsed.objects.services.push(s)).map_err(invalid)
+        }
         (Some("discovery.k8s.io/v1"), Some("EndpointSlice")) => {
-            typed::<EndpointSlice>(value).map(|s| parsed.objects.slices.push(s))
+            typed::<EndpointSlice>(value).map(|s| parsed.objects.slices.push(s)).map_err(invalid)
         }
-        (Some("v1"), Some("Node")) => typed::<Node>(value).map(|n| parsed.objects.nodes.push(n)),
-        (_, Some("Endpoints")) => {
-            Err((".".into(), "legacy v1/Endpoints are not read; use discovery.k8s.io/v1 EndpointSlices".into()))
-        }
+        (Some("v1"), Some("Node")) => typed::<Node>(value).map(|n| parsed.objects.nodes.push(n)).map_err(invalid),
+        (_, Some("Endpoints")) => Err((
+            ".".into(),
+            "legacy v1/Endpoints are not read; use discovery.k8s.io/v1 EndpointSlices".into(),
+            Rejection::UnknownKind,
+        )),
         (api, kind) => Err((
             ".".into(),
             format!(
@@ -132,15 +187,16 @@ fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) 
                 api.unwrap_or(""),
                 kind.unwrap_or("")
             ),
+            Rejection::UnknownKind,
         )),
     };
-    if let Err((field, message)) = result {
+    if let Err((field, message, rejection)) = result {
         let field = if field == "." && !prefix.is_empty() {
             prefix.trim_end_matches('.').to_owned()
         } else {
             format!("{prefix}{field}")
         };
-        parsed.errors.push(error(field, message));
+        parsed.errors.push(ObjectError { document, object, field, message, rejection });
     }
 }
 
@@ -189,6 +245,7 @@ mod tests {
         assert_eq!(parsed.errors.len(), 2);
         assert!(parsed.errors[0].message.contains("EndpointSlices"));
         assert!(parsed.errors[1].message.contains("apps/v1"));
+        assert!(parsed.errors.iter().all(|e| e.rejection == super::Rejection::UnknownKind));
     }
 
     #[test]

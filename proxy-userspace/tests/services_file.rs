@@ -1,0 +1,70 @@
+//! The services file at its edges, through the kernel: a file caught
+//! mid-write, rejections counted. The real agent binary on a test cgroup,
+//! real curl clients in a test namespace.
+mod common;
+
+use std::{
+    io::Read as _,
+    process::{Child, Stdio},
+    time::Duration,
+};
+
+use common::{Env, web};
+
+/// curl in the namespace and the cgroup, one new connection per request
+/// (the backends close each), until killed.
+fn steady_client(env: &Env, url: &str) -> Child {
+    proxy_testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
+        .unwrap()
+        .args(["-sS", "--connect-timeout", "2", &format!("{url}/?[1-10000000]")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Stops the client: (answers, curl's errors).
+fn stop(mut client: Child) -> (usize, String) {
+    let _ = client.kill();
+    let _ = client.wait();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    client.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    client.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    (stdout.lines().count(), stderr)
+}
+
+fn metrics(env: &Env) -> String {
+    let address = common::agent_address(env.agent(), "metrics");
+    common::http_get(&address, "/metrics").1
+}
+
+/// `: > F` and then the new content, as `kubectl get -o yaml > F` or a
+/// shell redirect writes it: the empty file in between is seen by the
+/// agent (it stays empty longer than a poll) but never applied, so no
+/// connection fails. An empty file that stays empty is applied (the
+/// existing services_file_edits_are_applied test deletes that way).
+#[test]
+fn truncate_then_rewrite_under_a_steady_client_fails_no_connection() {
+    common::require_root!();
+    let mut env = Env::new(2);
+    env.write_services(&web(&[1, 2]));
+    env.start_agent();
+    let client = steady_client(&env, "http://10.96.0.10");
+    let pause = |ms| std::thread::sleep(Duration::from_millis(ms));
+    pause(300);
+    for _ in 0..3 {
+        std::fs::File::create(env.services_file()).unwrap(); // truncates
+        pause(450); // longer than the agent's poll and settle
+        std::fs::write(env.services_file(), web(&[1, 2])).unwrap();
+        pause(300);
+    }
+    let (answers, errors) = stop(client);
+    // The point is that none fails; this only checks that the client ran.
+    assert!(answers > 20, "only {answers} requests");
+    assert!(!errors.contains("curl: ("), "a connection failed while the file was rewritten: {errors}");
+    let text = metrics(&env);
+    assert!(
+        common::metric(&text, "ebpf_proxy_services_file_rejections_total{reason=\"empty\"}") >= 1.0,
+        "the empty reads were counted:\n{text}"
+    );
+}
