@@ -4,6 +4,7 @@
 //! prints them. `kind: List` documents and typed lists (`ServiceList`, as the
 //! API returns them) are unpacked.
 use std::{
+    collections::HashMap,
     fs, io,
     path::{Path, PathBuf},
     time::SystemTime,
@@ -32,6 +33,9 @@ pub enum Rejection {
     UnknownKind,
     /// An object of a known kind whose fields are wrong.
     InvalidObject,
+    /// A second object of the same kind, namespace and name (the first
+    /// one in the file is used).
+    Duplicate,
 }
 
 impl Rejection {
@@ -43,6 +47,7 @@ impl Rejection {
             Self::Empty => "empty",
             Self::UnknownKind => "unknown_kind",
             Self::InvalidObject => "invalid_object",
+            Self::Duplicate => "duplicate",
         }
     }
 }
@@ -90,9 +95,32 @@ impl std::fmt::Display for ObjectError {
 pub struct Parsed {
     pub objects: Objects,
     pub errors: Vec<ObjectError>,
+    /// `Kind namespace/name` of each object taken -> where it was.
+    taken: HashMap<String, String>,
 }
 
 impl Parsed {
+    /// Notes `object` as taken from `document`; the first of a kind,
+    /// namespace and name wins (a later one is an error naming both). An
+    /// EndpointSlice of a name taken is dropped whole, not merged.
+    fn take(&mut self, object: &str, document: usize, prefix: &str) -> Result<(), (String, String, Rejection)> {
+        let here = match prefix.trim_end_matches('.') {
+            "" => format!("document {document}"),
+            item => format!("document {document} {item}"),
+        };
+        match self.taken.get(object) {
+            Some(first) if !object.ends_with("/<unnamed>") => Err((
+                ".".into(),
+                format!("{here} has the same kind, namespace and name as {first}; the first one is used"),
+                Rejection::Duplicate,
+            )),
+            _ => {
+                self.taken.entry(object.to_owned()).or_insert(here);
+                Ok(())
+            }
+        }
+    }
+
     /// The file held no object at all, good or bad (empty, only comments or
     /// `---`).
     #[must_use]
@@ -168,13 +196,23 @@ fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) 
     let api_version = value.get("apiVersion").and_then(Value::as_str);
     let invalid = |(field, message)| (field, message, Rejection::InvalidObject);
     let result = match (api_version, kind_of(&value)) {
-        (Some("v1"), Some("Service")) => {
-            typed::<Service>(value).map(|s| parsed.objects.services.push(s)).map_err(invalid)
-        }
+        (Some("v1"), Some("Service")) => typed::<Service>(value).map_err(invalid).and_then(|s| {
+            parsed.take(&object, document, prefix)?;
+            parsed.objects.services.push(s);
+            Ok(())
+        }),
         (Some("discovery.k8s.io/v1"), Some("EndpointSlice")) => {
-            typed::<EndpointSlice>(value).map(|s| parsed.objects.slices.push(s)).map_err(invalid)
+            typed::<EndpointSlice>(value).map_err(invalid).and_then(|s| {
+                parsed.take(&object, document, prefix)?;
+                parsed.objects.slices.push(s);
+                Ok(())
+            })
         }
-        (Some("v1"), Some("Node")) => typed::<Node>(value).map(|n| parsed.objects.nodes.push(n)).map_err(invalid),
+        (Some("v1"), Some("Node")) => typed::<Node>(value).map_err(invalid).and_then(|n| {
+            parsed.take(&object, document, prefix)?;
+            parsed.objects.nodes.push(n);
+            Ok(())
+        }),
         (_, Some("Endpoints")) => Err((
             ".".into(),
             "legacy v1/Endpoints are not read; use discovery.k8s.io/v1 EndpointSlices".into(),
@@ -254,6 +292,45 @@ mod tests {
         let parsed = parse(yaml).unwrap();
         assert_eq!(parsed.objects.services.len(), 1);
         assert_eq!(parsed.errors[0].field, "items[1].spec.ports");
+    }
+
+    /// No kube-proxy counterpart (the API server cannot hold two objects of
+    /// one name); the first wins, so appending to a file never changes what
+    /// is already served.
+    #[test]
+    fn the_first_of_two_objects_of_one_name_wins_and_the_second_is_named() {
+        let svc = |ip: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: x}}\nspec: {{clusterIP: {ip}}}\n---\n"
+            )
+        };
+        let slice = |ip: &str| {
+            format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: x}}\naddressType: IPv4\nendpoints: [{{addresses: [{ip}]}}]\n---\n"
+            )
+        };
+        let other_ns = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: y}\n---\n";
+        let list = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: x}}\n";
+        let yaml = svc("10.96.0.1") + &slice("10.0.0.1") + &svc("10.96.0.2") + &slice("10.0.0.2") + other_ns + list;
+        let parsed = parse(&yaml).unwrap();
+        let ips: Vec<_> =
+            parsed.objects.services.iter().map(|s| s.spec.as_ref().and_then(|s| s.cluster_ip.clone())).collect();
+        assert_eq!(ips, vec![Some("10.96.0.1".into()), None], "the first x/web and y/web");
+        assert_eq!(parsed.objects.slices.len(), 1);
+        assert_eq!(
+            parsed.objects.slices[0].endpoints.as_ref().unwrap()[0].addresses,
+            vec!["10.0.0.1"],
+            "replaced, not merged"
+        );
+        let dups: Vec<_> =
+            parsed.errors.iter().map(|e| (e.document, e.object.as_str(), e.message.as_str(), e.rejection)).collect();
+        let first = "has the same kind, namespace and name as document";
+        assert_eq!(dups.len(), 3, "{dups:?}");
+        assert!(dups.iter().all(|d| d.3 == super::Rejection::Duplicate && d.2.contains(first)), "{dups:?}");
+        assert_eq!((dups[0].0, dups[0].1), (3, "Service x/web"));
+        assert!(dups[0].2.starts_with("document 3 has") && dups[0].2.contains("as document 1;"), "{}", dups[0].2);
+        assert!(dups[1].2.contains("as document 2;"), "{}", dups[1].2);
+        assert!(dups[2].2.starts_with("document 6 items[0] has"), "{}", dups[2].2);
     }
 
     #[test]

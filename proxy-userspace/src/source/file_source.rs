@@ -123,14 +123,12 @@ impl ChangeSource for FileSource {
         }
         self.empty_since = None;
         for err in &parsed.errors {
-            error!(
-                document = err.document,
-                object = %err.object,
-                field = %err.field,
-                reason = err.rejection.as_str(),
-                "rejected object: {}",
-                err.message
-            );
+            let (document, object, field, reason) = (err.document, &err.object, &err.field, err.rejection.as_str());
+            if err.rejection == Rejection::Duplicate {
+                warn!(document, %object, reason, "duplicate object skipped: {}", err.message);
+            } else {
+                error!(document, %object, %field, reason, "rejected object: {}", err.message);
+            }
             (self.rejected)(err.rejection);
         }
         let mut delivery = Delivery::new(Snapshot::from(parsed.objects));
