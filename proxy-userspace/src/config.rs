@@ -17,7 +17,7 @@ use crate::args::LogFormat;
 
 use ipnet::IpNet;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_norway::Value;
 
 /// The `KubeProxyConfiguration` versions understood.
 pub const KUBE_PROXY_API_VERSIONS: &[&str] = &["kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2"];
@@ -186,7 +186,7 @@ pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
 
 /// Parses the file; an error is (field, message).
 pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
-    let raw: Raw = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text))
+    let raw: Raw = serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text))
         .map_err(|e| (e.path().to_string(), e.into_inner().to_string()))?;
     if let Some(kind) = raw.kind.as_deref()
         && kind != "KubeProxyConfiguration"

@@ -15,7 +15,7 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 use serde::{Deserialize, de::DeserializeOwned};
-use serde_yaml::Value;
+use serde_norway::Value;
 
 use super::Objects;
 
@@ -58,7 +58,7 @@ pub enum FileError {
     #[error("cannot read services file {path}: {source}; the last good content stays in effect")]
     Read { path: PathBuf, source: io::Error },
     #[error("services file {path} is not valid YAML: {source}; the last good content stays in effect")]
-    Yaml { path: PathBuf, source: serde_yaml::Error },
+    Yaml { path: PathBuf, source: serde_norway::Error },
 }
 
 impl FileError {
@@ -138,9 +138,9 @@ pub fn load(path: &Path) -> Result<Parsed, FileError> {
 
 /// Parses a YAML stream. A syntax error fails the whole stream (its extent is
 /// unknown); an object of the wrong shape is skipped and reported.
-pub fn parse(text: &str) -> Result<Parsed, serde_yaml::Error> {
+pub fn parse(text: &str) -> Result<Parsed, serde_norway::Error> {
     let mut parsed = Parsed::default();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
         let value = Value::deserialize(doc)?;
         let document = i + 1;
         if value.is_null() {
@@ -335,6 +335,8 @@ mod tests {
 
     #[test]
     fn a_syntax_error_fails_the_whole_stream() {
-        assert!(parse("apiVersion: v1\nkind: Service\nmetadata: {name: [\n").is_err());
+        let err = parse("apiVersion: v1\nkind: Service\nmetadata: {name: [\n").unwrap_err();
+        assert!(err.location().is_some_and(|l| l.line() >= 3), "the error keeps its position: {err}");
+        assert!(err.to_string().contains("at line 4 column 1"), "{err}");
     }
 }
