@@ -68,3 +68,36 @@ fn truncate_then_rewrite_under_a_steady_client_fails_no_connection() {
         "the empty reads were counted:\n{text}"
     );
 }
+
+/// Each rejection is logged with its reason and counted in
+/// `ebpf_proxy_services_file_rejections_total{reason}`, and none costs the
+/// service that is served.
+#[test]
+fn every_rejection_is_counted_and_the_service_stays() {
+    common::require_root!();
+    let mut env = Env::new(1);
+    let deployment = "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d, namespace: test}\n";
+    env.write_services(&(web(&[1]) + deployment));
+    env.start_agent();
+    let logged = |reason: &str| {
+        let agent = env.agent();
+        agent
+            .wait_for(0, Duration::from_secs(10), |r| {
+                proxy_testkit::field(r, "reason").and_then(|v| v.as_str()) == Some(reason)
+            })
+            .is_ok()
+    };
+    assert!(logged("unknown_kind"));
+    let level = |i: usize| format!("a{i}: &a{i} [{}]\n", vec![format!("*a{}", i - 1); 10].join(", "));
+    let bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n".to_owned() + &(1..9).map(level).collect::<String>();
+    for (text, reason) in [(bomb.as_str(), "yaml_bomb"), ("kind: [\n", "not_yaml")] {
+        env.write_services(text);
+        assert!(logged(reason), "{reason} not logged");
+    }
+    let text = metrics(&env);
+    for reason in ["unknown_kind", "yaml_bomb", "not_yaml"] {
+        let name = format!("ebpf_proxy_services_file_rejections_total{{reason=\"{reason}\"}}");
+        assert!(common::metric(&text, &name) >= 1.0, "{reason} not counted:\n{text}");
+    }
+    assert_eq!(env.requests("10.96.0.10", 5), vec!["backend-1"; 5], "the last good content still serves");
+}

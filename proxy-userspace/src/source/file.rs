@@ -36,6 +36,10 @@ pub enum Rejection {
     /// A second object of the same kind, namespace and name (the first
     /// one in the file is used).
     Duplicate,
+    /// YAML aliases that expand too far, or nesting too deep (a YAML bomb).
+    YamlBomb,
+    /// A file larger than `MAX_BYTES`.
+    TooLarge,
 }
 
 impl Rejection {
@@ -48,6 +52,8 @@ impl Rejection {
             Self::UnknownKind => "unknown_kind",
             Self::InvalidObject => "invalid_object",
             Self::Duplicate => "duplicate",
+            Self::YamlBomb => "yaml_bomb",
+            Self::TooLarge => "too_large",
         }
     }
 }
@@ -59,6 +65,14 @@ pub enum FileError {
     Read { path: PathBuf, source: io::Error },
     #[error("services file {path} is not valid YAML: {source}; the last good content stays in effect")]
     Yaml { path: PathBuf, source: serde_norway::Error },
+    #[error(
+        "services file {path} is a YAML bomb ({source}: its aliases expand to over 100 times the document, or it nests too deep); write the objects out without aliases; the last good content stays in effect"
+    )]
+    Bomb { path: PathBuf, source: serde_norway::Error },
+    #[error(
+        "services file {path} is {size} bytes, more than the {max} bytes a services file may have; the last good content stays in effect"
+    )]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
 }
 
 impl FileError {
@@ -67,6 +81,8 @@ impl FileError {
         match self {
             Self::Read { .. } => Rejection::Unreadable,
             Self::Yaml { .. } => Rejection::NotYaml,
+            Self::Bomb { .. } => Rejection::YamlBomb,
+            Self::TooLarge { .. } => Rejection::TooLarge,
         }
     }
 }
@@ -132,8 +148,39 @@ impl Parsed {
 
 /// Reads and parses `path`.
 pub fn load(path: &Path) -> Result<Parsed, FileError> {
-    let text = fs::read_to_string(path).map_err(|source| FileError::Read { path: path.into(), source })?;
-    parse(&text).map_err(|source| FileError::Yaml { path: path.into(), source })
+    load_at_most(path, MAX_BYTES)
+}
+
+/// A services file may be this large: 256 MiB, about eight times 10,000
+/// Services with 10 endpoints each as `kubectl get -o yaml` prints them
+/// (managedFields included). A larger file is refused whole, so a runaway
+/// writer cannot make the agent hold it in memory.
+pub const MAX_BYTES: u64 = 256 << 20;
+
+/// Reads and parses `path`, refusing it when it is larger than `max` bytes.
+pub fn load_at_most(path: &Path, max: u64) -> Result<Parsed, FileError> {
+    use std::io::Read as _;
+    let read = |source| FileError::Read { path: path.into(), source };
+    let file = fs::File::open(path).map_err(read)?;
+    let mut text = String::new();
+    // One byte more than allowed tells a file over the limit, also one that
+    // grows while it is read.
+    file.take(max.saturating_add(1)).read_to_string(&mut text).map_err(read)?;
+    let size = text.len() as u64;
+    if size > max {
+        let size = fs::metadata(path).map_or(size, |m| m.len().max(size));
+        return Err(FileError::TooLarge { path: path.into(), size, max });
+    }
+    parse(&text).map_err(|source| {
+        // serde_norway's limits on alias expansion and nesting (it names
+        // them only in the message).
+        let message = source.to_string();
+        if message.starts_with("repetition limit exceeded") || message.starts_with("recursion limit exceeded") {
+            FileError::Bomb { path: path.into(), source }
+        } else {
+            FileError::Yaml { path: path.into(), source }
+        }
+    })
 }
 
 /// Parses a YAML stream. A syntax error fails the whole stream (its extent is
@@ -331,6 +378,34 @@ mod tests {
         assert!(dups[0].2.starts_with("document 3 has") && dups[0].2.contains("as document 1;"), "{}", dups[0].2);
         assert!(dups[1].2.contains("as document 2;"), "{}", dups[1].2);
         assert!(dups[2].2.starts_with("document 6 items[0] has"), "{}", dups[2].2);
+    }
+
+    /// Each file that is refused whole is told apart by its reason.
+    #[test]
+    fn bombs_oversize_and_non_yaml_files_are_refused_with_their_reason() {
+        use super::{Rejection, load_at_most};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("services.yaml");
+        let reason = |text: &str, max: u64| {
+            std::fs::write(&path, text).unwrap();
+            load_at_most(&path, max).map(|_| ()).map_err(|e| (e.rejection(), e.to_string()))
+        };
+        // The billion laughs: each level ten aliases of the one before.
+        let level = |i: usize| format!("a{i}: &a{i} [{}]\n", vec![format!("*a{}", i - 1); 10].join(", "));
+        let bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n".to_owned() + &(1..9).map(level).collect::<String>();
+        let (rejection, message) = reason(&bomb, 1 << 20).unwrap_err();
+        assert_eq!(rejection, Rejection::YamlBomb, "{message}");
+        assert!(message.contains("without aliases"), "{message}");
+        // A few aliases are fine (the API server takes them too).
+        let aliased =
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a, labels: &l {app: web}}\nspec: {selector: *l}\n";
+        assert_eq!(reason(aliased, 1 << 20), Ok(()));
+        let (rejection, message) = reason(aliased, 10).unwrap_err();
+        assert_eq!(rejection, Rejection::TooLarge);
+        assert!(message.contains(&format!("is {} bytes, more than the 10 bytes", aliased.len())), "{message}");
+        assert_eq!(reason("kind: [\n", 1 << 20).unwrap_err().0, Rejection::NotYaml);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(load_at_most(&path, 10).unwrap_err().rejection(), Rejection::Unreadable);
     }
 
     #[test]
