@@ -308,7 +308,12 @@ fn attach_devices(
 
 /// Loads the datapath and hands its counters to the metrics endpoint.
 fn load_datapath(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Datapath> {
-    let mut datapath = Datapath::load(&config.load)?;
+    // A load that fails (a map the kernel refuses) takes back what it pinned.
+    let rollback = crate::pin_rollback::PinRollback::take(&config.load.pin_dir);
+    let mut datapath = Datapath::load(&config.load).inspect_err(|_| {
+        let removed = rollback.undo();
+        tracing::info!(removed, pin_dir = %config.load.pin_dir.display(), "removed what the failed load pinned");
+    })?;
     let mut t = telemetry.lock().expect("telemetry lock");
     t.counters = datapath.counters.take();
     t.external_stats = datapath.external_stats.take();

@@ -101,3 +101,47 @@ fn every_rejection_is_counted_and_the_service_stays() {
     }
     assert_eq!(env.requests("10.96.0.10", 5), vec!["backend-1"; 5], "the last good content still serves");
 }
+
+/// Everything under the pin directory (two levels), sorted.
+fn pins(dir: &std::path::Path) -> Vec<String> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.path().is_dir() {
+            for inner in std::fs::read_dir(entry.path()).unwrap().flatten() {
+                all.push(format!("{name}/{}", inner.file_name().to_string_lossy()));
+            }
+        }
+        all.push(name);
+    }
+    all.sort();
+    all
+}
+
+/// A flag out of range stops the agent before anything is made; a start
+/// the kernel side fails anyway (here: a directory where the service
+/// names map is to be pinned) takes back the maps it pinned, and leaves
+/// what was there before.
+#[test]
+fn a_failed_start_leaves_no_pins_behind() {
+    common::require_root!();
+    let env = Env::new(1);
+    env.write_services(&web(&[1]));
+    let run = |extra: &[&str]| {
+        let mut args = env.agent_args();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let out = std::process::Command::new(common::AGENT).arg("run").args(&args).output().unwrap();
+        assert!(!out.status.success(), "the agent started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = run(&["--services-map-size", "0"]);
+    assert!(stderr.contains("1..=16777216"), "the valid range is named: {stderr}");
+    assert!(!env.pin_dir().exists(), "a refused flag made the pin directory");
+
+    let maps = ebpf_proxy::paths::maps_dir(&env.pin_dir(), 16381);
+    std::fs::create_dir_all(maps.join(proxy_common::map_names::SERVICE_NAMES)).unwrap();
+    let before = pins(&env.pin_dir());
+    let stderr = run(&[]);
+    assert!(stderr.contains(proxy_common::map_names::SERVICE_NAMES), "{stderr}");
+    assert_eq!(pins(&env.pin_dir()), before, "the failed start left pins behind");
+}
