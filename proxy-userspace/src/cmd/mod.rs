@@ -2,6 +2,7 @@
 pub mod cleanup;
 pub mod completion;
 pub mod demo;
+pub mod output;
 pub mod run;
 pub mod service;
 pub mod status;
