@@ -111,6 +111,9 @@ impl std::fmt::Display for ObjectError {
 pub struct Parsed {
     pub objects: Objects,
     pub errors: Vec<ObjectError>,
+    /// Services left out as kube-proxy leaves them out (its label
+    /// selector): `Kind namespace/name` and the label.
+    pub not_proxied: Vec<(String, &'static str)>,
     /// `Kind namespace/name` of each object taken -> where it was.
     taken: HashMap<String, String>,
 }
@@ -142,7 +145,11 @@ impl Parsed {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         let Objects { services, slices, nodes } = &self.objects;
-        services.is_empty() && slices.is_empty() && nodes.is_empty() && self.errors.is_empty()
+        services.is_empty()
+            && slices.is_empty()
+            && nodes.is_empty()
+            && self.errors.is_empty()
+            && self.not_proxied.is_empty()
     }
 }
 
@@ -245,7 +252,10 @@ fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) 
     let result = match (api_version, kind_of(&value)) {
         (Some("v1"), Some("Service")) => typed::<Service>(value).map_err(invalid).and_then(|s| {
             parsed.take(&object, document, prefix)?;
-            parsed.objects.services.push(s);
+            match super::labels::not_proxied_by(s.metadata.labels.as_ref()) {
+                Some(label) => parsed.not_proxied.push((object.clone(), label)),
+                None => parsed.objects.services.push(s),
+            }
             Ok(())
         }),
         (Some("discovery.k8s.io/v1"), Some("EndpointSlice")) => {
@@ -406,6 +416,30 @@ mod tests {
         assert_eq!(reason("kind: [\n", 1 << 20).unwrap_err().0, Rejection::NotYaml);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(load_at_most(&path, 10).unwrap_err().rejection(), Rejection::Unreadable);
+    }
+
+    /// kube-proxy's Service informer selects
+    /// `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`
+    /// (cmd/kube-proxy/app/server.go); the file source leaves the same out.
+    #[test]
+    fn services_labelled_headless_or_for_another_proxy_are_left_out() {
+        let svc = |name: &str, labels: &str| {
+            format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, labels: {{{labels}}}}}\n---\n")
+        };
+        let yaml = svc("a", "app: web")
+            + &svc("b", "service.kubernetes.io/headless: ''")
+            + &svc("c", "service.kubernetes.io/service-proxy-name: other");
+        let parsed = parse(&yaml).unwrap();
+        let names: Vec<_> = parsed.objects.services.iter().map(|s| s.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names, vec!["a"]);
+        assert_eq!(
+            parsed.not_proxied,
+            vec![
+                ("Service default/b".to_owned(), "service.kubernetes.io/headless"),
+                ("Service default/c".to_owned(), "service.kubernetes.io/service-proxy-name")
+            ]
+        );
+        assert!(parsed.errors.is_empty());
     }
 
     #[test]

@@ -131,6 +131,9 @@ impl ChangeSource for FileSource {
             }
             (self.rejected)(err.rejection);
         }
+        for (object, label) in &parsed.not_proxied {
+            info!(%object, label, "service not proxied: labelled for another proxy or headless (kube-proxy's selector)");
+        }
         let mut delivery = Delivery::new(Snapshot::from(parsed.objects));
         delivery.rejected = parsed.errors.len() as u64;
         Some(delivery)

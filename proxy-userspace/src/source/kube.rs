@@ -129,7 +129,10 @@ impl KubeSource {
         let store = Arc::new(Mutex::new(ObjectStore::default()));
         let (listed_tx, listed) = watch::channel(false);
         // Objects are slimmed as they arrive, before a list page is held.
-        let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default()).modify(slim_service);
+        // kube-proxy's selector: Services of another proxy and headless
+        // ones never leave the API server.
+        let svc_config = watcher::Config::default().labels(&super::labels::selector());
+        let svc_stream = watcher(Api::<Service>::all(client.clone()), svc_config).modify(slim_service);
         let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default());
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let node_stream = watcher(Api::<Node>::all(client.clone()), node_config).modify(slim_node);

@@ -5,6 +5,7 @@ pub mod change_source;
 pub mod file;
 pub mod file_source;
 pub mod kube;
+pub mod labels;
 pub mod objects;
 pub mod reachability;
 pub mod requests;
