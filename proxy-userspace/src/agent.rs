@@ -106,7 +106,10 @@ pub async fn run(
     let telemetries = Telemetries { telemetry, metrics };
     match &config.source {
         SourceConfig::File(path) => {
-            run_with(FileSource::new(path.clone()), &config, &telemetries, applied, shutdown).await
+            let metrics = telemetries.metrics.clone();
+            let source = FileSource::new(path.clone())
+                .with_rejections(Arc::new(move |rejection| metrics.file_rejected(rejection.as_str())));
+            run_with(source, &config, &telemetries, applied, shutdown).await
         }
         SourceConfig::Kube(options) => {
             let reachability = Arc::new(Reachability::default());
@@ -356,7 +359,12 @@ fn attach_devices(
 
 /// Loads the datapath and hands its counters to the metrics endpoint.
 fn load_datapath(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Datapath> {
-    let mut datapath = Datapath::load(&config.load)?;
+    // A load that fails (a map the kernel refuses) takes back what it pinned.
+    let rollback = crate::pin_rollback::PinRollback::take(&config.load.pin_dir);
+    let mut datapath = Datapath::load(&config.load).inspect_err(|_| {
+        let removed = rollback.undo();
+        tracing::info!(removed, pin_dir = %config.load.pin_dir.display(), "removed what the failed load pinned");
+    })?;
     let mut t = telemetry.lock().expect("telemetry lock");
     (t.services_map_size, t.backends_map_size) = (datapath.sizes().services, datapath.sizes().backends);
     t.counters = datapath.counters.take();

@@ -335,9 +335,9 @@ pub struct RunArgs {
     /// Where to serve /metrics and /proxyMode. Default: 127.0.0.1:10249 (kube-proxy's).
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics_bind_address: Option<std::net::SocketAddr>,
-    /// Seconds a change may wait unapplied before /healthz answers 503.
-    /// Default: 60.
-    #[arg(long, value_name = "SECONDS")]
+    /// Seconds a change may wait unapplied before /healthz answers 503
+    /// (at least 1). Default: 60.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub health_timeout: Option<u64>,
     /// Log every translation the eBPF programs make, at debug level under
     /// the target proxy_ebpf (RUST_LOG=info,proxy_ebpf=debug shows them).
@@ -345,16 +345,16 @@ pub struct RunArgs {
     #[arg(long)]
     pub bpf_log: bool,
     /// Most entries of the services map (one per frontend plus one per
-    /// backend slot). The map is sized from the table with room to spare
-    /// and grows as needed, up to this; past it the services that do not
-    /// fit are not written, /healthz turns 503 after --health-timeout, and
-    /// ebpf_proxy_map_full_total counts the refused writes. Default:
-    /// 4194304.
-    #[arg(long, value_name = "N")]
+    /// backend slot), 1 to 16777216. The map is sized from the table with
+    /// room to spare and grows as needed, up to this; past it the services
+    /// that do not fit are not written, /healthz turns 503 after
+    /// --health-timeout, and ebpf_proxy_map_full_total counts the refused
+    /// writes. Default: 4194304.
+    #[arg(long, value_name = "N", value_parser = map_size())]
     pub services_map_size: Option<u32>,
-    /// Most entries of the backends map (one per distinct backend), sized
-    /// and grown as the services map is. Default: 2097152.
-    #[arg(long, value_name = "N")]
+    /// Most entries of the backends map (one per distinct backend), 1 to
+    /// 16777216, sized and grown as the services map is. Default: 2097152.
+    #[arg(long, value_name = "N", value_parser = map_size())]
     pub backends_map_size: Option<u32>,
     /// A network device that traffic from outside arrives on: the TC
     /// programs serve NodePorts, LoadBalancer IPs and externalIPs there.
@@ -368,8 +368,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = parse_maglev_size)]
     pub maglev_table_size: Option<usize>,
     /// Entries of the connection-tracking map of traffic from outside (two
-    /// per flow, LRU). Default: 262144.
-    #[arg(long, value_name = "N")]
+    /// per flow, LRU, allocated at start), 1 to 16777216. Default: 262144.
+    #[arg(long, value_name = "N", value_parser = map_size())]
     pub ct_map_size: Option<u32>,
     /// Frontends whose connection counter is exported as its own series
     /// (ebpf_proxy_service_connections_total), at most; past it the
@@ -397,6 +397,21 @@ pub struct RunArgs {
 
 fn parse_audit_interval(text: &str) -> Result<std::time::Duration, String> {
     crate::config::parse_duration(text)
+}
+
+/// The most entries a map size flag takes: 64 times the largest default, and
+/// a connection-tracking map of this size (allocated whole at start) takes
+/// about 2 GiB.
+pub const MAX_MAP_SIZE: u32 = 1 << 24;
+
+/// Map sizes: 1 to `MAX_MAP_SIZE` (the kernel refuses 0).
+fn map_size() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(1..=i64::from(MAX_MAP_SIZE))
+}
+
+/// The same check for the config file's map sizes.
+pub fn check_map_size(n: u32) -> Result<u32, String> {
+    if (1..=MAX_MAP_SIZE).contains(&n) { Ok(n) } else { Err(format!("{n} is not in 1..={MAX_MAP_SIZE}")) }
 }
 
 fn parse_maglev_size(text: &str) -> Result<usize, String> {
@@ -483,6 +498,30 @@ mod tests {
             assert!(refusal.contains(flag.split('=').next().unwrap()), "{refusal}");
         }
         assert!(Cli::try_parse_from(["ebpf-proxy", "--no-such-flag"]).is_err());
+    }
+
+    /// Out-of-range values are refused by the parser, naming the range,
+    /// before anything reaches the kernel.
+    #[test]
+    fn out_of_range_flags_are_refused_with_the_valid_range() {
+        let refused = |flag: &str, value: &str| {
+            let err = Cli::try_parse_from(["ebpf-proxy", "run", flag, value]).map(|_| ()).unwrap_err().to_string();
+            assert!(err.contains(flag), "{err}");
+            err
+        };
+        for flag in ["--services-map-size", "--backends-map-size", "--ct-map-size"] {
+            for value in ["0", "16777217"] {
+                assert!(refused(flag, value).contains("1..=16777216"), "{flag} {value}");
+            }
+            assert!(Cli::try_parse_from(["ebpf-proxy", "run", flag, "16777216"]).is_ok());
+        }
+        assert!(refused("--health-timeout", "0").contains("1.."));
+        for value in ["1000", "0", "131101"] {
+            let err = refused("--maglev-table-size", value);
+            assert!(err.contains("is not one of [251, 509,"), "{err}");
+        }
+        assert_eq!(check_map_size(0), Err("0 is not in 1..=16777216".into()));
+        assert_eq!(check_map_size(4), Ok(4));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::args::LogFormat;
 
 use ipnet::IpNet;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_norway::Value;
 
 /// The `KubeProxyConfiguration` versions understood.
 pub const KUBE_PROXY_API_VERSIONS: &[&str] = &["kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2"];
@@ -184,9 +184,27 @@ pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
     parse(&text).map_err(|(field, message)| ConfigError::Invalid { path: path.display().to_string(), field, message })
 }
 
+/// The same checks as the flags' (see `args`): endpoint, ranges.
+fn check_values(cfg: &FileConfig) -> Result<(), (String, String)> {
+    if let Some(endpoint) = &cfg.api_server_endpoint {
+        crate::args::parse_endpoint(endpoint).map_err(|e| ("apiServerEndpoint".to_owned(), e))?;
+    }
+    for (field, size) in [
+        ("servicesMapSize", cfg.services_map_size),
+        ("backendsMapSize", cfg.backends_map_size),
+        ("ctMapSize", cfg.ct_map_size),
+    ] {
+        size.map(crate::args::check_map_size).transpose().map_err(|e| (field.to_owned(), e))?;
+    }
+    if cfg.health_timeout_seconds == Some(0) {
+        return Err(("healthTimeoutSeconds".into(), "0: must be at least 1".into()));
+    }
+    Ok(())
+}
+
 /// Parses the file; an error is (field, message).
 pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
-    let raw: Raw = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(text))
+    let raw: Raw = serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text))
         .map_err(|e| (e.path().to_string(), e.into_inner().to_string()))?;
     if let Some(kind) = raw.kind.as_deref()
         && kind != "KubeProxyConfiguration"
@@ -215,9 +233,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         api_server_endpoint: raw.api_server_endpoint.filter(|e| !e.is_empty()),
         ..FileConfig::default()
     };
-    if let Some(endpoint) = &cfg.api_server_endpoint {
-        crate::args::parse_endpoint(endpoint).map_err(|e| ("apiServerEndpoint".to_owned(), e))?;
-    }
+    check_values(&cfg)?;
     if let Some(m) = raw.maglev_table_size {
         cfg.maglev_table_size =
             Some(crate::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
@@ -526,6 +542,10 @@ udpIdleTimeout: 250ms
         assert_eq!(parse("metricsBindAddress: nowhere\n").unwrap_err().0, "metricsBindAddress");
         assert_eq!(parse("nodePortAddresses: [10.0.0.0/33]\n").unwrap_err().0, "nodePortAddresses[0]");
         assert_eq!(parse("servicesMapSize: lots\n").unwrap_err().0, "servicesMapSize");
+        let out_of_range = parse("ctMapSize: 0\n").unwrap_err();
+        assert_eq!(out_of_range, ("ctMapSize".into(), "0 is not in 1..=16777216".into()));
+        assert_eq!(parse("backendsMapSize: 16777217\n").unwrap_err().0, "backendsMapSize");
+        assert_eq!(parse("healthTimeoutSeconds: 0\n").unwrap_err().0, "healthTimeoutSeconds");
         assert_eq!(parse("kind: Deployment\n").unwrap_err().0, "kind");
         assert_eq!(parse("maglevTableSize: 1000\n").unwrap_err().0, "maglevTableSize");
         assert_eq!(parse("maglevTableSize: 1021\ndevices: [eth0]\n").unwrap().maglev_table_size, Some(1021));

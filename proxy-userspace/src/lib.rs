@@ -14,6 +14,7 @@ pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod paths;
+pub mod pin_rollback;
 pub mod pipeline;
 pub mod process_metrics;
 pub mod resize;

@@ -42,6 +42,12 @@ pub struct MapLabels {
     pub map: &'static str,
 }
 
+/// Why the services file, or an object in it, was rejected.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServerLabels {
     pub server: &'static str,
@@ -110,6 +116,7 @@ pub struct Metrics {
     bind_failures: Family<ServerLabels, Counter>,
     /// Map entries the drift audit found changed by something else, by map.
     drift: Family<MapLabels, Counter>,
+    file_rejections: Family<ReasonLabels, Counter>,
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: Family<LatencyLabels, Histogram, RequestBuckets>,
     max_service_series: usize,
@@ -141,6 +148,7 @@ impl Metrics {
             livez: Family::default(),
             bind_failures: Family::default(),
             drift: Family::default(),
+            file_rejections: Family::default(),
             requests: Family::default(),
             request_duration: Family::new_with_constructor(RequestBuckets),
             max_service_series,
@@ -218,6 +226,11 @@ impl Metrics {
             self.drift.clone(),
         );
         r.register(
+            "ebpf_proxy_services_file_rejections",
+            "Services file reads and objects not applied, by reason (the last good content stays in effect)",
+            self.file_rejections.clone(),
+        );
+        r.register(
             "rest_client_requests",
             "Requests to the Kubernetes API by status code, method and host",
             self.requests.clone(),
@@ -274,6 +287,11 @@ impl Metrics {
         for (map, d) in &drift.maps {
             self.drift.get_or_create(&MapLabels { map }).inc_by(d.total() as u64);
         }
+    }
+
+    /// The services file, or an object in it, was rejected for `reason`.
+    pub fn file_rejected(&self, reason: &'static str) {
+        self.file_rejections.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     /// The bound on per-frontend series (0: none exported).
@@ -363,5 +381,16 @@ mod tests {
         let text = metrics.encode();
         assert!(text.contains("ebpf_proxy_bind_failures_total{server=\"health\"} 2\n"), "{text}");
         assert!(text.contains("ebpf_proxy_bind_failures_total{server=\"metrics\"} 1\n"), "{text}");
+    }
+
+    #[test]
+    fn services_file_rejections_are_counted_per_reason() {
+        let metrics = Metrics::new(Arc::new(Mutex::new(Telemetry::new(1, 1))), 0);
+        metrics.file_rejected("not_yaml");
+        metrics.file_rejected("not_yaml");
+        metrics.file_rejected("empty");
+        let text = metrics.encode();
+        assert!(text.contains("ebpf_proxy_services_file_rejections_total{reason=\"not_yaml\"} 2\n"), "{text}");
+        assert!(text.contains("ebpf_proxy_services_file_rejections_total{reason=\"empty\"} 1\n"), "{text}");
     }
 }

@@ -20,7 +20,7 @@ fn keys(v: &Value) -> BTreeSet<String> {
 /// The captured Services, loaded into a fresh test server.
 fn server_with_fixture_services() -> TestApiServer {
     let server = TestApiServer::start();
-    let list: Value = serde_yaml::from_str(&fixture("services.yaml")).unwrap();
+    let list: Value = serde_norway::from_str(&fixture("services.yaml")).unwrap();
     for item in list["items"].as_array().unwrap() {
         server.put(item.clone());
     }

@@ -20,7 +20,7 @@ fn deploy_dir() -> PathBuf {
 
 fn load(name: &str) -> Value {
     let text = std::fs::read_to_string(deploy_dir().join(name)).unwrap();
-    serde_yaml::from_str(&text).unwrap()
+    serde_norway::from_str(&text).unwrap()
 }
 
 /// Decodes `value` as `T` and encodes it again: a field the type does not
@@ -65,7 +65,7 @@ fn every_manifest_is_a_valid_object_of_its_kind() {
 fn built() -> Vec<Value> {
     let out = Command::new("kubectl").arg("kustomize").arg(deploy_dir()).output().expect("kubectl (cargo xtask setup)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+    serde_norway::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .collect()
 }
@@ -201,7 +201,7 @@ fn the_monitoring_kustomization_matches_the_agent() {
     let dir = deploy_dir().join("monitoring");
     let out = Command::new("kubectl").arg("kustomize").arg(&dir).output().expect("kubectl (cargo xtask setup)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+    let objects: Vec<Value> = serde_norway::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
         .map(|d| serde::Deserialize::deserialize(d).unwrap())
         .collect();
     let of_kind = |kind: &str| objects.iter().find(|o| o["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));

@@ -182,7 +182,7 @@ fn parse(yaml: &str) -> Result<file::Parsed, String> {
 /// The cluster's objects after `apply`/`delete` of `body`, as YAML text
 /// (later documents with the same kind/namespace/name win).
 fn merge_cluster(cluster: &str, body: &str, delete: bool) -> String {
-    let key = |doc: &serde_yaml::Value| {
+    let key = |doc: &serde_norway::Value| {
         let meta = &doc["metadata"];
         (
             doc["kind"].as_str().unwrap_or_default().to_owned(),
@@ -190,14 +190,14 @@ fn merge_cluster(cluster: &str, body: &str, delete: bool) -> String {
             meta["name"].as_str().unwrap_or_default().to_owned(),
         )
     };
-    let docs = |text: &str| -> Vec<serde_yaml::Value> {
-        serde_yaml::Deserializer::from_str(text)
+    let docs = |text: &str| -> Vec<serde_norway::Value> {
+        serde_norway::Deserializer::from_str(text)
             .filter_map(|d| serde::Deserialize::deserialize(d).ok())
-            .filter(|v: &serde_yaml::Value| !v.is_null())
+            .filter(|v: &serde_norway::Value| !v.is_null())
             .collect()
     };
     let changes = docs(body);
-    let mut all: Vec<serde_yaml::Value> =
+    let mut all: Vec<serde_norway::Value> =
         docs(cluster).into_iter().filter(|d| !changes.iter().any(|c| key(c) == key(d))).collect();
     if !delete {
         all.extend(changes);
@@ -205,7 +205,7 @@ fn merge_cluster(cluster: &str, body: &str, delete: bool) -> String {
     let mut out = String::new();
     for d in &all {
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(d).expect("YAML"));
+        out.push_str(&serde_norway::to_string(d).expect("YAML"));
     }
     out
 }
@@ -242,7 +242,7 @@ fn run_case(path: &Path) -> Result<(), String> {
             external_ips_local_only: config.external_ips_local_only,
         };
         match verb {
-            "config" => config = serde_yaml::from_str(&section.body).map_err(|e| at(e.to_string()))?,
+            "config" => config = serde_norway::from_str(&section.body).map_err(|e| at(e.to_string()))?,
             "list" | "relist" if agent.is_none() => {
                 agent = Some(Agent::new(settings(), &mut maps, body).map_err(at)?);
             }

@@ -14,8 +14,7 @@ pub fn script(shell: clap_complete::Shell) -> Vec<u8> {
 }
 
 pub fn run(shell: clap_complete::Shell) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    std::io::stdout().write_all(&script(shell))?;
+    super::output::print(&String::from_utf8_lossy(&script(shell)))?;
     Ok(())
 }
 

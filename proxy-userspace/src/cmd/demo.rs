@@ -15,6 +15,13 @@ use crate::{
     sandbox::{BpfFs, HttpBackend, NetNs, TestCgroup, spawn_in},
 };
 
+/// Prints a line; the demo goes on (and cleans up) when stdout is closed.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        let _ = super::output::line(format_args!($($arg)*));
+    };
+}
+
 const NAME: &str = "ebpf-proxy-demo";
 const BASE_DIR: &str = "/run/ebpf-proxy-demo";
 const CLUSTER_IP: &str = "10.96.0.10";
@@ -103,15 +110,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         cgroup.procs_file().display(),
         ns.path().display()
     );
-    println!(
-        "\nTry it yourself (a shell that joins the demo cgroup, then enters the demo namespace):\n\n  {try_cmd}\n"
-    );
-    println!(
+    say!("\nTry it yourself (a shell that joins the demo cgroup, then enters the demo namespace):\n\n  {try_cmd}\n");
+    say!(
         "Edit {} (add or remove an endpoint, change the port) and the agent applies only the difference.",
         services_file.display()
     );
     if !args.check && outcome.is_ok() {
-        println!("Press Ctrl-C to stop the demo and remove everything it made.");
+        say!("Press Ctrl-C to stop the demo and remove everything it made.");
         shutdown_signal().await;
     }
     let _ = stop_tx.send(());
@@ -122,7 +127,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     drop(ns);
     let _ = fs::remove_file(&services_file);
     let _ = fs::remove_dir(base);
-    println!("Demo removed: namespace, cgroup, bpffs and programs are gone.");
+    say!("Demo removed: namespace, cgroup, bpffs and programs are gone.");
     outcome
 }
 
@@ -138,10 +143,10 @@ fn spread_check(ns: &NetNs, cgroup: &TestCgroup, backends: &[HttpBackend]) -> an
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         *counts.entry(line.to_owned()).or_default() += 1;
     }
-    println!("\n{REQUESTS} requests to http://{CLUSTER_IP}/ (service demo/web), one new connection each:");
+    say!("\n{REQUESTS} requests to http://{CLUSTER_IP}/ (service demo/web), one new connection each:");
     for b in backends {
         let n = counts.get(b.name()).copied().unwrap_or(0);
-        println!("  {:<10} {:>15}  {:>3} requests {}", b.name(), b.addr().to_string(), n, "#".repeat(n));
+        say!("  {:<10} {:>15}  {:>3} requests {}", b.name(), b.addr().to_string(), n, "#".repeat(n));
     }
     let answered: usize = counts.values().sum();
     if !out.status.success() || answered != REQUESTS {

@@ -37,8 +37,8 @@ pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {
         }
     };
     match args.output {
-        OutputFormat::Table => print!("{}", inspect::table(&shown)),
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&shown)?),
+        OutputFormat::Table => super::output::print(&inspect::table(&shown))?,
+        OutputFormat::Json => super::output::line(format_args!("{}", serde_json::to_string_pretty(&shown)?))?,
     }
     Ok(())
 }

@@ -74,8 +74,8 @@ fn device_name(ifindex: u32) -> String {
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let status = read(&args.pin.bpffs_dir)?;
     match args.output {
-        OutputFormat::Table => print!("{}", text(&status)),
-        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&status)?),
+        OutputFormat::Table => super::output::print(&text(&status))?,
+        OutputFormat::Json => super::output::line(format_args!("{}", serde_json::to_string_pretty(&status)?))?,
     }
     Ok(())
 }

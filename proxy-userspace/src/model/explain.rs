@@ -163,7 +163,7 @@ mod tests {
     fn slices(yaml: &str) -> Vec<SliceSpec> {
         yaml.split("---\n")
             .filter(|d| !d.trim().is_empty())
-            .map(|d| SliceSpec::from(&serde_yaml::from_str::<EndpointSlice>(d).unwrap()))
+            .map(|d| SliceSpec::from(&serde_norway::from_str::<EndpointSlice>(d).unwrap()))
             .collect()
     }
 

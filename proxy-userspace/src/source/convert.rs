@@ -137,10 +137,14 @@ mod tests {
     use super::*;
     use crate::source::file;
 
+    /// A Service and an EndpointSlice (two YAML documents), converted.
+    /// Not through the services file: it leaves out Services labelled for
+    /// another proxy, and this test converts one.
     fn one(yaml: &str) -> (Vec<ServiceSpec>, Vec<SliceSpec>) {
-        let parsed = file::parse(yaml).expect("yaml");
-        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        parsed.objects.inputs()
+        let (service, slice) = yaml.split_once("---\n").expect("two documents");
+        let service: Service = serde_norway::from_str(service).expect("a Service");
+        let slice: EndpointSlice = serde_norway::from_str(slice).expect("an EndpointSlice");
+        (vec![ServiceSpec::from(&service)], vec![SliceSpec::from(&slice)])
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! prints them. `kind: List` documents and typed lists (`ServiceList`, as the
 //! API returns them) are unpacked.
 use std::{
+    collections::HashMap,
     fs, io,
     path::{Path, PathBuf},
     time::SystemTime,
@@ -14,17 +15,76 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 use serde::{Deserialize, de::DeserializeOwned};
-use serde_yaml::Value;
+use serde_norway::Value;
 
 use super::Objects;
+
+/// Why the file, or one object of it, was not applied: the `reason` label
+/// of `ebpf_proxy_services_file_rejections_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rejection {
+    /// The file cannot be read (missing, no permission).
+    Unreadable,
+    /// The file is not YAML.
+    NotYaml,
+    /// The file holds no object; applied only once it stays so.
+    Empty,
+    /// An object of a kind the agent does not read.
+    UnknownKind,
+    /// An object of a known kind whose fields are wrong.
+    InvalidObject,
+    /// A second object of the same kind, namespace and name (the first
+    /// one in the file is used).
+    Duplicate,
+    /// YAML aliases that expand too far, or nesting too deep (a YAML bomb).
+    YamlBomb,
+    /// A file larger than `MAX_BYTES`.
+    TooLarge,
+}
+
+impl Rejection {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unreadable => "unreadable",
+            Self::NotYaml => "not_yaml",
+            Self::Empty => "empty",
+            Self::UnknownKind => "unknown_kind",
+            Self::InvalidObject => "invalid_object",
+            Self::Duplicate => "duplicate",
+            Self::YamlBomb => "yaml_bomb",
+            Self::TooLarge => "too_large",
+        }
+    }
+}
 
 /// The file as a whole could not be read; nothing from it is used.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("cannot read services file {path}: {source}")]
+    #[error("cannot read services file {path}: {source}; the last good content stays in effect")]
     Read { path: PathBuf, source: io::Error },
     #[error("services file {path} is not valid YAML: {source}; the last good content stays in effect")]
-    Yaml { path: PathBuf, source: serde_yaml::Error },
+    Yaml { path: PathBuf, source: serde_norway::Error },
+    #[error(
+        "services file {path} is a YAML bomb ({source}: its aliases expand to over 100 times the document, or it nests too deep); write the objects out without aliases; the last good content stays in effect"
+    )]
+    Bomb { path: PathBuf, source: serde_norway::Error },
+    #[error(
+        "services file {path} is {size} bytes, more than the {max} bytes a services file may have; the last good content stays in effect"
+    )]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
+}
+
+impl FileError {
+    #[must_use]
+    pub const fn rejection(&self) -> Rejection {
+        match self {
+            Self::Read { .. } => Rejection::Unreadable,
+            Self::Yaml { .. } => Rejection::NotYaml,
+            Self::Bomb { .. } => Rejection::YamlBomb,
+            Self::TooLarge { .. } => Rejection::TooLarge,
+        }
+    }
 }
 
 /// One object of the file that is skipped, with where and why.
@@ -37,6 +97,7 @@ pub struct ObjectError {
     /// Path of the offending field, `.` when the object as a whole is wrong.
     pub field: String,
     pub message: String,
+    pub rejection: Rejection,
 }
 
 impl std::fmt::Display for ObjectError {
@@ -50,19 +111,90 @@ impl std::fmt::Display for ObjectError {
 pub struct Parsed {
     pub objects: Objects,
     pub errors: Vec<ObjectError>,
+    /// Services left out as kube-proxy leaves them out (its label
+    /// selector): `Kind namespace/name` and the label.
+    pub not_proxied: Vec<(String, &'static str)>,
+    /// `Kind namespace/name` of each object taken -> where it was.
+    taken: HashMap<String, String>,
+}
+
+impl Parsed {
+    /// Notes `object` as taken from `document`; the first of a kind,
+    /// namespace and name wins (a later one is an error naming both). An
+    /// EndpointSlice of a name taken is dropped whole, not merged.
+    fn take(&mut self, object: &str, document: usize, prefix: &str) -> Result<(), (String, String, Rejection)> {
+        let here = match prefix.trim_end_matches('.') {
+            "" => format!("document {document}"),
+            item => format!("document {document} {item}"),
+        };
+        match self.taken.get(object) {
+            Some(first) if !object.ends_with("/<unnamed>") => Err((
+                ".".into(),
+                format!("{here} has the same kind, namespace and name as {first}; the first one is used"),
+                Rejection::Duplicate,
+            )),
+            _ => {
+                self.taken.entry(object.to_owned()).or_insert(here);
+                Ok(())
+            }
+        }
+    }
+
+    /// The file held no object at all, good or bad (empty, only comments or
+    /// `---`).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        let Objects { services, slices, nodes } = &self.objects;
+        services.is_empty()
+            && slices.is_empty()
+            && nodes.is_empty()
+            && self.errors.is_empty()
+            && self.not_proxied.is_empty()
+    }
 }
 
 /// Reads and parses `path`.
 pub fn load(path: &Path) -> Result<Parsed, FileError> {
-    let text = fs::read_to_string(path).map_err(|source| FileError::Read { path: path.into(), source })?;
-    parse(&text).map_err(|source| FileError::Yaml { path: path.into(), source })
+    load_at_most(path, MAX_BYTES)
+}
+
+/// A services file may be this large: 256 MiB, about eight times 10,000
+/// Services with 10 endpoints each as `kubectl get -o yaml` prints them
+/// (managedFields included). A larger file is refused whole, so a runaway
+/// writer cannot make the agent hold it in memory.
+pub const MAX_BYTES: u64 = 256 << 20;
+
+/// Reads and parses `path`, refusing it when it is larger than `max` bytes.
+pub fn load_at_most(path: &Path, max: u64) -> Result<Parsed, FileError> {
+    use std::io::Read as _;
+    let read = |source| FileError::Read { path: path.into(), source };
+    let file = fs::File::open(path).map_err(read)?;
+    let mut text = String::new();
+    // One byte more than allowed tells a file over the limit, also one that
+    // grows while it is read.
+    file.take(max.saturating_add(1)).read_to_string(&mut text).map_err(read)?;
+    let size = text.len() as u64;
+    if size > max {
+        let size = fs::metadata(path).map_or(size, |m| m.len().max(size));
+        return Err(FileError::TooLarge { path: path.into(), size, max });
+    }
+    parse(&text).map_err(|source| {
+        // serde_norway's limits on alias expansion and nesting (it names
+        // them only in the message).
+        let message = source.to_string();
+        if message.starts_with("repetition limit exceeded") || message.starts_with("recursion limit exceeded") {
+            FileError::Bomb { path: path.into(), source }
+        } else {
+            FileError::Yaml { path: path.into(), source }
+        }
+    })
 }
 
 /// Parses a YAML stream. A syntax error fails the whole stream (its extent is
 /// unknown); an object of the wrong shape is skipped and reported.
-pub fn parse(text: &str) -> Result<Parsed, serde_yaml::Error> {
+pub fn parse(text: &str) -> Result<Parsed, serde_norway::Error> {
     let mut parsed = Parsed::default();
-    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
         let value = Value::deserialize(doc)?;
         let document = i + 1;
         if value.is_null() {
@@ -91,6 +223,7 @@ pub fn parse(text: &str) -> Result<Parsed, serde_yaml::Error> {
                     object: kind.to_owned(),
                     field: "items".into(),
                     message: "a list needs an `items` sequence".into(),
+                    rejection: Rejection::InvalidObject,
                 }),
             }
         } else {
@@ -115,16 +248,33 @@ fn describe(value: &Value) -> String {
 fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) {
     let object = describe(&value);
     let api_version = value.get("apiVersion").and_then(Value::as_str);
-    let error = |field: String, message: String| ObjectError { document, object: object.clone(), field, message };
+    let invalid = |(field, message)| (field, message, Rejection::InvalidObject);
     let result = match (api_version, kind_of(&value)) {
-        (Some("v1"), Some("Service")) => typed::<Service>(value).map(|s| parsed.objects.services.push(s)),
+        (Some("v1"), Some("Service")) => typed::<Service>(value).map_err(invalid).and_then(|s| {
+            parsed.take(&object, document, prefix)?;
+            match super::labels::not_proxied_by(s.metadata.labels.as_ref()) {
+                Some(label) => parsed.not_proxied.push((object.clone(), label)),
+                None => parsed.objects.services.push(s),
+            }
+            Ok(())
+        }),
         (Some("discovery.k8s.io/v1"), Some("EndpointSlice")) => {
-            typed::<EndpointSlice>(value).map(|s| parsed.objects.slices.push(s))
+            typed::<EndpointSlice>(value).map_err(invalid).and_then(|s| {
+                parsed.take(&object, document, prefix)?;
+                parsed.objects.slices.push(s);
+                Ok(())
+            })
         }
-        (Some("v1"), Some("Node")) => typed::<Node>(value).map(|n| parsed.objects.nodes.push(n)),
-        (_, Some("Endpoints")) => {
-            Err((".".into(), "legacy v1/Endpoints are not read; use discovery.k8s.io/v1 EndpointSlices".into()))
-        }
+        (Some("v1"), Some("Node")) => typed::<Node>(value).map_err(invalid).and_then(|n| {
+            parsed.take(&object, document, prefix)?;
+            parsed.objects.nodes.push(n);
+            Ok(())
+        }),
+        (_, Some("Endpoints")) => Err((
+            ".".into(),
+            "legacy v1/Endpoints are not read; use discovery.k8s.io/v1 EndpointSlices".into(),
+            Rejection::UnknownKind,
+        )),
         (api, kind) => Err((
             ".".into(),
             format!(
@@ -132,15 +282,16 @@ fn add_object(parsed: &mut Parsed, document: usize, prefix: &str, value: Value) 
                 api.unwrap_or(""),
                 kind.unwrap_or("")
             ),
+            Rejection::UnknownKind,
         )),
     };
-    if let Err((field, message)) = result {
+    if let Err((field, message, rejection)) = result {
         let field = if field == "." && !prefix.is_empty() {
             prefix.trim_end_matches('.').to_owned()
         } else {
             format!("{prefix}{field}")
         };
-        parsed.errors.push(error(field, message));
+        parsed.errors.push(ObjectError { document, object, field, message, rejection });
     }
 }
 
@@ -189,6 +340,7 @@ mod tests {
         assert_eq!(parsed.errors.len(), 2);
         assert!(parsed.errors[0].message.contains("EndpointSlices"));
         assert!(parsed.errors[1].message.contains("apps/v1"));
+        assert!(parsed.errors.iter().all(|e| e.rejection == super::Rejection::UnknownKind));
     }
 
     #[test]
@@ -199,8 +351,101 @@ mod tests {
         assert_eq!(parsed.errors[0].field, "items[1].spec.ports");
     }
 
+    /// No kube-proxy counterpart (the API server cannot hold two objects of
+    /// one name); the first wins, so appending to a file never changes what
+    /// is already served.
+    #[test]
+    fn the_first_of_two_objects_of_one_name_wins_and_the_second_is_named() {
+        let svc = |ip: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: x}}\nspec: {{clusterIP: {ip}}}\n---\n"
+            )
+        };
+        let slice = |ip: &str| {
+            format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: x}}\naddressType: IPv4\nendpoints: [{{addresses: [{ip}]}}]\n---\n"
+            )
+        };
+        let other_ns = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: y}\n---\n";
+        let list = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: x}}\n";
+        let yaml = svc("10.96.0.1") + &slice("10.0.0.1") + &svc("10.96.0.2") + &slice("10.0.0.2") + other_ns + list;
+        let parsed = parse(&yaml).unwrap();
+        let ips: Vec<_> =
+            parsed.objects.services.iter().map(|s| s.spec.as_ref().and_then(|s| s.cluster_ip.clone())).collect();
+        assert_eq!(ips, vec![Some("10.96.0.1".into()), None], "the first x/web and y/web");
+        assert_eq!(parsed.objects.slices.len(), 1);
+        assert_eq!(
+            parsed.objects.slices[0].endpoints.as_ref().unwrap()[0].addresses,
+            vec!["10.0.0.1"],
+            "replaced, not merged"
+        );
+        let dups: Vec<_> =
+            parsed.errors.iter().map(|e| (e.document, e.object.as_str(), e.message.as_str(), e.rejection)).collect();
+        let first = "has the same kind, namespace and name as document";
+        assert_eq!(dups.len(), 3, "{dups:?}");
+        assert!(dups.iter().all(|d| d.3 == super::Rejection::Duplicate && d.2.contains(first)), "{dups:?}");
+        assert_eq!((dups[0].0, dups[0].1), (3, "Service x/web"));
+        assert!(dups[0].2.starts_with("document 3 has") && dups[0].2.contains("as document 1;"), "{}", dups[0].2);
+        assert!(dups[1].2.contains("as document 2;"), "{}", dups[1].2);
+        assert!(dups[2].2.starts_with("document 6 items[0] has"), "{}", dups[2].2);
+    }
+
+    /// Each file that is refused whole is told apart by its reason.
+    #[test]
+    fn bombs_oversize_and_non_yaml_files_are_refused_with_their_reason() {
+        use super::{Rejection, load_at_most};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("services.yaml");
+        let reason = |text: &str, max: u64| {
+            std::fs::write(&path, text).unwrap();
+            load_at_most(&path, max).map(|_| ()).map_err(|e| (e.rejection(), e.to_string()))
+        };
+        // The billion laughs: each level ten aliases of the one before.
+        let level = |i: usize| format!("a{i}: &a{i} [{}]\n", vec![format!("*a{}", i - 1); 10].join(", "));
+        let bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n".to_owned() + &(1..9).map(level).collect::<String>();
+        let (rejection, message) = reason(&bomb, 1 << 20).unwrap_err();
+        assert_eq!(rejection, Rejection::YamlBomb, "{message}");
+        assert!(message.contains("without aliases"), "{message}");
+        // A few aliases are fine (the API server takes them too).
+        let aliased =
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a, labels: &l {app: web}}\nspec: {selector: *l}\n";
+        assert_eq!(reason(aliased, 1 << 20), Ok(()));
+        let (rejection, message) = reason(aliased, 10).unwrap_err();
+        assert_eq!(rejection, Rejection::TooLarge);
+        assert!(message.contains(&format!("is {} bytes, more than the 10 bytes", aliased.len())), "{message}");
+        assert_eq!(reason("kind: [\n", 1 << 20).unwrap_err().0, Rejection::NotYaml);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(load_at_most(&path, 10).unwrap_err().rejection(), Rejection::Unreadable);
+    }
+
+    /// kube-proxy's Service informer selects
+    /// `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`
+    /// (cmd/kube-proxy/app/server.go); the file source leaves the same out.
+    #[test]
+    fn services_labelled_headless_or_for_another_proxy_are_left_out() {
+        let svc = |name: &str, labels: &str| {
+            format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, labels: {{{labels}}}}}\n---\n")
+        };
+        let yaml = svc("a", "app: web")
+            + &svc("b", "service.kubernetes.io/headless: ''")
+            + &svc("c", "service.kubernetes.io/service-proxy-name: other");
+        let parsed = parse(&yaml).unwrap();
+        let names: Vec<_> = parsed.objects.services.iter().map(|s| s.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names, vec!["a"]);
+        assert_eq!(
+            parsed.not_proxied,
+            vec![
+                ("Service default/b".to_owned(), "service.kubernetes.io/headless"),
+                ("Service default/c".to_owned(), "service.kubernetes.io/service-proxy-name")
+            ]
+        );
+        assert!(parsed.errors.is_empty());
+    }
+
     #[test]
     fn a_syntax_error_fails_the_whole_stream() {
-        assert!(parse("apiVersion: v1\nkind: Service\nmetadata: {name: [\n").is_err());
+        let err = parse("apiVersion: v1\nkind: Service\nmetadata: {name: [\n").unwrap_err();
+        assert!(err.location().is_some_and(|l| l.line() >= 3), "the error keeps its position: {err}");
+        assert!(err.to_string().contains("at line 4 column 1"), "{err}");
     }
 }

@@ -1,28 +1,64 @@
 //! The services file as a `ChangeSource`: polled for changes, read once it
 //! has stopped changing, every read a full snapshot (the pipeline diffs it
 //! against what is applied).
-use std::{path::PathBuf, time::Duration};
+//!
+//! A file caught mid-write never costs a service: a read during which the
+//! file changed is thrown away and read again, a file that is not YAML
+//! keeps the last good content, and a file that holds nothing (`: > F`
+//! before the new content is written, as `kubectl get -o yaml > F` does) is
+//! applied only when it is still empty after `EMPTY_SETTLE`.
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
-use tracing::error;
+use tracing::{error, info, warn};
 
-use super::{ChangeSource, Delivery, Snapshot, file};
+use super::{
+    ChangeSource, Delivery, Snapshot,
+    file::{self, Rejection},
+};
 
 /// How often the file is checked for changes.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 /// A change is read once the file has stayed the same this long, so a file
 /// being written is not read half-way.
 const SETTLE: Duration = Duration::from_millis(50);
+/// A file read empty is applied (every service removed) only if it is still
+/// empty this long after: a writer that truncates and then writes has
+/// written by then. The README says so.
+pub const EMPTY_SETTLE: Duration = Duration::from_secs(1);
+
+/// Told of each rejection (the agent counts them in
+/// `ebpf_proxy_services_file_rejections_total{reason}`).
+pub type RejectionSink = Arc<dyn Fn(Rejection) + Send + Sync>;
 
 pub struct FileSource {
     path: PathBuf,
     read_once: bool,
     stamp: Option<file::Stamp>,
+    /// Since when the file has been read empty without that being applied.
+    empty_since: Option<Instant>,
+    rejected: RejectionSink,
 }
 
 impl FileSource {
     #[must_use]
-    pub const fn new(path: PathBuf) -> Self {
-        Self { path, read_once: false, stamp: None }
+    pub fn new(path: PathBuf) -> Self {
+        Self { path, read_once: false, stamp: None, empty_since: None, rejected: Arc::new(|_| {}) }
+    }
+
+    /// Tells `sink` of every rejection.
+    #[must_use]
+    pub fn with_rejections(mut self, sink: RejectionSink) -> Self {
+        self.rejected = sink;
+        self
+    }
+
+    /// An empty read that has waited `EMPTY_SETTLE` and is due again.
+    fn empty_due(&self) -> bool {
+        self.empty_since.is_some_and(|since| since.elapsed() >= EMPTY_SETTLE)
     }
 }
 
@@ -37,7 +73,7 @@ impl ChangeSource for FileSource {
         loop {
             ticker.tick().await;
             let stamp = file::stamp(&self.path);
-            if self.read_once && stamp == self.stamp {
+            if self.read_once && stamp == self.stamp && !self.empty_due() {
                 continue;
             }
             tokio::time::sleep(SETTLE).await;
@@ -54,12 +90,49 @@ impl ChangeSource for FileSource {
         let parsed = match file::load(&self.path) {
             Ok(parsed) => parsed,
             Err(err) => {
-                error!(%err, "services file not applied");
+                error!(%err, reason = err.rejection().as_str(), "services file not applied");
+                (self.rejected)(err.rejection());
                 return None;
             }
         };
+        if file::stamp(&self.path) != self.stamp {
+            // Written while it was read: what was read may be half of it.
+            // `changed` sees the new stamp and it is read again.
+            info!(path = %self.path.display(), "services file changed while it was read; reading it again");
+            return None;
+        }
+        if parsed.is_empty() {
+            match self.empty_since {
+                Some(_) if self.empty_due() => {
+                    self.empty_since = None;
+                    warn!(path = %self.path.display(), "services file stayed empty: every service is removed");
+                }
+                Some(_) => return None,
+                None => {
+                    self.empty_since = Some(Instant::now());
+                    warn!(
+                        path = %self.path.display(),
+                        settle_ms = EMPTY_SETTLE.as_millis(),
+                        reason = Rejection::Empty.as_str(),
+                        "services file is empty; the last good content stays in effect unless it is still empty after the settle time (write the file by atomic rename to avoid this)"
+                    );
+                    (self.rejected)(Rejection::Empty);
+                    return None;
+                }
+            }
+        }
+        self.empty_since = None;
         for err in &parsed.errors {
-            error!(document = err.document, object = %err.object, field = %err.field, "rejected object: {}", err.message);
+            let (document, object, field, reason) = (err.document, &err.object, &err.field, err.rejection.as_str());
+            if err.rejection == Rejection::Duplicate {
+                warn!(document, %object, reason, "duplicate object skipped: {}", err.message);
+            } else {
+                error!(document, %object, %field, reason, "rejected object: {}", err.message);
+            }
+            (self.rejected)(err.rejection);
+        }
+        for (object, label) in &parsed.not_proxied {
+            info!(%object, label, "service not proxied: labelled for another proxy or headless (kube-proxy's selector)");
         }
         let mut delivery = Delivery::new(Snapshot::from(parsed.objects));
         delivery.rejected = parsed.errors.len() as u64;
@@ -68,5 +141,70 @@ impl ChangeSource for FileSource {
 
     fn everything(&mut self) -> Option<Delivery> {
         self.snapshot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    fn source(dir: &tempfile::TempDir) -> (FileSource, Arc<Mutex<Vec<Rejection>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let source = FileSource::new(dir.path().join("services.yaml"))
+            .with_rejections(Arc::new(move |r| sink.lock().unwrap().push(r)));
+        (source, seen)
+    }
+
+    const ONE_SERVICE: &str =
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+
+    fn services(delivery: &Delivery) -> usize {
+        match &delivery.snapshot {
+            Snapshot::Full { services, .. } => services.len(),
+            Snapshot::Changed { .. } => panic!("the file gives full snapshots"),
+        }
+    }
+
+    /// `: > F` then the new content: the empty read is held back, and the
+    /// content that follows within the settle time is applied; an empty
+    /// file that stays empty is applied after it.
+    #[tokio::test]
+    async fn an_empty_read_waits_for_the_settle_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut source, seen) = source(&dir);
+        let path = dir.path().join("services.yaml");
+        std::fs::write(&path, ONE_SERVICE).unwrap();
+        source.changed().await;
+        assert_eq!(services(&source.snapshot().unwrap()), 1);
+
+        std::fs::write(&path, "").unwrap();
+        source.changed().await;
+        assert!(source.snapshot().is_none(), "an empty read is not applied on sight");
+        assert_eq!(*seen.lock().unwrap(), vec![Rejection::Empty]);
+        std::fs::write(&path, ONE_SERVICE).unwrap();
+        source.changed().await;
+        assert_eq!(services(&source.snapshot().unwrap()), 1, "the rewritten content is applied");
+
+        std::fs::write(&path, "# nothing\n---\n").unwrap();
+        let truncated = Instant::now();
+        source.changed().await;
+        assert!(source.snapshot().is_none());
+        // Nothing changes on disk: `changed` fires again after the settle.
+        source.changed().await;
+        assert!(truncated.elapsed() >= EMPTY_SETTLE);
+        assert_eq!(services(&source.snapshot().unwrap()), 0, "an empty file that stays empty is applied");
+    }
+
+    #[tokio::test]
+    async fn a_file_that_is_not_yaml_is_counted_and_keeps_what_is_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut source, seen) = source(&dir);
+        std::fs::write(dir.path().join("services.yaml"), "kind: [\n").unwrap();
+        source.changed().await;
+        assert!(source.snapshot().is_none());
+        assert_eq!(*seen.lock().unwrap(), vec![Rejection::NotYaml]);
     }
 }

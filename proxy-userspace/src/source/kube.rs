@@ -130,7 +130,10 @@ impl KubeSource {
         let (listed_tx, listed) = watch::channel(false);
         // The store converts each Service and EndpointSlice into the
         // model's form as it arrives (`convert`); the Node is slimmed.
-        let svc_stream = watcher(Api::<Service>::all(client.clone()), watcher::Config::default());
+        // kube-proxy's selector: Services of another proxy and headless
+        // ones never leave the API server.
+        let svc_config = watcher::Config::default().labels(&super::labels::selector());
+        let svc_stream = watcher(Api::<Service>::all(client.clone()), svc_config);
         let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default());
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let node_stream = watcher(Api::<Node>::all(client.clone()), node_config).modify(slim_node);

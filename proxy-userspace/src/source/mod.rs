@@ -6,6 +6,7 @@ pub mod convert;
 pub mod file;
 pub mod file_source;
 pub mod kube;
+pub mod labels;
 pub mod objects;
 pub mod reachability;
 pub mod requests;

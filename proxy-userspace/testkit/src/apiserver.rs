@@ -540,6 +540,48 @@ fn selected_name(q: &BTreeMap<String, String>) -> Option<String> {
     q.get("fieldSelector")?.strip_prefix("metadata.name=").map(str::to_owned)
 }
 
+/// One requirement of a `labelSelector`: `key`, `!key`, `key=value`
+/// (`==`), `key!=value`, as kube-apiserver parses the equality-based form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LabelRequirement {
+    Exists(String),
+    NotExists(String),
+    Equals(String, String),
+    NotEquals(String, String),
+}
+
+/// The requirements of the request's `labelSelector` (all must hold).
+fn label_selector(q: &BTreeMap<String, String>) -> Vec<LabelRequirement> {
+    let Some(selector) = q.get("labelSelector") else { return Vec::new() };
+    selector
+        .split(',')
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(|r| {
+            if let Some((k, v)) = r.split_once("!=") {
+                LabelRequirement::NotEquals(k.trim().to_owned(), v.trim().to_owned())
+            } else if let Some((k, v)) = r.split_once("==").or_else(|| r.split_once('=')) {
+                LabelRequirement::Equals(k.trim().to_owned(), v.trim().to_owned())
+            } else if let Some(k) = r.strip_prefix('!') {
+                LabelRequirement::NotExists(k.trim().to_owned())
+            } else {
+                LabelRequirement::Exists(r.to_owned())
+            }
+        })
+        .collect()
+}
+
+fn labels_match(selector: &[LabelRequirement], object: &Value) -> bool {
+    let label = |k: &str| object.get("metadata").and_then(|m| m.get("labels")).and_then(|l| l.get(k));
+    selector.iter().all(|r| match r {
+        LabelRequirement::Exists(k) => label(k).is_some(),
+        LabelRequirement::NotExists(k) => label(k).is_none(),
+        LabelRequirement::Equals(k, v) => label(k).and_then(Value::as_str) == Some(v),
+        // kube-apiserver: `!=` also matches objects without the label.
+        LabelRequirement::NotEquals(k, v) => label(k).and_then(Value::as_str) != Some(v),
+    })
+}
+
 /// A list item as the API returns it: without kind and apiVersion.
 fn list_item(object: &Value) -> Value {
     let mut item = object.clone();
@@ -570,10 +612,11 @@ fn list(state: &Mutex<State>, kind: Kind, ns: Option<&str>, q: &BTreeMap<String,
     };
     let limit = q.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
     let name = selected_name(q);
+    let selector = label_selector(q);
     let all: Vec<&Value> = st
         .objects
         .iter()
-        .filter(|(k, _)| in_scope(k, kind, ns) && name.as_ref().is_none_or(|n| &k.2 == n))
+        .filter(|(k, v)| in_scope(k, kind, ns) && name.as_ref().is_none_or(|n| &k.2 == n) && labels_match(&selector, v))
         .map(|(_, v)| v)
         .collect();
     let page: Vec<Value> = all.iter().skip(offset).take(limit).map(|o| list_item(o)).collect();
@@ -605,6 +648,7 @@ fn watch_stream(
     let bookmarks = q.get("allowWatchBookmarks").is_some_and(|v| v == "true");
     let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(300));
     let name = selected_name(q);
+    let selector = label_selector(q);
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(256);
     // Subscribe before reading history, so no event falls between them.
     let mut live = events.subscribe();
@@ -629,14 +673,24 @@ fn watch_stream(
             let _ = tx.send(event_line("ERROR", &status)).await;
             return;
         }
-        let matches = |e: &Event| {
+        let in_watch = |e: &Event| {
             e.kind == kind
                 && ns.as_deref().is_none_or(|n| meta_str(&e.object, "namespace") == n)
                 && name.as_deref().is_none_or(|n| meta_str(&e.object, "name") == n)
         };
+        // An object whose labels stop matching the selector leaves the
+        // watch as DELETED, as kube-apiserver sends it (its old labels are
+        // not kept here, so one that never matched is "deleted" too: a
+        // client ignores a delete of what it does not hold).
+        let change = |e: &Event| match (labels_match(&selector, &e.object), e.change) {
+            (true, change) => Some(change),
+            (false, "MODIFIED") => Some("DELETED"),
+            (false, _) => None,
+        };
+        let matches = |e: &Event| in_watch(e) && change(e).is_some();
         let mut last_rv = from.max(current_rv);
         for e in replay.iter().filter(|e| matches(e)) {
-            if tx.send(event_line(e.change, &e.object)).await.is_err() {
+            if tx.send(event_line(change(e).unwrap_or(e.change), &e.object)).await.is_err() {
                 return;
             }
         }
@@ -654,7 +708,7 @@ fn watch_stream(
                 event = live.recv() => match event {
                     Ok(e) => {
                         last_rv = last_rv.max(e.rv);
-                        if e.rv > from && matches(&e) && tx.send(event_line(e.change, &e.object)).await.is_err() {
+                        if e.rv > from && matches(&e) && tx.send(event_line(change(&e).unwrap_or(e.change), &e.object)).await.is_err() {
                             return;
                         }
                     }
@@ -687,6 +741,23 @@ pub fn kubeconfig_yaml(server: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::percent_decode;
+
+    #[test]
+    fn label_selectors_select_as_kube_apiserver_does() {
+        use super::{label_selector, labels_match};
+        let q = |s: &str| [("labelSelector".to_owned(), s.to_owned())].into_iter().collect();
+        let obj = |labels: serde_json::Value| serde_json::json!({"metadata": {"labels": labels}});
+        let kube_proxy =
+            label_selector(&q("!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"));
+        assert!(labels_match(&kube_proxy, &obj(serde_json::json!({"app": "web"}))));
+        assert!(labels_match(&kube_proxy, &serde_json::json!({"metadata": {}})));
+        assert!(!labels_match(&kube_proxy, &obj(serde_json::json!({"service.kubernetes.io/headless": ""}))));
+        let eq = label_selector(&q("app=web,tier!=db,zone"));
+        assert!(labels_match(&eq, &obj(serde_json::json!({"app": "web", "zone": "a"}))));
+        assert!(!labels_match(&eq, &obj(serde_json::json!({"app": "web", "zone": "a", "tier": "db"}))));
+        assert!(!labels_match(&eq, &obj(serde_json::json!({"app": "web"}))));
+        assert!(labels_match(&label_selector(&q("app==web")), &obj(serde_json::json!({"app": "web"}))));
+    }
 
     #[test]
     fn query_components_are_decoded() {

@@ -1,0 +1,76 @@
+//! A start that fails leaves the pin directory as it found it: what was in
+//! it before (maps and links of a running datapath) stays, what this start
+//! pinned before it failed goes.
+use std::{
+    collections::HashSet,
+    fs,
+    path::{Path, PathBuf},
+};
+
+/// The pin directory's entries (two levels: `maps-v*`/`links` and what is
+/// in them) at one moment.
+#[derive(Debug)]
+pub struct PinRollback {
+    before: HashSet<PathBuf>,
+    dir: PathBuf,
+}
+
+impl PinRollback {
+    /// Notes what is in `dir` now.
+    #[must_use]
+    pub fn take(dir: &Path) -> Self {
+        Self { before: entries(dir).into_iter().collect(), dir: dir.to_owned() }
+    }
+
+    /// Removes every entry that was not there when `take` ran (files first,
+    /// then the directories made, deepest first); returns how many went.
+    /// A failure to remove one is logged: this runs on a failure already.
+    pub fn undo(self) -> usize {
+        let mut new: Vec<PathBuf> = entries(&self.dir).into_iter().filter(|p| !self.before.contains(p)).collect();
+        // Deepest first: a directory's entries before the directory.
+        new.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        let mut removed = 0;
+        for path in new {
+            let result = if path.is_dir() { fs::remove_dir(&path) } else { fs::remove_file(&path) };
+            match result {
+                Ok(()) => removed += 1,
+                Err(err) => tracing::warn!(path = %path.display(), %err, "cannot remove a pin this failed start made"),
+            }
+        }
+        removed
+    }
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    let list = |dir: &Path| -> Vec<PathBuf> {
+        fs::read_dir(dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default()
+    };
+    let top = list(dir);
+    let mut all = Vec::new();
+    for path in top {
+        if path.is_dir() {
+            all.extend(list(&path));
+        }
+        all.push(path);
+    }
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PinRollback;
+
+    #[test]
+    fn only_what_came_after_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = |s: &str| dir.path().join(s);
+        std::fs::create_dir(p("maps-v1")).unwrap();
+        std::fs::write(p("maps-v1/OLD"), "").unwrap();
+        let rollback = PinRollback::take(dir.path());
+        std::fs::write(p("maps-v1/NEW"), "").unwrap();
+        std::fs::create_dir(p("maps-v2")).unwrap();
+        std::fs::write(p("maps-v2/SERVICES"), "").unwrap();
+        assert_eq!(rollback.undo(), 3);
+        assert!(p("maps-v1/OLD").exists() && !p("maps-v1/NEW").exists() && !p("maps-v2").exists());
+    }
+}

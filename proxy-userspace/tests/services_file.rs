@@ -1,0 +1,150 @@
+//! The services file at its edges, through the kernel: a file caught
+//! mid-write, rejections counted. The real agent binary on a test cgroup,
+//! real curl clients in a test namespace.
+mod common;
+
+use std::{
+    io::Read as _,
+    process::{Child, Stdio},
+    time::Duration,
+};
+
+use common::{Env, web};
+
+/// curl in the namespace and the cgroup, one new connection per request
+/// (the backends close each), until killed.
+fn steady_client(env: &Env, url: &str) -> Child {
+    proxy_testkit::spawn_in(&env.ns, Some(&env.cgroup), "curl")
+        .unwrap()
+        .args(["-sS", "--connect-timeout", "2", &format!("{url}/?[1-10000000]")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Stops the client: (answers, curl's errors).
+fn stop(mut client: Child) -> (usize, String) {
+    let _ = client.kill();
+    let _ = client.wait();
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    client.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    client.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    (stdout.lines().count(), stderr)
+}
+
+fn metrics(env: &Env) -> String {
+    let address = common::agent_address(env.agent(), "metrics");
+    common::http_get(&address, "/metrics").1
+}
+
+/// `: > F` and then the new content, as `kubectl get -o yaml > F` or a
+/// shell redirect writes it: the empty file in between is seen by the
+/// agent (it stays empty longer than a poll) but never applied, so no
+/// connection fails. An empty file that stays empty is applied (the
+/// existing services_file_edits_are_applied test deletes that way).
+#[test]
+fn truncate_then_rewrite_under_a_steady_client_fails_no_connection() {
+    common::require_root!();
+    let mut env = Env::new(2);
+    env.write_services(&web(&[1, 2]));
+    env.start_agent();
+    let client = steady_client(&env, "http://10.96.0.10");
+    let pause = |ms| std::thread::sleep(Duration::from_millis(ms));
+    pause(300);
+    for _ in 0..3 {
+        std::fs::File::create(env.services_file()).unwrap(); // truncates
+        pause(450); // longer than the agent's poll and settle
+        std::fs::write(env.services_file(), web(&[1, 2])).unwrap();
+        pause(300);
+    }
+    let (answers, errors) = stop(client);
+    // The point is that none fails; this only checks that the client ran.
+    assert!(answers > 20, "only {answers} requests");
+    assert!(!errors.contains("curl: ("), "a connection failed while the file was rewritten: {errors}");
+    let text = metrics(&env);
+    assert!(
+        common::metric(&text, "ebpf_proxy_services_file_rejections_total{reason=\"empty\"}") >= 1.0,
+        "the empty reads were counted:\n{text}"
+    );
+}
+
+/// Each rejection is logged with its reason and counted in
+/// `ebpf_proxy_services_file_rejections_total{reason}`, and none costs the
+/// service that is served.
+#[test]
+fn every_rejection_is_counted_and_the_service_stays() {
+    common::require_root!();
+    let mut env = Env::new(1);
+    let deployment = "---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d, namespace: test}\n";
+    env.write_services(&(web(&[1]) + deployment));
+    env.start_agent();
+    let logged = |reason: &str| {
+        let agent = env.agent();
+        agent
+            .wait_for(0, Duration::from_secs(10), |r| {
+                proxy_testkit::field(r, "reason").and_then(|v| v.as_str()) == Some(reason)
+            })
+            .is_ok()
+    };
+    assert!(logged("unknown_kind"));
+    let level = |i: usize| format!("a{i}: &a{i} [{}]\n", vec![format!("*a{}", i - 1); 10].join(", "));
+    let bomb = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n".to_owned() + &(1..9).map(level).collect::<String>();
+    for (text, reason) in [(bomb.as_str(), "yaml_bomb"), ("kind: [\n", "not_yaml")] {
+        env.write_services(text);
+        assert!(logged(reason), "{reason} not logged");
+    }
+    let text = metrics(&env);
+    for reason in ["unknown_kind", "yaml_bomb", "not_yaml"] {
+        let name = format!("ebpf_proxy_services_file_rejections_total{{reason=\"{reason}\"}}");
+        assert!(common::metric(&text, &name) >= 1.0, "{reason} not counted:\n{text}");
+    }
+    assert_eq!(env.requests("10.96.0.10", 5), vec!["backend-1"; 5], "the last good content still serves");
+}
+
+/// Everything under the pin directory (two levels), sorted.
+fn pins(dir: &std::path::Path) -> Vec<String> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.path().is_dir() {
+            for inner in std::fs::read_dir(entry.path()).unwrap().flatten() {
+                all.push(format!("{name}/{}", inner.file_name().to_string_lossy()));
+            }
+        }
+        all.push(name);
+    }
+    all.sort();
+    all
+}
+
+/// A flag out of range stops the agent before anything is made; a start
+/// the kernel side fails anyway (here: a directory where the service
+/// names map is to be pinned) takes back the maps it pinned, and leaves
+/// what was there before.
+#[test]
+fn a_failed_start_leaves_no_pins_behind() {
+    common::require_root!();
+    let env = Env::new(1);
+    env.write_services(&web(&[1]));
+    let run = |extra: &[&str]| {
+        let mut args = env.agent_args();
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let out = std::process::Command::new(common::AGENT).arg("run").args(&args).output().unwrap();
+        assert!(!out.status.success(), "the agent started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = run(&["--services-map-size", "0"]);
+    assert!(stderr.contains("1..=16777216"), "the valid range is named: {stderr}");
+    assert!(!env.pin_dir().exists(), "a refused flag made the pin directory");
+
+    // Where a fresh start pins its maps: the smallest size (see
+    // datapath/sizing.rs).
+    let min = ebpf_proxy::datapath::sizing::MIN_SIZE;
+    let maps = ebpf_proxy::paths::maps_dir(&env.pin_dir(), 16381, min, min);
+    std::fs::create_dir_all(maps.join(proxy_common::map_names::SERVICE_NAMES)).unwrap();
+    let before = pins(&env.pin_dir());
+    let stderr = run(&[]);
+    assert!(stderr.contains(proxy_common::map_names::SERVICE_NAMES), "{stderr}");
+    assert_eq!(pins(&env.pin_dir()), before, "the failed start left pins behind");
+}
