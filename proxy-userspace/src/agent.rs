@@ -194,7 +194,11 @@ async fn run_with(
         let (services, slices) = source.pending();
         metrics.service_changes_pending.set(i64::try_from(services).unwrap_or(i64::MAX));
         metrics.endpoint_changes_pending.set(i64::try_from(slices).unwrap_or(i64::MAX));
-        let Some(mut synced) = pipeline.step(wake, &mut source, &mut datapath.maps).await else { continue };
+        let Some(translated) = pipeline.translate(wake, &mut source, &mut datapath.maps).await else { continue };
+        if !observers.attached && crate::resize::before_first_write(&mut datapath, &mut pipeline, &config.load)? {
+            take_counters(&mut datapath, telemetry);
+        }
+        let mut synced = pipeline.write(translated, &mut datapath.maps);
         resize(&mut datapath, &mut pipeline, &mut synced, &mut observers, config, telemetry)?;
         observers.observe(&synced, &pipeline, &mut datapath, config, &source).await?;
         let snapshot = applied_snapshot(source.name(), &pipeline, &synced);
@@ -241,10 +245,15 @@ fn resize(
     synced.whole_table = true;
     // The new programs' TC links are swapped in by `observe`.
     observers.devices = None;
+    take_counters(datapath, telemetry);
+    Ok(())
+}
+
+/// Hands the counters of `datapath`'s programs to the metrics endpoint.
+fn take_counters(datapath: &mut Datapath, telemetry: &Shared) {
     let mut t = telemetry.lock().expect("telemetry lock");
     t.counters = datapath.counters.take();
     t.external_stats = datapath.external_stats.take();
-    Ok(())
 }
 
 /// What reacts to a sync, besides telemetry.
@@ -367,8 +376,8 @@ fn load_datapath(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Dat
     })?;
     let mut t = telemetry.lock().expect("telemetry lock");
     (t.services_map_size, t.backends_map_size) = (datapath.sizes().services, datapath.sizes().backends);
-    t.counters = datapath.counters.take();
-    t.external_stats = datapath.external_stats.take();
+    drop(t);
+    take_counters(&mut datapath, telemetry);
     Ok(datapath)
 }
 

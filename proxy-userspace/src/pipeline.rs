@@ -173,13 +173,28 @@ impl Pipeline {
     }
 
     /// Reads what woke it, translates it and writes the difference: `None`
-    /// when there is nothing to write (nothing readable yet).
+    /// when there is nothing to write (nothing readable yet). The same as
+    /// `translate` then `write`.
     pub async fn step(
         &mut self,
         wake: Wake,
         source: &mut impl ChangeSource,
         maps: &mut impl ServiceMaps,
     ) -> Option<Synced> {
+        let translated = self.translate(wake, source, maps).await?;
+        Some(self.write(translated, maps))
+    }
+
+    /// Reads what woke it and translates it into the model (`model()`),
+    /// writing nothing yet: `None` when there is nothing to write. Between
+    /// this and `write`, the agent may move to maps sized for the model's
+    /// table (see `crate::resize::before_first_write`).
+    pub async fn translate(
+        &mut self,
+        wake: Wake,
+        source: &mut impl ChangeSource,
+        maps: &mut impl ServiceMaps,
+    ) -> Option<Translated> {
         // When the change reached the agent: the latency counts from here.
         let noticed = Instant::now();
         let mut triggers = Vec::new();
@@ -200,6 +215,12 @@ impl Pipeline {
             }
         }
         self.node.as_ref()?;
+        Some(Translated { noticed, triggers, changed, audit })
+    }
+
+    /// Writes the difference between the translated table and the maps.
+    pub fn write(&mut self, translated: Translated, maps: &mut impl ServiceMaps) -> Synced {
+        let Translated { noticed, triggers, changed, audit } = translated;
         let started = Instant::now();
         let report = self.reconciler.sync(maps, self.model.table(), changed.as_ref());
         let took = started.elapsed();
@@ -211,7 +232,7 @@ impl Pipeline {
         let programming_seconds = if report.failures.is_empty() { since(&triggers) } else { Vec::new() };
         self.generation += 1;
         self.last_sync = Some(Instant::now());
-        Some(Synced {
+        Synced {
             report,
             whole_table: changed.is_none(),
             latency,
@@ -219,7 +240,15 @@ impl Pipeline {
             generation: self.generation,
             programming_seconds,
             drift,
-        })
+        }
+    }
+
+    /// Writes through other maps from now on, without writing yet:
+    /// `reconciler` was recovered from them (a set sized for the table
+    /// before its first write). The next `write` must compare the whole
+    /// table, as one after `translate` of a list does.
+    pub fn write_through(&mut self, reconciler: Reconciler) {
+        self.reconciler = reconciler;
     }
 
     /// Moves to other maps (a set of other sizes, see `datapath::sizing`):
@@ -343,6 +372,30 @@ impl Pipeline {
             }
             self.node_eligible = eligible;
         }
+    }
+}
+
+/// A change translated into the model and not written yet (see
+/// `Pipeline::translate`).
+#[derive(Debug)]
+pub struct Translated {
+    /// When the change reached the agent.
+    noticed: Instant,
+    /// Trigger times of the EndpointSlice changes it holds.
+    triggers: Vec<SystemTime>,
+    /// The frontends it changed (`None`: the whole table is compared).
+    changed: Option<std::collections::BTreeSet<model::FrontendKey>>,
+    /// A drift audit under way: the maps as read back before the write.
+    audit: Option<Audit>,
+}
+
+impl Translated {
+    /// Every service was translated (a first read, a relist, a new node
+    /// context, a retry or periodic sync): the write compares the whole
+    /// table with the maps.
+    #[must_use]
+    pub const fn whole_table(&self) -> bool {
+        self.changed.is_none()
     }
 }
 

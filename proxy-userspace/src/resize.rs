@@ -5,6 +5,11 @@
 //! does: the new set is filled beside the old one, the programs are
 //! swapped into the pinned links atomically, and the old set is unpinned.
 //! No moment exists where a service the old maps held is missing.
+//!
+//! Before the first write (a start, with maps just made or pinned by the
+//! previous agent) the same plan is made from the translated table, so a
+//! start with a big cluster writes once, into maps that hold it, instead of
+//! filling small maps, having writes refused and moving on.
 use tracing::info;
 
 use crate::{
@@ -12,7 +17,7 @@ use crate::{
         Reconciler, Report,
         failures::summarise,
         loader::{Datapath, LoadOptions},
-        sizing::{self, Full},
+        sizing::{self, Full, Sizes},
     },
     pipeline::Pipeline,
 };
@@ -44,15 +49,7 @@ pub fn after_sync(
     let demand = sizing::demand(pipeline.model().table());
     let current = datapath.sizes();
     let Some(next) = sizing::plan(current, demand, full, opts.bounds()) else { return Ok(None) };
-    info!(
-        services_map_size = next.services,
-        backends_map_size = next.backends,
-        was_services = current.services,
-        was_backends = current.backends,
-        services_needed = demand.services,
-        backends_needed = demand.backends,
-        "{RESIZING}"
-    );
+    log_resizing(current, next, demand, false);
     let mut moved = Datapath::load_sized(opts, next)?;
     let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
     let written = pipeline.move_to(reconciler, &mut moved.maps);
@@ -69,7 +66,48 @@ pub fn after_sync(
     Ok(Some(written))
 }
 
+/// The sizes to move to before the first write, when the maps of
+/// `current` cannot hold the table `pipeline` translated (or are above
+/// their bound): `None` keeps them.
+#[must_use]
+pub fn before_first_write_sizes(pipeline: &Pipeline, current: Sizes, bounds: Sizes) -> Option<Sizes> {
+    sizing::plan(current, sizing::demand(pipeline.model().table()), Full::default(), bounds)
+}
+
+/// Before the first write (nothing attached yet): moves `datapath` to maps
+/// sized for the table `pipeline` translated, when its maps cannot hold
+/// it; the write that follows fills them, and the first `attach` swaps the
+/// programs over. Whether it moved.
+pub fn before_first_write(
+    datapath: &mut Datapath,
+    pipeline: &mut Pipeline,
+    opts: &LoadOptions,
+) -> anyhow::Result<bool> {
+    let current = datapath.sizes();
+    let Some(next) = before_first_write_sizes(pipeline, current, opts.bounds()) else { return Ok(false) };
+    let demand = sizing::demand(pipeline.model().table());
+    log_resizing(current, next, demand, true);
+    let mut moved = Datapath::load_sized(opts, next)?;
+    let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
+    pipeline.write_through(reconciler);
+    *datapath = moved;
+    Ok(true)
+}
+
+fn log_resizing(current: Sizes, next: Sizes, demand: sizing::Demand, first_write: bool) {
+    info!(
+        services_map_size = next.services,
+        backends_map_size = next.backends,
+        was_services = current.services,
+        was_backends = current.backends,
+        services_needed = demand.services,
+        backends_needed = demand.backends,
+        first_write,
+        "{RESIZING}"
+    );
+}
+
 /// The message logged when the agent starts moving to maps of other
 /// sizes (fields: `services_map_size`, `backends_map_size`, `was_services`,
-/// `was_backends`, ...).
+/// `was_backends`, `first_write`: before the first write of a start, ...).
 pub const RESIZING: &str = "maps resized: filling a new set beside the current one, then swapping the programs over";

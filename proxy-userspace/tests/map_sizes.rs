@@ -171,3 +171,32 @@ fn a_bound_too_small_turns_health_503_and_a_larger_bound_serves_all_without_a_ga
     assert_eq!(maps_dirs(&env).len(), 1, "the 64-entry set is unpinned");
     assert_eq!(env.requests("10.97.0.40", 2), vec!["backend-1"; 2]);
 }
+
+#[test]
+fn a_start_with_a_big_table_sizes_its_maps_before_the_first_write() {
+    common::require_root!();
+    let mut env = Env::new(2);
+    // web (3 entries) and 2,500 services (5,000 entries): more than the
+    // 4,096 a fresh start's maps hold (sizing::MIN_SIZE).
+    env.write_services(&services(2500));
+    env.start_agent();
+    let agent = env.agent();
+    let applied = agent.wait_applied(0);
+    assert_eq!(u64_field(&applied, "frontends"), 2501, "{applied}");
+    assert_eq!(u64_field(&applied, "failures"), 0, "{applied}");
+    let records = agent.records();
+    // Sized from the translated table, before anything was written: no
+    // write refused, no move after the first write.
+    assert!(!records.iter().any(|r| message(r) == Some(MAP_WRITES_FAILED)), "a write was refused");
+    let resized: Vec<_> = records.iter().filter(|r| message(r) == Some(RESIZING)).collect();
+    assert_eq!(resized.len(), 1, "{resized:?}");
+    assert_eq!(field(resized[0], "first_write"), Some(&serde_json::Value::Bool(true)), "{}", resized[0]);
+    assert_eq!(u64_field(resized[0], "services_needed"), 5003);
+    // One set pinned, of the right size: twice the need, rounded up.
+    let dirs = maps_dirs(&env);
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    assert!(dirs[0].ends_with("-s16384-b4096"), "{dirs:?}");
+    assert_eq!(status_maps(&env)["services_map_size"], 16_384);
+    assert_eq!(env.requests("10.97.9.250", 2), vec!["backend-1"; 2]);
+    assert_eq!(env.requests("10.96.0.10", 2).len(), 2);
+}

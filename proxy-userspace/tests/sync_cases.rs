@@ -389,6 +389,80 @@ fn rewrite(path: &Path, text: &str, actual: &[(usize, String)]) -> std::io::Resu
     std::fs::write(path, out)
 }
 
+/// `n` one-port services (10.97.x.y), each with one endpoint: 2 `SERVICES`
+/// entries each (slot 0 and the backend's slot).
+fn many_services(n: u16) -> String {
+    let mut yaml = String::new();
+    for i in 0..n {
+        let ip = format!("10.97.{}.{}", i / 250, i % 250 + 1);
+        let _ = write!(
+            yaml,
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: ns}}\n\
+             spec: {{clusterIP: {ip}, clusterIPs: [{ip}], ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080}}]}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: s{i}-a, namespace: ns, labels: {{kubernetes.io/service-name: s{i}}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\n\
+             endpoints: [{{addresses: [10.244.{}.{}], conditions: {{ready: true}}}}]\n",
+            i / 250,
+            i % 250 + 1
+        );
+    }
+    yaml
+}
+
+/// A start with more entries than the smallest maps hold (4,200 `SERVICES`
+/// entries; a fresh start's maps hold `sizing::MIN_SIZE`, 4,096): the agent
+/// sizes its maps from the translated table before the first write
+/// (`resize::before_first_write_sizes`, as `agent::run_with` does), so not
+/// one write is refused. Without that step, the same write is refused.
+fn start_sized_before_first_write() -> Result<(), String> {
+    let min = ebpf_proxy::datapath::sizing::MIN_SIZE;
+    let bounds = ebpf_proxy::datapath::sizing::DEFAULT_BOUNDS;
+    let cluster = many_services(2100);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+    let fresh = || FakeMaps { capacity: Some(min as usize), ..FakeMaps::default() };
+    let current = ebpf_proxy::datapath::sizing::Sizes { services: min, backends: min };
+
+    // Unsized, the first write fills the small maps and is refused.
+    let mut small = fresh();
+    let mut agent = Agent::new(NodeSettings::default(), &mut small, cluster.clone())?;
+    let unsized_ = runtime.block_on(agent.pipeline.step(Wake::Changed, &mut agent.source, &mut small));
+    let refused = unsized_.ok_or("nothing to sync")?.report.failures.len();
+    if refused == 0 {
+        return Err("4,200 entries fit 4,096-entry maps: the case checks nothing".into());
+    }
+
+    let mut maps = fresh();
+    let mut agent = Agent::new(NodeSettings::default(), &mut maps, cluster)?;
+    let pipeline = &mut agent.pipeline;
+    let translated =
+        runtime.block_on(pipeline.translate(Wake::Changed, &mut agent.source, &mut maps)).ok_or("nothing to sync")?;
+    if !translated.whole_table() {
+        return Err("a start compares the whole table".into());
+    }
+    let next = ebpf_proxy::resize::before_first_write_sizes(pipeline, current, bounds)
+        .ok_or("the start stays in maps too small for it")?;
+    // 4,200 entries, twice that rounded up; 2,100 backends fit 4,096.
+    if next.services != 16_384 || next.backends != min {
+        return Err(format!("planned {next:?}"));
+    }
+    let mut sized = FakeMaps { capacity: Some(next.services as usize), ..FakeMaps::default() };
+    let (reconciler, _) = Reconciler::recover(&mut sized).map_err(|e| format!("recover: {e}"))?;
+    pipeline.write_through(reconciler);
+    let synced = pipeline.write(translated, &mut sized);
+    if !synced.report.failures.is_empty() || pipeline.reconciler().frontend_count() != 2100 {
+        return Err(format!(
+            "{} writes refused, {} frontends written",
+            synced.report.failures.len(),
+            pipeline.reconciler().frontend_count()
+        ));
+    }
+    if maps.ops != 0 {
+        return Err(format!("{} operations on the small maps: the first write went to the sized ones only", maps.ops));
+    }
+    Ok(())
+}
+
 fn main() {
     let args = libtest_mimic::Arguments::from_args();
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sync-cases");
@@ -405,6 +479,10 @@ fn main() {
             let name = path.file_stem().expect("a file name").to_string_lossy().into_owned();
             libtest_mimic::Trial::test(name, move || run_case(&path).map_err(Into::into))
         })
+        .chain([libtest_mimic::Trial::test(
+            "a-start-too-big-for-the-smallest-maps-is-sized-before-its-first-write",
+            || start_sized_before_first_write().map_err(Into::into),
+        )])
         .collect();
     libtest_mimic::run(&args, trials).exit();
 }

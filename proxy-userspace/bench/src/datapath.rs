@@ -45,11 +45,20 @@ pub struct RuleLoad {
     pub seconds: f64,
 }
 
-/// Runs the comparison for `n` services; returns the rows and the rule
-/// load times.
-pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoad>)> {
-    let variants = settings.variants.as_slice();
-    let net = BenchNet::new(variants).context("making the bench namespaces")?;
+/// What the comparison at one service count measured.
+pub struct Run {
+    pub rows: Vec<Row>,
+    pub loads: Vec<RuleLoad>,
+    /// Variants left out because their rule set took longer to load than
+    /// the limit, each with why.
+    pub too_slow: Vec<String>,
+}
+
+/// Runs the comparison for `n` services. A kube-proxy variant whose rule
+/// set does not load within `settings.rule_load_limit` is left out.
+pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Run> {
+    let mut variants = settings.variants.clone();
+    let net = BenchNet::new(&variants).context("making the bench namespaces")?;
     let _servers = Servers::start(&net.backends).context("starting the backends")?;
     let dir = tempfile::tempdir()?;
     let direct = dir.path().join("direct.txt");
@@ -61,6 +70,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoa
     write_targets(&vips, (0..n).map(|s| format!("{}:{SERVICE_PORT}", spec::vip(s))))?;
 
     let mut loads = Vec::new();
+    let mut too_slow = Vec::new();
     let iptables = dir.path().join("iptables.rules");
     std::fs::write(&iptables, rules::iptables(n))?;
     let nft = dir.path().join("nftables.rules");
@@ -74,9 +84,20 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoa
             continue;
         }
         eprintln!("bench: {n} services: loading {tool}");
-        let seconds = load_rules(net.client(variant), tool, args, file)?;
+        let limit = Duration::from_secs_f64(settings.rule_load_limit);
+        let Some(seconds) = load_rules(net.client(variant), tool, args, file, limit)? else {
+            eprintln!("bench: {n} services: {tool} did not finish within {limit:?}; {} left out", variant.name());
+            too_slow.push(format!(
+                "{} at {n} services: left out, its rules did not load within {} s ({tool})",
+                variant.name(),
+                settings.rule_load_limit
+            ));
+            variants.retain(|v| *v != variant);
+            continue;
+        };
         loads.push(RuleLoad { services: n, tool, seconds });
     }
+    let variants = variants.as_slice();
 
     eprintln!("bench: {n} services: starting ebpf-proxy");
     let cgroup = TestCgroup::create(&unique_name("ebpf-proxy-bench"))?;
@@ -126,7 +147,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<(Vec<Row>, Vec<RuleLoa
         }
     }
     drop(agent);
-    Ok((rows(n, &results), loads))
+    Ok(Run { rows: rows(n, &results), loads, too_slow })
 }
 
 fn write_targets(path: &Path, lines: impl Iterator<Item = String>) -> std::io::Result<()> {
@@ -134,18 +155,33 @@ fn write_targets(path: &Path, lines: impl Iterator<Item = String>) -> std::io::R
     std::fs::write(path, text)
 }
 
-/// Loads `file` with `tool ARGS` inside `ns`; returns the seconds it took.
-fn load_rules(ns: &NetNs, tool: &str, args: &[&str], file: &Path) -> anyhow::Result<f64> {
+/// Loads `file` with `tool ARGS` inside `ns`; returns the seconds it took
+/// (`None`: it took longer than `limit`, and was stopped).
+fn load_rules(ns: &NetNs, tool: &str, args: &[&str], file: &Path, limit: Duration) -> anyhow::Result<Option<f64>> {
     let started = Instant::now();
-    let out = spawn_in(ns, None, tool)?
+    let mut child = spawn_in(ns, None, tool)?
         .args(args)
         .stdin(std::fs::File::open(file)?)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .output()
+        .spawn()
         .with_context(|| format!("running {tool} (apt package iptables or nftables)"))?;
+    while child.try_wait()?.is_none() {
+        if started.elapsed() > limit || stopping() {
+            // The tool this function started, by its own handle.
+            child.kill()?;
+            child.wait()?;
+            if stopping() {
+                bail!("interrupted");
+            }
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let out = child.wait_with_output()?;
     ensure!(out.status.success(), "{tool} failed: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(started.elapsed().as_secs_f64())
+    Ok(Some(seconds))
 }
 
 struct Runner<'a> {

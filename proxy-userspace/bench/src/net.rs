@@ -1,5 +1,5 @@
 //! The bench's network, all in its own namespaces: a `lan` bridge; one
-//! namespace per backend index `i`, owning 10.(100+i).0.0/16 (a `local`
+//! namespace per backend index `i`, owning `spec::backend_net(i)` (a `local`
 //! route, so one listening socket answers every endpoint address); one
 //! client namespace per variant, so each variant's rules sit only in its
 //! own path. Nothing is added to the machine's own namespace; everything

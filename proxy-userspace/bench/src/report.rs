@@ -51,7 +51,8 @@ pub struct Report {
     pub client_threads: usize,
     pub datapath: Vec<Row>,
     pub rule_loads: Vec<RuleLoad>,
-    pub control: Option<Control>,
+    /// The control plane, one per service count measured.
+    pub control: Vec<Control>,
     /// Variants that could not run here, and why.
     pub unavailable: Vec<String>,
 }
@@ -112,16 +113,13 @@ impl Report {
                 }
                 out.push('\n');
             }
-            if !self.unavailable.is_empty() {
-                let _ = writeln!(out, "Not measured here: {}.\n", self.unavailable.join("; "));
-            }
             let _ = writeln!(out, "Loading the service set (10 endpoints per service):\n");
             let _ = writeln!(out, "| services | tool | seconds |\n|---:|---|---:|");
             for l in &self.rule_loads {
                 let _ = writeln!(out, "| {} | {} | {:.2} |", l.services, l.tool, l.seconds);
             }
         }
-        if let Some(c) = &self.control {
+        for c in &self.control {
             let _ = writeln!(
                 out,
                 "\nControl plane, {} services x 10 endpoints from the API server (the repo's list/watch test server):\n",
@@ -154,6 +152,9 @@ impl Report {
             );
             let _ = writeln!(out, "| agent peak RSS during the relist | {:.1} MiB |", c.relist_peak_rss_mib);
             let _ = writeln!(out, "| agent RSS after the relist | {:.1} MiB |", c.rss_after_relist_mib);
+        }
+        if !self.unavailable.is_empty() {
+            let _ = writeln!(out, "\nNot measured here: {}.", self.unavailable.join("; "));
         }
         out
     }

@@ -1,7 +1,9 @@
 //! The service set every variant serves: `n` ClusterIP services of
-//! `ENDPOINTS` endpoints each. Service `s` is 10.96.(s/256).(s%256):80;
-//! its endpoint `i` is 10.(100+i).(s/256).(s%256):8080, in backend
-//! namespace `i` (which owns all of 10.(100+i).0.0/16).
+//! `ENDPOINTS` endpoints each. Service `s` is 10.(96+s/65536).(s/256%256).
+//! (s%256):80 (in 10.96.0.0/14); its endpoint `i` is
+//! 10.(128+4i+s/65536).(s/256%256).(s%256):8080, in backend namespace `i`
+//! (which owns all of 10.(128+4i).0.0/14). A moved endpoint (a change) is
+//! 40 higher in the second byte, outside every backend's range.
 use std::{fmt::Write as _, net::Ipv4Addr};
 
 use serde_json::{Value, json};
@@ -9,25 +11,44 @@ use serde_json::{Value, json};
 pub const ENDPOINTS: u8 = 10;
 pub const SERVICE_PORT: u16 = 80;
 pub const BACKEND_PORT: u16 = 8080;
-/// Most services the address plan holds.
-pub const MAX_SERVICES: u32 = 65_536;
+/// Most services the address plan holds (a /14 each for the service
+/// addresses and for each backend's endpoints).
+pub const MAX_SERVICES: u32 = 1 << 18;
+/// Most frontends ebpf-proxy holds today: frontend (rev-NAT) ids are 16
+/// bits wide (`u16` keys of `REVNAT` in proxy-common, read by the eBPF
+/// programs), id 0 unused. Past it the bench skips the service count and
+/// says why; widening the ids is a layout change of proxy-common and the
+/// eBPF programs, after which this bound goes.
+pub const MAX_FRONTENDS: u32 = 65_535;
+
+/// Second byte of the first endpoint address of backend `i`.
+const ENDPOINT_BASE: u8 = 128;
+/// How far a moved endpoint's second byte is from its own.
+const MOVED: u8 = 40;
+
+/// The third byte's carry into the second: `s / 65536` (below 4).
+fn split(s: u32) -> (u8, u8, u8) {
+    assert!(s < MAX_SERVICES, "service {s} is past the address plan ({MAX_SERVICES})");
+    let [_, top, hi, lo] = s.to_be_bytes();
+    (top, hi, lo)
+}
 
 #[must_use]
 pub fn vip(s: u32) -> Ipv4Addr {
-    let [_, _, hi, lo] = s.to_be_bytes();
-    Ipv4Addr::new(10, 96, hi, lo)
+    let (top, hi, lo) = split(s);
+    Ipv4Addr::new(10, 96 + top, hi, lo)
 }
 
 #[must_use]
 pub fn endpoint(s: u32, i: u8) -> Ipv4Addr {
-    let [_, _, hi, lo] = s.to_be_bytes();
-    Ipv4Addr::new(10, 100 + i, hi, lo)
+    let (top, hi, lo) = split(s);
+    Ipv4Addr::new(10, ENDPOINT_BASE + 4 * i + top, hi, lo)
 }
 
 /// The network backend namespace `i` owns.
 #[must_use]
 pub fn backend_net(i: u8) -> String {
-    format!("10.{}.0.0/16", 100 + i)
+    format!("10.{}.0.0/14", ENDPOINT_BASE + 4 * i)
 }
 
 fn name(s: u32) -> String {
@@ -88,7 +109,7 @@ pub fn slice_object(s: u32, moved: Option<u8>) -> Value {
             let mut addr = endpoint(s, i);
             if moved == Some(i) {
                 let octets = addr.octets();
-                addr = Ipv4Addr::new(octets[0], octets[1] + 10, octets[2], octets[3]);
+                addr = Ipv4Addr::new(octets[0], octets[1] + MOVED, octets[2], octets[3]);
             }
             json!({"addresses": [addr.to_string()],
                    "conditions": {"ready": true, "serving": true, "terminating": false},
@@ -131,7 +152,41 @@ mod tests {
     fn addresses_follow_the_plan() {
         assert_eq!(vip(0), Ipv4Addr::new(10, 96, 0, 0));
         assert_eq!(vip(258), Ipv4Addr::new(10, 96, 1, 2));
-        assert_eq!(endpoint(258, 9), Ipv4Addr::new(10, 109, 1, 2));
+        assert_eq!(endpoint(258, 9), Ipv4Addr::new(10, 164, 1, 2));
+        // 100,000 and more: the plan holds them, each address once.
+        assert_eq!(vip(100_000), Ipv4Addr::new(10, 97, 134, 160));
+        assert_eq!(vip(MAX_SERVICES - 1), Ipv4Addr::new(10, 99, 255, 255));
+        assert_eq!(endpoint(MAX_SERVICES - 1, 9), Ipv4Addr::new(10, 167, 255, 255));
+        assert_eq!(endpoint(MAX_SERVICES - 1, 0), Ipv4Addr::new(10, 131, 255, 255));
+    }
+
+    #[test]
+    fn each_endpoint_is_in_its_backends_network_and_nowhere_else() {
+        /// An address range `A.B.C.D/LEN`.
+        struct Net(u32, u32);
+        impl Net {
+            fn new(text: &str) -> Self {
+                let (addr, len) = text.split_once('/').unwrap();
+                let mask = u32::MAX << (32 - len.parse::<u32>().unwrap());
+                Self(u32::from(addr.parse::<Ipv4Addr>().unwrap()) & mask, mask)
+            }
+            fn contains(&self, a: Ipv4Addr) -> bool {
+                u32::from(a) & self.1 == self.0
+            }
+        }
+        let nets: Vec<Net> = (0..ENDPOINTS).map(|i| Net::new(&backend_net(i))).collect();
+        let services = Net::new("10.96.0.0/14");
+        for s in [0, 258, 65_535, 65_536, 100_000, MAX_SERVICES - 1] {
+            assert!(services.contains(vip(s)));
+            assert!(!nets.iter().any(|n| n.contains(vip(s))), "{s}");
+            for i in 0..ENDPOINTS {
+                let owners: Vec<usize> = (0..nets.len()).filter(|k| nets[*k].contains(endpoint(s, i))).collect();
+                assert_eq!(owners, vec![usize::from(i)], "service {s} endpoint {i}");
+                let [a, b, c, d] = endpoint(s, i).octets();
+                let moved = Ipv4Addr::new(a, b + MOVED, c, d);
+                assert!(!nets.iter().any(|n| n.contains(moved)) && !services.contains(moved), "{moved}");
+            }
+        }
     }
 
     #[test]
@@ -159,7 +214,7 @@ mod tests {
         assert_eq!(t.table.len(), 1);
         let frontend = t.table.values().next().unwrap();
         assert_eq!(frontend.backends.len(), usize::from(ENDPOINTS));
-        let moved = Ipv4Addr::new(10, 113, 1, 2);
+        let moved = Ipv4Addr::new(10, 128 + 12 + MOVED, 1, 2);
         assert!(format!("{:?}", frontend.backends).contains(&moved.to_string()), "the replaced slice counts");
     }
 }
