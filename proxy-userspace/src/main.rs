@@ -6,10 +6,18 @@ use ebpf_proxy::{
 
 use std::process::ExitCode;
 
+/// The tokio runtime's worker threads (see `main`).
+const WORKER_THREADS: usize = 2;
+
 fn main() -> ExitCode {
     // Before any thread exists (the runtime's workers): see memory.rs.
-    ebpf_proxy::memory::use_one_heap();
+    ebpf_proxy::memory::configure_allocator();
+    // Two workers whatever the node's size (tokio's default is one per
+    // CPU): the agent's work is one pipeline task at a time plus the watches
+    // and the HTTP servers, which never fill two cores, while each worker
+    // costs a thread stack and its share of the allocator on a 64-core node.
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
         .enable_all()
         .build()
         .expect("building the tokio runtime")
