@@ -286,11 +286,6 @@ impl Observers {
         let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
         attach_devices(&config.devices, datapath, &node_ips, &mut self.devices);
         self.health_checks.update(&pipeline.model().health_checks()).await;
-        if synced.whole_table {
-            // After a whole-table sync (start, relist): its transient
-            // memory goes back to the kernel.
-            crate::memory::release_free_memory();
-        }
         Ok(())
     }
 }

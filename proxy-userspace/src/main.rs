@@ -6,10 +6,25 @@ use ebpf_proxy::{
 
 use std::process::ExitCode;
 
+/// jemalloc for every Rust allocation: see memory.rs.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings, under the name the (prefixed) jemalloc of
+/// tikv-jemallocator reads them by: a pointer to a C string.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static JEMALLOC_CONF: &[u8; 95] = ebpf_proxy::memory::JEMALLOC_CONF;
+
+/// The tokio runtime's worker threads (see `main`).
+const WORKER_THREADS: usize = 2;
+
 fn main() -> ExitCode {
-    // Before any thread exists (the runtime's workers): see memory.rs.
-    ebpf_proxy::memory::use_one_heap();
+    // Two workers whatever the node's size (tokio's default is one per
+    // CPU): the agent's work is one pipeline task at a time plus the watches
+    // and the HTTP servers, which never fill two cores, while each worker
+    // costs a thread stack and an allocator cache on a 64-core node.
     tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
         .enable_all()
         .build()
         .expect("building the tokio runtime")
