@@ -156,11 +156,16 @@ impl<'a> Hints<'a> {
 /// over the hints of the ready endpoints: when every one has node hints
 /// (`trafficDistribution: PreferSameNode`) and one names this node, node
 /// hints; else when every one has zone hints and one names this node's
-/// zone, zone hints; else none. No ready endpoint: none.
+/// zone, zone hints; else none. No ready endpoint: none. A Local traffic
+/// policy's endpoints (this node's) are not narrowed by hints: kube-proxy
+/// follows hints for cluster endpoints only (`CategorizeEndpoints`).
 pub(super) fn topology<'s, 'h: 'i, 'i>(
     selection: &Selection<'s>,
     ready: impl Iterator<Item = &'i Hints<'h>>,
 ) -> Topology<'s> {
+    if selection.local_node.is_some() {
+        return Topology::Any;
+    }
     let (mut all_node, mut for_node, mut all_zone, mut for_zone) = (true, false, true, false);
     for hints in ready {
         all_node &= !hints.nodes.is_empty();

@@ -510,4 +510,11 @@ fn node_hints_come_before_zone_hints() {
         let t = table_in_zone(&yaml, *zone);
         assert!(t.contains(&format!(":80/TCP ns/s:http -> {expected}\n")), "{name}: {t}");
     }
+    // internalTrafficPolicy: Local: kube-proxy's CategorizeEndpoints takes
+    // this node's endpoints without looking at hints (they narrow cluster
+    // endpoints only).
+    let svc = SVC.replace("  clusterIP: 10.96.0.1\n", "  clusterIP: 10.96.0.1\n  internalTrafficPolicy: Local\n");
+    let eps = "[{addresses: [10.0.0.1], nodeName: n1, hints: {forNodes: [{name: n2}]}}, {addresses: [10.0.0.2], nodeName: n1, hints: {forNodes: [{name: n1}]}}]";
+    let t = table_in_zone(&format!("{svc}{}", slice("a", PORTS, eps)), None);
+    assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.1:8080(local) 10.0.0.2:8080(local)\n"), "{t}");
 }
