@@ -444,9 +444,30 @@ fn log_problems(delta: &Delta, stats: &mut Stats) {
     for p in &delta.resolved {
         info!(problem = %p, "resolved");
     }
-    for (object, reason) in &delta.skipped {
-        debug!(%object, reason = reason.as_str(), "service not proxied");
+    log_skipped(&delta.skipped);
+}
+
+/// One line per service skipped for a new reason (`Delta::skipped`: not
+/// again on later syncs). A sync that skips more than
+/// `LOG_EACH_CHANGE_UP_TO` (a first start on a big cluster) logs one
+/// summary by reason at info, and each service at debug.
+fn log_skipped(skipped: &[(model::ObjectRef, model::SkipReason)]) {
+    if skipped.len() <= LOG_EACH_CHANGE_UP_TO {
+        for (object, reason) in skipped {
+            info!(%object, reason = reason.as_str(), "service not proxied");
+        }
+        return;
     }
+    let mut by_reason: Vec<(&str, usize)> = Vec::new();
+    for (object, reason) in skipped {
+        debug!(%object, reason = reason.as_str(), "service not proxied");
+        match by_reason.iter_mut().find(|(r, _)| *r == reason.as_str()) {
+            Some((_, n)) => *n += 1,
+            None => by_reason.push((reason.as_str(), 1)),
+        }
+    }
+    let by_reason: Vec<String> = by_reason.iter().map(|(r, n)| format!("{n} {r}")).collect();
+    info!(services = skipped.len(), by_reason = %by_reason.join(", "), "services not proxied (each at debug)");
 }
 
 /// Seconds from each trigger time to now.

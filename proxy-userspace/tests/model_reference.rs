@@ -46,6 +46,8 @@ struct Ep {
     serving: Option<bool>,
     terminating: Option<bool>,
     node: u8,
+    /// `hints.forNodes`: nodes `n{i}`.
+    node_hints: Vec<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -82,13 +84,16 @@ fn svc_strategy() -> impl Strategy<Value = Svc> {
 
 fn ep_strategy() -> impl Strategy<Value = Ep> {
     let cond = prop::option::of(any::<bool>());
-    (0u8..5, cond.clone(), cond.clone(), cond, 0u8..2).prop_map(|(addr, ready, serving, terminating, node)| Ep {
-        addr,
-        ready,
-        serving,
-        terminating,
-        node,
-    })
+    (0u8..5, cond.clone(), cond.clone(), cond, 0u8..2, prop::collection::vec(0u8..2, 0..2)).prop_map(
+        |(addr, ready, serving, terminating, node, node_hints)| Ep {
+            addr,
+            ready,
+            serving,
+            terminating,
+            node,
+            node_hints,
+        },
+    )
 }
 
 fn slice_strategy() -> impl Strategy<Value = Slice> {
@@ -151,7 +156,8 @@ fn to_slice(s: &Slice, i: usize) -> EndpointSlice {
                     c.insert(k.into(), json!(v));
                 }
             }
-            json!({"addresses": [format!("10.244.0.{}", e.addr)], "conditions": c, "nodeName": format!("n{}", e.node)})
+            let for_nodes: Vec<Value> = e.node_hints.iter().map(|n| json!({"name": format!("n{n}")})).collect();
+            json!({"addresses": [format!("10.244.0.{}", e.addr)], "conditions": c, "nodeName": format!("n{}", e.node), "hints": {"forNodes": for_nodes}})
         })
         .collect();
     serde_json::from_value(json!({
@@ -170,6 +176,71 @@ fn node_port(port: u16) -> u16 {
 
 /// This node's address (NodePorts are served on it and on 127.0.0.1).
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 1);
+
+/// Node hints (kube-proxy's topologyModeFromHints, pkg/proxy/topology.go):
+/// when every ready endpoint of `chosen` has one (`hinted`: endpoint, a node
+/// it is hinted for) and one is for `node`, only those. (Not for a Local
+/// policy's endpoints: the caller's.)
+fn follow_node_hints(chosen: &mut Vec<(u8, u16)>, hinted: &[((u8, u16), u8)], node: u8) {
+    let for_node = |ep: &(u8, u16)| hinted.contains(&(*ep, node));
+    if chosen.iter().all(|ep| hinted.iter().any(|(h, _)| h == ep)) && chosen.iter().any(for_node) {
+        chosen.retain(for_node);
+    }
+}
+
+/// The backends of port (`pname`, `udp`) of service `s`, of this node's
+/// endpoints only when `only_here`.
+fn port_backends(s: &Svc, slices: &[Slice], (pname, udp): (u8, bool), node: u8, only_here: bool) -> Vec<Backend> {
+    let mut ready: Vec<(u8, u16)> = Vec::new();
+    let mut terminating: Vec<(u8, u16)> = Vec::new();
+    let mut here: Vec<(u8, u16)> = Vec::new();
+    // (endpoint, a node it is hinted for), over its entries.
+    let mut hinted: Vec<((u8, u16), u8)> = Vec::new();
+    for sl in slices {
+        if sl.ns != s.ns || sl.service != s.name || sl.ipv6 {
+            continue;
+        }
+        let Some(target) = sl.ports.iter().find(|(n, _, u)| *n == pname && *u == udp).map(|(_, p, _)| *p) else {
+            continue;
+        };
+        for e in &sl.endpoints {
+            if only_here && e.node != node {
+                continue;
+            }
+            let is_ready = e.ready.unwrap_or(true);
+            let serving = e.serving.unwrap_or(true);
+            let term = e.terminating.unwrap_or(false);
+            if is_ready {
+                ready.push((e.addr, target));
+            } else if serving && term {
+                terminating.push((e.addr, target));
+            } else {
+                continue;
+            }
+            if e.node == node {
+                here.push((e.addr, target));
+            }
+            hinted.extend(e.node_hints.iter().map(|n| ((e.addr, target), *n)));
+        }
+    }
+    terminating.retain(|t| !ready.contains(t));
+    let (mut chosen, state) =
+        if ready.is_empty() { (terminating, BackendState::Terminating) } else { (ready, BackendState::Active) };
+    chosen.sort_unstable();
+    chosen.dedup();
+    if !only_here && state == BackendState::Active {
+        follow_node_hints(&mut chosen, &hinted, node);
+    }
+    chosen
+        .iter()
+        .map(|(a, p)| Backend {
+            addr: Ipv4Addr::new(10, 244, 0, *a).into(),
+            port: *p,
+            state,
+            local: here.contains(&(*a, *p)),
+        })
+        .collect()
+}
 
 /// The reference: the Kubernetes rules the model follows (README, "What
 /// works now"), written out plainly.
@@ -193,57 +264,7 @@ fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
                 continue;
             }
             done_ports.push((*port, *udp));
-            // The backends of this port, of this node's endpoints only when
-            // `only_here`.
-            let backends = |only_here: bool| -> Vec<Backend> {
-                let mut ready: Vec<(u8, u16)> = Vec::new();
-                let mut terminating: Vec<(u8, u16)> = Vec::new();
-                let mut here: Vec<(u8, u16)> = Vec::new();
-                for sl in slices {
-                    if sl.ns != s.ns || sl.service != s.name || sl.ipv6 {
-                        continue;
-                    }
-                    let Some(target) = sl.ports.iter().find(|(n, _, u)| n == pname && u == udp).map(|(_, p, _)| *p)
-                    else {
-                        continue;
-                    };
-                    for e in &sl.endpoints {
-                        if only_here && e.node != node {
-                            continue;
-                        }
-                        let is_ready = e.ready.unwrap_or(true);
-                        let serving = e.serving.unwrap_or(true);
-                        let term = e.terminating.unwrap_or(false);
-                        if is_ready {
-                            ready.push((e.addr, target));
-                        } else if serving && term {
-                            terminating.push((e.addr, target));
-                        } else {
-                            continue;
-                        }
-                        if e.node == node {
-                            here.push((e.addr, target));
-                        }
-                    }
-                }
-                terminating.retain(|t| !ready.contains(t));
-                let (mut chosen, state) = if ready.is_empty() {
-                    (terminating, BackendState::Terminating)
-                } else {
-                    (ready, BackendState::Active)
-                };
-                chosen.sort_unstable();
-                chosen.dedup();
-                chosen
-                    .iter()
-                    .map(|(a, p)| Backend {
-                        addr: Ipv4Addr::new(10, 244, 0, *a).into(),
-                        port: *p,
-                        state,
-                        local: here.contains(&(*a, *p)),
-                    })
-                    .collect()
-            };
+            let backends = |only_here: bool| port_backends(s, slices, (*pname, *udp), node, only_here);
             let protocol = if *udp { Protocol::Udp } else { Protocol::Tcp };
             let frontend = |kind, reach, backends| Frontend {
                 reach,

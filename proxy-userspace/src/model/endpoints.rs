@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use super::{
     Backend, BackendState, ObjectRef, Problem, Protocol,
     frontends::{PortSpec, valid_port},
-    input::{AddressType, SliceSpec},
+    input::{AddressType, EndpointSpec, SliceSpec},
 };
 
 /// Endpoint selection rules for one service.
@@ -23,9 +23,9 @@ pub struct Selection<'a> {
 /// Backends of `port` of one family (from slices of that addressType) in
 /// slot order: ready endpoints, or when there are none
 /// the serving-and-terminating ones; de-duplicated across slices; sorted by
-/// address and port. Zone hints narrow the ready endpoints to this node's
-/// zone when every ready endpoint has hints and one is for this zone (as
-/// kube-proxy does); otherwise they are ignored.
+/// address and port. Topology hints narrow the ready endpoints as
+/// [`topology`] decides (node hints, then zone hints); otherwise they are
+/// ignored.
 pub fn backends_for_port(
     service: &ObjectRef,
     port: &PortSpec,
@@ -34,9 +34,9 @@ pub fn backends_for_port(
     selection: &Selection<'_>,
     problems: &mut Vec<Problem>,
 ) -> Vec<Backend> {
-    // (addr, port) -> best state seen across slices, zone hints, and
+    // (addr, port) -> best state seen across slices, topology hints, and
     // whether it is on this node.
-    let mut found: BTreeMap<(IpAddr, u16), (BackendState, Vec<&str>, bool)> = BTreeMap::new();
+    let mut found: BTreeMap<(IpAddr, u16), (BackendState, Hints<'_>, bool)> = BTreeMap::new();
     let (address_type, family) = if ipv6 { (AddressType::IPv6, "IPv6") } else { (AddressType::IPv4, "IPv4") };
     for slice in slices {
         if slice.address_type != address_type {
@@ -78,33 +78,29 @@ pub fn backends_for_port(
                     continue;
                 }
             };
-            let hints: Vec<&str> = endpoint.zone_hints.iter().map(|z| &**z).collect();
-            found
-                .entry((addr, target))
-                .and_modify(|(s, h, l)| {
-                    *s = (*s).min(state);
-                    h.extend(hints.iter().copied());
-                    *l |= local;
-                })
-                .or_insert((state, hints, local));
+            let (s, hints, l) = found.entry((addr, target)).or_insert((state, Hints::default(), local));
+            *s = (*s).min(state);
+            hints.add(endpoint);
+            *l |= local;
         }
     }
     let any_ready = found.values().any(|(s, _, _)| *s == BackendState::Active);
     let wanted = if any_ready { BackendState::Active } else { BackendState::Terminating };
-    let mut chosen: Vec<((IpAddr, u16), Vec<&str>, bool)> = found
+    let chosen: Vec<((IpAddr, u16), Hints<'_>, bool)> = found
         .into_iter()
         .filter(|(_, (state, _, _))| *state == wanted)
         .map(|(k, (_, hints, local))| (k, hints, local))
         .collect();
-    if let Some(zone) = selection.zone
-        && wanted == BackendState::Active
-        && chosen.iter().all(|(_, hints, _)| !hints.is_empty())
-        && chosen.iter().any(|(_, hints, _)| hints.contains(&zone))
-    {
-        chosen.retain(|(_, hints, _)| hints.contains(&zone));
-    }
-    let mut backends: Vec<Backend> =
-        chosen.into_iter().map(|((addr, port), _, local)| Backend { addr, port, state: wanted, local }).collect();
+    let topology = if wanted == BackendState::Active {
+        topology(selection, chosen.iter().map(|(_, hints, _)| hints))
+    } else {
+        Topology::Any
+    };
+    let mut backends: Vec<Backend> = chosen
+        .into_iter()
+        .filter(|(_, hints, _)| hints.allow(topology))
+        .map(|((addr, port), _, local)| Backend { addr, port, state: wanted, local })
+        .collect();
     if backends.len() > selection.max_backends {
         problems.push(Problem::warning(
             service,
@@ -119,6 +115,69 @@ pub fn backends_for_port(
         backends.truncate(selection.max_backends);
     }
     backends
+}
+
+/// Which topology hints narrow the ready endpoints of a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Topology<'a> {
+    /// None: every ready endpoint is used.
+    Any,
+    /// Only endpoints whose `hints.forNodes` names this node.
+    Node(&'a str),
+    /// Only endpoints whose `hints.forZones` names this node's zone.
+    Zone(&'a str),
+}
+
+/// The topology hints of one endpoint (merged across the slices that list
+/// it).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Hints<'a> {
+    nodes: Vec<&'a str>,
+    zones: Vec<&'a str>,
+}
+
+impl<'a> Hints<'a> {
+    pub(super) fn add(&mut self, endpoint: &'a EndpointSpec) {
+        self.nodes.extend(endpoint.node_hints.iter().map(|n| &**n));
+        self.zones.extend(endpoint.zone_hints.iter().map(|z| &**z));
+    }
+
+    /// Whether an endpoint with these hints is used under `topology`.
+    pub(super) fn allow(&self, topology: Topology<'_>) -> bool {
+        match topology {
+            Topology::Any => true,
+            Topology::Node(node) => self.nodes.contains(&node),
+            Topology::Zone(zone) => self.zones.contains(&zone),
+        }
+    }
+}
+
+/// kube-proxy's rule (`topologyModeFromHints` in pkg/proxy/topology.go),
+/// over the hints of the ready endpoints: when every one has node hints
+/// (`trafficDistribution: PreferSameNode`) and one names this node, node
+/// hints; else when every one has zone hints and one names this node's
+/// zone, zone hints; else none. No ready endpoint: none. A Local traffic
+/// policy's endpoints (this node's) are not narrowed by hints: kube-proxy
+/// follows hints for cluster endpoints only (`CategorizeEndpoints`).
+pub(super) fn topology<'s, 'h: 'i, 'i>(
+    selection: &Selection<'s>,
+    ready: impl Iterator<Item = &'i Hints<'h>>,
+) -> Topology<'s> {
+    if selection.local_node.is_some() {
+        return Topology::Any;
+    }
+    let (mut all_node, mut for_node, mut all_zone, mut for_zone) = (true, false, true, false);
+    for hints in ready {
+        all_node &= !hints.nodes.is_empty();
+        for_node |= hints.nodes.contains(&selection.node_name);
+        all_zone &= !hints.zones.is_empty();
+        for_zone |= selection.zone.is_some_and(|zone| hints.zones.contains(&zone));
+    }
+    match selection.zone {
+        _ if all_node && for_node => Topology::Node(selection.node_name),
+        Some(zone) if all_zone && for_zone => Topology::Zone(zone),
+        _ => Topology::Any,
+    }
 }
 
 /// Ready endpoints (distinct addresses, any port or family) of the slices

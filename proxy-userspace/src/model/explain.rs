@@ -3,16 +3,13 @@
 //! the family, the slices, the selection), every endpoint the slices list
 //! with its verdict. A test holds the two together: the endpoints said to
 //! be used are exactly the backends the model programs.
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use serde::Serialize;
 
 use super::{
     BackendState,
-    endpoints::Selection,
+    endpoints::{Hints, Selection, Topology, topology},
     frontends::PortSpec,
     input::{AddressType, EndpointSpec, SliceSpec},
 };
@@ -30,6 +27,9 @@ pub enum Unused {
     /// Serving and terminating, but ready endpoints exist (kube-proxy falls
     /// back to terminating endpoints only when no endpoint is ready).
     TerminatingNotNeeded,
+    /// Its node hints are for other nodes, and every ready endpoint has node
+    /// hints with one for this node (`trafficDistribution: PreferSameNode`).
+    NodeHint,
     /// Its zone hints are for other zones, and every ready endpoint has hints
     /// with one for this node's zone.
     ZoneHint,
@@ -46,6 +46,7 @@ impl Unused {
             Self::NotReady => "not ready (and not serving while terminating)",
             Self::OtherNode => "on another node, and the traffic policy is Local",
             Self::TerminatingNotNeeded => "terminating; ready endpoints exist, so it is not needed",
+            Self::NodeHint => "its node hints are for other nodes",
             Self::ZoneHint => "its zone hints are for other zones",
             Self::OverCap => "over the most backends a frontend holds",
         }
@@ -65,8 +66,8 @@ pub struct EndpointUse {
 }
 
 /// An endpoint that passed the per-endpoint checks: its best state across
-/// slices, its zone hints, its node.
-type Candidate = (BackendState, BTreeSet<String>, Option<String>);
+/// slices, its topology hints, its node.
+type Candidate<'a> = (BackendState, Hints<'a>, Option<String>);
 
 /// An endpoint's conditions, as the model reads them (the source filled
 /// in kube-proxy's defaults: absent ready/serving true, terminating false).
@@ -81,7 +82,7 @@ const fn state_of(endpoint: &EndpointSpec) -> Option<BackendState> {
 /// Every endpoint of `port` in the slices of one family (`ipv6`), with
 /// why it is not used, under `selection`: the reasons are checked in the
 /// order the model applies them (port, conditions, node, terminating
-/// fallback, zone, cap), and each endpoint gets the first that applies. An
+/// fallback, node or zone hints, cap), and each endpoint gets the first that applies. An
 /// endpoint without a valid address of the family is left out (the model
 /// reports it as a problem of its slice).
 #[must_use]
@@ -93,8 +94,8 @@ pub fn endpoint_uses(
 ) -> Vec<EndpointUse> {
     let family = if ipv6 { AddressType::IPv6 } else { AddressType::IPv4 };
     let mut out = Vec::new();
-    // Candidates by (address, port): best state, zone hints, node.
-    let mut candidates: BTreeMap<(IpAddr, u16), Candidate> = BTreeMap::new();
+    // Candidates by (address, port): best state, topology hints, node.
+    let mut candidates: BTreeMap<(IpAddr, u16), Candidate<'_>> = BTreeMap::new();
     for slice in slices.iter().filter(|s| s.address_type == family) {
         let target = super::endpoints::slice_port(slice, port, &mut Vec::new());
         for endpoint in &slice.endpoints {
@@ -116,10 +117,9 @@ pub fn endpoint_uses(
                 out.push(rejected(Unused::OtherNode));
                 continue;
             }
-            let hints = endpoint.zone_hints.iter().map(ToString::to_string);
-            let c = candidates.entry((address, target)).or_insert((state, BTreeSet::new(), None));
+            let c = candidates.entry((address, target)).or_insert((state, Hints::default(), None));
             c.0 = c.0.min(state);
-            c.1.extend(hints);
+            c.1.add(endpoint);
             // The model marks a backend local if any of its entries is.
             if c.2.as_deref() != Some(selection.node_name) {
                 c.2.clone_from(&node);
@@ -131,16 +131,20 @@ pub fn endpoint_uses(
     } else {
         BackendState::Terminating
     };
-    let follow_zone = selection.zone.filter(|zone| {
-        let ready = || candidates.values().filter(|c| c.0 == BackendState::Active);
-        wanted == BackendState::Active && ready().all(|c| !c.1.is_empty()) && ready().any(|c| c.1.contains(*zone))
-    });
+    let topology = if wanted == BackendState::Active {
+        topology(selection, candidates.values().filter(|c| c.0 == BackendState::Active).map(|c| &c.1))
+    } else {
+        Topology::Any
+    };
     let mut kept = 0;
     for ((address, target), (state, hints, node)) in candidates {
         let unused = if state != wanted {
             Some(Unused::TerminatingNotNeeded)
-        } else if follow_zone.is_some_and(|zone| !hints.contains(zone)) {
-            Some(Unused::ZoneHint)
+        } else if !hints.allow(topology) {
+            Some(match topology {
+                Topology::Node(_) => Unused::NodeHint,
+                _ => Unused::ZoneHint,
+            })
         } else if kept == selection.max_backends {
             Some(Unused::OverCap)
         } else {
@@ -274,9 +278,53 @@ mod tests {
         ]
     }
 
+    /// kube-proxy's topologyModeFromHints (pkg/proxy/topology.go): node
+    /// hints (`trafficDistribution: PreferSameNode`) are followed when every
+    /// ready endpoint has one and one names this node, before zone hints.
+    fn node_hint_cases() -> Vec<Case> {
+        let ep = |last: u8, rest: &str| format!("{{addresses: [10.0.0.{last}]{rest}}}");
+        let zoned = |last, zone: &str| {
+            ep(last, &format!(", conditions: {{ready: true}}, nodeName: here, hints: {{forZones: [{{name: {zone}}}]}}"))
+        };
+        let noded = |last, nodes: &str| {
+            ep(last, &format!(", conditions: {{ready: true}}, hints: {{forNodes: [{nodes}], forZones: [{{name: a}}]}}"))
+        };
+        vec![
+            Case {
+                name: "node hints for this node narrow the ready endpoints, before zone hints",
+                slices: slice(&[
+                    &noded(1, "{name: here}"),
+                    &noded(2, "{name: there}"),
+                    &noded(3, "{name: there}, {name: here}"),
+                ]),
+                local: false,
+                zone: Some("a"),
+                max: 10,
+                expected: &[(1, None), (2, Some(Unused::NodeHint)), (3, None)],
+            },
+            Case {
+                name: "node hints naming only other nodes fall back to zone hints",
+                slices: slice(&[&noded(1, "{name: there}"), &zoned(2, "b")])
+                    .replace("forZones: [{name: b}]", "forZones: [{name: b}], forNodes: [{name: there}]"),
+                local: false,
+                zone: Some("a"),
+                max: 10,
+                expected: &[(1, None), (2, Some(Unused::ZoneHint))],
+            },
+            Case {
+                name: "node hints are ignored unless every ready endpoint has one",
+                slices: slice(&[&noded(1, "{name: here}"), &zoned(2, "a"), &ep(3, ", conditions: {ready: false}")]),
+                local: false,
+                zone: None,
+                max: 10,
+                expected: &[(3, Some(Unused::NotReady)), (1, None), (2, None)],
+            },
+        ]
+    }
+
     #[test]
     fn each_endpoint_gets_its_reason() {
-        for case in cases() {
+        for case in cases().into_iter().chain(node_hint_cases()) {
             let owned = slices(&case.slices);
             let refs: Vec<&SliceSpec> = owned.iter().collect();
             let selection = Selection {

@@ -12,7 +12,9 @@ pub enum SkipReason {
     Headless,
     ExternalName,
     OtherProxy,
+    NoSpec,
     NoClusterIp,
+    NoPorts,
 }
 
 impl SkipReason {
@@ -22,7 +24,9 @@ impl SkipReason {
             Self::Headless => "headless (clusterIP: None)",
             Self::ExternalName => "type ExternalName",
             Self::OtherProxy => "handed to another proxy by service.kubernetes.io/service-proxy-name",
+            Self::NoSpec => "the object has no spec",
             Self::NoClusterIp => "no clusterIP allocated",
+            Self::NoPorts => "no ports in spec.ports",
         }
     }
 }
@@ -77,10 +81,18 @@ pub fn service_frontends(svc: &ServiceSpec, problems: &mut Vec<Problem>) -> Resu
     if svc.service_proxy_name.is_some() {
         return Err(SkipReason::OtherProxy);
     }
+    if svc.no_spec {
+        return Err(SkipReason::NoSpec);
+    }
     if svc.service_type == ServiceType::ExternalName {
         return Err(SkipReason::ExternalName);
     }
     let addrs = cluster_ips(&object, svc.cluster_ip.as_deref(), &svc.cluster_ips, problems)?;
+    // kube-proxy makes one service port per `spec.ports` entry: none, nothing
+    // to serve.
+    if svc.ports.is_empty() {
+        return Err(SkipReason::NoPorts);
+    }
     let mut ports: Vec<PortSpec> = Vec::new();
     for (i, port) in svc.ports.iter().enumerate() {
         let field = |f: &str| format!("spec.ports[{i}].{f}");

@@ -34,6 +34,8 @@ pub struct ServiceSpec {
     pub name: String,
     /// The value of the `service.kubernetes.io/service-proxy-name` label.
     pub service_proxy_name: Option<String>,
+    /// The object has no `spec` (the fields below are then unset).
+    pub no_spec: bool,
     pub service_type: ServiceType,
     /// `spec.clusterIP` as written.
     pub cluster_ip: Option<String>,
@@ -145,6 +147,8 @@ pub struct EndpointSpec {
     pub node_name: Option<Box<str>>,
     /// `hints.forZones[].name`.
     pub zone_hints: Box<[Box<str>]>,
+    /// `hints.forNodes[].name` (`trafficDistribution: PreferSameNode`).
+    pub node_hints: Box<[Box<str>]>,
 }
 
 impl Default for EndpointSpec {
@@ -156,6 +160,7 @@ impl Default for EndpointSpec {
             terminating: false,
             node_name: None,
             zone_hints: Box::default(),
+            node_hints: Box::default(),
         }
     }
 }

@@ -16,6 +16,7 @@ mod table;
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 pub use endpoints::Selection;
+pub use frontends::SkipReason;
 pub use input::{
     Address, AddressType, EndpointSpec, IngressSpec, ServicePortSpec, ServiceSpec, ServiceType, SlicePortSpec,
     SliceSpec,

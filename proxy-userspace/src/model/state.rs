@@ -27,7 +27,9 @@ pub struct Delta {
     /// Problems that appeared, and problems that went away.
     pub appeared: Vec<Problem>,
     pub resolved: Vec<Problem>,
-    /// Services deliberately not programmed (among those updated).
+    /// Services deliberately not programmed whose reason is new (they were
+    /// proxied, skipped for another reason, or not there): what is logged
+    /// once, not on every sync.
     pub skipped: Vec<(ObjectRef, SkipReason)>,
 }
 
@@ -143,7 +145,7 @@ impl TableState {
                         claimants.insert(at, id.clone());
                     }
                 }
-                if let Some(reason) = new.skipped {
+                if let Some(reason) = new_skip_reason(old.as_ref().and_then(|o| o.skipped), new.skipped) {
                     delta.skipped.push((new.object.clone(), reason));
                 }
             }
@@ -192,6 +194,12 @@ impl TableState {
             })
             .collect()
     }
+}
+
+/// The reason a service is skipped for, when it is not the one it was
+/// skipped for before (`None`: proxied, or gone).
+fn new_skip_reason(old: Option<SkipReason>, new: Option<SkipReason>) -> Option<SkipReason> {
+    new.filter(|reason| old != Some(*reason))
 }
 
 /// Adds to `delta` what is in `new` and not in `old` (appeared) and the

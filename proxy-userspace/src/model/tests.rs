@@ -1,5 +1,7 @@
 //! One test per Kubernetes rule of the model.
-use super::{NoLocalEndpoints, NodeContext, TableState, render, translate};
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+
+use super::{NoLocalEndpoints, NodeContext, ServiceSpec, SkipReason, TableState, render, translate};
 use crate::source::file;
 
 /// Translates a YAML stream of Services and EndpointSlices for node `n1`.
@@ -379,4 +381,140 @@ fn ports_with_a_local_policy_and_no_local_endpoint_are_counted() {
     };
     assert_eq!(count("node-b"), NoLocalEndpoints { internal: 2, external: 2 });
     assert_eq!(count("node-a"), NoLocalEndpoints::default(), "the endpoints are on this node");
+}
+
+/// A Service from YAML (not through the services file, which leaves out
+/// Services labelled for another proxy).
+fn service(yaml: &str) -> Service {
+    serde_norway::from_str(yaml).expect("a Service")
+}
+
+const SKIPPED: &[(&str, &str, SkipReason)] = &[
+    ("headless", "spec: {clusterIP: None, ports: [{port: 80}]}", SkipReason::Headless),
+    ("headless (clusterIPs)", "spec: {clusterIPs: [None], ports: [{port: 80}]}", SkipReason::Headless),
+    (
+        "ExternalName",
+        "spec: {type: ExternalName, externalName: example.com, ports: [{port: 80}]}",
+        SkipReason::ExternalName,
+    ),
+    (
+        "another proxy",
+        "metadata: {name: s, namespace: ns, labels: {service.kubernetes.io/service-proxy-name: other}}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}",
+        SkipReason::OtherProxy,
+    ),
+    // Not "no clusterIP allocated": the object has no spec at all.
+    ("no spec", "", SkipReason::NoSpec),
+    ("no clusterIP", "spec: {ports: [{port: 80}]}", SkipReason::NoClusterIp),
+    ("no valid clusterIP", "spec: {clusterIP: nonsense, ports: [{port: 80}]}", SkipReason::NoClusterIp),
+    // kube-proxy makes one service port per spec.ports entry: none, none.
+    ("no ports", "spec: {clusterIP: 10.96.0.1}", SkipReason::NoPorts),
+    ("empty ports", "spec: {clusterIP: 10.96.0.1, ports: []}", SkipReason::NoPorts),
+];
+
+/// The Service of a `SKIPPED` case.
+fn skipped_case(rest: &str) -> Service {
+    let meta = if rest.starts_with("metadata:") { "" } else { "metadata: {name: s, namespace: ns}\n" };
+    service(&format!("apiVersion: v1\nkind: Service\n{meta}{rest}\n"))
+}
+
+#[test]
+fn each_skipped_service_has_its_reason() {
+    for (name, rest, reason) in SKIPPED {
+        let t = translate(&[skipped_case(rest)], &[] as &[EndpointSlice], &NodeContext::new("n1"));
+        let got: Vec<SkipReason> = t.skipped.iter().map(|(_, r)| *r).collect();
+        assert_eq!(got, [*reason], "{name}");
+        assert_eq!(render(&t.table), "", "{name}");
+        assert!(!reason.as_str().is_empty());
+    }
+}
+
+#[test]
+fn a_skip_reason_is_told_once_and_again_when_it_changes() {
+    let node = NodeContext::new("n1");
+    let mut state = TableState::default();
+    let mut sync = |rest: &str| -> Vec<SkipReason> {
+        let services = [ServiceSpec::from(&skipped_case(rest))];
+        state.replace_all(&services, &[], &node).skipped.into_iter().map(|(_, r)| r).collect()
+    };
+    let headless = "spec: {clusterIP: None, ports: [{port: 80}]}";
+    assert_eq!(sync(headless), [SkipReason::Headless], "a new skipped service");
+    assert_eq!(sync(headless), [], "an unrelated sync");
+    assert_eq!(sync(&headless.replace("80", "81")), [], "a change that keeps the reason");
+    assert_eq!(sync("spec: {type: ExternalName, externalName: a.example}"), [SkipReason::ExternalName], "changed");
+    assert_eq!(sync("spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}"), [], "proxied");
+    assert_eq!(sync(headless), [SkipReason::Headless], "skipped again");
+    // A service skipped for the same reason as another is told too.
+    let services = [
+        ServiceSpec::from(&skipped_case(headless)),
+        ServiceSpec::from(&service(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: t, namespace: ns}\nspec: {clusterIP: None}\n",
+        )),
+    ];
+    let delta = state.replace_all(&services, &[], &node);
+    let told: Vec<String> = delta.skipped.iter().map(|(o, r)| format!("{o} {}", r.as_str())).collect();
+    assert_eq!(told, ["Service ns/t headless (clusterIP: None)"]);
+}
+
+/// hints.forNodes, as kube-proxy's topologyModeFromHints
+/// (pkg/proxy/topology.go): node hints are followed when every ready
+/// endpoint has one and one names this node, before zone hints; else zone
+/// hints are considered as if there were no node hints.
+#[test]
+fn node_hints_come_before_zone_hints() {
+    let ep = |last: u8, nodes: &str, zone: &str| {
+        format!("{{addresses: [10.0.0.{last}], hints: {{forNodes: [{nodes}], forZones: [{{name: {zone}}}]}}}}")
+    };
+    let cases: &[(&str, Vec<String>, Option<&str>, &str)] = &[
+        (
+            "this node's endpoints only",
+            vec![ep(1, "{name: n1}", "za"), ep(2, "{name: n2}", "za"), ep(3, "{name: n2}, {name: n1}", "zb")],
+            Some("za"),
+            "10.0.0.1:8080 10.0.0.3:8080",
+        ),
+        (
+            "no endpoint for this node: zone hints",
+            vec![ep(1, "{name: n2}", "za"), ep(2, "{name: n3}", "zb")],
+            Some("za"),
+            "10.0.0.1:8080",
+        ),
+        (
+            "no endpoint for this node, no zone: all",
+            vec![ep(1, "{name: n2}", "za"), ep(2, "{name: n3}", "zb")],
+            None,
+            "10.0.0.1:8080 10.0.0.2:8080",
+        ),
+        (
+            "one ready endpoint without node hints: zone hints",
+            vec![ep(1, "{name: n1}", "zb"), ep(2, "{name: n2}", "za"), ep(3, "", "za")],
+            Some("za"),
+            "10.0.0.2:8080 10.0.0.3:8080",
+        ),
+        (
+            "a not ready endpoint without node hints does not count",
+            vec![ep(1, "{name: n1}", "za"), ep(2, "{name: n2}", "za"), "{addresses: [10.0.0.3], conditions: {ready: false}}".into()],
+            Some("za"),
+            "10.0.0.1:8080",
+        ),
+        (
+            "terminating endpoints (none ready): hints are not followed",
+            vec![
+                "{addresses: [10.0.0.1], conditions: {ready: false, serving: true, terminating: true}, hints: {forNodes: [{name: n1}]}}".into(),
+                "{addresses: [10.0.0.2], conditions: {ready: false, serving: true, terminating: true}, hints: {forNodes: [{name: n2}]}}".into(),
+            ],
+            None,
+            "~10.0.0.1:8080 ~10.0.0.2:8080",
+        ),
+    ];
+    for (name, endpoints, zone, expected) in cases {
+        let yaml = format!("{SVC}{}", slice("a", PORTS, &format!("[{}]", endpoints.join(", "))));
+        let t = table_in_zone(&yaml, *zone);
+        assert!(t.contains(&format!(":80/TCP ns/s:http -> {expected}\n")), "{name}: {t}");
+    }
+    // internalTrafficPolicy: Local: kube-proxy's CategorizeEndpoints takes
+    // this node's endpoints without looking at hints (they narrow cluster
+    // endpoints only).
+    let svc = SVC.replace("  clusterIP: 10.96.0.1\n", "  clusterIP: 10.96.0.1\n  internalTrafficPolicy: Local\n");
+    let eps = "[{addresses: [10.0.0.1], nodeName: n1, hints: {forNodes: [{name: n2}]}}, {addresses: [10.0.0.2], nodeName: n1, hints: {forNodes: [{name: n1}]}}]";
+    let t = table_in_zone(&format!("{svc}{}", slice("a", PORTS, eps)), None);
+    assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.1:8080(local) 10.0.0.2:8080(local)\n"), "{t}");
 }

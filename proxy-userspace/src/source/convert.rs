@@ -54,6 +54,7 @@ impl From<&Service> for ServiceSpec {
         let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).cloned();
         let (namespace, name) = service_id(svc);
         let mut out = Self { namespace, name, service_proxy_name: label(SERVICE_PROXY_NAME_LABEL), ..Self::default() };
+        out.no_spec = svc.spec.is_none();
         if let Some(spec) = &svc.spec {
             out.service_type = match spec.type_.as_deref() {
                 Some("NodePort") => ServiceType::NodePort,
@@ -122,6 +123,7 @@ fn slice_port(port: &EndpointPort) -> SlicePortSpec {
 fn endpoint(e: &Endpoint) -> EndpointSpec {
     let conditions = e.conditions.as_ref();
     let zones = e.hints.as_ref().and_then(|h| h.for_zones.as_ref());
+    let nodes = e.hints.as_ref().and_then(|h| h.for_nodes.as_ref());
     EndpointSpec {
         address: e.addresses.first().map(|a| Address::new(a)),
         ready: conditions.and_then(|c| c.ready).unwrap_or(true),
@@ -129,6 +131,7 @@ fn endpoint(e: &Endpoint) -> EndpointSpec {
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
         node_name: e.node_name.as_deref().map(Into::into),
         zone_hints: zones.into_iter().flatten().map(|z| z.name.as_str().into()).collect(),
+        node_hints: nodes.into_iter().flatten().map(|n| n.name.as_str().into()).collect(),
     }
 }
 
@@ -154,7 +157,7 @@ mod tests {
              spec:\n  type: Weird\n  sessionAffinity: ClientIP\n  ports: [{port: 80}]\n\
              status: {loadBalancer: {ingress: [{ip: 10.0.0.9, ipMode: Proxy}, {hostname: lb.example}]}}\n---\n\
              apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: ns\n  labels: {kubernetes.io/service-name: web}\n\
-             addressType: FQDN\nports: [{name: http}]\nendpoints:\n- addresses: [a.example, b.example]\n- addresses: [\"10.0.0.1\"]\n  conditions: {ready: false, terminating: true}\n  hints: {forZones: [{name: z1}]}\n",
+             addressType: FQDN\nports: [{name: http}]\nendpoints:\n- addresses: [a.example, b.example]\n- addresses: [\"10.0.0.1\"]\n  conditions: {ready: false, terminating: true}\n  hints: {forZones: [{name: z1}], forNodes: [{name: n1}]}\n",
         );
         let svc = &services[0];
         assert_eq!((svc.namespace.as_str(), svc.name.as_str()), ("default", "web"));
@@ -178,6 +181,7 @@ mod tests {
         assert!(first.ready && first.serving && !first.terminating, "unset conditions");
         assert!(!second.ready && second.serving && second.terminating);
         assert_eq!(&*second.zone_hints, [Box::from("z1")]);
+        assert_eq!(&*second.node_hints, [Box::from("n1")]);
     }
 
     #[test]
