@@ -234,13 +234,10 @@ async fn drive<K: Resource>(
                 schedule.reset();
                 reachability.succeeded(kind);
                 counters.events.fetch_add(1, Ordering::Relaxed);
-                let relisted = list.follow(kind, &event);
+                // The relist's freed pages go back to the kernel by
+                // themselves (the allocator's background thread: memory.rs).
+                list.follow(kind, &event);
                 handle(event);
-                if relisted {
-                    // The relist's pages are freed; a relist no longer ends
-                    // in a whole-table sync, which would give the memory back.
-                    crate::memory::release_free_memory();
-                }
             }
             Err(err) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
