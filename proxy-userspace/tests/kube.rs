@@ -347,3 +347,24 @@ fn a_change_of_the_nodes_zone_translates_every_service_again() {
     wait_frontend(&env, mark, "/web:", 1);
     assert_eq!(env.requests(&ip, 10), vec!["backend-2"; 10]);
 }
+
+/// The agent lists Services and EndpointSlices in pages of
+/// `LIST_PAGE_SIZE` (a `continue` token per page, as client-go's
+/// reflector pages by 500): with more objects than two pages every one of
+/// them arrives, and the last listed is served.
+#[test]
+fn lists_longer_than_a_page_arrive_whole() {
+    common::require_root!();
+    let (mut env, cluster, _) = setup(1, 1..=1);
+    let more = usize::try_from(ebpf_proxy::source::kube::LIST_PAGE_SIZE).unwrap() * 2 + 17;
+    let mut last = String::new();
+    for i in 0..more {
+        let name = format!("paged-{i}");
+        last = cluster.create_service(&name, HTTP);
+        cluster.set_slice(&format!("{name}-a"), &name, TARGET, &ips(1..=1));
+    }
+    env.start_agent_kube(&cluster);
+    let applied = env.agent().wait_applied(0);
+    assert_eq!(common::applied_frontends(&applied), u64::try_from(more).unwrap() + 1, "{applied}");
+    assert_eq!(env.requests(&last, 3), vec!["backend-1"; 3]);
+}
