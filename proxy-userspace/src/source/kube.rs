@@ -209,12 +209,26 @@ impl Feed {
             apply(&mut s, event);
             let is_listed = s.is_listed();
             drop(s);
-            listed.send_if_modified(|l| !std::mem::replace(l, is_listed) && is_listed);
+            mark_listed(&listed, is_listed);
             if wakes {
                 changed.notify_one();
             }
         }
     }
+}
+
+/// Tells `ready` the first lists are complete, once. The three watch
+/// tasks each read `is_listed` under the store's lock but send after
+/// releasing it, so a task's stale `false` can arrive after another's
+/// `true`: the flag only ever goes from false to true (a kind stays listed
+/// once listed), or a late `false` would hide the lists from `ready` for
+/// good and the agent would never write.
+fn mark_listed(listed: &watch::Sender<bool>, is_listed: bool) {
+    listed.send_if_modified(|l| {
+        let newly = is_listed && !*l;
+        *l |= is_listed;
+        newly
+    });
 }
 
 impl Drop for KubeSource {
@@ -378,4 +392,24 @@ pub async fn client(options: &ClientOptions, observers: Vec<Observer>) -> anyhow
     let host = config.cluster_url.authority().map(ToString::to_string).unwrap_or_default();
     let builder = kube::client::ClientBuilder::try_from(config).context("building the Kubernetes client")?;
     Ok((builder.with_layer(&ObserveLayer::new(observers, &host)).build(), endpoint))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The order two watch tasks can send in: one saw every list complete,
+    /// the other (which read the store just before) did not.
+    #[test]
+    fn a_late_not_listed_does_not_hide_the_lists() {
+        let (tx, mut rx) = watch::channel(false);
+        mark_listed(&tx, false);
+        assert!(!rx.has_changed().unwrap(), "nothing to tell yet");
+        mark_listed(&tx, true);
+        assert!(rx.has_changed().unwrap() && *rx.borrow_and_update());
+        mark_listed(&tx, false);
+        mark_listed(&tx, true);
+        assert!(!rx.has_changed().unwrap(), "told once");
+        assert!(*rx.borrow(), "still listed after a stale false");
+    }
 }
