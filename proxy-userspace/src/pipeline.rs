@@ -226,9 +226,7 @@ impl Pipeline {
         let took = started.elapsed();
         let latency = noticed.elapsed();
         let drift = audit.and_then(|a| finish_audit(a, maps));
-        log_report(&report, started.duration_since(noticed), took, drift.is_some());
-        self.stats.map_write_failures += report.failures.len() as u64;
-        self.retry_at = self.reconciler.retry_delay().map(|d| Instant::now() + d);
+        self.written(&report, started.duration_since(noticed), took, drift.is_some());
         let programming_seconds = if report.failures.is_empty() { since(&triggers) } else { Vec::new() };
         self.generation += 1;
         self.last_sync = Some(Instant::now());
@@ -255,13 +253,19 @@ impl Pipeline {
     /// `reconciler` was recovered from them, and the whole table is
     /// written there now. The caller swaps the programs over afterwards.
     pub fn move_to(&mut self, reconciler: Reconciler, maps: &mut impl ServiceMaps) -> Report {
-        self.reconciler = reconciler;
+        self.write_through(reconciler);
         let started = Instant::now();
         let report = self.reconciler.sync(maps, self.model.table(), None);
-        log_report(&report, Duration::ZERO, started.elapsed(), false);
+        self.written(&report, Duration::ZERO, started.elapsed(), false);
+        report
+    }
+
+    /// After every write of the maps: logs the report, counts its failures
+    /// and schedules their retry.
+    fn written(&mut self, report: &Report, read: Duration, took: Duration, audit: bool) {
+        log_report(report, read, took, audit);
         self.stats.map_write_failures += report.failures.len() as u64;
         self.retry_at = self.reconciler.retry_delay().map(|d| Instant::now() + d);
-        report
     }
 
     /// Starts a drift audit: the maps are read back into a fresh

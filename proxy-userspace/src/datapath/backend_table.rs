@@ -119,7 +119,8 @@ impl BackendTable {
             }
             this.written += 1;
         }
-        this.pool = IdPool::with_used(this.ids_in_use());
+        // The id pool is built by `reserve_recovered`, once the slots
+        // naming ids are read too.
         (this, stale)
     }
 

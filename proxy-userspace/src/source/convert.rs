@@ -20,9 +20,6 @@ use crate::model::{
 /// Label naming the service a slice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
-/// Label that hands a service to another proxy.
-pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
-
 /// What an unset namespace and name read as (as `crate::model::ObjectRef`
 /// names them).
 const DEFAULT_NAMESPACE: &str = "default";
@@ -53,7 +50,8 @@ impl From<&Service> for ServiceSpec {
         let meta = &svc.metadata;
         let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).cloned();
         let (namespace, name) = service_id(svc);
-        let mut out = Self { namespace, name, service_proxy_name: label(SERVICE_PROXY_NAME_LABEL), ..Self::default() };
+        let mut out =
+            Self { namespace, name, service_proxy_name: label(super::labels::SERVICE_PROXY_NAME), ..Self::default() };
         out.no_spec = svc.spec.is_none();
         if let Some(spec) = &svc.spec {
             out.service_type = match spec.type_.as_deref() {

@@ -1,14 +1,13 @@
 //! The Kubernetes API as a source: watches over `v1/Service` and
 //! `discovery.k8s.io/v1/EndpointSlice` cluster-wide (never the legacy
 //! Endpoints), and this node's Node. kube-runtime's watcher lists, watches,
-//! re-lists after a 410 and reconnects with backoff; the stores (a
-//! reflector's for Services and the Node, `SliceStore` for the slices) swap
-//! a re-list in atomically, so a reconnect never shows an empty cluster.
-//! While the API server is away the stores keep the last state, and so
-//! does the datapath.
+//! re-lists after a 410 and reconnects with backoff; the store
+//! (`super::store`) takes a re-list in place, so a reconnect never shows an
+//! empty cluster. While the API server is away the store keeps the last
+//! state, and so does the datapath.
 //!
 //! The watch events say which services changed; a snapshot reads only
-//! those from the stores (all of them after a relist).
+//! those from the store (after a relist too: what the relist changed).
 use std::{
     sync::{
         Arc, Mutex,
@@ -22,10 +21,7 @@ use k8s_openapi::api::{
     core::v1::{Node, Service},
     discovery::v1::EndpointSlice,
 };
-use kube::{
-    Api, Client, Resource,
-    runtime::{WatchStreamExt as _, watcher},
-};
+use kube::{Api, Client, Resource, runtime::watcher};
 use tokio::{
     sync::{Notify, watch},
     task::JoinHandle,
@@ -38,7 +34,6 @@ use super::{
     reachability::Reachability,
     requests::{ObserveLayer, Observer},
     retry::{Failure, RetrySchedule},
-    slim::slim_node,
     store::ObjectStore,
 };
 
@@ -147,7 +142,7 @@ impl KubeSource {
         let eps_config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
         let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), eps_config);
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-        let node_stream = watcher(Api::<Node>::all(client.clone()), node_config).modify(slim_node);
+        let node_stream = watcher(Api::<Node>::all(client.clone()), node_config);
         let feed = Feed { store: store.clone(), changed: changed.clone(), listed: Arc::new(listed_tx) };
         let tasks = vec![
             tokio::spawn(drive(
@@ -289,8 +284,8 @@ struct ListProgress {
 }
 
 impl ListProgress {
-    /// Follows one event; true when it ends a relist.
-    fn follow<K>(&mut self, kind: &'static str, event: &watcher::Event<K>) -> bool {
+    /// Follows one event, logging each list's end.
+    fn follow<K>(&mut self, kind: &'static str, event: &watcher::Event<K>) {
         match event {
             watcher::Event::Init => {
                 self.started = Some(Instant::now());
@@ -302,11 +297,9 @@ impl ListProgress {
                 let relist = self.lists > 0;
                 self.lists += 1;
                 info!(kind, objects = self.objects, seconds, relist, "{kind} list complete");
-                return relist;
             }
             watcher::Event::Apply(_) | watcher::Event::Delete(_) => {}
         }
-        false
     }
 }
 

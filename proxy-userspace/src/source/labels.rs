@@ -5,8 +5,11 @@
 //! source applies the same rule.
 use std::collections::BTreeMap;
 
+/// Names the proxy a Service is for (another one than this).
+pub const SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+
 /// A Service with any of these labels (whatever its value) is not proxied.
-pub const NOT_PROXIED: [&str; 2] = ["service.kubernetes.io/service-proxy-name", "service.kubernetes.io/headless"];
+pub const NOT_PROXIED: [&str; 2] = [SERVICE_PROXY_NAME, "service.kubernetes.io/headless"];
 
 /// The label selector of the Service list and watch requests.
 #[must_use]
