@@ -589,6 +589,9 @@ fn rejections_are_rate_limited() {
         let ceiling = cpus * (BURST + refilled);
         assert!(answered <= ceiling, "{answered} of {SENT} answered in {elapsed:?}; at most {ceiling} may be");
         assert!(answered >= BURST, "only {answered} answered: a full bucket answers {BURST}");
+        // The limit must have bitten, or the ceiling above proved nothing
+        // (it grows with the time the packets took).
+        assert!(answered < SENT, "all {SENT} answered in {elapsed:?}: the limit never applied");
         assert_eq!((node.stat("rejected"), node.stat("reject_limited")), (answered, SENT - answered));
     });
 }
