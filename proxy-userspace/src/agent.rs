@@ -75,6 +75,8 @@ pub struct AgentConfig {
     /// Clients on the node reach only this node's externalIPs through the
     /// service (`--external-ips-local-only`).
     pub external_ips_local_only: bool,
+    /// Where `ebpf-proxy explain` asks for the reasons (`None`: not served).
+    pub explain_socket: Option<PathBuf>,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -171,6 +173,7 @@ async fn run_with(
     // SIGHUP: a drift audit now (installed once the maps are read, so an
     // early SIGHUP still ends the process, as its default).
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    let (_explain_server, mut explain_requests) = crate::explain_socket::start(config.explain_socket.as_deref());
     let mut observers = Observers {
         health_checks: HealthCheckServers::new({
             let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);
@@ -187,6 +190,10 @@ async fn run_with(
             _ = hangup.recv() => {
                 info!("SIGHUP received: auditing the maps for drift");
                 Wake::Resync
+            }
+            asked = explain_requests.next() => {
+                crate::explain_socket::reply(asked, &source, pipeline.node());
+                continue;
             }
         };
         telemetry.lock().expect("telemetry lock").health.queued(Instant::now());

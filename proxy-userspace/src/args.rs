@@ -393,6 +393,11 @@ pub struct RunArgs {
     /// Traffic from outside is served on every externalIP either way.
     #[arg(long)]
     pub external_ips_local_only: bool,
+    /// The unix socket (mode 0600) where `ebpf-proxy explain` asks why
+    /// endpoints are not used; "none": not served. Default:
+    /// /run/ebpf-proxy/agent.sock.
+    #[arg(long, value_name = "PATH")]
+    pub explain_socket: Option<PathBuf>,
 }
 
 fn parse_audit_interval(text: &str) -> Result<std::time::Duration, String> {
@@ -438,6 +443,10 @@ pub struct ExplainArgs {
     /// The agent's pin directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
     pub bpffs_dir: PathBuf,
+    /// The running agent's socket (its --explain-socket), asked which
+    /// endpoints are not used and why.
+    #[arg(long, value_name = "PATH", default_value = crate::paths::DEFAULT_EXPLAIN_SOCKET)]
+    pub agent_socket: PathBuf,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,

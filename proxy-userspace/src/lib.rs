@@ -6,6 +6,7 @@ pub mod cmd;
 pub mod config;
 pub mod datapath;
 pub mod devices;
+pub mod explain_socket;
 pub mod fs;
 pub mod health;
 pub mod healthcheck;

@@ -9,6 +9,9 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ebpf-proxy";
 pub const LINKS_SUBDIR: &str = "links";
 /// Where the agent mounts cgroup2 when the machine has none mounted.
 pub const OWN_CGROUP2_MOUNT: &str = "/run/ebpf-proxy/cgroup2";
+/// Where the agent serves `ebpf-proxy explain` its reasons (a unix
+/// socket, mode 0600).
+pub const DEFAULT_EXPLAIN_SOCKET: &str = "/run/ebpf-proxy/agent.sock";
 /// The mount table.
 pub const MOUNTS: &str = "/proc/self/mounts";
 /// kube-proxy's health address.

@@ -88,6 +88,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         max_service_series: crate::metrics::DEFAULT_MAX_SERVICE_SERIES,
         min_sync_period: agent::DEFAULT_MIN_SYNC_PERIOD,
         audit_interval: None,
+        explain_socket: None,
     };
     let (applied_tx, mut applied_rx) = watch::channel(Applied::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

@@ -129,6 +129,11 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
         )
         .filter(|d| !d.is_zero()),
         external_ips_local_only: args.external_ips_local_only,
+        explain_socket: match args.explain_socket {
+            Some(path) if path.as_os_str() == "none" => None,
+            Some(path) => Some(path),
+            None => Some(crate::paths::DEFAULT_EXPLAIN_SOCKET.into()),
+        },
     })
 }
 

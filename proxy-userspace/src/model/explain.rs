@@ -3,19 +3,24 @@
 //! the family, the slices, the selection), every endpoint the slices list
 //! with its verdict. A test holds the two together: the endpoints said to
 //! be used are exactly the backends the model programs.
+//!
+//! `explain_entry` is what the agent answers `ebpf-proxy explain` with
+//! (`crate::explain_socket`): one frontend entry of a service, from the
+//! service, its slices and the node the model last translated for.
 use std::{collections::BTreeMap, net::IpAddr};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
-    BackendState,
+    BackendState, FrontendKey,
     endpoints::{Hints, Selection, Topology, topology},
-    frontends::PortSpec,
-    input::{AddressType, EndpointSpec, SliceSpec},
+    frontends::{self, PortSpec},
+    input::{AddressType, EndpointSpec, ServiceSpec, SliceSpec},
+    table::NodeContext,
 };
 
 /// Why an endpoint the cluster has is not a backend of a frontend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Unused {
     /// Its slice has no port of this name and protocol.
@@ -54,7 +59,7 @@ impl Unused {
 }
 
 /// One endpoint of the service's slices, and whether the frontend uses it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointUse {
     pub address: IpAddr,
     /// The target port (`None`: the slice has no matching port).
@@ -63,6 +68,60 @@ pub struct EndpointUse {
     pub node: Option<String>,
     /// `None`: a backend of the frontend.
     pub unused: Option<Unused>,
+}
+
+/// Every endpoint one frontend entry may use, with its verdict.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Explained {
+    /// The name of the service port the entry serves (`""`: unnamed).
+    pub port_name: String,
+    /// Only this node's endpoints are eligible (a Local traffic policy:
+    /// `internalTrafficPolicy` for a ClusterIP, `externalTrafficPolicy`
+    /// for the external entry of traffic from outside).
+    pub local_only: bool,
+    /// The zone whose hints are followed, when the node has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    pub endpoints: Vec<EndpointUse>,
+}
+
+/// Why a service entry cannot be explained.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotExplained {
+    #[error("the service is not programmed: {0}")]
+    Skipped(&'static str),
+    #[error("the service has no entry {0} on this node (the maps may be older than the service: run explain again)")]
+    NoSuchEntry(FrontendKey),
+}
+
+/// Every endpoint of `svc`'s slices for the entry `key` (its address,
+/// port or nodePort, protocol and scope), with why it is not used: the
+/// port and the endpoint selection are found as `translate_service` finds
+/// them for that entry (`service::entry_selection`), so the answer holds
+/// for exactly the entry the maps hold.
+pub fn explain_entry(
+    svc: &ServiceSpec,
+    slices: &[&SliceSpec],
+    node: &NodeContext,
+    key: FrontendKey,
+) -> Result<Explained, NotExplained> {
+    let svc_frontends =
+        frontends::service_frontends(svc, &mut Vec::new()).map_err(|reason| NotExplained::Skipped(reason.as_str()))?;
+    let (port, selection) = svc_frontends
+        .ports
+        .iter()
+        .enumerate()
+        .find_map(|(i, port)| Some((port, super::service::entry_selection(&svc_frontends, port, i, node, key)?)))
+        .ok_or(NotExplained::NoSuchEntry(key))?;
+    // In the model's order (by namespace and name), so the answer is stable.
+    let mut slices = slices.to_vec();
+    slices.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    Ok(Explained {
+        port_name: port.name.clone(),
+        local_only: selection.local_node.is_some(),
+        zone: selection.zone.map(str::to_owned),
+        endpoints: endpoint_uses(port, key.addr.is_ipv6(), &slices, &selection),
+    })
 }
 
 /// An endpoint that passed the per-endpoint checks: its best state across
@@ -357,5 +416,63 @@ mod tests {
             assert_eq!(said_used, programmed, "{}: the model's backends", case.name);
             assert!(uses.iter().all(|u| u.unused.is_none_or(|r| !r.text().is_empty())));
         }
+    }
+
+    /// A NodePort service, externalTrafficPolicy: Local, and
+    /// internalTrafficPolicy as given.
+    fn service(internal: &str) -> ServiceSpec {
+        let yaml = format!(
+            "metadata: {{name: s, namespace: ns}}\nspec: {{type: NodePort, clusterIP: 10.96.0.9, \
+             externalTrafficPolicy: Local, internalTrafficPolicy: {internal}, \
+             ports: [{{name: http, port: 80, nodePort: 30080}}]}}\n"
+        );
+        ServiceSpec::from(&serde_norway::from_str::<k8s_openapi::api::core::v1::Service>(&yaml).unwrap())
+    }
+
+    /// Each entry of a service is explained with the selection the model
+    /// gives it: the endpoints said to be used are the backends of that
+    /// entry in the model's own translation.
+    #[test]
+    fn entries_are_explained_as_the_model_translates_them() {
+        use crate::model::{NodeContext, Scope, service::translate_service};
+        let owned = slices(&slice(&[
+            "{addresses: [10.0.0.1], conditions: {ready: true}, nodeName: here}",
+            "{addresses: [10.0.0.2], conditions: {ready: true}, nodeName: there}",
+            "{addresses: [10.0.0.3], conditions: {ready: false}, nodeName: here}",
+        ]));
+        let refs: Vec<&SliceSpec> = owned.iter().collect();
+        let node = NodeContext::new("here").with_ips(vec!["192.0.2.1".parse().unwrap()]);
+        let cluster_ip = FrontendKey::new("10.96.0.9".parse().unwrap(), 80, Protocol::Tcp);
+        let node_port = FrontendKey::new("192.0.2.1".parse().unwrap(), 30080, Protocol::Tcp);
+        let external = node_port.with_scope(Scope::External);
+        for (internal, key, local_only, used) in [
+            ("Cluster", cluster_ip, false, &[1, 2][..]),
+            ("Local", cluster_ip, true, &[1][..]),
+            ("Cluster", node_port, false, &[1, 2][..]),
+            ("Cluster", external, true, &[1][..]),
+        ] {
+            let svc = service(internal);
+            let got = explain_entry(&svc, &refs, &node, key).unwrap();
+            assert_eq!((got.port_name.as_str(), got.local_only), ("http", local_only), "{internal} {key}");
+            let said_used: Vec<(IpAddr, u16)> =
+                got.endpoints.iter().filter(|u| u.unused.is_none()).map(|u| (u.address, u.port.unwrap())).collect();
+            let expected: Vec<(IpAddr, u16)> =
+                used.iter().map(|last| (IpAddr::from([10, 0, 0, *last]), 8080)).collect();
+            assert_eq!(said_used, expected, "{internal} {key}");
+            let output = translate_service(&svc, &refs, &node);
+            let claim = output.claims.iter().find(|c| c.key == key).expect("the model has the entry");
+            let programmed: Vec<(IpAddr, u16)> = claim.frontend.backends.iter().map(|b| (b.addr, b.port)).collect();
+            assert_eq!(said_used, programmed, "{internal} {key}: the model's backends");
+            let not_ready = got.endpoints.iter().find(|u| u.address == IpAddr::from([10, 0, 0, 3])).unwrap();
+            assert_eq!(not_ready.unused, Some(Unused::NotReady));
+        }
+        let elsewhere = FrontendKey::new("10.96.0.10".parse().unwrap(), 80, Protocol::Tcp);
+        assert_eq!(explain_entry(&service("Cluster"), &refs, &node, elsewhere), Err(NotExplained::NoSuchEntry(elsewhere)));
+        let udp = FrontendKey::new("10.96.0.9".parse().unwrap(), 80, Protocol::Udp);
+        assert!(explain_entry(&service("Cluster"), &refs, &node, udp).is_err(), "the port is TCP");
+        let mut headless = service("Cluster");
+        headless.cluster_ip = Some("None".into());
+        headless.cluster_ips.clear();
+        assert!(matches!(explain_entry(&headless, &refs, &node, cluster_ip), Err(NotExplained::Skipped(_))));
     }
 }

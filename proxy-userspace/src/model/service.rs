@@ -269,3 +269,20 @@ fn push_external(
         }
     }
 }
+
+/// The endpoint selection of the entry `key` of port `port` (the
+/// `index`th of `svc`), exactly as `translate_service` makes it for that
+/// entry; `None` when the port has no such entry on this node.
+pub(super) fn entry_selection<'a>(
+    svc: &ServiceFrontends,
+    port: &PortSpec,
+    index: usize,
+    node: &'a NodeContext,
+    key: FrontendKey,
+) -> Option<Selection<'a>> {
+    let families: Vec<bool> = svc.addrs.iter().map(IpAddr::is_ipv6).collect();
+    port_frontends(svc, port, index, node, &families)
+        .into_iter()
+        .find(|p| p.addr == key.addr && p.port == key.port && p.scope == key.scope && port.protocol == key.protocol)
+        .map(|p| p.endpoints.selection(svc, node))
+}

@@ -2,10 +2,15 @@
 //! something changed, then what changed.
 use std::{
     future::Future,
+    sync::Arc,
     time::{Instant, SystemTime},
 };
 
-use super::Snapshot;
+use super::{Snapshot, stored_slice::StoredSlice};
+use crate::model::{ServiceId, ServiceSpec};
+
+/// One Service and the EndpointSlices that name it, as a source holds them.
+pub type ServiceInputs = (Arc<ServiceSpec>, Vec<Arc<StoredSlice>>);
 
 /// What a source delivers for one sync.
 #[derive(Debug)]
@@ -65,5 +70,14 @@ pub trait ChangeSource {
     /// The first table is in the maps and translation has started.
     fn started(&self, frontends: usize) {
         let _ = frontends;
+    }
+
+    /// The Service `service` and the EndpointSlices that name it as the
+    /// source holds them now (for `ebpf-proxy explain`: at most one sync
+    /// ahead of the maps); `None` when it has no such Service (or keeps no
+    /// objects).
+    fn inputs(&self, service: &ServiceId) -> Option<ServiceInputs> {
+        let _ = service;
+        None
     }
 }

@@ -17,8 +17,10 @@ use tracing::{error, info, warn};
 
 use super::{
     ChangeSource, Delivery, Snapshot,
+    change_source::ServiceInputs,
     file::{self, Rejection},
 };
+use crate::model::ServiceId;
 
 /// How often the file is checked for changes.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
@@ -41,12 +43,14 @@ pub struct FileSource {
     /// Since when the file has been read empty without that being applied.
     empty_since: Option<Instant>,
     rejected: RejectionSink,
+    /// What the last delivery held (shared with it), for `inputs`.
+    delivered: Option<Snapshot>,
 }
 
 impl FileSource {
     #[must_use]
     pub fn new(path: PathBuf) -> Self {
-        Self { path, read_once: false, stamp: None, empty_since: None, rejected: Arc::new(|_| {}) }
+        Self { path, read_once: false, stamp: None, empty_since: None, rejected: Arc::new(|_| {}), delivered: None }
     }
 
     /// Tells `sink` of every rejection.
@@ -136,7 +140,15 @@ impl ChangeSource for FileSource {
         }
         let mut delivery = Delivery::new(Snapshot::from(parsed.objects));
         delivery.rejected = parsed.errors.len() as u64;
+        self.delivered = Some(delivery.snapshot.clone());
         Some(delivery)
+    }
+
+    fn inputs(&self, service: &ServiceId) -> Option<ServiceInputs> {
+        let Some(Snapshot::Full { services, slices, .. }) = &self.delivered else { return None };
+        let svc = services.iter().find(|s| s.namespace == service.0 && s.name == service.1)?;
+        let slices = slices.iter().filter(|s| s.owner() == Some(service)).cloned().collect();
+        Some((svc.clone(), slices))
     }
 
     fn everything(&mut self) -> Option<Delivery> {
@@ -196,6 +208,26 @@ mod tests {
         source.changed().await;
         assert!(truncated.elapsed() >= EMPTY_SETTLE);
         assert_eq!(services(&source.snapshot().unwrap()), 0, "an empty file that stays empty is applied");
+    }
+
+    /// `inputs` answers from what was delivered: the Service and the
+    /// slices that name it.
+    #[tokio::test]
+    async fn inputs_are_those_delivered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut source, _) = source(&dir);
+        let id: ServiceId = ("default".into(), "a".into());
+        assert!(source.inputs(&id).is_none(), "nothing delivered yet");
+        let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\n\
+            metadata: {name: a-1, labels: {kubernetes.io/service-name: a}}\nendpoints: []\n";
+        let other = slice.replace("name: a-1", "name: b-1").replace("service-name: a", "service-name: b");
+        std::fs::write(dir.path().join("services.yaml"), format!("{ONE_SERVICE}---\n{slice}---\n{other}")).unwrap();
+        source.changed().await;
+        source.snapshot().unwrap();
+        let (service, slices) = source.inputs(&id).unwrap();
+        assert_eq!(service.name, "a");
+        assert_eq!(slices.iter().map(|s| s.id().1).collect::<Vec<_>>(), ["a-1"]);
+        assert!(source.inputs(&("default".into(), "b".into())).is_none());
     }
 
     #[tokio::test]

@@ -117,6 +117,10 @@ impl ChangeSource for KubeSource {
         self.store.lock().expect("store lock").pending_events()
     }
 
+    fn inputs(&self, service: &crate::model::ServiceId) -> Option<super::change_source::ServiceInputs> {
+        self.store.lock().expect("store lock").inputs(service)
+    }
+
     fn started(&self, frontends: usize) {
         let note = format!("ebpf-proxy translates {frontends} service frontends on this node");
         announce(&self.client, &self.node_name, "Starting", note);

@@ -323,6 +323,13 @@ impl ObjectStore {
         Changed { id, service, slices }
     }
 
+    /// One Service and its slices as the store holds them now.
+    #[must_use]
+    pub fn inputs(&self, id: &ServiceId) -> Option<super::change_source::ServiceInputs> {
+        let Changed { service, slices, .. } = self.service(id.clone());
+        Some((service?, slices))
+    }
+
     /// Objects held: Services, EndpointSlices.
     #[must_use]
     pub fn counts(&self) -> (usize, usize) {
