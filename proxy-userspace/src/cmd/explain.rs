@@ -2,8 +2,13 @@
 //! connection to a frontend goes and why, read from the pinned maps (the
 //! agent need not be running): the service and port, its type and
 //! policies, each backend with its state, and with `--from` the backend
-//! that client would get.
-use std::net::{IpAddr, SocketAddr};
+//! that client would get. Which endpoints of the cluster are not used, and
+//! why, only the running agent knows: it is asked on its socket
+//! (`crate::explain_socket`), and when it cannot be, the answer says so.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::Path,
+};
 
 use anyhow::{Context as _, bail};
 use serde::Serialize;
@@ -14,22 +19,47 @@ use crate::{
         KernelMaps, ServiceMaps as _,
         inspect::{self, BackendView, FrontendView},
     },
+    explain_socket::{self, Answer, Request},
+    model::explain::{EndpointUse, Explained},
 };
-
-/// What the maps cannot tell (the reasons live in the agent's model,
-/// `model::explain`, which it does not serve yet).
-const UNUSED_UNKNOWN: &str = "which endpoints of the cluster are not used, and why, is not in the maps \
-     (the agent does not serve its reasons yet); compare the backends above with the service's EndpointSlices";
 
 #[derive(Debug, Serialize)]
 struct Explanation {
     /// The entries of the frontend (the one every client uses, and its
-    /// `external` twin when externalTrafficPolicy is Local).
-    frontends: Vec<FrontendView>,
+    /// `external` twin when externalTrafficPolicy is Local), each with the
+    /// agent's reasons when it could be asked.
+    frontends: Vec<Entry>,
     #[serde(skip_serializing_if = "Option::is_none")]
     from: Option<ClientView>,
     /// What this answer cannot tell.
-    unknown: Vec<&'static str>,
+    unknown: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Entry {
+    #[serde(flatten)]
+    frontend: FrontendView,
+    /// Every endpoint of the service port the cluster has that this entry
+    /// does not use, with why (from the agent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unused: Option<Vec<UnusedView>>,
+    /// The endpoints the agent says are used are the backends in the maps
+    /// (false: the maps are behind the agent, or were changed by hand).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agrees_with_maps: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+struct UnusedView {
+    address: IpAddr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
+    /// `not-ready`, `other-node`, `port-name-unmatched`, ...
+    reason: crate::model::explain::Unused,
+    /// The reason in words.
+    why: &'static str,
 }
 
 #[derive(Debug, Serialize)]
@@ -66,12 +96,81 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         bail!("no frontend {} in the maps: it is not a service address this node translates", args.frontend);
     }
     let from = client.map(|(ip, port)| client_view(&dump, &frontends, ip, port));
-    let explanation = Explanation { frontends, from, unknown: vec![UNUSED_UNKNOWN] };
+    let (frontends, unknown) = ask_agent(&args.agent_socket, frontends);
+    let explanation = Explanation { frontends, from, unknown };
     match args.output {
         OutputFormat::Table => print!("{}", text(&explanation)),
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&explanation)?),
     }
     Ok(())
+}
+
+/// Asks the agent at `socket` about each entry: the entries with the
+/// endpoints they do not use, and what could not be told.
+fn ask_agent(socket: &Path, frontends: Vec<FrontendView>) -> (Vec<Entry>, Vec<String>) {
+    let mut unknown = Vec::new();
+    let mut entries = Vec::new();
+    let mut unreachable = false;
+    for frontend in frontends {
+        let mut entry = Entry { frontend, unused: None, agrees_with_maps: None };
+        let f = &entry.frontend;
+        if unreachable {
+            entries.push(entry);
+            continue;
+        }
+        let (Some(namespace), Some(name)) = (f.namespace.clone(), f.name.clone()) else {
+            unknown.push(format!(
+                "which endpoints {}:{}/{} does not use, and why: the maps name no service for it",
+                f.address, f.port, f.protocol
+            ));
+            entries.push(entry);
+            continue;
+        };
+        let request = Request {
+            namespace,
+            name,
+            address: f.address,
+            port: f.port,
+            protocol: f.protocol.clone(),
+            external: f.scope.is_some(),
+        };
+        let what = format!("which endpoints of {} the cluster has are not used, and why", f.service_text());
+        match explain_socket::ask(socket, &request) {
+            Ok(Answer::Explained(explained)) => {
+                entry.agrees_with_maps = Some(agrees(&explained, &entry.frontend.backends));
+                entry.unused = Some(unused_views(&explained.endpoints));
+            }
+            Ok(Answer::NotExplained { reason }) => unknown.push(format!("{what}: the agent cannot tell: {reason}")),
+            Err(err) => {
+                unknown.push(format!("{what}: only the running agent knows, and it cannot be asked: {err}"));
+                // Said once: the socket will not answer the next entry either.
+                unreachable = true;
+            }
+        }
+        entries.push(entry);
+    }
+    (entries, unknown)
+}
+
+/// Whether the endpoints the agent says are used are the backends the maps
+/// hold (address and port; their order and states aside).
+fn agrees(explained: &Explained, backends: &[BackendView]) -> bool {
+    let mut used: Vec<(IpAddr, u16)> =
+        explained.endpoints.iter().filter(|u| u.unused.is_none()).filter_map(|u| Some((u.address, u.port?))).collect();
+    let mut mapped: Vec<(IpAddr, u16)> = backends.iter().filter_map(|b| Some((b.address?, b.port))).collect();
+    used.sort_unstable();
+    mapped.sort_unstable();
+    used == mapped
+}
+
+fn unused_views(endpoints: &[EndpointUse]) -> Vec<UnusedView> {
+    endpoints
+        .iter()
+        .filter_map(|u| {
+            let reason = u.unused?;
+            Some(UnusedView { address: u.address, port: u.port, node: u.node.clone(), reason, why: reason.text() })
+        })
+        .collect()
 }
 
 /// `IP` or `IP:PORT` (`[IPv6]:PORT`).
@@ -127,7 +226,8 @@ fn client_view(
 fn text(e: &Explanation) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    for f in &e.frontends {
+    for entry in &e.frontends {
+        let f = &entry.frontend;
         let scope =
             if f.scope.is_some() { " (external: traffic from outside, externalTrafficPolicy: Local)" } else { "" };
         let _ = writeln!(out, "frontend {}:{}/{}{scope}", f.address, f.port, f.protocol);
@@ -159,6 +259,20 @@ fn text(e: &Explanation) -> String {
             let addr =
                 b.address.map_or_else(|| format!("id {} (missing)", b.id), |a| SocketAddr::new(a, b.port).to_string());
             let _ = writeln!(out, "    {addr}  {}{}", b.state, if b.local { ", local" } else { "" });
+        }
+        if let Some(unused) = &entry.unused {
+            let _ = writeln!(out, "  not used       {}", if unused.is_empty() { "none" } else { "" });
+            for u in unused {
+                let addr = u.port.map_or_else(|| u.address.to_string(), |p| SocketAddr::new(u.address, p).to_string());
+                let node = u.node.as_ref().map_or_else(String::new, |n| format!(" (node {n})"));
+                let _ = writeln!(out, "    {addr}{node}  {}", u.why);
+            }
+        }
+        if entry.agrees_with_maps == Some(false) {
+            let _ = writeln!(
+                out,
+                "  note           the agent's endpoints differ from the backends in the maps (a sync in progress, or the maps changed by hand)"
+            );
         }
     }
     if let Some(c) = &e.from {
