@@ -2,6 +2,7 @@
 //! in the kernel with eBPF instead of iptables DNAT.
 pub mod agent;
 pub mod args;
+pub mod client_netns;
 pub mod cmd;
 pub mod config;
 pub mod datapath;

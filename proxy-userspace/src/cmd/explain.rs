@@ -76,6 +76,26 @@ struct ClientView {
     backend: Option<BackendView>,
     /// How it is chosen, in words.
     how: String,
+    /// ClientIP affinity: the entries (`AFFINITY`) of the network
+    /// namespaces on this node that hold the client's address (the socket
+    /// programs key a client by its namespace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    affinity: Option<Vec<AffinityView>>,
+}
+
+#[derive(Debug, Serialize)]
+struct AffinityView {
+    /// A file naming the client's network namespace.
+    netns: std::path::PathBuf,
+    backend_id: u32,
+    /// The backend, when it still serves the frontend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backend: Option<BackendView>,
+    /// Since the client's last connection through the frontend.
+    idle_seconds: u64,
+    /// Until the entry expires (0: expired; the next connection picks
+    /// a backend again).
+    expires_in_seconds: u64,
 }
 
 pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
@@ -95,7 +115,11 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     if frontends.is_empty() {
         bail!("no frontend {} in the maps: it is not a service address this node translates", args.frontend);
     }
-    let from = client.map(|(ip, port)| client_view(&dump, &frontends, ip, port));
+    let from = client.map(|(ip, port)| {
+        let mut view = client_view(&dump, &frontends, ip, port);
+        view.affinity = affinity_views(&dir, &frontends[0], ip);
+        view
+    });
     let (frontends, unknown) = ask_agent(&args.agent_socket, frontends);
     let explanation = Explanation { frontends, from, unknown };
     match args.output {
@@ -183,6 +207,35 @@ fn parse_client(text: &str) -> anyhow::Result<(IpAddr, Option<u16>)> {
     Ok((sock.ip(), Some(sock.port())))
 }
 
+/// The affinity entries of frontend `f` (the one local clients use) for
+/// the namespaces holding `ip`; `None` when `f` has no affinity.
+fn affinity_views(dir: &Path, f: &FrontendView, ip: IpAddr) -> Option<Vec<AffinityView>> {
+    let timeout = u64::from(f.affinity_timeout?);
+    let namespaces = crate::client_netns::holding(ip);
+    let entries = match crate::datapath::affinity::entries(dir, f.id) {
+        Ok(entries) => entries,
+        Err(err) => {
+            tracing::warn!(%err, "cannot read the affinity entries");
+            Vec::new()
+        }
+    };
+    let views = entries
+        .iter()
+        .filter_map(|e| {
+            let ns = namespaces.iter().find(|n| n.cookie == e.client)?;
+            let idle = e.idle.as_secs();
+            Some(AffinityView {
+                netns: ns.path.clone(),
+                backend_id: e.backend_id,
+                backend: f.backends.iter().find(|b| b.id == e.backend_id).cloned(),
+                idle_seconds: idle,
+                expires_in_seconds: timeout.saturating_sub(idle),
+            })
+        })
+        .collect();
+    Some(views)
+}
+
 /// The backend `client` gets: from outside, the Maglev entry of the entry
 /// traffic from outside uses (the external twin when there is one).
 fn client_view(
@@ -197,11 +250,12 @@ fn client_view(
         .or_else(|| frontends.iter().find(|f| f.maglev_table.is_some()))
         .unwrap_or(&frontends[0]);
     let admitted = inspect::admits(outside, ip);
-    let mut view = ClientView { client: ip, port, admitted, maglev_entry: None, backend: None, how: String::new() };
+    let mut view =
+        ClientView { client: ip, port, admitted, maglev_entry: None, backend: None, how: String::new(), affinity: None };
     let local = match frontends[0].affinity_timeout {
-        Some(t) => {
-            format!("from this node: a backend at random at connect, then kept {t}s per client (ClientIP affinity)")
-        }
+        Some(t) => format!(
+            "from this node: a backend at random at connect, then kept {t}s per client network namespace (ClientIP affinity; not applied to traffic from outside, which Maglev keeps on one backend per flow)"
+        ),
         None => "from this node: a backend at random per connection".to_owned(),
     };
     view.how = if outside.maglev_table.is_none() {
@@ -283,6 +337,34 @@ fn text(e: &Explanation) -> String {
             let addr =
                 b.address.map_or_else(|| format!("id {} (missing)", b.id), |a| SocketAddr::new(a, b.port).to_string());
             let _ = writeln!(out, "  backend {addr}");
+        }
+        match c.affinity.as_deref() {
+            None => {}
+            Some([]) => {
+                let _ = writeln!(
+                    out,
+                    "  affinity entry none for a network namespace on this node holding {} (its next connection picks a backend)",
+                    c.client
+                );
+            }
+            Some(entries) => {
+                for a in entries {
+                    let backend = a.backend.as_ref().and_then(|b| b.address.map(|ip| SocketAddr::new(ip, b.port)));
+                    let backend = backend
+                        .map_or_else(|| format!("id {} (no longer a backend here)", a.backend_id), |b| b.to_string());
+                    let expiry = if a.expires_in_seconds == 0 {
+                        "expired".to_owned()
+                    } else {
+                        format!("expires in {}s", a.expires_in_seconds)
+                    };
+                    let _ = writeln!(
+                        out,
+                        "  affinity entry {backend} (netns {}), last used {}s ago, {expiry}",
+                        a.netns.display(),
+                        a.idle_seconds
+                    );
+                }
+            }
         }
     }
     for u in &e.unknown {

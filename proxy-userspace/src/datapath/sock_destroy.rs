@@ -122,7 +122,7 @@ impl SocketDestroyer {
 }
 
 /// Runs `f` on a thread inside the network namespace at `path`.
-fn in_namespace<T: Send>(path: &Path, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
+pub fn in_namespace<T: Send>(path: &Path, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
     let ns = File::open(path)?;
     std::thread::scope(|scope| {
         scope
