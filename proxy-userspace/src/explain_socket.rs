@@ -286,7 +286,9 @@ async fn ask_loop(request: Request, tx: &mpsc::Sender<Asked>) -> Answer {
 /// Why the agent could not be asked.
 #[derive(Debug, thiserror::Error)]
 pub enum AskError {
-    #[error("{path} does not exist: the agent is not running, or runs with another --explain-socket (give --agent-socket)")]
+    #[error(
+        "{path} does not exist: the agent is not running, or runs with another --explain-socket (give --agent-socket)"
+    )]
     Missing { path: PathBuf },
     #[error("{path} refuses connections: the agent that made it is gone")]
     Refused { path: PathBuf },
@@ -346,18 +348,19 @@ mod tests {
         let parsed: Request = serde_json::from_str(short).unwrap();
         assert_eq!(parsed.key().unwrap(), FrontendKey::new("10.96.0.9".parse().unwrap(), 80, Protocol::Tcp));
         assert!(Request { protocol: "SCTP".into(), ..request() }.key().is_err());
-        assert_eq!(
-            Request { external: true, ..request() }.key().unwrap().scope,
-            Scope::External,
-            "the external entry"
-        );
+        assert_eq!(Request { external: true, ..request() }.key().unwrap().scope, Scope::External, "the external entry");
 
         let explained = Answer::Explained(Explained {
             port_name: "http".into(),
             local_only: true,
             zone: None,
             endpoints: vec![
-                EndpointUse { address: "10.0.0.1".parse().unwrap(), port: Some(8080), node: Some("a".into()), unused: None },
+                EndpointUse {
+                    address: "10.0.0.1".parse().unwrap(),
+                    port: Some(8080),
+                    node: Some("a".into()),
+                    unused: None,
+                },
                 EndpointUse {
                     address: "10.0.0.2".parse().unwrap(),
                     port: None,

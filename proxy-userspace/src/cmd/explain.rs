@@ -250,8 +250,15 @@ fn client_view(
         .or_else(|| frontends.iter().find(|f| f.maglev_table.is_some()))
         .unwrap_or(&frontends[0]);
     let admitted = inspect::admits(outside, ip);
-    let mut view =
-        ClientView { client: ip, port, admitted, maglev_entry: None, backend: None, how: String::new(), affinity: None };
+    let mut view = ClientView {
+        client: ip,
+        port,
+        admitted,
+        maglev_entry: None,
+        backend: None,
+        how: String::new(),
+        affinity: None,
+    };
     let local = match frontends[0].affinity_timeout {
         Some(t) => format!(
             "from this node: a backend at random at connect, then kept {t}s per client network namespace (ClientIP affinity; not applied to traffic from outside, which Maglev keeps on one backend per flow)"

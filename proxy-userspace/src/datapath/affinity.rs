@@ -23,7 +23,8 @@ pub struct AffinityEntry {
 /// connection replaces it: see `AffinityEntry::idle`).
 pub fn entries(maps_dir: &Path, rev_nat: u16) -> Result<Vec<AffinityEntry>, MapError> {
     let path = maps_dir.join(map_names::AFFINITY);
-    let data = MapData::from_pin(&path).map_err(|source| MapError::Open { path: path.display().to_string(), source })?;
+    let data =
+        MapData::from_pin(&path).map_err(|source| MapError::Open { path: path.display().to_string(), source })?;
     let map: BpfHashMap<MapData, AffinityKey, AffinityValue> = BpfHashMap::try_from(Map::LruHashMap(data))
         .map_err(|source| MapError::Session { map: map_names::AFFINITY, source })?;
     let now = monotonic_ns();

@@ -467,7 +467,10 @@ mod tests {
             assert_eq!(not_ready.unused, Some(Unused::NotReady));
         }
         let elsewhere = FrontendKey::new("10.96.0.10".parse().unwrap(), 80, Protocol::Tcp);
-        assert_eq!(explain_entry(&service("Cluster"), &refs, &node, elsewhere), Err(NotExplained::NoSuchEntry(elsewhere)));
+        assert_eq!(
+            explain_entry(&service("Cluster"), &refs, &node, elsewhere),
+            Err(NotExplained::NoSuchEntry(elsewhere))
+        );
         let udp = FrontendKey::new("10.96.0.9".parse().unwrap(), 80, Protocol::Udp);
         assert!(explain_entry(&service("Cluster"), &refs, &node, udp).is_err(), "the port is TCP");
         let mut headless = service("Cluster");

@@ -183,7 +183,15 @@ impl Env {
             // attached to its devices (the multi-node tests attach to theirs).
             "--devices".into(),
             "none".into(),
+            // Its own socket for `ebpf-proxy explain`, never the machine's.
+            "--explain-socket".into(),
+            self.explain_socket().display().to_string(),
         ]
+    }
+
+    /// Where the agent serves `ebpf-proxy explain` (`--explain-socket`).
+    pub fn explain_socket(&self) -> PathBuf {
+        self.dir.path().join("agent.sock")
     }
 
     pub fn agent(&self) -> &AgentProcess {
