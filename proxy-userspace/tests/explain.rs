@@ -11,6 +11,7 @@ mod common;
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
+    os::unix::fs::PermissionsExt as _,
     path::Path,
     process::Command,
 };
@@ -187,13 +188,34 @@ fn explain_asks_the_agent_why_endpoints_are_not_used() {
     env.write_services(&services_with_unused_endpoints());
     env.start_agent();
     let socket = env.explain_socket();
-    use std::os::unix::fs::PermissionsExt as _;
     let mode = std::fs::metadata(&socket).expect("the agent serves its socket").permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "only root may ask");
-    let ip = |i| backend_ip(i).to_string();
+    check_reasons(&env, &socket);
+    check_affinity_entry(&env, &socket);
 
+    // The agent stopped: the maps' part stays, the reasons are not known,
+    // and the answer names the socket.
+    env.agent.take();
+    let (ok, text) = explain_asking(&env, &socket, &["10.96.0.10:80"]);
+    assert!(ok, "exit 0 with what the maps tell: {text}");
+    assert!(text.contains(&format!("{}:8080  active", backend_ip(1))), "{text}");
+    let not_known = text.lines().find(|l| l.starts_with("not known: ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        not_known.contains(&socket.display().to_string()) && not_known.contains("only the running agent knows"),
+        "{not_known}"
+    );
+    assert!(!socket.exists(), "the agent removed its socket on exit");
+}
+
+fn ip(i: u8) -> String {
+    backend_ip(i).to_string()
+}
+
+/// Not ready, a slice without the port's name, another node's endpoint of
+/// a Local service: each with its reason, the rest the maps' backends.
+fn check_reasons(env: &Env, socket: &Path) {
     // Not ready, and a slice without the port's name.
-    let (ok, json) = explain_asking(&env, &socket, &["10.96.0.10:80", "-o", "json"]);
+    let (ok, json) = explain_asking(env, socket, &["10.96.0.10:80", "-o", "json"]);
     assert!(ok, "{json}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(
@@ -204,7 +226,7 @@ fn explain_asks_the_agent_why_endpoints_are_not_used() {
     assert_eq!(map_backends(&v), [ip(1), ip(2)], "the used endpoints are the maps' backends");
     assert_eq!(v["frontends"][0]["agrees_with_maps"], true, "{json}");
     assert_eq!(v["unknown"], serde_json::json!([]), "the agent told everything: {json}");
-    let (ok, text) = explain_asking(&env, &socket, &["10.96.0.10:80"]);
+    let (ok, text) = explain_asking(env, socket, &["10.96.0.10:80"]);
     assert!(ok, "{text}");
     for want in
         ["  not used", &format!("{}:8080 (node test-node)  not ready", ip(3)), "its slice has no port of this name"]
@@ -216,20 +238,22 @@ fn explain_asks_the_agent_why_endpoints_are_not_used() {
     // Local: the endpoint on another node. kube-proxy too sends a
     // internalTrafficPolicy: Local service's traffic to this node's
     // endpoints only (pkg/proxy/topology.go, CategorizeEndpoints).
-    let (ok, json) = explain_asking(&env, &socket, &["10.96.0.20:80/TCP", "-o", "json"]);
+    let (ok, json) = explain_asking(env, socket, &["10.96.0.20:80/TCP", "-o", "json"]);
     assert!(ok, "{json}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(unused(&v), BTreeMap::from([(ip(2), "other-node".to_owned())]), "{json}");
     assert_eq!(v["frontends"][0]["unused"][0]["node"], "other-node");
     assert_eq!(map_backends(&v), [ip(1)]);
     assert_eq!(v["frontends"][0]["agrees_with_maps"], true, "{json}");
+}
 
-    // A client in the test namespace connects through the affinity
-    // service: its entry names the backend it reached.
+/// A client in the test namespace connects through the affinity service:
+/// `--from` its address shows its entry, with the backend it reached.
+fn check_affinity_entry(env: &Env, socket: &Path) {
     let out = env.curl(true, "http://10.96.0.10/");
     let reached = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     let n: u8 = reached.strip_prefix("backend-").and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{out:?}"));
-    let (ok, json) = explain_asking(&env, &socket, &["10.96.0.10:80", "--from", &ip(1), "-o", "json"]);
+    let (ok, json) = explain_asking(env, socket, &["10.96.0.10:80", "--from", &ip(1), "-o", "json"]);
     assert!(ok, "{json}");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let entries = v["from"]["affinity"].as_array().unwrap_or_else(|| panic!("affinity entries in {json}"));
@@ -237,24 +261,11 @@ fn explain_asks_the_agent_why_endpoints_are_not_used() {
     assert_eq!(entries[0]["backend"]["address"], ip(n), "the backend the client reached: {json}");
     let expires = entries[0]["expires_in_seconds"].as_u64().unwrap();
     assert!((1..=60).contains(&expires), "{json}");
-    let (ok, text) = explain_asking(&env, &socket, &["10.96.0.10:80", "--from", &ip(1)]);
+    let (ok, text) = explain_asking(env, socket, &["10.96.0.10:80", "--from", &ip(1)]);
     let backend = SocketAddr::new(backend_ip(n).into(), 8080);
     assert!(ok && text.contains(&format!("affinity entry {backend} (netns ")), "{text}");
     // An address no namespace here holds has no entry.
-    let (ok, json) = explain_asking(&env, &socket, &["10.96.0.10:80", "--from", "192.0.2.99", "-o", "json"]);
+    let (ok, json) = explain_asking(env, socket, &["10.96.0.10:80", "--from", "192.0.2.99", "-o", "json"]);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert!(ok && v["from"]["affinity"] == serde_json::json!([]), "{json}");
-
-    // The agent stopped: the maps' part stays, the reasons are not known,
-    // and the answer names the socket.
-    env.agent.take();
-    let (ok, text) = explain_asking(&env, &socket, &["10.96.0.10:80"]);
-    assert!(ok, "exit 0 with what the maps tell: {text}");
-    assert!(text.contains(&format!("{}:8080  active", ip(1))), "{text}");
-    let not_known = text.lines().find(|l| l.starts_with("not known: ")).unwrap_or_else(|| panic!("{text}"));
-    assert!(
-        not_known.contains(&socket.display().to_string()) && not_known.contains("only the running agent knows"),
-        "{not_known}"
-    );
-    assert!(!socket.exists(), "the agent removed its socket on exit");
 }
