@@ -223,7 +223,9 @@ pub enum Command {
     },
     /// Where a connection to a frontend goes and why: its service, type,
     /// policies and backends, and with --from the backend that client gets
-    /// (read from the pinned maps; the agent need not be running).
+    /// and its affinity entry (read from the pinned maps; the agent need
+    /// not be running); which endpoints are not used and why (asked of the
+    /// running agent on its local socket).
     Explain(ExplainArgs),
 }
 
@@ -437,7 +439,8 @@ pub struct ExplainArgs {
     /// The frontend: ADDR:PORT, [IPv6]:PORT, optionally /TCP or /UDP.
     pub frontend: String,
     /// A client, IP or IP:PORT: the backend it would get (from outside the
-    /// node: the Maglev entry its flow hashes to, which needs its port).
+    /// node: the Maglev entry its flow hashes to, which needs its port) and,
+    /// for a client on this node, its affinity entry.
     #[arg(long, value_name = "IP[:PORT]")]
     pub from: Option<String>,
     /// The agent's pin directory.
