@@ -227,6 +227,9 @@ impl Topology {
             "127.0.0.1:0",
             "--maglev-table-size",
             "1021",
+            // Not the machine's socket (several nodes' agents run at once).
+            "--explain-socket",
+            "none",
         ]
         .iter()
         .map(ToString::to_string)
