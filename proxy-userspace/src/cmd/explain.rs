@@ -115,12 +115,17 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     if frontends.is_empty() {
         bail!("no frontend {} in the maps: it is not a service address this node translates", args.frontend);
     }
+    let mut affinity_unknown = None;
     let from = client.map(|(ip, port)| {
         let mut view = client_view(&dump, &frontends, ip, port);
-        view.affinity = affinity_views(&dir, &frontends[0], ip);
+        match affinity_views(&dir, &frontends[0], ip) {
+            Ok(views) => view.affinity = views,
+            Err(err) => affinity_unknown = Some(format!("the affinity entry of {ip}: {err}")),
+        }
         view
     });
-    let (frontends, unknown) = ask_agent(&args.agent_socket, frontends);
+    let (frontends, mut unknown) = ask_agent(&args.agent_socket, frontends);
+    unknown.extend(affinity_unknown);
     let explanation = Explanation { frontends, from, unknown };
     match args.output {
         OutputFormat::Table => print!("{}", text(&explanation)),
@@ -209,16 +214,14 @@ fn parse_client(text: &str) -> anyhow::Result<(IpAddr, Option<u16>)> {
 
 /// The affinity entries of frontend `f` (the one local clients use) for
 /// the namespaces holding `ip`; `None` when `f` has no affinity.
-fn affinity_views(dir: &Path, f: &FrontendView, ip: IpAddr) -> Option<Vec<AffinityView>> {
-    let timeout = u64::from(f.affinity_timeout?);
-    let namespaces = crate::client_netns::holding(ip);
-    let entries = match crate::datapath::affinity::entries(dir, f.id) {
-        Ok(entries) => entries,
-        Err(err) => {
-            tracing::warn!(%err, "cannot read the affinity entries");
-            Vec::new()
-        }
-    };
+fn affinity_views(
+    dir: &Path,
+    f: &FrontendView,
+    ip: IpAddr,
+) -> Result<Option<Vec<AffinityView>>, crate::datapath::maps::MapError> {
+    let Some(timeout) = f.affinity_timeout.map(u64::from) else { return Ok(None) };
+    let entries = crate::datapath::affinity::entries(dir, f.id)?;
+    let namespaces = if entries.is_empty() { Vec::new() } else { crate::client_netns::holding(ip) };
     let views = entries
         .iter()
         .filter_map(|e| {
@@ -233,7 +236,7 @@ fn affinity_views(dir: &Path, f: &FrontendView, ip: IpAddr) -> Option<Vec<Affini
             })
         })
         .collect();
-    Some(views)
+    Ok(Some(views))
 }
 
 /// The backend `client` gets: from outside, the Maglev entry of the entry
@@ -382,7 +385,32 @@ fn text(e: &Explanation) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_client;
+    use super::{BackendView, EndpointUse, Explained, agrees, parse_client};
+    use crate::model::explain::Unused;
+
+    /// The agent's used endpoints against the maps' backends: the same
+    /// addresses and ports in any order agree; one more or less does not.
+    #[test]
+    fn the_agent_agrees_with_the_maps_on_the_same_backends() {
+        let used =
+            |last: u8, unused| EndpointUse { address: [10, 0, 0, last].into(), port: Some(8080), node: None, unused };
+        let explained = Explained {
+            port_name: "http".into(),
+            local_only: false,
+            zone: None,
+            endpoints: vec![used(2, None), used(1, None), used(3, Some(Unused::NotReady))],
+        };
+        let backend = |last: u8| BackendView {
+            id: u32::from(last),
+            address: Some([10, 0, 0, last].into()),
+            port: 8080,
+            state: "active",
+            local: false,
+        };
+        assert!(agrees(&explained, &[backend(1), backend(2)]));
+        assert!(!agrees(&explained, &[backend(1)]));
+        assert!(!agrees(&explained, &[backend(1), backend(2), backend(3)]));
+    }
 
     #[test]
     fn clients_parse() {
