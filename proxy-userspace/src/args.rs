@@ -398,7 +398,7 @@ pub struct RunArgs {
     /// The unix socket (mode 0600) where `ebpf-proxy explain` asks why
     /// endpoints are not used; "none": not served. Default:
     /// /run/ebpf-proxy/agent.sock.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "EBPF_PROXY_EXPLAIN_SOCKET")]
     pub explain_socket: Option<PathBuf>,
 }
 

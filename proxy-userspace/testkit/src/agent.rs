@@ -97,7 +97,11 @@ impl AgentProcess {
     }
 
     fn spawn_command(mut cmd: Command, filter: &str, envs: &[(&str, &str)], echo: bool) -> io::Result<Self> {
+        // No explain socket unless a test asks for one (its own
+        // `--explain-socket`, which beats the variable): test agents never
+        // create the machine's default /run/ebpf-proxy/agent.sock.
         let mut child = cmd
+            .env("EBPF_PROXY_EXPLAIN_SOCKET", "none")
             .env("RUST_LOG", filter)
             .envs(envs.iter().copied())
             .stdin(Stdio::null())
