@@ -6,6 +6,8 @@ mod control;
 mod datapath;
 mod load;
 mod net;
+mod nodeport_rules;
+mod outside;
 mod percentile;
 mod relist;
 mod report;
@@ -22,6 +24,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
+#[expect(clippy::struct_excessive_bools, reason = "command-line flags, each its own switch")]
 #[command(name = "ebpf-proxy-bench", about = "ebpf-proxy side by side with kube-proxy's datapaths")]
 struct Cli {
     #[command(subcommand)]
@@ -72,6 +75,17 @@ struct Cli {
     /// always measured); default: all.
     #[arg(long, value_enum, value_delimiter = ',')]
     variants: Option<Vec<net::Variant>>,
+    /// Service counts of the outside path, NodePort services (default 1,
+    /// 1000 and 10000).
+    #[arg(long, value_delimiter = ',')]
+    outside_services: Option<Vec<u32>>,
+    /// Only these outside-path variants (direct is always measured);
+    /// default: all the agent has.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    outside_variants: Option<Vec<outside::Variant>>,
+    /// Only the outside path (no ClusterIP datapath, no control plane).
+    #[arg(long)]
+    outside_only: bool,
 }
 
 #[derive(Subcommand)]
@@ -209,6 +223,7 @@ fn main() -> anyhow::Result<()> {
         rounds: settings.rounds,
         client_threads: settings.threads,
         datapath: Vec::new(),
+        outside: Vec::new(),
         rule_loads: Vec::new(),
         control: Vec::new(),
         unavailable: vec![ipvs_missing()],
@@ -217,13 +232,26 @@ fn main() -> anyhow::Result<()> {
     let (control_sizes, control_too_many) = within_frontend_ids(control_sizes);
     report.unavailable.extend(too_many.iter().map(|n| frontend_ids_note(*n, "the datapath comparison")));
     report.unavailable.extend(control_too_many.iter().map(|n| frontend_ids_note(*n, "the control plane")));
-    for n in sizes.into_iter().filter(|_| !cli.control_only) {
+    for n in sizes.into_iter().filter(|_| !cli.control_only && !cli.outside_only) {
         let run = datapath::run(&settings, n).with_context(|| format!("the datapath bench at {n} services"))?;
         report.datapath.extend(run.rows);
         report.rule_loads.extend(run.loads);
         report.unavailable.extend(run.too_slow);
     }
-    for n in control_sizes {
+    if !cli.control_only {
+        let sizes = cli.outside_services.unwrap_or_else(|| if quick { vec![1, 100] } else { vec![1, 1000, 10_000] });
+        let (variants, unavailable) =
+            outside::available(cli.outside_variants.as_deref(), &outside::agent_help(&settings.agent)?);
+        report.unavailable.extend(unavailable);
+        for n in sizes {
+            let run =
+                outside::run(&settings, n, &variants).with_context(|| format!("the outside path at {n} services"))?;
+            report.outside.extend(run.rows);
+            report.rule_loads.extend(run.loads);
+            report.unavailable.extend(run.left_out);
+        }
+    }
+    for n in control_sizes.into_iter().filter(|_| !cli.outside_only) {
         report.control.push(control::run(&settings, n).context("the control-plane bench")?);
     }
     std::fs::create_dir_all(&cli.out)?;
