@@ -123,24 +123,27 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Run> {
     for variant in variants {
         runner.run(*variant, Mode::Short, settings.seconds.min(0.5))?;
     }
-    let results = interleave(n, settings, variants, Variant::name, |v, mode, seconds| runner.run(v, mode, seconds))?;
+    let results = interleave(n, settings, variants, &[Mode::Short, Mode::Keep], Variant::name, |v, mode, seconds| {
+        runner.run(v, mode, seconds)
+    })?;
     drop(agent);
     Ok(Run { rows: rows(n, &results, Variant::Direct, Variant::name), loads, too_slow })
 }
 
-/// Measures every variant in both modes, `settings.rounds` rounds of
+/// Measures every variant in each of `modes`, `settings.rounds` rounds of
 /// `settings.seconds` each, the variants interleaved (each round starts
 /// one later) so drift hits them all alike; `run` does one load run.
 pub fn interleave<V: Copy + Ord>(
     n: u32,
     settings: &Settings,
     variants: &[V],
+    modes: &[Mode],
     name: impl Fn(V) -> &'static str,
     run: impl Fn(V, Mode, f64) -> anyhow::Result<LoadResult>,
 ) -> anyhow::Result<BTreeMap<(Mode, V), Vec<LoadResult>>> {
     let mut results: BTreeMap<(Mode, V), Vec<LoadResult>> = BTreeMap::new();
     for round in 0..settings.rounds {
-        for mode in [Mode::Short, Mode::Keep] {
+        for mode in modes.iter().copied() {
             for k in 0..variants.len() {
                 let variant = variants[(k + round) % variants.len()];
                 if stopping() {

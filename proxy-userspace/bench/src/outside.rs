@@ -326,7 +326,8 @@ pub fn run(settings: &Settings, n: u32, variants: &[Variant]) -> anyhow::Result<
     for variant in &variants {
         load(*variant, Mode::Short, settings.seconds.min(0.5))?;
     }
-    let results = datapath::interleave(n, settings, &variants, Variant::name, load)?;
+    let results =
+        datapath::interleave(n, settings, &variants, &[Mode::Short, Mode::Keep, Mode::Bulk], Variant::name, load)?;
     drop(agents);
     Ok(Run { rows: datapath::rows(n, &results, Variant::Direct, Variant::name), loads, left_out })
 }

@@ -138,7 +138,14 @@ fn datapath_tables(out: &mut String, rows: &[Row], intro: &str, base: &str) {
             "New connections (connect, 32 bytes each way, close): connections/s, ratio to {base}, connect latency p50/p99",
         ),
         ("keep", "Requests on kept connections: requests/s, ratio to {base}, request latency p50/p99"),
+        (
+            "bulk",
+            "Throughput on kept connections (64 KiB sent and echoed back, one connection per client thread): MiB/s each way, ratio to {base}, round trip of a chunk p50/p99",
+        ),
     ] {
+        if !rows.iter().any(|r| r.mode == mode) {
+            continue;
+        }
         let _ = writeln!(out, "{intro}{}:\n", title.replace("{base}", base));
         let mut variants: Vec<&str> = Vec::new();
         for r in rows.iter().filter(|r| r.mode == mode) {
@@ -158,8 +165,8 @@ fn datapath_tables(out: &mut String, rows: &[Row], intro: &str, base: &str) {
                         String::new,
                         |r| {
                             format!(
-                                "{:.0}/s ({:.2}x) {:.0}/{:.0} us{}",
-                                r.ops_per_second,
+                                "{} ({:.2}x) {:.0}/{:.0} us{}",
+                                rate(mode, r.ops_per_second),
                                 r.ratio,
                                 r.p50_us,
                                 r.p99_us,
@@ -172,5 +179,17 @@ fn datapath_tables(out: &mut String, rows: &[Row], intro: &str, base: &str) {
             let _ = writeln!(out, "| {n} | {} |", cells.join(" | "));
         }
         out.push('\n');
+    }
+}
+
+/// A rate of `mode`'s operations: per second, or for bulk, MiB per second
+/// (one operation moves `BULK_CHUNK` bytes each way).
+fn rate(mode: &str, ops_per_second: f64) -> String {
+    if mode == "bulk" {
+        #[expect(clippy::cast_precision_loss, reason = "a small constant")]
+        let chunk = super::load::BULK_CHUNK as f64;
+        format!("{:.0} MiB/s", ops_per_second * chunk / f64::from(1 << 20))
+    } else {
+        format!("{ops_per_second:.0}/s")
     }
 }
