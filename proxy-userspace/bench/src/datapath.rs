@@ -84,18 +84,13 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Run> {
             continue;
         }
         eprintln!("bench: {n} services: loading {tool}");
-        let limit = Duration::from_secs_f64(settings.rule_load_limit);
-        let Some(seconds) = load_rules(net.client(variant), tool, args, file, limit)? else {
-            eprintln!("bench: {n} services: {tool} did not finish within {limit:?}; {} left out", variant.name());
-            too_slow.push(format!(
-                "{} at {n} services: left out, its rules did not load within {} s ({tool})",
-                variant.name(),
-                settings.rule_load_limit
-            ));
-            variants.retain(|v| *v != variant);
-            continue;
-        };
-        loads.push(RuleLoad { services: n, tool, seconds });
+        match load_within_limit(settings, net.client(variant), [tool, variant.name()], args, file, n)? {
+            Ok(seconds) => loads.push(RuleLoad { services: n, tool, seconds }),
+            Err(note) => {
+                too_slow.push(note);
+                variants.retain(|v| *v != variant);
+            }
+        }
     }
     let variants = variants.as_slice();
 
@@ -172,9 +167,31 @@ pub fn write_targets(path: &Path, lines: impl Iterator<Item = String>) -> std::i
     std::fs::write(path, text)
 }
 
+/// Loads `file` with `tool` (`what[0]`) for variant `what[1]` within
+/// `settings.rule_load_limit`: the seconds it took, or (`Err`) why the
+/// variant is left out at `n` services.
+pub fn load_within_limit(
+    settings: &Settings,
+    ns: &NetNs,
+    what: [&str; 2],
+    args: &[&str],
+    file: &Path,
+    n: u32,
+) -> anyhow::Result<Result<f64, String>> {
+    let [tool, variant] = what;
+    let limit = Duration::from_secs_f64(settings.rule_load_limit);
+    Ok(load_rules(ns, tool, args, file, limit)?.ok_or_else(|| {
+        eprintln!("bench: {n} services: {tool} did not finish within {limit:?}; {variant} left out");
+        format!(
+            "{variant} at {n} services: left out, its rules did not load within {} s ({tool})",
+            settings.rule_load_limit
+        )
+    }))
+}
+
 /// Loads `file` with `tool ARGS` inside `ns`; returns the seconds it took
 /// (`None`: it took longer than `limit`, and was stopped).
-pub fn load_rules(ns: &NetNs, tool: &str, args: &[&str], file: &Path, limit: Duration) -> anyhow::Result<Option<f64>> {
+fn load_rules(ns: &NetNs, tool: &str, args: &[&str], file: &Path, limit: Duration) -> anyhow::Result<Option<f64>> {
     let started = Instant::now();
     let mut child = spawn_in(ns, None, tool)?
         .args(args)

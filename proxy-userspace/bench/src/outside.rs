@@ -255,17 +255,14 @@ pub fn run(settings: &Settings, n: u32, variants: &[Variant]) -> anyhow::Result<
         let Some((tool, args, label)) = variant.loader() else { continue };
         let file = if variant == Variant::Nftables { &nft } else { &iptables };
         eprintln!("bench: outside, {n} services: loading {tool}");
-        let limit = Duration::from_secs_f64(settings.rule_load_limit);
-        let Some(seconds) = datapath::load_rules(&net.entries[net.index(variant)], tool, args, file, limit)? else {
-            left_out.push(format!(
-                "{} (the outside path) at {n} services: left out, its rules did not load within {} s ({tool})",
-                variant.name(),
-                settings.rule_load_limit
-            ));
-            variants.retain(|v| *v != variant);
-            continue;
-        };
-        loads.push(RuleLoad { services: n, tool: label, seconds });
+        let what = [tool, &format!("{} (the outside path)", variant.name())];
+        match datapath::load_within_limit(settings, &net.entries[net.index(variant)], what, args, file, n)? {
+            Ok(seconds) => loads.push(RuleLoad { services: n, tool: label, seconds }),
+            Err(note) => {
+                left_out.push(note);
+                variants.retain(|v| *v != variant);
+            }
+        }
     }
 
     // ebpf-proxy: an agent per variant on its entry node (and, for DSR,
