@@ -228,30 +228,22 @@ fn main() -> anyhow::Result<()> {
         control: Vec::new(),
         unavailable: vec![ipvs_missing()],
     };
+    // --outside-only: neither the ClusterIP comparison nor the control plane.
+    let (sizes, control_sizes) = if cli.outside_only { (Vec::new(), Vec::new()) } else { (sizes, control_sizes) };
     let (sizes, too_many) = within_frontend_ids(sizes);
     let (control_sizes, control_too_many) = within_frontend_ids(control_sizes);
     report.unavailable.extend(too_many.iter().map(|n| frontend_ids_note(*n, "the datapath comparison")));
     report.unavailable.extend(control_too_many.iter().map(|n| frontend_ids_note(*n, "the control plane")));
-    for n in sizes.into_iter().filter(|_| !cli.control_only && !cli.outside_only) {
+    for n in sizes.into_iter().filter(|_| !cli.control_only) {
         let run = datapath::run(&settings, n).with_context(|| format!("the datapath bench at {n} services"))?;
         report.datapath.extend(run.rows);
         report.rule_loads.extend(run.loads);
         report.unavailable.extend(run.too_slow);
     }
     if !cli.control_only {
-        let sizes = cli.outside_services.unwrap_or_else(|| if quick { vec![100] } else { vec![1, 1000, 10_000] });
-        let (variants, unavailable) =
-            outside::available(cli.outside_variants.as_deref(), &outside::agent_help(&settings.agent)?);
-        report.unavailable.extend(unavailable);
-        for n in sizes {
-            let run =
-                outside::run(&settings, n, &variants).with_context(|| format!("the outside path at {n} services"))?;
-            report.outside.extend(run.rows);
-            report.rule_loads.extend(run.loads);
-            report.unavailable.extend(run.left_out);
-        }
+        outside::run_all(&settings, cli.outside_services, cli.outside_variants.as_deref(), &mut report)?;
     }
-    for n in control_sizes.into_iter().filter(|_| !cli.outside_only) {
+    for n in control_sizes {
         report.control.push(control::run(&settings, n).context("the control-plane bench")?);
     }
     std::fs::create_dir_all(&cli.out)?;

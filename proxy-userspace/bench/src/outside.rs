@@ -35,6 +35,7 @@ use super::{
     load::Mode,
     net::{attach, sysctl},
     nodeport_rules::{self, BACKEND_NODE, node_port},
+    report::Report,
     server::Servers,
     spec::{self, BACKEND_PORT, ENDPOINTS},
 };
@@ -222,6 +223,27 @@ impl OutsideNet {
     fn index(&self, variant: Variant) -> usize {
         self.lanes.iter().position(|l| l.variant == variant).expect("a lane per variant")
     }
+}
+
+/// Runs the outside path at each of `sizes` (default 1, 1000 and 10000;
+/// 100 in a quick run) through the `chosen` variants the agent has, into
+/// `report`.
+pub fn run_all(
+    settings: &Settings,
+    sizes: Option<Vec<u32>>,
+    chosen: Option<&[Variant]>,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let sizes = sizes.unwrap_or_else(|| if report.quick { vec![100] } else { vec![1, 1000, 10_000] });
+    let (variants, unavailable) = available(chosen, &agent_help(&settings.agent)?);
+    report.unavailable.extend(unavailable);
+    for n in sizes {
+        let run = run(settings, n, &variants).with_context(|| format!("the outside path at {n} services"))?;
+        report.outside.extend(run.rows);
+        report.rule_loads.extend(run.loads);
+        report.unavailable.extend(run.left_out);
+    }
+    Ok(())
 }
 
 /// What the outside path at one service count measured.
