@@ -84,18 +84,13 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Run> {
             continue;
         }
         eprintln!("bench: {n} services: loading {tool}");
-        let limit = Duration::from_secs_f64(settings.rule_load_limit);
-        let Some(seconds) = load_rules(net.client(variant), tool, args, file, limit)? else {
-            eprintln!("bench: {n} services: {tool} did not finish within {limit:?}; {} left out", variant.name());
-            too_slow.push(format!(
-                "{} at {n} services: left out, its rules did not load within {} s ({tool})",
-                variant.name(),
-                settings.rule_load_limit
-            ));
-            variants.retain(|v| *v != variant);
-            continue;
-        };
-        loads.push(RuleLoad { services: n, tool, seconds });
+        match load_within_limit(settings, net.client(variant), [tool, variant.name()], args, file, n)? {
+            Ok(seconds) => loads.push(RuleLoad { services: n, tool, seconds }),
+            Err(note) => {
+                too_slow.push(note);
+                variants.retain(|v| *v != variant);
+            }
+        }
     }
     let variants = variants.as_slice();
 
@@ -123,20 +118,38 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Run> {
     for variant in variants {
         runner.run(*variant, Mode::Short, settings.seconds.min(0.5))?;
     }
-    let mut results: BTreeMap<(Mode, Variant), Vec<LoadResult>> = BTreeMap::new();
+    let results = interleave(n, settings, variants, &[Mode::Short, Mode::Keep], Variant::name, |v, mode, seconds| {
+        runner.run(v, mode, seconds)
+    })?;
+    drop(agent);
+    Ok(Run { rows: rows(n, &results, Variant::Direct, Variant::name), loads, too_slow })
+}
+
+/// Measures every variant in each of `modes`, `settings.rounds` rounds of
+/// `settings.seconds` each, the variants interleaved (each round starts
+/// one later) so drift hits them all alike; `run` does one load run.
+pub fn interleave<V: Copy + Ord>(
+    n: u32,
+    settings: &Settings,
+    variants: &[V],
+    modes: &[Mode],
+    name: impl Fn(V) -> &'static str,
+    run: impl Fn(V, Mode, f64) -> anyhow::Result<LoadResult>,
+) -> anyhow::Result<BTreeMap<(Mode, V), Vec<LoadResult>>> {
+    let mut results: BTreeMap<(Mode, V), Vec<LoadResult>> = BTreeMap::new();
     for round in 0..settings.rounds {
-        for mode in [Mode::Short, Mode::Keep] {
+        for mode in modes.iter().copied() {
             for k in 0..variants.len() {
                 let variant = variants[(k + round) % variants.len()];
                 if stopping() {
                     bail!("interrupted");
                 }
-                let r = runner.run(variant, mode, settings.seconds)?;
+                let r = run(variant, mode, settings.seconds)?;
                 eprintln!(
                     "bench: {n} services, round {}, {}, {}: {:.0}/s p50 {:.0} us p99 {:.0} us, {} errors",
                     round + 1,
                     mode.name(),
-                    variant.name(),
+                    name(variant),
                     ops_rate(&r),
                     r.p50_us,
                     r.p99_us,
@@ -146,13 +159,34 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Run> {
             }
         }
     }
-    drop(agent);
-    Ok(Run { rows: rows(n, &results), loads, too_slow })
+    Ok(results)
 }
 
-fn write_targets(path: &Path, lines: impl Iterator<Item = String>) -> std::io::Result<()> {
+pub fn write_targets(path: &Path, lines: impl Iterator<Item = String>) -> std::io::Result<()> {
     let text: String = lines.map(|l| l + "\n").collect();
     std::fs::write(path, text)
+}
+
+/// Loads `file` with `tool` (`what[0]`) for variant `what[1]` within
+/// `settings.rule_load_limit`: the seconds it took, or (`Err`) why the
+/// variant is left out at `n` services.
+pub fn load_within_limit(
+    settings: &Settings,
+    ns: &NetNs,
+    what: [&str; 2],
+    args: &[&str],
+    file: &Path,
+    n: u32,
+) -> anyhow::Result<Result<f64, String>> {
+    let [tool, variant] = what;
+    let limit = Duration::from_secs_f64(settings.rule_load_limit);
+    Ok(load_rules(ns, tool, args, file, limit)?.ok_or_else(|| {
+        eprintln!("bench: {n} services: {tool} did not finish within {limit:?}; {variant} left out");
+        format!(
+            "{variant} at {n} services: left out, its rules did not load within {} s ({tool})",
+            settings.rule_load_limit
+        )
+    }))
 }
 
 /// Loads `file` with `tool ARGS` inside `ns`; returns the seconds it took
@@ -200,17 +234,31 @@ impl Runner<'_> {
             Variant::Ebpf => (self.vips, Some(self.cgroup)),
             _ => (self.vips, None),
         };
-        let exe = std::env::current_exe()?;
-        let out = spawn_in(self.net.client(variant), cgroup, &exe.to_string_lossy())?
-            .args(["load", "--targets"])
-            .arg(targets)
-            .args(["--mode", mode.name(), "--seconds", &seconds.to_string()])
-            .args(["--threads", &self.settings.threads.to_string()])
-            .stderr(Stdio::inherit())
-            .output()?;
-        ensure!(out.status.success(), "the load client failed in {}", variant.name());
-        Ok(serde_json::from_slice(&out.stdout)?)
+        load_in(self.net.client(variant), cgroup, targets, mode, seconds, self.settings.threads)
+            .with_context(|| format!("the load client in {}", variant.name()))
     }
+}
+
+/// One load run of `seconds` against `targets`, by a client process in
+/// `ns` (and `cgroup`).
+pub fn load_in(
+    ns: &NetNs,
+    cgroup: Option<&TestCgroup>,
+    targets: &Path,
+    mode: Mode,
+    seconds: f64,
+    threads: usize,
+) -> anyhow::Result<LoadResult> {
+    let exe = std::env::current_exe()?;
+    let out = spawn_in(ns, cgroup, &exe.to_string_lossy())?
+        .args(["load", "--targets"])
+        .arg(targets)
+        .args(["--mode", mode.name(), "--seconds", &seconds.to_string()])
+        .args(["--threads", &threads.to_string()])
+        .stderr(Stdio::inherit())
+        .output()?;
+    ensure!(out.status.success(), "the load client failed");
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
@@ -223,7 +271,14 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
-fn rows(n: u32, results: &BTreeMap<(Mode, Variant), Vec<LoadResult>>) -> Vec<Row> {
+/// The rows of `results` (by mode and variant), each with its ratio to
+/// `direct`'s rate in the same mode.
+pub fn rows<V: Copy + Ord>(
+    n: u32,
+    results: &BTreeMap<(Mode, V), Vec<LoadResult>>,
+    direct: V,
+    name: impl Fn(V) -> &'static str,
+) -> Vec<Row> {
     let rate = |runs: &[LoadResult]| {
         let seconds: f64 = runs.iter().map(|r| r.seconds).sum();
         #[expect(clippy::cast_precision_loss, reason = "counts far below 2^52")]
@@ -232,12 +287,12 @@ fn rows(n: u32, results: &BTreeMap<(Mode, Variant), Vec<LoadResult>>) -> Vec<Row
     };
     let mut out = Vec::new();
     for ((mode, variant), runs) in results {
-        let direct = results.get(&(*mode, Variant::Direct)).map_or(0.0, |r| rate(r));
+        let direct = results.get(&(*mode, direct)).map_or(0.0, |r| rate(r));
         let ops = rate(runs);
         out.push(Row {
             services: n,
             mode: mode.name(),
-            variant: variant.name(),
+            variant: name(*variant),
             ops_per_second: ops,
             ratio: if direct > 0.0 { ops / direct } else { 0.0 },
             p50_us: median(runs.iter().map(|r| r.p50_us).collect()),
@@ -245,6 +300,8 @@ fn rows(n: u32, results: &BTreeMap<(Mode, Variant), Vec<LoadResult>>) -> Vec<Row
             errors: runs.iter().map(|r| r.errors).sum(),
         });
     }
-    out.sort_by_key(|r| (r.mode, Variant::ALL.iter().position(|v| v.name() == r.variant)));
+    // By mode name; within a mode, in the variants' order (the map's, kept
+    // by the stable sort).
+    out.sort_by_key(|r| r.mode);
     out
 }

@@ -1,7 +1,8 @@
 //! The client workload, run as its own process inside a client namespace
 //! (and, for ebpf-proxy, the agent's cgroup): threads that either open a
 //! short connection per request (connect, 32 bytes each way, close) or keep
-//! one connection and loop requests on it, against random targets. Prints
+//! one connection and loop requests on it (32 bytes, or 64 KiB chunks in
+//! the bulk mode), against random targets. Prints
 //! one JSON line: operations, errors, seconds, latency percentiles.
 use std::{
     io::{Read as _, Write as _},
@@ -20,6 +21,9 @@ pub enum Mode {
     Short,
     /// One kept connection per thread: request latency is measured.
     Keep,
+    /// One kept connection per thread, `BULK_CHUNK` bytes sent and echoed
+    /// back per operation: throughput (and each chunk's round trip).
+    Bulk,
 }
 
 impl Mode {
@@ -28,6 +32,7 @@ impl Mode {
         match self {
             Self::Short => "short",
             Self::Keep => "keep",
+            Self::Bulk => "bulk",
         }
     }
 }
@@ -38,12 +43,15 @@ pub struct LoadResult {
     pub ops: u64,
     pub errors: u64,
     pub seconds: f64,
-    /// Connect latency (short) or request latency (keep), microseconds.
+    /// Connect latency (short) or request latency (keep, bulk),
+    /// microseconds.
     pub p50_us: f64,
     pub p99_us: f64,
 }
 
 const PAYLOAD: [u8; 32] = [b'x'; 32];
+/// The bytes one bulk operation sends (and reads back).
+pub const BULK_CHUNK: usize = 64 * 1024;
 
 /// Runs the workload against the addresses listed in `targets` (one
 /// `IP:PORT` a line).
@@ -59,7 +67,8 @@ pub fn run(targets: &Path, mode: Mode, seconds: f64, threads: usize) -> anyhow::
                 let targets = &targets;
                 scope.spawn(move || match mode {
                     Mode::Short => short(targets, deadline, seed(t)),
-                    Mode::Keep => keep(targets, deadline, seed(t)),
+                    Mode::Keep => keep(targets, deadline, seed(t), &PAYLOAD),
+                    Mode::Bulk => keep(targets, deadline, seed(t), &vec![b'x'; BULK_CHUNK]),
                 })
             })
             .collect();
@@ -96,11 +105,11 @@ fn micros(d: Duration) -> u32 {
     u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
 }
 
-/// One request on `stream`: 32 bytes out, 32 back.
-fn request(stream: &mut TcpStream) -> std::io::Result<()> {
-    stream.write_all(&PAYLOAD)?;
-    let mut reply = [0u8; 32];
-    stream.read_exact(&mut reply)
+/// One request on `stream`: `payload` out, as many bytes back into
+/// `reply` (of its length).
+fn request(stream: &mut TcpStream, payload: &[u8], reply: &mut [u8]) -> std::io::Result<()> {
+    stream.write_all(payload)?;
+    stream.read_exact(reply)
 }
 
 /// Closes with a reset (SO_LINGER 0), so a short-connection client leaves
@@ -132,7 +141,7 @@ fn short(targets: &[SocketAddr], deadline: Instant, mut rng: u64) -> (u64, u64, 
         samples.push(micros(t0.elapsed()));
         let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
         let _ = stream.set_nodelay(true);
-        if request(&mut stream).is_ok() {
+        if request(&mut stream, &PAYLOAD, &mut [0u8; PAYLOAD.len()]).is_ok() {
             ops += 1;
         } else {
             errors += 1;
@@ -142,9 +151,11 @@ fn short(targets: &[SocketAddr], deadline: Instant, mut rng: u64) -> (u64, u64, 
     (ops, errors, samples)
 }
 
-fn keep(targets: &[SocketAddr], deadline: Instant, mut rng: u64) -> (u64, u64, Vec<u32>) {
+/// Requests of `payload` on one kept connection (a new one after an error).
+fn keep(targets: &[SocketAddr], deadline: Instant, mut rng: u64, payload: &[u8]) -> (u64, u64, Vec<u32>) {
     let (mut ops, mut errors, mut samples) = (0, 0, Vec::with_capacity(1 << 16));
     let mut stream: Option<TcpStream> = None;
+    let mut reply = vec![0u8; payload.len()];
     while Instant::now() < deadline {
         let Some(s) = stream.as_mut() else {
             let target = targets[next(&mut rng, targets.len())];
@@ -159,7 +170,7 @@ fn keep(targets: &[SocketAddr], deadline: Instant, mut rng: u64) -> (u64, u64, V
             continue;
         };
         let t0 = Instant::now();
-        if request(s).is_ok() {
+        if request(s, payload, &mut reply).is_ok() {
             samples.push(micros(t0.elapsed()));
             ops += 1;
         } else {

@@ -6,6 +6,8 @@ mod control;
 mod datapath;
 mod load;
 mod net;
+mod nodeport_rules;
+mod outside;
 mod percentile;
 mod relist;
 mod report;
@@ -22,6 +24,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
+#[expect(clippy::struct_excessive_bools, reason = "command-line flags, each its own switch")]
 #[command(name = "ebpf-proxy-bench", about = "ebpf-proxy side by side with kube-proxy's datapaths")]
 struct Cli {
     #[command(subcommand)]
@@ -72,6 +75,17 @@ struct Cli {
     /// always measured); default: all.
     #[arg(long, value_enum, value_delimiter = ',')]
     variants: Option<Vec<net::Variant>>,
+    /// Service counts of the outside path, NodePort services (default 1,
+    /// 1000 and 10000; 100 with --quick).
+    #[arg(long, value_delimiter = ',')]
+    outside_services: Option<Vec<u32>>,
+    /// Only these outside-path variants (direct is always measured);
+    /// default: all the agent has.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    outside_variants: Option<Vec<outside::Variant>>,
+    /// Only the outside path (no ClusterIP datapath, no control plane).
+    #[arg(long)]
+    outside_only: bool,
 }
 
 #[derive(Subcommand)]
@@ -209,10 +223,13 @@ fn main() -> anyhow::Result<()> {
         rounds: settings.rounds,
         client_threads: settings.threads,
         datapath: Vec::new(),
+        outside: Vec::new(),
         rule_loads: Vec::new(),
         control: Vec::new(),
         unavailable: vec![ipvs_missing()],
     };
+    // --outside-only: neither the ClusterIP comparison nor the control plane.
+    let (sizes, control_sizes) = if cli.outside_only { (Vec::new(), Vec::new()) } else { (sizes, control_sizes) };
     let (sizes, too_many) = within_frontend_ids(sizes);
     let (control_sizes, control_too_many) = within_frontend_ids(control_sizes);
     report.unavailable.extend(too_many.iter().map(|n| frontend_ids_note(*n, "the datapath comparison")));
@@ -222,6 +239,9 @@ fn main() -> anyhow::Result<()> {
         report.datapath.extend(run.rows);
         report.rule_loads.extend(run.loads);
         report.unavailable.extend(run.too_slow);
+    }
+    if !cli.control_only {
+        outside::run_all(&settings, cli.outside_services, cli.outside_variants.as_deref(), &mut report)?;
     }
     for n in control_sizes {
         report.control.push(control::run(&settings, n).context("the control-plane bench")?);

@@ -52,12 +52,12 @@ fn backend_ip(i: u8) -> String {
     format!("10.250.0.{}", 10 + i)
 }
 
-fn sysctl(ns: &NetNs, key: &str, value: &str) -> io::Result<()> {
+pub fn sysctl(ns: &NetNs, key: &str, value: &str) -> io::Result<()> {
     sh("ip", &["netns", "exec", ns.name(), "sysctl", "-qw", &format!("{key}={value}")]).map(drop)
 }
 
 /// A veth pair `eth0` in `ns` and `port` on the lan bridge.
-fn attach(lan: &NetNs, ns: &NetNs, port: &str, addr: &str) -> io::Result<()> {
+pub fn attach(lan: &NetNs, ns: &NetNs, port: &str, addr: &str) -> io::Result<()> {
     ns.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", lan.name()])?;
     lan.ip(&["link", "set", port, "master", "br0", "up"])?;
     ns.ip(&["link", "set", "eth0", "up"])?;

@@ -50,6 +50,8 @@ pub struct Report {
     pub rounds: usize,
     pub client_threads: usize,
     pub datapath: Vec<Row>,
+    /// The outside path (NodePort), `outside.rs`.
+    pub outside: Vec<Row>,
     pub rule_loads: Vec<RuleLoad>,
     /// The control plane, one per service count measured.
     pub control: Vec<Control>,
@@ -68,51 +70,15 @@ impl Report {
             m.cpu, m.cores, m.memory_gib, m.kernel, self.rounds, self.seconds_per_run, self.client_threads
         );
         // A control-only run (`--control-only`) has no datapath tables.
-        if !self.datapath.is_empty() {
-            for (mode, title) in [
-                (
-                    "short",
-                    "New connections (connect, 32 bytes each way, close): connections/s, ratio to direct, connect latency p50/p99",
-                ),
-                ("keep", "Requests on kept connections: requests/s, ratio to direct, request latency p50/p99"),
-            ] {
-                let _ = writeln!(out, "{title}:\n");
-                let variants: Vec<&str> = {
-                    let mut v: Vec<&str> = Vec::new();
-                    for r in self.datapath.iter().filter(|r| r.mode == mode) {
-                        if !v.contains(&r.variant) {
-                            v.push(r.variant);
-                        }
-                    }
-                    v
-                };
-                let _ = writeln!(out, "| services | {} |", variants.join(" | "));
-                let _ = writeln!(out, "|---:|{}", "---:|".repeat(variants.len()));
-                let mut sizes: Vec<u32> = self.datapath.iter().map(|r| r.services).collect();
-                sizes.dedup();
-                for n in sizes {
-                    let cells: Vec<String> = variants
-                        .iter()
-                        .map(|v| {
-                            self.datapath
-                                .iter()
-                                .find(|r| r.services == n && r.mode == mode && r.variant == *v)
-                                .map_or_else(String::new, |r| {
-                                    format!(
-                                        "{:.0}/s ({:.2}x) {:.0}/{:.0} us{}",
-                                        r.ops_per_second,
-                                        r.ratio,
-                                        r.p50_us,
-                                        r.p99_us,
-                                        if r.errors > 0 { format!(", {} errors", r.errors) } else { String::new() }
-                                    )
-                                })
-                        })
-                        .collect();
-                    let _ = writeln!(out, "| {n} | {} |", cells.join(" | "));
-                }
-                out.push('\n');
-            }
+        datapath_tables(&mut out, &self.datapath, "", "direct");
+        // The outside path (NodePort), when measured.
+        datapath_tables(
+            &mut out,
+            &self.outside,
+            "The outside path (a client outside -> an entry node's NodePort -> backends on another node). ",
+            "direct (routed through the entry node)",
+        );
+        if !self.rule_loads.is_empty() {
             let _ = writeln!(out, "Loading the service set (10 endpoints per service):\n");
             let _ = writeln!(out, "| services | tool | seconds |\n|---:|---|---:|");
             for l in &self.rule_loads {
@@ -157,5 +123,73 @@ impl Report {
             let _ = writeln!(out, "\nNot measured here: {}.", self.unavailable.join("; "));
         }
         out
+    }
+}
+
+/// The new-connection and kept-connection tables of `rows` (none when
+/// empty), titles starting with `intro`, ratios to `base`.
+fn datapath_tables(out: &mut String, rows: &[Row], intro: &str, base: &str) {
+    if rows.is_empty() {
+        return;
+    }
+    for (mode, title) in [
+        (
+            "short",
+            "New connections (connect, 32 bytes each way, close): connections/s, ratio to {base}, connect latency p50/p99",
+        ),
+        ("keep", "Requests on kept connections: requests/s, ratio to {base}, request latency p50/p99"),
+        (
+            "bulk",
+            "Throughput on kept connections (64 KiB sent and echoed back, one connection per client thread): MiB/s each way, ratio to {base}, round trip of a chunk p50/p99",
+        ),
+    ] {
+        if !rows.iter().any(|r| r.mode == mode) {
+            continue;
+        }
+        let _ = writeln!(out, "{intro}{}:\n", title.replace("{base}", base));
+        let mut variants: Vec<&str> = Vec::new();
+        for r in rows.iter().filter(|r| r.mode == mode) {
+            if !variants.contains(&r.variant) {
+                variants.push(r.variant);
+            }
+        }
+        let _ = writeln!(out, "| services | {} |", variants.join(" | "));
+        let _ = writeln!(out, "|---:|{}", "---:|".repeat(variants.len()));
+        let mut sizes: Vec<u32> = rows.iter().map(|r| r.services).collect();
+        sizes.dedup();
+        for n in sizes {
+            let cells: Vec<String> = variants
+                .iter()
+                .map(|v| {
+                    rows.iter().find(|r| r.services == n && r.mode == mode && r.variant == *v).map_or_else(
+                        String::new,
+                        |r| {
+                            format!(
+                                "{} ({:.2}x) {:.0}/{:.0} us{}",
+                                rate(mode, r.ops_per_second),
+                                r.ratio,
+                                r.p50_us,
+                                r.p99_us,
+                                if r.errors > 0 { format!(", {} errors", r.errors) } else { String::new() }
+                            )
+                        },
+                    )
+                })
+                .collect();
+            let _ = writeln!(out, "| {n} | {} |", cells.join(" | "));
+        }
+        out.push('\n');
+    }
+}
+
+/// A rate of `mode`'s operations: per second, or for bulk, MiB per second
+/// (one operation moves `BULK_CHUNK` bytes each way).
+fn rate(mode: &str, ops_per_second: f64) -> String {
+    if mode == "bulk" {
+        #[expect(clippy::cast_precision_loss, reason = "a small constant")]
+        let chunk = super::load::BULK_CHUNK as f64;
+        format!("{:.0} MiB/s", ops_per_second * chunk / f64::from(1 << 20))
+    } else {
+        format!("{ops_per_second:.0}/s")
     }
 }

@@ -15,7 +15,7 @@ const CLUSTER_CIDR: &str = "10.244.0.0/16";
 
 /// A chain name suffix as kube-proxy makes them: 16 characters of base32
 /// of a hash of the service port (and endpoint).
-fn chain_hash(text: &str) -> String {
+pub fn chain_hash(text: &str) -> String {
     const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     // FNV-1a 64, twice with different seeds, as 80 bits of base32.
     let fnv = |seed: u64| text.bytes().fold(seed, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
@@ -24,7 +24,8 @@ fn chain_hash(text: &str) -> String {
     (0..16).map(|i| char::from(ALPHABET[((bits >> (i * 5)) & 31) as usize])).collect()
 }
 
-fn svc_port_name(s: u32) -> String {
+/// Service `s`'s port as kube-proxy names it in comments and hashes.
+pub fn svc_port_name(s: u32) -> String {
     format!("bench/svc{s}:http")
 }
 
@@ -83,6 +84,12 @@ pub fn iptables(n: u32) -> String {
     )
 }
 
+/// The name of service `s`'s nftables chain of `kind` (`service`,
+/// `external`): kube-proxy's `KIND-HASH-NAMESPACE/NAME/PROTOCOL/PORT`.
+pub fn nft_chain(kind: &str, s: u32) -> String {
+    format!("{kind}-{}-bench/svc{s}/tcp/http", &chain_hash(&svc_port_name(s))[..8])
+}
+
 /// `nft -f` input for `n` services: table `ip kube-proxy`.
 #[must_use]
 pub fn nftables(n: u32) -> String {
@@ -92,7 +99,7 @@ pub fn nftables(n: u32) -> String {
     let mut map = String::new();
     for s in 0..n {
         let port_name = svc_port_name(s);
-        let svc_chain = format!("service-{}-bench/svc{s}/tcp/http", &chain_hash(&port_name)[..8]);
+        let svc_chain = nft_chain("service", s);
         let vip = vip(s);
         let _ = writeln!(map, "      {vip} . tcp . {SERVICE_PORT} : goto {svc_chain},");
         let mut arms = Vec::new();

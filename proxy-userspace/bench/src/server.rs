@@ -32,7 +32,9 @@ impl Servers {
                     let Ok((mut stream, _)) = listener.accept().await else { continue };
                     let _ = stream.set_nodelay(true);
                     tokio::spawn(async move {
-                        let mut buf = [0u8; 256];
+                        // Large enough for the bulk mode's chunks to move in few
+                        // reads, small enough to be cheap per short connection.
+                        let mut buf = vec![0u8; 16 * 1024];
                         loop {
                             match stream.read(&mut buf).await {
                                 Ok(0) | Err(_) => break,

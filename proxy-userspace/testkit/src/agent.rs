@@ -61,8 +61,24 @@ impl AgentProcess {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        Self::start_in_with_filter(ns, bin, args, "info", true)
+    }
+
+    /// Like `start_in`, with `RUST_LOG=filter`, showing the log only when
+    /// `echo` (the benchmark's agents on its nodes).
+    pub fn start_in_with_filter<I, S>(
+        ns: &ebpf_proxy::sandbox::NetNs,
+        bin: &Path,
+        args: I,
+        filter: &str,
+        echo: bool,
+    ) -> io::Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
         let cmd = ebpf_proxy::sandbox::spawn_in(ns, None, &bin.to_string_lossy())?;
-        Self::spawn(cmd, args, "info", &[], true)
+        Self::spawn(cmd, args, filter, &[], echo)
     }
 
     /// Like `start`, through `cmd` (a wrapper that execs the agent, which
