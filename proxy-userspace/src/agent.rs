@@ -51,9 +51,9 @@ pub struct AgentConfig {
     pub socket_netns: Vec<PathBuf>,
     /// This node's addresses; empty: those of its Node object.
     pub node_ips: Vec<std::net::IpAddr>,
-    /// kube-proxy's nodePortAddresses: only node addresses in these ranges
-    /// serve NodePorts (empty: all).
-    pub node_port_cidrs: Vec<ipnet::IpNet>,
+    /// kube-proxy's nodePortAddresses: which of the node's local
+    /// addresses serve NodePorts (followed as they change).
+    pub node_port_addresses: crate::nodeport_addresses::NodePortAddresses,
     /// Where to serve /healthz and /livez (None: not served).
     pub health_bind: Option<std::net::SocketAddr>,
     /// Where to serve /metrics and /proxyMode (None: not served).
@@ -161,10 +161,13 @@ async fn run_with(
         stale_entries_removed = recovery.stale_entries_removed,
         "read the pinned maps"
     );
+    // Subscribed before the first read, so no change in between is missed.
+    let mut local_addrs = crate::local_addrs::Watch::start();
     let settings = NodeSettings {
         node_name: config.node_name.clone(),
         node_ips: config.node_ips.clone(),
-        node_port_cidrs: config.node_port_cidrs.clone(),
+        node_port_addresses: config.node_port_addresses.clone(),
+        local_addrs: crate::local_addrs::ips(local_addrs.current()),
         external_ips_local_only: config.external_ips_local_only,
     };
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
@@ -187,6 +190,12 @@ async fn run_with(
             _ = hangup.recv() => {
                 info!("SIGHUP received: auditing the maps for drift");
                 Wake::Resync
+            }
+            addrs = local_addrs.changed() => {
+                if !pipeline.set_local_addresses(crate::local_addrs::ips(&addrs)) {
+                    continue;
+                }
+                Wake::NodeAddresses
             }
         };
         telemetry.lock().expect("telemetry lock").health.queued(Instant::now());
@@ -283,7 +292,8 @@ impl Observers {
             self.attached = true;
             source.started(pipeline.reconciler().frontend_count());
         }
-        let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
+        let node_ips: Vec<std::net::IpAddr> =
+            pipeline.node().map(|n| n.node_ips.iter().chain(&n.node_port_ips).copied().collect()).unwrap_or_default();
         attach_devices(&config.devices, datapath, &node_ips, &mut self.devices);
         self.health_checks.update(&pipeline.model().health_checks()).await;
         Ok(())

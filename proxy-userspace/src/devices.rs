@@ -1,9 +1,10 @@
 //! The network devices traffic from outside the node arrives on, where the
 //! TC programs attach: those named by `--devices`, or by default the
-//! devices holding the node's addresses and the default routes.
+//! devices holding the node's addresses (its node IPs and those serving
+//! NodePorts) and the default routes.
 use std::{collections::BTreeSet, net::IpAddr};
 
-use nix::{ifaddrs::getifaddrs, sys::socket::SockaddrLike as _};
+use nix::ifaddrs::getifaddrs;
 
 /// `ARPHRD_ETHER`: the TC programs parse Ethernet frames.
 const ARPHRD_ETHER: u16 = 1;
@@ -11,7 +12,8 @@ const ARPHRD_ETHER: u16 = 1;
 /// Which devices to attach to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSelection {
-    /// Those holding the node's addresses and the default routes.
+    /// Those holding the node's addresses (node IPs, NodePort addresses)
+    /// and the default routes.
     Auto,
     /// These (empty: none, traffic from outside is not served).
     Named(Vec<String>),
@@ -38,7 +40,8 @@ pub struct Devices {
     pub skipped: Vec<(String, &'static str)>,
 }
 
-/// Resolves `selection` in this network namespace.
+/// Resolves `selection` in this network namespace; `node_ips`: the node's
+/// addresses (node IPs and those serving NodePorts).
 #[must_use]
 pub fn resolve(selection: &DeviceSelection, node_ips: &[IpAddr]) -> Devices {
     let links = links();
@@ -75,19 +78,7 @@ fn links() -> Vec<(String, u16)> {
 
 /// Devices holding one of `ips`.
 fn holding(ips: &[IpAddr]) -> Vec<String> {
-    let Ok(addrs) = getifaddrs() else { return Vec::new() };
-    addrs
-        .filter(|a| {
-            let Some(addr) = a.address else { return false };
-            let ip: Option<IpAddr> = match addr.family() {
-                Some(nix::sys::socket::AddressFamily::Inet) => addr.as_sockaddr_in().map(|s| IpAddr::V4(s.ip())),
-                Some(nix::sys::socket::AddressFamily::Inet6) => addr.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())),
-                _ => None,
-            };
-            ip.is_some_and(|ip| ips.contains(&ip))
-        })
-        .map(|a| a.interface_name)
-        .collect()
+    crate::local_addrs::read().into_iter().filter(|a| ips.contains(&a.ip)).map(|a| a.device).collect()
 }
 
 /// Devices of the IPv4 and IPv6 default routes (`/proc/net/route`,

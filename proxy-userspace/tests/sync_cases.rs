@@ -38,6 +38,7 @@ use std::{
 
 use ebpf_proxy::{
     datapath::{Reconciler, ServiceMaps as _, fake_maps::FakeMaps, inspect},
+    nodeport_addresses::NodePortAddresses,
     pipeline::{NodeSettings, Pipeline, Wake},
     source::{ChangeSource, Delivery, file, store::ObjectStore},
 };
@@ -238,7 +239,8 @@ fn run_case(path: &Path) -> Result<(), String> {
         let settings = || NodeSettings {
             node_name: config.node.clone().unwrap_or_else(|| "node-a".to_owned()),
             node_ips: config.node_ips.clone(),
-            node_port_cidrs: config.node_port_addresses.iter().filter_map(|c| c.parse().ok()).collect(),
+            node_port_addresses: NodePortAddresses::parse(&config.node_port_addresses).expect("nodePortAddresses"),
+            local_addrs: Vec::new(),
             external_ips_local_only: config.external_ips_local_only,
         };
         match verb {
