@@ -292,8 +292,7 @@ impl Observers {
             self.attached = true;
             source.started(pipeline.reconciler().frontend_count());
         }
-        let node_ips: Vec<std::net::IpAddr> =
-            pipeline.node().map(|n| n.node_ips.iter().chain(&n.node_port_ips).copied().collect()).unwrap_or_default();
+        let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
         attach_devices(&config.devices, datapath, &node_ips, &mut self.devices);
         self.health_checks.update(&pipeline.model().health_checks()).await;
         Ok(())

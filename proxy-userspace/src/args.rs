@@ -379,9 +379,8 @@ pub struct RunArgs {
     pub backends_map_size: Option<u32>,
     /// A network device that traffic from outside arrives on: the TC
     /// programs serve NodePorts, LoadBalancer IPs and externalIPs there.
-    /// Repeatable. Default: the devices holding this node's addresses
-    /// (node IPs and those serving NodePorts) and the default route
-    /// (recomputed when the node's addresses change).
+    /// Repeatable. Default: the devices holding this node's addresses and
+    /// the default route (recomputed when the node's addresses change).
     #[arg(long = "devices", value_name = "DEV", value_delimiter = ',')]
     pub devices: Vec<String>,
     /// Entries of each Maglev table (traffic from outside picks backends

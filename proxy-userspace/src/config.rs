@@ -275,8 +275,9 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     if let Some(false) = raw.iptables.as_ref().and_then(|i| i.localhost_node_ports) {
         return Err((
             "iptables.localhostNodePorts".into(),
-            "false is not supported: ebpf-proxy always serves NodePorts on 127.0.0.1 (kube-proxy's default, \
-             true); remove the field or set it to true"
+            "false is not supported: ebpf-proxy serves NodePorts on 127.0.0.1 whenever nodePortAddresses \
+             admits it (unset, or a CIDR covering 127.0.0.0/8); remove the field, and to keep NodePorts off \
+             127.0.0.1 set nodePortAddresses to CIDRs that do not cover it (or `primary`)"
                 .into(),
         ));
     }
@@ -642,7 +643,10 @@ udpIdleTimeout: 250ms
 
     #[test]
     fn node_port_addresses_take_primary_alone() {
-        assert_eq!(parse("nodePortAddresses: [primary]\n").unwrap().node_port_addresses, Some(NodePortAddresses::Primary));
+        assert_eq!(
+            parse("nodePortAddresses: [primary]\n").unwrap().node_port_addresses,
+            Some(NodePortAddresses::Primary)
+        );
         assert_eq!(parse("nodePortAddresses: []\n").unwrap().node_port_addresses, Some(NodePortAddresses::All));
         assert_eq!(parse("{}\n").unwrap().node_port_addresses, None);
         // kube-proxy's validation refuses `primary` among CIDRs.

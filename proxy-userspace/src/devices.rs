@@ -1,7 +1,6 @@
 //! The network devices traffic from outside the node arrives on, where the
 //! TC programs attach: those named by `--devices`, or by default the
-//! devices holding the node's addresses (its node IPs and those serving
-//! NodePorts) and the default routes.
+//! devices holding the node's addresses and the default routes.
 use std::{collections::BTreeSet, net::IpAddr};
 
 use nix::ifaddrs::getifaddrs;
@@ -12,8 +11,7 @@ const ARPHRD_ETHER: u16 = 1;
 /// Which devices to attach to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceSelection {
-    /// Those holding the node's addresses (node IPs, NodePort addresses)
-    /// and the default routes.
+    /// Those holding the node's addresses and the default routes.
     Auto,
     /// These (empty: none, traffic from outside is not served).
     Named(Vec<String>),
@@ -40,8 +38,12 @@ pub struct Devices {
     pub skipped: Vec<(String, &'static str)>,
 }
 
-/// Resolves `selection` in this network namespace; `node_ips`: the node's
-/// addresses (node IPs and those serving NodePorts).
+/// Resolves `selection` in this network namespace.
+///
+/// Devices holding only other addresses serving NodePorts (a pod bridge's,
+/// a second NIC's) are not chosen: traffic arriving on a pod bridge is the
+/// pods' own (the socket programs translate it), and a second NIC
+/// carrying traffic from outside is named with `--devices`.
 #[must_use]
 pub fn resolve(selection: &DeviceSelection, node_ips: &[IpAddr]) -> Devices {
     let links = links();

@@ -13,8 +13,7 @@ use nix::{
     errno::Errno,
     ifaddrs::getifaddrs,
     sys::socket::{
-        AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, SockaddrLike as _, bind, recv,
-        socket,
+        AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType, SockaddrLike as _, bind, recv, socket,
     },
 };
 use tokio::io::unix::AsyncFd;

@@ -144,8 +144,7 @@ mod tests {
 
     /// A node with eth0 (192.168.1.10, 2001:db8::10 and a link-local
     /// address), eth1 (10.0.0.10), lo and a pod bridge (10.244.0.1).
-    const LOCAL: &[&str] =
-        &["127.0.0.1", "::1", "192.168.1.10", "2001:db8::10", "fe80::1", "10.0.0.10", "10.244.0.1"];
+    const LOCAL: &[&str] = &["127.0.0.1", "::1", "192.168.1.10", "2001:db8::10", "fe80::1", "10.0.0.10", "10.244.0.1"];
 
     #[test]
     fn the_setting_picks_the_addresses() {
@@ -154,12 +153,7 @@ mod tests {
             // Unset: every local address, loopback (IPv4) included, as
             // kube-proxy's iptables mode (`-m addrtype --dst-type LOCAL`,
             // `! -d ::1/128` for IPv6).
-            (
-                NodePortAddresses::All,
-                &[],
-                &["10.0.0.10", "10.244.0.1", "192.168.1.10", "2001:db8::10"],
-                true,
-            ),
+            (NodePortAddresses::All, &[], &["10.0.0.10", "10.244.0.1", "192.168.1.10", "2001:db8::10"], true),
             // A node IP no device holds serves too.
             (
                 NodePortAddresses::All,

@@ -372,15 +372,16 @@ impl Pipeline {
         if !settings.node_ips.is_empty() {
             node = node.with_ips(settings.node_ips.clone());
         }
-        let serving =
-            nodeport_addresses::serving(&settings.node_port_addresses, &settings.local_addrs, &node.node_ips);
+        let serving = nodeport_addresses::serving(&settings.node_port_addresses, &settings.local_addrs, &node.node_ips);
         (node.node_port_ips, node.node_port_loopback) = (serving.addrs, serving.loopback);
         node.external_ips_local_only = settings.external_ips_local_only;
         let before = self.node.as_ref();
         if before.map(|b| &b.node_ips) != Some(&node.node_ips) {
             info!(node = %settings.node_name, addresses = ?node.node_ips, "node addresses (externalIPs, devices)");
         }
-        if before.map(|b| (&b.node_port_ips, b.node_port_loopback)) != Some((&node.node_port_ips, node.node_port_loopback)) {
+        if before.map(|b| (&b.node_port_ips, b.node_port_loopback))
+            != Some((&node.node_port_ips, node.node_port_loopback))
+        {
             log_node_port_addresses(&node, &settings.node_port_addresses);
         }
         if before.map(|b| &b.zone) != Some(&node.zone) {

@@ -572,6 +572,9 @@ fn node_ports_are_answered_on_the_node_s_local_addresses_as_they_come_within_nod
         &(service("web", "NodePort", &[("http", 80, 30090, "TCP")], "", &[])
             + &endpoints("web", ("http", 8080, "TCP"), &[(1, 1)])),
     );
+    // As on a real node, a default route (its device, eth0, gets the TC
+    // programs; with no node IP known, no device is chosen by address).
+    topo.node(1).ns.ip(&["route", "add", "default", "via", &CLIENT.to_string()]).unwrap();
     start_without_node_ip(&mut topo, 1, &[]);
     let serving = node_port_addresses(&topo, 1, 0);
     let want: BTreeSet<String> = ["172.30.0.11", "10.244.1.1", "127.0.0.1"].map(str::to_owned).into();
