@@ -70,6 +70,11 @@ const SETTLE: Duration = Duration::from_millis(50);
 pub struct Watch {
     socket: Option<AsyncFd<OwnedFd>>,
     last: Vec<LocalAddr>,
+    /// A notification was taken and the addresses not read since (kept
+    /// across a `changed` dropped half-way, as `select!` drops it).
+    pending: bool,
+    /// Without a subscription: when the addresses are read next.
+    next_poll: tokio::time::Instant,
 }
 
 impl Watch {
@@ -83,7 +88,7 @@ impl Watch {
                 warn!(%err, period_s = POLL_PERIOD.as_secs(), "cannot subscribe to address changes (netlink); reading the node's addresses periodically instead");
             })
             .ok();
-        Self { socket, last: read() }
+        Self { socket, last: read(), pending: false, next_poll: tokio::time::Instant::now() + POLL_PERIOD }
     }
 
     /// The addresses as last returned (or read at the start).
@@ -92,22 +97,27 @@ impl Watch {
         &self.last
     }
 
-    /// Resolves with the addresses once they changed.
+    /// Resolves with the addresses once they changed. Cancel-safe: a call
+    /// dropped before it resolves loses no change.
     pub async fn changed(&mut self) -> Vec<LocalAddr> {
         loop {
-            match &self.socket {
-                Some(socket) => {
+            if !self.pending {
+                if let Some(socket) = &self.socket {
                     if let Err(err) = wait_and_drain(socket).await {
                         warn!(%err, period_s = POLL_PERIOD.as_secs(), "address change notifications failed; reading the node's addresses periodically instead");
                         self.socket = None;
                     }
-                    tokio::time::sleep(SETTLE).await;
-                    if let Some(socket) = &self.socket {
-                        let _ = drain(socket);
-                    }
+                } else {
+                    tokio::time::sleep_until(self.next_poll).await;
+                    self.next_poll = tokio::time::Instant::now() + POLL_PERIOD;
                 }
-                None => tokio::time::sleep(POLL_PERIOD).await,
+                self.pending = true;
             }
+            tokio::time::sleep(SETTLE).await;
+            if let Some(socket) = &self.socket {
+                let _ = drain(socket);
+            }
+            self.pending = false;
             let now = read();
             if now != self.last {
                 self.last.clone_from(&now);
