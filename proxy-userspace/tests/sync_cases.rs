@@ -8,7 +8,11 @@
 //! line (lines before the first, and lines starting with `#` in a step,
 //! are comments):
 //! - `config`: YAML with `node` (this node's name, default `node-a`),
-//!   `nodeIPs`, `nodePortAddresses`;
+//!   `nodeIPs`, `nodePortAddresses`, `localAddrs` (the node's local
+//!   addresses, as its devices hold them);
+//! - `addresses`: the node's local addresses are now the YAML list below
+//!   (as the agent's netlink subscription reports them): a sync runs when
+//!   that changes which addresses serve NodePorts;
 //! - `list` / `relist`: the objects below (a YAML stream, as `kubectl get
 //!   -o yaml` prints them) as a complete list of every kind; `relist` is
 //!   what follows an expired watch (410 Gone); a line `#include PATH` takes
@@ -153,6 +157,8 @@ struct CaseConfig {
     node_ips: Vec<std::net::IpAddr>,
     #[serde(default)]
     node_port_addresses: Vec<String>,
+    #[serde(default)]
+    local_addrs: Vec<std::net::IpAddr>,
     /// `--external-ips-local-only`.
     #[serde(default)]
     external_ips_local_only: bool,
@@ -240,7 +246,7 @@ fn run_case(path: &Path) -> Result<(), String> {
             node_name: config.node.clone().unwrap_or_else(|| "node-a".to_owned()),
             node_ips: config.node_ips.clone(),
             node_port_addresses: NodePortAddresses::parse(&config.node_port_addresses).expect("nodePortAddresses"),
-            local_addrs: Vec::new(),
+            local_addrs: config.local_addrs.clone(),
             external_ips_local_only: config.external_ips_local_only,
         };
         match verb {
@@ -273,6 +279,15 @@ fn run_case(path: &Path) -> Result<(), String> {
                 let wake = if verb == "retry" { Wake::Retry } else { Wake::Resync };
                 let s = runtime.block_on(a.pipeline.step(wake, &mut a.source, &mut maps));
                 count(&mut synced, &s.ok_or_else(|| at("nothing to sync".into()))?);
+            }
+            "addresses" => {
+                let a = agent.as_mut().ok_or_else(|| at("no `list` before".into()))?;
+                let addrs: Vec<std::net::IpAddr> = serde_norway::from_str(&body).map_err(|e| at(e.to_string()))?;
+                a.settings.local_addrs.clone_from(&addrs);
+                if a.pipeline.set_local_addresses(addrs) {
+                    let s = runtime.block_on(a.pipeline.step(Wake::NodeAddresses, &mut a.source, &mut maps));
+                    count(&mut synced, &s.ok_or_else(|| at("nothing to sync".into()))?);
+                }
             }
             "tamper" => tamper(&mut maps),
             "maps" => {
