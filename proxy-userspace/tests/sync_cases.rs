@@ -182,6 +182,24 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// The node's local addresses are now the YAML list `body`: a sync when
+    /// that changes which serve NodePorts.
+    async fn addresses(
+        &mut self,
+        body: &str,
+        maps: &mut FakeMaps,
+    ) -> Result<Option<ebpf_proxy::pipeline::Synced>, String> {
+        let addrs: Vec<std::net::IpAddr> = serde_norway::from_str(body).map_err(|e| e.to_string())?;
+        self.settings.local_addrs.clone_from(&addrs);
+        if !self.pipeline.set_local_addresses(addrs) {
+            return Ok(None);
+        }
+        let synced = self.pipeline.step(Wake::NodeAddresses, &mut self.source, maps).await;
+        synced.map(Some).ok_or_else(|| "nothing to sync".to_owned())
+    }
+}
+
 fn parse(yaml: &str) -> Result<file::Parsed, String> {
     file::parse(yaml).map_err(|e| format!("not YAML: {e}"))
 }
@@ -282,11 +300,8 @@ fn run_case(path: &Path) -> Result<(), String> {
             }
             "addresses" => {
                 let a = agent.as_mut().ok_or_else(|| at("no `list` before".into()))?;
-                let addrs: Vec<std::net::IpAddr> = serde_norway::from_str(&body).map_err(|e| at(e.to_string()))?;
-                a.settings.local_addrs.clone_from(&addrs);
-                if a.pipeline.set_local_addresses(addrs) {
-                    let s = runtime.block_on(a.pipeline.step(Wake::NodeAddresses, &mut a.source, &mut maps));
-                    count(&mut synced, &s.ok_or_else(|| at("nothing to sync".into()))?);
+                if let Some(s) = runtime.block_on(a.addresses(&body, &mut maps)).map_err(at)? {
+                    count(&mut synced, &s);
                 }
             }
             "tamper" => tamper(&mut maps),
