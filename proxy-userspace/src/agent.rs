@@ -51,9 +51,9 @@ pub struct AgentConfig {
     pub socket_netns: Vec<PathBuf>,
     /// This node's addresses; empty: those of its Node object.
     pub node_ips: Vec<std::net::IpAddr>,
-    /// kube-proxy's nodePortAddresses: only node addresses in these ranges
-    /// serve NodePorts (empty: all).
-    pub node_port_cidrs: Vec<ipnet::IpNet>,
+    /// kube-proxy's nodePortAddresses: which of the node's local
+    /// addresses serve NodePorts (followed as they change).
+    pub node_port_addresses: crate::nodeport_addresses::NodePortAddresses,
     /// Where to serve /healthz and /livez (None: not served).
     pub health_bind: Option<std::net::SocketAddr>,
     /// Where to serve /metrics and /proxyMode (None: not served).
@@ -163,10 +163,13 @@ async fn run_with(
         stale_entries_removed = recovery.stale_entries_removed,
         "read the pinned maps"
     );
+    // Subscribed before the first read, so no change in between is missed.
+    let mut local_addrs = crate::local_addrs::Watch::start();
     let settings = NodeSettings {
         node_name: config.node_name.clone(),
         node_ips: config.node_ips.clone(),
-        node_port_cidrs: config.node_port_cidrs.clone(),
+        node_port_addresses: config.node_port_addresses.clone(),
+        local_addrs: crate::local_addrs::ips(local_addrs.current()),
         external_ips_local_only: config.external_ips_local_only,
     };
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
@@ -194,6 +197,12 @@ async fn run_with(
             asked = explain_requests.next() => {
                 crate::explain_socket::reply(asked, &source, pipeline.node());
                 continue;
+            }
+            addrs = local_addrs.changed() => {
+                if !pipeline.set_local_addresses(crate::local_addrs::ips(&addrs)) {
+                    continue;
+                }
+                Wake::NodeAddresses
             }
         };
         telemetry.lock().expect("telemetry lock").health.queued(Instant::now());

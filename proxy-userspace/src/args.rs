@@ -62,6 +62,15 @@ pub struct KubeProxyArgs {
     /// Where to serve /metrics and /proxyMode: IP:PORT or IP.
     #[arg(long, value_name = "ADDR", value_parser = parse_metrics)]
     pub metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Which of the node's local addresses serve NodePorts (kube-proxy's
+    /// --nodeport-addresses, overrides the config file's
+    /// nodePortAddresses): comma-separated CIDRs (the local addresses
+    /// inside them; a family no CIDR names is not narrowed; 127.0.0.1 only
+    /// if a CIDR covers it), or `primary` (the node's first IP of each
+    /// family, no 127.0.0.1). Default: every local address of every device
+    /// and 127.0.0.1, followed as addresses come and go.
+    #[arg(long, value_name = "CIDRS|primary", value_parser = parse_nodeport_addresses)]
+    pub nodeport_addresses: Option<crate::nodeport_addresses::NodePortAddresses>,
     /// klog's verbosity: 0-2 info, 3-4 debug, 5 and above trace (`RUST_LOG` wins).
     #[arg(short = 'v', long = "v", value_name = "LEVEL")]
     pub verbosity: Option<u32>,
@@ -80,6 +89,7 @@ impl KubeProxyArgs {
             && self.master.is_none()
             && self.healthz_bind_address.is_none()
             && self.metrics_bind_address.is_none()
+            && self.nodeport_addresses.is_none()
             && self.verbosity.is_none()
             && !self.cleanup
     }
@@ -94,6 +104,7 @@ impl KubeProxyArgs {
             api_server_endpoint: self.master,
             healthz_bind_address: self.healthz_bind_address,
             metrics_bind_address: self.metrics_bind_address,
+            nodeport_addresses: self.nodeport_addresses,
             ..RunArgs::default()
         }
     }
@@ -118,7 +129,6 @@ const REFUSED_KUBE_PROXY_FLAGS: &[(&str, &str)] = &[
     ("pod-bridge-interface", "ebpf-proxy does not classify local traffic; remove the flag"),
     ("pod-interface-name-prefix", "ebpf-proxy does not classify local traffic; remove the flag"),
     ("conntrack-", "ebpf-proxy does not tune netfilter conntrack; remove the flag"),
-    ("nodeport-addresses", "set nodePortAddresses in the --config file"),
     ("kube-api-qps", "ebpf-proxy has no client-side rate limiter; remove the flag"),
     ("kube-api-burst", "ebpf-proxy has no client-side rate limiter; remove the flag"),
     ("kube-api-content-type", "ebpf-proxy speaks JSON to the API server; remove the flag"),
@@ -318,12 +328,23 @@ pub struct RunArgs {
     /// hostname.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
-    /// An address of this node: NodePorts are served on it (and on
-    /// 127.0.0.1); with --external-ips-local-only, an externalIP is served
-    /// to clients on the node only if it is one of them. Repeatable. Default: the InternalIP and ExternalIP addresses of this
-    /// node's Node object.
+    /// An address of this node: NodePorts are served on it (as on the
+    /// node's local addresses, see --nodeport-addresses; with `primary`,
+    /// the first of each family); with --external-ips-local-only, an
+    /// externalIP is served to clients on the node only if it is one of
+    /// them. Repeatable. Default: the InternalIP and ExternalIP addresses
+    /// of this node's Node object.
     #[arg(long, value_name = "IP")]
     pub node_ip: Vec<std::net::IpAddr>,
+    /// Which of the node's local addresses serve NodePorts (kube-proxy's
+    /// --nodeport-addresses, overrides the config file's
+    /// nodePortAddresses): comma-separated CIDRs (the local addresses
+    /// inside them; a family no CIDR names is not narrowed; 127.0.0.1 only
+    /// if a CIDR covers it), or `primary` (the node's first IP of each
+    /// family, no 127.0.0.1). Default: every local address of every device
+    /// and 127.0.0.1, followed as addresses come and go.
+    #[arg(long, value_name = "CIDRS|primary", value_parser = parse_nodeport_addresses)]
+    pub nodeport_addresses: Option<crate::nodeport_addresses::NodePortAddresses>,
     /// When a backend leaves a UDP service, sockets still connected to it
     /// through the service are destroyed (their owners get an error and
     /// reconnect to a live backend): in the agent's network namespace, and
@@ -419,6 +440,11 @@ fn map_size() -> clap::builder::RangedI64ValueParser<u32> {
 /// The same check for the config file's map sizes.
 pub fn check_map_size(n: u32) -> Result<u32, String> {
     if (1..=MAX_MAP_SIZE).contains(&n) { Ok(n) } else { Err(format!("{n} is not in 1..={MAX_MAP_SIZE}")) }
+}
+
+fn parse_nodeport_addresses(text: &str) -> Result<crate::nodeport_addresses::NodePortAddresses, String> {
+    let values: Vec<&str> = text.split(',').collect();
+    crate::nodeport_addresses::NodePortAddresses::parse(&values).map_err(|(_, e)| e.to_string())
 }
 
 fn parse_maglev_size(text: &str) -> Result<usize, String> {

@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use crate::args::LogFormat;
+use crate::{args::LogFormat, nodeport_addresses::NodePortAddresses};
 
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -63,9 +63,9 @@ pub struct FileConfig {
     pub bpffs_dir: Option<PathBuf>,
     pub node_name: Option<String>,
     pub node_ips: Vec<IpAddr>,
-    /// kube-proxy's nodePortAddresses: node addresses in these ranges serve
-    /// NodePorts (empty: all).
-    pub node_port_cidrs: Vec<IpNet>,
+    /// kube-proxy's nodePortAddresses: which local addresses serve
+    /// NodePorts (`crate::nodeport_addresses`).
+    pub node_port_addresses: Option<NodePortAddresses>,
     pub socket_netns: Vec<PathBuf>,
     pub healthz_bind_address: Option<SocketAddr>,
     pub metrics_bind_address: Option<SocketAddr>,
@@ -241,12 +241,10 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     for (i, ip) in raw.node_ips.iter().enumerate() {
         cfg.node_ips.push(ip.parse().map_err(|_| (format!("nodeIPs[{i}]"), format!("{ip:?} is not an IP address")))?);
     }
-    for (i, cidr) in raw.node_port_addresses.iter().flatten().enumerate() {
-        if cidr == "primary" {
-            continue; // the node's primary addresses: what node IPs are anyway
-        }
-        cfg.node_port_cidrs
-            .push(cidr.parse().map_err(|_| (format!("nodePortAddresses[{i}]"), format!("{cidr:?} is not a CIDR")))?);
+    if let Some(values) = &raw.node_port_addresses {
+        cfg.node_port_addresses = Some(
+            NodePortAddresses::parse(values).map_err(|(i, e)| (format!("nodePortAddresses[{i}]"), e.to_string()))?,
+        );
     }
     cfg.healthz_bind_address = bind_address("healthzBindAddress", raw.healthz_bind_address.as_deref(), 10256)?;
     cfg.metrics_bind_address = bind_address("metricsBindAddress", raw.metrics_bind_address.as_deref(), 10249)?;
@@ -277,8 +275,9 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     if let Some(false) = raw.iptables.as_ref().and_then(|i| i.localhost_node_ports) {
         return Err((
             "iptables.localhostNodePorts".into(),
-            "false is not supported: ebpf-proxy always serves NodePorts on 127.0.0.1 (kube-proxy's default, \
-             true); remove the field or set it to true"
+            "false is not supported: ebpf-proxy serves NodePorts on 127.0.0.1 whenever nodePortAddresses \
+             admits it (unset, or a CIDR covering 127.0.0.0/8); remove the field, and to keep NodePorts off \
+             127.0.0.1 set nodePortAddresses to CIDRs that do not cover it (or `primary`)"
                 .into(),
         ));
     }
@@ -471,12 +470,6 @@ impl FileConfig {
     }
 }
 
-/// Node addresses that serve NodePorts: those in `cidrs` (all when empty).
-#[must_use]
-pub fn node_port_addresses(node_ips: &[IpAddr], cidrs: &[IpNet]) -> Vec<IpAddr> {
-    node_ips.iter().copied().filter(|ip| cidrs.is_empty() || cidrs.iter().any(|c| c.contains(ip))).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -525,7 +518,10 @@ udpIdleTimeout: 250ms
         assert_eq!(cfg.kubeconfig.as_deref(), Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf")));
         assert_eq!(cfg.healthz_bind_address, Some("0.0.0.0:10256".parse().unwrap()));
         assert_eq!(cfg.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
-        assert_eq!(cfg.node_port_cidrs, vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]);
+        assert_eq!(
+            cfg.node_port_addresses,
+            Some(NodePortAddresses::Cidrs(vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]))
+        );
         assert_eq!(cfg.node_name, None, "an empty hostnameOverride means the default");
         assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown);
         assert!(
@@ -646,9 +642,16 @@ udpIdleTimeout: 250ms
     }
 
     #[test]
-    fn node_port_addresses_filter_node_ips() {
-        let ips: Vec<IpAddr> = vec!["10.1.2.3".parse().unwrap(), "192.168.1.1".parse().unwrap()];
-        assert_eq!(node_port_addresses(&ips, &["10.0.0.0/8".parse().unwrap()]), vec![ips[0]]);
-        assert_eq!(node_port_addresses(&ips, &[]), ips);
+    fn node_port_addresses_take_primary_alone() {
+        assert_eq!(
+            parse("nodePortAddresses: [primary]\n").unwrap().node_port_addresses,
+            Some(NodePortAddresses::Primary)
+        );
+        assert_eq!(parse("nodePortAddresses: []\n").unwrap().node_port_addresses, Some(NodePortAddresses::All));
+        assert_eq!(parse("{}\n").unwrap().node_port_addresses, None);
+        // kube-proxy's validation refuses `primary` among CIDRs.
+        let (field, message) = parse("nodePortAddresses: [10.0.0.0/8, primary]\n").unwrap_err();
+        assert_eq!(field, "nodePortAddresses[1]");
+        assert!(message.contains("primary"), "{message}");
     }
 }

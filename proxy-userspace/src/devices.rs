@@ -3,7 +3,7 @@
 //! devices holding the node's addresses and the default routes.
 use std::{collections::BTreeSet, net::IpAddr};
 
-use nix::{ifaddrs::getifaddrs, sys::socket::SockaddrLike as _};
+use nix::ifaddrs::getifaddrs;
 
 /// `ARPHRD_ETHER`: the TC programs parse Ethernet frames.
 const ARPHRD_ETHER: u16 = 1;
@@ -39,6 +39,11 @@ pub struct Devices {
 }
 
 /// Resolves `selection` in this network namespace.
+///
+/// Devices holding only other addresses serving NodePorts (a pod bridge's,
+/// a second NIC's) are not chosen: traffic arriving on a pod bridge is the
+/// pods' own (the socket programs translate it), and a second NIC
+/// carrying traffic from outside is named with `--devices`.
 #[must_use]
 pub fn resolve(selection: &DeviceSelection, node_ips: &[IpAddr]) -> Devices {
     let links = links();
@@ -75,19 +80,7 @@ fn links() -> Vec<(String, u16)> {
 
 /// Devices holding one of `ips`.
 fn holding(ips: &[IpAddr]) -> Vec<String> {
-    let Ok(addrs) = getifaddrs() else { return Vec::new() };
-    addrs
-        .filter(|a| {
-            let Some(addr) = a.address else { return false };
-            let ip: Option<IpAddr> = match addr.family() {
-                Some(nix::sys::socket::AddressFamily::Inet) => addr.as_sockaddr_in().map(|s| IpAddr::V4(s.ip())),
-                Some(nix::sys::socket::AddressFamily::Inet6) => addr.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())),
-                _ => None,
-            };
-            ip.is_some_and(|ip| ips.contains(&ip))
-        })
-        .map(|a| a.interface_name)
-        .collect()
+    crate::local_addrs::read().into_iter().filter(|a| ips.contains(&a.ip)).map(|a| a.device).collect()
 }
 
 /// Devices of the IPv4 and IPv6 default routes (`/proc/net/route`,

@@ -21,6 +21,7 @@ use crate::{
         audit::{self, Audit, Drift},
     },
     model::{self, Delta, NodeContext, ServiceInput, Severity, TableState},
+    nodeport_addresses::{self, NodePortAddresses},
     source::{ChangeSource, Delivery, Snapshot},
 };
 
@@ -30,9 +31,11 @@ pub struct NodeSettings {
     pub node_name: String,
     /// This node's addresses; empty: those of its Node object.
     pub node_ips: Vec<IpAddr>,
-    /// kube-proxy's nodePortAddresses: only node addresses in these ranges
-    /// serve NodePorts (empty: all).
-    pub node_port_cidrs: Vec<ipnet::IpNet>,
+    /// kube-proxy's nodePortAddresses: which addresses serve NodePorts.
+    pub node_port_addresses: NodePortAddresses,
+    /// The node's local addresses (every device's; see
+    /// `crate::local_addrs`), for `node_port_addresses`.
+    pub local_addrs: Vec<IpAddr>,
     /// `--external-ips-local-only` (`NodeContext::external_ips_local_only`).
     pub external_ips_local_only: bool,
 }
@@ -60,6 +63,10 @@ pub enum Wake {
     /// or SIGHUP): the maps are read back and the whole table compared with
     /// them.
     Resync,
+    /// The node's local addresses changed so that other addresses serve
+    /// NodePorts (`Pipeline::set_local_addresses`): every service is
+    /// translated again, as for a Node address change.
+    NodeAddresses,
 }
 
 /// One sync's outcome, for the observers.
@@ -214,6 +221,10 @@ impl Pipeline {
                 changed = Some(update.delta.keys);
             }
         }
+        if wake == Wake::NodeAddresses && self.node.is_some() {
+            let everything = source.everything()?;
+            self.take(everything, source, &mut triggers)?;
+        }
         self.node.as_ref()?;
         Some(Translated { noticed, triggers, changed, audit })
     }
@@ -335,8 +346,24 @@ impl Pipeline {
         Some(update)
     }
 
+    /// Takes the node's local addresses (they changed): whether other
+    /// addresses serve NodePorts now, so every service must be translated
+    /// again (`Wake::NodeAddresses`).
+    pub fn set_local_addresses(&mut self, addrs: Vec<IpAddr>) -> bool {
+        self.settings.local_addrs = addrs;
+        self.node.as_ref().is_some_and(|node| {
+            let now = nodeport_addresses::serving(
+                &self.settings.node_port_addresses,
+                &self.settings.local_addrs,
+                &node.node_ips,
+            );
+            (now.addrs.as_slice(), now.loopback) != (node.node_port_ips.as_slice(), node.node_port_loopback)
+        })
+    }
+
     /// This node's context for a translation: zone and addresses from its
-    /// Node object, addresses from the settings when given; changes are
+    /// Node object, addresses from the settings when given, the addresses
+    /// serving NodePorts from those and the local ones; changes are
     /// logged.
     fn node_context(&mut self, nodes: &[Arc<k8s_openapi::api::core::v1::Node>]) -> NodeContext {
         self.follow_eligibility(nodes);
@@ -345,11 +372,17 @@ impl Pipeline {
         if !settings.node_ips.is_empty() {
             node = node.with_ips(settings.node_ips.clone());
         }
-        node.node_port_ips = crate::config::node_port_addresses(&node.node_ips, &settings.node_port_cidrs);
+        let serving = nodeport_addresses::serving(&settings.node_port_addresses, &settings.local_addrs, &node.node_ips);
+        (node.node_port_ips, node.node_port_loopback) = (serving.addrs, serving.loopback);
         node.external_ips_local_only = settings.external_ips_local_only;
         let before = self.node.as_ref();
         if before.map(|b| &b.node_ips) != Some(&node.node_ips) {
-            info!(node = %settings.node_name, addresses = ?node.node_ips, "node addresses (NodePorts, externalIPs)");
+            info!(node = %settings.node_name, addresses = ?node.node_ips, "node addresses (externalIPs, devices)");
+        }
+        if before.map(|b| (&b.node_port_ips, b.node_port_loopback))
+            != Some((&node.node_port_ips, node.node_port_loopback))
+        {
+            log_node_port_addresses(&node, &settings.node_port_addresses);
         }
         if before.map(|b| &b.zone) != Some(&node.zone) {
             info!(node = %settings.node_name, zone = ?node.zone, "node zone (for topology hints)");
@@ -435,6 +468,16 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
     }
+}
+
+/// The one line saying which addresses serve NodePorts (logged when they
+/// change).
+fn log_node_port_addresses(node: &NodeContext, setting: &NodePortAddresses) {
+    let mut addresses: Vec<String> = node.node_port_ips.iter().map(ToString::to_string).collect();
+    if node.node_port_loopback {
+        addresses.push(model::NODE_PORT_LOOPBACK.to_string());
+    }
+    info!(node = %node.node_name, addresses = %addresses.join(","), node_port_addresses = %setting, "addresses serving NodePorts");
 }
 
 fn log_problems(delta: &Delta, stats: &mut Stats) {

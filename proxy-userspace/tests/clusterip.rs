@@ -270,7 +270,13 @@ fn node_ports_load_balancer_ips_and_local_external_ips_for_local_clients() {
     let mut args = env.agent_args();
     // Only this node's externalIPs for clients on the node (the default,
     // every externalIP as kube-proxy, is tested in tests/nodeport.rs).
-    args.extend(["--node-ip", "10.200.0.1", "--external-ips-local-only"].map(str::to_owned));
+    // The agent runs in the machine's own namespace here, whose local
+    // addresses would all serve NodePorts (kube-proxy's default): the test
+    // keeps them to its "node" address and loopback.
+    args.extend(
+        ["--node-ip", "10.200.0.1", "--external-ips-local-only", "--nodeport-addresses", "10.200.0.1/32,127.0.0.0/8"]
+            .map(str::to_owned),
+    );
     let agent = proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let applied = agent.wait_applied(0);
     env.agent = Some(agent);

@@ -529,3 +529,77 @@ fn an_external_ip_of_another_machine_is_taken_over_for_clients_on_the_node_unles
     topo.start_agent_with(1, &["--external-ips-local-only"]);
     assert_eq!(from_pod_and_node(&topo), ["real\n", "real\n"], "--external-ips-local-only: the address itself");
 }
+
+/// Node `n`'s agent started without `--node-ip` (and the services file
+/// has no Node object): it knows the node's addresses only from its
+/// devices. `extra`: more arguments.
+fn start_without_node_ip(topo: &mut Topology, n: u8, extra: &[&str]) {
+    let mut args = topo.agent_args(n);
+    let at = args.iter().position(|a| a == "--node-ip").expect("agent_args gives --node-ip");
+    args.drain(at..at + 2);
+    args.extend(extra.iter().map(ToString::to_string));
+    topo.start_agent_args(n, args);
+}
+
+/// Waits (after record `mark`) for the agent's line naming the addresses
+/// serving NodePorts, returning them.
+fn node_port_addresses(topo: &Topology, n: u8, mark: usize) -> BTreeSet<String> {
+    let agent = topo.agents[usize::from(n - 1)].as_ref().expect("a running agent");
+    let record = agent
+        .wait_for(mark, std::time::Duration::from_secs(10), |r| {
+            proxy_testkit::message(r) == Some("addresses serving NodePorts")
+        })
+        .expect("the agent named no addresses serving NodePorts");
+    let addresses = proxy_testkit::field(&record, "addresses").and_then(|a| a.as_str()).unwrap_or_default();
+    addresses.split(',').filter(|a| !a.is_empty()).map(str::to_owned).collect()
+}
+
+/// kube-proxy's rules (pkg/proxy/util/nodeport_addresses.go and its
+/// iptables proxier, v1.29 and later, iptables being its default mode):
+/// with nodePortAddresses unset a NodePort is answered on every local
+/// address of the node (`-m addrtype --dst-type LOCAL`, loopback
+/// included), whatever the Node object says, and an address added later
+/// answers at once; with CIDRs, only the local addresses inside them (and
+/// 127.0.0.1 only when they cover it). The issue this follows: a
+/// services-file run with no `--node-ip` answered no NodePort on the
+/// node's own device address.
+#[test]
+fn node_ports_are_answered_on_the_node_s_local_addresses_as_they_come_within_node_port_addresses() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1]);
+    topo.http_on(1, 1);
+    topo.write_services(
+        &(service("web", "NodePort", &[("http", 80, 30090, "TCP")], "", &[])
+            + &endpoints("web", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    // As on a real node, a default route (its device, eth0, gets the TC
+    // programs; with no node IP known, no device is chosen by address).
+    topo.node(1).ns.ip(&["route", "add", "default", "via", &CLIENT.to_string()]).unwrap();
+    start_without_node_ip(&mut topo, 1, &[]);
+    let serving = node_port_addresses(&topo, 1, 0);
+    let want: BTreeSet<String> = ["172.30.0.11", "10.244.1.1", "127.0.0.1"].map(str::to_owned).into();
+    assert_eq!(serving, want, "eth0's, cni0's and loopback's addresses (link-local IPv6 never)");
+    assert_eq!(topo.requests(&on_node(1, 30090), 5), vec!["pod-1-1"; 5], "the device's own address");
+
+    // An address added to eth0 while the agent runs (inside the test's
+    // node namespace) answers once the agent has seen it.
+    let added = "172.30.0.50";
+    let agent = topo.agents[0].as_ref().unwrap();
+    let mark = agent.mark();
+    topo.node(1).ns.ip(&["addr", "add", &format!("{added}/24"), "dev", "eth0"]).unwrap();
+    let serving = node_port_addresses(&topo, 1, mark);
+    assert!(serving.contains(added), "{serving:?}");
+    let _ = topo.agents[0].as_ref().unwrap().wait_applied(mark);
+    assert_eq!(topo.requests(&format!("{added}:30090"), 5), vec!["pod-1-1"; 5], "the address added later");
+
+    // nodePortAddresses 172.30.0.0/28 covers 172.30.0.11 only: the added
+    // address (still on eth0), cni0's and 127.0.0.1 serve no NodePort.
+    topo.stop_agent(1);
+    start_without_node_ip(&mut topo, 1, &["--nodeport-addresses", "172.30.0.0/28"]);
+    let serving = node_port_addresses(&topo, 1, 0);
+    assert_eq!(serving, BTreeSet::from(["172.30.0.11".to_owned()]));
+    assert_eq!(topo.requests(&on_node(1, 30090), 5), vec!["pod-1-1"; 5], "inside the range");
+    let (ok, body) = topo.curl_from(CLIENT, &format!("http://{added}:30090/"));
+    // (It answered the same request above: the address is reachable.)
+    assert!(!ok, "an address outside nodePortAddresses answered the NodePort: {body}");
+}

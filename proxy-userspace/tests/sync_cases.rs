@@ -8,7 +8,11 @@
 //! line (lines before the first, and lines starting with `#` in a step,
 //! are comments):
 //! - `config`: YAML with `node` (this node's name, default `node-a`),
-//!   `nodeIPs`, `nodePortAddresses`;
+//!   `nodeIPs`, `nodePortAddresses`, `localAddrs` (the node's local
+//!   addresses, as its devices hold them);
+//! - `addresses`: the node's local addresses are now the YAML list below
+//!   (as the agent's netlink subscription reports them): a sync runs when
+//!   that changes which addresses serve NodePorts;
 //! - `list` / `relist`: the objects below (a YAML stream, as `kubectl get
 //!   -o yaml` prints them) as a complete list of every kind; `relist` is
 //!   what follows an expired watch (410 Gone); a line `#include PATH` takes
@@ -38,6 +42,7 @@ use std::{
 
 use ebpf_proxy::{
     datapath::{Reconciler, ServiceMaps as _, fake_maps::FakeMaps, inspect},
+    nodeport_addresses::NodePortAddresses,
     pipeline::{NodeSettings, Pipeline, Wake},
     source::{ChangeSource, Delivery, file, store::ObjectStore},
 };
@@ -152,6 +157,8 @@ struct CaseConfig {
     node_ips: Vec<std::net::IpAddr>,
     #[serde(default)]
     node_port_addresses: Vec<String>,
+    #[serde(default)]
+    local_addrs: Vec<std::net::IpAddr>,
     /// `--external-ips-local-only`.
     #[serde(default)]
     external_ips_local_only: bool,
@@ -172,6 +179,24 @@ impl Agent {
         let mut source = TestSource::default();
         source.list(parse(&cluster)?);
         Ok(Self { pipeline: Pipeline::new(settings.clone(), reconciler), settings, source, cluster })
+    }
+}
+
+impl Agent {
+    /// The node's local addresses are now the YAML list `body`: a sync when
+    /// that changes which serve NodePorts.
+    async fn addresses(
+        &mut self,
+        body: &str,
+        maps: &mut FakeMaps,
+    ) -> Result<Option<ebpf_proxy::pipeline::Synced>, String> {
+        let addrs: Vec<std::net::IpAddr> = serde_norway::from_str(body).map_err(|e| e.to_string())?;
+        self.settings.local_addrs.clone_from(&addrs);
+        if !self.pipeline.set_local_addresses(addrs) {
+            return Ok(None);
+        }
+        let synced = self.pipeline.step(Wake::NodeAddresses, &mut self.source, maps).await;
+        synced.map(Some).ok_or_else(|| "nothing to sync".to_owned())
     }
 }
 
@@ -238,7 +263,8 @@ fn run_case(path: &Path) -> Result<(), String> {
         let settings = || NodeSettings {
             node_name: config.node.clone().unwrap_or_else(|| "node-a".to_owned()),
             node_ips: config.node_ips.clone(),
-            node_port_cidrs: config.node_port_addresses.iter().filter_map(|c| c.parse().ok()).collect(),
+            node_port_addresses: NodePortAddresses::parse(&config.node_port_addresses).expect("nodePortAddresses"),
+            local_addrs: config.local_addrs.clone(),
             external_ips_local_only: config.external_ips_local_only,
         };
         match verb {
@@ -271,6 +297,12 @@ fn run_case(path: &Path) -> Result<(), String> {
                 let wake = if verb == "retry" { Wake::Retry } else { Wake::Resync };
                 let s = runtime.block_on(a.pipeline.step(wake, &mut a.source, &mut maps));
                 count(&mut synced, &s.ok_or_else(|| at("nothing to sync".into()))?);
+            }
+            "addresses" => {
+                let a = agent.as_mut().ok_or_else(|| at("no `list` before".into()))?;
+                if let Some(s) = runtime.block_on(a.addresses(&body, &mut maps)).map_err(at)? {
+                    count(&mut synced, &s);
+                }
             }
             "tamper" => tamper(&mut maps),
             "maps" => {

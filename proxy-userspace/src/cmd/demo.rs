@@ -77,7 +77,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         socket_netns: vec![ns.path()],
         node_ips: Vec::new(),
-        node_port_cidrs: Vec::new(),
+        node_port_addresses: crate::nodeport_addresses::NodePortAddresses::All,
         external_ips_local_only: false,
         health_bind: None,
         metrics_bind: None,

@@ -104,7 +104,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
         },
         socket_netns: flag_or_file(args.socket_netns, file.socket_netns),
         node_ips: flag_or_file(args.node_ip, file.node_ips),
-        node_port_cidrs: file.node_port_cidrs,
+        node_port_addresses: args.nodeport_addresses.or(file.node_port_addresses).unwrap_or_default(),
         health_bind: Some(
             args.healthz_bind_address
                 .or(file.healthz_bind_address)

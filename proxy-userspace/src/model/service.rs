@@ -219,7 +219,7 @@ fn port_frontends(
             push_external(&mut out, svc, (*ip, np), FrontendKind::NodePort, &field, true);
         }
         let loopback = IpAddr::V4(super::NODE_PORT_LOOPBACK);
-        if has(&loopback) {
+        if node.node_port_loopback && has(&loopback) {
             out.push(Planned {
                 addr: loopback,
                 port: np,

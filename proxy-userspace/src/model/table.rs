@@ -17,9 +17,12 @@ pub struct NodeContext {
     /// This node's addresses (with `external_ips_local_only`, the only
     /// externalIPs clients on the node reach through the service).
     pub node_ips: Vec<IpAddr>,
-    /// The node addresses NodePorts are served on (besides 127.0.0.1): all
-    /// of `node_ips` unless nodePortAddresses narrows them.
+    /// The node addresses NodePorts are served on (besides 127.0.0.1), by
+    /// `crate::nodeport_addresses::serving` (here, all of `node_ips`).
     pub node_port_ips: Vec<IpAddr>,
+    /// NodePorts are served on 127.0.0.1 too (nodePortAddresses admits
+    /// 127.0.0.0/8).
+    pub node_port_loopback: bool,
     /// This node's `topology.kubernetes.io/zone`, for zone hints.
     pub zone: Option<String>,
     /// Most backends one frontend may have (its slot array).
@@ -57,6 +60,7 @@ impl NodeContext {
             node_name: node_name.into(),
             node_ips: Vec::new(),
             node_port_ips: Vec::new(),
+            node_port_loopback: true,
             zone: None,
             max_backends: usize::from(u16::MAX),
             external_ips_local_only: false,

@@ -8,12 +8,13 @@
 //! before the new content is written, as `kubectl get -o yaml > F` does) is
 //! applied only when it is still empty after `EMPTY_SETTLE`.
 use std::{
+    collections::BTreeMap,
     path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{
     ChangeSource, Delivery, Snapshot,
@@ -45,12 +46,23 @@ pub struct FileSource {
     rejected: RejectionSink,
     /// What the last delivery held (shared with it), for `inputs`.
     delivered: Option<Snapshot>,
+    /// Services left out by label in the last read, and the label: each is
+    /// logged when it first is (or its label changes), not on every read.
+    not_proxied: BTreeMap<String, &'static str>,
 }
 
 impl FileSource {
     #[must_use]
     pub fn new(path: PathBuf) -> Self {
-        Self { path, read_once: false, stamp: None, empty_since: None, rejected: Arc::new(|_| {}), delivered: None }
+        Self {
+            path,
+            read_once: false,
+            stamp: None,
+            empty_since: None,
+            rejected: Arc::new(|_| {}),
+            delivered: None,
+            not_proxied: BTreeMap::new(),
+        }
     }
 
     /// Tells `sink` of every rejection.
@@ -58,6 +70,16 @@ impl FileSource {
     pub fn with_rejections(mut self, sink: RejectionSink) -> Self {
         self.rejected = sink;
         self
+    }
+
+    /// Takes the services left out by label in this read: those that were
+    /// not in the last one (or with another label), to be logged.
+    fn newly_not_proxied(&mut self, now: &[(String, &'static str)]) -> Vec<(String, &'static str)> {
+        let now: BTreeMap<String, &'static str> = now.iter().cloned().collect();
+        let new = now.iter().filter(|(o, l)| self.not_proxied.get(*o) != Some(*l)).map(|(o, l)| (o.clone(), *l));
+        let new = new.collect();
+        self.not_proxied = now;
+        new
     }
 
     /// An empty read that has waited `EMPTY_SETTLE` and is due again.
@@ -135,9 +157,7 @@ impl ChangeSource for FileSource {
             }
             (self.rejected)(err.rejection);
         }
-        for (object, label) in &parsed.not_proxied {
-            info!(%object, label, "service not proxied: labelled for another proxy or headless (kube-proxy's selector)");
-        }
+        log_not_proxied(&self.newly_not_proxied(&parsed.not_proxied));
         let mut delivery = Delivery::new(Snapshot::from(parsed.objects));
         delivery.rejected = parsed.errors.len() as u64;
         self.delivered = Some(delivery.snapshot.clone());
@@ -153,6 +173,24 @@ impl ChangeSource for FileSource {
 
     fn everything(&mut self) -> Option<Delivery> {
         self.snapshot()
+    }
+}
+
+/// One line per service newly left out by label; more than
+/// `LOG_EACH_UP_TO` (a first read of a big file) log one summary, and
+/// each at debug.
+fn log_not_proxied(new: &[(String, &'static str)]) {
+    const MESSAGE: &str = "service not proxied: labelled for another proxy or headless (kube-proxy's selector)";
+    const LOG_EACH_UP_TO: usize = 64;
+    for (object, label) in new {
+        if new.len() <= LOG_EACH_UP_TO {
+            info!(%object, label, "{MESSAGE}");
+        } else {
+            debug!(%object, label, "{MESSAGE}");
+        }
+    }
+    if new.len() > LOG_EACH_UP_TO {
+        info!(services = new.len(), "services not proxied: labelled for another proxy or headless (each at debug)");
     }
 }
 
@@ -238,5 +276,25 @@ mod tests {
         source.changed().await;
         assert!(source.snapshot().is_none());
         assert_eq!(*seen.lock().unwrap(), vec![Rejection::NotYaml]);
+    }
+
+    /// A labelled Service is named once, not on every read of the file (as
+    /// the model names a skipped service once per reason): again only when
+    /// its label changes, or when it comes back after a read without it.
+    #[test]
+    fn a_service_left_out_by_label_is_named_once_per_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut source, _) = source(&dir);
+        let (headless, other) = ("service.kubernetes.io/headless", "service.kubernetes.io/service-proxy-name");
+        let read = |list: &[(&str, &'static str)]| -> Vec<(String, &'static str)> {
+            list.iter().map(|(o, l)| ((*o).to_owned(), *l)).collect()
+        };
+        let first = read(&[("Service t/a", headless), ("Service t/b", other)]);
+        assert_eq!(source.newly_not_proxied(&first), first);
+        assert_eq!(source.newly_not_proxied(&first), Vec::new(), "the same file read again");
+        let relabelled = read(&[("Service t/a", other), ("Service t/b", other)]);
+        assert_eq!(source.newly_not_proxied(&relabelled), read(&[("Service t/a", other)]));
+        assert_eq!(source.newly_not_proxied(&read(&[("Service t/b", other)])), Vec::new(), "t/a is gone");
+        assert_eq!(source.newly_not_proxied(&relabelled), read(&[("Service t/a", other)]), "t/a is back");
     }
 }

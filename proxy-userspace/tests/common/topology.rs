@@ -246,6 +246,11 @@ impl Topology {
     pub fn start_agent_with(&mut self, n: u8, extra: &[&str]) {
         let mut args = self.agent_args(n);
         args.extend(extra.iter().map(ToString::to_string));
+        self.start_agent_args(n, args);
+    }
+
+    /// `start_agent` with these arguments instead of `agent_args`.
+    pub fn start_agent_args(&mut self, n: u8, args: Vec<String>) {
         let agent = AgentProcess::start_in(&self.node(n).ns, Path::new(AGENT), args).unwrap();
         let _ = agent.wait_applied(0);
         agent
