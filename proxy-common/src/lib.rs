@@ -29,6 +29,12 @@ pub mod map_names {
     pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
 }
 
+/// The id of a frontend's reverse translation (`REVNAT`, `SERVICE_NAMES`,
+/// `CONNECTIONS` are keyed by it; `SOCK_REVNAT`, `AFFINITY`, `CT` and
+/// `SOURCE_RANGES` carry it). 32 bits: a node may hold far more than
+/// 65,535 frontends (100,000 services of one port, dual-stack, twice that).
+pub type RevNatId = u32;
+
 /// Default sizes of the maps (entries); the agent can override them at load.
 pub mod map_sizes {
     /// One entry per frontend plus one per backend slot: 10,000 services of
@@ -37,8 +43,10 @@ pub mod map_sizes {
     pub const SERVICES: u32 = 262_144;
     /// Allocated as used.
     pub const BACKENDS: u32 = 131_072;
-    /// `rev_nat` ids are `u16`, id 0 is never used.
-    pub const REVNAT: u32 = 65_535;
+    /// One entry per frontend (id 0 is never used). The agent sizes it
+    /// from the table with `SERVICE_NAMES` and `CONNECTIONS`; allocated as
+    /// used.
+    pub const REVNAT: u32 = 65_536;
     /// LRU: one entry per translated socket (and backend).
     pub const SOCK_REVNAT: u32 = 131_072;
     /// LRU: one entry per unconnected UDP socket and service it sends to.
@@ -77,7 +85,7 @@ pub mod scope {
 pub mod service_flags {
     /// A ClusterIP frontend.
     pub const CLUSTER_IP: u16 = 1 << 0;
-    /// sessionAffinity: ClientIP; `affinity_timeout` holds the seconds.
+    /// sessionAffinity: ClientIP; `affinity_timeout()` holds the seconds.
     pub const AFFINITY: u16 = 1 << 1;
     /// A nodePort on a node address (or 127.0.0.1).
     pub const NODE_PORT: u16 = 1 << 2;
@@ -331,20 +339,45 @@ impl ServiceKey {
 /// Value of `SERVICES`.
 ///
 /// In slot 0 `count` is the number of backend slots, `rev_nat` the id of the
-/// frontend's reverse translation, `flags` its kind and `maglev` the id of
-/// its Maglev table (0: none); `backend_id` is 0. In slots `1..=count` only
-/// `backend_id` is set.
+/// frontend's reverse translation, `flags` its kind, `maglev` the id of its
+/// Maglev table (0: none) and the first word the session affinity timeout
+/// (read it with `affinity_timeout()`). In slots `1..=count` only
+/// `backend_id` is set. The first word serves both (as Cilium's
+/// `lb4_service` shares it), which keeps the value at 16 bytes with a
+/// 32-bit `rev_nat`: one such value per backend slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServiceValue {
+    /// Slots `1..=count`: the backend id. Slot 0: the session affinity
+    /// timeout in seconds (0: no affinity).
     pub backend_id: u32,
+    pub rev_nat: RevNatId,
     pub count: u16,
-    pub rev_nat: u16,
     pub flags: u16,
     /// Key of the frontend's table in `MAGLEV` (traffic from outside).
     pub maglev: u16,
-    /// Session affinity timeout in seconds (0: no affinity).
-    pub affinity_timeout: u32,
+    pub pad: u16,
+}
+
+impl ServiceValue {
+    /// A slot 0 value; padding zeroed.
+    #[must_use]
+    pub const fn frontend(count: u16, rev_nat: RevNatId, flags: u16, maglev: u16, affinity_timeout: u32) -> Self {
+        Self { backend_id: affinity_timeout, rev_nat, count, flags, maglev, pad: 0 }
+    }
+
+    /// A value of slots `1..=count`: backend `backend_id`.
+    #[must_use]
+    pub const fn slot(backend_id: u32) -> Self {
+        Self { backend_id, rev_nat: 0, count: 0, flags: 0, maglev: 0, pad: 0 }
+    }
+
+    /// Slot 0: the session affinity timeout in seconds (0: no affinity).
+    #[must_use]
+    #[inline]
+    pub const fn affinity_timeout(&self) -> u32 {
+        self.backend_id
+    }
 }
 
 /// Value of `BACKENDS`, keyed by a `u32` backend id that is never 0.
@@ -361,7 +394,7 @@ pub struct Backend {
     pub pad: [u8; 3],
 }
 
-/// Value of `REVNAT`, keyed by the `u16` rev-NAT id of a frontend.
+/// Value of `REVNAT`, keyed by the `RevNatId` of a frontend.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RevNat {
@@ -389,7 +422,8 @@ pub struct SockRevNatKey {
 pub struct SockRevNat {
     pub addr: Addr,
     pub port: u16,
-    pub rev_nat: u16,
+    pub pad: u16,
+    pub rev_nat: RevNatId,
 }
 
 /// Key of `SOCK_BACKEND` (value: backend id): the backend an unconnected
@@ -412,8 +446,8 @@ pub struct SockBackendKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AffinityKey {
     pub client: u64,
-    pub rev_nat: u16,
-    pub pad: [u16; 3],
+    pub rev_nat: RevNatId,
+    pub pad: u32,
 }
 
 /// Value of `AFFINITY`.
@@ -459,29 +493,27 @@ pub struct CtValue {
     pub port: u16,
     /// Network byte order.
     pub nat_port: u16,
-    pub rev_nat: u16,
+    pub rev_nat: RevNatId,
+    pub backend_id: u32,
     /// `ct_flags` bits.
     pub flags: u8,
-    pub pad: u8,
-    pub backend_id: u32,
-    pub pad2: u32,
+    pub pad: [u8; 3],
     /// `bpf_ktime_get_ns()` when the entry was last refreshed.
     pub last_seen_ns: u64,
 }
 
 /// The data part of a `SOURCE_RANGES` LPM key: a frontend and a source
-/// prefix. The prefix length counts the 32 bits of `rev_nat` and `pad`
-/// plus the address bits (IPv4 as IPv4-mapped: 96 + its prefix length).
+/// prefix. The prefix length counts the 32 bits of `rev_nat` plus the
+/// address bits (IPv4 as IPv4-mapped: 96 + its prefix length).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SourceRange {
     /// Network byte order, so that the trie's bytes read in order.
-    pub rev_nat: u16,
-    pub pad: u16,
+    pub rev_nat: RevNatId,
     pub addr: Addr,
 }
 
-/// Value of `SERVICE_NAMES`, keyed by the `u16` rev-NAT id of a frontend:
+/// Value of `SERVICE_NAMES`, keyed by the `RevNatId` of a frontend:
 /// the service port it comes from, each part UTF-8 and zero-padded (the
 /// limits are Kubernetes': a namespace and a Service name are DNS labels of
 /// at most 63 bytes, a port name an IANA service name of at most 15).
@@ -499,7 +531,7 @@ impl Default for ServiceName {
     }
 }
 
-/// Bits of a `SOURCE_RANGES` prefix taken by `rev_nat` and `pad`.
+/// Bits of a `SOURCE_RANGES` prefix taken by `rev_nat`.
 pub const SOURCE_RANGE_ID_BITS: u32 = 32;
 
 const _: () = assert!(core::mem::size_of::<Addr>() == 16);
@@ -508,7 +540,7 @@ const _: () = assert!(core::mem::size_of::<ServiceValue>() == 16);
 const _: () = assert!(core::mem::size_of::<Backend>() == 24);
 const _: () = assert!(core::mem::size_of::<RevNat>() == 20);
 const _: () = assert!(core::mem::size_of::<SockRevNatKey>() == 32);
-const _: () = assert!(core::mem::size_of::<SockRevNat>() == 20);
+const _: () = assert!(core::mem::size_of::<SockRevNat>() == 24);
 const _: () = assert!(core::mem::size_of::<SockBackendKey>() == 32);
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
@@ -516,6 +548,7 @@ const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
 const _: () = assert!(core::mem::size_of::<CtValue>() == 56);
 const _: () = assert!(core::mem::size_of::<SourceRange>() == 20);
 const _: () = assert!(core::mem::size_of::<ServiceName>() == 144);
+const _: () = assert!(core::mem::size_of::<RevNatId>() == 4);
 
 /// Conversions between the maps' 16-byte addresses and `std::net`.
 #[cfg(feature = "user")]

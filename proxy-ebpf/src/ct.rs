@@ -117,10 +117,9 @@ fn reply_entry(pkt: &Packet, value: &CtValue) -> CtValue {
         port: pkt.dport,
         nat_port: pkt.sport,
         rev_nat: value.rev_nat,
-        flags: value.flags & ct_flags::SNAT,
-        pad: 0,
         backend_id: value.backend_id,
-        pad2: 0,
+        flags: value.flags & ct_flags::SNAT,
+        pad: [0; 3],
         last_seen_ns: value.last_seen_ns,
     }
 }

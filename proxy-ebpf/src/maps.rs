@@ -10,8 +10,8 @@ use aya_ebpf::{
     maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, CtKey, CtValue, RevNat, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceValue,
-    SockBackendKey, SockRevNat, SockRevNatKey, SourceRange, external_stat, map_sizes,
+    AffinityKey, AffinityValue, Backend, CtKey, CtValue, RevNat, RevNatId, SOURCE_RANGE_ID_BITS, ServiceKey,
+    ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, SourceRange, external_stat, map_sizes,
 };
 
 /// Entries are allocated as they are written (BPF_F_NO_PREALLOC): the
@@ -22,8 +22,9 @@ pub static SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(map_siz
 #[map]
 pub static BACKENDS: HashMap<u32, Backend> = HashMap::pinned(map_sizes::BACKENDS, BPF_F_NO_PREALLOC);
 
+/// Allocated as used, like `SERVICES`.
 #[map]
-pub static REVNAT: HashMap<u16, RevNat> = HashMap::pinned(map_sizes::REVNAT, 0);
+pub static REVNAT: HashMap<RevNatId, RevNat> = HashMap::pinned(map_sizes::REVNAT, BPF_F_NO_PREALLOC);
 
 #[map]
 pub static SOCK_REVNAT: LruHashMap<SockRevNatKey, SockRevNat> = LruHashMap::pinned(map_sizes::SOCK_REVNAT, 0);
@@ -88,8 +89,8 @@ pub fn count_external(stat: u32) {
 }
 
 #[inline(always)]
-pub fn count_connection(rev_nat: u16) {
-    if let Some(counter) = CONNECTIONS.get_ptr_mut(u32::from(rev_nat)) {
+pub fn count_connection(rev_nat: RevNatId) {
+    if let Some(counter) = CONNECTIONS.get_ptr_mut(rev_nat) {
         // SAFETY: this CPU's slot of a per-CPU array; a program runs to its
         // end on one CPU, so nothing else writes it meanwhile.
         unsafe { *counter += 1 };
@@ -174,7 +175,7 @@ pub fn maglev_entry(id: u16, index: u32, size: u32) -> Option<u32> {
 
 /// Whether `src` may reach frontend `rev_nat` (loadBalancerSourceRanges).
 #[inline(always)]
-pub fn source_allowed(rev_nat: u16, src: &proxy_common::Addr) -> bool {
-    let key = Key::new(SOURCE_RANGE_ID_BITS + 128, SourceRange { rev_nat: rev_nat.to_be(), pad: 0, addr: *src });
+pub fn source_allowed(rev_nat: RevNatId, src: &proxy_common::Addr) -> bool {
+    let key = Key::new(SOURCE_RANGE_ID_BITS + 128, SourceRange { rev_nat: rev_nat.to_be(), addr: *src });
     SOURCE_RANGES.get(&key).is_some()
 }

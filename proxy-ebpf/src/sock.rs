@@ -81,7 +81,7 @@ pub fn translate(ctx: &SockAddrContext, hook: Hook, family: Family) -> i32 {
         remember_sock_backend(&sticky, backend_id);
     }
     let revnat_key = SockRevNatKey { cookie, addr: target.addr, port: target.port, pad: [0; 6] };
-    remember_sock_revnat(&revnat_key, &SockRevNat { addr, port, rev_nat: frontend.rev_nat });
+    remember_sock_revnat(&revnat_key, &SockRevNat { addr, port, pad: 0, rev_nat: frontend.rev_nat });
     if log_enabled() {
         log_translation(ctx, &addr, port, &target.addr, target.port);
     }
@@ -123,10 +123,10 @@ fn choose_backend(
         return Some((id, backend(id)?, false));
     }
     // Only sessionAffinity pays for the client's identity and the clock.
-    let affinity_key = AffinityKey { client: netns_cookie(ctx), rev_nat: frontend.rev_nat, pad: [0; 3] };
+    let affinity_key = AffinityKey { client: netns_cookie(ctx), rev_nat: frontend.rev_nat, pad: 0 };
     let now = now_ns();
     if let Some(entry) = affinity(&affinity_key)
-        && now.saturating_sub(entry.last_used_ns) < u64::from(frontend.affinity_timeout) * 1_000_000_000
+        && now.saturating_sub(entry.last_used_ns) < u64::from(frontend.affinity_timeout()) * 1_000_000_000
         && let Some(b) = backend(entry.backend_id)
     {
         remember_affinity(&affinity_key, &AffinityValue { last_used_ns: now, ..entry });

@@ -1,6 +1,8 @@
 //! Filesystem locations the agent uses, in one place.
 use std::path::{Path, PathBuf};
 
+use crate::datapath::sizing::Sizes;
+
 /// Where bpffs is mounted by convention.
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
 /// Default directory of the agent's pinned maps.
@@ -21,7 +23,9 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// Version of the maps' layout (key and value types). Bump it whenever a
 /// type in proxy-common changes: a new agent then fills maps of the new
 /// layout beside the old ones and switches the programs over in one step.
-pub const MAP_LAYOUT_VERSION: u32 = 5;
+/// 6: 32-bit frontend (rev-NAT) ids, and maps indexed by them sized with
+/// the table (`-fF` in the directory name).
+pub const MAP_LAYOUT_VERSION: u32 = 6;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.
 pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";
@@ -33,27 +37,31 @@ pub fn map_layout_version() -> u32 {
 }
 
 /// Where the maps of this build's layout, Maglev table size and map sizes
-/// are pinned under `pin_dir` (`maps-vN-mM-sS-bB`): another Maglev size is
-/// another layout, since the programs read the tables with the size they
-/// were loaded with, and other sizes of `SERVICES` (S) and `BACKENDS` (B)
-/// are a new set the agent moves to the same way.
+/// are pinned under `pin_dir` (`maps-vN-mM-sS-bB-fF`): another Maglev size
+/// is another layout, since the programs read the tables with the size
+/// they were loaded with, and other sizes of `SERVICES` (S), `BACKENDS` (B)
+/// and the maps indexed by frontend id (F) are a new set the agent moves to
+/// the same way.
 #[must_use]
-pub fn maps_dir(pin_dir: &Path, maglev_size: usize, services: u32, backends: u32) -> PathBuf {
-    pin_dir.join(format!("{}-s{services}-b{backends}", maglev_prefix(maglev_size)))
+pub fn maps_dir(pin_dir: &Path, maglev_size: usize, sizes: Sizes) -> PathBuf {
+    let Sizes { services, backends, frontends } = sizes;
+    pin_dir.join(format!("{}-s{services}-b{backends}-f{frontends}", maglev_prefix(maglev_size)))
 }
 
-/// The map sizes (`SERVICES`, `BACKENDS`) of the most recently written set
-/// of this build's layout and Maglev table size pinned under `pin_dir`.
+/// The map sizes (`SERVICES`, `BACKENDS`, frontends) of the most recently
+/// written set of this build's layout and Maglev table size pinned under
+/// `pin_dir`.
 #[must_use]
-pub fn pinned_sizes(pin_dir: &Path, maglev_size: usize) -> Option<(u32, u32)> {
+pub fn pinned_sizes(pin_dir: &Path, maglev_size: usize) -> Option<(u32, u32, u32)> {
     let prefix = format!("{}-s", maglev_prefix(maglev_size));
     std::fs::read_dir(pin_dir)
         .ok()?
         .filter_map(Result::ok)
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let (services, backends) = name.strip_prefix(&prefix)?.split_once("-b")?;
-            let sizes = (services.parse().ok()?, backends.parse().ok()?);
+            let (services, rest) = name.strip_prefix(&prefix)?.split_once("-b")?;
+            let (backends, frontends) = rest.split_once("-f")?;
+            let sizes = (services.parse().ok()?, backends.parse().ok()?, frontends.parse().ok()?);
             Some((e.metadata().and_then(|m| m.modified()).ok(), sizes))
         })
         .max_by_key(|(modified, _)| *modified)

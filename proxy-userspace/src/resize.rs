@@ -10,6 +10,7 @@
 //! previous agent) the same plan is made from the translated table, so a
 //! start with a big cluster writes once, into maps that hold it, instead of
 //! filling small maps, having writes refused and moving on.
+use proxy_common::map_names;
 use tracing::info;
 
 use crate::{
@@ -39,9 +40,11 @@ pub fn after_sync(
     attached: bool,
 ) -> anyhow::Result<Option<Report>> {
     let summary = summarise(&report.failures);
+    let full_map = |name| summary.full.contains_key(name);
     let full = Full {
-        services: summary.full.contains_key(proxy_common::map_names::SERVICES),
-        backends: summary.full.contains_key(proxy_common::map_names::BACKENDS),
+        services: full_map(map_names::SERVICES),
+        backends: full_map(map_names::BACKENDS),
+        frontends: full_map(map_names::REVNAT) || full_map(map_names::SERVICE_NAMES),
     };
     if !whole_table && full == Full::default() {
         return Ok(None);
@@ -60,6 +63,7 @@ pub fn after_sync(
     info!(
         services_map_size = next.services,
         backends_map_size = next.backends,
+        frontend_maps_size = next.frontends,
         failures = written.failures.len(),
         "moved to the new maps"
     );
@@ -98,16 +102,20 @@ fn log_resizing(current: Sizes, next: Sizes, demand: sizing::Demand, first_write
     info!(
         services_map_size = next.services,
         backends_map_size = next.backends,
+        frontend_maps_size = next.frontends,
         was_services = current.services,
         was_backends = current.backends,
+        was_frontends = current.frontends,
         services_needed = demand.services,
         backends_needed = demand.backends,
+        frontends_needed = demand.frontends,
         first_write,
         "{RESIZING}"
     );
 }
 
 /// The message logged when the agent starts moving to maps of other
-/// sizes (fields: `services_map_size`, `backends_map_size`, `was_services`,
+/// sizes (fields: `services_map_size`, `backends_map_size`,
+/// `frontend_maps_size`, `was_services`,
 /// `was_backends`, `first_write`: before the first write of a start, ...).
 pub const RESIZING: &str = "maps resized: filling a new set beside the current one, then swapping the programs over";

@@ -1,6 +1,7 @@
 //! What the health and metrics endpoints read: the agent writes it after
 //! each sync; `Collector` turns it into ebpf-proxy's own metrics at each
 //! scrape (kube-proxy's, updated as things happen, are in `metrics`).
+use proxy_common::RevNatId;
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
@@ -42,9 +43,9 @@ pub struct Telemetry {
     /// Devices the TC programs are attached to.
     pub devices: usize,
     /// rev-NAT id -> (service port, frontend), for the counters' labels.
-    pub frontends_by_id: BTreeMap<u16, (String, String)>,
+    pub frontends_by_id: BTreeMap<RevNatId, (String, String)>,
     /// frontend -> rev-NAT id, the reverse of `frontends_by_id`.
-    id_of: HashMap<String, u16>,
+    id_of: HashMap<String, RevNatId>,
     /// The Kubernetes watches' counters (kube mode only).
     pub watch: Option<Arc<WatchCounters>>,
 }
@@ -76,8 +77,8 @@ impl Telemetry {
 
     /// Takes the frontends after a sync; zeroes the counter of an id that
     /// now names another frontend than before (ids are reused).
-    pub fn set_frontends(&mut self, ids: Vec<(u16, String, String)>) {
-        let new: BTreeMap<u16, (String, String)> = ids.into_iter().map(|(id, s, f)| (id, (s, f))).collect();
+    pub fn set_frontends(&mut self, ids: Vec<(RevNatId, String, String)>) {
+        let new: BTreeMap<RevNatId, (String, String)> = ids.into_iter().map(|(id, s, f)| (id, (s, f))).collect();
         if let Some(counters) = self.counters.as_mut() {
             for (id, labels) in &new {
                 if self.frontends_by_id.get(id) != Some(labels)
@@ -94,7 +95,7 @@ impl Telemetry {
     /// Frontend `frontend` now has id `now` (`None`: it is gone), with
     /// `service` as its label; a counter that passes to a new frontend
     /// starts from zero.
-    pub fn set_frontend(&mut self, frontend: String, now: Option<(u16, String)>) {
+    pub fn set_frontend(&mut self, frontend: String, now: Option<(RevNatId, String)>) {
         if let Some((id, service)) = now {
             let labels = (service, frontend.clone());
             if self.frontends_by_id.get(&id) != Some(&labels) {

@@ -46,10 +46,10 @@ fn service_key_bytes(k: &ServiceKey) -> Vec<u8> {
 
 fn service_value_bytes(v: &ServiceValue) -> Vec<u8> {
     let mut b = v.backend_id.to_ne_bytes().to_vec();
-    for n in [v.count, v.rev_nat, v.flags, v.maglev] {
+    b.extend(v.rev_nat.to_ne_bytes());
+    for n in [v.count, v.flags, v.maglev, v.pad] {
         b.extend(n.to_ne_bytes());
     }
-    b.extend(v.affinity_timeout.to_ne_bytes());
     b
 }
 

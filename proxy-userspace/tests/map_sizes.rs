@@ -85,7 +85,7 @@ fn maps_grow_past_their_first_size_under_a_steady_client() {
     // One set pinned, the new one; it serves the new services too.
     let dirs = maps_dirs(&env);
     assert_eq!(dirs.len(), 1, "{dirs:?}");
-    assert!(dirs[0].ends_with("-s16384-b4096"), "{dirs:?}");
+    assert!(dirs[0].ends_with("-s16384-b4096-f4096"), "{dirs:?}");
     let maps = status_maps(&env);
     assert_eq!(maps["services_map_size"], 16_384, "{maps}");
     assert_eq!(maps["frontends"], 2101, "{maps}");
@@ -195,7 +195,7 @@ fn a_start_with_a_big_table_sizes_its_maps_before_the_first_write() {
     // One set pinned, of the right size: twice the need, rounded up.
     let dirs = maps_dirs(&env);
     assert_eq!(dirs.len(), 1, "{dirs:?}");
-    assert!(dirs[0].ends_with("-s16384-b4096"), "{dirs:?}");
+    assert!(dirs[0].ends_with("-s16384-b4096-f4096"), "{dirs:?}");
     assert_eq!(status_maps(&env)["services_map_size"], 16_384);
     assert_eq!(env.requests("10.97.9.250", 2), vec!["backend-1"; 2]);
     assert_eq!(env.requests("10.96.0.10", 2).len(), 2);

@@ -453,7 +453,7 @@ fn start_sized_before_first_write() -> Result<(), String> {
     let cluster = many_services(2100);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
     let fresh = || FakeMaps { capacity: Some(min as usize), ..FakeMaps::default() };
-    let current = ebpf_proxy::datapath::sizing::Sizes { services: min, backends: min };
+    let current = ebpf_proxy::datapath::sizing::Sizes { services: min, backends: min, frontends: min };
 
     // Unsized, the first write fills the small maps and is refused.
     let mut small = fresh();

@@ -34,8 +34,7 @@ struct Cli {
     #[arg(long)]
     quick: bool,
     /// Service counts to measure (10 endpoints each; default 1, 1000,
-    /// 10000, 30000 and 100000, which is skipped with the reason: frontend
-    /// ids are 16 bits wide today).
+    /// 10000, 30000 and 100000).
     #[arg(long, value_delimiter = ',')]
     services: Option<Vec<u32>>,
     /// Seconds per run of one variant and mode.
@@ -48,7 +47,7 @@ struct Cli {
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// Service counts of the control-plane measurement (default 10000 and
-    /// 30000).
+    /// 100000).
     #[arg(long, value_delimiter = ',')]
     control_services: Option<Vec<u32>>,
     /// Seconds a kube-proxy variant's rule set may take to load; a variant
@@ -197,7 +196,7 @@ fn main() -> anyhow::Result<()> {
     let quick = cli.quick;
     let sizes =
         cli.services.unwrap_or_else(|| if quick { vec![1, 100] } else { vec![1, 1000, 10_000, 30_000, 100_000] });
-    let control_sizes = cli.control_services.unwrap_or_else(|| if quick { vec![100] } else { vec![10_000, 30_000] });
+    let control_sizes = cli.control_services.unwrap_or_else(|| if quick { vec![100] } else { vec![10_000, 100_000] });
     anyhow::ensure!(
         sizes.iter().chain(&control_sizes).all(|n| *n >= 1 && *n <= spec::MAX_SERVICES),
         "service counts are 1-{}",
@@ -230,10 +229,6 @@ fn main() -> anyhow::Result<()> {
     };
     // --outside-only: neither the ClusterIP comparison nor the control plane.
     let (sizes, control_sizes) = if cli.outside_only { (Vec::new(), Vec::new()) } else { (sizes, control_sizes) };
-    let (sizes, too_many) = within_frontend_ids(sizes);
-    let (control_sizes, control_too_many) = within_frontend_ids(control_sizes);
-    report.unavailable.extend(too_many.iter().map(|n| frontend_ids_note(*n, "the datapath comparison")));
-    report.unavailable.extend(control_too_many.iter().map(|n| frontend_ids_note(*n, "the control plane")));
     for n in sizes.into_iter().filter(|_| !cli.control_only) {
         let run = datapath::run(&settings, n).with_context(|| format!("the datapath bench at {n} services"))?;
         report.datapath.extend(run.rows);
@@ -253,22 +248,6 @@ fn main() -> anyhow::Result<()> {
     println!("{markdown}");
     eprintln!("bench: results in {}", cli.out.display());
     Ok(())
-}
-
-/// The service counts ebpf-proxy can hold today, and those past its
-/// frontend ids (see `spec::MAX_FRONTENDS`).
-fn within_frontend_ids(sizes: Vec<u32>) -> (Vec<u32>, Vec<u32>) {
-    sizes.into_iter().partition(|n| *n <= spec::MAX_FRONTENDS)
-}
-
-/// Why `what` at `n` services is skipped.
-fn frontend_ids_note(n: u32, what: &str) -> String {
-    format!(
-        "{what} at {n} services: skipped, since ebpf-proxy's frontend (rev-NAT) ids are 16 bits wide, at most {} frontends \
-         (widening them is a layout change of proxy-common and the eBPF programs; the bench's address plan holds {})",
-        spec::MAX_FRONTENDS,
-        spec::MAX_SERVICES
-    )
 }
 
 /// Why IPVS is not compared: this kernel has no IPVS (the bench looks).

@@ -14,12 +14,6 @@ pub const BACKEND_PORT: u16 = 8080;
 /// Most services the address plan holds (a /14 each for the service
 /// addresses and for each backend's endpoints).
 pub const MAX_SERVICES: u32 = 1 << 18;
-/// Most frontends ebpf-proxy holds today: frontend (rev-NAT) ids are 16
-/// bits wide (`u16` keys of `REVNAT` in proxy-common, read by the eBPF
-/// programs), id 0 unused. Past it the bench skips the service count and
-/// says why; widening the ids is a layout change of proxy-common and the
-/// eBPF programs, after which this bound goes.
-pub const MAX_FRONTENDS: u32 = 65_535;
 
 /// Second byte of the first endpoint address of backend `i`.
 const ENDPOINT_BASE: u8 = 128;

@@ -4,7 +4,7 @@
 use std::{path::Path, time::Duration};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
-use proxy_common::{AffinityKey, AffinityValue, map_names};
+use proxy_common::{AffinityKey, AffinityValue, RevNatId, map_names};
 
 use super::maps::MapError;
 
@@ -21,7 +21,7 @@ pub struct AffinityEntry {
 /// The entries of frontend `rev_nat` in the `AFFINITY` map pinned in
 /// `maps_dir` (an expired entry stays until the LRU evicts it or the next
 /// connection replaces it: see `AffinityEntry::idle`).
-pub fn entries(maps_dir: &Path, rev_nat: u16) -> Result<Vec<AffinityEntry>, MapError> {
+pub fn entries(maps_dir: &Path, rev_nat: RevNatId) -> Result<Vec<AffinityEntry>, MapError> {
     let path = maps_dir.join(map_names::AFFINITY);
     let data =
         MapData::from_pin(&path).map_err(|source| MapError::Open { path: path.display().to_string(), source })?;

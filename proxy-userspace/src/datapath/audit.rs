@@ -10,6 +10,7 @@
 //! not against a copy of what the agent wrote, costs no memory between
 //! audits, and an audit of maps nobody touched finds nothing (the
 //! reconciler then writes nothing).
+use proxy_common::RevNatId;
 use std::{collections::BTreeMap, fmt};
 
 use super::{
@@ -105,7 +106,7 @@ pub fn diff(before: &Dump, after: &Dump) -> Drift {
     drift.add(MapName::Maglev, diff_map(&before.maglev, &after.maglev, |id| format!("table {id}")));
     #[expect(clippy::zero_sized_map_values, reason = "a set seen as a map of no values, to be compared as the others")]
     let ranges = |d: &Dump| d.source_ranges.iter().map(|r| (*r, ())).collect::<BTreeMap<_, _>>();
-    let range_name = |(id, net): &(u16, ipnet::IpNet)| format!("{net} of id {id}");
+    let range_name = |(id, net): &(RevNatId, ipnet::IpNet)| format!("{net} of id {id}");
     drift.add(MapName::SourceRanges, diff_map(&ranges(before), &ranges(after), range_name));
     drift.add(MapName::Names, diff_map(&before.names, &after.names, |id| format!("id {id}")));
     drift
@@ -222,9 +223,13 @@ mod tests {
     /// follows (backend, Maglev table) replaced by what they lead to.
     fn reader_view(d: &Dump) -> Vec<String> {
         let services = d.services.iter().map(|(k, v)| {
-            let backend = d.backends.get(&v.backend_id);
+            // Slot 0's first word is the affinity timeout, not a backend.
+            let backend = (k.slot != 0).then(|| d.backends.get(&v.backend_id));
             let table = d.maglev.get(&v.maglev).map(|t| t.iter().map(|id| d.backends.get(id)).collect::<Vec<_>>());
-            format!("{k:?} {:?} {backend:?} {table:?}", ServiceValue { backend_id: 0, maglev: 0, ..*v })
+            format!(
+                "{k:?} {:?} {backend:?} {table:?}",
+                ServiceValue { backend_id: if k.slot == 0 { v.backend_id } else { 0 }, maglev: 0, ..*v }
+            )
         });
         let rest = [format!("{:?}", d.rev_nat), format!("{:?}", d.source_ranges), format!("{:?}", d.names)];
         services.chain(rest).collect()
@@ -338,7 +343,7 @@ mod tests {
         let (mut maps, table) = written();
         let expected = maps.state.clone();
         for last in 10..15 {
-            let rev_nat = u16::from(last) + 50;
+            let rev_nat = u32::from(last) + 50;
             let master = ServiceValue { rev_nat, ..ServiceValue::default() };
             maps.state.services.insert(codec::service_key(key(last), 0), master);
             maps.state.rev_nat.insert(rev_nat, RevNat::default());

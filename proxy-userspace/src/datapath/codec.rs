@@ -15,8 +15,8 @@ use std::{fmt, net::IpAddr};
 
 use ipnet::IpNet;
 use proxy_common::{
-    Addr, Backend as BackendValue, RevNat, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceName, SockBackendKey, SockRevNat,
-    SockRevNatKey, SourceRange, backend_flags, backend_state,
+    Addr, Backend as BackendValue, RevNat, RevNatId, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceName, SockBackendKey,
+    SockRevNat, SockRevNatKey, SourceRange, backend_flags, backend_state,
     net::{decode as decode_addr, encode as encode_addr},
     scope, service_flags,
 };
@@ -307,24 +307,24 @@ pub fn sock_backend_frontend(key: &SockBackendKey) -> Result<FrontendKey, Decode
 /// The LPM prefix length and key of source range `net` of frontend
 /// `rev_nat` (an IPv4 network sits below the 96 bits of `::ffff:0:0/96`).
 #[must_use]
-pub fn source_range(rev_nat: u16, net: IpNet) -> (u32, SourceRange) {
+pub fn source_range(rev_nat: RevNatId, net: IpNet) -> (u32, SourceRange) {
     let (addr, bits) = match net {
         IpNet::V4(n) => (encode_addr(IpAddr::V4(n.network())), 96 + u32::from(n.prefix_len())),
         IpNet::V6(n) => (encode_addr(IpAddr::V6(n.network())), u32::from(n.prefix_len())),
     };
-    (SOURCE_RANGE_ID_BITS + bits, SourceRange { rev_nat: rev_nat.to_be(), pad: 0, addr })
+    (SOURCE_RANGE_ID_BITS + bits, SourceRange { rev_nat: rev_nat.to_be(), addr })
 }
 
 /// The frontend and network of an LPM key (`None`: a prefix the agent
 /// never writes).
 #[must_use]
-pub fn source_range_of(prefix_len: u32, key: &SourceRange) -> Option<(u16, IpNet)> {
+pub fn source_range_of(prefix_len: u32, key: &SourceRange) -> Option<(RevNatId, IpNet)> {
     let bits = prefix_len.checked_sub(SOURCE_RANGE_ID_BITS)?;
     let net = match decode_addr(&key.addr) {
         IpAddr::V4(a) => IpNet::new(IpAddr::V4(a), u8::try_from(bits.checked_sub(96)?).ok()?).ok()?,
         a @ IpAddr::V6(_) => IpNet::new(a, u8::try_from(bits).ok()?).ok()?,
     };
-    Some((u16::from_be(key.rev_nat), net))
+    Some((RevNatId::from_be(key.rev_nat), net))
 }
 
 /// `text` cut to at most `N - 1` bytes (at a character boundary), zero-padded.

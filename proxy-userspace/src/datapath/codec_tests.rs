@@ -218,6 +218,49 @@ fn backend() -> impl Strategy<Value = BackendEntry> {
         })
 }
 
+/// The byte image the programs read: slot 0's fields at their offsets (the
+/// first word the affinity timeout), a slot's first word its backend id.
+fn service_value_bytes(v: &proxy_common::ServiceValue) -> Vec<u8> {
+    // SAFETY: `ServiceValue` is `repr(C)`, 16 bytes of integers with its
+    // padding spelled out, so every byte is initialised.
+    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(v).cast::<u8>(), size_of_val(v)) }.to_vec()
+}
+
+#[test]
+fn service_values_hold_32_bit_frontend_ids_in_16_bytes() {
+    use proxy_common::ServiceValue;
+    let id = u32::from(u16::MAX) + 2;
+    let master = ServiceValue::frontend(7, id, service_flags::CLUSTER_IP | service_flags::AFFINITY, 3, 10_800);
+    assert_eq!((master.count, master.rev_nat, master.maglev, master.affinity_timeout()), (7, id, 3, 10_800));
+    let mut want = 10_800u32.to_ne_bytes().to_vec();
+    want.extend(id.to_ne_bytes());
+    for n in [7, service_flags::CLUSTER_IP | service_flags::AFFINITY, 3, 0] {
+        want.extend(u16::to_ne_bytes(n));
+    }
+    assert_eq!(service_value_bytes(&master), want);
+    let slot = ServiceValue::slot(1 << 20);
+    assert_eq!(service_value_bytes(&slot), [(1u32 << 20).to_ne_bytes().as_slice(), &[0; 12]].concat());
+}
+
+#[test]
+fn frontend_ids_past_16_bits_round_trip_in_every_map_that_carries_them() {
+    use proxy_common::{AffinityKey, CtValue, SockRevNat};
+    let id: proxy_common::RevNatId = 100_000;
+    let net: IpNet = "10.0.0.0/8".parse().unwrap();
+    let (prefix, key) = source_range(id, net);
+    assert_eq!(key.rev_nat.to_ne_bytes(), id.to_be_bytes(), "the trie reads the id's bytes in order");
+    assert_eq!(source_range_of(prefix, &key), Some((id, net)));
+    // The session and tracking values keep the id whole, with no padding
+    // byte left to chance (a key is compared bytewise).
+    let sock = SockRevNat { addr: Addr::default(), port: 80u16.to_be(), pad: 0, rev_nat: id };
+    assert_eq!(sock_revnat_frontend(&sock, Protocol::Tcp).port, 80);
+    assert_eq!((sock.rev_nat, size_of::<SockRevNat>()), (id, 24));
+    let affinity = AffinityKey { client: 1, rev_nat: id, pad: 0 };
+    assert_eq!((affinity.rev_nat, size_of::<AffinityKey>()), (id, 16));
+    let ct = CtValue { rev_nat: id, backend_id: 9, ..CtValue::default() };
+    assert_eq!((ct.rev_nat, ct.backend_id, size_of::<CtValue>()), (id, 9, 56));
+}
+
 proptest! {
     #[test]
     fn frontend_keys_round_trip(key in frontend_key(), slot in any::<u16>()) {
@@ -234,7 +277,7 @@ proptest! {
     }
 
     #[test]
-    fn source_ranges_round_trip(addr in address(), len in 0u8..=128, rev_nat in any::<u16>()) {
+    fn source_ranges_round_trip(addr in address(), len in 0u8..=128, rev_nat in any::<proxy_common::RevNatId>()) {
         let len = if addr.is_ipv4() { len % 33 } else { len };
         let net = IpNet::new(addr, len).unwrap().trunc();
         let (prefix, key) = source_range(rev_nat, net);

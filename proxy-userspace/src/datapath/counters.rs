@@ -1,5 +1,6 @@
 //! Per-frontend new-connection counters the programs keep (`CONNECTIONS`,
 //! a per-CPU array indexed by rev-NAT id).
+use proxy_common::RevNatId;
 use std::io;
 
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
@@ -23,15 +24,15 @@ impl ConnCounters {
     }
 
     /// The count of frontend `id`, summed over CPUs.
-    pub fn read(&self, id: u16) -> io::Result<u64> {
-        Ok(self.map.get(&u32::from(id), 0).map_err(io::Error::other)?.iter().sum())
+    pub fn read(&self, id: RevNatId) -> io::Result<u64> {
+        Ok(self.map.get(&id, 0).map_err(io::Error::other)?.iter().sum())
     }
 
     /// Zeroes the count of `id` (a rev-NAT id given to a new frontend).
-    pub fn reset(&mut self, id: u16) -> io::Result<()> {
+    pub fn reset(&mut self, id: RevNatId) -> io::Result<()> {
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
         let zeros = PerCpuValues::try_from(vec![0u64; cpus]).map_err(io::Error::other)?;
-        self.map.set(u32::from(id), zeros, 0).map_err(io::Error::other)
+        self.map.set(id, zeros, 0).map_err(io::Error::other)
     }
 }
 

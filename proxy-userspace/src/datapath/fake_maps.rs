@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
-use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceName, ServiceValue};
+use proxy_common::{Backend as BackendValue, RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue};
 
 use super::{
     codec,
@@ -117,14 +117,14 @@ impl ServiceMaps for FakeMaps {
         Ok(())
     }
 
-    fn set_rev_nat(&mut self, id: u16, value: &RevNat) -> Result<(), MapError> {
+    fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError> {
         self.step(MapName::RevNat)?;
         Self::insert(&mut self.state.rev_nat, self.capacity, MapName::RevNat, id, *value)?;
         self.check_reader_view();
         Ok(())
     }
 
-    fn remove_rev_nat(&mut self, id: u16) -> Result<(), MapError> {
+    fn remove_rev_nat(&mut self, id: RevNatId) -> Result<(), MapError> {
         self.step(MapName::RevNat)?;
         self.state.rev_nat.remove(&id);
         self.check_reader_view();
@@ -150,7 +150,7 @@ impl ServiceMaps for FakeMaps {
         Ok(())
     }
 
-    fn set_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError> {
+    fn set_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError> {
         self.step(MapName::SourceRanges)?;
         if !self.state.source_ranges.contains(&(rev_nat, net))
             && self.capacity.is_some_and(|c| self.state.source_ranges.len() >= c)
@@ -162,21 +162,21 @@ impl ServiceMaps for FakeMaps {
         Ok(())
     }
 
-    fn remove_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError> {
+    fn remove_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError> {
         self.step(MapName::SourceRanges)?;
         self.state.source_ranges.remove(&(rev_nat, net));
         self.check_reader_view();
         Ok(())
     }
 
-    fn set_name(&mut self, rev_nat: u16, name: &ServiceName) -> Result<(), MapError> {
+    fn set_name(&mut self, rev_nat: RevNatId, name: &ServiceName) -> Result<(), MapError> {
         self.step(MapName::Names)?;
         Self::insert(&mut self.state.names, self.capacity, MapName::Names, rev_nat, *name)?;
         self.check_reader_view();
         Ok(())
     }
 
-    fn remove_name(&mut self, rev_nat: u16) -> Result<(), MapError> {
+    fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError> {
         self.step(MapName::Names)?;
         self.state.names.remove(&rev_nat);
         self.check_reader_view();

@@ -1,6 +1,7 @@
 //! A read-only view of the pinned maps, for `ebpf-proxy service`: what the
 //! kernel translates, as the programs see it (slot 0 and the slots it
 //! announces), whether or not the agent is running.
+use proxy_common::RevNatId;
 use std::{fmt::Write as _, net::IpAddr};
 
 use serde::Serialize;
@@ -14,7 +15,7 @@ use crate::model::{BackendState, FrontendKey, Protocol, Scope};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FrontendView {
     /// The frontend's rev-NAT id.
-    pub id: u16,
+    pub id: RevNatId,
     pub address: IpAddr,
     pub port: u16,
     pub protocol: String,
@@ -177,7 +178,7 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
                 name: service.as_ref().map(|s| s.name.clone()),
                 port_name: service.map(|s| s.port),
                 kind: flags.map_or("unknown", |f| f.kind.as_str()),
-                affinity_timeout: has(|f| f.affinity).then_some(master.affinity_timeout),
+                affinity_timeout: has(|f| f.affinity).then_some(master.affinity_timeout()),
                 scope: (codec::scope_of(k.scope) == Ok(Scope::External)).then_some("external"),
                 reach: [(has(|f| f.outside_only), "outside-only"), (has(|f| f.two_scopes), "two-scopes")]
                     .into_iter()
@@ -338,7 +339,7 @@ ID  FRONTEND           SERVICE                       TYPE       BACKENDS
         let (key, master) = maps.state.services.iter_mut().find(|(k, _)| k.slot == 0).unwrap();
         let key = *key;
         master.flags |= 1 << 12;
-        master.affinity_timeout = 30;
+        master.backend_id = 30; // slot 0: the affinity timeout
         let slot = maps.state.services[&proxy_common::ServiceKey { slot: 1, ..key }];
         maps.state.backends.get_mut(&slot.backend_id).unwrap().state = 9;
         let all = frontends(&maps.state);

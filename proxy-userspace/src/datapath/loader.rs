@@ -8,8 +8,8 @@ use aya::{
     programs::{CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, RevNat, ServiceKey, ServiceValue,
-    SockBackendKey, SockRevNat, SockRevNatKey, map_names,
+    AffinityKey, AffinityValue, Backend, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, RevNat, RevNatId, ServiceKey,
+    ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
 };
 
 use super::{
@@ -56,10 +56,11 @@ pub struct LoadOptions {
 }
 
 impl LoadOptions {
-    /// The size flags, as the bounds of `sizing`.
+    /// The size flags, as the bounds of `sizing` (frontends by the
+    /// services bound: each takes a `SERVICES` entry).
     #[must_use]
     pub const fn bounds(&self) -> Sizes {
-        Sizes { services: self.services_map_size, backends: self.backends_map_size }
+        Sizes { services: self.services_map_size, backends: self.backends_map_size, frontends: self.services_map_size }
     }
 }
 
@@ -134,7 +135,7 @@ impl Datapath {
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
         let sizes = crate::paths::pinned_sizes(&opts.pin_dir, opts.maglev_size).map_or_else(
             || sizing::wanted(sizing::Demand::default(), opts.bounds()),
-            |(services, backends)| Sizes { services, backends },
+            |(services, backends, frontends)| Sizes { services, backends, frontends },
         );
         Self::load_sized(opts, sizes)
     }
@@ -144,7 +145,7 @@ impl Datapath {
     /// Nothing is attached yet: see `attach`.
     pub fn load_sized(opts: &LoadOptions, sizes: Sizes) -> Result<Self, LoadError> {
         let log_flag: u8 = opts.bpf_log.into();
-        let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size, sizes.services, sizes.backends);
+        let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size, sizes);
         std::fs::create_dir_all(&maps_dir)
             .map_err(|source| LoadError::Dir { path: maps_dir.display().to_string(), source })?;
         // The Maglev map's value size depends on the table size, which only
@@ -157,6 +158,8 @@ impl Datapath {
             .map_pin_path(map_names::MAGLEV, maglev_pin.as_path())
             .map_max_entries(map_names::SERVICES, sizes.services)
             .map_max_entries(map_names::BACKENDS, sizes.backends)
+            .map_max_entries(map_names::REVNAT, sizes.frontends)
+            .map_max_entries(map_names::CONNECTIONS, sizes.frontends)
             .map_max_entries(map_names::CT, opts.ct_map_size)
             .override_global(LOG_ENABLED, &log_flag, true)
             .override_global(MAGLEV_SIZE, &maglev_size, true)
@@ -168,7 +171,7 @@ impl Datapath {
 
         check_layout::<ServiceKey, ServiceValue>(&ebpf, &maps_dir, map_names::SERVICES)?;
         check_layout::<u32, Backend>(&ebpf, &maps_dir, map_names::BACKENDS)?;
-        check_layout::<u16, RevNat>(&ebpf, &maps_dir, map_names::REVNAT)?;
+        check_layout::<RevNatId, RevNat>(&ebpf, &maps_dir, map_names::REVNAT)?;
         check_layout::<SockRevNatKey, SockRevNat>(&ebpf, &maps_dir, map_names::SOCK_REVNAT)?;
         check_layout::<SockBackendKey, u32>(&ebpf, &maps_dir, map_names::SOCK_BACKEND)?;
         check_layout::<AffinityKey, AffinityValue>(&ebpf, &maps_dir, map_names::AFFINITY)?;
@@ -200,7 +203,7 @@ impl Datapath {
         let backends = take(&mut ebpf, map_names::BACKENDS)?;
         let rev_nat = take(&mut ebpf, map_names::REVNAT)?;
         let source_ranges = take(&mut ebpf, map_names::SOURCE_RANGES)?;
-        let names = super::names::open_or_create(&maps_dir.join(map_names::SERVICE_NAMES))?;
+        let names = super::names::open_or_create(&maps_dir.join(map_names::SERVICE_NAMES), sizes.frontends)?;
         let maps = KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev, names)?;
         let sessions = SessionMaps::from_maps(
             take(&mut ebpf, map_names::AFFINITY)?,
@@ -212,6 +215,7 @@ impl Datapath {
             maps = %maps_dir.display(),
             services_map_size = sizes.services,
             backends_map_size = sizes.backends,
+            frontend_maps_size = sizes.frontends,
             "datapath loaded"
         );
         let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?)?;
@@ -246,7 +250,7 @@ impl Datapath {
             let outcome = links::attach_cgroup(program, name, &self.cgroup, &links_dir.join(name))?;
             tracing::info!(program = name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         }
-        let current = maps_dir(&self.pin_dir, self.maglev_size, self.sizes.services, self.sizes.backends);
+        let current = maps_dir(&self.pin_dir, self.maglev_size, self.sizes);
         remove_other_layouts(&self.pin_dir, &current);
         Ok(())
     }

@@ -10,7 +10,9 @@ use std::{
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError as AyaMapError, lpm_trie::Key as LpmKey};
 use ipnet::IpNet;
-use proxy_common::{Backend as BackendValue, RevNat, ServiceKey, ServiceName, ServiceValue, SourceRange, map_names};
+use proxy_common::{
+    Backend as BackendValue, RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue, SourceRange, map_names,
+};
 
 use super::maglev_map::MaglevMap;
 
@@ -22,13 +24,13 @@ pub use super::map_error::{MapError, MapName};
 pub struct Dump {
     pub services: BTreeMap<ServiceKey, ServiceValue>,
     pub backends: BTreeMap<u32, BackendValue>,
-    pub rev_nat: BTreeMap<u16, RevNat>,
+    pub rev_nat: BTreeMap<RevNatId, RevNat>,
     /// Maglev tables by id.
     pub maglev: BTreeMap<u16, Vec<u32>>,
     /// loadBalancerSourceRanges: (rev-NAT id, source network).
-    pub source_ranges: BTreeSet<(u16, IpNet)>,
+    pub source_ranges: BTreeSet<(RevNatId, IpNet)>,
     /// The service port of each frontend, by rev-NAT id.
-    pub names: BTreeMap<u16, ServiceName>,
+    pub names: BTreeMap<RevNatId, ServiceName>,
 }
 
 pub trait ServiceMaps {
@@ -52,16 +54,16 @@ pub trait ServiceMaps {
         Ok(())
     }
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
-    fn set_rev_nat(&mut self, id: u16, value: &RevNat) -> Result<(), MapError>;
-    fn remove_rev_nat(&mut self, id: u16) -> Result<(), MapError>;
+    fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError>;
+    fn remove_rev_nat(&mut self, id: RevNatId) -> Result<(), MapError>;
     /// Entries of every Maglev table.
     fn maglev_size(&self) -> usize;
     fn set_maglev(&mut self, id: u16, table: &[u32]) -> Result<(), MapError>;
     fn remove_maglev(&mut self, id: u16) -> Result<(), MapError>;
-    fn set_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError>;
-    fn remove_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError>;
-    fn set_name(&mut self, rev_nat: u16, name: &ServiceName) -> Result<(), MapError>;
-    fn remove_name(&mut self, rev_nat: u16) -> Result<(), MapError>;
+    fn set_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError>;
+    fn remove_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError>;
+    fn set_name(&mut self, rev_nat: RevNatId, name: &ServiceName) -> Result<(), MapError>;
+    fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError>;
     fn dump(&self) -> Result<Dump, MapError>;
 }
 
@@ -75,20 +77,20 @@ pub struct KernelMaps {
     backends_fd: OwnedFd,
     /// False once the kernel refused a batch write (before 5.6).
     batches: bool,
-    rev_nat: HashMap<MapData, u16, RevNat>,
+    rev_nat: HashMap<MapData, RevNatId, RevNat>,
     maglev: MaglevMap,
     source_ranges: LpmTrie<MapData, SourceRange, u8>,
-    names: HashMap<MapData, u16, ServiceName>,
+    names: HashMap<MapData, RevNatId, ServiceName>,
 }
 
 /// The LPM key of a source range of frontend `rev_nat`.
-fn source_range_key(rev_nat: u16, net: IpNet) -> LpmKey<SourceRange> {
+fn source_range_key(rev_nat: RevNatId, net: IpNet) -> LpmKey<SourceRange> {
     let (prefix_len, key) = super::codec::source_range(rev_nat, net);
     LpmKey::new(prefix_len, key)
 }
 
 /// The frontend and network of an LPM key (`None`: not one we write).
-fn source_range_of(key: &LpmKey<SourceRange>) -> Option<(u16, IpNet)> {
+fn source_range_of(key: &LpmKey<SourceRange>) -> Option<(RevNatId, IpNet)> {
     super::codec::source_range_of(key.prefix_len(), &key.data())
 }
 
@@ -101,7 +103,7 @@ impl KernelMaps {
         rev_nat: Map,
         source_ranges: Map,
         maglev: MaglevMap,
-        names: HashMap<MapData, u16, ServiceName>,
+        names: HashMap<MapData, RevNatId, ServiceName>,
     ) -> Result<Self, MapError> {
         let services_fd = dup_fd(&services, MapName::Services)?;
         let backends_fd = dup_fd(&backends, MapName::Backends)?;
@@ -133,7 +135,7 @@ impl KernelMaps {
             open(map_names::REVNAT, Map::HashMap)?,
             open(map_names::SOURCE_RANGES, Map::LpmTrie)?,
             MaglevMap::open(&dir.join(map_names::MAGLEV))?,
-            super::names::open_or_create(&dir.join(map_names::SERVICE_NAMES))?,
+            super::names::open_or_create(&dir.join(map_names::SERVICE_NAMES), proxy_common::map_sizes::SERVICE_NAMES)?,
         )
     }
 }
@@ -271,11 +273,11 @@ impl ServiceMaps for KernelMaps {
         delete_result(MapName::Services, self.services.remove(key))
     }
 
-    fn set_rev_nat(&mut self, id: u16, value: &RevNat) -> Result<(), MapError> {
+    fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError> {
         self.rev_nat.insert(id, value, 0).map_err(|e| update_error(MapName::RevNat, e))
     }
 
-    fn remove_rev_nat(&mut self, id: u16) -> Result<(), MapError> {
+    fn remove_rev_nat(&mut self, id: RevNatId) -> Result<(), MapError> {
         delete_result(MapName::RevNat, self.rev_nat.remove(&id))
     }
 
@@ -291,21 +293,21 @@ impl ServiceMaps for KernelMaps {
         self.maglev.remove(id)
     }
 
-    fn set_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError> {
+    fn set_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError> {
         self.source_ranges
             .insert(&source_range_key(rev_nat, net), 1, 0)
             .map_err(|e| update_error(MapName::SourceRanges, e))
     }
 
-    fn remove_source_range(&mut self, rev_nat: u16, net: IpNet) -> Result<(), MapError> {
+    fn remove_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError> {
         delete_result(MapName::SourceRanges, self.source_ranges.remove(&source_range_key(rev_nat, net)))
     }
 
-    fn set_name(&mut self, rev_nat: u16, name: &ServiceName) -> Result<(), MapError> {
+    fn set_name(&mut self, rev_nat: RevNatId, name: &ServiceName) -> Result<(), MapError> {
         self.names.insert(rev_nat, name, 0).map_err(|e| update_error(MapName::Names, e))
     }
 
-    fn remove_name(&mut self, rev_nat: u16) -> Result<(), MapError> {
+    fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError> {
         delete_result(MapName::Names, self.names.remove(&rev_nat))
     }
 

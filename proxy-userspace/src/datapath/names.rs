@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use aya::maps::{HashMap, Map, MapData};
-use proxy_common::{ServiceName, map_names, map_sizes};
+use proxy_common::{RevNatId, ServiceName, map_names};
 
 use super::map_error::{MapError, MapName};
 
@@ -14,18 +14,18 @@ use super::map_error::{MapError, MapName};
 const BPF_MAP_TYPE_HASH: u32 = 1;
 const BPF_F_NO_PREALLOC: u32 = 1;
 
-/// The map pinned at `path`, made and pinned first when there is none; a
-/// pin of another key or value size is refused.
-pub fn open_or_create(path: &Path) -> Result<HashMap<MapData, u16, ServiceName>, MapError> {
+/// The map pinned at `path`, made (of `size` entries) and pinned first when
+/// there is none; a pin of another key or value size is refused.
+pub fn open_or_create(path: &Path, size: u32) -> Result<HashMap<MapData, RevNatId, ServiceName>, MapError> {
     let open_err = |source| MapError::Open { path: path.display().to_string(), source };
     let map = if path.exists() {
         MapData::from_pin(path).map_err(open_err)?
     } else {
         let obj = aya_obj::Map::new_from_params(
             BPF_MAP_TYPE_HASH,
-            u32::try_from(size_of::<u16>()).expect("small"),
+            u32::try_from(size_of::<RevNatId>()).expect("small"),
             u32::try_from(size_of::<ServiceName>()).expect("small"),
-            map_sizes::SERVICE_NAMES,
+            size,
             BPF_F_NO_PREALLOC,
         );
         let map = MapData::create(obj, map_names::SERVICE_NAMES, None)

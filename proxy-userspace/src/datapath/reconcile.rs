@@ -20,7 +20,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use proxy_common::{Backend as BackendValue, ServiceKey, ServiceName, ServiceValue};
+use proxy_common::{Backend as BackendValue, RevNatId, ServiceKey, ServiceName, ServiceValue};
 
 pub use super::codec::BackendAddr;
 use super::{
@@ -38,7 +38,7 @@ struct AppliedFrontend {
     /// Whether `SERVICE_NAMES[rev_nat]` holds `service_port`.
     name_written: bool,
     /// Allocated rev-NAT id (0: none yet).
-    rev_nat: u16,
+    rev_nat: RevNatId,
     /// Whether `REVNAT[rev_nat]` holds this frontend's address.
     rev_nat_written: bool,
     /// Slot 0 as it is in the map.
@@ -161,7 +161,7 @@ pub struct Reconciler {
     frontends: BTreeMap<FrontendKey, AppliedFrontend>,
     /// Every backend in the map (and those about to be), by id and address.
     backends: BackendTable,
-    rev_nat_pool: IdPool<u16>,
+    rev_nat_pool: IdPool<RevNatId>,
     maglev: MaglevTables,
     /// Whether the want counts of `backends` and each frontend's `wanted`
     /// describe the last table applied, so that `apply_changes` can update
@@ -276,10 +276,11 @@ impl Reconciler {
             let keys = (0..fe.slots.len()).map(|i| codec::service_key(fk, slot_number(i)));
             stale_services.extend(keys.filter(|k| services.contains_key(k)));
         }
-        let used_rev_nat: BTreeSet<u16> = this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
-        let stale_rev_nat: Vec<u16> = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
-        let stale_names: Vec<u16> = names.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
-        let by_rev_nat: HashMap<u16, FrontendKey> =
+        let used_rev_nat: BTreeSet<RevNatId> =
+            this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
+        let stale_rev_nat: Vec<RevNatId> = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
+        let stale_names: Vec<RevNatId> = names.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
+        let by_rev_nat: HashMap<RevNatId, FrontendKey> =
             this.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k)).collect();
         let mut stale_ranges = Vec::new();
         for (id, net) in &source_ranges {
@@ -349,7 +350,7 @@ impl Reconciler {
 
     /// Every frontend's rev-NAT id, with its key and service port.
     #[must_use]
-    pub fn frontend_ids(&self) -> Vec<(u16, FrontendKey, ServicePort)> {
+    pub fn frontend_ids(&self) -> Vec<(RevNatId, FrontendKey, ServicePort)> {
         self.frontends
             .iter()
             .filter(|(_, f)| f.rev_nat != 0)
@@ -359,7 +360,7 @@ impl Reconciler {
 
     /// The rev-NAT id of frontend `key`, once it has one.
     #[must_use]
-    pub fn frontend_id(&self, key: &FrontendKey) -> Option<u16> {
+    pub fn frontend_id(&self, key: &FrontendKey) -> Option<RevNatId> {
         self.frontends.get(key).map(|f| f.rev_nat).filter(|id| *id != 0)
     }
 
@@ -616,12 +617,8 @@ impl Reconciler {
             .filter(|(i, (_, id))| fe.slots.get(*i) != Some(id))
             .map(|(i, (_, id))| (i, *id))
             .collect();
-        let entries: Vec<(ServiceKey, ServiceValue)> = slots
-            .iter()
-            .map(|(i, id)| {
-                (codec::service_key(key, slot_number(*i)), ServiceValue { backend_id: *id, ..ServiceValue::default() })
-            })
-            .collect();
+        let entries: Vec<(ServiceKey, ServiceValue)> =
+            slots.iter().map(|(i, id)| (codec::service_key(key, slot_number(*i)), ServiceValue::slot(*id))).collect();
         report.writes += entries.len();
         let (written, failed) = match maps.set_services(&entries) {
             Ok(()) => (slots.len(), None),
@@ -651,14 +648,13 @@ impl Reconciler {
             0
         };
         let fe = self.frontends.get_mut(&key).expect("inserted above");
-        let master = ServiceValue {
-            backend_id: 0,
-            count: u16::try_from(targets.len()).expect("the model caps backends at u16::MAX"),
-            rev_nat: fe.rev_nat,
+        let master = ServiceValue::frontend(
+            u16::try_from(targets.len()).expect("the model caps backends at u16::MAX"),
+            fe.rev_nat,
             flags,
             maglev,
-            affinity_timeout: frontend.affinity_timeout.unwrap_or(0),
-        };
+            frontend.affinity_timeout.unwrap_or(0),
+        );
         if fe.master != Some(master) {
             report.writes += 1;
             maps.set_service(&codec::service_key(key, 0), &master)?;
@@ -769,8 +765,8 @@ impl super::sessions::Liveness for Reconciler {
         self.frontends.get(frontend).is_some_and(|f| f.live_slots().contains(&id))
     }
 
-    fn by_rev_nat(&self, rev_nats: &HashSet<u16>) -> HashMap<u16, HashSet<u32>> {
-        let mut out: HashMap<u16, HashSet<u32>> = HashMap::new();
+    fn by_rev_nat(&self, rev_nats: &HashSet<RevNatId>) -> HashMap<RevNatId, HashSet<u32>> {
+        let mut out: HashMap<RevNatId, HashSet<u32>> = HashMap::new();
         for f in self.frontends.values().filter(|f| rev_nats.contains(&f.rev_nat)) {
             out.entry(f.rev_nat).or_default().extend(f.live_slots().iter().copied());
         }

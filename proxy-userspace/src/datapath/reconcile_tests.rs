@@ -99,14 +99,14 @@ fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
                 (b.addr.addr, b.addr.port, b.state == BackendState::Terminating, b.local)
             })
             .collect();
-        assert_eq!(flags.affinity, master.affinity_timeout != 0, "affinity flag and timeout disagree");
+        assert_eq!(flags.affinity, master.affinity_timeout() != 0, "affinity flag and timeout disagree");
         let ranges = flags
             .source_ranges
             .then(|| dump.source_ranges.iter().filter(|(id, _)| *id == master.rev_nat).map(|(_, net)| *net).collect());
         out.insert(
             k,
             Seen {
-                affinity: master.affinity_timeout,
+                affinity: master.affinity_timeout(),
                 backends,
                 maglev: (master.maglev != 0).then(|| dump.maglev[&master.maglev].iter().map(addr_of).collect()),
                 ranges,
@@ -609,7 +609,7 @@ fn liveness_answers_what_the_slots_hold() {
     assert!(r.serves(&web, one) && r.serves(&web, two) && r.serves(&dns, three));
     assert!(!r.serves(&web, three), "a backend of another service");
     assert!(!r.serves(&fk(99, 80, Protocol::Tcp), one), "an unknown frontend");
-    let asked: HashSet<u16> = [web_id, 999].into();
+    let asked: HashSet<proxy_common::RevNatId> = [web_id, 999].into();
     let live = r.by_rev_nat(&asked);
     assert_eq!(live.get(&web_id), Some(&HashSet::from([one, two])));
     assert!(!live.contains_key(&dns_id), "only the ids asked for");

@@ -10,7 +10,9 @@ use std::{
 };
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError as AyaMapError};
-use proxy_common::{AffinityKey, AffinityValue, CtKey, CtValue, SockBackendKey, SockRevNat, SockRevNatKey, proto};
+use proxy_common::{
+    AffinityKey, AffinityValue, CtKey, CtValue, RevNatId, SockBackendKey, SockRevNat, SockRevNatKey, proto,
+};
 
 use super::{codec, maps::MapError};
 use crate::model::{FrontendKey, Protocol};
@@ -51,10 +53,10 @@ impl SessionMaps {
         let affinity: Vec<(AffinityKey, AffinityValue)> = self.affinity.iter().filter_map(Result::ok).collect();
         let udp_flows: Vec<(CtKey, CtValue)> =
             self.ct.iter().filter_map(Result::ok).filter(|(k, _)| k.proto == proto::UDP).collect();
-        let rev_nats: HashSet<u16> =
+        let rev_nats: HashSet<RevNatId> =
             affinity.iter().map(|(k, _)| k.rev_nat).chain(udp_flows.iter().map(|(_, v)| v.rev_nat)).collect();
         let by_rev_nat = if rev_nats.is_empty() { HashMap::new() } else { live.by_rev_nat(&rev_nats) };
-        let serves_rev_nat = |rev_nat: u16, id: u32| by_rev_nat.get(&rev_nat).is_some_and(|set| set.contains(&id));
+        let serves_rev_nat = |rev_nat: RevNatId, id: u32| by_rev_nat.get(&rev_nat).is_some_and(|set| set.contains(&id));
         let stale_affinity: Vec<AffinityKey> =
             affinity.into_iter().filter(|(k, v)| !serves_rev_nat(k.rev_nat, v.backend_id)).map(|(k, _)| k).collect();
         let stale_sockets: Vec<SockBackendKey> = self
@@ -88,7 +90,7 @@ pub trait Liveness {
     fn serves(&self, frontend: &FrontendKey, id: u32) -> bool;
     /// The backend ids in live slots of the frontends with these rev-NAT
     /// ids (an id missing from the answer serves nothing).
-    fn by_rev_nat(&self, rev_nats: &HashSet<u16>) -> HashMap<u16, HashSet<u32>>;
+    fn by_rev_nat(&self, rev_nats: &HashSet<RevNatId>) -> HashMap<RevNatId, HashSet<u32>>;
 }
 
 /// A key the LRU dropped meanwhile is as good as deleted.

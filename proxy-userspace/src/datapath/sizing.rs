@@ -1,6 +1,8 @@
-//! How big the services and backends maps are: sized from what the agent
-//! must hold, with headroom, and capped by the operator's bounds
-//! (`--services-map-size`, `--backends-map-size`). Pure decisions; the
+//! How big the services and backends maps (and the maps indexed by
+//! frontend id: `REVNAT`, `SERVICE_NAMES`, `CONNECTIONS`) are: sized from
+//! what the agent must hold, with headroom, and capped by the operator's
+//! bounds (`--services-map-size`, `--backends-map-size`; frontends by the
+//! services bound, since each frontend takes a `SERVICES` entry). Pure decisions; the
 //! agent acts on them by moving to a new map set (see `loader`).
 use std::collections::HashSet;
 
@@ -14,13 +16,19 @@ pub struct Demand {
     pub services: usize,
     /// `BACKENDS` entries: one per distinct backend (address, port, protocol).
     pub backends: usize,
+    /// Frontends: one rev-NAT id each (`REVNAT`, `SERVICE_NAMES` entries,
+    /// and `CONNECTIONS` indexes below the highest id).
+    pub frontends: usize,
 }
 
-/// Sizes (`max_entries`) of the two sized maps.
+/// Sizes (`max_entries`) of the sized maps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizes {
     pub services: u32,
     pub backends: u32,
+    /// `REVNAT`, `SERVICE_NAMES` and `CONNECTIONS` (ids lowest first, so
+    /// the ids in use stay below it).
+    pub frontends: u32,
 }
 
 /// Which maps refused a write because they were full.
@@ -28,12 +36,15 @@ pub struct Sizes {
 pub struct Full {
     pub services: bool,
     pub backends: bool,
+    /// `REVNAT` or `SERVICE_NAMES`.
+    pub frontends: bool,
 }
 
 /// The bounds when no flag sets them: room for 1,000,000 backends, and
 /// 100,000 services of 10 endpoints (1,100,000 slots), with the headroom.
 /// Only what the table needs is made, and entries are allocated as used.
-pub const DEFAULT_BOUNDS: Sizes = Sizes { services: 1 << 22, backends: 1 << 21 };
+/// Frontends are bounded by the services bound (each takes an entry there).
+pub const DEFAULT_BOUNDS: Sizes = Sizes { services: 1 << 22, backends: 1 << 21, frontends: 1 << 22 };
 
 /// No map is made smaller than this (a handful of services need no
 /// resizing as they come and go).
@@ -52,7 +63,7 @@ pub fn demand(table: &ServiceTable) -> Demand {
             protocol: key.protocol,
         }));
     }
-    Demand { services, backends: backends.len() }
+    Demand { services, backends: backends.len(), frontends: table.len() }
 }
 
 /// The size for `needed` entries: twice that, rounded up to a power of two
@@ -67,7 +78,11 @@ pub fn size_for(needed: usize, bound: u32) -> u32 {
 /// The sizes of a new map set for `demand` under `bounds`.
 #[must_use]
 pub fn wanted(demand: Demand, bounds: Sizes) -> Sizes {
-    Sizes { services: size_for(demand.services, bounds.services), backends: size_for(demand.backends, bounds.backends) }
+    Sizes {
+        services: size_for(demand.services, bounds.services),
+        backends: size_for(demand.backends, bounds.backends),
+        frontends: size_for(demand.frontends, bounds.frontends),
+    }
 }
 
 /// Whether to move from the maps of size `current` to another set, and
@@ -92,6 +107,7 @@ pub fn plan(current: Sizes, demand: Demand, full: Full, bounds: Sizes) -> Option
     let next = Sizes {
         services: one(current.services, demand.services, full.services, bounds.services),
         backends: one(current.backends, demand.backends, full.backends, bounds.backends),
+        frontends: one(current.frontends, demand.frontends, full.frontends, bounds.frontends),
     };
     (next != current).then_some(next)
 }
@@ -100,14 +116,16 @@ pub fn plan(current: Sizes, demand: Demand, full: Full, bounds: Sizes) -> Option
 mod tests {
     use super::*;
 
-    const BOUNDS: Sizes = Sizes { services: 1 << 22, backends: 1 << 21 };
+    const BOUNDS: Sizes = DEFAULT_BOUNDS;
 
+    /// Sizes with the frontend maps at their smallest.
     fn sizes(services: u32, backends: u32) -> Sizes {
-        Sizes { services, backends }
+        Sizes { services, backends, frontends: MIN_SIZE }
     }
 
+    /// A demand of a few frontends.
     fn demand(services: usize, backends: usize) -> Demand {
-        Demand { services, backends }
+        Demand { services, backends, frontends: 10 }
     }
 
     #[test]
@@ -131,7 +149,7 @@ mod tests {
     #[test]
     fn plan_decides_when_to_move() {
         let none = Full::default();
-        let services_full = Full { services: true, backends: false };
+        let services_full = Full { services: true, ..Full::default() };
         let cases = [
             // Room enough: stay.
             (sizes(4096, 4096), demand(1000, 500), none, BOUNDS, None),
@@ -156,6 +174,30 @@ mod tests {
         for (current, demand, full, bounds, next) in cases {
             assert_eq!(plan(current, demand, full, bounds), next, "{current:?} {demand:?} {full:?} {bounds:?}");
         }
+    }
+
+    #[test]
+    fn frontend_maps_are_sized_by_the_frontends() {
+        // 100,000 services of one port and 10 endpoints: past what 16-bit
+        // ids could name; the id maps grow with them, the others as before.
+        let big = Demand { services: 1_100_000, backends: 1_000_000, frontends: 100_000 };
+        let next = plan(sizes(4096, 4096), big, Full::default(), BOUNDS);
+        assert_eq!(next, Some(Sizes { services: 1 << 22, backends: 1 << 21, frontends: 1 << 18 }));
+        // Only the frontends outgrew their maps.
+        let many_empty = Demand { services: 5000, backends: 0, frontends: 5000 };
+        assert_eq!(
+            plan(sizes(16_384, 4096), many_empty, Full::default(), BOUNDS),
+            Some(Sizes { frontends: 16_384, ..sizes(16_384, 4096) })
+        );
+        // A REVNAT or SERVICE_NAMES write refused as full: at least double.
+        let full = Full { frontends: true, ..Full::default() };
+        assert_eq!(
+            plan(sizes(4096, 4096), demand(100, 100), full, BOUNDS),
+            Some(Sizes { frontends: 8192, ..sizes(4096, 4096) })
+        );
+        // Up to the bound, not past it.
+        let bounds = Sizes { services: 1 << 22, backends: 1 << 21, frontends: 65_536 };
+        assert_eq!(wanted(big, bounds).frontends, 65_536);
     }
 
     #[test]
@@ -184,6 +226,6 @@ mod tests {
         );
         // Another protocol is another backend entry.
         table.insert(key(3, Protocol::Udp), Frontend::new(port, FrontendKind::ClusterIp, vec![backend(1)]));
-        assert_eq!(super::demand(&table), Demand { services: 3 + 5, backends: 3 });
+        assert_eq!(super::demand(&table), Demand { services: 3 + 5, backends: 3, frontends: 3 });
     }
 }
