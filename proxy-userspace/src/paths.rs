@@ -18,7 +18,7 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// Version of the maps' layout (key and value types). Bump it whenever a
 /// type in proxy-common changes: a new agent then fills maps of the new
 /// layout beside the old ones and switches the programs over in one step.
-pub const MAP_LAYOUT_VERSION: u32 = 5;
+pub const MAP_LAYOUT_VERSION: u32 = 6;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.
 pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";

@@ -16,6 +16,7 @@ use common::packet::{self, ACK, ACK_NUMBER, FIN, RST, SEQ_NUMBER, SYN, Seen, Tcp
 use ebpf_proxy::{
     datapath::{
         Reconciler,
+        acceleration::Acceleration,
         counters::ExternalStats,
         loader::{Datapath, LoadOptions},
     },
@@ -227,6 +228,8 @@ impl Node {
             backends_map_size: 4096,
             maglev_size: 1021,
             ct_map_size: 4096,
+            // Loads the XDP program too (nothing is attached here).
+            acceleration: Acceleration::Native,
         })
         .unwrap();
         assert!(datapath.serves_external_traffic(), "the TC programs did not load");
