@@ -743,7 +743,8 @@ fn xdp_and_tc_give_the_same_packets_and_xdp_leaves_to_tc_what_it_cannot_finish()
             assert_eq!(&xdp_out[6..12], &EXT0_MAC, "{what}: from ext0's");
             assert_eq!(&xdp_out[14..], &tc_out[14..], "{what}: XDP and TC rewrote it differently");
             assert_eq!(&tc_out[..14], &input[..14], "{what}: TC leaves the Ethernet header to the kernel");
-            packet::parse(xdp_out); // checksums valid
+            // Its checksums are valid (parse verifies them).
+            assert_eq!(packet::parse(xdp_out).dst, packet::parse(tc_out).dst, "{what}");
             sent_by_xdp += 1;
         } else {
             assert_eq!(xdp_out, tc_out, "{what}: XDP+TC and TC alone rewrote it differently");
