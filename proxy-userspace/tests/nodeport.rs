@@ -532,7 +532,7 @@ fn an_external_ip_of_another_machine_is_taken_over_for_clients_on_the_node_unles
 
 /// Sets an ethtool feature of `device` in `ns` with the legacy
 /// `SIOCETHTOOL` ioctl (the machine has no ethtool binary): `cmd` is
-/// `ETHTOOL_STXCSUM` or `ETHTOOL_SGRO` (linux/ethtool.h), `on` its value.
+/// `ETHTOOL_STXCSUM` (linux/ethtool.h), `on` its value.
 fn ethtool_set(ns: &proxy_testkit::NetNs, device: &str, cmd: u32, on: bool) {
     const SCRIPT: &str = "import ctypes, fcntl, socket, struct, sys
 value = ctypes.create_string_buffer(struct.pack('II', int(sys.argv[2]), int(sys.argv[3])))
@@ -691,6 +691,17 @@ fn xdp_acceleration_serves_node_ports_here_and_elsewhere_and_is_taken_over_on_re
     assert!(!eth0_has_xdp(&topo, 2), "cleanup left the XDP program on node 2's eth0");
 }
 
+/// Whether node 1's agent logged a record at `level` about `device`.
+fn logged_about(topo: &Topology, device: &str, level: &str) -> bool {
+    let agent = topo.agents[0].as_ref().unwrap();
+    agent
+        .wait_for(0, std::time::Duration::from_secs(10), |r| {
+            proxy_testkit::field(r, "device").and_then(|d| d.as_str()) == Some(device)
+                && r.get("level").and_then(|l| l.as_str()) == Some(level)
+        })
+        .is_ok()
+}
+
 #[test]
 fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_error_with_native() {
     common::require_root!();
@@ -704,12 +715,7 @@ fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_
     // eth0, a veth, has.
     let devices = ["--devices", "eth0,cni0"];
     topo.start_agent_with(1, &[&["--nodeport-acceleration", "best-effort"][..], &devices[..]].concat());
-    let agent = topo.agents[0].as_ref().unwrap();
-    let warned = agent.wait_for(0, std::time::Duration::from_secs(10), |r| {
-        r.get("fields").and_then(|f| f.get("device")).and_then(|d| d.as_str()) == Some("cni0")
-            && r.get("level").and_then(|l| l.as_str()) == Some("WARN")
-    });
-    assert!(warned.is_ok(), "best-effort warns about cni0");
+    assert!(logged_about(&topo, "cni0", "WARN"), "best-effort warns about cni0");
     assert!(eth0_has_xdp(&topo, 1), "eth0 accelerated");
     let links: BTreeSet<String> = std::fs::read_dir(topo.node(1).pin_dir.join("links"))
         .unwrap()
@@ -721,10 +727,5 @@ fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_
     // native: the same device is an error (TC still serves it).
     topo.stop_agent(1);
     topo.start_agent_with(1, &[&["--nodeport-acceleration", "native"][..], &devices[..]].concat());
-    let agent = topo.agents[0].as_ref().unwrap();
-    let failed = agent.wait_for(0, std::time::Duration::from_secs(10), |r| {
-        r.get("fields").and_then(|f| f.get("device")).and_then(|d| d.as_str()) == Some("cni0")
-            && r.get("level").and_then(|l| l.as_str()) == Some("ERROR")
-    });
-    assert!(failed.is_ok(), "native fails cni0");
+    assert!(logged_about(&topo, "cni0", "ERROR"), "native fails cni0");
 }

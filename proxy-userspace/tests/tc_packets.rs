@@ -13,7 +13,7 @@ use std::{
     path::Path,
 };
 
-use aya::programs::{TestRun as _, TestRunOptions};
+use aya::programs::{TestRun, TestRunOptions, TestRunResult};
 use common::packet::{self, ACK, ACK_NUMBER, FIN, RST, SEQ_NUMBER, SYN, Seen, TcpSeen};
 use ebpf_proxy::{
     datapath::{
@@ -267,20 +267,10 @@ impl Node {
     /// Runs program `name` on `frame` arriving on (or leaving by) ext0.
     fn run(&self, name: &str, frame: &[u8]) -> (i32, Vec<u8>) {
         let program = self.datapath.tc_program(name).unwrap();
-        let mut out = vec![0u8; frame.len() + 128];
         // `struct __sk_buff` up to `ifindex` (offset 40): the device.
         let mut ctx = [0u8; 44];
         ctx[40..44].copy_from_slice(&self.ifindex.to_ne_bytes());
-        let result = program
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                ..TestRunOptions::default()
-            })
-            .unwrap();
-        out.truncate(result.data_size_out as usize);
-        (i32::try_from(result.return_value).unwrap(), out)
+        test_run(program, frame, &ctx)
     }
 
     fn ingress(&self, frame: &[u8]) -> (i32, Vec<u8>) {
@@ -290,22 +280,12 @@ impl Node {
     /// Runs the XDP program on `frame` arriving on ext0.
     fn xdp(&self, frame: &[u8]) -> (i32, Vec<u8>) {
         let program = self.datapath.xdp_program().expect("the XDP program did not load");
-        let mut out = vec![0u8; frame.len() + 128];
         // `struct xdp_md`: data, data_end, data_meta, ingress_ifindex,
         // rx_queue_index, egress_ifindex.
         let mut ctx = [0u8; 24];
         ctx[4..8].copy_from_slice(&u32::try_from(frame.len()).unwrap().to_ne_bytes());
         ctx[12..16].copy_from_slice(&self.ifindex.to_ne_bytes());
-        let result = program
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                ..TestRunOptions::default()
-            })
-            .unwrap();
-        out.truncate(result.data_size_out as usize);
-        (i32::try_from(result.return_value).unwrap(), out)
+        test_run(program, frame, &ctx)
     }
 
     fn egress(&self, frame: &[u8]) -> (i32, Vec<u8>) {
@@ -634,6 +614,25 @@ fn rejections_are_rate_limited() {
         assert!(answered < SENT, "all {SENT} answered in {elapsed:?}: the limit never applied");
         assert_eq!((node.stat("rejected"), node.stat("reject_limited")), (answered, SENT - answered));
     });
+}
+
+/// Runs `program` on `frame` with context `ctx` (`BPF_PROG_TEST_RUN`):
+/// its verdict and the frame after.
+fn test_run<P>(program: &P, frame: &[u8], ctx: &[u8]) -> (i32, Vec<u8>)
+where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = TestRunResult>,
+{
+    let mut out = vec![0u8; frame.len() + 128];
+    let result = program
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(ctx),
+            ..TestRunOptions::default()
+        })
+        .unwrap();
+    out.truncate(result.data_size_out as usize);
+    (i32::try_from(result.return_value).unwrap(), out)
 }
 
 /// What became of a frame on its way in, whichever hook decided.
