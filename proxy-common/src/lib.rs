@@ -167,8 +167,14 @@ pub mod external_stat {
     pub const REJECTED: u32 = 6;
     /// Dropped instead of answered: over the rate of `reject_limit`.
     pub const REJECT_LIMITED: u32 = 7;
+    /// Packets the XDP program (`--nodeport-acceleration`) translated and
+    /// sent, or passed to the stack, itself.
+    pub const XDP_TRANSLATED: u32 = 8;
+    /// Packets to a frontend, or replies, the XDP program left untouched to
+    /// the TC programs (a rejection, a next hop without a link-layer address).
+    pub const XDP_TO_TC: u32 = 9;
     /// Number of counters.
-    pub const COUNT: u32 = 8;
+    pub const COUNT: u32 = 10;
     /// Names, by index, for metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "new_flow",
@@ -179,6 +185,8 @@ pub mod external_stat {
         "rewrite_failed",
         "rejected",
         "reject_limited",
+        "xdp_translated",
+        "xdp_to_tc",
     ];
 }
 

@@ -1,15 +1,18 @@
 //! Thin wrappers around the raw context and helpers: with the map accessors
 //! of `maps.rs`, the only `unsafe` code.
 use aya_ebpf::{
-    EbpfContext as _,
+    EbpfContext,
     bindings::{bpf_fib_lookup, bpf_redir_neigh},
     helpers::generated::{
         bpf_csum_diff, bpf_fib_lookup as fib_lookup_helper, bpf_get_netns_cookie, bpf_get_prandom_u32,
         bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh, bpf_set_retval, bpf_skb_change_tail,
+        bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
-    programs::{SockAddrContext, TcContext},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 use proxy_common::{Addr, as_v4, mapped_v4};
+
+use crate::frame::Frame;
 
 /// The address family of a hook.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -126,7 +129,7 @@ pub fn set_syscall_error(errno: i32) {
 
 /// The index of the device the packet is on.
 #[inline(always)]
-pub fn ifindex(ctx: &TcContext) -> u32 {
+pub fn skb_ifindex(ctx: &TcContext) -> u32 {
     // SAFETY: tc programs get a valid __sk_buff; ifindex is readable.
     unsafe { (*ctx.skb.skb).ifindex }
 }
@@ -135,7 +138,7 @@ pub fn ifindex(ctx: &TcContext) -> u32 {
 /// returns its status (0: forwarded, neighbour known).
 #[inline(always)]
 #[expect(clippy::cast_possible_truncation, clippy::cast_possible_wrap, reason = "the struct is 64 bytes")]
-pub fn fib_lookup(ctx: &TcContext, params: &mut bpf_fib_lookup, flags: u32) -> i64 {
+pub fn fib_lookup(ctx: &impl EbpfContext, params: &mut bpf_fib_lookup, flags: u32) -> i64 {
     // SAFETY: `params` is a valid, initialised struct of the size passed.
     unsafe { fib_lookup_helper(ctx.as_ptr(), core::ptr::from_mut(params), size_of::<bpf_fib_lookup>() as i32, flags) }
 }
@@ -163,7 +166,7 @@ pub fn redirect_back(ctx: &TcContext) -> i32 {
     // redirect fail later, in the kernel, not here.
     #[expect(clippy::cast_possible_truncation, reason = "the helper returns a TC action")]
     unsafe {
-        bpf_redirect(ifindex(ctx), 0) as i32
+        bpf_redirect(skb_ifindex(ctx), 0) as i32
     }
 }
 
@@ -173,6 +176,48 @@ pub fn redirect_back(ctx: &TcContext) -> i32 {
 pub fn change_tail(ctx: &TcContext, len: u32) -> bool {
     // SAFETY: tc programs get a valid __sk_buff; flags must be 0.
     unsafe { bpf_skb_change_tail(ctx.skb.skb, len, 0) == 0 }
+}
+
+/// The index of the device an XDP packet arrived on.
+#[inline(always)]
+pub fn xdp_ifindex(ctx: &XdpContext) -> u32 {
+    // SAFETY: XDP programs get a valid xdp_md; ingress_ifindex is readable.
+    unsafe { (*ctx.ctx).ingress_ifindex }
+}
+
+/// Copies `size_of::<T>()` bytes at `offset` of an XDP packet (linear or
+/// not) into a `T`; `None` when they are not all in the packet. `T` is
+/// plain bytes (integers, arrays, addresses).
+#[inline(always)]
+pub fn xdp_load<T>(ctx: &XdpContext, offset: usize) -> Option<T> {
+    let mut out = core::mem::MaybeUninit::<T>::uninit();
+    let (offset, len) = (u32::try_from(offset).ok()?, u32::try_from(size_of::<T>()).ok()?);
+    // SAFETY: `out` has room for `len` bytes; the helper checks the packet
+    // bounds and writes all of them, or fails.
+    let ret = unsafe { bpf_xdp_load_bytes(ctx.ctx, offset, out.as_mut_ptr().cast(), len) };
+    // SAFETY: the helper filled every byte, and `T` is plain bytes.
+    (ret == 0).then(|| unsafe { out.assume_init() })
+}
+
+/// Writes `value`'s bytes at `offset` of an XDP packet; false when they
+/// do not all fit in the packet.
+#[inline(always)]
+pub fn xdp_store<T>(ctx: &XdpContext, offset: usize, value: &T) -> bool {
+    let (Ok(offset), Ok(len)) = (u32::try_from(offset), u32::try_from(size_of::<T>())) else { return false };
+    // SAFETY: `value` is `len` readable bytes; the helper only reads them
+    // (its pointer is not const in the bindings) and checks the bounds.
+    unsafe { bpf_xdp_store_bytes(ctx.ctx, offset, core::ptr::from_ref(value).cast_mut().cast(), len) == 0 }
+}
+
+/// `bpf_redirect` from XDP: the packet leaves by device `ifindex` once the
+/// program returns what this returns (XDP_REDIRECT).
+#[inline(always)]
+pub fn xdp_redirect(ifindex: u32) -> i32 {
+    // SAFETY: the helper takes plain integers; flags must be 0 for XDP.
+    #[expect(clippy::cast_possible_truncation, reason = "the helper returns an XDP action")]
+    unsafe {
+        bpf_redirect(ifindex, 0) as i32
+    }
 }
 
 /// The one's-complement checksum difference of replacing `from` by `to`
@@ -203,12 +248,25 @@ pub struct Route {
     pub ifindex: u32,
     /// Out: the next hop, a gateway or the destination itself.
     pub nexthop: Addr,
+    /// Out, for a hook that sends frames itself (`Frame::SENDS_FRAMES`):
+    /// the Ethernet destination and source, in header order.
+    pub macs: [u8; 12],
 }
 
 impl Route {
     #[inline(always)]
     pub fn new(proto: u8, src: &Addr, sport: u16, dst: &Addr, dport: u16) -> Self {
-        Self { proto, want_src: false, sport, dport, src: *src, dst: *dst, ifindex: 0, nexthop: Addr::default() }
+        Self {
+            proto,
+            want_src: false,
+            sport,
+            dport,
+            src: *src,
+            dst: *dst,
+            ifindex: 0,
+            nexthop: Addr::default(),
+            macs: [0; 12],
+        }
     }
 }
 
@@ -218,18 +276,13 @@ impl Route {
 pub const ROUTE_NOT_FORWARDED: i64 = 4;
 
 /// Asks the routing table for `r` as if the packet entered on its device
-/// (filling `ifindex`, `nexthop`, and `src` when `want_src`); false when
-/// the kernel would not forward it. IPv4 when both addresses are
+/// (filling `ifindex`, `nexthop`, and `src` when `want_src`; for a hook
+/// that sends frames itself, `macs` too); returns `bpf_fib_lookup`'s
+/// status (0: forwarded, see `ROUTE_NOT_FORWARDED`; for such a hook, also
+/// an unknown neighbour is not 0). IPv4 when both addresses are
 /// IPv4-mapped.
-#[inline(always)]
-pub fn route(ctx: &TcContext, r: &mut Route) -> bool {
-    route_status(ctx, r) == 0
-}
-
-/// `route`, returning `bpf_fib_lookup`'s status (0: forwarded; see
-/// `ROUTE_NOT_FORWARDED`).
 #[inline(never)]
-pub fn route_status(ctx: &TcContext, r: &mut Route) -> i64 {
+pub fn route_status<F: Frame>(ctx: &F, r: &mut Route) -> i64 {
     use aya_ebpf::bindings::{
         bpf_fib_lookup__bindgen_ty_1 as TotLen, bpf_fib_lookup__bindgen_ty_2 as Tos,
         bpf_fib_lookup__bindgen_ty_3 as Src, bpf_fib_lookup__bindgen_ty_4 as Dst, bpf_fib_lookup__bindgen_ty_5 as Vlan,
@@ -241,7 +294,7 @@ pub fn route_status(ctx: &TcContext, r: &mut Route) -> i64 {
         sport: r.sport,
         dport: r.dport,
         __bindgen_anon_1: TotLen { tot_len: 0 },
-        ifindex: ifindex(ctx),
+        ifindex: ctx.ifindex(),
         __bindgen_anon_2: Tos { flowinfo: 0 },
         __bindgen_anon_3: Src { ipv6_src: [0; 4] },
         __bindgen_anon_4: Dst { ipv6_dst: [0; 4] },
@@ -262,12 +315,17 @@ pub fn route_status(ctx: &TcContext, r: &mut Route) -> i64 {
             params.__bindgen_anon_3.ipv6_src = src;
         }
     }
-    let flags = BPF_FIB_LOOKUP_SKIP_NEIGH | if r.want_src { BPF_FIB_LOOKUP_SRC } else { 0 };
+    let resolve = F::SENDS_FRAMES && !r.want_src;
+    let flags = if resolve { 0 } else { BPF_FIB_LOOKUP_SKIP_NEIGH } | if r.want_src { BPF_FIB_LOOKUP_SRC } else { 0 };
     let status = fib_lookup(ctx, &mut params, flags);
     if status != 0 {
         return status;
     }
     r.ifindex = params.ifindex;
+    if resolve {
+        let (d, s) = (params.dmac, params.smac);
+        r.macs = [d[0], d[1], d[2], d[3], d[4], d[5], s[0], s[1], s[2], s[3], s[4], s[5]];
+    }
     // SAFETY: the kernel wrote the union members of the family asked for.
     unsafe {
         if family == AF_INET {

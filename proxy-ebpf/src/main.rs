@@ -10,16 +10,18 @@
 
 mod access;
 mod ct;
+mod frame;
 mod maps;
 mod nodeport;
 mod packet;
 mod reject;
 mod sock;
+mod xdp;
 
 use aya_ebpf::{
     Global,
-    macros::{cgroup_sock_addr, classifier},
-    programs::{SockAddrContext, TcContext},
+    macros::{cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 
 /// Set to 1 by the agent's `--bpf-log`. It is read-only data, frozen at load,
@@ -108,6 +110,15 @@ pub fn nodeport_ingress(ctx: TcContext) -> i32 {
 #[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn nodeport_egress(ctx: TcContext) -> i32 {
     nodeport::egress(&ctx)
+}
+
+/// `--nodeport-acceleration`: the ingress translation of traffic from
+/// outside in XDP, in front of `nodeport_ingress` (which gets what it
+/// passes up).
+#[xdp]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
+pub fn nodeport_xdp(ctx: XdpContext) -> u32 {
+    xdp::ingress(&ctx)
 }
 
 #[cfg(not(test))]

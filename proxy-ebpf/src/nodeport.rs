@@ -1,6 +1,7 @@
-//! TC programs on the node's external devices: traffic from outside the
-//! node to NodePorts, LoadBalancer IPs and externalIPs, with no netfilter
-//! rule.
+//! Translation of traffic from outside the node to NodePorts, LoadBalancer
+//! IPs and externalIPs, with no netfilter rule: written once against
+//! `Frame`, run by the TC programs on the node's external devices and by
+//! the XDP program (`xdp.rs`) in front of them.
 //!
 //! Ingress: a reply to a flow this node source-NATed is sent back to its
 //! client; a packet to a frontend gets a backend (Maglev, so a flow picks
@@ -10,12 +11,14 @@
 //! A frontend without any endpoint is rejected (`reject.rs`), one whose
 //! endpoints are all elsewhere while it wants this node's (externalTraffic
 //! Policy: Local) drops the packet, as kube-proxy does.
-//! Egress: a reply from a backend on this node gets the frontend as its
-//! source again.
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
-    programs::TcContext,
-};
+//! Egress (TC only): a reply from a backend on this node gets the frontend
+//! as its source again.
+//!
+//! A packet to be forwarded is routed before it is rewritten: a hook that
+//! cannot send it (XDP without the next hop's link-layer address) leaves
+//! it untouched to the next one (`Frame::unfinished`), which then finds
+//! the flow in `CT` and does the same.
+use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::{
     Addr, CtValue, ServiceKey, ServiceValue, backend_flags, ct_dir, ct_flags, external_stat, flow_hash, maglev_index,
     scope, service_flags,
@@ -23,11 +26,11 @@ use proxy_common::{
 
 use crate::{
     MAGLEV_SIZE,
-    access::{ROUTE_NOT_FORWARDED, Route, redirect, route, route_status},
+    access::{ROUTE_NOT_FORWARDED, Route, route_status},
     ct,
+    frame::{Frame, drop_packet},
     maps::{backend, count_connection, count_external, maglev_entry, service, source_allowed},
     packet::{End, Packet},
-    reject::reject,
 };
 
 /// Why a packet is dropped: an `external_stat` index.
@@ -37,10 +40,10 @@ type Drop = u32;
 const NOT_A_REPLY: i32 = -1;
 
 #[inline(always)]
-pub fn ingress(ctx: &TcContext) -> i32 {
+pub fn ingress<F: Frame>(ctx: &F) -> i32 {
     let mut pkt = Packet::empty();
     if !Packet::parse(ctx, &mut pkt) {
-        return TC_ACT_OK;
+        return F::PASS;
     }
     let action = reply_to_client(ctx, &mut pkt);
     if action != NOT_A_REPLY {
@@ -63,43 +66,27 @@ pub fn egress(ctx: &TcContext) -> i32 {
         && entry.flags & ct_flags::SNAT == 0
         && pkt.rewrite(ctx, End::Src, &entry.addr, entry.port).is_err()
     {
-        return drop_packet(external_stat::REWRITE_FAILED);
+        return drop_packet::<TcContext>(external_stat::REWRITE_FAILED);
     }
     TC_ACT_OK
-}
-
-/// Counts why a packet is dropped, and drops it.
-#[inline(always)]
-fn drop_packet(stat: Drop) -> i32 {
-    count_external(stat);
-    TC_ACT_SHOT
-}
-
-#[inline(always)]
-fn verdict(result: Result<i32, Drop>) -> i32 {
-    result.unwrap_or_else(drop_packet)
 }
 
 /// A backend on another node answers a flow this node source-NATed: back
 /// to the client, from the frontend.
 #[inline(never)]
-fn reply_to_client(ctx: &TcContext, pkt: &mut Packet) -> i32 {
+fn reply_to_client<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
     let mut flow = CtValue::default();
     if !ct::lookup(pkt, ct_dir::REPLY, &mut flow) || flow.flags & ct_flags::SNAT == 0 {
         return NOT_A_REPLY;
     }
-    verdict(
-        rewrite(ctx, pkt, End::Src, &flow.addr, flow.port)
-            .and_then(|()| rewrite(ctx, pkt, End::Dst, &flow.nat_addr, flow.nat_port))
-            .map(|()| forward(ctx, pkt)),
-    )
+    forward(ctx, pkt, &flow, ct_dir::REPLY)
 }
 
 /// A packet to a frontend (or not, then it is left alone): to its flow's
 /// backend.
 #[inline(never)]
-fn to_frontend(ctx: &TcContext, pkt: &mut Packet) -> i32 {
-    let Some((key, frontend, has_endpoints)) = external_frontend(pkt) else { return TC_ACT_OK };
+fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
+    let Some((key, frontend, has_endpoints)) = external_frontend(pkt) else { return F::PASS };
     let mut flow = CtValue::default();
     // A new connection on the tuple of a closing one starts afresh; a flow
     // whose backend is gone picks another.
@@ -113,40 +100,59 @@ fn to_frontend(ctx: &TcContext, pkt: &mut Packet) -> i32 {
             // has no endpoints at all; with endpoints on other nodes only
             // (externalTrafficPolicy: Local) it drops (new_flow's
             // NO_BACKEND), and so do we.
-            return reject(ctx, pkt);
+            return ctx.reject(pkt);
         }
         if stat != ADMITTED {
-            return drop_packet(stat);
+            return drop_packet::<F>(stat);
         }
     }
-    if let Err(stat) = rewrite(ctx, pkt, End::Dst, &flow.addr, flow.port) {
-        return drop_packet(stat);
-    }
     if flow.flags & ct_flags::SNAT == 0 {
-        // A backend on this node: the stack delivers it, and its replies
-        // pass the egress program.
-        return TC_ACT_OK;
+        return to_local_backend(ctx, pkt, &flow);
     }
-    if let Err(stat) = rewrite(ctx, pkt, End::Src, &flow.nat_addr, flow.nat_port) {
-        return drop_packet(stat);
+    forward(ctx, pkt, &flow, ct_dir::ORIGINAL)
+}
+
+/// A backend on this node: the stack delivers the packet, and the replies
+/// pass the egress program. Out of line, so that `to_frontend`'s frame
+/// stays small (the deepest call chain, to `route_status`, starts there).
+#[inline(never)]
+fn to_local_backend<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> i32 {
+    if let Err(stat) = rewrite(ctx, pkt, End::Dst, &flow.addr, flow.port) {
+        return drop_packet::<F>(stat);
     }
-    forward(ctx, pkt)
+    ctx.translated();
+    F::PASS
 }
 
 #[inline(always)]
-fn rewrite(ctx: &TcContext, pkt: &mut Packet, end: End, addr: &Addr, port: u16) -> Result<(), Drop> {
+fn rewrite<F: Frame>(ctx: &F, pkt: &mut Packet, end: End, addr: &Addr, port: u16) -> Result<(), Drop> {
     pkt.rewrite(ctx, end, addr, port).map_err(|_| external_stat::REWRITE_FAILED)
 }
 
-/// Sends a rewritten packet whose source is a local address on its way
-/// (the stack would drop it as martian); returns the TC action.
+/// Rewrites a packet of source-NATed `flow` in direction `dir` (original:
+/// from the node's address to the backend; reply: from the frontend to
+/// the client) and sends it on its route (the stack would drop it as
+/// martian: its source is a local address); returns the verdict. The route
+/// is asked first: a hook that cannot send it leaves it untouched.
 #[inline(never)]
-fn forward(ctx: &TcContext, pkt: &Packet) -> i32 {
-    let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &pkt.dst, pkt.dport);
-    if !route(ctx, &mut to) || pkt.decrement_ttl(ctx).is_err() {
-        return drop_packet(external_stat::NO_ROUTE);
+fn forward<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue, dir: u8) -> i32 {
+    let ((src, sport), (dst, dport)) = if dir == ct_dir::REPLY {
+        ((&flow.addr, flow.port), (&flow.nat_addr, flow.nat_port))
+    } else {
+        ((&flow.nat_addr, flow.nat_port), (&flow.addr, flow.port))
+    };
+    let mut to = Route::new(pkt.proto, src, sport, dst, dport);
+    if route_status(ctx, &mut to) != 0 {
+        return ctx.unfinished(external_stat::NO_ROUTE);
     }
-    redirect(&to)
+    if let Err(stat) = rewrite(ctx, pkt, End::Src, src, sport).and_then(|()| rewrite(ctx, pkt, End::Dst, dst, dport)) {
+        return drop_packet::<F>(stat);
+    }
+    if pkt.decrement_ttl(ctx).is_err() {
+        return drop_packet::<F>(external_stat::NO_ROUTE);
+    }
+    ctx.translated();
+    ctx.send(&to)
 }
 
 /// The frontend traffic from outside reaches at the packet's destination:
@@ -175,7 +181,7 @@ const ADMITTED: Drop = u32::MAX;
 /// and records the flow (with source NAT when the backend is elsewhere).
 /// Returns `ADMITTED`, or why the packet is dropped.
 #[inline(never)]
-fn new_flow(ctx: &TcContext, pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue, flow: &mut CtValue) -> Drop {
+fn new_flow<F: Frame>(ctx: &F, pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue, flow: &mut CtValue) -> Drop {
     if frontend.flags & service_flags::SOURCE_RANGES != 0 && !source_allowed(frontend.rev_nat, &pkt.src) {
         return external_stat::SOURCE_DENIED;
     }
@@ -221,7 +227,7 @@ enum Way {
 /// (`flow.addr`) prefers: the node's address on that way; or says that
 /// there is no such way.
 #[inline(never)]
-fn snat_address(ctx: &TcContext, pkt: &Packet, flow: &mut CtValue) -> Way {
+fn snat_address<F: Frame>(ctx: &F, pkt: &Packet, flow: &mut CtValue) -> Way {
     let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &flow.addr, flow.port);
     to.want_src = true;
     match route_status(ctx, &mut to) {

@@ -1,19 +1,19 @@
-//! Packets on a TC hook: parse Ethernet + IPv4/IPv6 + TCP/UDP, and rewrite
-//! addresses and ports with their checksums. Addresses are 16 bytes (IPv4
-//! as IPv4-mapped IPv6) like everywhere else; ports in network byte order.
-//! Reads and writes go through the skb helpers, so non-linear packets work
-//! and no bounds are left to the verifier.
-use aya_ebpf::programs::TcContext;
+//! Packets on a TC or XDP hook (`Frame`): parse Ethernet + IPv4/IPv6 +
+//! TCP/UDP, and rewrite addresses and ports with their checksums.
+//! Addresses are 16 bytes (IPv4 as IPv4-mapped IPv6) like everywhere else;
+//! ports in network byte order. Reads and writes go through the hook's
+//! byte helpers, so non-linear packets work and no bounds are left to the
+//! verifier.
 use proxy_common::{Addr, CtKey, as_v4, mapped_v4, proto};
 
-use crate::access::csum_diff;
+use crate::{
+    access::csum_diff,
+    frame::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, Frame},
+};
 
 pub const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
-/// `l4_csum_replace` flags (linux/bpf.h).
-const BPF_F_PSEUDO_HDR: u64 = 1 << 4;
-const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
@@ -57,7 +57,7 @@ impl Packet {
     /// headers), which is then left alone. Out of line, so its temporaries
     /// are off the stack by the time the translation runs.
     #[inline(never)]
-    pub fn parse(ctx: &TcContext, out: &mut Self) -> bool {
+    pub fn parse<F: Frame>(ctx: &F, out: &mut Self) -> bool {
         match Self::read(ctx) {
             Some(p) => {
                 *out = p;
@@ -84,7 +84,7 @@ impl Packet {
     }
 
     #[inline(always)]
-    fn read(ctx: &TcContext) -> Option<Self> {
+    fn read<F: Frame>(ctx: &F) -> Option<Self> {
         let ethertype = u16::from_be(ctx.load::<u16>(12).ok()?);
         let l3 = ETH_HLEN;
         let (family, l4, proto, src, dst) = match ethertype {
@@ -165,9 +165,11 @@ impl Packet {
         if self.proto == proto::UDP { BPF_F_MARK_MANGLED_0 } else { 0 }
     }
 
-    /// Rewrites the source or destination address and port.
-    #[inline(never)]
-    pub fn rewrite(&mut self, ctx: &TcContext, end: End, addr: &Addr, port: u16) -> Result<(), RewriteFailed> {
+    /// Rewrites the source or destination address and port. The address
+    /// part is out of line: its own frame keeps the stack of the callers
+    /// (`nodeport::forward`) within the verifier's bound.
+    #[inline(always)]
+    pub fn rewrite<F: Frame>(&mut self, ctx: &F, end: End, addr: &Addr, port: u16) -> Result<(), RewriteFailed> {
         let (old_addr, old_port) = match end {
             End::Src => (self.src, self.sport),
             End::Dst => (self.dst, self.dport),
@@ -177,9 +179,8 @@ impl Packet {
         }
         if old_port != port {
             let offset = self.l4 + if end == End::Src { 0 } else { 2 };
-            ctx.l4_csum_replace(self.l4_csum_offset(), u64::from(old_port), u64::from(port), 2 | self.l4_flags())
-                .map_err(|_| RewriteFailed)?;
-            ctx.store(offset, &port, 0).map_err(|_| RewriteFailed)?;
+            ctx.l4_csum_replace(self.l4_csum_offset(), u64::from(old_port), u64::from(port), 2 | self.l4_flags())?;
+            ctx.store(offset, &port)?;
         }
         match end {
             End::Src => (self.src, self.sport) = (*addr, port),
@@ -188,18 +189,17 @@ impl Packet {
         Ok(())
     }
 
-    #[inline(always)]
-    fn rewrite_addr(&self, ctx: &TcContext, end: End, old: &Addr, new: &Addr) -> Result<(), RewriteFailed> {
+    #[inline(never)]
+    fn rewrite_addr<F: Frame>(&self, ctx: &F, end: End, old: &Addr, new: &Addr) -> Result<(), RewriteFailed> {
         let l4_csum = self.l4_csum_offset();
         match self.family {
             Family::V4 => {
                 let (Some(old4), Some(new4)) = (as_v4(old), as_v4(new)) else { return Err(RewriteFailed) };
                 let (from, to) = (u64::from(u32::from_ne_bytes(old4)), u64::from(u32::from_ne_bytes(new4)));
                 let offset = self.l3 + if end == End::Src { 12 } else { 16 };
-                ctx.l4_csum_replace(l4_csum, from, to, BPF_F_PSEUDO_HDR | 4 | self.l4_flags())
-                    .map_err(|_| RewriteFailed)?;
-                ctx.l3_csum_replace(self.l3 + 10, from, to, 4).map_err(|_| RewriteFailed)?;
-                ctx.store(offset, &new4, 0).map_err(|_| RewriteFailed)
+                ctx.l4_csum_replace(l4_csum, from, to, BPF_F_PSEUDO_HDR | 4 | self.l4_flags())?;
+                ctx.l3_csum_replace(self.l3 + 10, from, to, 4)?;
+                ctx.store(offset, &new4)
             }
             Family::V6 => {
                 if as_v4(new).is_some() {
@@ -210,10 +210,9 @@ impl Packet {
                     return Err(RewriteFailed);
                 }
                 #[expect(clippy::cast_sign_loss, reason = "checked non-negative")]
-                ctx.l4_csum_replace(l4_csum, 0, diff as u64, BPF_F_PSEUDO_HDR | self.l4_flags())
-                    .map_err(|_| RewriteFailed)?;
+                ctx.l4_csum_replace(l4_csum, 0, diff as u64, BPF_F_PSEUDO_HDR | self.l4_flags())?;
                 let offset = self.l3 + if end == End::Src { 8 } else { 24 };
-                ctx.store(offset, new, 0).map_err(|_| RewriteFailed)
+                ctx.store(offset, new)
             }
         }
     }
@@ -221,25 +220,25 @@ impl Packet {
     /// Decrements the TTL (hop limit) of a packet this node forwards
     /// itself; fails when it would reach 0.
     #[inline(always)]
-    pub fn decrement_ttl(&self, ctx: &TcContext) -> Result<(), RewriteFailed> {
+    pub fn decrement_ttl<F: Frame>(&self, ctx: &F) -> Result<(), RewriteFailed> {
         match self.family {
             Family::V4 => {
                 // TTL and protocol form one 16-bit word of the checksum.
-                let old = ctx.load::<[u8; 2]>(self.l3 + 8).map_err(|_| RewriteFailed)?;
+                let old = ctx.load::<[u8; 2]>(self.l3 + 8)?;
                 if old[0] <= 1 {
                     return Err(RewriteFailed);
                 }
                 let new = [old[0] - 1, old[1]];
                 let (from, to) = (u16::from_ne_bytes(old), u16::from_ne_bytes(new));
-                ctx.l3_csum_replace(self.l3 + 10, u64::from(from), u64::from(to), 2).map_err(|_| RewriteFailed)?;
-                ctx.store(self.l3 + 8, &new, 0).map_err(|_| RewriteFailed)
+                ctx.l3_csum_replace(self.l3 + 10, u64::from(from), u64::from(to), 2)?;
+                ctx.store(self.l3 + 8, &new)
             }
             Family::V6 => {
-                let hops = ctx.load::<u8>(self.l3 + 7).map_err(|_| RewriteFailed)?;
+                let hops = ctx.load::<u8>(self.l3 + 7)?;
                 if hops <= 1 {
                     return Err(RewriteFailed);
                 }
-                ctx.store(self.l3 + 7, &(hops - 1), 0).map_err(|_| RewriteFailed)
+                ctx.store(self.l3 + 7, &(hops - 1))
             }
         }
     }

@@ -203,6 +203,25 @@ pub fn level_for_verbosity(v: u32) -> &'static str {
     }
 }
 
+/// `--nodeport-acceleration`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum NodePortAcceleration {
+    #[default]
+    Disabled,
+    Native,
+    BestEffort,
+}
+
+impl From<NodePortAcceleration> for crate::datapath::acceleration::Acceleration {
+    fn from(mode: NodePortAcceleration) -> Self {
+        match mode {
+            NodePortAcceleration::Disabled => Self::Disabled,
+            NodePortAcceleration::Native => Self::Native,
+            NodePortAcceleration::BestEffort => Self::BestEffort,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -394,6 +413,16 @@ pub struct RunArgs {
     /// per flow, LRU, allocated at start), 1 to 16777216. Default: 262144.
     #[arg(long, value_name = "N", value_parser = map_size())]
     pub ct_map_size: Option<u32>,
+    /// XDP in front of the TC programs on the --devices, for traffic from
+    /// outside (NodePorts, LoadBalancer IPs, externalIPs): the same
+    /// translation before the kernel allocates a socket buffer; what XDP
+    /// cannot finish (fragments, ICMP errors, rejections, a next hop whose
+    /// link-layer address is unknown) passes to the TC programs. `native`:
+    /// a device whose driver has no native XDP is an error (logged; TC
+    /// alone serves it); `best-effort`: such a device is served by TC
+    /// alone, with a warning.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortAcceleration::Disabled)]
+    pub nodeport_acceleration: NodePortAcceleration,
     /// Frontends whose connection counter is exported as its own series
     /// (ebpf_proxy_service_connections_total), at most; past it the
     /// frontends with the highest ids are left out and counted in

@@ -24,7 +24,8 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// type in proxy-common changes: a new agent then fills maps of the new
 /// layout beside the old ones and switches the programs over in one step.
 /// 6: 32-bit frontend (rev-NAT) ids, and maps indexed by them sized with
-/// the table (`-fF` in the directory name).
+/// the table (`-fF` in the directory name); two more `EXTERNAL_STATS`
+/// counters (XDP).
 pub const MAP_LAYOUT_VERSION: u32 = 6;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.

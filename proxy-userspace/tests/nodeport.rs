@@ -603,3 +603,217 @@ fn node_ports_are_answered_on_the_node_s_local_addresses_as_they_come_within_nod
     // (It answered the same request above: the address is reachable.)
     assert!(!ok, "an address outside nodePortAddresses answered the NodePort: {body}");
 }
+
+/// Sets an ethtool feature of `device` in `ns` with the legacy
+/// `SIOCETHTOOL` ioctl (the machine has no ethtool binary): `cmd` is
+/// `ETHTOOL_STXCSUM` (linux/ethtool.h), `on` its value.
+fn ethtool_set(ns: &proxy_testkit::NetNs, device: &str, cmd: u32, on: bool) {
+    const SCRIPT: &str = "import ctypes, fcntl, socket, struct, sys
+value = ctypes.create_string_buffer(struct.pack('II', int(sys.argv[2]), int(sys.argv[3])))
+ifreq = struct.pack('16sP16x', sys.argv[1].encode(), ctypes.addressof(value))
+sock = socket.socket()
+fcntl.ioctl(sock.fileno(), 0x8946, ifreq)";
+    let status = proxy_testkit::spawn_in(ns, None, "/usr/bin/python3")
+        .unwrap()
+        .args(["-c", SCRIPT, device, &cmd.to_string(), if on { "1" } else { "0" }])
+        .status()
+        .unwrap();
+    assert!(status.success(), "ethtool command {cmd:#x} on {device}");
+}
+
+const ETHTOOL_STXCSUM: u32 = 0x17;
+
+/// Loads an XDP program that passes everything and attaches it (default
+/// mode: native on a veth) to `devices` of `ns` through links held by a
+/// python process, which the returned guard ends (detaching them).
+fn xdp_pass_on(ns: &proxy_testkit::NetNs, devices: &[&str]) -> common::topology::ChildGuard {
+    // bpf(2) by hand (r0 = XDP_PASS; exit): BPF_PROG_LOAD (5) of type
+    // XDP (6), then BPF_LINK_CREATE (28) with attach type BPF_XDP (37).
+    const SCRIPT: &str = "import ctypes, socket, struct, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+def bpf(cmd, attr):
+    buf = ctypes.create_string_buffer(attr + bytes(128 - len(attr)))
+    fd = libc.syscall(ctypes.c_long(321), ctypes.c_long(cmd), buf, ctypes.c_long(128))
+    if fd < 0:
+        sys.exit('bpf(%d): errno %d' % (cmd, ctypes.get_errno()))
+    return fd
+insns = ctypes.create_string_buffer(struct.pack('<BBhiBBhi', 0xb7, 0, 0, 2, 0x95, 0, 0, 0))
+license = ctypes.create_string_buffer(b'GPL')
+prog = bpf(5, struct.pack('IIQQIIQII16s', 6, 2, ctypes.addressof(insns), ctypes.addressof(license), 0, 0, 0, 0, 0, b'xdp_pass'))
+links = [bpf(28, struct.pack('IIII', prog, socket.if_nametoindex(d), 37, 0)) for d in sys.argv[1:]]
+print('attached', flush=True)
+time.sleep(1e9)";
+    let mut child = proxy_testkit::spawn_in(ns, None, "/usr/bin/python3")
+        .unwrap()
+        .args(["-c", SCRIPT])
+        .args(devices)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let guard = common::topology::ChildGuard(child);
+    assert_eq!(line.trim(), "attached", "the XDP pass program did not attach to {devices:?}");
+    guard
+}
+
+/// Makes the veth topology behave like NICs for XDP on the nodes' eth0:
+/// - senders towards a node (the client, the pods) fill in their TCP and
+///   UDP checksums (a veth otherwise hands on a partial checksum, which XDP
+///   cannot see and the rewritten frame would keep; a NIC never does);
+/// - the bridge-side peers of the nodes' eth0 run an XDP program (one that
+///   passes everything): the kernel wakes a veth for the frames its peer
+///   sends back out with XDP_TX only when it runs one itself, else they
+///   wait in its queue.
+fn prepare_veths_for_xdp(topo: &mut Topology, nodes: u8) {
+    ethtool_set(&topo.client, "eth0", ETHTOOL_STXCSUM, false);
+    let mut peers = Vec::new();
+    for n in 1..=nodes {
+        for pod in &topo.node(n).pods {
+            ethtool_set(&pod.ns, "eth0", ETHTOOL_STXCSUM, false);
+        }
+        peers.push(format!("vn{n}"));
+    }
+    let peers: Vec<&str> = peers.iter().map(String::as_str).collect();
+    let guard = xdp_pass_on(&topo.lan, &peers);
+    topo.servers.push(guard);
+}
+
+/// Node `n`'s counter `name` of traffic from outside (`external_stat`).
+fn external_counter(topo: &Topology, n: u8, name: &str) -> u64 {
+    let maps = ebpf_proxy::paths::current_maps_dir(&topo.node(n).pin_dir).expect("pinned maps");
+    let stats =
+        ebpf_proxy::datapath::counters::ExternalStats::open_pinned(&maps.join(proxy_common::map_names::EXTERNAL_STATS))
+            .unwrap();
+    stats.read().unwrap().into_iter().find(|(k, _)| *k == name).unwrap().1
+}
+
+/// The XDP link pinned for node `n`'s eth0, if any: (link id, program id).
+fn xdp_link(topo: &Topology, n: u8) -> Option<(u32, u32)> {
+    use ebpf_proxy::datapath::links::{LinkTarget, pinned_link_info};
+    let info = pinned_link_info(&topo.node(n).pin_dir.join("links").join("xdp-eth0")).ok()?;
+    assert!(matches!(info.target, LinkTarget::Xdp { .. }), "{info:?}");
+    Some((info.link_id, info.program_id))
+}
+
+/// Whether node `n`'s eth0 runs an XDP program, as `ip link` shows it.
+fn eth0_has_xdp(topo: &Topology, n: u8) -> bool {
+    let out = topo.node(n).command("ip").args(["-d", "link", "show", "eth0"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+}
+
+/// Whether node `n`'s eth0 stops running an XDP program within 5 s (the
+/// kernel detaches a link whose last pin and fd are gone a moment later,
+/// not at once).
+fn eth0_loses_xdp(topo: &Topology, n: u8) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while eth0_has_xdp(topo, n) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    true
+}
+
+#[test]
+fn xdp_acceleration_serves_node_ports_here_and_elsewhere_and_is_taken_over_on_restart() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(1, 1);
+    topo.http_on(2, 1);
+    prepare_veths_for_xdp(&mut topo, 2);
+    topo.write_services(
+        &(service("here", "NodePort", &[("http", 80, 30086, "TCP")], "", &[])
+            + &endpoints("here", ("http", 8080, "TCP"), &[(1, 1)])
+            + &service("there", "NodePort", &[("http", 80, 30087, "TCP")], "", &[])
+            + &endpoints("there", ("http", 8080, "TCP"), &[(2, 1)])),
+    );
+    for n in 1..=2 {
+        topo.start_agent_with(n, &["--nodeport-acceleration", "native"]);
+    }
+    assert!(eth0_has_xdp(&topo, 1) && eth0_has_xdp(&topo, 2), "XDP attached in native mode");
+    let (link, program) = xdp_link(&topo, 1).expect("node 1's XDP link is pinned");
+
+    // Through node 1: its own pod (rewritten by XDP, passed to the stack),
+    // and node 2's (rewritten and sent back out by XDP, source-NATed; the
+    // replies come back to node 1 and XDP sends them to the client).
+    assert_eq!(topo.requests(&on_node(1, 30086), 5), vec!["pod-1-1"; 5]);
+    assert_eq!(topo.requests(&on_node(1, 30087), 5), vec!["pod-2-1"; 5]);
+    let peers: BTreeSet<IpAddr> = topo.http_server("pod-2-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert_eq!(peers, BTreeSet::from([IpAddr::V4(node_ip(1))]), "source NAT to node 1's address");
+    let translated = external_counter(&topo, 1, "xdp_translated");
+    // Each request is at least a SYN, an ACK with the request and a FIN
+    // (curl's connections are not kept across URLs here), plus the replies
+    // of node 2's pod: all of them through XDP.
+    assert!(translated >= 30, "XDP translated {translated} packets on node 1");
+
+    // A restart takes the link over: the same link (never detached), the
+    // new agent's program in it; served while the agent is away.
+    topo.stop_agent(1);
+    assert_eq!(xdp_link(&topo, 1).map(|(l, _)| l), Some(link), "the link stays while the agent is stopped");
+    assert_eq!(topo.requests(&on_node(1, 30087), 3), vec!["pod-2-1"; 3], "served with the agent stopped");
+    topo.start_agent_with(1, &["--nodeport-acceleration", "native"]);
+    let (link_after, program_after) = xdp_link(&topo, 1).expect("still pinned");
+    assert_eq!(link_after, link, "the restart updated the link in place (no detach, no gap)");
+    assert_ne!(program_after, program, "the new agent's program runs in it");
+    let before = external_counter(&topo, 1, "xdp_translated");
+    assert_eq!(topo.requests(&on_node(1, 30087), 3), vec!["pod-2-1"; 3]);
+    assert!(external_counter(&topo, 1, "xdp_translated") > before, "XDP still translates after the restart");
+
+    // Restarted without acceleration: the XDP link goes, TC serves alone.
+    topo.stop_agent(1);
+    topo.start_agent(1);
+    assert_eq!(xdp_link(&topo, 1), None, "the XDP link is dropped when acceleration is off");
+    assert!(eth0_loses_xdp(&topo, 1), "the XDP program stays on node 1's eth0");
+    assert_eq!(topo.requests(&on_node(1, 30087), 3), vec!["pod-2-1"; 3], "TC alone serves it");
+
+    // cleanup detaches node 2's XDP program.
+    topo.stop_agent(2);
+    let out = std::process::Command::new(common::AGENT)
+        .args(["cleanup", "--bpffs-dir"])
+        .arg(&topo.node(2).pin_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(eth0_loses_xdp(&topo, 2), "cleanup left the XDP program on node 2's eth0");
+}
+
+/// Whether node 1's agent logged a record at `level` about `device`.
+fn logged_about(topo: &Topology, device: &str, level: &str) -> bool {
+    let agent = topo.agents[0].as_ref().unwrap();
+    agent
+        .wait_for(0, std::time::Duration::from_secs(10), |r| {
+            proxy_testkit::field(r, "device").and_then(|d| d.as_str()) == Some(device)
+                && r.get("level").and_then(|l| l.as_str()) == Some(level)
+        })
+        .is_ok()
+}
+
+#[test]
+fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_error_with_native() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1]);
+    topo.http_on(1, 1);
+    topo.write_services(
+        &(service("here", "NodePort", &[("http", 80, 30088, "TCP")], "", &[])
+            + &endpoints("here", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    // cni0, a bridge, has no native XDP (bridges have no XDP driver hook);
+    // eth0, a veth, has.
+    let devices = ["--devices", "eth0,cni0"];
+    topo.start_agent_with(1, &[&["--nodeport-acceleration", "best-effort"][..], &devices[..]].concat());
+    assert!(logged_about(&topo, "cni0", "WARN"), "best-effort warns about cni0");
+    assert!(eth0_has_xdp(&topo, 1), "eth0 accelerated");
+    let links: BTreeSet<String> = std::fs::read_dir(topo.node(1).pin_dir.join("links"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(links.contains("tc-cni0-ingress") && !links.contains("xdp-cni0"), "{links:?}");
+    assert!(links.contains("xdp-eth0"), "{links:?}");
+
+    // native: the same device is an error (TC still serves it).
+    topo.stop_agent(1);
+    topo.start_agent_with(1, &[&["--nodeport-acceleration", "native"][..], &devices[..]].concat());
+    assert!(logged_about(&topo, "cni0", "ERROR"), "native fails cni0");
+}

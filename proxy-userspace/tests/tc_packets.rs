@@ -3,7 +3,9 @@
 //! Services and EndpointSlices, run on frames built here; every rewrite is
 //! checked byte by byte and every checksum recomputed from scratch. The
 //! runs happen inside a test namespace whose device and routes make the
-//! programs' route lookups (source NAT, forwarding) real.
+//! programs' route lookups (source NAT, forwarding) real. The XDP program
+//! (`--nodeport-acceleration`) runs on the same frames and must give the
+//! same answers, finishing what it can itself and passing the rest to TC.
 mod common;
 
 use std::{
@@ -11,11 +13,12 @@ use std::{
     path::Path,
 };
 
-use aya::programs::{TestRun as _, TestRunOptions};
+use aya::programs::{TestRun, TestRunOptions, TestRunResult};
 use common::packet::{self, ACK, ACK_NUMBER, FIN, RST, SEQ_NUMBER, SYN, Seen, TcpSeen};
 use ebpf_proxy::{
     datapath::{
         Reconciler,
+        acceleration::Acceleration,
         counters::ExternalStats,
         loader::{Datapath, LoadOptions},
     },
@@ -28,6 +31,17 @@ use proxy_testkit::{BpfFs, NetNs, unique_name};
 const OK: i32 = 0;
 const SHOT: i32 = 2;
 const REDIRECT: i32 = 7;
+/// `XDP_DROP`, `XDP_PASS`, `XDP_TX`, `XDP_REDIRECT` (linux/bpf.h).
+const XDP_DROP: i32 = 1;
+const XDP_PASS: i32 = 2;
+const XDP_TX: i32 = 3;
+const XDP_REDIRECT: i32 = 4;
+
+/// ext0's link-layer address, and n2's (172.30.0.12, fd00:30::12): a
+/// permanent neighbour entry, so XDP can send to n2 itself. The gateway
+/// 172.30.0.1 has none: XDP leaves packets to it to TC.
+const EXT0_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x11];
+const N2_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x12];
 
 /// This node: n1, 172.30.0.11 and fd00:30::11 on ext0; the pods of n2 are
 /// routed via 172.30.0.12 / fd00:30::12.
@@ -164,6 +178,7 @@ impl Lab {
         let ns = NetNs::create(&unique_name("ebpf-proxy-tcpkt")).unwrap();
         for args in [
             &["link", "add", "ext0", "type", "veth", "peer", "name", "ext1"][..],
+            &["link", "set", "ext0", "address", "02:00:00:00:00:11"],
             &["link", "set", "ext0", "up"],
             &["link", "set", "ext1", "up"],
             &["addr", "add", "172.30.0.11/24", "dev", "ext0"],
@@ -172,6 +187,8 @@ impl Lab {
             &["route", "add", "fd00:244:2::/64", "via", "fd00:30::12", "dev", "ext0"],
             &["route", "add", "198.51.100.0/24", "via", "172.30.0.1", "dev", "ext0"],
             &["route", "add", "192.0.2.0/24", "via", "172.30.0.1", "dev", "ext0"],
+            &["neigh", "add", "172.30.0.12", "lladdr", "02:00:00:00:00:12", "dev", "ext0", "nud", "permanent"],
+            &["neigh", "add", "fd00:30::12", "lladdr", "02:00:00:00:00:12", "dev", "ext0", "nud", "permanent"],
         ] {
             ns.ip(args).unwrap();
         }
@@ -227,6 +244,8 @@ impl Node {
             backends_map_size: 4096,
             maglev_size: 1021,
             ct_map_size: 4096,
+            // Loads the XDP program too (nothing is attached here).
+            acceleration: Acceleration::Native,
         })
         .unwrap();
         assert!(datapath.serves_external_traffic(), "the TC programs did not load");
@@ -248,24 +267,25 @@ impl Node {
     /// Runs program `name` on `frame` arriving on (or leaving by) ext0.
     fn run(&self, name: &str, frame: &[u8]) -> (i32, Vec<u8>) {
         let program = self.datapath.tc_program(name).unwrap();
-        let mut out = vec![0u8; frame.len() + 128];
         // `struct __sk_buff` up to `ifindex` (offset 40): the device.
         let mut ctx = [0u8; 44];
         ctx[40..44].copy_from_slice(&self.ifindex.to_ne_bytes());
-        let result = program
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx),
-                ..TestRunOptions::default()
-            })
-            .unwrap();
-        out.truncate(result.data_size_out as usize);
-        (i32::try_from(result.return_value).unwrap(), out)
+        test_run(program, frame, &ctx)
     }
 
     fn ingress(&self, frame: &[u8]) -> (i32, Vec<u8>) {
         self.run("nodeport_ingress", frame)
+    }
+
+    /// Runs the XDP program on `frame` arriving on ext0.
+    fn xdp(&self, frame: &[u8]) -> (i32, Vec<u8>) {
+        let program = self.datapath.xdp_program().expect("the XDP program did not load");
+        // `struct xdp_md`: data, data_end, data_meta, ingress_ifindex,
+        // rx_queue_index, egress_ifindex.
+        let mut ctx = [0u8; 24];
+        ctx[4..8].copy_from_slice(&u32::try_from(frame.len()).unwrap().to_ne_bytes());
+        ctx[12..16].copy_from_slice(&self.ifindex.to_ne_bytes());
+        test_run(program, frame, &ctx)
     }
 
     fn egress(&self, frame: &[u8]) -> (i32, Vec<u8>) {
@@ -594,4 +614,149 @@ fn rejections_are_rate_limited() {
         assert!(answered < SENT, "all {SENT} answered in {elapsed:?}: the limit never applied");
         assert_eq!((node.stat("rejected"), node.stat("reject_limited")), (answered, SENT - answered));
     });
+}
+
+/// Runs `program` on `frame` with context `ctx` (`BPF_PROG_TEST_RUN`):
+/// its verdict and the frame after.
+fn test_run<P>(program: &P, frame: &[u8], ctx: &[u8]) -> (i32, Vec<u8>)
+where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = TestRunResult>,
+{
+    let mut out = vec![0u8; frame.len() + 128];
+    let result = program
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(ctx),
+            ..TestRunOptions::default()
+        })
+        .unwrap();
+    out.truncate(result.data_size_out as usize);
+    (i32::try_from(result.return_value).unwrap(), out)
+}
+
+/// What became of a frame on its way in, whichever hook decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// To the stack.
+    Pass,
+    Drop,
+    /// Sent out by the program (to a backend, to a client, or answered).
+    Sent,
+}
+
+/// What the kernel does with `frame` arriving on ext0 with the XDP
+/// program in front of TC: XDP, then TC on what XDP passes. Also says
+/// whether XDP sent the frame itself.
+fn xdp_then_tc(node: &Node, frame: &[u8]) -> (Fate, Vec<u8>, bool) {
+    let (action, out) = node.xdp(frame);
+    match action {
+        XDP_DROP => (Fate::Drop, out, false),
+        XDP_TX | XDP_REDIRECT => (Fate::Sent, out, true),
+        XDP_PASS => {
+            let (fate, out) = tc_only(node, &out);
+            (fate, out, false)
+        }
+        other => panic!("XDP verdict {other}"),
+    }
+}
+
+fn tc_only(node: &Node, frame: &[u8]) -> (Fate, Vec<u8>) {
+    let (action, out) = node.ingress(frame);
+    let fate = match action {
+        OK => Fate::Pass,
+        SHOT => Fate::Drop,
+        REDIRECT => Fate::Sent,
+        other => panic!("TC verdict {other}"),
+    };
+    (fate, out)
+}
+
+/// Frames from outside, in order (a flow's later packets and its replies
+/// after its first), each with what it is. `nat` is the source the node
+/// gave the `dns` flow (its reply goes there), learnt from the run.
+fn outside_frames(nat: SocketAddr) -> Vec<(&'static str, Vec<u8>)> {
+    let mut fragment = packet::frame(sa("192.0.2.7:40002"), sa("172.30.0.11:30080"), Some(SYN), b"");
+    fragment[14 + 6] |= 0x20; // more fragments
+    vec![
+        ("a NodePort, backend here", packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30080"), Some(SYN), b"")),
+        (
+            "its next segment",
+            packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30080"), Some(ACK), b"GET / HTTP/1.1\r\n\r\n"),
+        ),
+        ("IPv6, backend here", packet::frame(sa("[fd00:30::99]:40000"), sa("[fd00:30::11]:30080"), Some(SYN), b"")),
+        (
+            "a LoadBalancer IP, backend on n2",
+            packet::frame(sa("192.0.2.8:41000"), sa("203.0.113.30:80"), Some(SYN), b""),
+        ),
+        ("its next segment", packet::frame(sa("192.0.2.8:41000"), sa("203.0.113.30:80"), Some(ACK), b"data")),
+        ("UDP, backend on n2", packet::frame(sa("198.51.100.20:5000"), sa("203.0.113.53:53"), None, b"query")),
+        ("the reply, to a client behind a gateway without a neighbour entry", {
+            packet::frame(sa("10.244.2.7:5353"), nat, None, b"answer")
+        }),
+        ("UDP without checksum", packet::udp4_without_checksum(sa("198.51.100.21:5001"), sa("203.0.113.53:53"), b"q")),
+        ("a NodePort of a service without endpoints", {
+            packet::frame(sa("192.0.2.7:40001"), sa("172.30.0.11:30050"), Some(SYN), b"")
+        }),
+        ("externalTrafficPolicy Local, no endpoint here", {
+            packet::frame(sa("192.0.2.7:40003"), sa("172.30.0.11:30090"), Some(SYN), b"")
+        }),
+        (
+            "a source outside loadBalancerSourceRanges",
+            packet::frame(sa("192.0.2.9:5000"), sa("203.0.113.53:53"), None, b"q"),
+        ),
+        ("a fragment", fragment),
+        ("not a frontend", packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:22"), Some(SYN), b"")),
+    ]
+}
+
+/// The `dns` flow's source after translation (where its reply goes).
+fn dns_nat(node: &Node) -> SocketAddr {
+    let (_, out) = node.ingress(&packet::frame(sa("198.51.100.20:5000"), sa("203.0.113.53:53"), None, b"query"));
+    packet::parse(&out).src
+}
+
+#[test]
+fn xdp_and_tc_give_the_same_packets_and_xdp_leaves_to_tc_what_it_cannot_finish() {
+    common::require_root!();
+    let lab = Lab::new();
+    // Where the dns flow's replies go: the same on every fresh node (the
+    // SNAT port is derived from the flow).
+    let nat = lab.with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| dns_nat(node));
+    let tc: Vec<(Fate, Vec<u8>)> = lab.with_node(SERVICES, &[NODE_IP, NODE_IP6], move |node| {
+        outside_frames(nat).iter().map(|(_, f)| tc_only(node, f)).collect()
+    });
+    let (xdp, stats) = lab.with_node(SERVICES, &[NODE_IP, NODE_IP6], move |node| {
+        let runs: Vec<(Fate, Vec<u8>, bool)> = outside_frames(nat).iter().map(|(_, f)| xdp_then_tc(node, f)).collect();
+        (runs, (node.stat("xdp_translated"), node.stat("xdp_to_tc"), node.stat("new_flow")))
+    });
+    let frames = outside_frames(nat);
+    let mut sent_by_xdp = 0;
+    for (((what, input), (tc_fate, tc_out)), (xdp_fate, xdp_out, by_xdp)) in frames.iter().zip(&tc).zip(&xdp) {
+        assert_eq!(xdp_fate, tc_fate, "{what}: XDP+TC and TC alone decide differently");
+        if *by_xdp {
+            // XDP writes the Ethernet header itself (from the FIB's
+            // neighbour); TC leaves it to bpf_redirect_neigh. The rest must
+            // be the same bytes.
+            assert_eq!(&xdp_out[..6], &N2_MAC, "{what}: to n2's link-layer address");
+            assert_eq!(&xdp_out[6..12], &EXT0_MAC, "{what}: from ext0's");
+            assert_eq!(&xdp_out[14..], &tc_out[14..], "{what}: XDP and TC rewrote it differently");
+            assert_eq!(&tc_out[..14], &input[..14], "{what}: TC leaves the Ethernet header to the kernel");
+            // Its checksums are valid (parse verifies them).
+            assert_eq!(packet::parse(xdp_out).dst, packet::parse(tc_out).dst, "{what}");
+            sent_by_xdp += 1;
+        } else {
+            assert_eq!(xdp_out, tc_out, "{what}: XDP+TC and TC alone rewrote it differently");
+        }
+    }
+    // Finished by XDP: the two local flows' three packets (passed to the
+    // stack rewritten) and the four sent to n2; the reply to a client
+    // without a neighbour entry and the rejection went to TC.
+    assert_eq!(sent_by_xdp, 4, "{xdp:?}");
+    let (translated, to_tc, new_flows) = stats;
+    assert_eq!((translated, to_tc), (7, 2), "xdp_translated, xdp_to_tc");
+    assert_eq!(new_flows, 5, "each flow counted once, by the hook that admitted it");
+    // The no-checksum datagram kept none through XDP.
+    let udp0 = frames.iter().position(|(w, _)| *w == "UDP without checksum").unwrap();
+    assert!(packet::parse(&xdp[udp0].1).udp_checksum_zero);
 }

@@ -74,6 +74,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             backends_map_size: proxy_common::map_sizes::BACKENDS,
             maglev_size: crate::maglev::DEFAULT_SIZE,
             ct_map_size: proxy_common::map_sizes::CT,
+            acceleration: crate::datapath::acceleration::Acceleration::Disabled,
         },
         socket_netns: vec![ns.path()],
         node_ips: Vec::new(),

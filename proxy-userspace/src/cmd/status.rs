@@ -101,6 +101,7 @@ pub fn read(dir: &Path) -> anyhow::Result<Status> {
                     LinkTarget::Tc { ifindex, ingress } => {
                         format!("device {} {}", device_name(ifindex), if ingress { "ingress" } else { "egress" })
                     }
+                    LinkTarget::Xdp { ifindex } => format!("device {} xdp", device_name(ifindex)),
                     LinkTarget::Other { link_type } => format!("link type {link_type}"),
                 }),
                 error: None,

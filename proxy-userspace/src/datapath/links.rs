@@ -2,15 +2,17 @@
 //! stopped or restarting, and a new agent takes the links over by swapping
 //! its program into them atomically (`BPF_LINK_UPDATE`), so there is no
 //! moment without translation. The socket programs hang on cgroup links,
-//! the TC programs on tcx links of the node's devices.
+//! the TC programs on tcx links of the node's devices, the XDP program
+//! (`--nodeport-acceleration`) on XDP links of those devices in native
+//! (driver) mode.
 //!
 //! aya 0.14 can pin a link but not update one or read its target, so those
 //! calls are made through `sys`.
 use std::{fs::File, io, os::fd::AsFd as _, os::unix::fs::MetadataExt as _, path::Path};
 
 use aya::programs::{
-    CgroupAttachMode, CgroupSockAddr, LinkOrder, ProgramError, SchedClassifier, TcAttachType, links::FdLink,
-    tc::TcAttachOptions,
+    CgroupAttachMode, CgroupSockAddr, LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
+    links::FdLink, tc::TcAttachOptions,
 };
 
 use super::sys::{self, LINK_TYPE_CGROUP, LINK_TYPE_TCX};
@@ -40,7 +42,15 @@ pub enum LinkError {
     Cgroup { path: String, source: io::Error },
     #[error("no network device {name}: {source}")]
     Device { name: String, source: io::Error },
+    #[error(
+        "device {device} has no native XDP (its driver cannot run XDP programs): set \
+         --nodeport-acceleration=best-effort to serve it with the TC programs alone, or leave it out of --devices"
+    )]
+    NoNativeXdp { device: String },
 }
+
+/// `BPF_LINK_TYPE_XDP` of `enum bpf_link_type`.
+const LINK_TYPE_XDP: u32 = 6;
 
 /// `BPF_TCX_INGRESS` / `BPF_TCX_EGRESS` of `enum bpf_attach_type`.
 const TCX_INGRESS: u64 = 46;
@@ -105,6 +115,41 @@ pub fn attach_tc(
     })
 }
 
+/// Attaches `program` (loaded) to device `device` in native (driver) mode
+/// through an XDP link pinned at `pin`: updates it when it is on that
+/// device, else makes a new one. A device whose driver has no native XDP
+/// gives `NoNativeXdp` (never the generic mode, which would be slower than
+/// TC alone).
+pub fn attach_xdp(program: &mut Xdp, name: &'static str, device: &str, pin: &Path) -> Result<LinkOutcome, LinkError> {
+    let target = format!("{device} XDP");
+    let attach_err = |source| LinkError::Attach { name, target: target.clone(), source };
+    let ifindex = nix::net::if_::if_nametoindex(device)
+        .map_err(|e| LinkError::Device { name: device.to_owned(), source: e.into() })?;
+    let prog = program.fd().map_err(attach_err)?.as_fd().try_clone_to_owned().map_err(|source| LinkError::Syscall {
+        path: pin.display().to_string(),
+        op: "dup",
+        source,
+    })?;
+    attach_pinned(prog.as_fd(), name, (LINK_TYPE_XDP, u64::from(ifindex)), pin, || {
+        let id = program.attach_to_if_index(ifindex, XdpMode::Driver).map_err(|source| {
+            if no_native_xdp(&source) {
+                LinkError::NoNativeXdp { device: device.to_owned() }
+            } else {
+                attach_err(source)
+            }
+        })?;
+        let link = program.take_link(id).map_err(attach_err)?;
+        FdLink::try_from(link).map_err(|source| LinkError::Convert { name, source })
+    })
+}
+
+/// Whether an XDP attach failed because the driver has no native XDP
+/// (the kernel's EOPNOTSUPP: "Underlying driver does not support XDP in
+/// native mode").
+fn no_native_xdp(err: &ProgramError) -> bool {
+    matches!(err, ProgramError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::EOPNOTSUPP))
+}
+
 /// The shared part: a pinned link of type and target `wanted` runs `prog`
 /// from now on; any other pinned link is dropped and `attach` makes one.
 fn attach_pinned(
@@ -146,6 +191,10 @@ pub enum LinkTarget {
         ifindex: u32,
         ingress: bool,
     },
+    /// A device's XDP hook.
+    Xdp {
+        ifindex: u32,
+    },
     Other {
         link_type: u32,
     },
@@ -167,6 +216,7 @@ pub fn pinned_link_info(pin: &Path) -> io::Result<PinnedLinkInfo> {
     let target = match info.link_type {
         LINK_TYPE_CGROUP => LinkTarget::Cgroup(info.target),
         LINK_TYPE_TCX => LinkTarget::Tc { ifindex: info.target as u32, ingress: info.target >> 32 == TCX_INGRESS },
+        LINK_TYPE_XDP => LinkTarget::Xdp { ifindex: info.target as u32 },
         link_type => LinkTarget::Other { link_type },
     };
     Ok(PinnedLinkInfo { link_id: info.id, program_id: info.prog_id, target })

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{Map, MapError as AyaMapError},
-    programs::{CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType},
+    programs::{CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType, Xdp},
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, RevNat, RevNatId, ServiceKey,
@@ -13,6 +13,7 @@ use proxy_common::{
 };
 
 use super::{
+    acceleration::{Acceleration, DeviceXdp},
     counters::{ConnCounters, ExternalStats},
     links::{self, LinkError, LinkOutcome},
     maglev_map::MaglevMap,
@@ -36,6 +37,13 @@ const TC_PROGRAMS: &[(&str, TcAttachType)] =
 /// Prefix of the pinned tcx links: `tc-DEVICE-ingress`, `tc-DEVICE-egress`.
 const TC_LINK_PREFIX: &str = "tc-";
 
+/// The XDP program (`--nodeport-acceleration`), in front of
+/// `nodeport_ingress`.
+const XDP_PROGRAM: &str = "nodeport_xdp";
+
+/// Prefix of the pinned XDP links: `xdp-DEVICE`.
+const XDP_LINK_PREFIX: &str = "xdp-";
+
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     /// Directory (on a bpffs) for the pinned maps.
@@ -53,6 +61,9 @@ pub struct LoadOptions {
     pub maglev_size: usize,
     /// Entries of the connection-tracking map (traffic from outside).
     pub ct_map_size: u32,
+    /// `--nodeport-acceleration`: the XDP program in front of the TC
+    /// ingress program on the devices.
+    pub acceleration: Acceleration,
 }
 
 impl LoadOptions {
@@ -89,6 +100,11 @@ pub enum LoadError {
     Maps(#[from] MapError),
     #[error("cannot list {path}: {source}")]
     ListLinks { path: String, source: std::io::Error },
+    #[error(
+        "--nodeport-acceleration=native: the XDP program cannot be loaded ({source}); \
+         set --nodeport-acceleration=best-effort or disabled to serve traffic from outside with the TC programs"
+    )]
+    XdpLoad { source: ProgramError },
 }
 
 /// The loaded datapath. Programs are attached through links pinned under
@@ -114,6 +130,9 @@ pub struct Datapath {
     pub external_stats: Option<ExternalStats>,
     /// Whether the TC programs loaded (traffic from outside can be served).
     tc_loaded: bool,
+    /// `--nodeport-acceleration`, and whether the XDP program loaded.
+    acceleration: Acceleration,
+    xdp_loaded: bool,
     /// Sizes of the services and backends maps of this set.
     sizes: Sizes,
     maglev_size: usize,
@@ -123,7 +142,10 @@ pub struct Datapath {
 #[derive(Debug)]
 pub struct DeviceAttach {
     pub device: String,
+    /// The TC programs' attach.
     pub result: Result<(), LinkError>,
+    /// Whether the XDP program runs there (in front of TC).
+    pub xdp: bool,
 }
 
 impl Datapath {
@@ -197,6 +219,7 @@ impl Datapath {
                 break;
             }
         }
+        let xdp_loaded = tc_loaded && opts.acceleration.wants_xdp() && load_xdp(&mut ebpf, opts.acceleration)?;
 
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap { name });
         let services = take(&mut ebpf, map_names::SERVICES)?;
@@ -229,6 +252,8 @@ impl Datapath {
             counters: Some(counters),
             external_stats: Some(external_stats),
             tc_loaded,
+            acceleration: opts.acceleration,
+            xdp_loaded,
             sizes,
             maglev_size: opts.maglev_size,
         })
@@ -256,15 +281,18 @@ impl Datapath {
     }
 
     /// Attaches the TC programs to exactly `devices` (ingress and egress of
-    /// each), through links pinned under `PIN_DIR/links`: taken over where
-    /// they exist, made where not; links on devices no longer listed are
-    /// dropped. A device that fails is reported and the others go on.
+    /// each), and the XDP program in front of them when asked
+    /// (`--nodeport-acceleration`), through links pinned under
+    /// `PIN_DIR/links`: taken over where they exist, made where not; links
+    /// on devices no longer listed (or no longer accelerated) are dropped.
+    /// A device that fails is reported and the others go on.
     pub fn attach_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
         let links_dir = self.links_dir()?;
         let mut results = Vec::new();
         if !self.tc_loaded {
             return Ok(results);
         }
+        let mut wanted = Vec::new();
         for device in devices {
             let mut result = Ok(());
             for (name, direction) in TC_PROGRAMS {
@@ -282,16 +310,20 @@ impl Datapath {
                     }
                 }
             }
-            results.push(DeviceAttach { device: device.clone(), result });
+            wanted.extend(TC_PROGRAMS.iter().map(|(_, dir)| tc_link_name(device, *dir)));
+            // XDP only in front of TC: what it passes up must be served.
+            let xdp = result.is_ok() && self.attach_xdp(device, &links_dir.join(xdp_link_name(device)))?;
+            if xdp {
+                wanted.push(xdp_link_name(device));
+            }
+            results.push(DeviceAttach { device: device.clone(), result, xdp });
         }
-        // Links of devices no longer listed.
-        let wanted: Vec<String> =
-            devices.iter().flat_map(|d| TC_PROGRAMS.iter().map(move |(_, dir)| tc_link_name(d, *dir))).collect();
+        // Links of devices no longer listed (or no longer accelerated).
         let entries = std::fs::read_dir(&links_dir)
             .map_err(|source| LoadError::ListLinks { path: links_dir.display().to_string(), source })?;
         for entry in entries.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(TC_LINK_PREFIX) && !wanted.contains(&name) {
+            if (name.starts_with(TC_LINK_PREFIX) || name.starts_with(XDP_LINK_PREFIX)) && !wanted.contains(&name) {
                 match std::fs::remove_file(entry.path()) {
                     Ok(()) => tracing::info!(link = %name, "detached from a device no longer served"),
                     Err(err) => tracing::warn!(link = %name, %err, "cannot unpin a link of a device no longer served"),
@@ -299,6 +331,43 @@ impl Datapath {
             }
         }
         Ok(results)
+    }
+
+    /// Attaches the XDP program to `device` through the link pinned at
+    /// `pin` when the acceleration asks for it; whether it runs there. A
+    /// device without native XDP is logged: an error for `native`, a
+    /// warning for `best-effort`; the TC programs serve it either way.
+    fn attach_xdp(&mut self, device: &str, pin: &Path) -> Result<bool, LoadError> {
+        if !self.xdp_loaded {
+            return Ok(false);
+        }
+        let program: &mut Xdp = program(&mut self.ebpf, XDP_PROGRAM)?;
+        let attached = match links::attach_xdp(program, XDP_PROGRAM, device, pin) {
+            Ok(outcome) => {
+                if outcome != LinkOutcome::Updated {
+                    tracing::info!(program = XDP_PROGRAM, device, ?outcome, "program attached");
+                }
+                true
+            }
+            Err(LinkError::NoNativeXdp { .. }) => false,
+            Err(err) => {
+                tracing::error!(device, %err, "cannot attach the XDP program: the TC programs alone serve traffic from outside arriving there");
+                return Ok(false);
+            }
+        };
+        match self.acceleration.on_device(attached) {
+            DeviceXdp::TcOnly => tracing::warn!(
+                device,
+                "no native XDP on this device: the TC programs alone serve it (--nodeport-acceleration=best-effort)"
+            ),
+            DeviceXdp::Failed => tracing::error!(
+                device,
+                err = %LinkError::NoNativeXdp { device: device.to_owned() },
+                "--nodeport-acceleration=native: the TC programs alone serve traffic from outside arriving there"
+            ),
+            DeviceXdp::Attached | DeviceXdp::NotWanted => {}
+        }
+        Ok(attached)
     }
 
     /// `PIN_DIR/links`, made if missing.
@@ -320,6 +389,13 @@ impl Datapath {
     #[must_use]
     pub fn tc_program(&self, name: &str) -> Option<&SchedClassifier> {
         self.ebpf.program(name)?.try_into().ok()
+    }
+
+    /// The loaded XDP program (`--nodeport-acceleration`), for tests that
+    /// run it on crafted packets.
+    #[must_use]
+    pub fn xdp_program(&self) -> Option<&Xdp> {
+        self.ebpf.program(XDP_PROGRAM)?.try_into().ok()
     }
 
     /// Ids of the loaded programs (for logs and tests).
@@ -344,6 +420,25 @@ where
 fn tc_link_name(device: &str, direction: TcAttachType) -> String {
     let dir = if direction == TcAttachType::Ingress { "ingress" } else { "egress" };
     format!("{TC_LINK_PREFIX}{device}-{dir}")
+}
+
+/// The pin name of the XDP link of `device`.
+fn xdp_link_name(device: &str) -> String {
+    format!("{XDP_LINK_PREFIX}{device}")
+}
+
+/// Loads the XDP program; whether it loaded. A failure is an error for
+/// `native`, a warning (the TC programs alone) for `best-effort`.
+fn load_xdp(ebpf: &mut Ebpf, acceleration: Acceleration) -> Result<bool, LoadError> {
+    let program: &mut Xdp = program(ebpf, XDP_PROGRAM)?;
+    match program.load() {
+        Ok(()) => Ok(true),
+        Err(source) if acceleration == Acceleration::Native => Err(LoadError::XdpLoad { source }),
+        Err(err) => {
+            tracing::warn!(%err, "--nodeport-acceleration=best-effort: the XDP program cannot be loaded; the TC programs alone serve traffic from outside");
+            Ok(false)
+        }
+    }
 }
 
 /// Unpins maps of other layouts than `current` (and of the unversioned

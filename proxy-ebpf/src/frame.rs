@@ -1,0 +1,146 @@
+//! What the translation of traffic from outside needs of the hook it runs
+//! in: reading and writing packet bytes, checksum updates, the route of a
+//! packet, sending it on, and the hook's verdicts. `nodeport.rs` and
+//! `packet.rs` are written once against `Frame`; TC (`TcContext`, below)
+//! and XDP (`XdpContext`, in `xdp.rs`) implement it, so both hooks give
+//! the same rewritten packets for the same input.
+use crate::{
+    access::{Route, redirect, skb_ifindex},
+    maps::count_external,
+    packet::{Packet, RewriteFailed},
+    reject,
+};
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    programs::TcContext,
+};
+
+/// `l4_csum_replace` flags (linux/bpf.h): the low 4 bits are the size of
+/// the replaced field (0: `to` is a `csum_diff`).
+pub const BPF_F_PSEUDO_HDR: u64 = 1 << 4;
+pub const BPF_F_MARK_MANGLED_0: u64 = 1 << 5;
+pub const CSUM_SIZE_MASK: u64 = 0xf;
+
+/// A packet on a hook. Offsets are from the start of the Ethernet header.
+pub trait Frame: EbpfContext {
+    /// The packet goes on its way (TC_ACT_OK, XDP_PASS).
+    const PASS: i32;
+    /// The packet is dropped (TC_ACT_SHOT, XDP_DROP).
+    const DROP: i32;
+    /// Whether route lookups must resolve the next hop's link-layer
+    /// address: a hook that sends frames itself (XDP) needs it, TC lets
+    /// the kernel resolve it (`bpf_redirect_neigh`).
+    const SENDS_FRAMES: bool;
+
+    fn load<T>(&self, offset: usize) -> Result<T, RewriteFailed>;
+    fn store<T>(&self, offset: usize, value: &T) -> Result<(), RewriteFailed>;
+    /// Updates the IPv4 header checksum at `offset` for a `size`-byte
+    /// field (2 or 4) that changes from `from` to `to`.
+    fn l3_csum_replace(&self, offset: usize, from: u64, to: u64, size: u64) -> Result<(), RewriteFailed>;
+    /// Updates the TCP or UDP checksum at `offset`, as the kernel's
+    /// `bpf_l4_csum_replace` (`flags`: its size and flags above).
+    fn l4_csum_replace(&self, offset: usize, from: u64, to: u64, flags: u64) -> Result<(), RewriteFailed>;
+    /// The index of the device the packet arrived on (or leaves by).
+    fn ifindex(&self) -> u32;
+    /// Sends the rewritten packet along `route` (a forwarding route of
+    /// `route_status`, its TTL already decremented); returns the verdict.
+    fn send(&self, route: &Route) -> i32;
+    /// Answers a packet to a frontend without any endpoint (`reject.rs`),
+    /// or leaves it to a hook that can; returns the verdict.
+    fn reject(&self, pkt: &Packet) -> i32;
+    /// A packet this hook cannot finish (`stat` says why: no route, no
+    /// neighbour entry yet): TC drops it, XDP leaves it untouched to TC.
+    fn unfinished(&self, stat: u32) -> i32;
+    /// Counts a packet this hook translated and sent (or passed on to the
+    /// stack) itself.
+    #[inline(always)]
+    fn translated(&self) {}
+}
+
+impl Frame for TcContext {
+    const PASS: i32 = TC_ACT_OK;
+    const DROP: i32 = TC_ACT_SHOT;
+    const SENDS_FRAMES: bool = false;
+
+    #[inline(always)]
+    fn load<T>(&self, offset: usize) -> Result<T, RewriteFailed> {
+        TcContext::load(self, offset).map_err(|_| RewriteFailed)
+    }
+
+    #[inline(always)]
+    fn store<T>(&self, offset: usize, value: &T) -> Result<(), RewriteFailed> {
+        TcContext::store(self, offset, value, 0).map_err(|_| RewriteFailed)
+    }
+
+    #[inline(always)]
+    fn l3_csum_replace(&self, offset: usize, from: u64, to: u64, size: u64) -> Result<(), RewriteFailed> {
+        TcContext::l3_csum_replace(self, offset, from, to, size).map_err(|_| RewriteFailed)
+    }
+
+    #[inline(always)]
+    fn l4_csum_replace(&self, offset: usize, from: u64, to: u64, flags: u64) -> Result<(), RewriteFailed> {
+        TcContext::l4_csum_replace(self, offset, from, to, flags).map_err(|_| RewriteFailed)
+    }
+
+    #[inline(always)]
+    fn ifindex(&self) -> u32 {
+        skb_ifindex(self)
+    }
+
+    #[inline(always)]
+    fn send(&self, route: &Route) -> i32 {
+        redirect(route)
+    }
+
+    #[inline(always)]
+    fn reject(&self, pkt: &Packet) -> i32 {
+        reject::reject(self, pkt)
+    }
+
+    #[inline(always)]
+    fn unfinished(&self, stat: u32) -> i32 {
+        count_external(stat);
+        TC_ACT_SHOT
+    }
+}
+
+/// The 16-bit one's-complement checksum at `offset` updated in software
+/// for `from` replaced by `to` (RFC 1624, eqn. 3: `~(~old + ~from + to)`),
+/// with the size and flags of `bpf_l4_csum_replace` (size 0: `to` is a
+/// `csum_diff`): the same bits the kernel's helpers write for a packet
+/// whose checksum is complete, which is what XDP sees.
+#[inline(always)]
+pub fn csum_replace_sw<F: Frame>(ctx: &F, offset: usize, from: u64, to: u64, flags: u64) -> Result<(), RewriteFailed> {
+    let old: u16 = ctx.load(offset)?;
+    let mangled_0 = flags & BPF_F_MARK_MANGLED_0 != 0;
+    if mangled_0 && old == 0 {
+        // A UDP datagram without checksum (IPv4) keeps none.
+        return Ok(());
+    }
+    let mut acc = u64::from(!old);
+    #[expect(clippy::cast_possible_truncation, reason = "the values are as wide as their size says")]
+    match flags & CSUM_SIZE_MASK {
+        0 => acc += to & 0xffff_ffff,
+        2 => acc += u64::from(!(from as u16)) + u64::from(to as u16),
+        4 => acc += u64::from(!(from as u32)) + u64::from(to as u32),
+        _ => return Err(RewriteFailed),
+    }
+    // Three folds bring any sum of these few terms below 2^16.
+    acc = (acc & 0xffff) + (acc >> 16);
+    acc = (acc & 0xffff) + (acc >> 16);
+    acc = (acc & 0xffff) + (acc >> 16);
+    #[expect(clippy::cast_possible_truncation, reason = "folded to 16 bits")]
+    let mut new = !(acc as u16);
+    if mangled_0 && new == 0 {
+        new = 0xffff;
+    }
+    ctx.store(offset, &new)
+}
+
+/// Counts `stat` and gives the hook's drop verdict.
+#[inline(always)]
+pub fn drop_packet<F: Frame>(stat: u32) -> i32 {
+    count_external(stat);
+    F::DROP
+}

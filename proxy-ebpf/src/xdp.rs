@@ -1,0 +1,94 @@
+//! The XDP program in front of the TC ingress program on devices with
+//! native XDP (`--nodeport-acceleration`): the same translation
+//! (`nodeport.rs`), run before the kernel allocates a socket buffer.
+//!
+//! What it finishes itself: packets to a frontend whose backend is on this
+//! node (rewritten, then passed to the stack), whose backend is on another
+//! node (rewritten and sent: `XDP_TX` back out of the device it came in
+//! on, else `XDP_REDIRECT`), and the replies of source-NATed flows back to
+//! their clients. Everything else passes untouched to the TC programs,
+//! which do what XDP cannot: anything not parsed (fragments, ICMP errors,
+//! IPv6 extension headers, other protocols), rejections (the reply is
+//! built on the socket buffer), and packets whose next hop has no
+//! link-layer address yet (TC's `bpf_redirect_neigh` resolves it; the
+//! flow is already in `CT`, so TC takes the same backend). XDP sees
+//! packets whose checksums are complete (from a NIC); the checksums are
+//! updated in software (`frame::csum_replace_sw`).
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use proxy_common::external_stat;
+
+use crate::{
+    access::{Route, xdp_ifindex, xdp_load, xdp_redirect, xdp_store},
+    frame::{CSUM_SIZE_MASK, Frame, csum_replace_sw},
+    maps::count_external,
+    nodeport,
+    packet::{Packet, RewriteFailed},
+};
+
+#[expect(clippy::cast_possible_wrap, reason = "XDP actions are small")]
+const fn action(a: u32) -> i32 {
+    a as i32
+}
+
+impl Frame for XdpContext {
+    const PASS: i32 = action(xdp_action::XDP_PASS);
+    const DROP: i32 = action(xdp_action::XDP_DROP);
+    const SENDS_FRAMES: bool = true;
+
+    #[inline(always)]
+    fn load<T>(&self, offset: usize) -> Result<T, RewriteFailed> {
+        xdp_load(self, offset).ok_or(RewriteFailed)
+    }
+
+    #[inline(always)]
+    fn store<T>(&self, offset: usize, value: &T) -> Result<(), RewriteFailed> {
+        if xdp_store(self, offset, value) { Ok(()) } else { Err(RewriteFailed) }
+    }
+
+    #[inline(always)]
+    fn l3_csum_replace(&self, offset: usize, from: u64, to: u64, size: u64) -> Result<(), RewriteFailed> {
+        csum_replace_sw(self, offset, from, to, size & CSUM_SIZE_MASK)
+    }
+
+    #[inline(always)]
+    fn l4_csum_replace(&self, offset: usize, from: u64, to: u64, flags: u64) -> Result<(), RewriteFailed> {
+        csum_replace_sw(self, offset, from, to, flags)
+    }
+
+    #[inline(always)]
+    fn ifindex(&self) -> u32 {
+        xdp_ifindex(self)
+    }
+
+    #[inline(always)]
+    fn send(&self, route: &Route) -> i32 {
+        if self.store(0, &route.macs).is_err() {
+            count_external(external_stat::REWRITE_FAILED);
+            return Self::DROP;
+        }
+        if route.ifindex == self.ifindex() { action(xdp_action::XDP_TX) } else { xdp_redirect(route.ifindex) }
+    }
+
+    #[inline(always)]
+    fn reject(&self, _pkt: &Packet) -> i32 {
+        count_external(external_stat::XDP_TO_TC);
+        Self::PASS
+    }
+
+    #[inline(always)]
+    fn unfinished(&self, _stat: u32) -> i32 {
+        count_external(external_stat::XDP_TO_TC);
+        Self::PASS
+    }
+
+    #[inline(always)]
+    fn translated(&self) {
+        count_external(external_stat::XDP_TRANSLATED);
+    }
+}
+
+/// The XDP verdict for a packet arriving on a node device.
+#[inline(always)]
+pub fn ingress(ctx: &XdpContext) -> u32 {
+    u32::try_from(nodeport::ingress(ctx)).unwrap_or(xdp_action::XDP_ABORTED)
+}

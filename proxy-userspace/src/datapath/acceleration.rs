@@ -1,0 +1,73 @@
+//! `--nodeport-acceleration`: whether the XDP program runs in front of the
+//! TC ingress program on the devices traffic from outside arrives on, and
+//! what a device whose driver has no native XDP gets.
+
+/// The acceleration of traffic from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Acceleration {
+    /// The TC programs alone.
+    #[default]
+    Disabled,
+    /// XDP on every device; a device without native XDP is an error (it is
+    /// served by the TC programs alone, and the error is logged).
+    Native,
+    /// XDP on the devices with native XDP; the others are served by the TC
+    /// programs alone, with a warning.
+    BestEffort,
+}
+
+/// What a device gets (`Acceleration::on_device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceXdp {
+    /// XDP runs there, TC behind it.
+    Attached,
+    /// TC alone, as asked (`Disabled`).
+    NotWanted,
+    /// TC alone, with a warning: no native XDP there (`BestEffort`).
+    TcOnly,
+    /// TC alone, and an error: native XDP was required (`Native`).
+    Failed,
+}
+
+impl Acceleration {
+    /// Whether the XDP program is loaded and attached at all.
+    #[must_use]
+    pub const fn wants_xdp(self) -> bool {
+        !matches!(self, Self::Disabled)
+    }
+
+    /// What a device gets when its XDP attach `attached` (true) or the
+    /// device has no native XDP (false; with `Disabled` nothing is tried).
+    #[must_use]
+    pub const fn on_device(self, attached: bool) -> DeviceXdp {
+        match (self, attached) {
+            (Self::Disabled, _) => DeviceXdp::NotWanted,
+            (_, true) => DeviceXdp::Attached,
+            (Self::BestEffort, false) => DeviceXdp::TcOnly,
+            (Self::Native, false) => DeviceXdp::Failed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Acceleration::*, DeviceXdp};
+
+    /// Cilium's `loadBalancer.acceleration` semantics: `native` insists,
+    /// `best-effort` takes XDP where the driver has it.
+    #[test]
+    fn a_device_without_native_xdp_is_an_error_only_when_native_is_required() {
+        for (acceleration, attached, wanted) in [
+            (Disabled, false, DeviceXdp::NotWanted),
+            (Disabled, true, DeviceXdp::NotWanted),
+            (Native, true, DeviceXdp::Attached),
+            (Native, false, DeviceXdp::Failed),
+            (BestEffort, true, DeviceXdp::Attached),
+            (BestEffort, false, DeviceXdp::TcOnly),
+        ] {
+            assert_eq!(acceleration.on_device(attached), wanted, "{acceleration:?}, attached: {attached}");
+        }
+        assert!(!Disabled.wants_xdp());
+        assert!(Native.wants_xdp() && BestEffort.wants_xdp());
+    }
+}
