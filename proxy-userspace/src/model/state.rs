@@ -81,7 +81,7 @@ impl TableState {
     /// The health check ports to serve, by port.
     #[must_use]
     pub fn health_checks(&self) -> Vec<HealthCheck> {
-        let mut out: Vec<HealthCheck> = self.services.values().filter_map(|s| s.health_check.clone()).collect();
+        let mut out: Vec<HealthCheck> = self.services.values().filter_map(|s| s.health_check.as_deref().cloned()).collect();
         out.sort_by_key(|h| h.port);
         out
     }
@@ -122,6 +122,8 @@ impl TableState {
         let mut delta = Delta::default();
         let mut touched: BTreeSet<FrontendKey> = BTreeSet::new();
         for (id, input) in changes {
+            // A key the old output served keeps its entry in the table
+            // until the loop below gives it to the new winner or removes it.
             let old = self.services.remove(&id);
             if let Some(old) = &old {
                 self.no_local.subtract(old.no_local);
@@ -143,6 +145,8 @@ impl TableState {
                     let claimants = self.claims.entry(*key).or_default();
                     if let Err(at) = claimants.binary_search(&id) {
                         claimants.insert(at, id.clone());
+                        // Nearly always the only one: no spare capacity.
+                        claimants.shrink_to_fit();
                     }
                 }
                 if let Some(reason) = new_skip_reason(old.as_ref().and_then(|o| o.skipped), new.skipped) {
@@ -155,18 +159,7 @@ impl TableState {
             }
         }
         for key in touched {
-            let winner =
-                self.claims.get(&key).and_then(|c| c.first()).and_then(|id| self.claim(id, key)).map(|c| &c.frontend);
-            let differs = match (winner, self.table.get(&key)) {
-                (Some(w), Some(current)) => w != current,
-                (None, None) => false,
-                _ => true,
-            };
-            if differs {
-                match winner {
-                    Some(w) => self.table.insert(key, w.clone()),
-                    None => self.table.remove(&key),
-                };
+            if self.serve(key) {
                 delta.keys.insert(key);
             }
             let conflicts = self.claims.get(&key).map(|c| self.conflict_problems(key, c)).unwrap_or_default();
@@ -177,19 +170,55 @@ impl TableState {
         delta
     }
 
+    /// Gives `key`'s table entry to its first claimant, moving the
+    /// frontend out of that claim (the table holds the one copy of a
+    /// served frontend; a claim holds its own only while another serves
+    /// the key), or removes the entry when nothing claims it. Whether the
+    /// entry changed.
+    fn serve(&mut self, key: FrontendKey) -> bool {
+        let Some(claimants) = self.claims.get(&key) else {
+            return self.table.remove(&key).is_some();
+        };
+        let winner = claimants[0].clone();
+        // The claimant that serves the key now, when still there.
+        let serving = claimants.iter().find(|id| self.claim(id, key).is_some_and(|c| c.frontend.is_none())).cloned();
+        if serving.as_ref() == Some(&winner) {
+            return false;
+        }
+        let Some(frontend) = self.claim_mut(&winner, key).and_then(|c| c.frontend.take()) else {
+            return false;
+        };
+        let differs = self.table.get(&key) != Some(&*frontend);
+        let before = self.table.insert(key, *frontend);
+        // A claimant that loses the key keeps its frontend in its claim.
+        if let (Some(before), Some(loser)) = (before, serving)
+            && let Some(claim) = self.claim_mut(&loser, key)
+        {
+            claim.frontend = Some(Box::new(before));
+        }
+        differs
+    }
+
     /// Service `id`'s claim on `key`.
     fn claim(&self, id: &ServiceId, key: FrontendKey) -> Option<&Claim> {
         self.services.get(id)?.claims.iter().find(|c| c.key == key)
     }
 
+    fn claim_mut(&mut self, id: &ServiceId, key: FrontendKey) -> Option<&mut Claim> {
+        self.services.get_mut(id)?.claims.iter_mut().find(|c| c.key == key)
+    }
+
     /// The problems of the claimants of `key` that do not serve it.
     fn conflict_problems(&self, key: FrontendKey, claimants: &[ServiceId]) -> Vec<Problem> {
         let Some((first, rest)) = claimants.split_first() else { return Vec::new() };
-        let Some(winner) = self.claim(first, key) else { return Vec::new() };
+        if self.claim(first, key).is_none() {
+            return Vec::new();
+        }
+        let Some(winner) = self.table.get(&key) else { return Vec::new() };
         rest.iter()
             .filter_map(|id| Some((&self.services.get(id)?.object, self.claim(id, key)?)))
             .map(|(object, claim)| {
-                let message = format!("{key} is already served by {}; skipped", winner.frontend.service_port);
+                let message = format!("{key} is already served by {}; skipped", winner.service_port);
                 Problem::error(object, claim.field.clone(), message)
             })
             .collect()
