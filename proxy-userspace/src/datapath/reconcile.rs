@@ -492,6 +492,8 @@ impl Reconciler {
         // TWO_SCOPES only once its twin is there) and removed last (after
         // their entry stopped saying so): keys of scope All sort first.
         updates.sort_by_key(|k| (k.scope != Scope::External, *k));
+        // Nearly every update is reported (all of them on a first sync).
+        report.changes.reserve_exact(updates.len() + removals.len());
         for key in updates {
             self.apply_frontend(maps, desired, key, &desired[&key], report);
         }
@@ -679,13 +681,22 @@ impl Reconciler {
         if report.writes > writes_before {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
             let before: Vec<BackendAddr> = before.iter().filter_map(|id| self.backends.addr(*id)).collect();
+            let backends = after.len();
+            // A new frontend (every one, on a first sync) adds all it has:
+            // its list is moved, not copied.
+            let (added, removed) = if before.is_empty() {
+                (after, before)
+            } else {
+                let added = after.iter().filter(|a| !before.contains(a)).copied().collect();
+                (added, before.iter().filter(|a| !after.contains(a)).copied().collect())
+            };
             report.changes.push(Change {
                 service_port: frontend.service_port.clone(),
                 frontend: key,
                 kind: if existed { ChangeKind::Updated } else { ChangeKind::Added },
-                backends: after.len(),
-                added: after.iter().filter(|a| !before.contains(a)).copied().collect(),
-                removed: before.iter().filter(|a| !after.contains(a)).copied().collect(),
+                backends,
+                added,
+                removed,
             });
         }
         Ok(())

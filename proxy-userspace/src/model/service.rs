@@ -27,7 +27,6 @@ pub struct Claim {
 /// What one service contributes.
 #[derive(Clone, Debug)]
 pub struct ServiceOutput {
-    pub object: ObjectRef,
     /// Its frontends, each key once (a key the service asks for twice is a
     /// problem, the first is kept).
     pub claims: Vec<Claim>,
@@ -72,7 +71,6 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
         Ok(f) => f,
         Err(reason) => {
             return ServiceOutput {
-                object: svc.object_ref(),
                 claims: Vec::new(),
                 problems,
                 skipped: Some(reason),
@@ -147,7 +145,7 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
     // Kept until the service changes: no spare capacity (10,000 services).
     claims.shrink_to_fit();
     problems.shrink_to_fit();
-    ServiceOutput { object, claims, problems, skipped: None, health_check, no_local }
+    ServiceOutput { claims, problems, skipped: None, health_check, no_local }
 }
 
 /// Which endpoints a frontend entry uses.

@@ -87,8 +87,8 @@ impl TableState {
     }
 
     /// Services not programmed, and why.
-    pub fn skipped(&self) -> impl Iterator<Item = (&ObjectRef, SkipReason)> {
-        self.services.values().filter_map(|s| Some((&s.object, s.skipped?)))
+    pub fn skipped(&self) -> impl Iterator<Item = (ObjectRef, SkipReason)> {
+        self.services.iter().filter_map(|(id, s)| Some((service_ref(id), s.skipped?)))
     }
 
     /// Everything anew: every service of `services` with the slices of
@@ -150,7 +150,7 @@ impl TableState {
                     }
                 }
                 if let Some(reason) = new_skip_reason(old.as_ref().and_then(|o| o.skipped), new.skipped) {
-                    delta.skipped.push((new.object.clone(), reason));
+                    delta.skipped.push((service_ref(&id), reason));
                 }
             }
             diff_problems(old.as_ref().map(|o| &o.problems[..]), new.as_ref().map(|n| &n.problems[..]), &mut delta);
@@ -216,13 +216,19 @@ impl TableState {
         }
         let Some(winner) = self.table.get(&key) else { return Vec::new() };
         rest.iter()
-            .filter_map(|id| Some((&self.services.get(id)?.object, self.claim(id, key)?)))
-            .map(|(object, claim)| {
+            .filter_map(|id| Some((id, self.claim(id, key)?)))
+            .map(|(id, claim)| {
                 let message = format!("{key} is already served by {}; skipped", winner.service_port);
-                Problem::error(object, claim.field.clone(), message)
+                Problem::error(&service_ref(id), claim.field.clone(), message)
             })
             .collect()
     }
+}
+
+/// The Service `id` names (not kept in each service's output: its id
+/// says it).
+fn service_ref(id: &ServiceId) -> ObjectRef {
+    ObjectRef::new("Service", Some(&id.0), Some(&id.1))
 }
 
 /// The reason a service is skipped for, when it is not the one it was
