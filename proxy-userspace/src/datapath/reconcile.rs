@@ -122,6 +122,28 @@ pub struct Change {
     pub removed: Vec<BackendAddr>,
 }
 
+impl Change {
+    /// A change of frontend `key` from backends `before` to `after`.
+    fn new(
+        service_port: ServicePort,
+        frontend: FrontendKey,
+        kind: ChangeKind,
+        before: Vec<BackendAddr>,
+        after: Vec<BackendAddr>,
+    ) -> Self {
+        let backends = after.len();
+        // A new frontend (every one, on a first sync) adds all it has: its
+        // list is moved, not copied.
+        let (added, removed) = if before.is_empty() {
+            (after, before)
+        } else {
+            let added = after.iter().filter(|a| !before.contains(a)).copied().collect();
+            (added, before.iter().filter(|a| !after.contains(a)).copied().collect())
+        };
+        Self { service_port, frontend, kind, backends, added, removed }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChangeKind {
     Added,
@@ -681,23 +703,8 @@ impl Reconciler {
         if report.writes > writes_before {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
             let before: Vec<BackendAddr> = before.iter().filter_map(|id| self.backends.addr(*id)).collect();
-            let backends = after.len();
-            // A new frontend (every one, on a first sync) adds all it has:
-            // its list is moved, not copied.
-            let (added, removed) = if before.is_empty() {
-                (after, before)
-            } else {
-                let added = after.iter().filter(|a| !before.contains(a)).copied().collect();
-                (added, before.iter().filter(|a| !after.contains(a)).copied().collect())
-            };
-            report.changes.push(Change {
-                service_port: frontend.service_port.clone(),
-                frontend: key,
-                kind: if existed { ChangeKind::Updated } else { ChangeKind::Added },
-                backends,
-                added,
-                removed,
-            });
+            let kind = if existed { ChangeKind::Updated } else { ChangeKind::Added };
+            report.changes.push(Change::new(frontend.service_port.clone(), key, kind, before, after));
         }
         Ok(())
     }

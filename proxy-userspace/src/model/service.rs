@@ -4,7 +4,7 @@
 use std::{borrow::Cow, collections::BTreeMap, net::IpAddr};
 
 use super::{
-    Frontend, FrontendKey, FrontendKind, ObjectRef, Problem, Reach, Scope,
+    Frontend, FrontendKey, FrontendKind, Problem, Reach, Scope,
     endpoints::{self, Selection},
     frontends::{self, PortSpec, ServiceFrontends, SkipReason},
     input::{ServiceSpec, SliceSpec},
@@ -222,7 +222,7 @@ fn port_frontends(
     if let Some(np) = port.node_port {
         let field: Cow<'static, str> = Cow::Owned(format!("spec.ports[{index}].nodePort"));
         for ip in node.node_port_ips.iter().filter(|ip| has(ip)) {
-            push_external(&mut out, svc, (*ip, np), FrontendKind::NodePort, &field, true);
+            push_external(&mut out, svc, (*ip, np), FrontendKind::NodePort, field.clone(), true);
         }
         let loopback = IpAddr::V4(super::NODE_PORT_LOOPBACK);
         if has(&loopback) {
@@ -238,11 +238,11 @@ fn port_frontends(
         }
     }
     for ip in svc.lb_ips.iter().filter(|ip| has(ip)) {
-        push_external(&mut out, svc, (*ip, port.port), FrontendKind::LoadBalancer, &Cow::Borrowed("status.loadBalancer.ingress"), true);
+        push_external(&mut out, svc, (*ip, port.port), FrontendKind::LoadBalancer, Cow::Borrowed("status.loadBalancer.ingress"), true);
     }
     for ip in svc.external_ips.iter().filter(|ip| has(ip)) {
         let local_clients = !node.external_ips_local_only || node.node_ips.contains(ip);
-        push_external(&mut out, svc, (*ip, port.port), FrontendKind::ExternalIp, &Cow::Borrowed("spec.externalIPs"), local_clients);
+        push_external(&mut out, svc, (*ip, port.port), FrontendKind::ExternalIp, Cow::Borrowed("spec.externalIPs"), local_clients);
     }
     out
 }
@@ -254,24 +254,23 @@ fn push_external(
     svc: &ServiceFrontends,
     (addr, port): (IpAddr, u16),
     kind: FrontendKind,
-    field: &Cow<'static, str>,
+    field: Cow<'static, str>,
     local_clients: bool,
 ) {
-    let entry =
-        |scope, reach, endpoints| Planned { addr, port, kind, scope, reach, endpoints, field: field.clone() };
+    let entry = |scope, reach, endpoints, field| Planned { addr, port, kind, scope, reach, endpoints, field };
     match (local_clients, svc.external_local) {
-        (true, false) => out.push(entry(Scope::All, Reach::Both, Endpoints::Cluster)),
+        (true, false) => out.push(entry(Scope::All, Reach::Both, Endpoints::Cluster, field)),
         (true, true) => {
-            out.push(entry(Scope::All, Reach::LocalClients, Endpoints::Cluster));
-            out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode));
+            out.push(entry(Scope::All, Reach::LocalClients, Endpoints::Cluster, field.clone()));
+            out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode, field));
         }
-        (false, false) => out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster)),
+        (false, false) => out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster, field)),
         // The twin carries this node's endpoints; the entry itself every
         // endpoint, so that the TC programs tell "no endpoint at all"
         // (rejected) from "none on this node" (dropped), as kube-proxy does.
         (false, true) => {
-            out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster));
-            out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode));
+            out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster, field.clone()));
+            out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode, field));
         }
     }
 }

@@ -13,7 +13,7 @@ use k8s_openapi::{
 
 use super::stored_slice::SliceId;
 use crate::model::{
-    Address, AddressType, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec, ServiceSpec, ServiceType,
+    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec, ServiceSpec, ServiceType,
     SlicePortSpec, SliceSpec,
 };
 
@@ -120,16 +120,30 @@ fn slice_port(port: &EndpointPort) -> SlicePortSpec {
 
 fn endpoint(e: &Endpoint) -> EndpointSpec {
     let conditions = e.conditions.as_ref();
-    let zones = e.hints.as_ref().and_then(|h| h.for_zones.as_ref());
-    let nodes = e.hints.as_ref().and_then(|h| h.for_nodes.as_ref());
+    let zones: Box<[Box<str>]> = e
+        .hints
+        .as_ref()
+        .and_then(|h| h.for_zones.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|z| z.name.as_str().into())
+        .collect();
+    let nodes: Box<[Box<str>]> = e
+        .hints
+        .as_ref()
+        .and_then(|h| h.for_nodes.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|n| n.name.as_str().into())
+        .collect();
+    let hints = (!zones.is_empty() || !nodes.is_empty()).then(|| Box::new(EndpointHints { zones, nodes }));
     EndpointSpec {
         address: e.addresses.first().map(|a| Address::new(a)),
         ready: conditions.and_then(|c| c.ready).unwrap_or(true),
         serving: conditions.and_then(|c| c.serving).unwrap_or(true),
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
         node_name: e.node_name.as_deref().map(Into::into),
-        zone_hints: zones.into_iter().flatten().map(|z| z.name.as_str().into()).collect(),
-        node_hints: nodes.into_iter().flatten().map(|n| n.name.as_str().into()).collect(),
+        hints,
     }
 }
 
@@ -178,8 +192,9 @@ mod tests {
         assert_eq!(first.address, Some(Address::Raw("a.example".into())), "the first address only");
         assert!(first.ready && first.serving && !first.terminating, "unset conditions");
         assert!(!second.ready && second.serving && second.terminating);
-        assert_eq!(&*second.zone_hints, [Box::from("z1")]);
-        assert_eq!(&*second.node_hints, [Box::from("n1")]);
+        assert_eq!(second.zone_hints(), [Box::from("z1")]);
+        assert_eq!(second.node_hints(), [Box::from("n1")]);
+        assert_eq!(first.hints, None, "no hints, no allocation");
     }
 
     #[test]
