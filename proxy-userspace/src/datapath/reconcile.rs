@@ -435,6 +435,9 @@ impl Reconciler {
         // Every id, also a second id of one address (left by a crash).
         self.remove_unused_backends(maps, self.backends.all_ids(), &mut report);
         self.indexed = report.failures.is_empty();
+        // Rebuilt in order, every tree node full (see
+        // `model::TableState::replace_all`): ~1.5 MB less at 10,000.
+        self.frontends = std::mem::take(&mut self.frontends).into_iter().collect();
         report
     }
 

@@ -109,7 +109,19 @@ impl TableState {
                 inputs.entry(owner.clone()).or_default().slices.push(slice);
             }
         }
-        self.update(inputs, node)
+        let delta = self.update(inputs, node);
+        self.compact();
+        delta
+    }
+
+    /// Rebuilds the maps from their entries in order, which packs every
+    /// tree node full: entries inserted one by one in key order (as
+    /// `replace_all` does) leave each node about half empty, ~4 MB at
+    /// 10,000 services. Later updates insert into the packed nodes.
+    fn compact(&mut self) {
+        self.services = std::mem::take(&mut self.services).into_iter().collect();
+        self.claims = std::mem::take(&mut self.claims).into_iter().collect();
+        self.table = std::mem::take(&mut self.table).into_iter().collect();
     }
 
     /// Re-translates the services in `changes` (with the node the state was

@@ -120,22 +120,9 @@ fn slice_port(port: &EndpointPort) -> SlicePortSpec {
 
 fn endpoint(e: &Endpoint) -> EndpointSpec {
     let conditions = e.conditions.as_ref();
-    let zones: Box<[Box<str>]> = e
-        .hints
-        .as_ref()
-        .and_then(|h| h.for_zones.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|z| z.name.as_str().into())
-        .collect();
-    let nodes: Box<[Box<str>]> = e
-        .hints
-        .as_ref()
-        .and_then(|h| h.for_nodes.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|n| n.name.as_str().into())
-        .collect();
+    let hinted = e.hints.as_ref();
+    let zones = hint_names(hinted.and_then(|h| h.for_zones.as_ref()), |z| &z.name);
+    let nodes = hint_names(hinted.and_then(|h| h.for_nodes.as_ref()), |n| &n.name);
     let hints = (!zones.is_empty() || !nodes.is_empty()).then(|| Box::new(EndpointHints { zones, nodes }));
     EndpointSpec {
         address: e.addresses.first().map(|a| Address::new(a)),
@@ -145,6 +132,11 @@ fn endpoint(e: &Endpoint) -> EndpointSpec {
         node_name: e.node_name.as_deref().map(Into::into),
         hints,
     }
+}
+
+/// The names of one list of hints, as written.
+fn hint_names<T>(hints: Option<&Vec<T>>, name: fn(&T) -> &str) -> Box<[Box<str>]> {
+    hints.into_iter().flatten().map(|h| name(h).into()).collect()
 }
 
 #[cfg(test)]
