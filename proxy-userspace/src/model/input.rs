@@ -176,14 +176,7 @@ impl EndpointSpec {
 
 impl Default for EndpointSpec {
     fn default() -> Self {
-        Self {
-            address: None,
-            ready: true,
-            serving: true,
-            terminating: false,
-            node_name: None,
-            hints: None,
-        }
+        Self { address: None, ready: true, serving: true, terminating: false, node_name: None, hints: None }
     }
 }
 

@@ -115,7 +115,8 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
                     .filter(|_| from_outside && planned.kind != FrontendKind::ExternalIp),
             };
             if let Some(first) = claims.iter().find(|c| c.key == key) {
-                let served_by = first.frontend.as_ref().map(|f| &f.service_port).expect("a new claim holds its frontend");
+                let served_by =
+                    first.frontend.as_ref().map(|f| &f.service_port).expect("a new claim holds its frontend");
                 problems.push(Problem::error(
                     &object,
                     planned.field,
@@ -238,11 +239,25 @@ fn port_frontends(
         }
     }
     for ip in svc.lb_ips.iter().filter(|ip| has(ip)) {
-        push_external(&mut out, svc, (*ip, port.port), FrontendKind::LoadBalancer, Cow::Borrowed("status.loadBalancer.ingress"), true);
+        push_external(
+            &mut out,
+            svc,
+            (*ip, port.port),
+            FrontendKind::LoadBalancer,
+            Cow::Borrowed("status.loadBalancer.ingress"),
+            true,
+        );
     }
     for ip in svc.external_ips.iter().filter(|ip| has(ip)) {
         let local_clients = !node.external_ips_local_only || node.node_ips.contains(ip);
-        push_external(&mut out, svc, (*ip, port.port), FrontendKind::ExternalIp, Cow::Borrowed("spec.externalIPs"), local_clients);
+        push_external(
+            &mut out,
+            svc,
+            (*ip, port.port),
+            FrontendKind::ExternalIp,
+            Cow::Borrowed("spec.externalIPs"),
+            local_clients,
+        );
     }
     out
 }

@@ -81,7 +81,8 @@ impl TableState {
     /// The health check ports to serve, by port.
     #[must_use]
     pub fn health_checks(&self) -> Vec<HealthCheck> {
-        let mut out: Vec<HealthCheck> = self.services.values().filter_map(|s| s.health_check.as_deref().cloned()).collect();
+        let mut out: Vec<HealthCheck> =
+            self.services.values().filter_map(|s| s.health_check.as_deref().cloned()).collect();
         out.sort_by_key(|h| h.port);
         out
     }

@@ -13,8 +13,8 @@ use k8s_openapi::{
 
 use super::stored_slice::SliceId;
 use crate::model::{
-    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec, ServiceSpec, ServiceType,
-    SlicePortSpec, SliceSpec,
+    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec, ServiceSpec,
+    ServiceType, SlicePortSpec, SliceSpec,
 };
 
 /// Label naming the service a slice belongs to.
