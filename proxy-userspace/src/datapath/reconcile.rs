@@ -122,6 +122,28 @@ pub struct Change {
     pub removed: Vec<BackendAddr>,
 }
 
+impl Change {
+    /// A change of frontend `key` from backends `before` to `after`.
+    fn new(
+        service_port: ServicePort,
+        frontend: FrontendKey,
+        kind: ChangeKind,
+        before: Vec<BackendAddr>,
+        after: Vec<BackendAddr>,
+    ) -> Self {
+        let backends = after.len();
+        // A new frontend (every one, on a first sync) adds all it has: its
+        // list is moved, not copied.
+        let (added, removed) = if before.is_empty() {
+            (after, before)
+        } else {
+            let added = after.iter().filter(|a| !before.contains(a)).copied().collect();
+            (added, before.iter().filter(|a| !after.contains(a)).copied().collect())
+        };
+        Self { service_port, frontend, kind, backends, added, removed }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChangeKind {
     Added,
@@ -414,6 +436,9 @@ impl Reconciler {
         // Every id, also a second id of one address (left by a crash).
         self.remove_unused_backends(maps, self.backends.all_ids(), &mut report);
         self.indexed = report.failures.is_empty();
+        // Rebuilt in order, every tree node full (see
+        // `model::TableState::replace_all`): ~1.5 MB less at 10,000.
+        self.frontends = std::mem::take(&mut self.frontends).into_iter().collect();
         report
     }
 
@@ -493,6 +518,8 @@ impl Reconciler {
         // TWO_SCOPES only once its twin is there) and removed last (after
         // their entry stopped saying so): keys of scope All sort first.
         updates.sort_by_key(|k| (k.scope != Scope::External, *k));
+        // Nearly every update is reported (all of them on a first sync).
+        report.changes.reserve_exact(updates.len() + removals.len());
         for key in updates {
             self.apply_frontend(maps, desired, key, &desired[&key], report);
         }
@@ -675,14 +702,8 @@ impl Reconciler {
         if report.writes > writes_before {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
             let before: Vec<BackendAddr> = before.iter().filter_map(|id| self.backends.addr(*id)).collect();
-            report.changes.push(Change {
-                service_port: frontend.service_port.clone(),
-                frontend: key,
-                kind: if existed { ChangeKind::Updated } else { ChangeKind::Added },
-                backends: after.len(),
-                added: after.iter().filter(|a| !before.contains(a)).copied().collect(),
-                removed: before.iter().filter(|a| !after.contains(a)).copied().collect(),
-            });
+            let kind = if existed { ChangeKind::Updated } else { ChangeKind::Added };
+            report.changes.push(Change::new(frontend.service_port.clone(), key, kind, before, after));
         }
         Ok(())
     }

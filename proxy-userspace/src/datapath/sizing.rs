@@ -4,8 +4,6 @@
 //! bounds (`--services-map-size`, `--backends-map-size`; frontends by the
 //! services bound, since each frontend takes a `SERVICES` entry). Pure decisions; the
 //! agent acts on them by moving to a new map set (see `loader`).
-use std::collections::HashSet;
-
 use super::codec::BackendAddr;
 use crate::model::ServiceTable;
 
@@ -53,16 +51,20 @@ pub const MIN_SIZE: u32 = 4096;
 /// What `table` needs in the maps.
 #[must_use]
 pub fn demand(table: &ServiceTable) -> Demand {
-    let mut backends = HashSet::new();
-    let mut services = 0;
+    // A sorted list rather than a hash set: one exact allocation (~2 MB
+    // at 100,000 backends against a set's ~4 MB while it grows), made
+    // right after the first sync, when the agent is at its largest.
+    let services = table.values().map(|f| 1 + f.backends.len()).sum();
+    let mut backends: Vec<BackendAddr> = Vec::with_capacity(services - table.len());
     for (key, frontend) in table {
-        services += 1 + frontend.backends.len();
         backends.extend(frontend.backends.iter().map(|b| BackendAddr {
             addr: b.addr,
             port: b.port,
             protocol: key.protocol,
         }));
     }
+    backends.sort_unstable();
+    backends.dedup();
     Demand { services, backends: backends.len(), frontends: table.len() }
 }
 

@@ -138,8 +138,8 @@ pub(super) struct Hints<'a> {
 
 impl<'a> Hints<'a> {
     pub(super) fn add(&mut self, endpoint: &'a EndpointSpec) {
-        self.nodes.extend(endpoint.node_hints.iter().map(|n| &**n));
-        self.zones.extend(endpoint.zone_hints.iter().map(|z| &**z));
+        self.nodes.extend(endpoint.node_hints().iter().map(|n| &**n));
+        self.zones.extend(endpoint.zone_hints().iter().map(|z| &**z));
     }
 
     /// Whether an endpoint with these hints is used under `topology`.

@@ -461,7 +461,8 @@ mod tests {
             assert_eq!(said_used, expected, "{internal} {key}");
             let output = translate_service(&svc, &refs, &node);
             let claim = output.claims.iter().find(|c| c.key == key).expect("the model has the entry");
-            let programmed: Vec<(IpAddr, u16)> = claim.frontend.backends.iter().map(|b| (b.addr, b.port)).collect();
+            let frontend = claim.frontend.as_ref().expect("a fresh translation keeps its frontends");
+            let programmed: Vec<(IpAddr, u16)> = frontend.backends.iter().map(|b| (b.addr, b.port)).collect();
             assert_eq!(said_used, programmed, "{internal} {key}: the model's backends");
             let not_ready = got.endpoints.iter().find(|u| u.address == IpAddr::from([10, 0, 0, 3])).unwrap();
             assert_eq!(not_ready.unused, Some(Unused::NotReady));

@@ -1,10 +1,10 @@
 //! One service's part of the table: its frontends with their backends, the
 //! problems found in it and its slices, and its health check. A pure
 //! function of the Service, its EndpointSlices and the node.
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{borrow::Cow, collections::BTreeMap, net::IpAddr};
 
 use super::{
-    Frontend, FrontendKey, FrontendKind, ObjectRef, Problem, Reach, Scope,
+    Frontend, FrontendKey, FrontendKind, Problem, Reach, Scope,
     endpoints::{self, Selection},
     frontends::{self, PortSpec, ServiceFrontends, SkipReason},
     input::{ServiceSpec, SliceSpec},
@@ -15,22 +15,26 @@ use super::{
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
     pub key: FrontendKey,
-    pub frontend: Frontend,
+    /// The frontend, while the service does not serve the key (another
+    /// claimant does, or the claim is not yet in the table); `None` once
+    /// it was moved into the table, which then holds the one copy (see
+    /// `super::state`).
+    pub frontend: Option<Box<Frontend>>,
     /// The field of the service it comes from (for conflict problems).
-    pub field: String,
+    pub field: Cow<'static, str>,
 }
 
 /// What one service contributes.
 #[derive(Clone, Debug)]
 pub struct ServiceOutput {
-    pub object: ObjectRef,
     /// Its frontends, each key once (a key the service asks for twice is a
     /// problem, the first is kept).
     pub claims: Vec<Claim>,
     pub problems: Vec<Problem>,
     /// Why the service is not programmed, when it is not.
     pub skipped: Option<SkipReason>,
-    pub health_check: Option<HealthCheck>,
+    /// Boxed: few services have one, and every service's output is kept.
+    pub health_check: Option<Box<HealthCheck>>,
     /// Service ports (per family) with a Local traffic policy and no
     /// endpoint on this node: kube-proxy's
     /// `sync_proxy_rules_no_local_endpoints_total`.
@@ -67,7 +71,6 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
         Ok(f) => f,
         Err(reason) => {
             return ServiceOutput {
-                object: svc.object_ref(),
                 claims: Vec::new(),
                 problems,
                 skipped: Some(reason),
@@ -112,13 +115,15 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
                     .filter(|_| from_outside && planned.kind != FrontendKind::ExternalIp),
             };
             if let Some(first) = claims.iter().find(|c| c.key == key) {
+                let served_by =
+                    first.frontend.as_ref().map(|f| &f.service_port).expect("a new claim holds its frontend");
                 problems.push(Problem::error(
                     &object,
                     planned.field,
-                    format!("{key} is already served by {}; skipped", first.frontend.service_port),
+                    format!("{key} is already served by {served_by}; skipped"),
                 ));
             } else {
-                claims.push(Claim { key, frontend, field: planned.field });
+                claims.push(Claim { key, frontend: Some(Box::new(frontend)), field: planned.field });
             }
         }
         // As kube-proxy counts them: a port whose Local policy leaves it no
@@ -131,15 +136,17 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
             }
         }
     }
-    let health_check = svc_frontends.health_check_node_port.map(|port| HealthCheck {
-        service: object.clone(),
-        port,
-        local_endpoints: endpoints::local_ready_endpoints(&slices, &node.node_name),
+    let health_check = svc_frontends.health_check_node_port.map(|port| {
+        Box::new(HealthCheck {
+            service: object.clone(),
+            port,
+            local_endpoints: endpoints::local_ready_endpoints(&slices, &node.node_name),
+        })
     });
     // Kept until the service changes: no spare capacity (10,000 services).
     claims.shrink_to_fit();
     problems.shrink_to_fit();
-    ServiceOutput { object, claims, problems, skipped: None, health_check, no_local }
+    ServiceOutput { claims, problems, skipped: None, health_check, no_local }
 }
 
 /// Which endpoints a frontend entry uses.
@@ -178,7 +185,7 @@ struct Planned {
     reach: Reach,
     endpoints: Endpoints,
     /// The field it comes from, for problems.
-    field: String,
+    field: Cow<'static, str>,
 }
 
 /// Every entry one service port gets on this node: its ClusterIPs; its
@@ -210,13 +217,13 @@ fn port_frontends(
             scope: Scope::All,
             reach: Reach::LocalClients,
             endpoints: Endpoints::Internal,
-            field: "spec.clusterIP".to_owned(),
+            field: Cow::Borrowed("spec.clusterIP"),
         })
         .collect();
     if let Some(np) = port.node_port {
-        let field = format!("spec.ports[{index}].nodePort");
+        let field: Cow<'static, str> = Cow::Owned(format!("spec.ports[{index}].nodePort"));
         for ip in node.node_port_ips.iter().filter(|ip| has(ip)) {
-            push_external(&mut out, svc, (*ip, np), FrontendKind::NodePort, &field, true);
+            push_external(&mut out, svc, (*ip, np), FrontendKind::NodePort, field.clone(), true);
         }
         let loopback = IpAddr::V4(super::NODE_PORT_LOOPBACK);
         if node.node_port_loopback && has(&loopback) {
@@ -232,11 +239,25 @@ fn port_frontends(
         }
     }
     for ip in svc.lb_ips.iter().filter(|ip| has(ip)) {
-        push_external(&mut out, svc, (*ip, port.port), FrontendKind::LoadBalancer, "status.loadBalancer.ingress", true);
+        push_external(
+            &mut out,
+            svc,
+            (*ip, port.port),
+            FrontendKind::LoadBalancer,
+            Cow::Borrowed("status.loadBalancer.ingress"),
+            true,
+        );
     }
     for ip in svc.external_ips.iter().filter(|ip| has(ip)) {
         let local_clients = !node.external_ips_local_only || node.node_ips.contains(ip);
-        push_external(&mut out, svc, (*ip, port.port), FrontendKind::ExternalIp, "spec.externalIPs", local_clients);
+        push_external(
+            &mut out,
+            svc,
+            (*ip, port.port),
+            FrontendKind::ExternalIp,
+            Cow::Borrowed("spec.externalIPs"),
+            local_clients,
+        );
     }
     out
 }
@@ -248,24 +269,23 @@ fn push_external(
     svc: &ServiceFrontends,
     (addr, port): (IpAddr, u16),
     kind: FrontendKind,
-    field: &str,
+    field: Cow<'static, str>,
     local_clients: bool,
 ) {
-    let entry =
-        |scope, reach, endpoints| Planned { addr, port, kind, scope, reach, endpoints, field: field.to_owned() };
+    let entry = |scope, reach, endpoints, field| Planned { addr, port, kind, scope, reach, endpoints, field };
     match (local_clients, svc.external_local) {
-        (true, false) => out.push(entry(Scope::All, Reach::Both, Endpoints::Cluster)),
+        (true, false) => out.push(entry(Scope::All, Reach::Both, Endpoints::Cluster, field)),
         (true, true) => {
-            out.push(entry(Scope::All, Reach::LocalClients, Endpoints::Cluster));
-            out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode));
+            out.push(entry(Scope::All, Reach::LocalClients, Endpoints::Cluster, field.clone()));
+            out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode, field));
         }
-        (false, false) => out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster)),
+        (false, false) => out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster, field)),
         // The twin carries this node's endpoints; the entry itself every
         // endpoint, so that the TC programs tell "no endpoint at all"
         // (rejected) from "none on this node" (dropped), as kube-proxy does.
         (false, true) => {
-            out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster));
-            out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode));
+            out.push(entry(Scope::All, Reach::Outside, Endpoints::Cluster, field.clone()));
+            out.push(entry(Scope::External, Reach::Outside, Endpoints::LocalNode, field));
         }
     }
 }

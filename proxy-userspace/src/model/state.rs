@@ -81,14 +81,15 @@ impl TableState {
     /// The health check ports to serve, by port.
     #[must_use]
     pub fn health_checks(&self) -> Vec<HealthCheck> {
-        let mut out: Vec<HealthCheck> = self.services.values().filter_map(|s| s.health_check.clone()).collect();
+        let mut out: Vec<HealthCheck> =
+            self.services.values().filter_map(|s| s.health_check.as_deref().cloned()).collect();
         out.sort_by_key(|h| h.port);
         out
     }
 
     /// Services not programmed, and why.
-    pub fn skipped(&self) -> impl Iterator<Item = (&ObjectRef, SkipReason)> {
-        self.services.values().filter_map(|s| Some((&s.object, s.skipped?)))
+    pub fn skipped(&self) -> impl Iterator<Item = (ObjectRef, SkipReason)> {
+        self.services.iter().filter_map(|(id, s)| Some((service_ref(id), s.skipped?)))
     }
 
     /// Everything anew: every service of `services` with the slices of
@@ -109,7 +110,19 @@ impl TableState {
                 inputs.entry(owner.clone()).or_default().slices.push(slice);
             }
         }
-        self.update(inputs, node)
+        let delta = self.update(inputs, node);
+        self.compact();
+        delta
+    }
+
+    /// Rebuilds the maps from their entries in order, which packs every
+    /// tree node full: entries inserted one by one in key order (as
+    /// `replace_all` does) leave each node about half empty, ~4 MB at
+    /// 10,000 services. Later updates insert into the packed nodes.
+    fn compact(&mut self) {
+        self.services = std::mem::take(&mut self.services).into_iter().collect();
+        self.claims = std::mem::take(&mut self.claims).into_iter().collect();
+        self.table = std::mem::take(&mut self.table).into_iter().collect();
     }
 
     /// Re-translates the services in `changes` (with the node the state was
@@ -122,6 +135,8 @@ impl TableState {
         let mut delta = Delta::default();
         let mut touched: BTreeSet<FrontendKey> = BTreeSet::new();
         for (id, input) in changes {
+            // A key the old output served keeps its entry in the table
+            // until the loop below gives it to the new winner or removes it.
             let old = self.services.remove(&id);
             if let Some(old) = &old {
                 self.no_local.subtract(old.no_local);
@@ -143,10 +158,12 @@ impl TableState {
                     let claimants = self.claims.entry(*key).or_default();
                     if let Err(at) = claimants.binary_search(&id) {
                         claimants.insert(at, id.clone());
+                        // Nearly always the only one: no spare capacity.
+                        claimants.shrink_to_fit();
                     }
                 }
                 if let Some(reason) = new_skip_reason(old.as_ref().and_then(|o| o.skipped), new.skipped) {
-                    delta.skipped.push((new.object.clone(), reason));
+                    delta.skipped.push((service_ref(&id), reason));
                 }
             }
             diff_problems(old.as_ref().map(|o| &o.problems[..]), new.as_ref().map(|n| &n.problems[..]), &mut delta);
@@ -155,18 +172,7 @@ impl TableState {
             }
         }
         for key in touched {
-            let winner =
-                self.claims.get(&key).and_then(|c| c.first()).and_then(|id| self.claim(id, key)).map(|c| &c.frontend);
-            let differs = match (winner, self.table.get(&key)) {
-                (Some(w), Some(current)) => w != current,
-                (None, None) => false,
-                _ => true,
-            };
-            if differs {
-                match winner {
-                    Some(w) => self.table.insert(key, w.clone()),
-                    None => self.table.remove(&key),
-                };
+            if self.serve(key) {
                 delta.keys.insert(key);
             }
             let conflicts = self.claims.get(&key).map(|c| self.conflict_problems(key, c)).unwrap_or_default();
@@ -177,23 +183,65 @@ impl TableState {
         delta
     }
 
+    /// Gives `key`'s table entry to its first claimant, moving the
+    /// frontend out of that claim (the table holds the one copy of a
+    /// served frontend; a claim holds its own only while another serves
+    /// the key), or removes the entry when nothing claims it. Whether the
+    /// entry changed.
+    fn serve(&mut self, key: FrontendKey) -> bool {
+        let Some(claimants) = self.claims.get(&key) else {
+            return self.table.remove(&key).is_some();
+        };
+        let winner = claimants[0].clone();
+        // The claimant that serves the key now, when still there.
+        let serving = claimants.iter().find(|id| self.claim(id, key).is_some_and(|c| c.frontend.is_none())).cloned();
+        if serving.as_ref() == Some(&winner) {
+            return false;
+        }
+        let Some(frontend) = self.claim_mut(&winner, key).and_then(|c| c.frontend.take()) else {
+            return false;
+        };
+        let differs = self.table.get(&key) != Some(&*frontend);
+        let before = self.table.insert(key, *frontend);
+        // A claimant that loses the key keeps its frontend in its claim.
+        if let (Some(before), Some(loser)) = (before, serving)
+            && let Some(claim) = self.claim_mut(&loser, key)
+        {
+            claim.frontend = Some(Box::new(before));
+        }
+        differs
+    }
+
     /// Service `id`'s claim on `key`.
     fn claim(&self, id: &ServiceId, key: FrontendKey) -> Option<&Claim> {
         self.services.get(id)?.claims.iter().find(|c| c.key == key)
     }
 
+    fn claim_mut(&mut self, id: &ServiceId, key: FrontendKey) -> Option<&mut Claim> {
+        self.services.get_mut(id)?.claims.iter_mut().find(|c| c.key == key)
+    }
+
     /// The problems of the claimants of `key` that do not serve it.
     fn conflict_problems(&self, key: FrontendKey, claimants: &[ServiceId]) -> Vec<Problem> {
         let Some((first, rest)) = claimants.split_first() else { return Vec::new() };
-        let Some(winner) = self.claim(first, key) else { return Vec::new() };
+        if self.claim(first, key).is_none() {
+            return Vec::new();
+        }
+        let Some(winner) = self.table.get(&key) else { return Vec::new() };
         rest.iter()
-            .filter_map(|id| Some((&self.services.get(id)?.object, self.claim(id, key)?)))
-            .map(|(object, claim)| {
-                let message = format!("{key} is already served by {}; skipped", winner.frontend.service_port);
-                Problem::error(object, claim.field.clone(), message)
+            .filter_map(|id| Some((id, self.claim(id, key)?)))
+            .map(|(id, claim)| {
+                let message = format!("{key} is already served by {}; skipped", winner.service_port);
+                Problem::error(&service_ref(id), claim.field.clone(), message)
             })
             .collect()
     }
+}
+
+/// The Service `id` names (not kept in each service's output: its id
+/// says it).
+fn service_ref(id: &ServiceId) -> ObjectRef {
+    ObjectRef::new("Service", Some(&id.0), Some(&id.1))
 }
 
 /// The reason a service is skipped for, when it is not the one it was

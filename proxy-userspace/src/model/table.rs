@@ -134,7 +134,7 @@ where
     let mut state = TableState::default();
     state.replace_all(&services, &slices, node);
     let problems = state.problems().cloned().collect();
-    let skipped = state.skipped().map(|(o, r)| (o.clone(), r)).collect();
+    let skipped = state.skipped().collect();
     let health_checks = state.health_checks();
     // The table is moved out, not copied.
     Translation { table: state.into_table(), problems, skipped, health_checks }

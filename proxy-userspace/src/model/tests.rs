@@ -518,3 +518,41 @@ fn node_hints_come_before_zone_hints() {
     let t = table_in_zone(&format!("{svc}{}", slice("a", PORTS, eps)), None);
     assert!(t.contains(":80/TCP ns/s:http -> 10.0.0.1:8080(local) 10.0.0.2:8080(local)\n"), "{t}");
 }
+
+/// A key several services claim passes between them as they come and go
+/// (the first by namespace and name serves it, as `translate` decides over
+/// sorted services): at every step the kept state holds the table and the
+/// conflict problems a translation from scratch gives, and says which keys
+/// changed. The table holds a served frontend's one copy, the claims the
+/// others' (see `state.rs`), so every hand-over moves one.
+#[test]
+fn a_shared_key_passes_between_its_claimants() {
+    let node = NodeContext::new("n1");
+    let svc = |name: &str| SVC.replace("name: s,", &format!("name: {name},"));
+    let mut state = TableState::default();
+    let mut before = String::new();
+    let steps: &[&[&str]] = &[&["t"], &["s", "t"], &["a", "s", "t"], &["s", "t"], &["t"], &["a"], &[], &["t", "s"]];
+    for names in steps {
+        // Only `s` has endpoints, so its frontends differ from the others'.
+        let yaml = names.iter().map(|n| svc(n)).collect::<Vec<_>>().join("---\n")
+            + &if names.contains(&"s") { slice("a", PORTS, "[{addresses: [10.0.0.1]}]") } else { String::new() };
+        let parsed = file::parse(&yaml).expect("yaml");
+        let (services, slices) = parsed.objects.inputs();
+        let delta = state.replace_all(&services, &slices, &node);
+        let fresh = translate(&parsed.objects.services, &parsed.objects.slices, &node);
+        let now = render(state.table());
+        assert_eq!(now, render(&fresh.table), "{names:?}");
+        let problems = |p: Vec<String>| {
+            let mut p = p;
+            p.sort();
+            p
+        };
+        assert_eq!(
+            problems(state.problems().map(ToString::to_string).collect()),
+            problems(fresh.problems.iter().map(ToString::to_string).collect()),
+            "{names:?}"
+        );
+        assert_eq!(delta.keys.is_empty(), now == before, "{names:?}: changed keys {:?}", delta.keys);
+        before = now;
+    }
+}

@@ -13,8 +13,8 @@ use k8s_openapi::{
 
 use super::stored_slice::SliceId;
 use crate::model::{
-    Address, AddressType, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec, ServiceSpec, ServiceType,
-    SlicePortSpec, SliceSpec,
+    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec, ServiceSpec,
+    ServiceType, SlicePortSpec, SliceSpec,
 };
 
 /// Label naming the service a slice belongs to.
@@ -120,17 +120,23 @@ fn slice_port(port: &EndpointPort) -> SlicePortSpec {
 
 fn endpoint(e: &Endpoint) -> EndpointSpec {
     let conditions = e.conditions.as_ref();
-    let zones = e.hints.as_ref().and_then(|h| h.for_zones.as_ref());
-    let nodes = e.hints.as_ref().and_then(|h| h.for_nodes.as_ref());
+    let hinted = e.hints.as_ref();
+    let zones = hint_names(hinted.and_then(|h| h.for_zones.as_ref()), |z| &z.name);
+    let nodes = hint_names(hinted.and_then(|h| h.for_nodes.as_ref()), |n| &n.name);
+    let hints = (!zones.is_empty() || !nodes.is_empty()).then(|| Box::new(EndpointHints { zones, nodes }));
     EndpointSpec {
         address: e.addresses.first().map(|a| Address::new(a)),
         ready: conditions.and_then(|c| c.ready).unwrap_or(true),
         serving: conditions.and_then(|c| c.serving).unwrap_or(true),
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
         node_name: e.node_name.as_deref().map(Into::into),
-        zone_hints: zones.into_iter().flatten().map(|z| z.name.as_str().into()).collect(),
-        node_hints: nodes.into_iter().flatten().map(|n| n.name.as_str().into()).collect(),
+        hints,
     }
+}
+
+/// The names of one list of hints, as written.
+fn hint_names<T>(hints: Option<&Vec<T>>, name: fn(&T) -> &str) -> Box<[Box<str>]> {
+    hints.into_iter().flatten().map(|h| name(h).into()).collect()
 }
 
 #[cfg(test)]
@@ -178,8 +184,9 @@ mod tests {
         assert_eq!(first.address, Some(Address::Raw("a.example".into())), "the first address only");
         assert!(first.ready && first.serving && !first.terminating, "unset conditions");
         assert!(!second.ready && second.serving && second.terminating);
-        assert_eq!(&*second.zone_hints, [Box::from("z1")]);
-        assert_eq!(&*second.node_hints, [Box::from("n1")]);
+        assert_eq!(second.zone_hints(), [Box::from("z1")]);
+        assert_eq!(second.node_hints(), [Box::from("n1")]);
+        assert_eq!(first.hints, None, "no hints, no allocation");
     }
 
     #[test]
