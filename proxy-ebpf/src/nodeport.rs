@@ -226,7 +226,7 @@ enum Way {
 /// Sets `flow.nat_addr` to the address the route to the backend
 /// (`flow.addr`) prefers: the node's address on that way; or says that
 /// there is no such way.
-#[inline(never)]
+#[inline(always)]
 fn snat_address<F: Frame>(ctx: &F, pkt: &Packet, flow: &mut CtValue) -> Way {
     let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &flow.addr, flow.port);
     to.want_src = true;
