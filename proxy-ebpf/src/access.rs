@@ -209,17 +209,6 @@ pub fn xdp_store<T>(ctx: &XdpContext, offset: usize, value: &T) -> bool {
     unsafe { bpf_xdp_store_bytes(ctx.ctx, offset, core::ptr::from_ref(value).cast_mut().cast(), len) == 0 }
 }
 
-/// `bpf_redirect` from XDP: the packet leaves by device `ifindex` once the
-/// program returns what this returns (XDP_REDIRECT).
-#[inline(always)]
-pub fn xdp_redirect(ifindex: u32) -> i32 {
-    // SAFETY: the helper takes plain integers; flags must be 0 for XDP.
-    #[expect(clippy::cast_possible_truncation, reason = "the helper returns an XDP action")]
-    unsafe {
-        bpf_redirect(ifindex, 0) as i32
-    }
-}
-
 /// The one's-complement checksum difference of replacing `from` by `to`
 /// (network-order words), for `l4_csum_replace` with a size of 0.
 #[inline(always)]

@@ -46,6 +46,12 @@ pub trait Frame: EbpfContext {
     /// Sends the rewritten packet along `route` (a forwarding route of
     /// `route_status`, its TTL already decremented); returns the verdict.
     fn send(&self, route: &Route) -> i32;
+    /// Whether `send` can send along `route`: TC always can
+    /// (`bpf_redirect_neigh`); XDP only back out of the device the frame
+    /// came in on (`XDP_TX`), since `XDP_REDIRECT` to a device that cannot
+    /// transmit XDP frames (a bridge, vxlan, a veth whose peer runs no XDP)
+    /// drops them where nothing counts it.
+    fn can_send(&self, route: &Route) -> bool;
     /// Answers a packet to a frontend without any endpoint (`reject.rs`),
     /// or leaves it to a hook that can; returns the verdict.
     fn reject(&self, pkt: &Packet) -> i32;
@@ -86,6 +92,11 @@ impl Frame for TcContext {
     #[inline(always)]
     fn ifindex(&self) -> u32 {
         skb_ifindex(self)
+    }
+
+    #[inline(always)]
+    fn can_send(&self, _route: &Route) -> bool {
+        true
     }
 
     #[inline(always)]

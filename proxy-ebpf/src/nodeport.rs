@@ -142,7 +142,7 @@ fn forward<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue, dir: u8) -> i32 
         ((&flow.nat_addr, flow.nat_port), (&flow.addr, flow.port))
     };
     let mut to = Route::new(pkt.proto, src, sport, dst, dport);
-    if route_status(ctx, &mut to) != 0 {
+    if route_status(ctx, &mut to) != 0 || !ctx.can_send(&to) {
         return ctx.unfinished(external_stat::NO_ROUTE);
     }
     if let Err(stat) = rewrite(ctx, pkt, End::Src, src, sport).and_then(|()| rewrite(ctx, pkt, End::Dst, dst, dport)) {

@@ -4,12 +4,14 @@
 //!
 //! What it finishes itself: packets to a frontend whose backend is on this
 //! node (rewritten, then passed to the stack), whose backend is on another
-//! node (rewritten and sent: `XDP_TX` back out of the device it came in
-//! on, else `XDP_REDIRECT`), and the replies of source-NATed flows back to
-//! their clients. Everything else passes untouched to the TC programs,
+//! node when the route leaves by the device it came in on (rewritten and
+//! sent back out with `XDP_TX`), and the replies of source-NATed flows back
+//! to their clients. Everything else passes untouched to the TC programs,
 //! which do what XDP cannot: anything not parsed (fragments, ICMP errors,
 //! IPv6 extension headers, other protocols), rejections (the reply is
-//! built on the socket buffer), and packets whose next hop has no
+//! built on the socket buffer), packets routed out of another device
+//! (`XDP_REDIRECT` would drop them, uncounted, on a device that cannot
+//! transmit XDP frames), and packets whose next hop has no
 //! link-layer address yet (TC's `bpf_redirect_neigh` resolves it; the
 //! flow is already in `CT`, so TC takes the same backend). XDP sees
 //! packets whose checksums are complete (from a NIC); the checksums are
@@ -18,7 +20,7 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use proxy_common::external_stat;
 
 use crate::{
-    access::{Route, xdp_ifindex, xdp_load, xdp_redirect, xdp_store},
+    access::{Route, xdp_ifindex, xdp_load, xdp_store},
     frame::{CSUM_SIZE_MASK, Frame, csum_replace_sw},
     maps::count_external,
     nodeport,
@@ -66,7 +68,12 @@ impl Frame for XdpContext {
             count_external(external_stat::REWRITE_FAILED);
             return Self::DROP;
         }
-        if route.ifindex == self.ifindex() { action(xdp_action::XDP_TX) } else { xdp_redirect(route.ifindex) }
+        action(xdp_action::XDP_TX)
+    }
+
+    #[inline(always)]
+    fn can_send(&self, route: &Route) -> bool {
+        route.ifindex == self.ifindex()
     }
 
     #[inline(always)]

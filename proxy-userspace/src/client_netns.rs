@@ -58,11 +58,7 @@ fn candidates() -> Vec<PathBuf> {
 
 /// Whether an interface of the current thread's namespace has `ip`.
 fn has_address(ip: IpAddr) -> io::Result<bool> {
-    let addrs = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
-    Ok(addrs.filter_map(|a| a.address).any(|a| {
-        a.as_sockaddr_in().map(|s| IpAddr::V4(s.ip())) == Some(ip)
-            || a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())) == Some(ip)
-    }))
+    Ok(crate::local_addrs::try_read().map_err(io::Error::from)?.iter().any(|a| a.ip == ip))
 }
 
 /// The cookie of the current thread's network namespace.

@@ -181,8 +181,11 @@ pub fn serve(path: &Path) -> Result<(ExplainServer, Requests), ServeError> {
         if !meta.file_type().is_socket() {
             return Err(ServeError::NotASocket { path: path.to_owned() });
         }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(ServeError::InUse { path: path.to_owned() });
+        // Only a refused connection means nobody serves it: a full backlog
+        // or a denied connect is an agent that is there.
+        match std::os::unix::net::UnixStream::connect(path) {
+            Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {}
+            _ => return Err(ServeError::InUse { path: path.to_owned() }),
         }
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -273,14 +276,16 @@ async fn write_all(stream: &UnixStream, mut bytes: &[u8]) -> io::Result<()> {
 async fn ask_loop(request: Request, tx: &mpsc::Sender<Asked>) -> Answer {
     let (reply, answer) = oneshot::channel();
     let gone = || Answer::NotExplained { reason: "the agent is stopping".to_owned() };
-    if tx.send((request, reply)).await.is_err() {
-        return gone();
-    }
-    match tokio::time::timeout(TIMEOUT, answer).await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(_)) => gone(),
-        Err(_) => Answer::NotExplained { reason: "the agent is busy (a long sync); ask again".to_owned() },
-    }
+    // One deadline for the queue and the answer: a busy loop says so.
+    let asked = async {
+        if tx.send((request, reply)).await.is_err() {
+            return gone();
+        }
+        answer.await.unwrap_or_else(|_| gone())
+    };
+    tokio::time::timeout(TIMEOUT, asked)
+        .await
+        .unwrap_or_else(|_| Answer::NotExplained { reason: "the agent is busy (a long sync); ask again".to_owned() })
 }
 
 /// Why the agent could not be asked.

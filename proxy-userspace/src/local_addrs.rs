@@ -30,7 +30,15 @@ pub struct LocalAddr {
 /// they cannot be read).
 #[must_use]
 pub fn read() -> Vec<LocalAddr> {
-    let Ok(addrs) = getifaddrs() else { return Vec::new() };
+    try_read().unwrap_or_default()
+}
+
+/// Every address of every device in this network namespace.
+///
+/// # Errors
+/// When getifaddrs fails (out of descriptors or memory).
+pub fn try_read() -> nix::Result<Vec<LocalAddr>> {
+    let addrs = getifaddrs()?;
     let mut out: Vec<LocalAddr> = addrs
         .filter_map(|a| {
             let addr = a.address?;
@@ -44,7 +52,7 @@ pub fn read() -> Vec<LocalAddr> {
         .collect();
     out.sort();
     out.dedup();
-    out
+    Ok(out)
 }
 
 /// The addresses alone, sorted.
@@ -70,9 +78,10 @@ const SETTLE: Duration = Duration::from_millis(50);
 pub struct Watch {
     socket: Option<AsyncFd<OwnedFd>>,
     last: Vec<LocalAddr>,
-    /// A notification was taken and the addresses not read since (kept
-    /// across a `changed` dropped half-way, as `select!` drops it).
-    pending: bool,
+    /// A notification was taken and the addresses not read since: when
+    /// to read them (kept across a `changed` dropped half-way, as
+    /// `select!` drops it, so a busy loop does not put the read off).
+    pending: Option<tokio::time::Instant>,
     /// Without a subscription: when the addresses are read next.
     next_poll: tokio::time::Instant,
 }
@@ -88,7 +97,7 @@ impl Watch {
                 warn!(%err, period_s = POLL_PERIOD.as_secs(), "cannot subscribe to address changes (netlink); reading the node's addresses periodically instead");
             })
             .ok();
-        Self { socket, last: read(), pending: false, next_poll: tokio::time::Instant::now() + POLL_PERIOD }
+        Self { socket, last: read(), pending: None, next_poll: tokio::time::Instant::now() + POLL_PERIOD }
     }
 
     /// The addresses as last returned (or read at the start).
@@ -101,7 +110,9 @@ impl Watch {
     /// dropped before it resolves loses no change.
     pub async fn changed(&mut self) -> Vec<LocalAddr> {
         loop {
-            if !self.pending {
+            let read_at = if let Some(at) = self.pending {
+                at
+            } else {
                 if let Some(socket) = &self.socket {
                     if let Err(err) = wait_and_drain(socket).await {
                         warn!(%err, period_s = POLL_PERIOD.as_secs(), "address change notifications failed; reading the node's addresses periodically instead");
@@ -111,17 +122,25 @@ impl Watch {
                     tokio::time::sleep_until(self.next_poll).await;
                     self.next_poll = tokio::time::Instant::now() + POLL_PERIOD;
                 }
-                self.pending = true;
-            }
-            tokio::time::sleep(SETTLE).await;
+                *self.pending.insert(tokio::time::Instant::now() + SETTLE)
+            };
+            tokio::time::sleep_until(read_at).await;
             if let Some(socket) = &self.socket {
                 let _ = drain(socket);
             }
-            self.pending = false;
-            let now = read();
-            if now != self.last {
-                self.last.clone_from(&now);
-                return now;
+            self.pending = None;
+            match try_read() {
+                Ok(now) if now != self.last => {
+                    self.last.clone_from(&now);
+                    return now;
+                }
+                Ok(_) => {}
+                // Not "no addresses": the last ones stay, and the next
+                // poll (or notification) reads again.
+                Err(err) => {
+                    warn!(%err, "cannot read the node's addresses; keeping the last ones");
+                    self.pending = Some(tokio::time::Instant::now() + POLL_PERIOD);
+                }
             }
         }
     }

@@ -181,7 +181,8 @@ impl Datapath {
             .map_max_entries(map_names::SERVICES, sizes.services)
             .map_max_entries(map_names::BACKENDS, sizes.backends)
             .map_max_entries(map_names::REVNAT, sizes.frontends)
-            .map_max_entries(map_names::CONNECTIONS, sizes.frontends)
+            // Indexed by frontend id, 1..=frontends (id 0 is never used).
+            .map_max_entries(map_names::CONNECTIONS, sizes.frontends.saturating_add(1))
             .map_max_entries(map_names::CT, opts.ct_map_size)
             .override_global(LOG_ENABLED, &log_flag, true)
             .override_global(MAGLEV_SIZE, &maglev_size, true)

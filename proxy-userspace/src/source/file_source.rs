@@ -171,8 +171,14 @@ impl ChangeSource for FileSource {
         Some((svc.clone(), slices))
     }
 
+    /// What was last delivered, again (a node address or zone change
+    /// translates it anew); a file being written, broken or in its
+    /// empty-file grace is not read for it. Before any delivery: a read.
     fn everything(&mut self) -> Option<Delivery> {
-        self.snapshot()
+        match &self.delivered {
+            Some(snapshot) => Some(Delivery::new(snapshot.clone())),
+            None => self.snapshot(),
+        }
     }
 }
 
