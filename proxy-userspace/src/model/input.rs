@@ -10,7 +10,7 @@
 //!
 //! A field the model starts to read is added here and filled in
 //! `crate::source::convert`, nowhere else.
-use std::{fmt, net::IpAddr};
+use std::{fmt, net::IpAddr, sync::Arc};
 
 use super::{ObjectRef, ServiceId};
 
@@ -144,7 +144,9 @@ pub struct EndpointSpec {
     pub serving: bool,
     /// `conditions.terminating` (unset: false).
     pub terminating: bool,
-    pub node_name: Option<Box<str>>,
+    /// `nodeName`: one copy shared by every endpoint on that node
+    /// (`crate::source::node_names`).
+    pub node_name: Option<Arc<str>>,
     /// Its topology hints (`None`: none, as for nearly every endpoint;
     /// boxed so the 100,000 endpoints of a big cluster do not each carry
     /// two empty lists).

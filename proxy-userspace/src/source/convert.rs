@@ -129,7 +129,7 @@ fn endpoint(e: &Endpoint) -> EndpointSpec {
         ready: conditions.and_then(|c| c.ready).unwrap_or(true),
         serving: conditions.and_then(|c| c.serving).unwrap_or(true),
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
-        node_name: e.node_name.as_deref().map(Into::into),
+        node_name: e.node_name.as_deref().map(super::node_names::shared),
         hints,
     }
 }
@@ -187,6 +187,22 @@ mod tests {
         assert_eq!(second.zone_hints(), [Box::from("z1")]);
         assert_eq!(second.node_hints(), [Box::from("n1")]);
         assert_eq!(first.hints, None, "no hints, no allocation");
+    }
+
+    #[test]
+    fn endpoints_on_one_node_share_its_name() {
+        let slice = |name: &str| -> SliceSpec {
+            let yaml = format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}}}\naddressType: IPv4\n\
+                 endpoints:\n- {{addresses: [10.0.0.1], nodeName: shared-node}}\n- {{addresses: [10.0.0.2], nodeName: shared-node}}\n"
+            );
+            SliceSpec::from(&serde_norway::from_str::<EndpointSlice>(&yaml).expect("an EndpointSlice"))
+        };
+        let (a, b) = (slice("a"), slice("b"));
+        let names: Vec<&std::sync::Arc<str>> =
+            a.endpoints.iter().chain(&b.endpoints).map(|e| e.node_name.as_ref().expect("a node name")).collect();
+        assert_eq!(&**names[0], "shared-node");
+        assert!(names.iter().all(|n| std::sync::Arc::ptr_eq(n, names[0])), "one copy across endpoints and slices");
     }
 
     #[test]

@@ -87,19 +87,23 @@ impl<K: Clone + Eq + Hash, V> Kind<K, V> {
         self.live.insert(id, Entry { version: version.map(Into::into), value: Arc::new(value) })
     }
 
-    fn remove(&mut self, id: &K) {
-        self.live.remove(id);
+    /// Removes `id`; returns what it held.
+    fn remove(&mut self, id: &K) -> Option<Entry<V>> {
+        self.live.remove(id)
     }
 
-    /// Ends a list: removes what it did not see; returns those ids.
-    fn end_list(&mut self) -> Vec<K> {
+    /// Ends a list: removes what it did not see; returns those ids and
+    /// what each held.
+    fn end_list(&mut self) -> Vec<(K, Arc<V>)> {
         self.listed = true;
         let Some(seen) = self.relist.take() else { return Vec::new() };
         let gone: Vec<K> = self.live.keys().filter(|id| !seen.contains(*id)).cloned().collect();
-        for id in &gone {
-            self.live.remove(id);
-        }
-        gone
+        gone.into_iter().filter_map(|id| self.live.remove(&id).map(|e| (id, e.value))).collect()
+    }
+
+    /// What `id` holds now.
+    fn value(&self, id: &K) -> Option<&V> {
+        self.live.get(id).map(|e| &*e.value)
     }
 
     fn get(&self, id: &K) -> Option<Arc<V>> {
@@ -183,7 +187,7 @@ impl ObjectStore {
             }
             Event::InitDone => {
                 let relist = self.services.listed;
-                let gone = self.services.end_list();
+                let gone = self.services.end_list().into_iter().map(|(id, _)| id);
                 self.pending.ended_list(relist, gone);
             }
             Event::Apply(svc) => {
@@ -216,8 +220,8 @@ impl ObjectStore {
                 // what it touches.
                 let mut first_list = BTreeSet::new();
                 let touched = if self.slices.listed { &mut self.pending.services } else { &mut first_list };
-                self.index.set(id.clone(), Some(&slice), touched);
-                let old = self.slices.upsert(id, version, slice);
+                let old = self.slices.upsert(id.clone(), version, slice);
+                self.index.set(&id, old.as_ref().map(|o| &*o.value), self.slices.value(&id), touched);
                 // A version new to a relist carries its trigger time (the
                 // first list's changes happened before start).
                 if self.slices.listed && old.is_none_or(|o| o.version.as_deref() != version) {
@@ -227,8 +231,8 @@ impl ObjectStore {
             Event::InitDone => {
                 let relist = self.slices.listed;
                 let mut touched = BTreeSet::new();
-                for id in self.slices.end_list() {
-                    self.index.set(id, None, &mut touched);
+                for (id, before) in self.slices.end_list() {
+                    self.index.set(&id, Some(&before), None, &mut touched);
                 }
                 self.pending.ended_list(relist, touched);
             }
@@ -237,14 +241,15 @@ impl ObjectStore {
                 self.pending.events.1 += 1;
                 self.triggers.extend(trigger_time(&obj));
                 let id = convert::slice_id(&obj);
-                self.index.set(id.clone(), Some(&slice), &mut self.pending.services);
-                self.slices.upsert(id, obj.metadata.resource_version.as_deref(), slice);
+                let old = self.slices.upsert(id.clone(), obj.metadata.resource_version.as_deref(), slice);
+                let (before, now) = (old.as_ref().map(|o| &*o.value), self.slices.value(&id));
+                self.index.set(&id, before, now, &mut self.pending.services);
             }
             Event::Delete(obj) => {
                 self.pending.events.1 += 1;
                 let id = convert::slice_id(&obj);
-                self.index.set(id.clone(), None, &mut self.pending.services);
-                self.slices.remove(&id);
+                let before = self.slices.remove(&id);
+                self.index.set(&id, before.as_ref().map(|o| &*o.value), None, &mut self.pending.services);
             }
         }
     }

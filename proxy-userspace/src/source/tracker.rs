@@ -6,40 +6,48 @@ use super::stored_slice::{SliceId, StoredSlice};
 use crate::model::ServiceId;
 
 /// The slices of each service, as the `kubernetes.io/service-name` label
-/// says.
+/// says. The service a slice named before is read from the slice the store
+/// held (the caller passes it), so the index keeps no map back from slice
+/// to service: at 10,000 services that map held ~1.6 MB of ids the store
+/// already has.
 #[derive(Debug, Default)]
 pub struct SliceIndex {
-    owner_of: HashMap<SliceId, ServiceId>,
     /// (A short list each: a service has a few slices.)
     slices_of: HashMap<ServiceId, Vec<SliceId>>,
 }
 
 impl SliceIndex {
     /// The index of exactly `slices`.
+    #[cfg(test)]
     pub fn rebuild<'a>(&mut self, slices: impl IntoIterator<Item = &'a StoredSlice>) {
-        self.owner_of.clear();
         self.slices_of.clear();
         for slice in slices {
-            self.set(slice.id(), Some(slice), &mut BTreeSet::new());
+            self.set(&slice.id(), None, Some(slice), &mut BTreeSet::new());
         }
     }
 
-    /// Records that slice `id` is now `now` (`None`: gone), adding to
-    /// `touched` the services it named before and names now.
-    pub fn set(&mut self, id: SliceId, now: Option<&StoredSlice>, touched: &mut BTreeSet<ServiceId>) {
-        if let Some(before) = self.owner_of.remove(&id) {
-            if let Some(set) = self.slices_of.get_mut(&before) {
-                set.retain(|s| *s != id);
+    /// Records that slice `id`, `before` as the store held it (`None`: it
+    /// held none), is now `now` (`None`: gone), adding to `touched` the
+    /// services it named before and names now.
+    pub fn set(
+        &mut self,
+        id: &SliceId,
+        before: Option<&StoredSlice>,
+        now: Option<&StoredSlice>,
+        touched: &mut BTreeSet<ServiceId>,
+    ) {
+        if let Some(before) = before.and_then(StoredSlice::owner) {
+            if let Some(set) = self.slices_of.get_mut(before) {
+                set.retain(|s| s != id);
                 if set.is_empty() {
-                    self.slices_of.remove(&before);
+                    self.slices_of.remove(before);
                 }
             }
-            touched.insert(before);
+            touched.insert(before.clone());
         }
-        if let Some(owner) = now.and_then(StoredSlice::owner).cloned() {
+        if let Some(owner) = now.and_then(StoredSlice::owner) {
             self.slices_of.entry(owner.clone()).or_insert_with(|| Vec::with_capacity(1)).push(id.clone());
-            self.owner_of.insert(id, owner.clone());
-            touched.insert(owner);
+            touched.insert(owner.clone());
         }
     }
 
@@ -48,15 +56,10 @@ impl SliceIndex {
         self.slices_of.get(service).into_iter().flatten()
     }
 
-    /// How many slices name some service.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.owner_of.len()
-    }
-
+    /// Whether no slice names a service.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.owner_of.is_empty()
+        self.slices_of.is_empty()
     }
 }
 
@@ -91,7 +94,8 @@ mod tests {
         let mut index = SliceIndex::default();
         index.rebuild([&slice("a", "web-1", Some("web"))]);
         let mut touched = BTreeSet::new();
-        index.set(id("a", "web-1"), Some(&slice("a", "web-1", Some("api"))), &mut touched);
+        let before = slice("a", "web-1", Some("web"));
+        index.set(&id("a", "web-1"), Some(&before), Some(&slice("a", "web-1", Some("api"))), &mut touched);
         assert_eq!(touched, BTreeSet::from([id("a", "web"), id("a", "api")]));
         assert_eq!(index.slices_of(&id("a", "web")).count(), 0);
         assert_eq!(index.slices_of(&id("a", "api")).collect::<Vec<_>>(), [&id("a", "web-1")]);
@@ -100,10 +104,11 @@ mod tests {
     #[test]
     fn a_deleted_slice_or_a_lost_label_leaves_its_service() {
         let mut index = SliceIndex::default();
-        index.rebuild([&slice("a", "web-1", Some("web")), &slice("a", "web-2", Some("web"))]);
+        let (one, two) = (slice("a", "web-1", Some("web")), slice("a", "web-2", Some("web")));
+        index.rebuild([&one, &two]);
         let mut touched = BTreeSet::new();
-        index.set(id("a", "web-1"), None, &mut touched);
-        index.set(id("a", "web-2"), Some(&slice("a", "web-2", None)), &mut touched);
+        index.set(&id("a", "web-1"), Some(&one), None, &mut touched);
+        index.set(&id("a", "web-2"), Some(&two), Some(&slice("a", "web-2", None)), &mut touched);
         assert_eq!(touched, BTreeSet::from([id("a", "web")]));
         assert!(index.is_empty());
     }
@@ -128,11 +133,11 @@ mod tests {
                     .collect();
                 let mut touched = BTreeSet::new();
                 if deletes[i] {
-                    live.remove(&id("ns", &name));
-                    index.set(id("ns", &name), None, &mut touched);
+                    let before = live.remove(&id("ns", &name));
+                    index.set(&id("ns", &name), before.as_ref(), None, &mut touched);
                 } else {
                     let s = slice("ns", &name, owner.map(|o| services[o]));
-                    index.set(id("ns", &name), Some(&s), &mut touched);
+                    index.set(&id("ns", &name), live.get(&id("ns", &name)), Some(&s), &mut touched);
                     live.insert(id("ns", &name), s);
                 }
                 for (svc, old) in before {
@@ -142,7 +147,6 @@ mod tests {
             }
             let mut rebuilt = SliceIndex::default();
             rebuilt.rebuild(live.values());
-            prop_assert_eq!(&index.owner_of, &rebuilt.owner_of);
             let sorted = |i: &SliceIndex| -> BTreeMap<ServiceId, BTreeSet<SliceId>> {
                 i.slices_of.iter().map(|(k, v)| (k.clone(), v.iter().cloned().collect())).collect()
             };
