@@ -604,79 +604,22 @@ fn node_ports_are_answered_on_the_node_s_local_addresses_as_they_come_within_nod
     assert!(!ok, "an address outside nodePortAddresses answered the NodePort: {body}");
 }
 
-/// Sets an ethtool feature of `device` in `ns` with the legacy
-/// `SIOCETHTOOL` ioctl (the machine has no ethtool binary): `cmd` is
-/// `ETHTOOL_STXCSUM` (linux/ethtool.h), `on` its value.
-fn ethtool_set(ns: &proxy_testkit::NetNs, device: &str, cmd: u32, on: bool) {
-    const SCRIPT: &str = "import ctypes, fcntl, socket, struct, sys
-value = ctypes.create_string_buffer(struct.pack('II', int(sys.argv[2]), int(sys.argv[3])))
-ifreq = struct.pack('16sP16x', sys.argv[1].encode(), ctypes.addressof(value))
-sock = socket.socket()
-fcntl.ioctl(sock.fileno(), 0x8946, ifreq)";
-    let status = proxy_testkit::spawn_in(ns, None, "/usr/bin/python3")
-        .unwrap()
-        .args(["-c", SCRIPT, device, &cmd.to_string(), if on { "1" } else { "0" }])
-        .status()
-        .unwrap();
-    assert!(status.success(), "ethtool command {cmd:#x} on {device}");
-}
-
-const ETHTOOL_STXCSUM: u32 = 0x17;
-
-/// Loads an XDP program that passes everything and attaches it (default
-/// mode: native on a veth) to `devices` of `ns` through links held by a
-/// python process, which the returned guard ends (detaching them).
-fn xdp_pass_on(ns: &proxy_testkit::NetNs, devices: &[&str]) -> common::topology::ChildGuard {
-    // bpf(2) by hand (r0 = XDP_PASS; exit): BPF_PROG_LOAD (5) of type
-    // XDP (6), then BPF_LINK_CREATE (28) with attach type BPF_XDP (37).
-    const SCRIPT: &str = "import ctypes, socket, struct, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-def bpf(cmd, attr):
-    buf = ctypes.create_string_buffer(attr + bytes(128 - len(attr)))
-    fd = libc.syscall(ctypes.c_long(321), ctypes.c_long(cmd), buf, ctypes.c_long(128))
-    if fd < 0:
-        sys.exit('bpf(%d): errno %d' % (cmd, ctypes.get_errno()))
-    return fd
-insns = ctypes.create_string_buffer(struct.pack('<BBhiBBhi', 0xb7, 0, 0, 2, 0x95, 0, 0, 0))
-license = ctypes.create_string_buffer(b'GPL')
-prog = bpf(5, struct.pack('IIQQIIQII16s', 6, 2, ctypes.addressof(insns), ctypes.addressof(license), 0, 0, 0, 0, 0, b'xdp_pass'))
-links = [bpf(28, struct.pack('IIII', prog, socket.if_nametoindex(d), 37, 0)) for d in sys.argv[1:]]
-print('attached', flush=True)
-time.sleep(1e9)";
-    let mut child = proxy_testkit::spawn_in(ns, None, "/usr/bin/python3")
-        .unwrap()
-        .args(["-c", SCRIPT])
-        .args(devices)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
-    let guard = common::topology::ChildGuard(child);
-    assert_eq!(line.trim(), "attached", "the XDP pass program did not attach to {devices:?}");
-    guard
-}
-
-/// Makes the veth topology behave like NICs for XDP on the nodes' eth0:
-/// - senders towards a node (the client, the pods) fill in their TCP and
-///   UDP checksums (a veth otherwise hands on a partial checksum, which XDP
-///   cannot see and the rewritten frame would keep; a NIC never does);
-/// - the bridge-side peers of the nodes' eth0 run an XDP program (one that
-///   passes everything): the kernel wakes a veth for the frames its peer
-///   sends back out with XDP_TX only when it runs one itself, else they
-///   wait in its queue.
+/// Makes the veth topology behave like NICs for XDP on the nodes' eth0
+/// (`proxy_testkit::veth_xdp`): the senders towards a node (the client,
+/// the pods) fill in their checksums, and the bridge-side peers of the
+/// nodes' eth0 run an XDP program.
 fn prepare_veths_for_xdp(topo: &mut Topology, nodes: u8) {
-    ethtool_set(&topo.client, "eth0", ETHTOOL_STXCSUM, false);
+    use proxy_testkit::veth_xdp;
+    veth_xdp::tx_checksum(&topo.client, "eth0", false).unwrap();
     let mut peers = Vec::new();
     for n in 1..=nodes {
         for pod in &topo.node(n).pods {
-            ethtool_set(&pod.ns, "eth0", ETHTOOL_STXCSUM, false);
+            veth_xdp::tx_checksum(&pod.ns, "eth0", false).unwrap();
         }
         peers.push(format!("vn{n}"));
     }
     let peers: Vec<&str> = peers.iter().map(String::as_str).collect();
-    let guard = xdp_pass_on(&topo.lan, &peers);
-    topo.servers.push(guard);
+    topo.xdp_pass.push(veth_xdp::pass_all(&topo.lan, &peers).unwrap());
 }
 
 /// Node `n`'s counter `name` of traffic from outside (`external_stat`).

@@ -27,7 +27,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use proxy_testkit::{AgentProcess, BpfFs, NetNs, TestCgroup, message, unique_name};
+use proxy_testkit::{AgentProcess, BpfFs, NetNs, TestCgroup, message, unique_name, veth_xdp};
 
 use super::{
     Settings,
@@ -162,6 +162,8 @@ impl Lane {
 
 /// The namespaces of every lane. Fields drop in order: the lan goes last.
 struct OutsideNet {
+    /// XDP pass programs on the XDP lane's veth peer (dropped first).
+    xdp_pass: Vec<veth_xdp::PassAll>,
     lanes: Vec<Lane>,
     clients: Vec<NetNs>,
     entries: Vec<NetNs>,
@@ -177,7 +179,15 @@ impl OutsideNet {
         let lan = NetNs::create(&unique_name("ebpf-proxy-bench-olan"))?;
         lan.ip(&["link", "add", "br0", "type", "bridge"])?;
         lan.ip(&["link", "set", "br0", "up"])?;
-        let mut net = Self { lanes: Vec::new(), clients: Vec::new(), entries: Vec::new(), backends: Vec::new(), lan };
+        let mut net = Self {
+            xdp_pass: Vec::new(),
+            lanes: Vec::new(),
+            clients: Vec::new(),
+            entries: Vec::new(),
+            backends: Vec::new(),
+            lan,
+        };
+        let mut xdp_pass = Vec::new();
         for (j, variant) in variants.iter().enumerate() {
             let lane = Lane { variant: *variant, k: u8::try_from(j + 1)? };
             let k = lane.k;
@@ -214,9 +224,19 @@ impl OutsideNet {
 
             attach(lan, client, &format!("oc{k}"), &format!("10.252.{k}.2/24"))?;
             client.ip(&["route", "add", "default", "via", &lane.node_ip().to_string()])?;
+            if *variant == Variant::Xdp {
+                // The entry node's eth0 as a NIC for XDP
+                // (`proxy_testkit::veth_xdp`): whole checksums from the
+                // senders towards it, an XDP program on its peer for the
+                // frames it sends back out with XDP_TX.
+                veth_xdp::tx_checksum(client, "eth0", false)?;
+                veth_xdp::tx_checksum(backend, "eth0", false)?;
+                xdp_pass.push(veth_xdp::pass_all(lan, &[&format!("oe{k}")])?);
+            }
             sysctl(client, "net.ipv4.ip_local_port_range", "1024 65535")?;
             net.lanes.push(lane);
         }
+        net.xdp_pass = xdp_pass;
         Ok(net)
     }
 

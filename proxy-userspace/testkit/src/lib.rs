@@ -4,7 +4,8 @@
 //! protocol, UDP backends; and, re-exported from `ebpf_proxy::sandbox` (the
 //! demo needs them too), the guards that create a network namespace, a
 //! cgroup v2 child and a private bpffs and remove them on drop, HTTP
-//! backends and clients that run inside the namespace and cgroup.
+//! backends and clients that run inside the namespace and cgroup; veths
+//! made to behave like NICs for XDP (`veth_xdp`).
 //!
 //! Safety rule: nothing here sends traffic from the machine's own network
 //! namespace. Servers are bound inside a test namespace; clients are
@@ -12,6 +13,7 @@
 mod agent;
 pub mod apiserver;
 mod udp;
+pub mod veth_xdp;
 
 pub use agent::{AgentProcess, field, message};
 pub use apiserver::{TestApiServer, kubeconfig_yaml};

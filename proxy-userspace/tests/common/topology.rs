@@ -74,6 +74,8 @@ pub struct Topology {
     pub http: Vec<HttpBackend>,
     pub udp: Vec<UdpBackend>,
     pub servers: Vec<ChildGuard>,
+    /// XDP pass programs on the lan's veth peers (`prepare_veths_for_xdp`).
+    pub xdp_pass: Vec<proxy_testkit::veth_xdp::PassAll>,
     pub bpffs: BpfFs,
     pub nodes: Vec<Node>,
     pub client: NetNs,
@@ -144,7 +146,18 @@ impl Topology {
         }
         let agents = nodes.iter().map(|_| None).collect();
         let dir = tempfile::tempdir().unwrap();
-        Self { agents, http: Vec::new(), udp: Vec::new(), servers: Vec::new(), bpffs, nodes, client, lan, dir }
+        Self {
+            agents,
+            http: Vec::new(),
+            udp: Vec::new(),
+            servers: Vec::new(),
+            xdp_pass: Vec::new(),
+            bpffs,
+            nodes,
+            client,
+            lan,
+            dir,
+        }
     }
 
     #[must_use]
