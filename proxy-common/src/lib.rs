@@ -130,6 +130,16 @@ pub mod ct_flags {
     pub const SNAT: u8 = 1 << 0;
     /// A FIN or RST was seen: the entry expires soon.
     pub const CLOSING: u8 = 1 << 1;
+    /// An RST was seen: the connection is gone at both ends (no TIME_WAIT),
+    /// so its SNAT port is free at once.
+    pub const RESET: u8 = 1 << 2;
+    /// A FIN was seen from the client (the original direction).
+    pub const FIN_ORIGINAL: u8 = 1 << 3;
+    /// A FIN was seen from the backend (the reply direction).
+    pub const FIN_REPLY: u8 = 1 << 4;
+    /// Both ends sent their FIN: the connection is closed, only its last
+    /// ACK (and a lost FIN's retransmission) may still pass.
+    pub const FIN_BOTH: u8 = FIN_ORIGINAL | FIN_REPLY;
 }
 
 /// Lifetimes of connection-tracking entries, in seconds since last use.
@@ -137,11 +147,26 @@ pub mod ct_lifetime {
     pub const TCP: u64 = 21_600;
     pub const TCP_CLOSING: u64 = 10;
     pub const UDP: u64 = 60;
+    /// A source-NATed TCP flow closed by both FINs gives its SNAT port to a
+    /// new flow after this long (its entries stay `TCP_CLOSING` for late
+    /// packets); one closed by an RST gives it at once, and a half-closed
+    /// one (a FIN one way only) keeps it. Linux conntrack, which
+    /// kube-proxy's masquerade relies on, lets a new SYN take over a tuple
+    /// in TIME_WAIT or CLOSE right away (`nf_conntrack_proto_tcp.c`, after
+    /// RFC 1122 4.2.2.13); the short grace here lets the last ACK, or a
+    /// lost one's retransmitted FIN, reach the right client first.
+    pub const TCP_PORT_AFTER_FINS: u64 = 2;
 }
 
 /// Source ports the TC programs use for source NAT towards backends on other
 /// nodes: above Linux's default `ip_local_port_range` (32768-60999), so they
-/// never collide with the node's own connections.
+/// never collide with the node's own connections. The range is not wider on
+/// purpose: the programs do not see the node's own connections, and the
+/// node does connect to backends from its ephemeral ports (the kubelet's
+/// probes to pod addresses), so a port inside that range could give a
+/// source-NATed flow the very tuple of one of them; below it lie the
+/// NodePort range (30000-32767) and the node's listening ports. Ports come
+/// back quickly instead (`ct_lifetime::TCP_PORT_AFTER_FINS`, `ct_flags::RESET`).
 pub mod snat_ports {
     pub const MIN: u16 = 61_000;
     pub const MAX: u16 = 65_535;

@@ -2,21 +2,28 @@
 //! direction of a flow (`CT`, LRU), so every packet of a flow reaches the
 //! backend its first packet chose and replies find their way back. Entries
 //! expire when unused for their lifetime (shorter once the connection
-//! closes); the LRU evicts the oldest when the map is full.
+//! closes); the LRU evicts the oldest when the map is full. A source-NATed
+//! flow's reply entry holds its port on the node's address: while the flow
+//! lives, and after it closes only until the backend is done with the tuple
+//! (`holds_port`).
 use proxy_common::{CtKey, CtValue, ct_dir, ct_flags, ct_lifetime, flow_hash, proto, snat_ports};
 
 use crate::{
     access::now_ns,
     maps::{ct_insert, ct_update},
-    packet::Packet,
+    packet::{Packet, TCP_FIN, TCP_RST},
 };
 
 const NS_PER_SEC: u64 = 1_000_000_000;
 /// An entry's last-use time is written at most this often (a write per
 /// packet would cost more than the lookup).
 const REFRESH_NS: u64 = NS_PER_SEC;
-/// Source NAT ports tried for a new flow before giving up.
-const SNAT_TRIES: u32 = 16;
+/// Source NAT ports tried for a new flow before giving up: with ports
+/// picked at random, a new flow fails only when the backend's ports are
+/// nearly all held (at 90 % taken, 1 in 850). Cilium tries 32, or 128 where
+/// the kernel allows a million instructions (`SNAT_COLLISION_RETRIES`,
+/// bpf/lib/nat.h); the loop stays bounded for the verifier.
+const SNAT_TRIES: u32 = 64;
 
 #[inline(always)]
 fn lifetime_ns(protocol: u8, flags: u8) -> u64 {
@@ -35,29 +42,67 @@ fn live(entry: &CtValue, protocol: u8, now: u64) -> bool {
     now.saturating_sub(entry.last_seen_ns) < lifetime_ns(protocol, entry.flags)
 }
 
+/// Whether the reply entry `entry` still holds its SNAT port: a TCP flow
+/// closed by an RST does not (both ends dropped the connection), one closed
+/// by both FINs for `ct_lifetime::TCP_PORT_AFTER_FINS` (its last ACK), any
+/// other while it lives (a half-closed flow may still carry data).
+#[inline(always)]
+fn holds_port(entry: &CtValue, protocol: u8, now: u64) -> bool {
+    if protocol == proto::TCP {
+        if entry.flags & ct_flags::RESET != 0 {
+            return false;
+        }
+        if entry.flags & ct_flags::FIN_BOTH == ct_flags::FIN_BOTH {
+            return now.saturating_sub(entry.last_seen_ns) < ct_lifetime::TCP_PORT_AFTER_FINS * NS_PER_SEC;
+        }
+    }
+    live(entry, protocol, now)
+}
+
+/// The `ct_flags` a packet going `dir` brings to its flow: closing on a
+/// FIN (and which end sent it) or an RST; none for other packets.
+#[inline(always)]
+fn closing_flags(pkt: &Packet, dir: u8) -> u8 {
+    let mut flags = 0;
+    if pkt.tcp_flags & TCP_RST != 0 {
+        flags |= ct_flags::CLOSING | ct_flags::RESET;
+    }
+    if pkt.tcp_flags & TCP_FIN != 0 {
+        flags |= ct_flags::CLOSING | if dir == ct_dir::ORIGINAL { ct_flags::FIN_ORIGINAL } else { ct_flags::FIN_REPLY };
+    }
+    flags
+}
+
 /// Copies the live entry of the packet's flow in direction `dir` (its key
 /// is the packet as it is) to `out`, refreshed for this packet (last use,
-/// and closing on a TCP FIN or RST); false when there is none.
+/// and the closing flags of a TCP FIN or RST, on both directions' entries);
+/// false when there is none.
 #[inline(never)]
 pub fn lookup(pkt: &Packet, dir: u8, out: &mut CtValue) -> bool {
     let key = &pkt.ct_key(dir);
     let now = now_ns();
-    ct_update(key, |entry| {
+    let closing = closing_flags(pkt, dir);
+    let mut touch_other = false;
+    let found = ct_update(key, |entry| {
         if !live(entry, key.proto, now) {
             return false;
         }
-        if pkt.is_closing() && entry.flags & ct_flags::CLOSING == 0 {
-            entry.flags |= ct_flags::CLOSING;
+        if entry.flags & closing != closing {
+            entry.flags |= closing;
             entry.last_seen_ns = now;
-            mark_other_closing(key, entry);
+            touch_other = true;
         } else if now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
             entry.last_seen_ns = now;
-            refresh_other(key, entry, now);
+            touch_other = true;
         }
         *out = *entry;
         true
     })
-    .unwrap_or(false)
+    .unwrap_or(false);
+    if touch_other {
+        update_other(key, out, closing, now);
+    }
+    found
 }
 
 /// The key of the other direction of the flow whose entry is `entry`.
@@ -74,16 +119,35 @@ fn other_key(key: &CtKey, entry: &CtValue) -> CtKey {
     }
 }
 
-/// Keeps the other direction alive with this one (a flow may send one
-/// way only for a long time; its other entry must not be taken meanwhile).
+/// Keeps the other direction's entry alive with this one (a flow may send
+/// one way only for a long time; its other entry must not be taken
+/// meanwhile) and gives it this one's new closing `flags`. Only if it is
+/// still this flow's: a closed flow's reply entry may since have been
+/// taken by a new flow on the same SNAT port (`holds_port`), which a late
+/// packet of the old flow must not close.
 #[inline(always)]
-fn refresh_other(key: &CtKey, entry: &CtValue, now: u64) {
-    ct_update(&other_key(key, entry), |other| other.last_seen_ns = now);
+fn update_other(key: &CtKey, entry: &CtValue, flags: u8, now: u64) {
+    ct_update(&other_key(key, entry), |other| {
+        if points_back(other, key) {
+            other.flags |= flags;
+            other.last_seen_ns = now;
+        }
+    });
 }
 
+/// Whether `other`, the entry of the other direction, belongs to the flow
+/// whose entry in direction `key.dir` has `key`: it translates back to it.
 #[inline(always)]
-fn mark_other_closing(key: &CtKey, entry: &CtValue) {
-    ct_update(&other_key(key, entry), |other| other.flags |= ct_flags::CLOSING);
+fn points_back(other: &CtValue, key: &CtKey) -> bool {
+    if key.dir == ct_dir::ORIGINAL {
+        // A reply entry: back to the client.
+        other.nat_addr == key.src && other.nat_port == key.sport
+    } else {
+        // An original entry: to the backend, from the SNAT port if any.
+        other.addr == key.src
+            && other.port == key.sport
+            && (other.flags & ct_flags::SNAT == 0 || other.nat_port == key.dport)
+    }
 }
 
 /// Records a new flow: the packet's tuple as it arrived (client to
@@ -131,9 +195,23 @@ fn insert_reply(pkt: &Packet, value: &CtValue) -> bool {
     ct_insert(&other_key(&pkt.ct_key(ct_dir::ORIGINAL), value), &reply_entry(pkt, value), false)
 }
 
+/// Scatters `x` over all 32 bits (lowbias32, a murmur3-style finalizer):
+/// the candidates of one flow, and those of flows with close hashes, land
+/// on unrelated ports. A fixed stride would make every flow probe the same
+/// sequence, and a busy stretch of it would fail many flows at once.
+#[inline(always)]
+fn mix(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
+}
+
 /// Claims a port on `value.nat_addr` towards the backend by inserting the
-/// reply entry for it: the first of a few candidates (derived from the
-/// flow, so a retried flow gets the same one) not held by a live flow.
+/// reply entry for it: the first of `SNAT_TRIES` candidates (derived from
+/// the flow, so a retried flow gets the same one) no flow holds
+/// (`holds_port`).
 /// Returns the port (network order), or 0 when none is free.
 #[inline(never)]
 fn snat_port(pkt: &Packet, value: &CtValue) -> u16 {
@@ -152,9 +230,9 @@ fn snat_port(pkt: &Packet, value: &CtValue) -> u16 {
     };
     for i in 0..SNAT_TRIES {
         #[expect(clippy::cast_possible_truncation, reason = "below span, which fits u16 with MIN")]
-        let port = (snat_ports::MIN + (start.wrapping_add(i.wrapping_mul(7919)) % span) as u16).to_be();
+        let port = (snat_ports::MIN + (mix(start.wrapping_add(i.wrapping_mul(0x9e37_79b9))) % span) as u16).to_be();
         key.dport = port;
-        if ct_update(&key, |taken| live(taken, pkt.proto, now)) == Some(true) {
+        if ct_update(&key, |taken| holds_port(taken, pkt.proto, now)) == Some(true) {
             continue;
         }
         if ct_insert(&key, reply, false) {

@@ -150,12 +150,6 @@ impl Packet {
         self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
     }
 
-    /// A TCP FIN or RST: the connection is ending.
-    #[inline(always)]
-    pub fn is_closing(&self) -> bool {
-        self.tcp_flags & (TCP_FIN | TCP_RST) != 0
-    }
-
     fn l4_csum_offset(&self) -> usize {
         if self.proto == proto::TCP { self.l4 + 16 } else { self.l4 + 6 }
     }

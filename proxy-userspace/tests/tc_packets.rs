@@ -209,6 +209,17 @@ impl Lab {
         node_ips: &[&str],
         f: impl FnOnce(&mut Node) -> T + Send + 'static,
     ) -> T {
+        self.with_node_ct(yaml, node_ips, 4096, f)
+    }
+
+    /// `with_node` with a `CT` map of `ct_map_size` entries.
+    fn with_node_ct<T: Send + 'static>(
+        &self,
+        yaml: &'static str,
+        node_ips: &[&str],
+        ct_map_size: u32,
+        f: impl FnOnce(&mut Node) -> T + Send + 'static,
+    ) -> T {
         let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-tcpkt-fs")).unwrap();
         let pin_dir = bpffs.path().join("ebpf-proxy");
         let ips: Vec<IpAddr> = node_ips.iter().map(|ip| ip.parse().unwrap()).collect();
@@ -216,7 +227,7 @@ impl Lab {
         let out = self
             .ns
             .run_inside(move || {
-                let mut node = Node::load(&pin_dir, yaml, ips, ifindex);
+                let mut node = Node::load(&pin_dir, yaml, ips, ifindex, ct_map_size);
                 f(&mut node)
             })
             .expect("the test body panicked (see its message above)");
@@ -234,7 +245,7 @@ struct Node {
 }
 
 impl Node {
-    fn load(pin_dir: &Path, yaml: &str, ips: Vec<IpAddr>, ifindex: u32) -> Self {
+    fn load(pin_dir: &Path, yaml: &str, ips: Vec<IpAddr>, ifindex: u32, ct_map_size: u32) -> Self {
         let mut datapath = Datapath::load(&LoadOptions {
             pin_dir: pin_dir.to_owned(),
             // Not attached: the programs only run on crafted packets here.
@@ -243,7 +254,7 @@ impl Node {
             services_map_size: 4096,
             backends_map_size: 4096,
             maglev_size: 1021,
-            ct_map_size: 4096,
+            ct_map_size,
             // Loads the XDP program too (nothing is attached here).
             acceleration: Acceleration::Native,
         })
@@ -470,6 +481,147 @@ fn a_flow_keeps_its_backend_when_another_is_added_and_a_closed_one_starts_afresh
         let moved: Vec<_> = before.iter().zip(&again).filter(|(b, a)| b != a).map(|(_, a)| *a).collect();
         assert!(!moved.is_empty(), "no reopened flow picked the new backend");
         assert!(moved.iter().all(|a| *a == sa("10.244.2.25:8080")), "flows moved between old backends: {moved:?}");
+    });
+}
+
+/// One NodePort service with one backend, on n2: every flow from outside
+/// is source-NATed to it, from `snat_ports` (4,536 ports).
+const BUSY: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: busy, namespace: t}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.60
+  ports: [{name: http, port: 80, nodePort: 30100, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: busy-1, namespace: t, labels: {kubernetes.io/service-name: busy}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: ["10.244.2.31"], nodeName: n2}]
+"#;
+
+/// Flows from outside to `busy`, each from its own client, and the SNAT
+/// port each got.
+struct BusyFlows {
+    next_client: u32,
+}
+
+impl BusyFlows {
+    const FRONTEND: &str = "172.30.0.11:30100";
+    const BACKEND: &str = "10.244.2.31:8080";
+
+    fn client(&mut self) -> SocketAddr {
+        let n = self.next_client;
+        self.next_client += 1;
+        let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(192, 0, 2, 0)) + n / 50_000);
+        SocketAddr::new(ip.into(), u16::try_from(10_000 + n % 50_000).unwrap())
+    }
+
+    /// Opens a flow from a new client: its client and SNAT address, or
+    /// `None` when it was dropped.
+    fn open(&mut self, node: &Node) -> Option<(SocketAddr, SocketAddr)> {
+        let client = self.client();
+        let (action, out) = node.ingress(&packet::frame(client, sa(Self::FRONTEND), Some(SYN), b""));
+        if action == SHOT {
+            return None;
+        }
+        assert_eq!(action, REDIRECT);
+        let seen = packet::parse(&out);
+        assert_eq!(seen.dst, sa(Self::BACKEND));
+        Some((client, seen.src))
+    }
+
+    /// Opens `count` flows; every one must get a port.
+    fn open_all(&mut self, node: &Node, count: usize, what: &str) -> Vec<(SocketAddr, SocketAddr)> {
+        let flows: Vec<_> = (0..count).map_while(|_| self.open(node)).collect();
+        assert_eq!(flows.len(), count, "{what}: only {} of {count} new flows got a SNAT port", flows.len());
+        flows
+    }
+
+    /// The client sends `flags` on its flow.
+    fn from_client(node: &Node, (client, _): (SocketAddr, SocketAddr), flags: u8) {
+        let (action, _) = node.ingress(&packet::frame(client, sa(Self::FRONTEND), Some(flags), b""));
+        assert_eq!(action, REDIRECT);
+    }
+
+    /// The backend sends `flags` to the flow's SNAT address: where the
+    /// node sends it (the client it translates to).
+    fn from_backend(node: &Node, (_, nat): (SocketAddr, SocketAddr), flags: u8) -> SocketAddr {
+        let (action, out) = node.ingress(&packet::frame(sa(Self::BACKEND), nat, Some(flags), b""));
+        assert_eq!(action, REDIRECT, "the reply to {nat} was not translated");
+        packet::parse(&out).dst
+    }
+
+    /// Every flow's replies still reach its own client: no other flow took
+    /// its SNAT port.
+    fn assert_ports_kept(node: &Node, flows: &[(SocketAddr, SocketAddr)], what: &str) {
+        for &(client, nat) in flows {
+            assert_eq!(Self::from_backend(node, (client, nat), ACK), client, "{what}: the port {nat} was taken");
+        }
+    }
+}
+
+/// Busy NodePort, one remote backend: a closed flow gives its SNAT port
+/// back (an RST at once, both FINs after a short grace), so ports do not
+/// run out at a high rate of short connections; a live or half-closed
+/// flow's port is never taken. Linux conntrack (kube-proxy's masquerade)
+/// lets a new SYN take over a tuple in CLOSE or TIME_WAIT
+/// (`nf_conntrack_proto_tcp.c`); it keeps established and half-closed
+/// ones.
+#[test]
+fn closed_flows_give_their_snat_ports_back_and_live_ones_keep_theirs() {
+    use proxy_common::{ct_lifetime, snat_ports};
+    common::require_root!();
+    Lab::new().with_node_ct(BUSY, &[NODE_IP], 65_536, |node| {
+        let ports = usize::from(snat_ports::MAX - snat_ports::MIN) + 1;
+        let mut busy = BusyFlows { next_client: 0 };
+        // Live flows until the ports run out: each a port of its own.
+        let mut live = Vec::new();
+        while let Some(flow) = busy.open(node) {
+            live.push(flow);
+            assert!(live.len() <= ports, "more flows than ports");
+        }
+        assert_eq!(node.stat("no_snat_port"), 1);
+        let distinct: std::collections::BTreeSet<_> = live.iter().map(|(_, nat)| *nat).collect();
+        assert_eq!(distinct.len(), live.len(), "two live flows share a SNAT port");
+        assert!(live.len() > ports * 3 / 4, "ports ran out at {} of {ports}", live.len());
+        BusyFlows::assert_ports_kept(node, &live, "live");
+
+        // Reset by the client: their ports are free at once (before, they
+        // were held for ct_lifetime::TCP_CLOSING, 10 s, and new flows were
+        // dropped).
+        for &flow in &live {
+            BusyFlows::from_client(node, flow, RST | ACK);
+        }
+        let count = live.len() * 3 / 5;
+        let after_rst = busy.open_all(node, count, "after RST");
+
+        // Closed by both ends' FINs: free after the grace.
+        for &flow in &after_rst {
+            BusyFlows::from_client(node, flow, FIN | ACK);
+            assert_eq!(BusyFlows::from_backend(node, flow, FIN | ACK), flow.0);
+        }
+        std::thread::sleep(std::time::Duration::from_secs(ct_lifetime::TCP_PORT_AFTER_FINS + 1));
+        let after_fin = busy.open_all(node, count, "after both FINs");
+
+        // Half-closed (the client's FIN only): the backend may still send,
+        // so the ports stay held past the grace, while new flows take the
+        // free ones until none is left.
+        for &flow in &after_fin {
+            BusyFlows::from_client(node, flow, FIN | ACK);
+        }
+        std::thread::sleep(std::time::Duration::from_secs(ct_lifetime::TCP_PORT_AFTER_FINS + 1));
+        let mut more = Vec::new();
+        while let Some(flow) = busy.open(node) {
+            more.push(flow);
+            assert!(more.len() <= ports, "more flows than ports");
+        }
+        assert_eq!(node.stat("no_snat_port"), 2);
+        BusyFlows::assert_ports_kept(node, &after_fin, "half-closed");
+        BusyFlows::assert_ports_kept(node, &more, "live");
     });
 }
 
