@@ -368,7 +368,8 @@ fn attach_devices(
                 if resolved.chosen.is_empty() {
                     info!("traffic from outside (NodePorts, LoadBalancer IPs, externalIPs) is not served: no devices");
                 } else {
-                    info!(devices = ?resolved.chosen, "serving traffic from outside (NodePorts, LoadBalancer IPs, externalIPs) on these devices");
+                    let accelerated: Vec<&str> = results.iter().filter(|r| r.xdp).map(|r| r.device.as_str()).collect();
+                    info!(devices = ?resolved.chosen, xdp = ?accelerated, "serving traffic from outside (NodePorts, LoadBalancer IPs, externalIPs) on these devices");
                 }
             }
             *attached = Some(resolved.chosen);

@@ -43,8 +43,8 @@ pub enum LinkError {
     #[error("no network device {name}: {source}")]
     Device { name: String, source: io::Error },
     #[error(
-        "device {device} has no native XDP (its driver cannot run XDP programs): set \
-         --nodeport-acceleration=best-effort to serve it with the TC programs alone, or leave it out of --devices"
+        "device {device} has no native XDP (its driver cannot run XDP programs): XDP is not attached and the TC \
+         programs alone serve it; use --nodeport-acceleration=best-effort to make this a warning"
     )]
     NoNativeXdp { device: String },
 }
