@@ -61,8 +61,6 @@ pub mod map_sizes {
     pub const MAGLEV: u32 = 65_535;
     /// loadBalancerSourceRanges entries over all frontends.
     pub const SOURCE_RANGES: u32 = 16_384;
-    /// One entry per frontend, by rev-NAT id (allocated as used).
-    pub const SERVICE_NAMES: u32 = REVNAT;
 }
 
 /// IP protocol numbers as they appear in `bpf_sock_addr.protocol`.

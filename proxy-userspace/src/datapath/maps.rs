@@ -135,7 +135,7 @@ impl KernelMaps {
             open(map_names::REVNAT, Map::HashMap)?,
             open(map_names::SOURCE_RANGES, Map::LpmTrie)?,
             MaglevMap::open(&dir.join(map_names::MAGLEV))?,
-            super::names::open_or_create(&dir.join(map_names::SERVICE_NAMES), proxy_common::map_sizes::SERVICE_NAMES)?,
+            super::names::open_for_reading(&dir.join(map_names::SERVICE_NAMES))?,
         )
     }
 }

@@ -21,20 +21,41 @@ pub fn open_or_create(path: &Path, size: u32) -> Result<HashMap<MapData, RevNatI
     let map = if path.exists() {
         MapData::from_pin(path).map_err(open_err)?
     } else {
-        let obj = aya_obj::Map::new_from_params(
-            BPF_MAP_TYPE_HASH,
-            u32::try_from(size_of::<RevNatId>()).expect("small"),
-            u32::try_from(size_of::<ServiceName>()).expect("small"),
-            size,
-            BPF_F_NO_PREALLOC,
-        );
-        let map = MapData::create(obj, map_names::SERVICE_NAMES, None)
-            .map_err(|source| MapError::Aya { map: MapName::Names, source })?;
+        let map = create(size)?;
         map.pin(path).map_err(|e| {
             open_err(aya::maps::MapError::PinError { name: Some(map_names::SERVICE_NAMES.into()), error: e })
         })?;
         map
     };
+    typed(map, path)
+}
+
+/// The map pinned at `path` for a reader (`service list`, `status`,
+/// `explain`), which must not pin anything: with no pin (maps left by an
+/// agent stopped before it made this one) an empty unpinned map, so every
+/// service shows without its name.
+pub fn open_for_reading(path: &Path) -> Result<HashMap<MapData, RevNatId, ServiceName>, MapError> {
+    let map = if path.exists() {
+        MapData::from_pin(path).map_err(|source| MapError::Open { path: path.display().to_string(), source })?
+    } else {
+        create(1)?
+    };
+    typed(map, path)
+}
+
+/// A new, unpinned `SERVICE_NAMES` of `size` entries.
+fn create(size: u32) -> Result<MapData, MapError> {
+    let obj = aya_obj::Map::new_from_params(
+        BPF_MAP_TYPE_HASH,
+        u32::try_from(size_of::<RevNatId>()).expect("small"),
+        u32::try_from(size_of::<ServiceName>()).expect("small"),
+        size,
+        BPF_F_NO_PREALLOC,
+    );
+    MapData::create(obj, map_names::SERVICE_NAMES, None).map_err(|source| MapError::Aya { map: MapName::Names, source })
+}
+
+fn typed(map: MapData, path: &Path) -> Result<HashMap<MapData, RevNatId, ServiceName>, MapError> {
     // aya checks the key and value sizes against the types here.
-    HashMap::try_from(Map::HashMap(map)).map_err(open_err)
+    HashMap::try_from(Map::HashMap(map)).map_err(|source| MapError::Open { path: path.display().to_string(), source })
 }
