@@ -759,4 +759,13 @@ fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_
     topo.stop_agent(1);
     topo.start_agent_with(1, &[&["--nodeport-acceleration", "native"][..], &devices[..]].concat());
     assert!(logged_about(&topo, "cni0", "ERROR"), "native fails cni0");
+    // The error costs nothing else: eth0 still accelerated, cni0 still
+    // served by TC, the NodePort still answered.
+    let links: BTreeSet<String> = std::fs::read_dir(topo.node(1).pin_dir.join("links"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(links.contains("tc-cni0-ingress") && !links.contains("xdp-cni0"), "{links:?}");
+    assert!(links.contains("xdp-eth0") && eth0_has_xdp(&topo, 1), "{links:?}");
+    assert_eq!(topo.requests(&on_node(1, 30088), 3), vec!["pod-1-1"; 3], "served after the error");
 }
