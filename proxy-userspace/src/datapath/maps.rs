@@ -180,26 +180,50 @@ where
     let mut keys = Vec::with_capacity(entries.len().min(BATCH));
     let mut values = Vec::with_capacity(entries.len().min(BATCH));
     for (n, chunk) in entries.chunks(BATCH).enumerate() {
-        keys.clear();
-        values.clear();
-        keys.extend(chunk.iter().map(|(k, _)| *k));
-        values.extend(chunk.iter().map(|(_, v)| *v));
-        let (done, result) = super::sys::map_update_batch(fd.as_fd(), &keys, &values);
-        match result {
-            Ok(()) => {}
-            Err(err) if n == 0 && done == 0 && err.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
-            Err(err) => {
-                let error = if is_full(&err) {
-                    MapError::Full { map }
-                } else {
-                    MapError::Syscall { map, op: "bpf_map_update_batch", source: err }
-                };
-                return Err((n * BATCH + done, error));
+        let mut start = 0;
+        let mut pauses = ENOMEM_PAUSES.iter();
+        loop {
+            keys.clear();
+            values.clear();
+            keys.extend(chunk[start..].iter().map(|(k, _)| *k));
+            values.extend(chunk[start..].iter().map(|(_, v)| *v));
+            let (done, result) = super::sys::map_update_batch(fd.as_fd(), &keys, &values);
+            match result {
+                Ok(()) => break,
+                Err(err) if n == 0 && start == 0 && done == 0 && err.raw_os_error() == Some(libc::EINVAL) => {
+                    return Ok(false);
+                }
+                Err(err) if err.raw_os_error() == Some(libc::ENOMEM) && pauses.len() > 0 => {
+                    // A map without preallocation takes its elements from a
+                    // per-CPU cache the kernel refills in the background
+                    // (GFP_NOWAIT): a burst of inserts can find it empty
+                    // for a moment. Go on from where it stopped.
+                    let pause = pauses.next().copied().unwrap_or_default();
+                    tracing::debug!(map = %map, written = n * BATCH + start + done, ?pause, "map out of memory for a moment; writing the rest again");
+                    start += done;
+                    std::thread::sleep(pause);
+                }
+                Err(err) => {
+                    let error = if is_full(&err) {
+                        MapError::Full { map }
+                    } else {
+                        MapError::Syscall { map, op: "bpf_map_update_batch", source: err }
+                    };
+                    return Err((n * BATCH + start + done, error));
+                }
             }
         }
     }
     Ok(true)
 }
+
+/// Pauses before writing the rest of a batch again after ENOMEM; the
+/// failure stands after the last (and the reconciler retries later).
+const ENOMEM_PAUSES: [std::time::Duration; 3] = [
+    std::time::Duration::from_millis(1),
+    std::time::Duration::from_millis(5),
+    std::time::Duration::from_millis(25),
+];
 
 /// Whether a write failed because the map holds `max_entries` already
 /// (E2BIG from a hash map; ENOSPC from some other map types).
