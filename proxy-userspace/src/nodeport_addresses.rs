@@ -39,17 +39,19 @@ impl NodePortAddresses {
     /// `primary` alone is `Primary`, else CIDRs. On error, the index of the
     /// bad entry too.
     pub fn parse<S: AsRef<str>>(values: &[S]) -> Result<Self, (usize, ParseError)> {
-        let values: Vec<&str> = values.iter().map(|v| v.as_ref().trim()).filter(|v| !v.is_empty()).collect();
+        // Blank entries are skipped; an error names the entry's place in
+        // the list as written.
+        let values: Vec<(usize, &str)> =
+            values.iter().map(|v| v.as_ref().trim()).enumerate().filter(|(_, v)| !v.is_empty()).collect();
         if values.is_empty() {
             return Ok(Self::All);
         }
-        if let Some(i) = values.iter().position(|v| *v == PRIMARY) {
-            return if values.len() == 1 { Ok(Self::Primary) } else { Err((i, ParseError::PrimaryWithCidrs)) };
+        if let Some((i, _)) = values.iter().find(|(_, v)| *v == PRIMARY) {
+            return if values.len() == 1 { Ok(Self::Primary) } else { Err((*i, ParseError::PrimaryWithCidrs)) };
         }
         let cidrs = values
             .iter()
-            .enumerate()
-            .map(|(i, v)| v.parse().map_err(|_| (i, ParseError::NotACidr((*v).to_owned()))))
+            .map(|(i, v)| v.parse().map_err(|_| (*i, ParseError::NotACidr((*v).to_owned()))))
             .collect::<Result<_, _>>()?;
         Ok(Self::Cidrs(cidrs))
     }
@@ -214,5 +216,11 @@ mod tests {
         );
         assert_eq!(NodePortAddresses::parse(&["10.0.0.0/33"]), Err((0, ParseError::NotACidr("10.0.0.0/33".into()))));
         assert_eq!(NodePortAddresses::parse(&["10.0.0.1"]), Err((0, ParseError::NotACidr("10.0.0.1".into()))));
+        // The index is the entry's place as written, blanks counted.
+        assert_eq!(
+            NodePortAddresses::parse(&["", "10.0.0.0/8", " ", "bad"]),
+            Err((3, ParseError::NotACidr("bad".into())))
+        );
+        assert_eq!(NodePortAddresses::parse(&["", "10.0.0.0/8", "primary"]), Err((2, ParseError::PrimaryWithCidrs)));
     }
 }

@@ -219,11 +219,8 @@ where
 
 /// Pauses before writing the rest of a batch again after ENOMEM; the
 /// failure stands after the last (and the reconciler retries later).
-const ENOMEM_PAUSES: [std::time::Duration; 3] = [
-    std::time::Duration::from_millis(1),
-    std::time::Duration::from_millis(5),
-    std::time::Duration::from_millis(25),
-];
+const ENOMEM_PAUSES: [std::time::Duration; 3] =
+    [std::time::Duration::from_millis(1), std::time::Duration::from_millis(5), std::time::Duration::from_millis(25)];
 
 /// Whether a write failed because the map holds `max_entries` already
 /// (E2BIG from a hash map; ENOSPC from some other map types).
