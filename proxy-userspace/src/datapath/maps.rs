@@ -222,6 +222,24 @@ where
 const ENOMEM_PAUSES: [std::time::Duration; 3] =
     [std::time::Duration::from_millis(1), std::time::Duration::from_millis(5), std::time::Duration::from_millis(25)];
 
+/// Entries one batch read asks for at first (grown when a bucket is
+/// larger).
+const READ_BATCH: usize = 4096;
+
+/// `read_hash_map` into a sorted map, falling back to `fallback` (one
+/// entry at a time through aya) on a kernel without batch reads.
+fn collect_batched<K: Ord + Copy, V: Copy>(
+    map: MapName,
+    fd: &OwnedFd,
+    fallback: impl FnOnce() -> Result<BTreeMap<K, V>, MapError>,
+) -> Result<BTreeMap<K, V>, MapError> {
+    match super::sys::read_hash_map::<K, V>(fd.as_fd(), READ_BATCH) {
+        Ok(Some(entries)) => Ok(entries.into_iter().collect()),
+        Ok(None) => fallback(),
+        Err(source) => Err(MapError::Syscall { map, op: "bpf_map_lookup_batch", source }),
+    }
+}
+
 /// Whether a write failed because the map holds `max_entries` already
 /// (E2BIG from a hash map; ENOSPC from some other map types).
 fn is_full(err: &io::Error) -> bool {
@@ -339,8 +357,12 @@ impl ServiceMaps for KernelMaps {
             .collect::<Result<_, _>>()
             .map_err(|source| MapError::Aya { map: MapName::SourceRanges, source })?;
         Ok(Dump {
-            services: collect(MapName::Services, self.services.iter())?,
-            backends: collect(MapName::Backends, self.backends.iter())?,
+            services: collect_batched(MapName::Services, &self.services_fd, || {
+                collect(MapName::Services, self.services.iter())
+            })?,
+            backends: collect_batched(MapName::Backends, &self.backends_fd, || {
+                collect(MapName::Backends, self.backends.iter())
+            })?,
             rev_nat: collect(MapName::RevNat, self.rev_nat.iter())?,
             maglev: self.maglev.tables()?,
             source_ranges: ranges.iter().filter_map(source_range_of).collect(),

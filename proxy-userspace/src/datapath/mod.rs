@@ -22,6 +22,7 @@ pub mod sessions;
 pub mod sizing;
 pub mod sock_destroy;
 mod sys;
+pub use sys::read_hash_map;
 
 pub use maps::{KernelMaps, MapError, ServiceMaps};
 pub use reconcile::{Change, ChangeKind, Reconciler, Report};
