@@ -8,6 +8,7 @@ pub mod codec;
 pub mod counters;
 pub mod failures;
 pub mod fake_maps;
+pub mod handover;
 mod ids;
 pub mod inspect;
 pub mod links;
