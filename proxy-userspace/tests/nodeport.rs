@@ -760,3 +760,135 @@ fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_
     topo.start_agent_with(1, &[&["--nodeport-acceleration", "native"][..], &devices[..]].concat());
     assert!(logged_about(&topo, "cni0", "ERROR"), "native fails cni0");
 }
+
+/// kube-proxy's NodePort rules on node `n` for `web` (TCP 30080) and
+/// `dns` (UDP 30053), reduced to what they do to a packet from outside:
+/// DNAT to the backend on pod (2, 1) and masquerade (kube-proxy's
+/// KUBE-NODEPORTS → KUBE-SVC → KUBE-SEP chains and KUBE-MARK-MASQ;
+/// proxy-userspace/bench/src/nodeport_rules.rs writes them whole). `op`:
+/// `-A` adds them, `-D` removes them.
+fn kube_proxy_rules(topo: &Topology, n: u8, op: &str) {
+    let backend = common::topology::pod_ip(2, 1).to_string();
+    let ns = topo.node(n).ns.name().to_owned();
+    let rules: [&[&str]; 3] = [
+        &["PREROUTING", "-p", "tcp", "--dport", "30080", "-j", "DNAT", "--to-destination", &format!("{backend}:9000")],
+        &["PREROUTING", "-p", "udp", "--dport", "30053", "-j", "DNAT", "--to-destination", &format!("{backend}:5353")],
+        &["POSTROUTING", "-d", &backend, "-j", "MASQUERADE"],
+    ];
+    for rule in rules {
+        let mut args = vec!["netns", "exec", &ns, "iptables", "-w", "-t", "nat", op];
+        args.extend_from_slice(rule);
+        proxy_testkit::sh("ip", &args).expect("iptables in the node's namespace");
+    }
+}
+
+/// The maps directory of node `n`'s agent.
+fn maps_dir(topo: &Topology, n: u8) -> std::path::PathBuf {
+    std::fs::read_dir(&topo.node(n).pin_dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|f| f.to_string_lossy().starts_with("maps-v")))
+        .expect("the agent pinned its maps")
+}
+
+/// Node `n`'s counters of traffic from outside, by name.
+fn external_stats(topo: &Topology, n: u8) -> BTreeMap<&'static str, u64> {
+    let path = maps_dir(topo, n).join(proxy_common::map_names::EXTERNAL_STATS);
+    ebpf_proxy::datapath::counters::ExternalStats::open_pinned(&path).unwrap().read().unwrap().into_iter().collect()
+}
+
+/// A probe from the client, running in the background (killed on drop).
+fn probe_in_background(topo: &Topology, args: &[&str]) -> common::topology::ChildGuard {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+    let child = proxy_testkit::spawn_in(&topo.client, None, "/usr/bin/python3")
+        .unwrap()
+        .arg(script)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::topology::ChildGuard(child)
+}
+
+/// Waits for a background probe: (exit ok, output lines).
+fn finish(mut probe: common::topology::ChildGuard) -> (bool, Vec<String>) {
+    use std::io::Read as _;
+    let status = probe.0.wait().unwrap();
+    let mut out = String::new();
+    probe.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    (status.success(), out.lines().map(str::to_owned).collect())
+}
+
+/// Live takeover from a running kube-proxy, the datapath side
+/// (`--outside-handover`, docs/design.md "Taking over from kube-proxy"):
+/// a TCP connection and a UDP flow set up by kube-proxy's DNAT on node 1
+/// keep exchanging, with no error, while node 1's agent starts deferring to
+/// netfilter, switches to handover, and kube-proxy's rules go; new
+/// connections made meanwhile go through the agent's TC program.
+#[test]
+fn a_takeover_from_kube_proxy_keeps_its_flows_and_serves_new_ones() {
+    common::require_root!();
+    let mut topo = Topology::new(&[0, 1]);
+    topo.udp_on(2, 1);
+    topo.tcp_echo_on(2, 1, 9000);
+    topo.write_services(
+        &(service("web", "NodePort", &[("echo", 80, 30080, "TCP")], "", &[])
+            + &endpoints("web", ("echo", 9000, "TCP"), &[(2, 1)])
+            + &service("dns", "NodePort", &[("dns", 53, 30053, "UDP")], "", &[])
+            + &endpoints("dns", ("dns", 5353, "UDP"), &[(2, 1)])),
+    );
+    kube_proxy_rules(&topo, 1, "-A");
+    // The CNI's masquerade of pod traffic leaving the cluster, which is not
+    // kube-proxy's and stays. Without any rule that needs conntrack, the
+    // kernel would stop tracking connections in the node's namespace once
+    // kube-proxy's rules are gone (nf_ct_netns_put), and every flow its
+    // DNAT set up would break at that instant (seen here).
+    let ns = topo.node(1).ns.name().to_owned();
+    let cni = ["netns", "exec", &ns, "iptables", "-w", "-t", "nat", "-A", "POSTROUTING", "-s", "10.244.1.0/24"];
+    proxy_testkit::sh("ip", &[&cni[..], &["!", "-d", "10.244.0.0/16", "-j", "MASQUERADE"]].concat()).unwrap();
+    let node1 = node_ip(1).to_string();
+    // kube-proxy's long-lived flows: 80 exchanges 0.2 s apart.
+    let long_tcp = probe_in_background(&topo, &["tcp-hold", &node1, "30080", "80", "0.2"]);
+    let long_udp = probe_in_background(&topo, &["udp-sendto", &node1, "30053", "80", "0.2", "21000"]);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+
+    topo.start_agent_with(1, &["--outside-handover", "defer"]);
+    // Deferring, a new connection still goes through kube-proxy's rules.
+    let (ok, lines) = topo.probe(&["tcp-hold", &node1, "30080", "3", "0"]);
+    assert!(ok, "a new connection while deferring: {lines:?}");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let deferring = external_stats(&topo, 1);
+    assert_eq!(deferring["new_flow"], 0, "deferring, the programs translate nothing: {deferring:?}");
+    assert!(deferring["left_to_kernel"] > 0, "{deferring:?}");
+
+    // The takeover's switch, then kube-proxy's rules go.
+    let handover_map = maps_dir(&topo, 1).join(proxy_common::map_names::OUTSIDE_HANDOVER);
+    let mut handover = ebpf_proxy::datapath::handover::HandoverMap::open_pinned(&handover_map).unwrap();
+    handover.set(ebpf_proxy::datapath::handover::OutsideHandover::Handover { ends_after: None }).unwrap();
+    let switched = external_stats(&topo, 1);
+    kube_proxy_rules(&topo, 1, "-D");
+
+    // New connections and a new UDP flow work, through the TC program.
+    for _ in 0..5 {
+        let (ok, lines) = topo.probe(&["tcp-hold", &node1, "30080", "3", "0"]);
+        assert!(ok, "a new connection after the takeover: {lines:?}");
+    }
+    let (ok, lines) = topo.probe(&["udp-sendto", &node1, "30053", "3", "0", "21001"]);
+    assert!(ok, "a new UDP flow after the takeover: {lines:?}");
+    let after = external_stats(&topo, 1);
+    assert_eq!(after["new_flow"], 6, "the new flows are the programs': {after:?}");
+
+    // kube-proxy's flows exchanged to their end, without an error.
+    for (what, probe, prefix) in [("TCP", long_tcp, "echo ping"), ("UDP", long_udp, "pod-2-1:ping")] {
+        let (ok, lines) = finish(probe);
+        assert!(ok, "kube-proxy's {what} flow broke: {lines:?}");
+        assert_eq!(lines.iter().filter(|l| l.starts_with(prefix)).count(), 80, "{what}: {lines:?}");
+    }
+    let end = external_stats(&topo, 1);
+    assert!(
+        end["left_to_kernel"] > switched["left_to_kernel"],
+        "after the switch, kube-proxy's flows went to the kernel: {end:?}"
+    );
+    assert_eq!(end["new_flow"], 6, "{end:?}");
+}
