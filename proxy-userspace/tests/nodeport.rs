@@ -784,12 +784,7 @@ fn kube_proxy_rules(topo: &Topology, n: u8, op: &str) {
 
 /// The maps directory of node `n`'s agent.
 fn maps_dir(topo: &Topology, n: u8) -> std::path::PathBuf {
-    std::fs::read_dir(&topo.node(n).pin_dir)
-        .unwrap()
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.file_name().is_some_and(|f| f.to_string_lossy().starts_with("maps-v")))
-        .expect("the agent pinned its maps")
+    ebpf_proxy::paths::current_maps_dir(&topo.node(n).pin_dir).expect("the agent pinned its maps")
 }
 
 /// Node `n`'s counters of traffic from outside, by name.
@@ -829,7 +824,22 @@ fn finish(mut probe: common::topology::ChildGuard) -> (bool, Vec<String>) {
 #[test]
 fn a_takeover_from_kube_proxy_keeps_its_flows_and_serves_new_ones() {
     common::require_root!();
+    takeover_from_kube_proxy(false);
+}
+
+/// The same with XDP in front of TC on node 1 (`--nodeport-acceleration`):
+/// XDP passes netfilter's packets up and translates the new flows itself.
+#[test]
+fn a_takeover_from_kube_proxy_with_xdp_keeps_its_flows_and_serves_new_ones() {
+    common::require_root!();
+    takeover_from_kube_proxy(true);
+}
+
+fn takeover_from_kube_proxy(xdp: bool) {
     let mut topo = Topology::new(&[0, 1]);
+    if xdp {
+        prepare_veths_for_xdp(&mut topo, 2);
+    }
     topo.udp_on(2, 1);
     topo.tcp_echo_on(2, 1, 9000);
     topo.write_services(
@@ -853,7 +863,9 @@ fn a_takeover_from_kube_proxy_keeps_its_flows_and_serves_new_ones() {
     let long_udp = probe_in_background(&topo, &["udp-sendto", &node1, "30053", "80", "0.2", "21000"]);
     std::thread::sleep(std::time::Duration::from_secs(1));
 
-    topo.start_agent_with(1, &["--outside-handover", "defer"]);
+    let acceleration: &[&str] = if xdp { &["--nodeport-acceleration", "native"] } else { &[] };
+    topo.start_agent_with(1, &[&["--outside-handover", "defer"][..], acceleration].concat());
+    assert_eq!(xdp_link(&topo, 1).is_some(), xdp);
     // Deferring, a new connection still goes through kube-proxy's rules.
     let (ok, lines) = topo.probe(&["tcp-hold", &node1, "30080", "3", "0"]);
     assert!(ok, "a new connection while deferring: {lines:?}");
@@ -891,4 +903,9 @@ fn a_takeover_from_kube_proxy_keeps_its_flows_and_serves_new_ones() {
         "after the switch, kube-proxy's flows went to the kernel: {end:?}"
     );
     assert_eq!(end["new_flow"], 6, "{end:?}");
+    if xdp {
+        assert!(end["xdp_translated"] > 0, "XDP translated the new flows: {end:?}");
+    } else {
+        assert_eq!(end["xdp_translated"], 0, "{end:?}");
+    }
 }
