@@ -879,6 +879,13 @@ fn takeover_from_kube_proxy(xdp: bool) {
     let mut handover = ebpf_proxy::datapath::handover::HandoverMap::open_pinned(&handover_map).unwrap();
     handover.set(ebpf_proxy::datapath::handover::OutsideHandover::Handover { ends_after: None }).unwrap();
     let switched = external_stats(&topo, 1);
+    let status = std::process::Command::new(common::AGENT)
+        .args(["status", "-o", "json", "--bpffs-dir"])
+        .arg(&topo.node(1).pin_dir)
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["maps"]["outside_handover"], "handover", "{status}");
     kube_proxy_rules(&topo, 1, "-D");
 
     // New connections and a new UDP flow work, through the TC program.

@@ -64,6 +64,18 @@ impl OutsideHandover {
     }
 }
 
+/// `off`, `defer`, `handover` or `handover, ends in N s` (`ebpf-proxy status`).
+impl std::fmt::Display for OutsideHandover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Off => f.write_str("off"),
+            Self::Defer => f.write_str("defer"),
+            Self::Handover { ends_after: None } => f.write_str("handover"),
+            Self::Handover { ends_after: Some(after) } => write!(f, "handover, ends in {} s", after.as_secs()),
+        }
+    }
+}
+
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
 #[must_use]
 pub fn monotonic_ns() -> u64 {
@@ -144,5 +156,6 @@ mod tests {
         let zero = OutsideHandover::Handover { ends_after: Some(Duration::ZERO) }.encode(0);
         assert_eq!(OutsideHandover::decode(&zero, 1), Some(OutsideHandover::Off));
         assert_eq!(OutsideHandover::decode(&Raw { mode: 7, ..Raw::default() }, now), None);
+        assert_eq!(OutsideHandover::decode(&raw, now + 4_000_000_000).unwrap().to_string(), "handover, ends in 6 s");
     }
 }
