@@ -842,12 +842,12 @@ fn takeover_from_kube_proxy(xdp: bool) {
     }
     topo.udp_on(2, 1);
     topo.tcp_echo_on(2, 1, 9000);
-    topo.write_services(
-        &(service("web", "NodePort", &[("echo", 80, 30080, "TCP")], "", &[])
-            + &endpoints("web", ("echo", 9000, "TCP"), &[(2, 1)])
-            + &service("dns", "NodePort", &[("dns", 53, 30053, "UDP")], "", &[])
-            + &endpoints("dns", ("dns", 5353, "UDP"), &[(2, 1)])),
-    );
+    let services = service("web", "NodePort", &[("echo", 80, 30080, "TCP")], "", &[])
+        + &endpoints("web", ("echo", 9000, "TCP"), &[(2, 1)])
+        + &service("dns", "NodePort", &[("dns", 53, 30053, "UDP")], "", &[])
+        + &endpoints("dns", ("dns", 5353, "UDP"), &[(2, 1)])
+        + &service("spare", "NodePort", &[("dns", 53, 30054, "UDP")], "", &[]);
+    topo.write_services(&(services.clone() + &endpoints("spare", ("dns", 5353, "UDP"), &[(2, 1)])));
     kube_proxy_rules(&topo, 1, "-A");
     // The CNI's masquerade of pod traffic leaving the cluster, which is not
     // kube-proxy's and stays. Without any rule that needs conntrack, the
@@ -895,6 +895,11 @@ fn takeover_from_kube_proxy(xdp: bool) {
     }
     let (ok, lines) = topo.probe(&["udp-sendto", &node1, "30053", "3", "0", "21001"]);
     assert!(ok, "a new UDP flow after the takeover: {lines:?}");
+    // A backend leaves a service: the agent forgets the UDP flows of
+    // removed backends, but not netfilter's (the new_flow count below
+    // would show the long-lived UDP flow taken over).
+    topo.apply(&(services + &endpoints("spare", ("dns", 5353, "UDP"), &[])));
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let after = external_stats(&topo, 1);
     assert_eq!(after["new_flow"], 6, "the new flows are the programs': {after:?}");
 

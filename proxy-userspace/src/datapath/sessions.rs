@@ -11,7 +11,7 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError as AyaMapError};
 use proxy_common::{
-    AffinityKey, AffinityValue, CtKey, CtValue, RevNatId, SockBackendKey, SockRevNat, SockRevNatKey, proto,
+    AffinityKey, AffinityValue, CtKey, CtValue, RevNatId, SockBackendKey, SockRevNat, SockRevNatKey, ct_flags, proto,
 };
 
 use super::{codec, maps::MapError};
@@ -51,8 +51,15 @@ impl SessionMaps {
     /// for the memos there are, not for the whole table.
     pub fn purge(&mut self, live: &impl Liveness) -> Result<usize, MapError> {
         let affinity: Vec<(AffinityKey, AffinityValue)> = self.affinity.iter().filter_map(Result::ok).collect();
-        let udp_flows: Vec<(CtKey, CtValue)> =
-            self.ct.iter().filter_map(Result::ok).filter(|(k, _)| k.proto == proto::UDP).collect();
+        // Flows marked netfilter's (taking over from kube-proxy,
+        // `ct_flags::KERNEL`) have no backend of ours: the kernel's
+        // conntrack keeps their way, so they are not the agent's to forget.
+        let udp_flows: Vec<(CtKey, CtValue)> = self
+            .ct
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| k.proto == proto::UDP && v.flags & ct_flags::KERNEL == 0)
+            .collect();
         let rev_nats: HashSet<RevNatId> =
             affinity.iter().map(|(k, _)| k.rev_nat).chain(udp_flows.iter().map(|(_, v)| v.rev_nat)).collect();
         let by_rev_nat = if rev_nats.is_empty() { HashMap::new() } else { live.by_rev_nat(&rev_nats) };
