@@ -451,7 +451,8 @@ pub struct RunArgs {
     /// node (for a live takeover; docs/design.md, "Taking over from
     /// kube-proxy"). `defer`: the TC/XDP programs leave every packet to a
     /// NodePort, LoadBalancer IP or externalIP to the kernel (kube-proxy's
-    /// rules serve it) and remember each flow they see as netfilter's;
+    /// rules serve it) and remember each flow they see as netfilter's (and
+    /// those conntrack holds, read once they are attached);
     /// `handover`: new flows are the programs', netfilter's flows (those
     /// remembered, and TCP packets without SYN of connections the programs
     /// do not know) go on through the kernel's conntrack; `off`: normal

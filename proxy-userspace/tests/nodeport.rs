@@ -861,6 +861,10 @@ fn takeover_from_kube_proxy(xdp: bool) {
     // kube-proxy's long-lived flows: 80 exchanges 0.2 s apart.
     let long_tcp = probe_in_background(&topo, &["tcp-hold", &node1, "30080", "80", "0.2"]);
     let long_udp = probe_in_background(&topo, &["udp-sendto", &node1, "30053", "80", "0.2", "21000"]);
+    // A UDP flow silent while the agent defers: known only to conntrack
+    // (the agent marks it from a conntrack dump); it speaks again after
+    // the handover.
+    let idle_udp = probe_in_background(&topo, &["udp-sendto", &node1, "30053", "2", "6", "21002"]);
     std::thread::sleep(std::time::Duration::from_secs(1));
 
     let acceleration: &[&str] = if xdp { &["--nodeport-acceleration", "native"] } else { &[] };
@@ -904,10 +908,14 @@ fn takeover_from_kube_proxy(xdp: bool) {
     assert_eq!(after["new_flow"], 6, "the new flows are the programs': {after:?}");
 
     // kube-proxy's flows exchanged to their end, without an error.
-    for (what, probe, prefix) in [("TCP", long_tcp, "echo ping"), ("UDP", long_udp, "pod-2-1:ping")] {
+    for (what, probe, prefix, n) in [
+        ("TCP", long_tcp, "echo ping", 80),
+        ("UDP", long_udp, "pod-2-1:ping", 80),
+        ("idle UDP", idle_udp, "pod-2-1:ping", 2),
+    ] {
         let (ok, lines) = finish(probe);
         assert!(ok, "kube-proxy's {what} flow broke: {lines:?}");
-        assert_eq!(lines.iter().filter(|l| l.starts_with(prefix)).count(), 80, "{what}: {lines:?}");
+        assert_eq!(lines.iter().filter(|l| l.starts_with(prefix)).count(), n, "{what}: {lines:?}");
     }
     let end = external_stats(&topo, 1);
     assert!(

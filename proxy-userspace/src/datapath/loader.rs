@@ -111,6 +111,14 @@ pub enum LoadError {
     XdpLoad { source: ProgramError },
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum MarkFlowsError {
+    #[error(transparent)]
+    Dump(#[from] super::netfilter_flows::DumpError),
+    #[error(transparent)]
+    Map(#[from] MapError),
+}
+
 /// The loaded datapath. Programs are attached through links pinned under
 /// `PIN_DIR/links` and the maps are pinned in `PIN_DIR`: dropping this
 /// leaves translation running, and a restarted agent takes both over.
@@ -289,6 +297,21 @@ impl Datapath {
     /// not write).
     pub fn outside_handover(&self) -> Result<Option<OutsideHandover>, MapError> {
         self.handover.get()
+    }
+
+    /// Marks the flows netfilter's conntrack translated (kube-proxy's DNAT,
+    /// read over ctnetlink in this network namespace) as netfilter's, so
+    /// that they stay with the kernel after the switch to handover even if
+    /// they sent nothing while the programs deferred. Call it once the TC
+    /// programs are attached in `Defer`, before `Handover`: a flow that
+    /// starts after the dump is seen by the programs, one before it is in
+    /// the dump. Returns how many flows were marked (those the programs
+    /// already saw keep their entry).
+    pub fn mark_netfilter_flows(&mut self) -> Result<usize, MarkFlowsError> {
+        let flows = super::netfilter_flows::dump()?;
+        let marked = self.sessions.mark_netfilter_flows(&flows, super::handover::monotonic_ns())?;
+        tracing::info!(dnat_flows = flows.len(), marked, "netfilter's flows marked for the handover");
+        Ok(marked)
     }
 
     /// Gives `self`'s programs the handover mode of `other` (a set of maps

@@ -18,6 +18,7 @@ mod maglev_tables;
 mod map_error;
 pub mod maps;
 pub mod names;
+pub mod netfilter_flows;
 pub mod reconcile;
 pub mod sessions;
 pub mod sizing;

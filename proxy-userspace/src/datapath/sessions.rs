@@ -24,6 +24,9 @@ pub struct SessionMaps {
     ct: BpfHashMap<MapData, CtKey, CtValue>,
 }
 
+/// `BPF_NOEXIST` (linux/bpf.h): insert only a new key.
+const BPF_NOEXIST: u64 = 1;
+
 fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
     move |source| MapError::Session { map, source }
 }
@@ -44,6 +47,37 @@ impl SessionMaps {
     pub fn service_of(&self, cookie: u64, addr: IpAddr, port: u16, protocol: Protocol) -> Option<FrontendKey> {
         let value = self.sock_revnat.get(&codec::sock_revnat_key(cookie, addr, port), 0).ok()?;
         Some(codec::sock_revnat_frontend(&value, protocol))
+    }
+
+    /// Marks `flows` (conntrack's DNATed flows, `netfilter_flows::dump`)
+    /// as netfilter's in `CT` (`ct_flags::KERNEL`), unless a flow has an
+    /// entry already; `now_ns` is their last use (CLOCK_MONOTONIC). Returns
+    /// how many were marked.
+    pub fn mark_netfilter_flows(
+        &mut self,
+        flows: &[super::netfilter_flows::NatFlow],
+        now_ns: u64,
+    ) -> Result<usize, MapError> {
+        let mut marked = 0;
+        for flow in flows {
+            let key = CtKey {
+                src: proxy_common::net::encode(flow.src),
+                dst: proxy_common::net::encode(flow.dst),
+                sport: flow.sport.to_be(),
+                dport: flow.dport.to_be(),
+                proto: flow.proto,
+                dir: proxy_common::ct_dir::ORIGINAL,
+                pad: [0; 2],
+            };
+            let value = CtValue { flags: ct_flags::KERNEL, last_seen_ns: now_ns, ..CtValue::default() };
+            // BPF_NOEXIST: a flow the programs saw keeps its entry.
+            match self.ct.insert(key, value, BPF_NOEXIST) {
+                Ok(()) => marked += 1,
+                Err(AyaMapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(source) => return Err(MapError::Session { map: "CT", source }),
+            }
+        }
+        Ok(marked)
     }
 
     /// Deletes memos whose backend no longer serves their frontend; returns
