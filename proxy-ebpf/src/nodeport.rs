@@ -13,6 +13,9 @@
 //! Policy: Local) drops the packet, as kube-proxy does.
 //! Egress (TC only): a reply from a backend on this node gets the frontend
 //! as its source again.
+//! While the agent takes over from a running kube-proxy
+//! (`handover_mode`), flows netfilter serves are left to the kernel
+//! untouched (docs/design.md, "Taking over from kube-proxy").
 //!
 //! A packet to be forwarded is routed before it is rewritten: a hook that
 //! cannot send it (XDP without the next hop's link-layer address) leaves
@@ -119,11 +122,11 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
 
 /// Whether a packet to a frontend, of a flow `found` in `CT` or not (and
 /// not marked `ct_flags::KERNEL`), is netfilter's while the agent takes over
-/// from kube-proxy (`handover_mode`): in `DEFER` every one is (and its flow
-/// is marked, so that it stays netfilter's after the switch to `HANDOVER`);
-/// in `HANDOVER` a TCP packet without SYN of a flow the programs do not
-/// know belongs to a connection netfilter set up. Only a packet without
-/// an entry pays for reading the mode.
+/// from kube-proxy (`handover_mode`). A flow with an entry of ours stays
+/// ours. Of the others: in `DEFER` every one is (and its flow is marked,
+/// so that it stays netfilter's after the switch to `HANDOVER`); in
+/// `HANDOVER` a TCP packet without SYN belongs to a connection netfilter
+/// set up. Only a packet without an entry pays for reading the mode.
 #[inline(always)]
 fn netfilter_serves(pkt: &Packet, found: bool, rev_nat: u32) -> bool {
     if found {
