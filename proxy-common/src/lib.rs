@@ -24,6 +24,7 @@ pub mod map_names {
     pub const MAGLEV: &str = "MAGLEV";
     pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
     pub const EXTERNAL_STATS: &str = "EXTERNAL_STATS";
+    pub const OUTSIDE_HANDOVER: &str = "OUTSIDE_HANDOVER";
     /// Userspace only (the programs never read it): the service port of
     /// each frontend, for `ebpf-proxy service` with the agent stopped.
     pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
@@ -138,6 +139,39 @@ pub mod ct_flags {
     /// Both ends sent their FIN: the connection is closed, only its last
     /// ACK (and a lost FIN's retransmission) may still pass.
     pub const FIN_BOTH: u8 = FIN_ORIGINAL | FIN_REPLY;
+    /// The flow is netfilter's (kube-proxy's DNAT translated it before this
+    /// node's programs took over, see `OutsideHandover`): its packets go to
+    /// the kernel untouched. Only an original-direction entry, no backend.
+    pub const KERNEL: u8 = 1 << 5;
+}
+
+/// `OutsideHandover.mode`: how the programs on the node's devices (TC and
+/// XDP) share traffic from outside with netfilter while the agent takes
+/// over from a running kube-proxy (docs/design.md, "Taking over from
+/// kube-proxy").
+pub mod handover_mode {
+    /// Every packet is the programs' (no kube-proxy, or takeover is over);
+    /// flows marked `ct_flags::KERNEL` still go to the kernel until they end.
+    pub const OFF: u32 = 0;
+    /// Every packet to a frontend goes to the kernel untouched (kube-proxy
+    /// serves it); each flow seen is marked `ct_flags::KERNEL`.
+    pub const DEFER: u32 = 1;
+    /// New flows are the programs'; flows marked `ct_flags::KERNEL`, and
+    /// TCP packets without SYN of a flow the programs do not know (one
+    /// netfilter set up before), go to the kernel untouched.
+    pub const HANDOVER: u32 = 2;
+}
+
+/// The one value of the `OUTSIDE_HANDOVER` array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutsideHandover {
+    /// `handover_mode`.
+    pub mode: u32,
+    pub pad: u32,
+    /// `HANDOVER` counts as `OFF` from this `bpf_ktime_get_ns()` on
+    /// (CLOCK_MONOTONIC); 0: no end.
+    pub handover_until_ns: u64,
 }
 
 /// Lifetimes of connection-tracking entries, in seconds since last use.
@@ -196,8 +230,12 @@ pub mod external_stat {
     /// Packets to a frontend, or replies, the XDP program left untouched to
     /// the TC programs (a rejection, a next hop without a link-layer address).
     pub const XDP_TO_TC: u32 = 9;
+    /// Packets to a frontend left to the kernel untouched while taking over
+    /// from kube-proxy (`handover_mode`): netfilter's flows, and everything
+    /// in `DEFER`. Counted by the TC program only (XDP passes them to it).
+    pub const LEFT_TO_KERNEL: u32 = 10;
     /// Number of counters.
-    pub const COUNT: u32 = 10;
+    pub const COUNT: u32 = 11;
     /// Names, by index, for metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "new_flow",
@@ -210,6 +248,7 @@ pub mod external_stat {
         "reject_limited",
         "xdp_translated",
         "xdp_to_tc",
+        "left_to_kernel",
     ];
 }
 
@@ -577,6 +616,7 @@ const _: () = assert!(core::mem::size_of::<AffinityKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
 const _: () = assert!(core::mem::size_of::<CtKey>() == 40);
 const _: () = assert!(core::mem::size_of::<CtValue>() == 56);
+const _: () = assert!(core::mem::size_of::<OutsideHandover>() == 16);
 const _: () = assert!(core::mem::size_of::<SourceRange>() == 20);
 const _: () = assert!(core::mem::size_of::<ServiceName>() == 144);
 const _: () = assert!(core::mem::size_of::<RevNatId>() == 4);
@@ -623,6 +663,7 @@ mod pod {
     unsafe impl aya::Pod for super::CtValue {}
     unsafe impl aya::Pod for super::SourceRange {}
     unsafe impl aya::Pod for super::ServiceName {}
+    unsafe impl aya::Pod for super::OutsideHandover {}
 }
 
 #[cfg(test)]

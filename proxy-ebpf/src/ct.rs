@@ -99,10 +99,19 @@ pub fn lookup(pkt: &Packet, dir: u8, out: &mut CtValue) -> bool {
         true
     })
     .unwrap_or(false);
-    if touch_other {
+    // A flow left to netfilter has no other entry here.
+    if touch_other && out.flags & ct_flags::KERNEL == 0 {
         update_other(key, out, closing, now);
     }
     found
+}
+
+/// Marks the packet's flow (unless it has an entry already) as
+/// netfilter's: its packets go to the kernel untouched (`ct_flags::KERNEL`).
+#[inline(never)]
+pub fn leave_to_kernel(pkt: &Packet, rev_nat: u32) {
+    let entry = CtValue { rev_nat, flags: ct_flags::KERNEL, last_seen_ns: now_ns(), ..CtValue::default() };
+    ct_insert(&pkt.ct_key(ct_dir::ORIGINAL), &entry, true);
 }
 
 /// The key of the other direction of the flow whose entry is `entry`.

@@ -62,6 +62,14 @@ pub trait Frame: EbpfContext {
     /// stack) itself.
     #[inline(always)]
     fn translated(&self) {}
+    /// A packet to a frontend that netfilter serves (taking over from
+    /// kube-proxy): untouched to the kernel. TC counts it; XDP passes it to
+    /// TC, which decides (and counts) again.
+    #[inline(always)]
+    fn left_to_kernel(&self) -> i32 {
+        count_external(proxy_common::external_stat::LEFT_TO_KERNEL);
+        Self::PASS
+    }
 }
 
 impl Frame for TcContext {

@@ -7,11 +7,11 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, CtKey, CtValue, RevNat, RevNatId, SOURCE_RANGE_ID_BITS, ServiceKey,
-    ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, SourceRange, external_stat, map_sizes,
+    AffinityKey, AffinityValue, Backend, CtKey, CtValue, OutsideHandover, RevNat, RevNatId, SOURCE_RANGE_ID_BITS,
+    ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, SourceRange, external_stat, map_sizes,
 };
 
 /// Entries are allocated as they are written (BPF_F_NO_PREALLOC): the
@@ -57,6 +57,27 @@ pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> = LpmTrie::pinned(map_sizes::
 /// What the TC programs did with traffic from outside (`external_stat`).
 #[map]
 pub static EXTERNAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(external_stat::COUNT, 0);
+
+/// How traffic from outside is shared with netfilter while the agent takes
+/// over from kube-proxy (`handover_mode`): one entry, written by the agent.
+/// Pinned, so an operator (or a test) can read and set it; the agent writes
+/// it at every start (`--outside-handover`).
+#[map]
+static OUTSIDE_HANDOVER: Array<OutsideHandover> = Array::pinned(1, 0);
+
+/// The handover mode now in force (`handover_mode`): `HANDOVER` past its
+/// end counts as `OFF`.
+#[inline(always)]
+pub fn outside_handover_mode(now_ns: u64) -> u32 {
+    let Some(config) = OUTSIDE_HANDOVER.get(0) else { return proxy_common::handover_mode::OFF };
+    if config.mode == proxy_common::handover_mode::HANDOVER
+        && config.handover_until_ns != 0
+        && now_ns >= config.handover_until_ns
+    {
+        return proxy_common::handover_mode::OFF;
+    }
+    config.mode
+}
 
 /// This CPU's budget of rejections (`reject.rs`): a token bucket per CPU,
 /// so no atomics. Not pinned: a restarted agent starts with full buckets.

@@ -13,6 +13,9 @@
 //! Policy: Local) drops the packet, as kube-proxy does.
 //! Egress (TC only): a reply from a backend on this node gets the frontend
 //! as its source again.
+//! While the agent takes over from a running kube-proxy
+//! (`handover_mode`), flows netfilter serves are left to the kernel
+//! untouched (docs/design.md, "Taking over from kube-proxy").
 //!
 //! A packet to be forwarded is routed before it is rewritten: a hook that
 //! cannot send it (XDP without the next hop's link-layer address) leaves
@@ -20,16 +23,16 @@
 //! the flow in `CT` and does the same.
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::{
-    Addr, CtValue, ServiceKey, ServiceValue, backend_flags, ct_dir, ct_flags, external_stat, flow_hash, maglev_index,
-    scope, service_flags,
+    Addr, CtValue, ServiceKey, ServiceValue, backend_flags, ct_dir, ct_flags, external_stat, flow_hash, handover_mode,
+    maglev_index, proto, scope, service_flags,
 };
 
 use crate::{
     MAGLEV_SIZE,
-    access::{ROUTE_NOT_FORWARDED, Route, route_status},
+    access::{ROUTE_NOT_FORWARDED, Route, now_ns, route_status},
     ct,
     frame::{Frame, drop_packet},
-    maps::{backend, count_connection, count_external, maglev_entry, service, source_allowed},
+    maps::{backend, count_connection, count_external, maglev_entry, outside_handover_mode, service, source_allowed},
     packet::{End, Packet},
 };
 
@@ -88,11 +91,16 @@ fn reply_to_client<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
 fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
     let Some((key, frontend, has_endpoints)) = external_frontend(pkt) else { return F::PASS };
     let mut flow = CtValue::default();
-    // A new connection on the tuple of a closing one starts afresh; a flow
-    // whose backend is gone picks another.
-    let known = ct::lookup(pkt, ct_dir::ORIGINAL, &mut flow)
-        && !(pkt.is_syn() && flow.flags & ct_flags::CLOSING != 0)
-        && backend(flow.backend_id).is_some();
+    // A new connection on the tuple of a closing one starts afresh.
+    let found = ct::lookup(pkt, ct_dir::ORIGINAL, &mut flow) && !(pkt.is_syn() && flow.flags & ct_flags::CLOSING != 0);
+    if found && flow.flags & ct_flags::KERNEL != 0 {
+        return ctx.left_to_kernel();
+    }
+    if netfilter_serves(pkt, found, frontend.rev_nat) {
+        return ctx.left_to_kernel();
+    }
+    // A flow whose backend is gone picks another.
+    let known = found && backend(flow.backend_id).is_some();
     if !known {
         let stat = new_flow(ctx, pkt, &key, &frontend, &mut flow);
         if stat == external_stat::NO_BACKEND && !has_endpoints {
@@ -110,6 +118,28 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
         return to_local_backend(ctx, pkt, &flow);
     }
     forward(ctx, pkt, &flow, ct_dir::ORIGINAL)
+}
+
+/// Whether a packet to a frontend, of a flow `found` in `CT` or not (and
+/// not marked `ct_flags::KERNEL`), is netfilter's while the agent takes over
+/// from kube-proxy (`handover_mode`). A flow with an entry of ours stays
+/// ours. Of the others: in `DEFER` every one is (and its flow is marked,
+/// so that it stays netfilter's after the switch to `HANDOVER`); in
+/// `HANDOVER` a TCP packet without SYN belongs to a connection netfilter
+/// set up. Only a packet without an entry pays for reading the mode.
+#[inline(always)]
+fn netfilter_serves(pkt: &Packet, found: bool, rev_nat: u32) -> bool {
+    if found {
+        return false;
+    }
+    match outside_handover_mode(now_ns()) {
+        handover_mode::DEFER => {
+            ct::leave_to_kernel(pkt, rev_nat);
+            true
+        }
+        handover_mode::HANDOVER => pkt.proto == proto::TCP && !pkt.is_syn(),
+        _ => false,
+    }
 }
 
 /// A backend on this node: the stack delivers the packet, and the replies

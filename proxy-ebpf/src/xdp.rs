@@ -92,6 +92,11 @@ impl Frame for XdpContext {
     fn translated(&self) {
         count_external(external_stat::XDP_TRANSLATED);
     }
+
+    #[inline(always)]
+    fn left_to_kernel(&self) -> i32 {
+        Self::PASS
+    }
 }
 
 /// The XDP verdict for a packet arriving on a node device.

@@ -371,10 +371,24 @@ fn attach_devices(
                     let accelerated: Vec<&str> = results.iter().filter(|r| r.xdp).map(|r| r.device.as_str()).collect();
                     info!(devices = ?resolved.chosen, xdp = ?accelerated, "serving traffic from outside (NodePorts, LoadBalancer IPs, externalIPs) on these devices");
                 }
+                mark_netfilter_flows_when_deferring(datapath);
             }
             *attached = Some(resolved.chosen);
         }
         Err(err) => error!(%err, "cannot attach the TC programs: traffic from outside is not served"),
+    }
+}
+
+/// Deferring to netfilter (`--outside-handover defer`), with the TC
+/// programs attached: marks the flows conntrack already translated, so
+/// those silent while deferring stay netfilter's after the handover.
+fn mark_netfilter_flows_when_deferring(datapath: &mut Datapath) {
+    use crate::datapath::handover::OutsideHandover;
+    if !matches!(datapath.outside_handover(), Ok(Some(OutsideHandover::Defer))) {
+        return;
+    }
+    if let Err(err) = datapath.mark_netfilter_flows() {
+        warn!(%err, "cannot mark netfilter's flows: a flow silent while deferring may be taken over by the handover");
     }
 }
 

@@ -222,6 +222,30 @@ impl From<NodePortAcceleration> for crate::datapath::acceleration::Acceleration 
     }
 }
 
+/// `--outside-handover`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum OutsideHandoverMode {
+    #[default]
+    Off,
+    Defer,
+    Handover,
+}
+
+impl OutsideHandoverMode {
+    /// The datapath's mode; `seconds` (0: none) ends a handover.
+    #[must_use]
+    pub fn with_end(self, seconds: u64) -> crate::datapath::handover::OutsideHandover {
+        use crate::datapath::handover::OutsideHandover;
+        match self {
+            Self::Off => OutsideHandover::Off,
+            Self::Defer => OutsideHandover::Defer,
+            Self::Handover => OutsideHandover::Handover {
+                ends_after: (seconds != 0).then(|| std::time::Duration::from_secs(seconds)),
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -423,6 +447,25 @@ pub struct RunArgs {
     /// alone, with a warning.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortAcceleration::Disabled)]
     pub nodeport_acceleration: NodePortAcceleration,
+    /// Sharing traffic from outside with a kube-proxy still running on the
+    /// node (for a live takeover; docs/design.md, "Taking over from
+    /// kube-proxy"). `defer`: the TC/XDP programs leave every packet to a
+    /// NodePort, LoadBalancer IP or externalIP to the kernel (kube-proxy's
+    /// rules serve it) and remember each flow they see as netfilter's (and
+    /// those conntrack holds, read once they are attached);
+    /// `handover`: new flows are the programs', netfilter's flows (those
+    /// remembered, and TCP packets without SYN of connections the programs
+    /// do not know) go on through the kernel's conntrack; `off`: normal
+    /// service. Set at every start; a takeover sequence changes it while
+    /// running.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = OutsideHandoverMode::Off)]
+    pub outside_handover: OutsideHandoverMode,
+    /// With --outside-handover=handover: after this many seconds the
+    /// programs serve every flow again (as `off`; flows remembered as
+    /// netfilter's still go to the kernel until they end). 0: until the
+    /// mode is changed or the agent restarts.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub outside_handover_seconds: u64,
     /// Frontends whose connection counter is exported as its own series
     /// (ebpf_proxy_service_connections_total), at most; past it the
     /// frontends with the highest ids are left out and counted in

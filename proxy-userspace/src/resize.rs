@@ -54,6 +54,7 @@ pub fn after_sync(
     let Some(next) = sizing::plan(current, demand, full, opts.bounds()) else { return Ok(None) };
     log_resizing(current, next, demand, false);
     let mut moved = Datapath::load_sized(opts, next)?;
+    moved.copy_outside_handover(datapath)?;
     let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
     let written = pipeline.move_to(reconciler, &mut moved.maps);
     if attached {
@@ -92,6 +93,7 @@ pub fn before_first_write(
     let demand = sizing::demand(pipeline.model().table());
     log_resizing(current, next, demand, true);
     let mut moved = Datapath::load_sized(opts, next)?;
+    moved.copy_outside_handover(datapath)?;
     let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
     pipeline.write_through(reconciler);
     *datapath = moved;

@@ -241,7 +241,7 @@ impl Telemetry {
         if let Some(Ok(stats)) = self.external_stats.as_ref().map(ExternalStats::read) {
             let mut m = out.encode_descriptor(
                 "ebpf_proxy_external_packets",
-                "Traffic from outside the node: new flows translated, and packets dropped by reason, counted in the kernel",
+                "Traffic from outside the node: new flows translated, packets dropped by reason, and packets left to the kernel (taking over from kube-proxy), counted in the kernel",
                 None,
                 MetricType::Counter,
             )?;

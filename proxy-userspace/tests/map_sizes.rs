@@ -200,3 +200,45 @@ fn a_start_with_a_big_table_sizes_its_maps_before_the_first_write() {
     assert_eq!(env.requests("10.97.9.250", 2), vec!["backend-1"; 2]);
     assert_eq!(env.requests("10.96.0.10", 2).len(), 2);
 }
+
+/// The handover mode of a takeover from kube-proxy (`--outside-handover`)
+/// moves with the agent to a bigger set of maps, its end included: the
+/// new programs must not re-balance kube-proxy's flows the old ones left
+/// to the kernel.
+#[test]
+fn a_move_to_bigger_maps_keeps_the_outside_handover() {
+    use ebpf_proxy::datapath::handover::{HandoverMap, OutsideHandover};
+    common::require_root!();
+    let mut env = Env::new(2);
+    env.write_services(&web(&[1, 2]));
+    let mut args = env.agent_args();
+    args.extend(["--outside-handover", "handover", "--outside-handover-seconds", "3600"].map(str::to_owned));
+    let agent = AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let _ = agent.wait_applied(0);
+    env.agent = Some(agent);
+    let handover_of = |dir: &str| {
+        let path = env.pin_dir().join(dir).join(proxy_common::map_names::OUTSIDE_HANDOVER);
+        HandoverMap::open_pinned(&path).unwrap()
+    };
+    let first = maps_dirs(&env);
+    let before = handover_of(&first[0]);
+    let Some(OutsideHandover::Handover { ends_after: Some(left) }) = before.get().unwrap() else {
+        panic!("{:?}", before.get())
+    };
+    assert!(left <= Duration::from_hours(1) && left > Duration::from_secs(3500), "{left:?}");
+    let raw = before.raw().unwrap();
+
+    let agent = env.agent();
+    let mark = agent.mark();
+    env.write_services(&services(2100));
+    agent.wait_for(mark, Duration::from_mins(1), |r| message(r) == Some(RESIZING)).expect("the agent moves");
+    agent
+        .wait_for(mark, Duration::from_mins(1), |r| {
+            message(r) == Some(ebpf_proxy::agent::APPLIED) && u64_field(r, "frontends") == 2101
+        })
+        .expect("every service applied");
+    let moved = maps_dirs(&env);
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_ne!(moved, first);
+    assert_eq!(handover_of(&moved[0]).raw().unwrap(), raw, "the same mode and end");
+}

@@ -769,3 +769,172 @@ fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_
     assert!(links.contains("xdp-eth0") && eth0_has_xdp(&topo, 1), "{links:?}");
     assert_eq!(topo.requests(&on_node(1, 30088), 3), vec!["pod-1-1"; 3], "served after the error");
 }
+
+/// kube-proxy's NodePort rules on node `n` for `web` (TCP 30080) and
+/// `dns` (UDP 30053), reduced to what they do to a packet from outside:
+/// DNAT to the backend on pod (2, 1) and masquerade (kube-proxy's
+/// KUBE-NODEPORTS → KUBE-SVC → KUBE-SEP chains and KUBE-MARK-MASQ;
+/// proxy-userspace/bench/src/nodeport_rules.rs writes them whole). `op`:
+/// `-A` adds them, `-D` removes them.
+fn kube_proxy_rules(topo: &Topology, n: u8, op: &str) {
+    let backend = common::topology::pod_ip(2, 1).to_string();
+    let ns = topo.node(n).ns.name().to_owned();
+    let rules: [&[&str]; 3] = [
+        &["PREROUTING", "-p", "tcp", "--dport", "30080", "-j", "DNAT", "--to-destination", &format!("{backend}:9000")],
+        &["PREROUTING", "-p", "udp", "--dport", "30053", "-j", "DNAT", "--to-destination", &format!("{backend}:5353")],
+        &["POSTROUTING", "-d", &backend, "-j", "MASQUERADE"],
+    ];
+    for rule in rules {
+        let mut args = vec!["netns", "exec", &ns, "iptables", "-w", "-t", "nat", op];
+        args.extend_from_slice(rule);
+        proxy_testkit::sh("ip", &args).expect("iptables in the node's namespace");
+    }
+}
+
+/// The maps directory of node `n`'s agent.
+fn maps_dir(topo: &Topology, n: u8) -> std::path::PathBuf {
+    ebpf_proxy::paths::current_maps_dir(&topo.node(n).pin_dir).expect("the agent pinned its maps")
+}
+
+/// Node `n`'s counters of traffic from outside, by name.
+fn external_stats(topo: &Topology, n: u8) -> BTreeMap<&'static str, u64> {
+    let path = maps_dir(topo, n).join(proxy_common::map_names::EXTERNAL_STATS);
+    ebpf_proxy::datapath::counters::ExternalStats::open_pinned(&path).unwrap().read().unwrap().into_iter().collect()
+}
+
+/// A probe from the client, running in the background (killed on drop).
+fn probe_in_background(topo: &Topology, args: &[&str]) -> common::topology::ChildGuard {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+    let child = proxy_testkit::spawn_in(&topo.client, None, "/usr/bin/python3")
+        .unwrap()
+        .arg(script)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::topology::ChildGuard(child)
+}
+
+/// Waits for a background probe: (exit ok, output lines).
+fn finish(mut probe: common::topology::ChildGuard) -> (bool, Vec<String>) {
+    use std::io::Read as _;
+    let status = probe.0.wait().unwrap();
+    let mut out = String::new();
+    probe.0.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    (status.success(), out.lines().map(str::to_owned).collect())
+}
+
+/// Live takeover from a running kube-proxy, the datapath side
+/// (`--outside-handover`, docs/design.md "Taking over from kube-proxy"):
+/// a TCP connection and a UDP flow set up by kube-proxy's DNAT on node 1
+/// keep exchanging, with no error, while node 1's agent starts deferring to
+/// netfilter, switches to handover, and kube-proxy's rules go; new
+/// connections made meanwhile go through the agent's TC program.
+#[test]
+fn a_takeover_from_kube_proxy_keeps_its_flows_and_serves_new_ones() {
+    common::require_root!();
+    takeover_from_kube_proxy(false);
+}
+
+/// The same with XDP in front of TC on node 1 (`--nodeport-acceleration`):
+/// XDP passes netfilter's packets up and translates the new flows itself.
+#[test]
+fn a_takeover_from_kube_proxy_with_xdp_keeps_its_flows_and_serves_new_ones() {
+    common::require_root!();
+    takeover_from_kube_proxy(true);
+}
+
+fn takeover_from_kube_proxy(xdp: bool) {
+    let mut topo = Topology::new(&[0, 1]);
+    if xdp {
+        prepare_veths_for_xdp(&mut topo, 2);
+    }
+    topo.udp_on(2, 1);
+    topo.tcp_echo_on(2, 1, 9000);
+    let services = service("web", "NodePort", &[("echo", 80, 30080, "TCP")], "", &[])
+        + &endpoints("web", ("echo", 9000, "TCP"), &[(2, 1)])
+        + &service("dns", "NodePort", &[("dns", 53, 30053, "UDP")], "", &[])
+        + &endpoints("dns", ("dns", 5353, "UDP"), &[(2, 1)])
+        + &service("spare", "NodePort", &[("dns", 53, 30054, "UDP")], "", &[]);
+    topo.write_services(&(services.clone() + &endpoints("spare", ("dns", 5353, "UDP"), &[(2, 1)])));
+    kube_proxy_rules(&topo, 1, "-A");
+    // The CNI's masquerade of pod traffic leaving the cluster, which is not
+    // kube-proxy's and stays. Without any rule that needs conntrack, the
+    // kernel would stop tracking connections in the node's namespace once
+    // kube-proxy's rules are gone (nf_ct_netns_put), and every flow its
+    // DNAT set up would break at that instant (seen here).
+    let ns = topo.node(1).ns.name().to_owned();
+    let cni = ["netns", "exec", &ns, "iptables", "-w", "-t", "nat", "-A", "POSTROUTING", "-s", "10.244.1.0/24"];
+    proxy_testkit::sh("ip", &[&cni[..], &["!", "-d", "10.244.0.0/16", "-j", "MASQUERADE"]].concat()).unwrap();
+    let node1 = node_ip(1).to_string();
+    // kube-proxy's long-lived flows: 80 exchanges 0.2 s apart.
+    let long_tcp = probe_in_background(&topo, &["tcp-hold", &node1, "30080", "80", "0.2"]);
+    let long_udp = probe_in_background(&topo, &["udp-sendto", &node1, "30053", "80", "0.2", "21000"]);
+    // A UDP flow silent while the agent defers: known only to conntrack
+    // (the agent marks it from a conntrack dump); it speaks again after
+    // the handover.
+    let idle_udp = probe_in_background(&topo, &["udp-sendto", &node1, "30053", "2", "6", "21002"]);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+
+    let acceleration: &[&str] = if xdp { &["--nodeport-acceleration", "native"] } else { &[] };
+    topo.start_agent_with(1, &[&["--outside-handover", "defer"][..], acceleration].concat());
+    assert_eq!(xdp_link(&topo, 1).is_some(), xdp);
+    // Deferring, a new connection still goes through kube-proxy's rules.
+    let (ok, lines) = topo.probe(&["tcp-hold", &node1, "30080", "3", "0"]);
+    assert!(ok, "a new connection while deferring: {lines:?}");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let deferring = external_stats(&topo, 1);
+    assert_eq!(deferring["new_flow"], 0, "deferring, the programs translate nothing: {deferring:?}");
+    assert!(deferring["left_to_kernel"] > 0, "{deferring:?}");
+
+    // The takeover's switch, then kube-proxy's rules go.
+    let handover_map = maps_dir(&topo, 1).join(proxy_common::map_names::OUTSIDE_HANDOVER);
+    let mut handover = ebpf_proxy::datapath::handover::HandoverMap::open_pinned(&handover_map).unwrap();
+    handover.set(ebpf_proxy::datapath::handover::OutsideHandover::Handover { ends_after: None }).unwrap();
+    let switched = external_stats(&topo, 1);
+    let status = std::process::Command::new(common::AGENT)
+        .args(["status", "-o", "json", "--bpffs-dir"])
+        .arg(&topo.node(1).pin_dir)
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["maps"]["outside_handover"], "handover", "{status}");
+    kube_proxy_rules(&topo, 1, "-D");
+
+    // New connections and a new UDP flow work, through the TC program.
+    for _ in 0..5 {
+        let (ok, lines) = topo.probe(&["tcp-hold", &node1, "30080", "3", "0"]);
+        assert!(ok, "a new connection after the takeover: {lines:?}");
+    }
+    let (ok, lines) = topo.probe(&["udp-sendto", &node1, "30053", "3", "0", "21001"]);
+    assert!(ok, "a new UDP flow after the takeover: {lines:?}");
+    // A backend leaves a service: the agent forgets the UDP flows of
+    // removed backends, but not netfilter's (the new_flow count below
+    // would show the long-lived UDP flow taken over).
+    topo.apply(&(services + &endpoints("spare", ("dns", 5353, "UDP"), &[])));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let after = external_stats(&topo, 1);
+    assert_eq!(after["new_flow"], 6, "the new flows are the programs': {after:?}");
+
+    // kube-proxy's flows exchanged to their end, without an error.
+    for (what, probe, prefix, n) in [
+        ("TCP", long_tcp, "echo ping", 80),
+        ("UDP", long_udp, "pod-2-1:ping", 80),
+        ("idle UDP", idle_udp, "pod-2-1:ping", 2),
+    ] {
+        let (ok, lines) = finish(probe);
+        assert!(ok, "kube-proxy's {what} flow broke: {lines:?}");
+        assert_eq!(lines.iter().filter(|l| l.starts_with(prefix)).count(), n, "{what}: {lines:?}");
+    }
+    let end = external_stats(&topo, 1);
+    assert!(
+        end["left_to_kernel"] > switched["left_to_kernel"],
+        "after the switch, kube-proxy's flows went to the kernel: {end:?}"
+    );
+    assert_eq!(end["new_flow"], 6, "{end:?}");
+    if xdp {
+        assert!(end["xdp_translated"] > 0, "XDP translated the new flows: {end:?}");
+    } else {
+        assert_eq!(end["xdp_translated"], 0, "{end:?}");
+    }
+}

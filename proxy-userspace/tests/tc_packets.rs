@@ -20,6 +20,7 @@ use ebpf_proxy::{
         Reconciler,
         acceleration::Acceleration,
         counters::ExternalStats,
+        handover::OutsideHandover,
         loader::{Datapath, LoadOptions},
     },
     model::{self, NodeContext},
@@ -257,6 +258,7 @@ impl Node {
             ct_map_size,
             // Loads the XDP program too (nothing is attached here).
             acceleration: Acceleration::Native,
+            outside_handover: OutsideHandover::Off,
         })
         .unwrap();
         assert!(datapath.serves_external_traffic(), "the TC programs did not load");
@@ -911,4 +913,102 @@ fn xdp_and_tc_give_the_same_packets_and_xdp_leaves_to_tc_what_it_cannot_finish()
     // The no-checksum datagram kept none through XDP.
     let udp0 = frames.iter().position(|(w, _)| *w == "UDP without checksum").unwrap();
     assert!(packet::parse(&xdp[udp0].1).udp_checksum_zero);
+}
+
+/// Taking over from kube-proxy (`--outside-handover`), the decisions that
+/// need no conntrack state: in `defer` every packet to a frontend goes to
+/// the kernel untouched, XDP passing it to TC, and its flow is remembered
+/// as netfilter's; after the switch to `handover` those flows stay
+/// netfilter's (TCP and UDP, whatever their segments) while new flows are
+/// translated as usual.
+#[test]
+fn defer_leaves_frontends_to_the_kernel_and_its_flows_stay_there_in_handover() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
+        node.datapath.set_outside_handover(OutsideHandover::Defer).unwrap();
+        assert_eq!(node.datapath.outside_handover().unwrap(), Some(OutsideHandover::Defer));
+        let old_tcp = packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30080"), Some(SYN), b"");
+        let old_udp = packet::frame(sa("198.51.100.20:5000"), sa("203.0.113.53:53"), None, b"query");
+        let old_remote = packet::frame(sa("192.0.2.8:41000"), sa("203.0.113.30:80"), Some(SYN), b"");
+        for frame in [&old_tcp, &old_udp, &old_remote] {
+            assert_eq!(node.xdp(frame), (XDP_PASS, frame.clone()), "XDP passes it untouched");
+            assert_eq!(node.ingress(frame), (OK, frame.clone()), "TC leaves it to the kernel");
+        }
+        assert_eq!(node.stat("left_to_kernel"), 3, "counted once per packet, by TC");
+        assert_eq!((node.stat("new_flow"), node.stat("xdp_translated")), (0, 0));
+        // Not a frontend: as ever, untouched and not counted.
+        let other = packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:22"), Some(SYN), b"");
+        assert_eq!(node.ingress(&other), (OK, other.clone()));
+        assert_eq!(node.stat("left_to_kernel"), 3);
+
+        node.datapath.set_outside_handover(OutsideHandover::Handover { ends_after: None }).unwrap();
+        // The flows seen while deferring stay netfilter's: a later segment,
+        // a retransmitted SYN, the next datagram.
+        let old_tcp_data = packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30080"), Some(ACK), b"GET /");
+        let old_remote_data = packet::frame(sa("192.0.2.8:41000"), sa("203.0.113.30:80"), Some(ACK), b"x");
+        for frame in [&old_tcp_data, &old_tcp, &old_udp, &old_remote_data] {
+            assert_eq!(node.xdp(frame), (XDP_PASS, frame.clone()), "XDP passes netfilter's flow");
+            assert_eq!(node.ingress(frame), (OK, frame.clone()), "TC leaves netfilter's flow to the kernel");
+        }
+        assert_eq!(node.stat("left_to_kernel"), 7);
+        // New flows are ours.
+        let (action, out) =
+            node.ingress(&packet::frame(sa("192.0.2.7:40001"), sa("172.30.0.11:30080"), Some(SYN), b""));
+        assert_eq!((action, packet::parse(&out).dst), (OK, sa("10.244.1.5:8080")));
+        let (action, out) = node.ingress(&packet::frame(sa("198.51.100.20:5001"), sa("203.0.113.53:53"), None, b"q"));
+        assert_eq!((action, packet::parse(&out).dst), (REDIRECT, sa("10.244.2.7:5353")));
+        assert_eq!((node.stat("new_flow"), node.stat("left_to_kernel")), (2, 7));
+
+        // Off: netfilter's remembered flows still go to the kernel until
+        // they end; a FIN closes one and a new SYN on its tuple is ours.
+        node.datapath.set_outside_handover(OutsideHandover::Off).unwrap();
+        assert_eq!(node.ingress(&old_tcp_data), (OK, old_tcp_data.clone()));
+        let fin = packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30080"), Some(FIN | ACK), b"");
+        assert_eq!(node.ingress(&fin), (OK, fin.clone()));
+        let (action, out) = node.ingress(&old_tcp);
+        assert_eq!((action, packet::parse(&out).dst), (OK, sa("10.244.1.5:8080")), "a new connection on the tuple");
+        assert_eq!((node.stat("new_flow"), node.stat("left_to_kernel")), (3, 9));
+    });
+}
+
+/// In `handover`, a TCP segment without SYN of a connection the programs
+/// never saw (one kube-proxy's DNAT set up before their time, idle while
+/// deferring) goes to the kernel, whose conntrack holds its translation;
+/// a SYN starts a flow of ours, whose later segments stay ours. When the
+/// handover ends, such a segment gets a backend again as before.
+#[test]
+fn handover_leaves_segments_of_unknown_tcp_connections_to_the_kernel_until_it_ends() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
+        node.datapath.set_outside_handover(OutsideHandover::Handover { ends_after: None }).unwrap();
+        for (client, frontend) in
+            [("192.0.2.7:40000", "172.30.0.11:30080"), ("[fd00:30::99]:40000", "[fd00:30::11]:30080")]
+        {
+            let unknown = packet::frame(sa(client), sa(frontend), Some(ACK), b"data");
+            assert_eq!(node.xdp(&unknown), (XDP_PASS, unknown.clone()));
+            assert_eq!(node.ingress(&unknown), (OK, unknown.clone()));
+        }
+        // An unknown UDP flow cannot be told from a new one: it is ours.
+        let (action, _) = node.ingress(&packet::frame(sa("198.51.100.20:5000"), sa("203.0.113.53:53"), None, b"q"));
+        assert_eq!(action, REDIRECT);
+        assert_eq!((node.stat("left_to_kernel"), node.stat("new_flow")), (2, 1));
+
+        let client = sa("192.0.2.7:40010");
+        let frontend = sa("172.30.0.11:30080");
+        let (action, out) = node.ingress(&packet::frame(client, frontend, Some(SYN), b""));
+        assert_eq!((action, packet::parse(&out).dst), (OK, sa("10.244.1.5:8080")));
+        let (action, out) = node.ingress(&packet::frame(client, frontend, Some(ACK), b"GET /"));
+        assert_eq!((action, packet::parse(&out).dst), (OK, sa("10.244.1.5:8080")), "our flow stays ours");
+        assert_eq!((node.stat("left_to_kernel"), node.stat("new_flow")), (2, 2));
+
+        // A handover that has ended serves every flow.
+        node.datapath
+            .set_outside_handover(OutsideHandover::Handover { ends_after: Some(std::time::Duration::ZERO) })
+            .unwrap();
+        assert_eq!(node.datapath.outside_handover().unwrap(), Some(OutsideHandover::Off));
+        let unknown = packet::frame(sa("192.0.2.7:40020"), frontend, Some(ACK), b"data");
+        let (action, out) = node.ingress(&unknown);
+        assert_eq!((action, packet::parse(&out).dst), (OK, sa("10.244.1.5:8080")));
+        assert_eq!(node.stat("left_to_kernel"), 2);
+    });
 }

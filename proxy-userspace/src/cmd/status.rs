@@ -11,7 +11,9 @@ use serde::Serialize;
 
 use crate::{
     args::{OutputFormat, StatusArgs},
-    datapath::{KernelMaps, ServiceMaps as _, counters::ExternalStats, inspect, links, links::LinkTarget},
+    datapath::{
+        KernelMaps, ServiceMaps as _, counters::ExternalStats, handover::HandoverMap, inspect, links, links::LinkTarget,
+    },
     paths::LINKS_SUBDIR,
 };
 
@@ -64,6 +66,11 @@ pub struct Maps {
     /// Why the counters could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub external_traffic_error: Option<String>,
+    /// How traffic from outside is shared with netfilter (taking over from
+    /// kube-proxy, `--outside-handover`): `off`, `defer`, `handover`,
+    /// `handover, ends in N s`; why it cannot be read, or `unknown`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outside_handover: Option<String>,
 }
 
 /// The name of device `ifindex` in this network namespace, or `#N`.
@@ -123,6 +130,13 @@ pub fn read(dir: &Path) -> anyhow::Result<Status> {
             Ok(counters) => (Some(counters.into_iter().collect()), None),
             Err(err) => (None, Some(err)),
         };
+    let outside_handover = match HandoverMap::open_pinned(&maps_dir.join(proxy_common::map_names::OUTSIDE_HANDOVER))
+        .and_then(|m| m.get())
+    {
+        Ok(Some(mode)) => mode.to_string(),
+        Ok(None) => "unknown".to_owned(),
+        Err(err) => format!("unreadable: {err}"),
+    };
     status.maps = Some(Maps {
         frontends: frontends.len(),
         frontends_without_backends: frontends.iter().filter(|f| f.backends.is_empty()).count(),
@@ -136,6 +150,7 @@ pub fn read(dir: &Path) -> anyhow::Result<Status> {
         source_ranges: dump.source_ranges.len(),
         external_traffic,
         external_traffic_error,
+        outside_handover: Some(outside_handover),
     });
     Ok(status)
 }
@@ -189,6 +204,9 @@ pub fn text(status: &Status) -> String {
                 let _ = writeln!(out, "traffic from outside: unreadable: {}", error.as_deref().unwrap_or("?"));
             }
         }
+        if let Some(mode) = &m.outside_handover {
+            let _ = writeln!(out, "outside handover: {mode}");
+        }
     }
     out
 }
@@ -224,6 +242,7 @@ mod tests {
                 source_ranges: 0,
                 external_traffic: Some([("new_flow", 5), ("no_backend", 1)].into_iter().collect()),
                 external_traffic_error: None,
+                outside_handover: Some("defer".into()),
             }),
         }
     }
@@ -246,6 +265,7 @@ frontends: 3 (1 without backends), backend slots: 4
 map SERVICES: 7 of 4096 entries, map BACKENDS: 3 of 8192 entries
 Maglev tables: 1 of 16381 entries, source ranges: 0
 traffic from outside: new_flow=5 no_backend=1
+outside handover: defer
 "
         );
         let json = serde_json::to_value(&s).unwrap();
@@ -253,6 +273,7 @@ traffic from outside: new_flow=5 no_backend=1
         assert_eq!(json["programs"][1]["error"], "gone");
         assert_eq!(json["maps"]["frontends_without_backends"], 1);
         assert_eq!(json["maps"]["external_traffic"]["new_flow"], 5);
+        assert_eq!(json["maps"]["outside_handover"], "defer");
     }
 
     #[test]

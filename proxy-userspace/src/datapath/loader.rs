@@ -15,6 +15,7 @@ use proxy_common::{
 use super::{
     acceleration::{Acceleration, DeviceXdp},
     counters::{ConnCounters, ExternalStats},
+    handover::{HandoverMap, OutsideHandover},
     links::{self, LinkError, LinkOutcome},
     maglev_map::MaglevMap,
     maps::{KernelMaps, MapError},
@@ -64,6 +65,9 @@ pub struct LoadOptions {
     /// `--nodeport-acceleration`: the XDP program in front of the TC
     /// ingress program on the devices.
     pub acceleration: Acceleration,
+    /// `--outside-handover`: how the programs share traffic from outside
+    /// with netfilter (taking over from kube-proxy), written at load.
+    pub outside_handover: OutsideHandover,
 }
 
 impl LoadOptions {
@@ -107,6 +111,14 @@ pub enum LoadError {
     XdpLoad { source: ProgramError },
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum MarkFlowsError {
+    #[error(transparent)]
+    Dump(#[from] super::netfilter_flows::DumpError),
+    #[error(transparent)]
+    Map(#[from] MapError),
+}
+
 /// The loaded datapath. Programs are attached through links pinned under
 /// `PIN_DIR/links` and the maps are pinned in `PIN_DIR`: dropping this
 /// leaves translation running, and a restarted agent takes both over.
@@ -128,6 +140,8 @@ pub struct Datapath {
     pub counters: Option<ConnCounters>,
     /// Taken by the agent for the metrics endpoint.
     pub external_stats: Option<ExternalStats>,
+    /// `OUTSIDE_HANDOVER`: see `set_outside_handover`.
+    handover: HandoverMap,
     /// Whether the TC programs loaded (traffic from outside can be served).
     tc_loaded: bool,
     /// `--nodeport-acceleration`, and whether the XDP program loaded.
@@ -244,6 +258,11 @@ impl Datapath {
         );
         let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?)?;
         let external_stats = ExternalStats::from_map(take(&mut ebpf, map_names::EXTERNAL_STATS)?)?;
+        let mut handover = HandoverMap::from_map(take(&mut ebpf, map_names::OUTSIDE_HANDOVER)?)?;
+        handover.set(opts.outside_handover)?;
+        if opts.outside_handover != OutsideHandover::Off {
+            tracing::info!(mode = ?opts.outside_handover, "traffic from outside shared with netfilter (--outside-handover)");
+        }
         Ok(Self {
             ebpf,
             pin_dir: opts.pin_dir.clone(),
@@ -252,12 +271,53 @@ impl Datapath {
             sessions,
             counters: Some(counters),
             external_stats: Some(external_stats),
+            handover,
             tc_loaded,
             acceleration: opts.acceleration,
             xdp_loaded,
             sizes,
             maglev_size: opts.maglev_size,
         })
+    }
+
+    /// Sets how the programs on the node's devices share traffic from
+    /// outside with netfilter while taking over from a running kube-proxy
+    /// (docs/design.md, "Taking over from kube-proxy"): `Defer` while the
+    /// takeover checks kube-proxy's rules (kube-proxy serves everything),
+    /// then `Handover` (new flows are ours, kube-proxy's go on through
+    /// conntrack) before its rules are removed; `Off` once its flows are
+    /// gone. The programs follow from their next packet.
+    pub fn set_outside_handover(&mut self, mode: OutsideHandover) -> Result<(), MapError> {
+        self.handover.set(mode)?;
+        tracing::info!(?mode, "outside handover mode set");
+        Ok(())
+    }
+
+    /// The mode the programs follow now (`None`: a value this build does
+    /// not write).
+    pub fn outside_handover(&self) -> Result<Option<OutsideHandover>, MapError> {
+        self.handover.get()
+    }
+
+    /// Marks the flows netfilter's conntrack translated (kube-proxy's DNAT,
+    /// read over ctnetlink in this network namespace) as netfilter's, so
+    /// that they stay with the kernel after the switch to handover even if
+    /// they sent nothing while the programs deferred. Call it once the TC
+    /// programs are attached in `Defer`, before `Handover`: a flow that
+    /// starts after the dump is seen by the programs, one before it is in
+    /// the dump. Returns how many flows were marked (those the programs
+    /// already saw keep their entry).
+    pub fn mark_netfilter_flows(&mut self) -> Result<usize, MarkFlowsError> {
+        let flows = super::netfilter_flows::dump()?;
+        let marked = self.sessions.mark_netfilter_flows(&flows, super::handover::monotonic_ns())?;
+        tracing::info!(dnat_flows = flows.len(), marked, "netfilter's flows marked for the handover");
+        Ok(marked)
+    }
+
+    /// Gives `self`'s programs the handover mode of `other` (a set of maps
+    /// being replaced), a handover's end included.
+    pub fn copy_outside_handover(&mut self, other: &Self) -> Result<(), MapError> {
+        self.handover.set_raw(other.handover.raw()?)
     }
 
     /// Sizes of the services and backends maps this datapath writes.

@@ -11,7 +11,7 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError as AyaMapError};
 use proxy_common::{
-    AffinityKey, AffinityValue, CtKey, CtValue, RevNatId, SockBackendKey, SockRevNat, SockRevNatKey, proto,
+    AffinityKey, AffinityValue, CtKey, CtValue, RevNatId, SockBackendKey, SockRevNat, SockRevNatKey, ct_flags, proto,
 };
 
 use super::{codec, maps::MapError};
@@ -23,6 +23,9 @@ pub struct SessionMaps {
     sock_revnat: BpfHashMap<MapData, SockRevNatKey, SockRevNat>,
     ct: BpfHashMap<MapData, CtKey, CtValue>,
 }
+
+/// `BPF_NOEXIST` (linux/bpf.h): insert only a new key.
+const BPF_NOEXIST: u64 = 1;
 
 fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
     move |source| MapError::Session { map, source }
@@ -46,13 +49,51 @@ impl SessionMaps {
         Some(codec::sock_revnat_frontend(&value, protocol))
     }
 
+    /// Marks `flows` (conntrack's DNATed flows, `netfilter_flows::dump`)
+    /// as netfilter's in `CT` (`ct_flags::KERNEL`), unless a flow has an
+    /// entry already; `now_ns` is their last use (CLOCK_MONOTONIC). Returns
+    /// how many were marked.
+    pub fn mark_netfilter_flows(
+        &mut self,
+        flows: &[super::netfilter_flows::NatFlow],
+        now_ns: u64,
+    ) -> Result<usize, MapError> {
+        let mut marked = 0;
+        for flow in flows {
+            let key = CtKey {
+                src: proxy_common::net::encode(flow.src),
+                dst: proxy_common::net::encode(flow.dst),
+                sport: flow.sport.to_be(),
+                dport: flow.dport.to_be(),
+                proto: flow.proto,
+                dir: proxy_common::ct_dir::ORIGINAL,
+                pad: [0; 2],
+            };
+            let value = CtValue { flags: ct_flags::KERNEL, last_seen_ns: now_ns, ..CtValue::default() };
+            // BPF_NOEXIST: a flow the programs saw keeps its entry.
+            match self.ct.insert(key, value, BPF_NOEXIST) {
+                Ok(()) => marked += 1,
+                Err(AyaMapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(source) => return Err(MapError::Session { map: "CT", source }),
+            }
+        }
+        Ok(marked)
+    }
+
     /// Deletes memos whose backend no longer serves their frontend; returns
     /// how many. `live` answers per memo, so a sync at 10,000 services pays
     /// for the memos there are, not for the whole table.
     pub fn purge(&mut self, live: &impl Liveness) -> Result<usize, MapError> {
         let affinity: Vec<(AffinityKey, AffinityValue)> = self.affinity.iter().filter_map(Result::ok).collect();
-        let udp_flows: Vec<(CtKey, CtValue)> =
-            self.ct.iter().filter_map(Result::ok).filter(|(k, _)| k.proto == proto::UDP).collect();
+        // Flows marked netfilter's (taking over from kube-proxy,
+        // `ct_flags::KERNEL`) have no backend of ours: the kernel's
+        // conntrack keeps their way, so they are not the agent's to forget.
+        let udp_flows: Vec<(CtKey, CtValue)> = self
+            .ct
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| k.proto == proto::UDP && v.flags & ct_flags::KERNEL == 0)
+            .collect();
         let rev_nats: HashSet<RevNatId> =
             affinity.iter().map(|(k, _)| k.rev_nat).chain(udp_flows.iter().map(|(_, v)| v.rev_nat)).collect();
         let by_rev_nat = if rev_nats.is_empty() { HashMap::new() } else { live.by_rev_nat(&rev_nats) };

@@ -9,6 +9,10 @@ what the application sees (reply sources, getpeername()).
   probe.py udp-connect-loop HOST PORT N INTERVAL
       a connected socket sending N datagrams; after an error it prints
       "error ERRNO UNIXTIME", connects a new socket and goes on
+  probe.py tcp-echo-server HOST PORT          echoes every connection's bytes;
+      prints "listening" once it listens
+  probe.py tcp-hold HOST PORT N INTERVAL      one connection: N lines sent,
+      each echo checked ("echo pingI"), INTERVAL seconds apart
 
 Each reply prints as "PAYLOAD SOURCE"; a failing call prints "error ERRNO"
 and exits 1.
@@ -88,10 +92,57 @@ def tcp_peer(host, port):
         fail(e)
 
 
+def tcp_echo_server(host, port):
+    import threading
+
+    def serve(conn):
+        with conn:
+            while True:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                conn.sendall(data)
+
+    s = socket.socket(family(host), socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+    s.listen(64)
+    print("listening", flush=True)
+    while True:
+        conn, _ = s.accept()
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+def tcp_hold(host, port, n, interval):
+    try:
+        s = socket.socket(family(host), socket.SOCK_STREAM)
+        s.settimeout(2)
+        s.connect((host, port))
+        f = s.makefile("rb")
+        for i in range(n):
+            msg = b"ping%d\n" % i
+            s.sendall(msg)
+            line = f.readline()
+            if line != msg:
+                print("error mismatch", repr(line), flush=True)
+                sys.exit(1)
+            print("echo", line.decode().strip(), flush=True)
+            time.sleep(interval)
+        s.close()
+    except OSError as e:
+        name = "timeout" if isinstance(e, socket.timeout) else errno.errorcode.get(e.errno, str(e.errno))
+        print("error", name, "%.3f" % time.time(), flush=True)
+        sys.exit(1)
+
+
 def main():
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "tcp-peer":
         tcp_peer(host, port)
+    elif mode == "tcp-echo-server":
+        tcp_echo_server(host, port)
+    elif mode == "tcp-hold":
+        tcp_hold(host, port, int(sys.argv[4]), float(sys.argv[5]))
     elif mode == "udp-connect-loop":
         udp_connect_loop(host, port, int(sys.argv[4]), float(sys.argv[5]))
     else:

@@ -190,6 +190,25 @@ impl Topology {
         self.udp.push(server);
     }
 
+    /// A TCP echo server (tests/clients/probe.py) on pod (n, k), `port`.
+    pub fn tcp_echo_on(&mut self, n: u8, k: u8, port: u16) {
+        use std::io::BufRead as _;
+        let pod = self.pod(n, k);
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+        let mut child = spawn_in(&pod.ns, None, "/usr/bin/python3")
+            .unwrap()
+            .arg(script)
+            .args(["tcp-echo-server", &pod.ip.to_string(), &port.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        self.servers.push(ChildGuard(child));
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "listening", "the echo server on pod {n}-{k} did not start");
+    }
+
     /// The HTTP server of pod `name`.
     #[must_use]
     pub fn http_server(&self, name: &str) -> &HttpBackend {
