@@ -6,14 +6,15 @@
 //! when nothing differs remove them as `kube-proxy --cleanup` does, one
 //! transaction per table (`remove.rs`). `read.rs` runs the tools,
 //! `handover.rs` is where the TC programs hand traffic from outside over,
-//! `step.rs` is the sequence the agent runs. See docs/design.md.
+//! `step.rs` is one attempt, `pending.rs` the agent's side of it. See docs/design.md.
 mod compare;
 mod handover;
 pub mod iptables;
 pub mod nftables;
+pub mod pending;
 mod read;
 mod remove;
-// mod step;
+mod step;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -24,8 +25,8 @@ use std::{
 pub use compare::{Difference, compare};
 pub use handover::{NoHandover, OutsideHandover};
 pub use read::{Rules, Tools, read_rules};
-pub use remove::{Removed, remove_rules};
-// pub use step::{Outcome, Takeover};
+pub use remove::{KEEPER, Removed, keeper, remove_rules};
+pub use step::{Outcome, RETRY, Takeover, log as log_outcome};
 
 use crate::model::Protocol;
 

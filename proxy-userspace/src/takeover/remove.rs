@@ -5,6 +5,18 @@
 //! deletes every rule of another chain jumping to one of kube-proxy's
 //! chains, flushes them and deletes them; per nftables family, `nft
 //! delete table FAMILY kube-proxy`. Rules and chains of anyone else stay.
+//!
+//! Connections kube-proxy's DNAT translated keep their translation in
+//! conntrack, but only while netfilter's conntrack and NAT hooks stay
+//! registered in the namespace, and the kernel unregisters them with
+//! their last user: kube-proxy's rules may be that (tested: a connection
+//! held through the DNAT stalls the moment they go, on a node where
+//! nothing else uses conntrack). So first (in the same nft transaction as
+//! the table's deletion in nftables mode) the table `KEEPER` is added:
+//! empty NAT base chains with policy accept and one rule that only reads
+//! the connection state, in a chain no hook calls. It changes no verdict
+//! and stays (`nft delete table ip ebpf-proxy-conntrack` once the flows
+//! kube-proxy translated are gone).
 use std::{collections::HashSet, fmt::Write as _};
 
 use super::{
@@ -12,6 +24,25 @@ use super::{
     iptables::parse_save,
     read::{Tools, is_service_chain, kube_proxy_chains, nft_tables, read_rules, run},
 };
+
+/// The table that keeps conntrack and NAT in place (see the module's
+/// documentation).
+pub const KEEPER: &str = "ebpf-proxy-conntrack";
+
+/// `nft -f` input adding `KEEPER` in `family` (`ip`, `ip6`).
+#[must_use]
+pub fn keeper(family: &str) -> String {
+    format!(
+        "table {family} {KEEPER} {{\n\
+         \tcomment \"keeps conntrack and NAT for connections kube-proxy translated (ebpf-proxy --take-over-from-kube-proxy)\"\n\
+         \tchain prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}\n\
+         \tchain input {{ type nat hook input priority 100; policy accept; }}\n\
+         \tchain output {{ type nat hook output priority -100; policy accept; }}\n\
+         \tchain postrouting {{ type nat hook postrouting priority srcnat; policy accept; }}\n\
+         \tchain conntrack {{\n\t\tct state established,related counter\n\t}}\n\
+         }}\n"
+    )
+}
 
 /// What was removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,6 +54,8 @@ pub struct Removed {
     pub jumps: usize,
     /// nftables tables deleted (`ip kube-proxy`, `ip6 kube-proxy`).
     pub nft_tables: Vec<String>,
+    /// Families `KEEPER` was added in (`ip`, `ip6`).
+    pub kept: Vec<&'static str>,
 }
 
 /// The `iptables-restore --noflush` input that removes kube-proxy's
@@ -71,6 +104,21 @@ pub fn remove_rules(tools: &Tools) -> Result<Removed, Error> {
             let saved = run(&ipt.save(), &["-t", table], None)?;
             let plan = removal(table, &saved).map_err(|reason| Error::Parse { command: ipt.save(), reason })?;
             let Some((input, chains, jumps)) = plan else { continue };
+            let family = match ipt.family {
+                super::Family::V4 => "ip",
+                super::Family::V6 => "ip6",
+            };
+            if !removed.kept.contains(&family) {
+                if tools.nft {
+                    run("nft", &["-f", "-"], Some(&keeper(family)))?;
+                } else {
+                    tracing::warn!(
+                        family,
+                        "nft is not installed: connections kube-proxy translated may stall if nothing else on the node uses conntrack"
+                    );
+                }
+                removed.kept.push(family);
+            }
             run(&ipt.restore(), &["--noflush", "--wait"], Some(&input))?;
             tracing::info!(tool = %ipt.name, table, chains, jumps, "removed kube-proxy's iptables chains");
             removed.chains += chains;
@@ -79,9 +127,14 @@ pub fn remove_rules(tools: &Tools) -> Result<Removed, Error> {
     }
     if tools.nft {
         for family in nft_tables()? {
-            run("nft", &["delete", "table", family, "kube-proxy"], None)?;
+            // One transaction: the keeper in, kube-proxy's table out.
+            let input = format!("{}delete table {family} kube-proxy\n", keeper(family));
+            run("nft", &["-f", "-"], Some(&input))?;
             tracing::info!(family, "removed kube-proxy's nftables table");
             removed.nft_tables.push(format!("{family} kube-proxy"));
+            if !removed.kept.contains(&family) {
+                removed.kept.push(family);
+            }
         }
     }
     let left = read_rules(tools)?;
@@ -123,6 +176,17 @@ mod tests {
         assert_eq!(jumps, 9, "{input}");
         assert!(!input.contains("UNRELATED"), "{input}");
         assert!(input.contains("-X KUBE-PROXY-FIREWALL\n"));
+    }
+
+    #[test]
+    fn the_keeper_changes_no_verdict() {
+        let text = keeper("ip6");
+        assert!(text.starts_with("table ip6 ebpf-proxy-conntrack {"));
+        assert_eq!(text.matches("type nat hook").count(), 4);
+        assert_eq!(text.matches("policy accept").count(), 4);
+        for verdict in ["drop", "reject", "dnat", "snat", "masquerade", "jump", "goto", "return"] {
+            assert!(!text.contains(&format!(" {verdict}")), "{verdict} in {text}");
+        }
     }
 
     #[test]
