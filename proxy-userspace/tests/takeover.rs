@@ -284,6 +284,13 @@ fn takeover_refuses_while_the_rules_differ_and_proceeds_once_they_agree() {
         })
         .unwrap();
     assert_eq!(field(&summary, "differences").and_then(serde_json::Value::as_u64), Some(1));
+    let metrics = common::agent_address(agent, "metrics");
+    let differences = || {
+        let (status, text) = common::http_get_in(Some(&env.ns), &metrics, "/metrics");
+        assert_eq!(status, 200);
+        common::metric(&text, "ebpf_proxy_takeover_differences")
+    };
+    assert!((differences() - 1.0).abs() < f64::EPSILON);
     // The rules stay, and keep serving what they served; new connections
     // from the agent's cgroup are ebpf-proxy's.
     assert!(run_in(&env, "iptables-legacy-save", &["-t", "nat"], "").contains("KUBE-SVC-WEB"));
@@ -295,6 +302,7 @@ fn takeover_refuses_while_the_rules_differ_and_proceeds_once_they_agree() {
     let mark = agent.mark();
     env.write_services(&services(&[1, 3]));
     wait_message(env.agent(), mark, REMOVED);
+    assert!(differences().abs() < f64::EPSILON);
     for table in ["nat", "filter"] {
         let saved = run_in(&env, "iptables-legacy-save", &["-t", table], "");
         assert!(!saved.contains("KUBE-") && saved.contains("198.51.100.7"), "{saved}");

@@ -31,6 +31,23 @@ impl Iptables {
     fn with_suffix(&self, what: &str) -> String {
         format!("{}-{what}", self.name)
     }
+
+    /// Whether to read `table` with this tool. A legacy table is read only
+    /// when the kernel lists it (`/proc/net/ip_tables_names`, of the
+    /// agent's network namespace): `iptables-legacy-save` of a table that
+    /// does not exist would create it, adding legacy hooks to a node that
+    /// has none.
+    #[must_use]
+    pub fn has_table(&self, table: &str) -> bool {
+        if !self.name.ends_with("-legacy") {
+            return true;
+        }
+        let names = match self.family {
+            Family::V4 => "/proc/net/ip_tables_names",
+            Family::V6 => "/proc/net/ip6_tables_names",
+        };
+        std::fs::read_to_string(names).is_ok_and(|text| text.lines().any(|l| l.trim() == table))
+    }
 }
 
 /// The tools found on the PATH.
@@ -160,7 +177,7 @@ pub fn read_rules(tools: &Tools) -> Result<Rules, Error> {
     for ipt in &tools.iptables {
         let save = ipt.save();
         let mut text = String::new();
-        for table in ["nat", "filter"] {
+        for table in ["nat", "filter"].into_iter().filter(|t| ipt.has_table(t)) {
             text.push_str(&run(&save, &["-t", table], None)?);
         }
         let ours = iptables::parse_save(&text)

@@ -100,7 +100,7 @@ pub fn removal(table: &str, saved: &str) -> Result<Option<(String, usize, usize)
 pub fn remove_rules(tools: &Tools) -> Result<Removed, Error> {
     let mut removed = Removed::default();
     for ipt in &tools.iptables {
-        for table in ["nat", "filter", "mangle"] {
+        for table in ["nat", "filter", "mangle"].into_iter().filter(|t| ipt.has_table(t)) {
             let saved = run(&ipt.save(), &["-t", table], None)?;
             let plan = removal(table, &saved).map_err(|reason| Error::Parse { command: ipt.save(), reason })?;
             let Some((input, chains, jumps)) = plan else { continue };
