@@ -326,6 +326,8 @@ fn takeover_from_nftables_deletes_the_kube_proxy_table_only() {
     let _echo = prepare(&env);
     env.write_services(&services(&[1, 2]));
     run_in(&env, "nft", &["-f", "-"], &nft_rules(&[1, 2]));
+    // A keeper from an earlier takeover is kept as it is.
+    run_in(&env, "nft", &["-f", "-"], &ebpf_proxy::takeover::keeper("ip"));
     let answers = env.requests("10.96.0.10:80", 4);
     assert!(answers.iter().all(|a| a.starts_with("backend-")), "{answers:?}");
     let held = hold(&env, 6.0);
@@ -337,6 +339,8 @@ fn takeover_from_nftables_deletes_the_kube_proxy_table_only() {
     let mut tables: Vec<&str> = tables.lines().collect();
     tables.sort_unstable();
     assert_eq!(tables, ["table ip ebpf-proxy-conntrack", "table ip other"]);
+    let keeper = run_in(&env, "nft", &["list", "table", "ip", "ebpf-proxy-conntrack"], "");
+    assert_eq!(keeper.matches("ct state established,related counter").count(), 1, "{keeper}");
     let mut answers = env.requests("10.96.0.10:80", 20);
     answers.sort();
     answers.dedup();

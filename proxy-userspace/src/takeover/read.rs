@@ -141,8 +141,13 @@ pub fn is_service_chain(name: &str) -> bool {
     ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"].iter().any(|p| name.starts_with(p))
 }
 
-/// The tables `nft` lists named `kube-proxy`, as `ip`/`ip6`.
+/// The families (`ip`, `ip6`) of the tables `nft` lists named `kube-proxy`.
 pub(super) fn nft_tables() -> Result<Vec<&'static str>, Error> {
+    nft_tables_named("kube-proxy")
+}
+
+/// The families (`ip`, `ip6`) of the tables `nft` lists named `name`.
+pub(super) fn nft_tables_named(name: &str) -> Result<Vec<&'static str>, Error> {
     let text = run("nft", &["-j", "list", "tables"], None)?;
     let json: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::Parse { command: "nft -j list tables".into(), reason: e.to_string() })?;
@@ -150,7 +155,7 @@ pub(super) fn nft_tables() -> Result<Vec<&'static str>, Error> {
     let mut out = Vec::new();
     for family in ["ip", "ip6"] {
         let present = items.iter().any(|i| {
-            i.pointer("/table/name").and_then(serde_json::Value::as_str) == Some("kube-proxy")
+            i.pointer("/table/name").and_then(serde_json::Value::as_str) == Some(name)
                 && i.pointer("/table/family").and_then(serde_json::Value::as_str) == Some(family)
         });
         if present {

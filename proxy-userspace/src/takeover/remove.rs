@@ -22,7 +22,7 @@ use std::{collections::HashSet, fmt::Write as _};
 use super::{
     Error,
     iptables::parse_save,
-    read::{Tools, is_service_chain, kube_proxy_chains, nft_tables, read_rules, run},
+    read::{Tools, is_service_chain, kube_proxy_chains, nft_tables, nft_tables_named, read_rules, run},
 };
 
 /// The table that keeps conntrack and NAT in place (see the module's
@@ -99,6 +99,10 @@ pub fn removal(table: &str, saved: &str) -> Result<Option<(String, usize, usize)
 /// that nothing of them is left.
 pub fn remove_rules(tools: &Tools) -> Result<Removed, Error> {
     let mut removed = Removed::default();
+    // A keeper from an earlier takeover stays as it is (declaring it again
+    // would add its rule again).
+    let kept_before = if tools.nft { nft_tables_named(KEEPER)? } else { Vec::new() };
+    let new_keeper = |family: &str| if kept_before.contains(&family) { String::new() } else { keeper(family) };
     for ipt in &tools.iptables {
         for table in ["nat", "filter", "mangle"].into_iter().filter(|t| ipt.has_table(t)) {
             let saved = run(&ipt.save(), &["-t", table], None)?;
@@ -110,7 +114,9 @@ pub fn remove_rules(tools: &Tools) -> Result<Removed, Error> {
             };
             if !removed.kept.contains(&family) {
                 if tools.nft {
-                    run("nft", &["-f", "-"], Some(&keeper(family)))?;
+                    if !kept_before.contains(&family) {
+                        run("nft", &["-f", "-"], Some(&new_keeper(family)))?;
+                    }
                 } else {
                     tracing::warn!(
                         family,
@@ -128,7 +134,7 @@ pub fn remove_rules(tools: &Tools) -> Result<Removed, Error> {
     if tools.nft {
         for family in nft_tables()? {
             // One transaction: the keeper in, kube-proxy's table out.
-            let input = format!("{}delete table {family} kube-proxy\n", keeper(family));
+            let input = format!("{}delete table {family} kube-proxy\n", new_keeper(family));
             run("nft", &["-f", "-"], Some(&input))?;
             tracing::info!(family, "removed kube-proxy's nftables table");
             removed.nft_tables.push(format!("{family} kube-proxy"));
