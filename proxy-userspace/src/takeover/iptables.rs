@@ -366,6 +366,23 @@ mod tests {
     }
 
     #[test]
+    fn node_port_addresses_and_localhost_node_ports_are_one_node_port() {
+        // With nodePortAddresses, KUBE-SERVICES jumps to KUBE-NODEPORTS per
+        // address (no port: not a frontend); localhost nodePorts get their
+        // own rule with `-d 127.0.0.0/8`.
+        let text = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-EXT-A - [0:0]\n:KUBE-SVC-A - [0:0]\n:KUBE-SEP-A - [0:0]\n\
+            -A KUBE-SERVICES -d 192.168.1.5/32 -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -j KUBE-NODEPORTS\n\
+            -A KUBE-NODEPORTS -d 127.0.0.0/8 -p tcp -m comment --comment \"ns/s:p\" -m tcp --dport 30080 -j KUBE-EXT-A\n\
+            -A KUBE-NODEPORTS -p tcp -m comment --comment \"ns/s:p\" -m tcp --dport 30080 -j KUBE-EXT-A\n\
+            -A KUBE-EXT-A -j KUBE-MARK-MASQ\n-A KUBE-EXT-A -j KUBE-SVC-A\n-A KUBE-SVC-A -j KUBE-SEP-A\n\
+            -A KUBE-SEP-A -p tcp -m tcp -j DNAT --to-destination 10.244.1.1:80\nCOMMIT\n";
+        let (table, unserved) = read(&[text]);
+        assert!(unserved.is_empty());
+        assert_eq!(table.len(), 1, "{table:?}");
+        assert_eq!(table[&node_port(30080)].backends, set(&["10.244.1.1:80"]));
+    }
+
+    #[test]
     fn a_broken_destination_is_an_error_naming_the_rule() {
         let text = "*nat\n-A KUBE-SERVICES -d 10.0.0.1/32 -p tcp --dport 80 -j KUBE-SVC-A\n-A KUBE-SVC-A -j DNAT --to-destination 10.1.1.1\nCOMMIT\n";
         let err = frontends(text, Family::V4, &mut RuleTable::new(), &mut Vec::new()).unwrap_err();
