@@ -452,7 +452,7 @@ pub struct RunArgs {
     /// frontend they serve is in the maps with the same backends, and only
     /// then remove them as `kube-proxy --cleanup` does, one transaction per
     /// table. A difference is logged (one warning each) and the rules stay;
-    /// the check runs again after each sync and every 10 s.
+    /// the check runs again every 10 s (while the maps hold the table).
     #[arg(long)]
     pub take_over_from_kube_proxy: bool,
     /// The unix socket (mode 0600) where `ebpf-proxy explain` asks why

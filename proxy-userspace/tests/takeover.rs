@@ -308,7 +308,8 @@ fn takeover_refuses_while_the_rules_differ_and_proceeds_once_they_agree() {
     answers.sort();
     answers.dedup();
     assert_eq!(answers, ["backend-1", "backend-2"]);
-    // The table moves to what the rules say: the next sync takes over.
+    // The table moves to what the rules say: the next check (at most
+    // 10 s after the last) takes over.
     let mark = agent.mark();
     env.write_services(&services(&[1, 3]));
     wait_message(env.agent(), mark, REMOVED);

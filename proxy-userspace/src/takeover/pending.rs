@@ -1,6 +1,8 @@
 //! The agent's side of a takeover (`--take-over-from-kube-proxy`): the
-//! handover of traffic from outside, the attempts after each sync that
-//! wrote everything, and the retry timer. Dropped once done.
+//! handover of traffic from outside, the first attempt after the first
+//! sync that wrote everything, then one every `RETRY` while the maps hold
+//! the table (a sync that wrote everything once `RETRY` has passed counts
+//! as that). Dropped once done.
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -53,6 +55,12 @@ impl Pending {
     ) -> anyhow::Result<bool> {
         if let Some(complete) = complete {
             self.maps_complete = complete;
+            // After a refusal, a sync does not bring the next attempt
+            // forward: reading and comparing the rules of a big cluster
+            // costs a fraction of a second, and syncs may come every second.
+            if self.retry_at.is_some_and(|at| Instant::now() < at) {
+                return Ok(false);
+            }
         }
         if !self.maps_complete {
             return Ok(false);

@@ -1,7 +1,7 @@
 //! The takeover sequence the agent runs after a sync that wrote
 //! everything: read kube-proxy's rules, compare, remove only when nothing
-//! differs. The agent retries a refused or failed attempt after each sync
-//! and every `RETRY` until it is done.
+//! differs. The agent retries a refused or failed attempt every `RETRY`
+//! until it is done.
 use std::time::Duration;
 
 use tracing::{error, info, warn};
@@ -9,8 +9,7 @@ use tracing::{error, info, warn};
 use super::{Difference, Error, Removed, Tools, compare, read_rules, remove_rules};
 use crate::model::ServiceTable;
 
-/// How long a refused or failed takeover waits before it is tried again
-/// (besides after every sync).
+/// How long a refused or failed takeover waits before it is tried again.
 pub const RETRY: Duration = Duration::from_secs(10);
 
 /// How one attempt ended.
@@ -72,7 +71,7 @@ pub fn log(outcome: &Result<Outcome, Error>) -> i64 {
                 frontends,
                 retry_seconds = RETRY.as_secs(),
                 "not taking over from kube-proxy: its rules stay in place and keep serving flows they translated; \
-                 ebpf-proxy serves new connections as usual; checking again after each sync and every retry_seconds \
+                 ebpf-proxy serves new connections as usual; checking again every retry_seconds \
                  (make sure kube-proxy is stopped and its rules are up to date, or fix what differs)"
             );
             i64::try_from(differences.len()).unwrap_or(i64::MAX)
