@@ -75,6 +75,8 @@ pub struct AgentConfig {
     /// Clients on the node reach only this node's externalIPs through the
     /// service (`--external-ips-local-only`).
     pub external_ips_local_only: bool,
+    /// Take over from kube-proxy's rules (`crate::takeover`).
+    pub take_over_from_kube_proxy: bool,
     /// Where `ebpf-proxy explain` asks for the reasons (`None`: not served).
     pub explain_socket: Option<PathBuf>,
 }
@@ -175,6 +177,18 @@ async fn run_with(
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
     // SIGHUP: a drift audit now (installed once the maps are read, so an
     // early SIGHUP still ends the process, as its default).
+    let mut takeover = if config.take_over_from_kube_proxy {
+        let tools = crate::takeover::Tools::find();
+        info!(iptables = ?tools.iptables.iter().map(|t| format!("{} {:?}", t.name, t.family)).collect::<Vec<_>>(), nft = tools.nft, "tools for reading kube-proxy's rules");
+        Some(crate::takeover::pending::Pending::start(
+            crate::takeover::Takeover::new(tools),
+            outside_handover(),
+            &mut datapath,
+            metrics,
+        )?)
+    } else {
+        None
+    };
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let (_explain_server, mut explain_requests) = crate::explain_socket::start(config.explain_socket.as_deref());
     let mut observers = Observers {
@@ -190,6 +204,10 @@ async fn run_with(
         let wake = tokio::select! {
             () = &mut shutdown => break,
             wake = pipeline.wait(&mut source) => wake,
+            () = sleep_until(takeover.as_ref().and_then(crate::takeover::pending::Pending::retry_at)) => {
+                take_over(&mut takeover, None, &pipeline, &mut datapath, metrics)?;
+                continue;
+            }
             _ = hangup.recv() => {
                 info!("SIGHUP received: auditing the maps for drift");
                 Wake::Resync
@@ -225,12 +243,47 @@ async fn run_with(
         (t.services_map_size, t.backends_map_size) = (sizes.services, sizes.backends);
         drop(t);
         applied.send_replace(snapshot);
+        take_over(&mut takeover, Some(synced.report.failures.is_empty()), &pipeline, &mut datapath, metrics)?;
     }
     info!(
         pin_dir = %config.load.pin_dir.display(),
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
     Ok(())
+}
+
+/// The datapath's switch for traffic from outside during a takeover from
+/// kube-proxy (see `crate::takeover::OutsideHandover`). INTEGRATION POINT:
+/// the eBPF programs' switch (leave traffic from outside to conntrack while
+/// taking over, then keep leaving mid-flow packets of flows it translated)
+/// is connected here; until then the TC programs serve traffic from
+/// outside from the start.
+fn outside_handover() -> Box<dyn crate::takeover::OutsideHandover> {
+    Box::new(crate::takeover::NoHandover)
+}
+
+/// One takeover attempt when one is pending: after a sync (`complete`:
+/// it wrote everything) or when the retry is due (`None`).
+fn take_over(
+    takeover: &mut Option<crate::takeover::pending::Pending>,
+    complete: Option<bool>,
+    pipeline: &Pipeline,
+    datapath: &mut Datapath,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    if let Some(pending) = takeover.as_mut()
+        && pending.attempt(complete, pipeline.model().table(), datapath, metrics)?
+    {
+        *takeover = None;
+    }
+    Ok(())
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Moves to maps of other sizes when the table needs it (see

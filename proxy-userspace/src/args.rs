@@ -488,6 +488,16 @@ pub struct RunArgs {
     /// Traffic from outside is served on every externalIP either way.
     #[arg(long)]
     pub external_ips_local_only: bool,
+    /// Take this node over from kube-proxy (stopped, its rules still in
+    /// place): once the maps hold the whole table, read kube-proxy's rules
+    /// (iptables nat/filter of iptables-nft and iptables-legacy, both
+    /// families; nftables tables ip/ip6 kube-proxy), check that every
+    /// frontend they serve is in the maps with the same backends, and only
+    /// then remove them as `kube-proxy --cleanup` does, one transaction per
+    /// table. A difference is logged (one warning each) and the rules stay;
+    /// the check runs again every 10 s (while the maps hold the table).
+    #[arg(long)]
+    pub take_over_from_kube_proxy: bool,
     /// The unix socket (mode 0600) where `ebpf-proxy explain` asks why
     /// endpoints are not used; "none": not served. Default:
     /// /run/ebpf-proxy/agent.sock.

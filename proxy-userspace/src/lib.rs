@@ -26,4 +26,5 @@ pub mod rest_metrics;
 pub mod sandbox;
 pub mod serve;
 pub mod source;
+pub mod takeover;
 pub mod telemetry;

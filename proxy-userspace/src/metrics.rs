@@ -108,6 +108,10 @@ pub struct Metrics {
     /// Services and EndpointSlices read but not yet in the maps.
     pub service_changes_pending: Gauge,
     pub endpoint_changes_pending: Gauge,
+    /// `--take-over-from-kube-proxy`: differences between kube-proxy's
+    /// rules and the desired table found by the last check (-1: no check
+    /// yet or it failed; 0 once the rules are removed or none were found).
+    pub takeover_differences: Gauge,
     /// Service ports with a Local traffic policy and no endpoint on this
     /// node, by policy.
     no_local_endpoints: Family<TrafficPolicyLabels, Gauge>,
@@ -143,6 +147,7 @@ impl Metrics {
             endpoint_changes: Counter::default(),
             service_changes_pending: Gauge::default(),
             endpoint_changes_pending: Gauge::default(),
+            takeover_differences: Gauge::default(),
             no_local_endpoints: Family::default(),
             healthz: Family::default(),
             livez: Family::default(),
@@ -187,6 +192,11 @@ impl Metrics {
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
             "When the last change arrived that asked for a sync (Unix time)",
             self.last_queued.clone(),
+        );
+        r.register(
+            "ebpf_proxy_takeover_differences",
+            "Differences between kube-proxy's rules and the desired table at the last takeover check (-1: not checked yet or the check failed)",
+            self.takeover_differences.clone(),
         );
         r.register(
             "kubeproxy_sync_proxy_rules_service_changes",

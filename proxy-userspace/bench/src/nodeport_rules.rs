@@ -189,6 +189,38 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_takeover_reads_these_rules_as_the_same_table() {
+        // What `--take-over-from-kube-proxy` reads from these rules is
+        // what the model makes of the services file: nothing differs.
+        let parsed = ebpf_proxy::source::file::parse(&services_yaml(3)).unwrap();
+        let node_ip: std::net::IpAddr = [10, 252, 1, 1].into();
+        let t = ebpf_proxy::model::translate(
+            &parsed.objects.services,
+            &parsed.objects.slices,
+            &ebpf_proxy::model::NodeContext::new("entry-node").with_ips(vec![node_ip]),
+        );
+        let (mut rules, mut unserved) = (ebpf_proxy::takeover::RuleTable::new(), Vec::new());
+        ebpf_proxy::takeover::iptables::frontends(
+            &iptables(3),
+            ebpf_proxy::takeover::Family::V4,
+            &mut rules,
+            &mut unserved,
+        )
+        .unwrap();
+        assert_eq!(rules.len(), 6, "three ClusterIPs and three nodePorts: {rules:?}");
+        assert!(rules.values().all(|f| f.backends.len() == usize::from(ENDPOINTS)));
+        assert_eq!(ebpf_proxy::takeover::compare(&t.table, &rules, &unserved), []);
+        // One endpoint moved in the rules: exactly that is reported.
+        let moved = iptables(3).replacen(&format!("{}:{BACKEND_PORT}", endpoint(1, 4)), "10.200.0.1:8080", 2);
+        let mut rules = ebpf_proxy::takeover::RuleTable::new();
+        ebpf_proxy::takeover::iptables::frontends(&moved, ebpf_proxy::takeover::Family::V4, &mut rules, &mut unserved)
+            .unwrap();
+        let differences = ebpf_proxy::takeover::compare(&t.table, &rules, &unserved);
+        assert_eq!(differences.len(), 2, "the ClusterIP and the nodePort of service 1: {differences:?}");
+        assert!(differences.iter().all(|d| d.to_string().contains("only kube-proxy's rules 10.200.0.1:8080")));
+    }
+
+    #[test]
     fn nftables_rules_have_kube_proxys_nodeport_shape() {
         let text = nftables(2);
         assert_eq!(text.matches("chain external-").count(), 2);

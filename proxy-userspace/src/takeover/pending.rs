@@ -1,0 +1,82 @@
+//! The agent's side of a takeover (`--take-over-from-kube-proxy`): the
+//! handover of traffic from outside, the first attempt after the first
+//! sync that wrote everything, then one every `RETRY` while the maps hold
+//! the table (a sync that wrote everything once `RETRY` has passed counts
+//! as that). Dropped once done.
+use std::time::Instant;
+
+use anyhow::Context as _;
+
+use super::{Outcome, OutsideHandover, RETRY, Takeover, log_outcome};
+use crate::{datapath::loader::Datapath, metrics::Metrics, model::ServiceTable};
+
+pub struct Pending {
+    takeover: Takeover,
+    handover: Box<dyn OutsideHandover>,
+    /// The last sync wrote everything: the maps hold the model's table.
+    maps_complete: bool,
+    retry_at: Option<Instant>,
+}
+
+impl Pending {
+    /// Before the first sync attaches the programs: traffic from outside
+    /// is left to netfilter (kube-proxy's DNAT and conntrack) from the
+    /// start.
+    pub fn start(
+        takeover: Takeover,
+        mut handover: Box<dyn OutsideHandover>,
+        datapath: &mut Datapath,
+        metrics: &Metrics,
+    ) -> anyhow::Result<Self> {
+        handover
+            .defer_outside(datapath)
+            .context("leaving traffic from outside to kube-proxy's rules while taking over")?;
+        metrics.takeover_differences.set(-1);
+        tracing::info!("taking over from kube-proxy once the maps hold the whole table");
+        Ok(Self { takeover, handover, maps_complete: false, retry_at: None })
+    }
+
+    /// When the next attempt is due without a sync (`None`: not before a
+    /// sync that writes everything).
+    #[must_use]
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at.filter(|_| self.maps_complete)
+    }
+
+    /// After a sync (`complete`: it wrote everything) or when the retry is
+    /// due: one attempt against `desired` when the maps hold it. `Ok(true)`:
+    /// done, the takeover is over.
+    pub fn attempt(
+        &mut self,
+        complete: Option<bool>,
+        desired: &ServiceTable,
+        datapath: &mut Datapath,
+        metrics: &Metrics,
+    ) -> anyhow::Result<bool> {
+        if let Some(complete) = complete {
+            self.maps_complete = complete;
+            // After a refusal, a sync does not bring the next attempt
+            // forward: reading and comparing the rules of a big cluster
+            // takes seconds (10,000 services of 10 endpoints: 6 s in a
+            // debug build), and syncs may come every second.
+            if self.retry_at.is_some_and(|at| Instant::now() < at) {
+                return Ok(false);
+            }
+        }
+        if !self.maps_complete {
+            return Ok(false);
+        }
+        let outcome = self.takeover.attempt(desired);
+        metrics.takeover_differences.set(log_outcome(&outcome));
+        match outcome {
+            Ok(Outcome::NothingFound | Outcome::Removed { .. }) => {
+                self.handover.take_outside(datapath).context("serving traffic from outside after the takeover")?;
+                Ok(true)
+            }
+            Ok(Outcome::Refused { .. }) | Err(_) => {
+                self.retry_at = Some(Instant::now() + RETRY);
+                Ok(false)
+            }
+        }
+    }
+}

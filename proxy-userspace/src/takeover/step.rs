@@ -1,0 +1,95 @@
+//! The takeover sequence the agent runs after a sync that wrote
+//! everything: read kube-proxy's rules, compare, remove only when nothing
+//! differs. The agent retries a refused or failed attempt every `RETRY`
+//! until it is done.
+use std::time::Duration;
+
+use tracing::{error, info, warn};
+
+use super::{Difference, Error, Removed, Tools, compare, read_rules, remove_rules};
+use crate::model::ServiceTable;
+
+/// How long a refused or failed takeover waits before it is tried again.
+pub const RETRY: Duration = Duration::from_secs(10);
+
+/// How one attempt ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// No rule of kube-proxy's in any table: nothing to take over.
+    NothingFound,
+    /// kube-proxy's rules and the desired table differ: the rules stay.
+    Refused { frontends: usize, differences: Vec<Difference> },
+    /// The rules were the same and are gone.
+    Removed { frontends: usize, removed: Removed },
+}
+
+/// The takeover: the tools it reads and removes with.
+#[derive(Debug, Clone)]
+pub struct Takeover {
+    tools: Tools,
+}
+
+impl Takeover {
+    #[must_use]
+    pub const fn new(tools: Tools) -> Self {
+        Self { tools }
+    }
+
+    /// One attempt against `desired` (the table the maps hold).
+    pub fn attempt(&self, desired: &ServiceTable) -> Result<Outcome, Error> {
+        let rules = read_rules(&self.tools)?;
+        if rules.found.is_empty() {
+            return Ok(Outcome::NothingFound);
+        }
+        let frontends = rules.table.len();
+        let differences = compare(desired, &rules.table, &rules.unserved);
+        if !differences.is_empty() {
+            return Ok(Outcome::Refused { frontends, differences });
+        }
+        info!(frontends, found = %rules.found.join(", "), "kube-proxy's rules serve what the maps hold: removing them");
+        Ok(Outcome::Removed { frontends, removed: remove_rules(&self.tools)? })
+    }
+}
+
+/// Logs how an attempt ended and returns the number of differences for
+/// the metric (-1: it failed). A difference is one warning each, then a
+/// summary.
+pub fn log(outcome: &Result<Outcome, Error>) -> i64 {
+    match outcome {
+        Ok(Outcome::NothingFound) => {
+            info!(
+                "no rule of kube-proxy's found (iptables nat/filter of either backend, nft kube-proxy tables): nothing to take over"
+            );
+            0
+        }
+        Ok(Outcome::Refused { frontends, differences }) => {
+            for difference in differences {
+                warn!(%difference, "kube-proxy's rules differ from ebpf-proxy's table");
+            }
+            warn!(
+                differences = differences.len(),
+                frontends,
+                retry_seconds = RETRY.as_secs(),
+                "not taking over from kube-proxy: its rules stay in place and keep serving flows they translated; \
+                 ebpf-proxy serves new connections as usual; checking again every retry_seconds \
+                 (make sure kube-proxy is stopped and its rules are up to date, or fix what differs)"
+            );
+            i64::try_from(differences.len()).unwrap_or(i64::MAX)
+        }
+        Ok(Outcome::Removed { frontends, removed }) => {
+            info!(
+                frontends,
+                iptables_chains = removed.chains,
+                jump_rules = removed.jumps,
+                nft_tables = %removed.nft_tables.join(", "),
+                conntrack_kept_by = %removed.kept.iter().map(|f| format!("{f} {}", super::KEEPER)).collect::<Vec<_>>().join(", "),
+                "took over from kube-proxy: its rules are removed"
+            );
+            0
+        }
+        Err(e) => {
+            error!(error = %e, retry_seconds = RETRY.as_secs(), "taking over from kube-proxy failed; trying again");
+            -1
+        }
+    }
+}
