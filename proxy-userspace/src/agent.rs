@@ -75,8 +75,10 @@ pub struct AgentConfig {
     /// Clients on the node reach only this node's externalIPs through the
     /// service (`--external-ips-local-only`).
     pub external_ips_local_only: bool,
-    /// Take over from kube-proxy's rules (`crate::takeover`).
-    pub take_over_from_kube_proxy: bool,
+    /// Take over from kube-proxy's rules (`crate::takeover`): `Some`, with
+    /// when the handover of traffic from outside ends (`None`: at the next
+    /// start).
+    pub take_over_from_kube_proxy: Option<Option<Duration>>,
     /// Where `ebpf-proxy explain` asks for the reasons (`None`: not served).
     pub explain_socket: Option<PathBuf>,
 }
@@ -177,17 +179,9 @@ async fn run_with(
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
     // SIGHUP: a drift audit now (installed once the maps are read, so an
     // early SIGHUP still ends the process, as its default).
-    let mut takeover = if config.take_over_from_kube_proxy {
-        let tools = crate::takeover::Tools::find();
-        info!(iptables = ?tools.iptables.iter().map(|t| format!("{} {:?}", t.name, t.family)).collect::<Vec<_>>(), nft = tools.nft, "tools for reading kube-proxy's rules");
-        Some(crate::takeover::pending::Pending::start(
-            crate::takeover::Takeover::new(tools),
-            outside_handover(),
-            &mut datapath,
-            metrics,
-        )?)
-    } else {
-        None
+    let mut takeover = match config.take_over_from_kube_proxy {
+        Some(ends_after) => start_takeover(ends_after, &mut datapath, metrics)?,
+        None => None,
     };
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let (_explain_server, mut explain_requests) = crate::explain_socket::start(config.explain_socket.as_deref());
@@ -252,14 +246,32 @@ async fn run_with(
     Ok(())
 }
 
-/// The datapath's switch for traffic from outside during a takeover from
-/// kube-proxy (see `crate::takeover::OutsideHandover`). INTEGRATION POINT:
-/// the eBPF programs' switch (leave traffic from outside to conntrack while
-/// taking over, then keep leaving mid-flow packets of flows it translated)
-/// is connected here; until then the TC programs serve traffic from
-/// outside from the start.
-fn outside_handover() -> Box<dyn crate::takeover::OutsideHandover> {
-    Box::new(crate::takeover::NoHandover)
+/// A takeover from kube-proxy, pending until the maps hold the table, when
+/// its rules are there: traffic from outside is left to them (`Defer`) from
+/// before the programs attach. With no rule of kube-proxy's (a restart after
+/// the takeover, or a node without it) nothing is deferred: the programs
+/// serve traffic from outside from the start.
+fn start_takeover(
+    ends_after: Option<Duration>,
+    datapath: &mut Datapath,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<crate::takeover::pending::Pending>> {
+    let tools = crate::takeover::Tools::find();
+    info!(iptables = ?tools.iptables.iter().map(|t| format!("{} {:?}", t.name, t.family)).collect::<Vec<_>>(), nft = tools.nft, "tools for reading kube-proxy's rules");
+    let takeover = crate::takeover::Takeover::new(tools);
+    match takeover.rules_present() {
+        Ok(false) => {
+            info!("--take-over-from-kube-proxy: no rule of kube-proxy's on this node, nothing to take over");
+            metrics.takeover_differences.set(0);
+            return Ok(None);
+        }
+        Ok(true) => {}
+        // Unreadable now: taken as present (deferring costs nothing while
+        // kube-proxy's rules serve); the attempts say what fails.
+        Err(err) => warn!(%err, "cannot read kube-proxy's rules yet; deferring traffic from outside to them"),
+    }
+    let handover = Box::new(crate::takeover::DatapathHandover { ends_after });
+    Ok(Some(crate::takeover::pending::Pending::start(takeover, handover, datapath, metrics)?))
 }
 
 /// One takeover attempt when one is pending: after a sync (`complete`:

@@ -460,7 +460,8 @@ pub struct RunArgs {
     /// running.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = OutsideHandoverMode::Off)]
     pub outside_handover: OutsideHandoverMode,
-    /// With --outside-handover=handover: after this many seconds the
+    /// With --outside-handover=handover (or the handover after
+    /// --take-over-from-kube-proxy): after this many seconds the
     /// programs serve every flow again (as `off`; flows remembered as
     /// netfilter's still go to the kernel until they end). 0: until the
     /// mode is changed or the agent restarts.
@@ -496,6 +497,11 @@ pub struct RunArgs {
     /// then remove them as `kube-proxy --cleanup` does, one transaction per
     /// table. A difference is logged (one warning each) and the rules stay;
     /// the check runs again every 10 s (while the maps hold the table).
+    /// Meanwhile traffic from outside is left to kube-proxy's rules
+    /// (`--outside-handover defer`); once they are gone new flows are the
+    /// programs' and those conntrack translated finish through it
+    /// (`handover`, for --outside-handover-seconds if set). With no rule of
+    /// kube-proxy's on the node the flag does nothing.
     #[arg(long)]
     pub take_over_from_kube_proxy: bool,
     /// The unix socket (mode 0600) where `ebpf-proxy explain` asks why

@@ -395,13 +395,11 @@ fn node_port_services() -> String {
 /// client that kube-proxy's rules on node 1 translated (to pods on both
 /// nodes) must keep their backend while the agent attaches its TC programs
 /// and after the rules are removed, and new flows from outside must be
-/// served. It needs the TC programs to leave those flows to conntrack
-/// (`takeover::OutsideHandover`, connected in `agent::outside_handover`):
-/// with `NoHandover` it fails as expected (seen: a held flow reset about
-/// 0.5 s after the agent started, when the TC programs took its packets;
-/// the new flows were served).
+/// served. The TC programs leave those flows to conntrack
+/// (`takeover::DatapathHandover`: defer, then handover); without it this
+/// fails (seen: a held flow reset about 0.5 s after the agent started, when
+/// the TC programs took its packets).
 #[test]
-#[ignore = "needs the datapath's switch for traffic from outside (takeover::OutsideHandover); run with --ignored once agent::outside_handover connects it"]
 fn takeover_keeps_flows_from_outside_that_kube_proxy_translated() {
     require_root!();
     let mut topo = Topology::new(&[1, 1]);

@@ -81,7 +81,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         node_ips: Vec::new(),
         node_port_addresses: crate::nodeport_addresses::NodePortAddresses::All,
         external_ips_local_only: false,
-        take_over_from_kube_proxy: false,
+        take_over_from_kube_proxy: None,
         health_bind: None,
         metrics_bind: None,
         health_timeout: Duration::from_mins(1),

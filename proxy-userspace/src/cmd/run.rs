@@ -131,7 +131,9 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
         )
         .filter(|d| !d.is_zero()),
         external_ips_local_only: args.external_ips_local_only,
-        take_over_from_kube_proxy: args.take_over_from_kube_proxy,
+        take_over_from_kube_proxy: args.take_over_from_kube_proxy.then_some(
+            (args.outside_handover_seconds != 0).then(|| Duration::from_secs(args.outside_handover_seconds)),
+        ),
         explain_socket: match args.explain_socket {
             Some(path) if path.as_os_str() == "none" => None,
             Some(path) => Some(path),

@@ -8,7 +8,7 @@
 //! rules are gone they serve new flows but keep leaving the packets of
 //! flows conntrack already translated (`take_outside`). The switch itself
 //! lives in the eBPF programs; this trait is the agent's side of it.
-use crate::datapath::loader::Datapath;
+use crate::datapath::{handover::OutsideHandover as Mode, loader::Datapath};
 
 /// The datapath's switch for traffic from outside during a takeover.
 pub trait OutsideHandover: Send {
@@ -20,20 +20,27 @@ pub trait OutsideHandover: Send {
     fn take_outside(&mut self, datapath: &mut Datapath) -> anyhow::Result<()>;
 }
 
-/// No switch: the TC programs serve traffic from outside from the start
-/// (flows from outside that kube-proxy translated may move to another
-/// backend at the takeover). The integration of the datapath's switch
-/// replaces this.
+/// The eBPF programs' switch (`crate::datapath::handover`): `Defer` while
+/// taking over (flows the programs see pass untouched to netfilter and are
+/// remembered as its own; once the programs attach, the agent also marks
+/// the flows conntrack already holds), then `Handover`: new flows are the
+/// programs', netfilter's go on through conntrack, until `ends_after`
+/// (`--outside-handover-seconds`; none: until the next start).
 #[derive(Debug, Default)]
-pub struct NoHandover;
+pub struct DatapathHandover {
+    pub ends_after: Option<std::time::Duration>,
+}
 
-impl OutsideHandover for NoHandover {
-    fn defer_outside(&mut self, _datapath: &mut Datapath) -> anyhow::Result<()> {
-        tracing::debug!("no datapath switch for traffic from outside: the TC programs serve it from the start");
+impl OutsideHandover for DatapathHandover {
+    fn defer_outside(&mut self, datapath: &mut Datapath) -> anyhow::Result<()> {
+        // Before the first sync attaches the programs; the attach marks
+        // the flows conntrack holds (`agent`, mark_netfilter_flows_when_deferring).
+        datapath.set_outside_handover(Mode::Defer)?;
         Ok(())
     }
 
-    fn take_outside(&mut self, _datapath: &mut Datapath) -> anyhow::Result<()> {
+    fn take_outside(&mut self, datapath: &mut Datapath) -> anyhow::Result<()> {
+        datapath.set_outside_handover(Mode::Handover { ends_after: self.ends_after })?;
         Ok(())
     }
 }

@@ -35,6 +35,11 @@ impl Takeover {
         Self { tools }
     }
 
+    /// Whether any rule of kube-proxy's is in place (in any table it uses).
+    pub fn rules_present(&self) -> Result<bool, Error> {
+        Ok(!read_rules(&self.tools)?.found.is_empty())
+    }
+
     /// One attempt against `desired` (the table the maps hold).
     pub fn attempt(&self, desired: &ServiceTable) -> Result<Outcome, Error> {
         let rules = read_rules(&self.tools)?;
