@@ -174,11 +174,12 @@ fn run_in(env: &Env, program: &str, args: &[&str], input: &str) -> String {
 /// this namespace) and the echo backend.
 fn prepare(env: &Env) -> Guard {
     env.ns.ip(&["route", "add", "10.96.0.0/16", "dev", "lo"]).expect("route");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/hold.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
     let server = spawn_in(&env.ns, None, "/usr/bin/python3")
         .expect("prepare echo")
         .arg(&script)
-        .args(["serve", &backend_ip(1).to_string(), "9000"])
+        .args(["tcp-echo-server", &backend_ip(1).to_string(), "9000"])
+        .stdout(Stdio::null())
         .spawn()
         .expect("start echo");
     std::thread::sleep(Duration::from_millis(300));
@@ -403,13 +404,14 @@ fn node_port_services() -> String {
 fn takeover_keeps_flows_from_outside_that_kube_proxy_translated() {
     require_root!();
     let mut topo = Topology::new(&[1, 1]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/hold.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
     for n in [1, 2] {
         let pod = topo.pod(n, 1);
         let server = spawn_in(&pod.ns, None, "/usr/bin/python3")
             .unwrap()
             .arg(&script)
-            .args(["serve", &pod.ip.to_string(), "9000"])
+            .args(["tcp-echo-server", &pod.ip.to_string(), "9000"])
+            .stdout(Stdio::null())
             .spawn()
             .unwrap();
         topo.servers.push(ChildGuard(server));

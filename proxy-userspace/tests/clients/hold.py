@@ -1,34 +1,14 @@
 #!/usr/bin/env python3
-"""A long-lived TCP connection for the takeover tests.
+"""A long-lived TCP connection for the takeover tests (the echo server is
+probe.py's tcp-echo-server).
 
-  hold.py serve ADDR PORT            an echo server (one thread a connection)
   hold.py hold HOST PORT SECONDS     connects once, prints "connected PEER",
       then sends a line every 20 ms for SECONDS and reads its echo; prints
       "ok N" (N round trips) and exits 0, or "error WHAT" and exits 1
 """
 import socket
 import sys
-import threading
 import time
-
-
-def serve(addr, port):
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((addr, port))
-    s.listen(64)
-
-    def echo(c):
-        with c:
-            while True:
-                data = c.recv(4096)
-                if not data:
-                    return
-                c.sendall(data)
-
-    while True:
-        c, _ = s.accept()
-        threading.Thread(target=echo, args=(c,), daemon=True).start()
 
 
 def hold(host, port, seconds):
@@ -53,7 +33,4 @@ def hold(host, port, seconds):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "serve":
-        serve(sys.argv[2], int(sys.argv[3]))
-    else:
-        hold(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    hold(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
