@@ -36,6 +36,14 @@ impl Frame for XdpContext {
     const PASS: i32 = action(xdp_action::XDP_PASS);
     const DROP: i32 = action(xdp_action::XDP_DROP);
     const SENDS_FRAMES: bool = true;
+    const GROWS: bool = false;
+
+    /// Not here: moving the headers with `bpf_xdp_adjust_head` is left
+    /// undone; TC adds DSR options (`Frame::GROWS`).
+    #[inline(always)]
+    fn grow_net(&self, _len: u32) -> Result<(), RewriteFailed> {
+        Err(RewriteFailed)
+    }
 
     #[inline(always)]
     fn load<T>(&self, offset: usize) -> Result<T, RewriteFailed> {

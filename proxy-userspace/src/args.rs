@@ -222,6 +222,25 @@ impl From<NodePortAcceleration> for crate::datapath::acceleration::Acceleration 
     }
 }
 
+/// `--nodeport-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum NodePortMode {
+    #[default]
+    Snat,
+    Dsr,
+    Hybrid,
+}
+
+impl From<NodePortMode> for crate::datapath::loader::NodePortMode {
+    fn from(mode: NodePortMode) -> Self {
+        match mode {
+            NodePortMode::Snat => Self::Snat,
+            NodePortMode::Dsr => Self::Dsr,
+            NodePortMode::Hybrid => Self::Hybrid,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -423,6 +442,17 @@ pub struct RunArgs {
     /// alone, with a warning.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortAcceleration::Disabled)]
     pub nodeport_acceleration: NodePortAcceleration,
+    /// How traffic from outside (externalTrafficPolicy: Cluster) reaches a
+    /// backend on another node. `snat`: the source becomes this node's
+    /// address, replies come back through this node. `dsr`: direct server
+    /// return: the client's address is kept, the frontend travels in an
+    /// IPv4 option / IPv6 Destination Options header (8 / 24 more bytes on
+    /// each TCP SYN and UDP datagram), and the backend's node answers the
+    /// client itself (every node must run the agent in this mode or
+    /// hybrid, and route to the clients). `hybrid`: DSR for TCP, SNAT for
+    /// UDP.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortMode::Snat)]
+    pub nodeport_mode: NodePortMode,
     /// Frontends whose connection counter is exported as its own series
     /// (ebpf_proxy_service_connections_total), at most; past it the
     /// frontends with the highest ids are left out and counted in

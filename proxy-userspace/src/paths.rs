@@ -25,8 +25,8 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// layout beside the old ones and switches the programs over in one step.
 /// 6: 32-bit frontend (rev-NAT) ids, and maps indexed by them sized with
 /// the table (`-fF` in the directory name); two more `EXTERNAL_STATS`
-/// counters (XDP).
-pub const MAP_LAYOUT_VERSION: u32 = 6;
+/// counters (XDP). 7: one more `EXTERNAL_STATS` counter (`dsr_refused`).
+pub const MAP_LAYOUT_VERSION: u32 = 7;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.
 pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";

@@ -75,6 +75,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             maglev_size: crate::maglev::DEFAULT_SIZE,
             ct_map_size: proxy_common::map_sizes::CT,
             acceleration: crate::datapath::acceleration::Acceleration::Disabled,
+            nodeport_mode: crate::datapath::loader::NodePortMode::Snat,
         },
         socket_netns: vec![ns.path()],
         node_ips: Vec::new(),

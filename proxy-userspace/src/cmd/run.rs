@@ -102,6 +102,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             maglev_size: args.maglev_table_size.or(file.maglev_table_size).unwrap_or(crate::maglev::DEFAULT_SIZE),
             ct_map_size: args.ct_map_size.or(file.ct_map_size).unwrap_or(map_sizes::CT),
             acceleration: args.nodeport_acceleration.into(),
+            nodeport_mode: args.nodeport_mode.into(),
         },
         socket_netns: flag_or_file(args.socket_netns, file.socket_netns),
         node_ips: flag_or_file(args.node_ip, file.node_ips),
