@@ -448,9 +448,8 @@ pub struct RunArgs {
     /// return: the client's address is kept, the frontend travels in an
     /// IPv4 option / IPv6 Destination Options header (8 / 24 more bytes on
     /// each TCP SYN and UDP datagram), and the backend's node answers the
-    /// client itself (every node must run the agent in this mode or
-    /// hybrid, and route to the clients). `hybrid`: DSR for TCP, SNAT for
-    /// UDP.
+    /// client itself (every node must run the agent, in any mode, forward
+    /// IP, and route to the clients). `hybrid`: DSR for TCP, SNAT for UDP.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortMode::Snat)]
     pub nodeport_mode: NodePortMode,
     /// Frontends whose connection counter is exported as its own series
@@ -585,6 +584,22 @@ mod tests {
             "one or the other"
         );
         assert!(cli.check().is_ok());
+    }
+
+    #[test]
+    fn nodeport_mode_reaches_the_programs_value() {
+        use crate::datapath::loader::NodePortMode as Mode;
+        let mode = |extra: &[&str]| {
+            let argv: Vec<&str> = ["ebpf-proxy", "run"].iter().chain(extra).copied().collect();
+            match Cli::try_parse_from(argv).unwrap().command {
+                Some(Command::Run(r)) => Mode::from(r.nodeport_mode).value(),
+                _ => unreachable!("run"),
+            }
+        };
+        assert_eq!(mode(&[]), proxy_common::nodeport_mode::SNAT, "snat by default");
+        assert_eq!(mode(&["--nodeport-mode", "dsr"]), proxy_common::nodeport_mode::DSR);
+        assert_eq!(mode(&["--nodeport-mode=hybrid"]), proxy_common::nodeport_mode::HYBRID);
+        assert!(Cli::try_parse_from(["ebpf-proxy", "run", "--nodeport-mode", "tunnel"]).is_err());
     }
 
     #[test]
