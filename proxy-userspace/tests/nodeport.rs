@@ -320,6 +320,20 @@ fn eth0_counters(topo: &Topology, n: u8) -> [u64; 4] {
     [get("tx", "bytes"), get("rx", "bytes"), get("tx", "packets"), get("rx", "packets")]
 }
 
+/// The client's eth0 counters, as `eth0_counters`.
+fn client_counters(topo: &Topology) -> [u64; 4] {
+    let out = topo.client.ip(&["-s", "-j", "link", "show", "eth0"]).unwrap();
+    let link: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &link[0]["stats64"];
+    let get = |dir: &str, what: &str| stats[dir][what].as_u64().unwrap();
+    [get("tx", "bytes"), get("rx", "bytes"), get("tx", "packets"), get("rx", "packets")]
+}
+
+fn client_since(topo: &Topology, before: [u64; 4]) -> [u64; 4] {
+    let now = client_counters(topo);
+    [now[0] - before[0], now[1] - before[1], now[2] - before[2], now[3] - before[3]]
+}
+
 /// What node `n`'s eth0 counted since `before`.
 fn eth0_since(topo: &Topology, n: u8, before: [u64; 4]) -> [u64; 4] {
     let now = eth0_counters(topo, n);
@@ -864,4 +878,49 @@ fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_
     topo.stop_agent(1);
     topo.start_agent_with(1, &[&["--nodeport-acceleration", "native"][..], &devices[..]].concat());
     assert!(logged_about(&topo, "cni0", "ERROR"), "native fails cni0");
+}
+
+#[test]
+fn with_dsr_ipv6_replies_leave_the_backend_s_node_and_the_backend_sees_the_client() {
+    common::require_root!();
+    let mut topo = Topology::new(&[0, 1]);
+    topo.enable_ipv6();
+    let pod: IpAddr = "fd00:244:2::11".parse().unwrap();
+    let server = proxy_testkit::HttpBackend::start(&topo.pod(2, 1).ns, pod, 8080, "pod-2-1").unwrap();
+    topo.http.push(server);
+    topo.write_services(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: t}\nspec:\n  type: NodePort\n  \
+         clusterIP: \"fd00:96::80\"\n  clusterIPs: [\"fd00:96::80\"]\n  ipFamilies: [IPv6]\n  \
+         ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\n\
+         kind: EndpointSlice\nmetadata: {name: web-6, namespace: t, labels: {kubernetes.io/service-name: web}}\n\
+         addressType: IPv6\nports: [{name: http, port: 8080, protocol: TCP}]\n\
+         endpoints: [{addresses: [\"fd00:244:2::11\"], nodeName: n2, conditions: {ready: true}}]\n",
+    );
+    for n in 1..=2 {
+        topo.start_agent_with(n, &["--nodeport-mode", "dsr"]);
+    }
+    let (one, client) = (eth0_counters(&topo, 1), client_counters(&topo));
+    let out = proxy_testkit::spawn_in(&topo.client, None, "curl")
+        .unwrap()
+        .args(["-sS", "--connect-timeout", "3", "--max-time", "5", "http://[fd00:30::11]:30080/?[1-5]"])
+        .output()
+        .unwrap();
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{body} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(body.lines().collect::<Vec<_>>(), vec!["pod-2-1"; 5]);
+    let peers: BTreeSet<IpAddr> = topo.http_server("pod-2-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert_eq!(peers, BTreeSet::from(["fd00:30::100".parse::<IpAddr>().unwrap()]), "the backend must see the client");
+    // Five connections: node 1 sends on what the client sent it, but not
+    // the replies the client received (with source NAT it would send
+    // both).
+    let one = eth0_since(&topo, 1, one);
+    let client = client_since(&topo, client);
+    assert!(
+        one[2] < client[2] + client[3] / 2,
+        "node 1 sent {} packets, the client sent {} and received {}",
+        one[2],
+        client[2],
+        client[3]
+    );
+    assert_eq!(external_counter(&topo, 2, "dsr_refused"), 0);
 }
