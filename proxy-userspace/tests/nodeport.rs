@@ -924,3 +924,35 @@ fn with_dsr_ipv6_replies_leave_the_backend_s_node_and_the_backend_sees_the_clien
     );
     assert_eq!(external_counter(&topo, 2, "dsr_refused"), 0);
 }
+
+#[test]
+fn hybrid_mode_returns_tcp_directly_and_source_nats_udp() {
+    common::require_root!();
+    let mut topo = Topology::new(&[0, 1]);
+    topo.http_on(2, 1);
+    topo.udp_on(2, 1);
+    topo.write_services(
+        &(service("web", "NodePort", &[("http", 80, 30080, "TCP")], "", &[])
+            + &endpoints("web", ("http", 8080, "TCP"), &[(2, 1)])
+            + &service("dns", "NodePort", &[("dns", 53, 30053, "UDP")], "", &[])
+            + &endpoints("dns", ("dns", 5353, "UDP"), &[(2, 1)])),
+    );
+    for n in 1..=2 {
+        topo.start_agent_with(n, &["--nodeport-mode", "hybrid"]);
+    }
+    // TCP: DSR, the backend sees the client.
+    assert_eq!(topo.requests(&on_node(1, 30080), 3), vec!["pod-2-1"; 3]);
+    let peers: BTreeSet<IpAddr> = topo.http_server("pod-2-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert_eq!(peers, BTreeSet::from([IpAddr::from(CLIENT)]));
+    // UDP: source NAT, so the replies come back through node 1, which
+    // sends each datagram and each reply.
+    let one = eth0_counters(&topo, 1);
+    let count = 10u64;
+    for port in 22_000..22_000 + u16::try_from(count).unwrap() {
+        let (ok, lines) = topo.probe(&["udp-sendto", &node_ip(1).to_string(), "30053", "1", "0", &port.to_string()]);
+        assert!(ok, "{lines:?}");
+        assert_eq!(udp_replies(&lines), [("pod-2-1".to_owned(), on_node(1, 30053))], "{lines:?}");
+    }
+    let one = eth0_since(&topo, 1, one);
+    assert!(one[2] >= 2 * count, "node 1 sent {} packets: the replies must pass it", one[2]);
+}
