@@ -10,6 +10,38 @@
 pub const LOG_ENABLED: &str = "LOG_ENABLED";
 /// Name of the eBPF global that holds the Maglev table size (entries).
 pub const MAGLEV_SIZE: &str = "MAGLEV_SIZE";
+/// Name of the eBPF global that holds `--nodeport-mode` (`nodeport_mode`).
+pub const NODEPORT_MODE: &str = "NODEPORT_MODE";
+
+/// `--nodeport-mode`: how traffic from outside reaches a backend on another
+/// node (the value of the `NODEPORT_MODE` global).
+pub mod nodeport_mode {
+    /// The entry node rewrites the source to its own address; replies come
+    /// back through it.
+    pub const SNAT: u8 = 0;
+    /// Direct server return: the source is kept, the frontend rides along
+    /// in an IPv4 option / IPv6 destination option (`dsr_option`), and the
+    /// backend's node answers the client itself.
+    pub const DSR: u8 = 1;
+    /// DSR for TCP, SNAT for UDP (as Cilium's hybrid mode).
+    pub const HYBRID: u8 = 2;
+}
+
+/// How the entry node tells the backend's node a DSR flow's frontend
+/// (Cilium's encoding, bpf/lib/nodeport.h).
+pub mod dsr_option {
+    /// IPv4 option type: copied flag set, class 0, number 26.
+    pub const V4_TYPE: u8 = 0x9a;
+    /// IPv4 option length: type, length, port (2), address (4).
+    pub const V4_LEN: u8 = 8;
+    /// IPv6 destination option type (the two high bits 00: a node that
+    /// does not know it skips it).
+    pub const V6_TYPE: u8 = 0x1b;
+    /// IPv6 destination option data length: address (16), port (2), pad (2).
+    pub const V6_OPT_LEN: u8 = 20;
+    /// The whole IPv6 Destination Options header, in bytes.
+    pub const V6_HDR_LEN: u8 = 24;
+}
 
 /// Map names, as the eBPF object declares them and as they are pinned.
 pub mod map_names {
@@ -143,6 +175,11 @@ pub mod ct_flags {
     /// node's programs took over, see `OutsideHandover`): its packets go to
     /// the kernel untouched. Only an original-direction entry, no backend.
     pub const KERNEL: u8 = 1 << 5;
+    /// Direct server return. On the entry node (original direction): the
+    /// flow goes to a backend on another node with its source kept and
+    /// the frontend in an option. On the backend's node (reply direction,
+    /// made from that option): its replies leave from the frontend.
+    pub const DSR: u8 = 1 << 6;
 }
 
 /// `OutsideHandover.mode`: how the programs on the node's devices (TC and
@@ -234,8 +271,11 @@ pub mod external_stat {
     /// from kube-proxy (`handover_mode`): netfilter's flows, and everything
     /// in `DEFER`. Counted by the TC program only (XDP passes them to it).
     pub const LEFT_TO_KERNEL: u32 = 10;
+    /// Dropped: a packet carrying a DSR option that names no frontend
+    /// with this node's backend at its destination (`dsr_option`).
+    pub const DSR_REFUSED: u32 = 11;
     /// Number of counters.
-    pub const COUNT: u32 = 11;
+    pub const COUNT: u32 = 12;
     /// Names, by index, for metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "new_flow",
@@ -249,6 +289,7 @@ pub mod external_stat {
         "xdp_translated",
         "xdp_to_tc",
         "left_to_kernel",
+        "dsr_refused",
     ];
 }
 

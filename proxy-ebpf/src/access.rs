@@ -5,8 +5,8 @@ use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_redir_neigh},
     helpers::generated::{
         bpf_csum_diff, bpf_fib_lookup as fib_lookup_helper, bpf_get_netns_cookie, bpf_get_prandom_u32,
-        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh, bpf_set_retval, bpf_skb_change_tail,
-        bpf_xdp_load_bytes, bpf_xdp_store_bytes,
+        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh, bpf_set_retval, bpf_skb_adjust_room,
+        bpf_skb_change_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     programs::{SockAddrContext, TcContext, XdpContext},
 };
@@ -215,6 +215,28 @@ pub fn xdp_store<T>(ctx: &XdpContext, offset: usize, value: &T) -> bool {
 pub fn csum_diff(from: &mut [u32; 4], to: &mut [u32; 4]) -> i64 {
     // SAFETY: both buffers are 16 bytes, 4-byte aligned, as passed.
     unsafe { bpf_csum_diff(from.as_mut_ptr(), 16, to.as_mut_ptr(), 16, 0) }
+}
+
+/// The one's-complement checksum difference of replacing the words `from`
+/// by the words `to` (network order; the lengths may differ: words added
+/// or removed).
+#[inline(always)]
+pub fn csum_diff_words<const A: usize, const B: usize>(from: &mut [u32; A], to: &mut [u32; B]) -> i64 {
+    #[expect(clippy::cast_possible_truncation, reason = "a few words")]
+    // SAFETY: both buffers are as long as passed, 4-byte aligned.
+    unsafe {
+        bpf_csum_diff(from.as_mut_ptr(), (A * 4) as u32, to.as_mut_ptr(), (B * 4) as u32, 0)
+    }
+}
+
+/// Makes `len` bytes of room right after the fixed IP header (20 bytes
+/// for IPv4, 40 for IPv6: `BPF_ADJ_ROOM_NET`); false when the kernel
+/// refuses. The bytes are then written by the caller.
+#[inline(always)]
+pub fn adjust_room_net(ctx: &TcContext, len: u32) -> bool {
+    const BPF_ADJ_ROOM_NET: u32 = 0;
+    // SAFETY: tc programs get a valid __sk_buff; the helper checks the rest.
+    unsafe { bpf_skb_adjust_room(ctx.skb.skb, i32::try_from(len).unwrap_or(0), BPF_ADJ_ROOM_NET, 0) == 0 }
 }
 
 /// `bpf_fib_lookup` flags (linux/bpf.h).

@@ -6,7 +6,7 @@
 //! flow's reply entry holds its port on the node's address: while the flow
 //! lives, and after it closes only until the backend is done with the tuple
 //! (`holds_port`).
-use proxy_common::{CtKey, CtValue, ct_dir, ct_flags, ct_lifetime, flow_hash, proto, snat_ports};
+use proxy_common::{Addr, CtKey, CtValue, ct_dir, ct_flags, ct_lifetime, flow_hash, proto, snat_ports};
 
 use crate::{
     access::now_ns,
@@ -202,6 +202,35 @@ fn reply_entry(pkt: &Packet, value: &CtValue) -> CtValue {
 #[inline(never)]
 fn insert_reply(pkt: &Packet, value: &CtValue) -> bool {
     ct_insert(&other_key(&pkt.ct_key(ct_dir::ORIGINAL), value), &reply_entry(pkt, value), false)
+}
+
+/// Records, on the backend's node, a DSR flow to a backend here: its
+/// replies (from the backend to the client) leave with the frontend the
+/// packet's DSR option names as their source (`nodeport::egress`).
+/// Replaces an older entry of the same tuple.
+#[inline(never)]
+pub fn record_dsr(pkt: &Packet, frontend: &Addr, rev_nat: u32, backend_id: u32) -> bool {
+    let key = CtKey {
+        src: pkt.dst,
+        dst: pkt.src,
+        sport: pkt.dport,
+        dport: pkt.sport,
+        proto: pkt.proto,
+        dir: ct_dir::REPLY,
+        pad: [0; 2],
+    };
+    let value = CtValue {
+        addr: *frontend,
+        nat_addr: pkt.src,
+        port: pkt.dsr_port,
+        nat_port: pkt.sport,
+        rev_nat,
+        backend_id,
+        flags: ct_flags::DSR,
+        pad: [0; 3],
+        last_seen_ns: now_ns(),
+    };
+    ct_insert(&key, &value, false)
 }
 
 /// Scatters `x` over all 32 bits (lowbias32, a murmur3-style finalizer):

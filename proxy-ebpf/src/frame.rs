@@ -5,7 +5,7 @@
 //! and XDP (`XdpContext`, in `xdp.rs`) implement it, so both hooks give
 //! the same rewritten packets for the same input.
 use crate::{
-    access::{Route, redirect, skb_ifindex},
+    access::{Route, adjust_room_net, redirect, skb_ifindex},
     maps::count_external,
     packet::{Packet, RewriteFailed},
     reject,
@@ -41,6 +41,12 @@ pub trait Frame: EbpfContext {
     /// Updates the TCP or UDP checksum at `offset`, as the kernel's
     /// `bpf_l4_csum_replace` (`flags`: its size and flags above).
     fn l4_csum_replace(&self, offset: usize, from: u64, to: u64, flags: u64) -> Result<(), RewriteFailed>;
+    /// Makes `len` bytes of room right after the fixed IP header (for a
+    /// DSR option): TC can (`bpf_skb_adjust_room`); XDP does not, and
+    /// leaves packets that need it to TC (`GROWS`).
+    fn grow_net(&self, len: u32) -> Result<(), RewriteFailed>;
+    /// Whether `grow_net` can succeed on this hook.
+    const GROWS: bool;
     /// The index of the device the packet arrived on (or leaves by).
     fn ifindex(&self) -> u32;
     /// Sends the rewritten packet along `route` (a forwarding route of
@@ -76,6 +82,12 @@ impl Frame for TcContext {
     const PASS: i32 = TC_ACT_OK;
     const DROP: i32 = TC_ACT_SHOT;
     const SENDS_FRAMES: bool = false;
+    const GROWS: bool = true;
+
+    #[inline(always)]
+    fn grow_net(&self, len: u32) -> Result<(), RewriteFailed> {
+        if adjust_room_net(self, len) { Ok(()) } else { Err(RewriteFailed) }
+    }
 
     #[inline(always)]
     fn load<T>(&self, offset: usize) -> Result<T, RewriteFailed> {

@@ -34,6 +34,11 @@ static LOG_ENABLED: Global<u8> = Global::new(0);
 #[unsafe(no_mangle)]
 static MAGLEV_SIZE: Global<u32> = Global::new(16_381);
 
+/// `--nodeport-mode` (`proxy_common::nodeport_mode`), set by the agent at
+/// load (read-only data).
+#[unsafe(no_mangle)]
+static NODEPORT_MODE: Global<u8> = Global::new(0);
+
 #[inline(always)]
 fn log_enabled() -> bool {
     LOG_ENABLED.load() != 0

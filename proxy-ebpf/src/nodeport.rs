@@ -17,6 +17,15 @@
 //! (`handover_mode`), flows netfilter serves are left to the kernel
 //! untouched (docs/design.md, "Taking over from kube-proxy").
 //!
+//! Direct server return (`--nodeport-mode dsr`, or `hybrid` for TCP): a
+//! flow to a backend on another node keeps its source; its destination
+//! becomes the backend and the frontend rides along in an IPv4 option (an
+//! IPv6 Destination Options header), on every TCP SYN and every UDP
+//! datagram. The backend's node checks that option (the frontend must be
+//! one it knows, with this backend for this flow), records the flow in
+//! the reply direction, and its egress gives the replies the frontend as
+//! source: they go straight to the client, never through the entry node.
+//!
 //! A packet to be forwarded is routed before it is rewritten: a hook that
 //! cannot send it (XDP without the next hop's link-layer address) leaves
 //! it untouched to the next one (`Frame::unfinished`), which then finds
@@ -24,11 +33,11 @@
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::{
     Addr, CtValue, ServiceKey, ServiceValue, backend_flags, ct_dir, ct_flags, external_stat, flow_hash, handover_mode,
-    maglev_index, proto, scope, service_flags,
+    maglev_index, nodeport_mode, proto, scope, service_flags,
 };
 
 use crate::{
-    MAGLEV_SIZE,
+    MAGLEV_SIZE, NODEPORT_MODE,
     access::{ROUTE_NOT_FORWARDED, Route, now_ns, route_status},
     ct,
     frame::{Frame, drop_packet},
@@ -47,6 +56,9 @@ pub fn ingress<F: Frame>(ctx: &F) -> i32 {
     let mut pkt = Packet::empty();
     if !Packet::parse(ctx, &mut pkt) {
         return F::PASS;
+    }
+    if pkt.dsr_port != 0 {
+        return dsr_arrival(ctx, &pkt);
     }
     let action = reply_to_client(ctx, &mut pkt);
     if action != NOT_A_REPLY {
@@ -114,6 +126,9 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
             return drop_packet::<F>(stat);
         }
     }
+    if flow.flags & ct_flags::DSR != 0 {
+        return forward_dsr(ctx, pkt, &flow);
+    }
     if flow.flags & ct_flags::SNAT == 0 {
         return to_local_backend(ctx, pkt, &flow);
     }
@@ -140,6 +155,127 @@ fn netfilter_serves(pkt: &Packet, found: bool, rev_nat: u32) -> bool {
         handover_mode::HANDOVER => pkt.proto == proto::TCP && !pkt.is_syn(),
         _ => false,
     }
+}
+
+/// Whether a new flow of protocol `protocol` to a backend on another node
+/// goes by direct server return (`--nodeport-mode`).
+#[inline(always)]
+fn wants_dsr(protocol: u8) -> bool {
+    let mode = NODEPORT_MODE.load();
+    mode == nodeport_mode::DSR || (mode == nodeport_mode::HYBRID && protocol == proto::TCP)
+}
+
+/// A packet of a DSR flow on its entry node: to the backend's node with
+/// the client's source kept, the frontend in a DSR option on every TCP SYN
+/// and every UDP datagram (UDP has no handshake: any datagram may be the
+/// first to arrive, or come after the backend node's entry expired). A
+/// hook that cannot grow the packet (XDP) leaves those to the next one.
+#[inline(never)]
+fn forward_dsr<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> i32 {
+    let with_option = pkt.proto != proto::TCP || pkt.is_syn();
+    if with_option && !F::GROWS {
+        return ctx.unfinished(external_stat::REWRITE_FAILED);
+    }
+    let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &flow.addr, flow.port);
+    if route_status(ctx, &mut to) != 0 || !ctx.can_send(&to) {
+        return ctx.unfinished(external_stat::NO_ROUTE);
+    }
+    // The option first, while the destination is still the frontend.
+    if with_option && pkt.add_dsr_option(ctx).is_err() {
+        return drop_packet::<F>(external_stat::REWRITE_FAILED);
+    }
+    if let Err(stat) = rewrite(ctx, pkt, End::Dst, &flow.addr, flow.port) {
+        return drop_packet::<F>(stat);
+    }
+    if pkt.decrement_ttl(ctx).is_err() {
+        return drop_packet::<F>(external_stat::NO_ROUTE);
+    }
+    ctx.translated();
+    ctx.send(&to)
+}
+
+/// Slots of a frontend `dsr_arrival` searches for the packet's backend
+/// when the frontend's Maglev table picks another for the flow (the
+/// tables of the entry node and of this one differ for a moment while a
+/// change reaches both): a bound for the verifier.
+const DSR_SLOTS_SEARCHED: u16 = 32;
+
+/// A packet carrying a DSR option, on the backend's node: recorded (its
+/// replies then leave with the frontend as source) and passed to the stack
+/// with the option left in (Linux ignores an unknown IPv4 option and skips
+/// the IPv6 one, whose type says so), or dropped when the option does not
+/// name an external frontend (externalTrafficPolicy Cluster) that has the
+/// packet's destination, a backend on this node, for this flow: a packet
+/// from outside cannot make the node answer from any address it likes.
+#[inline(never)]
+fn dsr_arrival<F: Frame>(ctx: &F, pkt: &Packet) -> i32 {
+    let Ok(named) = pkt.dsr_addr(ctx) else { return drop_packet::<F>(external_stat::DSR_REFUSED) };
+    let mut key = ServiceKey::new(named, pkt.dsr_port, pkt.proto, 0);
+    let mut frontend = service(&key);
+    if frontend.is_none() {
+        // A NodePort on the entry node's address: this node has it on its
+        // own address (the one towards the client). The programs do not
+        // know the other nodes' addresses, so for a NodePort the option's
+        // address itself is not checked, only that its port is a NodePort
+        // whose service has the backend.
+        let mut here = Addr::default();
+        if !address_towards_client(ctx, pkt, &mut here) {
+            return drop_packet::<F>(external_stat::DSR_REFUSED);
+        }
+        key.addr = here;
+        frontend = service(&key).filter(|f| f.flags & service_flags::NODE_PORT != 0);
+    }
+    let Some(frontend) = frontend else { return drop_packet::<F>(external_stat::DSR_REFUSED) };
+    if frontend.flags & service_flags::EXTERNAL_KINDS == 0 || frontend.flags & service_flags::TWO_SCOPES != 0 {
+        return drop_packet::<F>(external_stat::DSR_REFUSED);
+    }
+    let backend_id = dsr_backend(pkt, &key, &frontend);
+    if backend_id == 0 || !ct::record_dsr(pkt, &named, frontend.rev_nat, backend_id) {
+        return drop_packet::<F>(external_stat::DSR_REFUSED);
+    }
+    F::PASS
+}
+
+/// Sets `out` to this node's address on the route back to the packet's
+/// source; false when there is none.
+#[inline(never)]
+fn address_towards_client<F: Frame>(ctx: &F, pkt: &Packet, out: &mut Addr) -> bool {
+    let mut back = Route::new(pkt.proto, &pkt.dst, pkt.dport, &pkt.src, pkt.sport);
+    back.want_src = true;
+    if route_status(ctx, &mut back) != 0 {
+        return false;
+    }
+    *out = back.src;
+    true
+}
+
+/// The id of the packet's destination among `frontend`'s backends, if it
+/// is on this node and the frontend's Maglev table picks it for the flow
+/// (or, failing that, one of its first `DSR_SLOTS_SEARCHED` slots names
+/// it); 0 otherwise. Out of line: `address_towards_client`'s route lookup is the
+/// deepest call under `dsr_arrival`, whose frame stays small.
+#[inline(never)]
+fn dsr_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
+    let picked = pick_backend(pkt, pkt.dsr_port, key, frontend);
+    if is_here(pkt, picked) {
+        return picked;
+    }
+    for slot in 1..=DSR_SLOTS_SEARCHED {
+        if slot > frontend.count {
+            break;
+        }
+        let id = service(&ServiceKey { slot, ..*key }).map_or(0, |v| v.backend_id);
+        if is_here(pkt, id) {
+            return id;
+        }
+    }
+    0
+}
+
+/// Whether backend `id` is on this node at the packet's destination.
+#[inline(always)]
+fn is_here(pkt: &Packet, id: u32) -> bool {
+    backend(id).is_some_and(|b| b.flags & backend_flags::LOCAL != 0 && b.addr == pkt.dst && b.port == pkt.dport)
 }
 
 /// A backend on this node: the stack delivers the packet, and the replies
@@ -219,14 +355,14 @@ fn new_flow<F: Frame>(ctx: &F, pkt: &Packet, key: &ServiceKey, frontend: &Servic
         // No (local) endpoint: dropped, as kube-proxy drops it.
         return external_stat::NO_BACKEND;
     }
-    let backend_id = pick_backend(pkt, key, frontend);
+    let backend_id = pick_backend(pkt, pkt.dport, key, frontend);
     let Some(target) = backend(backend_id) else { return external_stat::NO_BACKEND };
     *flow =
         CtValue { addr: target.addr, port: target.port, rev_nat: frontend.rev_nat, backend_id, ..CtValue::default() };
     if target.flags & backend_flags::LOCAL == 0 {
         // The node's address on the way to the backend is the new source.
         match snat_address(ctx, pkt, flow) {
-            Way::Routed => flow.flags = ct_flags::SNAT,
+            Way::Routed => flow.flags = if wants_dsr(pkt.proto) { ct_flags::DSR } else { ct_flags::SNAT },
             // An endpoint at one of this node's own addresses without
             // `nodeName` (hostNetwork, or a hand-made EndpointSlice): the
             // routes say it is here, so it is delivered here like one
@@ -270,11 +406,13 @@ fn snat_address<F: Frame>(ctx: &F, pkt: &Packet, flow: &mut CtValue) -> Way {
     }
 }
 
-/// The backend id of a new flow: its entry in the frontend's Maglev table,
-/// or (no table written) the slot its hash selects; 0 when none.
+/// The backend id of a new flow of `pkt` to frontend port `port` (the
+/// packet's destination port; on a backend's node, its DSR option's): its
+/// entry in the frontend's Maglev table, or (no table written) the slot its
+/// hash selects; 0 when none.
 #[inline(never)]
-fn pick_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
-    let hash = flow_hash(&pkt.src, pkt.sport, pkt.dport, pkt.proto);
+fn pick_backend(pkt: &Packet, port: u16, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
+    let hash = flow_hash(&pkt.src, pkt.sport, port, pkt.proto);
     let size = MAGLEV_SIZE.load();
     if frontend.maglev != 0
         && size != 0

@@ -4,10 +4,10 @@
 //! ports in network byte order. Reads and writes go through the hook's
 //! byte helpers, so non-linear packets work and no bounds are left to the
 //! verifier.
-use proxy_common::{Addr, CtKey, as_v4, mapped_v4, proto};
+use proxy_common::{Addr, CtKey, as_v4, dsr_option, mapped_v4, proto};
 
 use crate::{
-    access::csum_diff,
+    access::{csum_diff, csum_diff_words},
     frame::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, Frame},
 };
 
@@ -18,6 +18,8 @@ pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
 pub const TCP_ACK: u8 = 0x10;
+/// IPv6 next header: Destination Options.
+pub const IPPROTO_DSTOPTS: u8 = 60;
 
 /// Rewriting a packet failed (a helper refused).
 pub struct RewriteFailed;
@@ -38,8 +40,6 @@ pub enum End {
 /// A TCP or UDP packet, as parsed.
 pub struct Packet {
     pub family: Family,
-    /// Offset of the IP header.
-    pub l3: usize,
     /// Offset of the TCP or UDP header.
     pub l4: usize,
     pub proto: u8,
@@ -49,12 +49,18 @@ pub struct Packet {
     pub dport: u16,
     /// TCP flags (0 for UDP).
     pub tcp_flags: u8,
+    /// The port (network order) of the frontend a DSR option
+    /// (`dsr_option`) names; 0: the packet carries none. Its address is
+    /// read when needed (`dsr_addr`): the packet is on every frame of the
+    /// call chain, whose stack the verifier bounds.
+    pub dsr_port: u16,
 }
 
 impl Packet {
-    /// Reads the packet's IP and TCP/UDP headers into `out`; false for
-    /// anything else (other protocols, IPv4 fragments, IPv6 extension
-    /// headers), which is then left alone. Out of line, so its temporaries
+    /// Reads the packet's IP and TCP/UDP headers into `out`, and a DSR
+    /// option if it carries one; false for anything else (other protocols,
+    /// IPv4 fragments, IPv6 extension headers but DSR's), which is then
+    /// left alone. Out of line, so its temporaries
     /// are off the stack by the time the translation runs.
     #[inline(never)]
     pub fn parse<F: Frame>(ctx: &F, out: &mut Self) -> bool {
@@ -72,7 +78,6 @@ impl Packet {
     pub const fn empty() -> Self {
         Self {
             family: Family::V4,
-            l3: 0,
             l4: 0,
             proto: 0,
             src: Addr([0; 16]),
@@ -80,6 +85,7 @@ impl Packet {
             sport: 0,
             dport: 0,
             tcp_flags: 0,
+            dsr_port: 0,
         }
     }
 
@@ -87,6 +93,7 @@ impl Packet {
     fn read<F: Frame>(ctx: &F) -> Option<Self> {
         let ethertype = u16::from_be(ctx.load::<u16>(12).ok()?);
         let l3 = ETH_HLEN;
+        let mut dsr_port = 0;
         let (family, l4, proto, src, dst) = match ethertype {
             ETH_P_IP => {
                 let version_ihl = ctx.load::<u8>(l3).ok()?;
@@ -99,16 +106,35 @@ impl Packet {
                 if u16::from_be(ctx.load::<u16>(l3 + 6).ok()?) & 0x3fff != 0 {
                     return None;
                 }
+                // A DSR option is always the first (`add_dsr_option`).
+                if ihl >= 20 + usize::from(dsr_option::V4_LEN) {
+                    let opt = ctx.load::<[u8; 8]>(l3 + 20).ok()?;
+                    if opt[0] == dsr_option::V4_TYPE && opt[1] == dsr_option::V4_LEN {
+                        dsr_port = u16::from_ne_bytes([opt[2], opt[3]]);
+                    }
+                }
                 let proto = ctx.load::<u8>(l3 + 9).ok()?;
                 let src = mapped_v4(ctx.load::<[u8; 4]>(l3 + 12).ok()?);
                 let dst = mapped_v4(ctx.load::<[u8; 4]>(l3 + 16).ok()?);
                 (Family::V4, l3 + ihl, proto, src, dst)
             }
             ETH_P_IPV6 => {
-                let proto = ctx.load::<u8>(l3 + 6).ok()?;
+                let mut proto = ctx.load::<u8>(l3 + 6).ok()?;
                 let src = ctx.load::<Addr>(l3 + 8).ok()?;
                 let dst = ctx.load::<Addr>(l3 + 24).ok()?;
-                (Family::V6, l3 + 40, proto, src, dst)
+                let mut l4 = l3 + 40;
+                if proto == IPPROTO_DSTOPTS {
+                    // Only the Destination Options header of DSR is
+                    // parsed: next header, length 2 (24 bytes), the option.
+                    let head = ctx.load::<[u8; 4]>(l4).ok()?;
+                    if head[1] != 2 || head[2] != dsr_option::V6_TYPE || head[3] != dsr_option::V6_OPT_LEN {
+                        return None;
+                    }
+                    dsr_port = ctx.load::<u16>(l4 + 20).ok()?;
+                    proto = head[0];
+                    l4 += usize::from(dsr_option::V6_HDR_LEN);
+                }
+                (Family::V6, l4, proto, src, dst)
             }
             _ => return None,
         };
@@ -119,7 +145,6 @@ impl Packet {
         let tcp_flags = if proto == proto::TCP { ctx.load::<u8>(l4 + 13).ok()? } else { 0 };
         Some(Self {
             family,
-            l3,
             l4,
             proto,
             src,
@@ -127,7 +152,17 @@ impl Packet {
             sport: u16::from_ne_bytes([ports[0], ports[1]]),
             dport: u16::from_ne_bytes([ports[2], ports[3]]),
             tcp_flags,
+            dsr_port,
         })
+    }
+
+    /// Offset of the IP header: right after the Ethernet header (not a
+    /// field: the packet is on every frame of the call chain, whose stack
+    /// the verifier bounds).
+    #[inline(always)]
+    #[expect(clippy::unused_self, reason = "a method, so that it reads like the field it replaces")]
+    pub const fn l3(&self) -> usize {
+        ETH_HLEN
     }
 
     /// The connection-tracking key of this packet as it is now.
@@ -190,9 +225,9 @@ impl Packet {
             Family::V4 => {
                 let (Some(old4), Some(new4)) = (as_v4(old), as_v4(new)) else { return Err(RewriteFailed) };
                 let (from, to) = (u64::from(u32::from_ne_bytes(old4)), u64::from(u32::from_ne_bytes(new4)));
-                let offset = self.l3 + if end == End::Src { 12 } else { 16 };
+                let offset = self.l3() + if end == End::Src { 12 } else { 16 };
                 ctx.l4_csum_replace(l4_csum, from, to, BPF_F_PSEUDO_HDR | 4 | self.l4_flags())?;
-                ctx.l3_csum_replace(self.l3 + 10, from, to, 4)?;
+                ctx.l3_csum_replace(self.l3() + 10, from, to, 4)?;
                 ctx.store(offset, &new4)
             }
             Family::V6 => {
@@ -205,7 +240,7 @@ impl Packet {
                 }
                 #[expect(clippy::cast_sign_loss, reason = "checked non-negative")]
                 ctx.l4_csum_replace(l4_csum, 0, diff as u64, BPF_F_PSEUDO_HDR | self.l4_flags())?;
-                let offset = self.l3 + if end == End::Src { 8 } else { 24 };
+                let offset = self.l3() + if end == End::Src { 8 } else { 24 };
                 ctx.store(offset, new)
             }
         }
@@ -218,22 +253,91 @@ impl Packet {
         match self.family {
             Family::V4 => {
                 // TTL and protocol form one 16-bit word of the checksum.
-                let old = ctx.load::<[u8; 2]>(self.l3 + 8)?;
+                let old = ctx.load::<[u8; 2]>(self.l3() + 8)?;
                 if old[0] <= 1 {
                     return Err(RewriteFailed);
                 }
                 let new = [old[0] - 1, old[1]];
                 let (from, to) = (u16::from_ne_bytes(old), u16::from_ne_bytes(new));
-                ctx.l3_csum_replace(self.l3 + 10, u64::from(from), u64::from(to), 2)?;
-                ctx.store(self.l3 + 8, &new)
+                ctx.l3_csum_replace(self.l3() + 10, u64::from(from), u64::from(to), 2)?;
+                ctx.store(self.l3() + 8, &new)
             }
             Family::V6 => {
-                let hops = ctx.load::<u8>(self.l3 + 7)?;
+                let hops = ctx.load::<u8>(self.l3() + 7)?;
                 if hops <= 1 {
                     return Err(RewriteFailed);
                 }
-                ctx.store(self.l3 + 7, &(hops - 1))
+                ctx.store(self.l3() + 7, &(hops - 1))
             }
         }
+    }
+
+    /// The frontend address of the packet's DSR option (`dsr_port` is not
+    /// 0): IPv4 after the option's type, length and port; IPv6 after the
+    /// Destination Options header's first 4 bytes.
+    #[inline(always)]
+    pub fn dsr_addr<F: Frame>(&self, ctx: &F) -> Result<Addr, RewriteFailed> {
+        match self.family {
+            Family::V4 => Ok(mapped_v4(ctx.load::<[u8; 4]>(self.l3() + 24)?)),
+            Family::V6 => ctx.load::<Addr>(self.l3() + 44),
+        }
+    }
+
+    /// Inserts the DSR option naming the packet's destination (the
+    /// frontend, before it is rewritten) right after the fixed IP header (IPv4: an 8-byte option, the header
+    /// length, total length and checksum updated; IPv6: a 24-byte
+    /// Destination Options header). The TCP/UDP checksum covers neither.
+    /// Fails when the hook cannot grow the packet (XDP) or an IPv4 header
+    /// has no room for 8 more bytes.
+    #[inline(never)]
+    pub fn add_dsr_option<F: Frame>(&mut self, ctx: &F) -> Result<(), RewriteFailed> {
+        let port = self.dport;
+        match self.family {
+            Family::V4 => {
+                let Some(a) = as_v4(&self.dst) else { return Err(RewriteFailed) };
+                let head = ctx.load::<[u8; 4]>(self.l3())?;
+                if head[0] & 0x0f > 15 - 2 {
+                    return Err(RewriteFailed);
+                }
+                let total = u16::from_be_bytes([head[2], head[3]]).checked_add(8).ok_or(RewriteFailed)?.to_be_bytes();
+                let new_head = [head[0] + 2, head[1], total[0], total[1]];
+                let p = port.to_ne_bytes();
+                let opt = [dsr_option::V4_TYPE, dsr_option::V4_LEN, p[0], p[1], a[0], a[1], a[2], a[3]];
+                ctx.grow_net(u32::from(dsr_option::V4_LEN))?;
+                ctx.store(self.l3(), &new_head)?;
+                ctx.store(self.l3() + 20, &opt)?;
+                // The header checksum: the first word changed, the option
+                // words were added.
+                let mut from = [u32::from_ne_bytes(head)];
+                let mut to = [
+                    u32::from_ne_bytes(new_head),
+                    u32::from_ne_bytes([opt[0], opt[1], opt[2], opt[3]]),
+                    u32::from_ne_bytes(a),
+                ];
+                let diff = csum_diff_words(&mut from, &mut to);
+                if diff < 0 {
+                    return Err(RewriteFailed);
+                }
+                #[expect(clippy::cast_sign_loss, reason = "checked non-negative")]
+                ctx.l3_csum_replace(self.l3() + 10, 0, diff as u64, 0)?;
+                self.l4 += usize::from(dsr_option::V4_LEN);
+            }
+            Family::V6 => {
+                let payload = ctx.load::<[u8; 2]>(self.l3() + 4)?;
+                let payload = u16::from_be_bytes(payload)
+                    .checked_add(u16::from(dsr_option::V6_HDR_LEN))
+                    .ok_or(RewriteFailed)?
+                    .to_be_bytes();
+                ctx.grow_net(u32::from(dsr_option::V6_HDR_LEN))?;
+                let opt = self.l3() + 40;
+                ctx.store(opt, &[self.proto, 2, dsr_option::V6_TYPE, dsr_option::V6_OPT_LEN])?;
+                ctx.store(opt + 4, &self.dst)?;
+                ctx.store(opt + 20, &[port, 0])?;
+                ctx.store(self.l3() + 4, &payload)?;
+                ctx.store(self.l3() + 6, &IPPROTO_DSTOPTS)?;
+                self.l4 += usize::from(dsr_option::V6_HDR_LEN);
+            }
+        }
+        Ok(())
     }
 }

@@ -122,11 +122,11 @@ fn tcp_header(pkt: &Packet, seq: [u8; 4], ack: [u8; 4], flags: u8) -> [u8; TCP_H
 
 #[inline(never)]
 fn reset_v4(ctx: &TcContext, pkt: &Packet) -> Option<()> {
-    if pkt.l4 != pkt.l3 + IPV4_HLEN {
+    if pkt.l4 != pkt.l3() + IPV4_HLEN {
         return None; // IPv4 options: not answered.
     }
     let (src, dst) = (as_v4(&pkt.dst)?, as_v4(&pkt.src)?);
-    let total = usize::from(u16::from_be(ctx.load::<u16>(pkt.l3 + 2).ok()?));
+    let total = usize::from(u16::from_be(ctx.load::<u16>(pkt.l3() + 2).ok()?));
     let (seq, ack, flags) = reset_numbers(ctx, pkt, total.saturating_sub(IPV4_HLEN))?;
     let mut tcp = tcp_header(pkt, seq, ack, flags);
     let pseudo = sum(sum(sum(0, &src), &dst), &[0, proto::TCP, 0, len_u8(TCP_HLEN)]);
@@ -141,7 +141,7 @@ fn reset_v4(ctx: &TcContext, pkt: &Packet) -> Option<()> {
 
 #[inline(never)]
 fn reset_v6(ctx: &TcContext, pkt: &Packet) -> Option<()> {
-    let payload = usize::from(u16::from_be(ctx.load::<u16>(pkt.l3 + 4).ok()?));
+    let payload = usize::from(u16::from_be(ctx.load::<u16>(pkt.l3() + 4).ok()?));
     let (seq, ack, flags) = reset_numbers(ctx, pkt, payload)?;
     let mut tcp = tcp_header(pkt, seq, ack, flags);
     let acc = sum(pseudo_v6(&pkt.dst, &pkt.src, TCP_HLEN, proto::TCP), &tcp);
@@ -155,11 +155,11 @@ fn reset_v6(ctx: &TcContext, pkt: &Packet) -> Option<()> {
 
 #[inline(never)]
 fn unreachable_v4(ctx: &TcContext, pkt: &Packet) -> Option<()> {
-    if pkt.l4 != pkt.l3 + IPV4_HLEN {
+    if pkt.l4 != pkt.l3() + IPV4_HLEN {
         return None; // IPv4 options: not answered.
     }
     let (src, dst) = (as_v4(&pkt.dst)?, as_v4(&pkt.src)?);
-    let quoted = ctx.load::<[u8; QUOTED_V4]>(pkt.l3).ok()?;
+    let quoted = ctx.load::<[u8; QUOTED_V4]>(pkt.l3()).ok()?;
     let mut icmp = [ICMP_DEST_UNREACH[0], ICMP_DEST_UNREACH[1], 0, 0, 0, 0, 0, 0];
     let acc = sum(sum(0, &icmp), &quoted);
     set_checksum(&mut icmp, 2, acc);
@@ -173,7 +173,7 @@ fn unreachable_v4(ctx: &TcContext, pkt: &Packet) -> Option<()> {
 
 #[inline(never)]
 fn unreachable_v6(ctx: &TcContext, pkt: &Packet) -> Option<()> {
-    let quoted = ctx.load::<[u8; QUOTED_V6]>(pkt.l3).ok()?;
+    let quoted = ctx.load::<[u8; QUOTED_V6]>(pkt.l3()).ok()?;
     let mut icmp = [ICMPV6_PORT_UNREACH[0], ICMPV6_PORT_UNREACH[1], 0, 0, 0, 0, 0, 0];
     let pseudo = pseudo_v6(&pkt.dst, &pkt.src, ICMP_HLEN + QUOTED_V6, IPPROTO_ICMPV6);
     let acc = sum(sum(pseudo, &icmp), &quoted);

@@ -13,7 +13,9 @@
 //! (`XDP_REDIRECT` would drop them, uncounted, on a device that cannot
 //! transmit XDP frames), and packets whose next hop has no
 //! link-layer address yet (TC's `bpf_redirect_neigh` resolves it; the
-//! flow is already in `CT`, so TC takes the same backend). XDP sees
+//! flow is already in `CT`, so TC takes the same backend), and the packets
+//! of a DSR flow that carry its option (TCP SYNs, UDP datagrams: XDP does
+//! not grow packets; a DSR flow's other packets it sends itself). XDP sees
 //! packets whose checksums are complete (from a NIC); the checksums are
 //! updated in software (`frame::csum_replace_sw`).
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
@@ -36,6 +38,14 @@ impl Frame for XdpContext {
     const PASS: i32 = action(xdp_action::XDP_PASS);
     const DROP: i32 = action(xdp_action::XDP_DROP);
     const SENDS_FRAMES: bool = true;
+    const GROWS: bool = false;
+
+    /// Not here: moving the headers with `bpf_xdp_adjust_head` is left
+    /// undone; TC adds DSR options (`Frame::GROWS`).
+    #[inline(always)]
+    fn grow_net(&self, _len: u32) -> Result<(), RewriteFailed> {
+        Err(RewriteFailed)
+    }
 
     #[inline(always)]
     fn load<T>(&self, offset: usize) -> Result<T, RewriteFailed> {

@@ -246,6 +246,25 @@ impl OutsideHandoverMode {
     }
 }
 
+/// `--nodeport-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum NodePortMode {
+    #[default]
+    Snat,
+    Dsr,
+    Hybrid,
+}
+
+impl From<NodePortMode> for crate::datapath::loader::NodePortMode {
+    fn from(mode: NodePortMode) -> Self {
+        match mode {
+            NodePortMode::Snat => Self::Snat,
+            NodePortMode::Dsr => Self::Dsr,
+            NodePortMode::Hybrid => Self::Hybrid,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -467,6 +486,16 @@ pub struct RunArgs {
     /// mode is changed or the agent restarts.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     pub outside_handover_seconds: u64,
+    /// How traffic from outside (externalTrafficPolicy: Cluster) reaches a
+    /// backend on another node. `snat`: the source becomes this node's
+    /// address, replies come back through this node. `dsr`: direct server
+    /// return: the client's address is kept, the frontend travels in an
+    /// IPv4 option / IPv6 Destination Options header (8 / 24 more bytes on
+    /// each TCP SYN and UDP datagram), and the backend's node answers the
+    /// client itself (every node must run the agent, in any mode, forward
+    /// IP, and route to the clients). `hybrid`: DSR for TCP, SNAT for UDP.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortMode::Snat)]
+    pub nodeport_mode: NodePortMode,
     /// Frontends whose connection counter is exported as its own series
     /// (ebpf_proxy_service_connections_total), at most; past it the
     /// frontends with the highest ids are left out and counted in
@@ -614,6 +643,22 @@ mod tests {
             "one or the other"
         );
         assert!(cli.check().is_ok());
+    }
+
+    #[test]
+    fn nodeport_mode_reaches_the_programs_value() {
+        use crate::datapath::loader::NodePortMode as Mode;
+        let mode = |extra: &[&str]| {
+            let argv: Vec<&str> = ["ebpf-proxy", "run"].iter().chain(extra).copied().collect();
+            match Cli::try_parse_from(argv).unwrap().command {
+                Some(Command::Run(r)) => Mode::from(r.nodeport_mode).value(),
+                _ => unreachable!("run"),
+            }
+        };
+        assert_eq!(mode(&[]), proxy_common::nodeport_mode::SNAT, "snat by default");
+        assert_eq!(mode(&["--nodeport-mode", "dsr"]), proxy_common::nodeport_mode::DSR);
+        assert_eq!(mode(&["--nodeport-mode=hybrid"]), proxy_common::nodeport_mode::HYBRID);
+        assert!(Cli::try_parse_from(["ebpf-proxy", "run", "--nodeport-mode", "tunnel"]).is_err());
     }
 
     #[test]

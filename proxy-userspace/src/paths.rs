@@ -26,7 +26,8 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// 6: 32-bit frontend (rev-NAT) ids, and maps indexed by them sized with
 /// the table (`-fF` in the directory name); two more `EXTERNAL_STATS`
 /// counters (XDP). 7: `OUTSIDE_HANDOVER`, the `ct_flags::KERNEL` flag of
-/// `CT` and the `left_to_kernel` counter (taking over from kube-proxy).
+/// `CT` and the `left_to_kernel` counter (taking over from kube-proxy);
+/// the `dsr_refused` counter and `ct_flags::DSR` (direct server return).
 pub const MAP_LAYOUT_VERSION: u32 = 7;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.

@@ -258,6 +258,22 @@ fn hairpin_a_pod_reaches_its_own_service_through_node_ports_and_load_balancer_ip
 #[test]
 fn a_connection_stays_on_its_backend_when_another_is_added() {
     common::require_root!();
+    a_flow_stays_on_its_backend_when_another_is_added(&[], &[(1, 1), (2, 1)], (3, 1));
+}
+
+/// With DSR the replies leave the backend's node: its check of the
+/// option must accept the flow's backend also once its Maglev table
+/// picks another for it. The backends are on the other nodes (the flow
+/// goes by DSR whichever it takes); the one added is on the entry node.
+#[test]
+fn with_dsr_a_connection_stays_on_its_backend_when_another_is_added() {
+    common::require_root!();
+    a_flow_stays_on_its_backend_when_another_is_added(&["--nodeport-mode", "dsr"], &[(2, 1), (3, 1)], (1, 1));
+}
+
+/// A connected UDP socket sends through node 1 for 3 seconds to a
+/// NodePort whose backends are `first`; `added` is added meanwhile.
+fn a_flow_stays_on_its_backend_when_another_is_added(agent_args: &[&str], first: &[(u8, u8)], added: (u8, u8)) {
     let mut topo = Topology::new(&[1, 1, 1]);
     for n in 1..=3 {
         topo.udp_on(n, 1);
@@ -266,11 +282,10 @@ fn a_connection_stays_on_its_backend_when_another_is_added() {
         service("dns", "NodePort", &[("dns", 53, 30053, "UDP")], "", &[])
             + &endpoints("dns", ("dns", 5353, "UDP"), pods)
     };
-    topo.write_services(&dns(&[(1, 1), (2, 1)]));
-    topo.start_agents();
-
-    // A connected UDP socket sends through node 1 for 3 seconds; a third
-    // backend is added meanwhile.
+    topo.write_services(&dns(first));
+    for n in 1..=3 {
+        topo.start_agent_with(n, agent_args);
+    }
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
     let client = proxy_testkit::spawn_in(&topo.client, None, "/usr/bin/python3")
         .unwrap()
@@ -280,13 +295,117 @@ fn a_connection_stays_on_its_backend_when_another_is_added() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_secs(1));
-    topo.apply(&dns(&[(1, 1), (2, 1), (3, 1)]));
+    let all: Vec<(u8, u8)> = first.iter().copied().chain([added]).collect();
+    topo.apply(&dns(&all));
     let out = client.wait_with_output().unwrap();
     let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
     assert!(!lines.iter().any(|l| l.starts_with("error")), "{lines:?}");
     let backends: BTreeSet<String> = udp_replies(&lines).into_iter().map(|(name, _)| name).collect();
     assert_eq!(udp_replies(&lines).len(), 60, "{lines:?}");
     assert_eq!(backends.len(), 1, "the flow moved: {backends:?}");
+    let sources: BTreeSet<String> = udp_replies(&lines).into_iter().map(|(_, source)| source).collect();
+    assert_eq!(sources, BTreeSet::from([on_node(1, 30053)]), "replies come from the frontend");
+    for n in 1..=3 {
+        assert_eq!(external_counter(&topo, n, "dsr_refused"), 0, "node {n} refused a DSR packet");
+    }
+}
+
+/// Node `n`'s eth0 counters, read in its namespace: (tx bytes, rx bytes,
+/// tx packets, rx packets).
+fn eth0_counters(topo: &Topology, n: u8) -> [u64; 4] {
+    let out = topo.node(n).ns.ip(&["-s", "-j", "link", "show", "eth0"]).unwrap();
+    let link: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &link[0]["stats64"];
+    let get = |dir: &str, what: &str| stats[dir][what].as_u64().unwrap();
+    [get("tx", "bytes"), get("rx", "bytes"), get("tx", "packets"), get("rx", "packets")]
+}
+
+/// The client's eth0 counters, as `eth0_counters`.
+fn client_counters(topo: &Topology) -> [u64; 4] {
+    let out = topo.client.ip(&["-s", "-j", "link", "show", "eth0"]).unwrap();
+    let link: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &link[0]["stats64"];
+    let get = |dir: &str, what: &str| stats[dir][what].as_u64().unwrap();
+    [get("tx", "bytes"), get("rx", "bytes"), get("tx", "packets"), get("rx", "packets")]
+}
+
+fn client_since(topo: &Topology, before: [u64; 4]) -> [u64; 4] {
+    let now = client_counters(topo);
+    [now[0] - before[0], now[1] - before[1], now[2] - before[2], now[3] - before[3]]
+}
+
+/// What node `n`'s eth0 counted since `before`.
+fn eth0_since(topo: &Topology, n: u8, before: [u64; 4]) -> [u64; 4] {
+    let now = eth0_counters(topo, n);
+    [now[0] - before[0], now[1] - before[1], now[2] - before[2], now[3] - before[3]]
+}
+
+#[test]
+fn with_dsr_replies_leave_the_backend_s_node_straight_to_the_client_and_the_backend_sees_the_client() {
+    const BIG: usize = 4 << 20;
+    common::require_root!();
+    let mut topo = Topology::new(&[0, 2]);
+    topo.http_on(2, 1);
+    topo.udp_on(2, 1);
+    topo.python_http_server(2, 2);
+    std::fs::write(topo.dir.path().join("pod-2-2").join("big.bin"), vec![0x5a; BIG]).unwrap();
+    topo.write_services(
+        &(service("web", "NodePort", &[("http", 80, 30080, "TCP")], "", &[])
+            + &endpoints("web", ("http", 8080, "TCP"), &[(2, 1)])
+            + &service("files", "NodePort", &[("http", 80, 30081, "TCP")], "", &[])
+            + &endpoints("files", ("http", 8080, "TCP"), &[(2, 2)])
+            + &service("dns", "LoadBalancer", &[("dns", 53, 30053, "UDP")], "", &["198.51.100.53"])
+            + &endpoints("dns", ("dns", 5353, "UDP"), &[(2, 1)])),
+    );
+    for n in 1..=2 {
+        topo.start_agent_with(n, &["--nodeport-mode", "dsr"]);
+    }
+
+    // TCP through node 1: the backend on node 2 answers and sees the
+    // client's own address.
+    assert_eq!(topo.requests(&on_node(1, 30080), 5), vec!["pod-2-1"; 5]);
+    let peers: BTreeSet<IpAddr> = topo.http_server("pod-2-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert_eq!(peers, BTreeSet::from([IpAddr::from(CLIENT)]), "the backend must see the client");
+
+    // 4 MiB through node 1: they leave node 2's device, and node 1's
+    // carries only the client's side (with source NAT, node 1 would
+    // receive and send all of them again).
+    let (one, two) = (eth0_counters(&topo, 1), eth0_counters(&topo, 2));
+    let out = proxy_testkit::spawn_in(&topo.client, None, "curl")
+        .unwrap()
+        .args(["-sS", "--max-time", "20", "-o", "/dev/null", "-w", "%{size_download}"])
+        .arg(format!("http://{}/big.bin", on_node(1, 30081)))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), BIG.to_string());
+    let (one, two) = (eth0_since(&topo, 1, one), eth0_since(&topo, 2, two));
+    assert!(two[0] >= BIG as u64, "node 2 sent {} bytes", two[0]);
+    assert!(
+        one[0] + one[1] < (BIG / 8) as u64,
+        "the reply passed node 1: it sent {}, received {} bytes",
+        one[0],
+        one[1]
+    );
+
+    // UDP to a LoadBalancer IP routed to node 1: every reply comes from the
+    // frontend, sent by node 2; node 1 only forwards the datagrams.
+    topo.route_to_node("198.51.100.53/32", 1);
+    let one = eth0_counters(&topo, 1);
+    let mut answered = 0;
+    for port in 21_000..21_020u16 {
+        let (ok, lines) = topo.probe(&["udp-sendto", "198.51.100.53", "53", "1", "0", &port.to_string()]);
+        assert!(ok, "from port {port}: {lines:?}");
+        let replies = udp_replies(&lines);
+        assert_eq!(replies, [("pod-2-1".to_owned(), "198.51.100.53:53".to_owned())], "{lines:?}");
+        answered += 1;
+    }
+    let one = eth0_since(&topo, 1, one);
+    // Each datagram in and out once (and some neighbour messages); with
+    // source NAT, twice.
+    let most = answered * 3 / 2;
+    assert!(one[2] < most && one[3] < most, "node 1 carried the replies: {one:?} (tx, rx bytes, packets)");
+    assert_eq!(external_counter(&topo, 2, "dsr_refused"), 0);
 }
 
 #[test]
@@ -937,4 +1056,81 @@ fn takeover_from_kube_proxy(xdp: bool) {
     } else {
         assert_eq!(end["xdp_translated"], 0, "{end:?}");
     }
+}
+
+#[test]
+fn with_dsr_ipv6_replies_leave_the_backend_s_node_and_the_backend_sees_the_client() {
+    common::require_root!();
+    let mut topo = Topology::new(&[0, 1]);
+    topo.enable_ipv6();
+    let pod: IpAddr = "fd00:244:2::11".parse().unwrap();
+    let server = proxy_testkit::HttpBackend::start(&topo.pod(2, 1).ns, pod, 8080, "pod-2-1").unwrap();
+    topo.http.push(server);
+    topo.write_services(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: t}\nspec:\n  type: NodePort\n  \
+         clusterIP: \"fd00:96::80\"\n  clusterIPs: [\"fd00:96::80\"]\n  ipFamilies: [IPv6]\n  \
+         ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]\n---\napiVersion: discovery.k8s.io/v1\n\
+         kind: EndpointSlice\nmetadata: {name: web-6, namespace: t, labels: {kubernetes.io/service-name: web}}\n\
+         addressType: IPv6\nports: [{name: http, port: 8080, protocol: TCP}]\n\
+         endpoints: [{addresses: [\"fd00:244:2::11\"], nodeName: n2, conditions: {ready: true}}]\n",
+    );
+    for n in 1..=2 {
+        topo.start_agent_with(n, &["--nodeport-mode", "dsr"]);
+    }
+    let (one, client) = (eth0_counters(&topo, 1), client_counters(&topo));
+    let out = proxy_testkit::spawn_in(&topo.client, None, "curl")
+        .unwrap()
+        .args(["-sS", "--connect-timeout", "3", "--max-time", "5", "http://[fd00:30::11]:30080/?[1-5]"])
+        .output()
+        .unwrap();
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{body} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(body.lines().collect::<Vec<_>>(), vec!["pod-2-1"; 5]);
+    let peers: BTreeSet<IpAddr> = topo.http_server("pod-2-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert_eq!(peers, BTreeSet::from(["fd00:30::100".parse::<IpAddr>().unwrap()]), "the backend must see the client");
+    // Five connections: node 1 sends on what the client sent it, but not
+    // the replies the client received (with source NAT it would send
+    // both).
+    let one = eth0_since(&topo, 1, one);
+    let client = client_since(&topo, client);
+    assert!(
+        one[2] < client[2] + client[3] / 2,
+        "node 1 sent {} packets, the client sent {} and received {}",
+        one[2],
+        client[2],
+        client[3]
+    );
+    assert_eq!(external_counter(&topo, 2, "dsr_refused"), 0);
+}
+
+#[test]
+fn hybrid_mode_returns_tcp_directly_and_source_nats_udp() {
+    common::require_root!();
+    let mut topo = Topology::new(&[0, 1]);
+    topo.http_on(2, 1);
+    topo.udp_on(2, 1);
+    topo.write_services(
+        &(service("web", "NodePort", &[("http", 80, 30080, "TCP")], "", &[])
+            + &endpoints("web", ("http", 8080, "TCP"), &[(2, 1)])
+            + &service("dns", "NodePort", &[("dns", 53, 30053, "UDP")], "", &[])
+            + &endpoints("dns", ("dns", 5353, "UDP"), &[(2, 1)])),
+    );
+    for n in 1..=2 {
+        topo.start_agent_with(n, &["--nodeport-mode", "hybrid"]);
+    }
+    // TCP: DSR, the backend sees the client.
+    assert_eq!(topo.requests(&on_node(1, 30080), 3), vec!["pod-2-1"; 3]);
+    let peers: BTreeSet<IpAddr> = topo.http_server("pod-2-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert_eq!(peers, BTreeSet::from([IpAddr::from(CLIENT)]));
+    // UDP: source NAT, so the replies come back through node 1, which
+    // sends each datagram and each reply.
+    let one = eth0_counters(&topo, 1);
+    let count = 10u64;
+    for port in 22_000..22_000 + u16::try_from(count).unwrap() {
+        let (ok, lines) = topo.probe(&["udp-sendto", &node_ip(1).to_string(), "30053", "1", "0", &port.to_string()]);
+        assert!(ok, "{lines:?}");
+        assert_eq!(udp_replies(&lines), [("pod-2-1".to_owned(), on_node(1, 30053))], "{lines:?}");
+    }
+    let one = eth0_since(&topo, 1, one);
+    assert!(one[2] >= 2 * count, "node 1 sent {} packets: the replies must pass it", one[2]);
 }

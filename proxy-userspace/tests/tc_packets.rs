@@ -21,7 +21,7 @@ use ebpf_proxy::{
         acceleration::Acceleration,
         counters::ExternalStats,
         handover::OutsideHandover,
-        loader::{Datapath, LoadOptions},
+        loader::{Datapath, LoadOptions, NodePortMode},
     },
     model::{self, NodeContext},
     source::file,
@@ -210,15 +210,27 @@ impl Lab {
         node_ips: &[&str],
         f: impl FnOnce(&mut Node) -> T + Send + 'static,
     ) -> T {
-        self.with_node_ct(yaml, node_ips, 4096, f)
+        self.with_node_ct(yaml, node_ips, 4096, NodePortMode::Snat, f)
     }
 
-    /// `with_node` with a `CT` map of `ct_map_size` entries.
+    /// `with_node` with `--nodeport-mode` `mode`.
+    fn with_node_mode<T: Send + 'static>(
+        &self,
+        yaml: &'static str,
+        node_ips: &[&str],
+        mode: NodePortMode,
+        f: impl FnOnce(&mut Node) -> T + Send + 'static,
+    ) -> T {
+        self.with_node_ct(yaml, node_ips, 4096, mode, f)
+    }
+
+    /// `with_node` with a `CT` map of `ct_map_size` entries and `mode`.
     fn with_node_ct<T: Send + 'static>(
         &self,
         yaml: &'static str,
         node_ips: &[&str],
         ct_map_size: u32,
+        mode: NodePortMode,
         f: impl FnOnce(&mut Node) -> T + Send + 'static,
     ) -> T {
         let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-tcpkt-fs")).unwrap();
@@ -228,7 +240,7 @@ impl Lab {
         let out = self
             .ns
             .run_inside(move || {
-                let mut node = Node::load(&pin_dir, yaml, ips, ifindex, ct_map_size);
+                let mut node = Node::load(&pin_dir, yaml, ips, ifindex, ct_map_size, mode);
                 f(&mut node)
             })
             .expect("the test body panicked (see its message above)");
@@ -246,7 +258,7 @@ struct Node {
 }
 
 impl Node {
-    fn load(pin_dir: &Path, yaml: &str, ips: Vec<IpAddr>, ifindex: u32, ct_map_size: u32) -> Self {
+    fn load(pin_dir: &Path, yaml: &str, ips: Vec<IpAddr>, ifindex: u32, ct_map_size: u32, mode: NodePortMode) -> Self {
         let mut datapath = Datapath::load(&LoadOptions {
             pin_dir: pin_dir.to_owned(),
             // Not attached: the programs only run on crafted packets here.
@@ -259,6 +271,7 @@ impl Node {
             // Loads the XDP program too (nothing is attached here).
             acceleration: Acceleration::Native,
             outside_handover: OutsideHandover::Off,
+            nodeport_mode: mode,
         })
         .unwrap();
         assert!(datapath.serves_external_traffic(), "the TC programs did not load");
@@ -577,7 +590,7 @@ impl BusyFlows {
 fn closed_flows_give_their_snat_ports_back_and_live_ones_keep_theirs() {
     use proxy_common::{ct_lifetime, snat_ports};
     common::require_root!();
-    Lab::new().with_node_ct(BUSY, &[NODE_IP], 65_536, |node| {
+    Lab::new().with_node_ct(BUSY, &[NODE_IP], 65_536, NodePortMode::Snat, |node| {
         let ports = usize::from(snat_ports::MAX - snat_ports::MIN) + 1;
         let mut busy = BusyFlows { next_client: 0 };
         // Live flows until the ports run out: each a port of its own.
@@ -1011,4 +1024,235 @@ fn handover_leaves_segments_of_unknown_tcp_connections_to_the_kernel_until_it_en
         assert_eq!((action, packet::parse(&out).dst), (OK, sa("10.244.1.5:8080")));
         assert_eq!(node.stat("left_to_kernel"), 2);
     });
+}
+/// Beside `SERVICES`, for DSR: LoadBalancer `spread6` (IPv6, two backends
+/// on n2) and NodePort `echo` (UDP, a backend here, and a LoadBalancer IP).
+const DSR_EXTRA: &str = r#"
+---
+apiVersion: v1
+kind: Service
+metadata: {name: spread6, namespace: t}
+spec:
+  type: LoadBalancer
+  clusterIP: "fd00:96::60"
+  clusterIPs: ["fd00:96::60"]
+  ipFamilies: [IPv6]
+  ports: [{name: http, port: 80, nodePort: 30060, protocol: TCP}]
+status: {loadBalancer: {ingress: [{ip: "2001:db8:60::1"}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: spread6-1, namespace: t, labels: {kubernetes.io/service-name: spread6}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ["fd00:244:2::21"], nodeName: n2}
+- {addresses: ["fd00:244:2::22"], nodeName: n2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: t}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.70
+  ports: [{name: echo, port: 70, nodePort: 30070, protocol: UDP}]
+status: {loadBalancer: {ingress: [{ip: 203.0.113.70}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: echo-1, namespace: t, labels: {kubernetes.io/service-name: echo}}
+addressType: IPv4
+ports: [{name: echo, port: 7000, protocol: UDP}]
+endpoints: [{addresses: ["10.244.1.8"], nodeName: n1}]
+"#;
+
+fn dsr_services() -> &'static str {
+    Box::leak(format!("{SERVICES}{DSR_EXTRA}").into_boxed_str())
+}
+
+/// Whether `seen` went to one of `spread`'s backends on n2.
+fn to_spread(seen: &Seen) -> bool {
+    let ip = seen.dst.ip().to_string();
+    seen.dst.port() == 8080 && ["10.244.2.21", "10.244.2.22", "10.244.2.23", "10.244.2.24"].contains(&ip.as_str())
+}
+
+#[test]
+fn dsr_forwards_with_the_client_s_source_and_the_frontend_in_an_option_on_syns_and_datagrams() {
+    common::require_root!();
+    Lab::new().with_node_mode(dsr_services(), &[NODE_IP, NODE_IP6], NodePortMode::Dsr, |node| {
+        let client = sa("192.0.2.8:41000");
+        let frontend = sa("203.0.113.30:80");
+        let syn = packet::frame(client, frontend, Some(SYN), b"");
+        let (action, out) = node.ingress(&syn);
+        assert_eq!(action, REDIRECT, "routed by the program to n2");
+        let seen = packet::parse(&out);
+        assert_eq!(seen.src, client, "DSR keeps the client's address");
+        assert!(to_spread(&seen), "{seen:?}");
+        assert_eq!(seen.ttl, 63);
+        assert_eq!(packet::dsr_option(&out), Some(frontend), "the SYN carries the frontend");
+        assert_eq!(out.len(), syn.len() + 8);
+
+        // A later segment goes to the same backend, without the option.
+        let (action, next) = node.ingress(&packet::frame(client, frontend, Some(ACK), b"data"));
+        assert_eq!(action, REDIRECT);
+        let next_seen = packet::parse(&next);
+        assert_eq!((next_seen.src, next_seen.dst), (client, seen.dst));
+        assert_eq!(packet::dsr_option(&next), None);
+        assert_eq!(next_seen.tcp.unwrap().data_len, 4);
+
+        // A NodePort: the option names this node's address.
+        let (action, out) =
+            node.ingress(&packet::frame(sa("192.0.2.8:41001"), sa("172.30.0.11:30030"), Some(SYN), b""));
+        assert_eq!(action, REDIRECT);
+        assert_eq!(packet::dsr_option(&out), Some(sa("172.30.0.11:30030")));
+
+        // UDP: every datagram carries it.
+        let udp_client = sa("198.51.100.20:5000");
+        for payload in [&b"query"[..], b"query2"] {
+            let (action, out) = node.ingress(&packet::frame(udp_client, sa("203.0.113.53:53"), None, payload));
+            assert_eq!(action, REDIRECT);
+            let seen = packet::parse(&out);
+            assert_eq!((seen.src, seen.dst), (udp_client, sa("10.244.2.7:5353")));
+            assert_eq!(packet::dsr_option(&out), Some(sa("203.0.113.53:53")));
+        }
+
+        // IPv6: a Destination Options header.
+        let client6 = sa("[fd00:30::99]:42000");
+        let frontend6 = sa("[2001:db8:60::1]:80");
+        let (action, out) = node.ingress(&packet::frame(client6, frontend6, Some(SYN), b""));
+        assert_eq!(action, REDIRECT);
+        let seen = packet::parse(&out);
+        assert_eq!(seen.src, client6);
+        assert!(["[fd00:244:2::21]:8080", "[fd00:244:2::22]:8080"].contains(&seen.dst.to_string().as_str()));
+        assert_eq!((seen.ttl, packet::dsr_option(&out)), (63, Some(frontend6)));
+
+        // The flow to a backend here is as in SNAT mode: no option.
+        let (action, out) =
+            node.ingress(&packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.11:30080"), Some(SYN), b""));
+        assert_eq!((action, packet::dsr_option(&out)), (OK, None));
+        assert_eq!(node.stat("new_flow"), 5);
+    });
+}
+
+#[test]
+fn hybrid_mode_takes_dsr_for_tcp_and_source_nat_for_udp() {
+    common::require_root!();
+    Lab::new().with_node_mode(dsr_services(), &[NODE_IP], NodePortMode::Hybrid, |node| {
+        let (action, out) = node.ingress(&packet::frame(sa("192.0.2.8:41000"), sa("203.0.113.30:80"), Some(SYN), b""));
+        assert_eq!(action, REDIRECT);
+        assert_eq!(packet::parse(&out).src, sa("192.0.2.8:41000"), "TCP: DSR");
+        assert_eq!(packet::dsr_option(&out), Some(sa("203.0.113.30:80")));
+        let (action, out) = node.ingress(&packet::frame(sa("198.51.100.20:5000"), sa("203.0.113.53:53"), None, b"q"));
+        assert_eq!(action, REDIRECT);
+        let seen = packet::parse(&out);
+        assert_eq!(seen.src.ip(), NODE_IP.parse::<IpAddr>().unwrap(), "UDP: source NAT");
+        assert_eq!(packet::dsr_option(&out), None);
+    });
+}
+
+#[test]
+fn a_backend_node_answers_a_dsr_flow_from_the_frontend_and_refuses_options_naming_no_such_frontend() {
+    common::require_root!();
+    // The mode of the backend's node does not matter: it answers the DSR
+    // flows entry nodes send it.
+    Lab::new().with_node(dsr_services(), &[NODE_IP, NODE_IP6], |node| {
+        let client = sa("192.0.2.7:40000");
+        let backend = sa("10.244.1.5:8080");
+        // n2's NodePort, whose service has this node's backend.
+        let entry = sa("172.30.0.12:30080");
+        let arriving = packet::with_dsr_option(&packet::frame(client, backend, Some(SYN), b""), entry);
+        let (action, out) = node.ingress(&arriving);
+        assert_eq!(action, OK, "to the stack");
+        assert_eq!(out, arriving, "unchanged, the option left in");
+        let (action, out) = node.egress(&packet::frame(backend, client, Some(SYN | ACK), b""));
+        assert_eq!(action, OK);
+        let reply = packet::parse(&out);
+        assert_eq!((reply.src, reply.dst), (entry, client), "the reply leaves from the frontend");
+        // The flow's later packets pass untouched (no option, not a frontend).
+        let later = packet::frame(client, backend, Some(ACK), b"x");
+        assert_eq!(node.ingress(&later), (OK, later.clone()));
+
+        // UDP, to a LoadBalancer IP.
+        let udp_client = sa("198.51.100.30:6000");
+        let echo = sa("10.244.1.8:7000");
+        let arriving = packet::with_dsr_option(&packet::frame(udp_client, echo, None, b"ping"), sa("203.0.113.70:70"));
+        assert_eq!(node.ingress(&arriving).0, OK);
+        let (_, out) = node.egress(&packet::frame(echo, udp_client, None, b"pong"));
+        assert_eq!(packet::parse(&out).src, sa("203.0.113.70:70"));
+
+        // IPv6.
+        let client6 = sa("[fd00:30::99]:40000");
+        let backend6 = sa("[fd00:244:1::5]:8080");
+        let entry6 = sa("[fd00:30::12]:30080");
+        let arriving = packet::with_dsr_option(&packet::frame(client6, backend6, Some(SYN), b""), entry6);
+        assert_eq!(node.ingress(&arriving), (OK, arriving.clone()));
+        let (_, out) = node.egress(&packet::frame(backend6, client6, Some(SYN | ACK), b""));
+        assert_eq!(packet::parse(&out).src, entry6);
+
+        // Options naming no NodePort, or a frontend without this backend,
+        // are dropped, and replies of those tuples keep their source.
+        let forged = [
+            (sa("192.0.2.66:1000"), sa("172.30.0.12:30099")),
+            (sa("192.0.2.66:1001"), sa("203.0.113.30:80")),
+            (sa("192.0.2.66:1002"), sa("10.96.0.10:80")),
+        ];
+        for (source, named) in forged {
+            let frame = packet::with_dsr_option(&packet::frame(source, backend, Some(SYN), b""), named);
+            assert_eq!(node.ingress(&frame).0, SHOT, "an option naming {named}");
+            let (_, out) = node.egress(&packet::frame(backend, source, Some(SYN | ACK), b""));
+            assert_eq!(packet::parse(&out).src, backend, "no DSR state for {named}");
+        }
+        assert_eq!(node.stat("dsr_refused"), 3);
+    });
+}
+
+#[test]
+fn xdp_and_tc_agree_on_dsr_frames_and_xdp_leaves_the_options_to_tc() {
+    common::require_root!();
+    let frames = || {
+        let client = sa("192.0.2.8:41000");
+        let frontend = sa("203.0.113.30:80");
+        vec![
+            ("a SYN to a backend on n2", packet::frame(client, frontend, Some(SYN), b"")),
+            ("its next segment", packet::frame(client, frontend, Some(ACK), b"data")),
+            ("a UDP datagram", packet::frame(sa("198.51.100.20:5000"), sa("203.0.113.53:53"), None, b"q")),
+            ("IPv6 SYN", packet::frame(sa("[fd00:30::99]:42000"), sa("[2001:db8:60::1]:80"), Some(SYN), b"")),
+            (
+                "a DSR flow arriving for a backend here",
+                packet::with_dsr_option(
+                    &packet::frame(sa("192.0.2.7:40000"), sa("10.244.1.5:8080"), Some(SYN), b""),
+                    sa("172.30.0.12:30080"),
+                ),
+            ),
+            (
+                "a forged option",
+                packet::with_dsr_option(
+                    &packet::frame(sa("192.0.2.66:1000"), sa("10.244.1.5:8080"), Some(SYN), b""),
+                    sa("172.30.0.12:30099"),
+                ),
+            ),
+        ]
+    };
+    let lab = Lab::new();
+    let tc: Vec<(Fate, Vec<u8>)> =
+        lab.with_node_mode(dsr_services(), &[NODE_IP, NODE_IP6], NodePortMode::Dsr, move |node| {
+            frames().iter().map(|(_, f)| tc_only(node, f)).collect()
+        });
+    let (xdp, to_tc) = lab.with_node_mode(dsr_services(), &[NODE_IP, NODE_IP6], NodePortMode::Dsr, move |node| {
+        let runs: Vec<(Fate, Vec<u8>, bool)> = frames().iter().map(|(_, f)| xdp_then_tc(node, f)).collect();
+        (runs, node.stat("xdp_to_tc"))
+    });
+    let mut by_xdp = Vec::new();
+    for (((what, _), (tc_fate, tc_out)), (xdp_fate, xdp_out, sent)) in frames().iter().zip(&tc).zip(&xdp) {
+        assert_eq!(xdp_fate, tc_fate, "{what}: XDP+TC and TC alone decide differently");
+        if *sent {
+            assert_eq!(&xdp_out[..6], &N2_MAC, "{what}");
+            assert_eq!(&xdp_out[14..], &tc_out[14..], "{what}: XDP and TC rewrote it differently");
+            by_xdp.push(*what);
+        } else {
+            assert_eq!(xdp_out, tc_out, "{what}: XDP+TC and TC alone rewrote it differently");
+        }
+    }
+    assert_eq!(by_xdp, ["its next segment"], "XDP sends on what needs no option; the rest goes to TC");
+    assert_eq!(to_tc, 3, "the SYNs and the datagram, which need the option, went to TC");
 }

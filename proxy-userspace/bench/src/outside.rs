@@ -217,6 +217,10 @@ impl OutsideNet {
                 // Replies go to the client directly, never through the
                 // entry node: the client is on the same lan.
                 backend.ip(&["route", "add", &lane.client_net(), "dev", "eth0"])?;
+                // A node forwards (every Kubernetes node does, for its
+                // pods); the agent's check of a DSR option asks the route
+                // back to the client as the kernel would forward it.
+                sysctl(backend, "net.ipv4.ip_forward", "1")?;
             } else {
                 backend.ip(&["route", "add", &lane.client_net(), "via", &lane.entry_inside().to_string()])?;
             }

@@ -76,6 +76,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             ct_map_size: proxy_common::map_sizes::CT,
             acceleration: crate::datapath::acceleration::Acceleration::Disabled,
             outside_handover: crate::datapath::handover::OutsideHandover::Off,
+            nodeport_mode: crate::datapath::loader::NodePortMode::Snat,
         },
         socket_netns: vec![ns.path()],
         node_ips: Vec::new(),

@@ -103,6 +103,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             ct_map_size: args.ct_map_size.or(file.ct_map_size).unwrap_or(map_sizes::CT),
             acceleration: args.nodeport_acceleration.into(),
             outside_handover: args.outside_handover.with_end(args.outside_handover_seconds),
+            nodeport_mode: args.nodeport_mode.into(),
         },
         socket_netns: flag_or_file(args.socket_netns, file.socket_netns),
         node_ips: flag_or_file(args.node_ip, file.node_ips),

@@ -8,8 +8,8 @@ use aya::{
     programs::{CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType, Xdp},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, RevNat, RevNatId, ServiceKey,
-    ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
+    AffinityKey, AffinityValue, Backend, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, NODEPORT_MODE, RevNat, RevNatId,
+    ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
 };
 
 use super::{
@@ -68,6 +68,35 @@ pub struct LoadOptions {
     /// `--outside-handover`: how the programs share traffic from outside
     /// with netfilter (taking over from kube-proxy), written at load.
     pub outside_handover: OutsideHandover,
+    /// `--nodeport-mode`: how traffic from outside reaches a backend on
+    /// another node.
+    pub nodeport_mode: NodePortMode,
+}
+
+/// How traffic from outside reaches a backend on another node (the
+/// programs' `NODEPORT_MODE`; see `proxy-ebpf/src/nodeport.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodePortMode {
+    /// Source NAT to the entry node's address; replies come back through it.
+    #[default]
+    Snat,
+    /// Direct server return: the client's address reaches the backend and
+    /// the backend's node answers the client itself.
+    Dsr,
+    /// DSR for TCP, SNAT for UDP.
+    Hybrid,
+}
+
+impl NodePortMode {
+    /// The value of the programs' `NODEPORT_MODE` global.
+    #[must_use]
+    pub const fn value(self) -> u8 {
+        match self {
+            Self::Snat => proxy_common::nodeport_mode::SNAT,
+            Self::Dsr => proxy_common::nodeport_mode::DSR,
+            Self::Hybrid => proxy_common::nodeport_mode::HYBRID,
+        }
+    }
 }
 
 impl LoadOptions {
@@ -189,6 +218,7 @@ impl Datapath {
         let maglev_pin = maps_dir.join(map_names::MAGLEV);
         let maglev = MaglevMap::open_or_create(&maglev_pin, opts.maglev_size)?;
         let maglev_size = u32::try_from(opts.maglev_size).expect("table sizes are small");
+        let nodeport_mode = opts.nodeport_mode.value();
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&maps_dir)
             .map_pin_path(map_names::MAGLEV, maglev_pin.as_path())
@@ -200,6 +230,7 @@ impl Datapath {
             .map_max_entries(map_names::CT, opts.ct_map_size)
             .override_global(LOG_ENABLED, &log_flag, true)
             .override_global(MAGLEV_SIZE, &maglev_size, true)
+            .override_global(NODEPORT_MODE, &nodeport_mode, true)
             .load(OBJECT)
             .map_err(|source| LoadError::Load {
                 pin_dir: opts.pin_dir.display().to_string(),

@@ -9,6 +9,8 @@ pub const SYN: u8 = 0x02;
 pub const ACK: u8 = 0x10;
 pub const FIN: u8 = 0x01;
 pub const RST: u8 = 0x04;
+/// IPv6 next header: Destination Options.
+const DSTOPTS: u8 = 60;
 /// The acknowledgment number of crafted segments with ACK set (0 without).
 pub const ACK_NUMBER: u32 = 7000;
 /// The sequence number of crafted segments.
@@ -176,6 +178,11 @@ fn ip_parts(frame: &[u8]) -> (IpAddr, IpAddr, u8, u8, &[u8]) {
             let len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
             let src = IpAddr::from(<[u8; 16]>::try_from(&ip[8..24]).unwrap());
             let dst = IpAddr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap());
+            if ip[6] == DSTOPTS {
+                // A Destination Options header (DSR's): skipped.
+                let ext = (usize::from(ip[41]) + 1) * 8;
+                return (src, dst, ip[40], ip[7], &ip[40 + ext..40 + len]);
+            }
             (src, dst, ip[6], ip[7], &ip[40..40 + len])
         }
         other => panic!("ethertype {other:#x}"),
@@ -217,4 +224,66 @@ pub fn parse(frame: &[u8]) -> Seen {
         TcpSeen { flags: l4[13], seq: word(4), ack: word(8), header_len, data_len: l4.len() - header_len }
     });
     Seen { src: SocketAddr::new(src, port(0)), dst: SocketAddr::new(dst, port(2)), proto, ttl, udp_checksum_zero, tcp }
+}
+
+/// The frontend a frame's DSR option names (an IPv4 option 0x9a of 8 bytes
+/// first among the options; an IPv6 Destination Options header with option
+/// 0x1b), or `None` without one. Panics on a malformed one.
+#[must_use]
+pub fn dsr_option(frame: &[u8]) -> Option<SocketAddr> {
+    let ip = &frame[14..];
+    if frame[12..14] == [0x08, 0x00] {
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        if ihl < 28 || ip[20] != 0x9a {
+            return None;
+        }
+        assert_eq!(ip[21], 8, "DSR option length: {frame:02x?}");
+        let port = u16::from_be_bytes([ip[22], ip[23]]);
+        let addr = IpAddr::from(<[u8; 4]>::try_from(&ip[24..28]).unwrap());
+        return Some(SocketAddr::new(addr, port));
+    }
+    if ip[6] != DSTOPTS {
+        return None;
+    }
+    assert_eq!(ip[41..44], [2, 0x1b, 20], "DSR destination options header: {frame:02x?}");
+    let addr = IpAddr::from(<[u8; 16]>::try_from(&ip[44..60]).unwrap());
+    Some(SocketAddr::new(addr, u16::from_be_bytes([ip[60], ip[61]])))
+}
+
+/// `frame` with a DSR option naming `frontend` inserted after its fixed IP
+/// header, as an entry node sends it (IPv4: the header length, total length
+/// and checksum updated).
+#[must_use]
+pub fn with_dsr_option(frame: &[u8], frontend: SocketAddr) -> Vec<u8> {
+    let port = frontend.port().to_be_bytes();
+    let mut out = frame[..14].to_vec();
+    let ip = &frame[14..];
+    match frontend.ip() {
+        IpAddr::V4(a) => {
+            let mut head = ip[..20].to_vec();
+            head[0] += 2;
+            let total = u16::from_be_bytes([head[2], head[3]]) + 8;
+            head[2..4].copy_from_slice(&total.to_be_bytes());
+            head.extend_from_slice(&[0x9a, 8, port[0], port[1]]);
+            head.extend_from_slice(&a.octets());
+            head[10..12].copy_from_slice(&[0, 0]);
+            let c = fold(sum(0, &head));
+            head[10..12].copy_from_slice(&c.to_be_bytes());
+            out.extend_from_slice(&head);
+            out.extend_from_slice(&ip[20..]);
+        }
+        IpAddr::V6(a) => {
+            let mut head = ip[..40].to_vec();
+            let len = u16::from_be_bytes([head[4], head[5]]) + 24;
+            head[4..6].copy_from_slice(&len.to_be_bytes());
+            let next = head[6];
+            head[6] = DSTOPTS;
+            out.extend_from_slice(&head);
+            out.extend_from_slice(&[next, 2, 0x1b, 20]);
+            out.extend_from_slice(&a.octets());
+            out.extend_from_slice(&[port[0], port[1], 0, 0]);
+            out.extend_from_slice(&ip[40..]);
+        }
+    }
+    out
 }

@@ -170,6 +170,28 @@ impl Topology {
         &self.node(n).pods[usize::from(k - 1)]
     }
 
+    /// Adds IPv6 beside IPv4: node `n` fd00:30::1N/64 on eth0 (and
+    /// forwarding), its pods fd00:244:N::1K behind fd00:244:N::1/64 on
+    /// cni0, routes to the other nodes' pods, the client fd00:30::100.
+    pub fn enable_ipv6(&self) {
+        let count = u8::try_from(self.nodes.len()).unwrap();
+        for node in &self.nodes {
+            let n = node.n;
+            node.ns.ip(&["addr", "add", &format!("fd00:30::1{n}/64"), "dev", "eth0", "nodad"]).unwrap();
+            node.ns.ip(&["addr", "add", &format!("fd00:244:{n}::1/64"), "dev", "cni0", "nodad"]).unwrap();
+            sysctl(&node.ns, "net.ipv6.conf.all.forwarding", "1");
+            for other in (1..=count).filter(|o| *o != n) {
+                let (net, via) = (format!("fd00:244:{other}::/64"), format!("fd00:30::1{other}"));
+                node.ns.ip(&["-6", "route", "add", &net, "via", &via, "dev", "eth0"]).unwrap();
+            }
+            for (k, pod) in (1..).zip(&node.pods) {
+                pod.ns.ip(&["addr", "add", &format!("fd00:244:{n}::1{k}/64"), "dev", "eth0", "nodad"]).unwrap();
+                pod.ns.ip(&["-6", "route", "add", "default", "via", &format!("fd00:244:{n}::1")]).unwrap();
+            }
+        }
+        self.client.ip(&["addr", "add", "fd00:30::100/64", "dev", "eth0", "nodad"]).unwrap();
+    }
+
     /// The client sends traffic for `net` (LoadBalancer or external IPs) to
     /// node `n`, as a load balancer or router would.
     pub fn route_to_node(&self, net: &str, n: u8) {
