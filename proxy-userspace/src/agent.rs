@@ -154,8 +154,12 @@ async fn run_with(
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let Telemetries { telemetry, metrics } = telemetries;
+    // Decided before the load, which writes the programs' mode for traffic
+    // from outside: a restart in the middle of a takeover never serves it
+    // without kube-proxy's rules in between.
+    let due = config.take_over_from_kube_proxy.and_then(|ends_after| takeover_due(ends_after, metrics));
     // Loaded (not attached, nothing written) while the lists arrive.
-    let mut datapath = load_datapath(config, telemetry)?;
+    let mut datapath = load_datapath(config, due.is_some(), telemetry)?;
     tokio::select! {
         () = &mut shutdown => return Ok(()),
         ready = source.ready() => ready?,
@@ -179,8 +183,13 @@ async fn run_with(
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
     // SIGHUP: a drift audit now (installed once the maps are read, so an
     // early SIGHUP still ends the process, as its default).
-    let mut takeover = match config.take_over_from_kube_proxy {
-        Some(ends_after) => start_takeover(ends_after, &mut datapath, metrics)?,
+    let mut takeover = match due {
+        Some((takeover, ends_after)) => Some(crate::takeover::pending::Pending::start(
+            takeover,
+            Box::new(crate::takeover::DatapathHandover { ends_after }),
+            &mut datapath,
+            metrics,
+        )?),
         None => None,
     };
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
@@ -246,16 +255,15 @@ async fn run_with(
     Ok(())
 }
 
-/// A takeover from kube-proxy, pending until the maps hold the table, when
-/// its rules are there: traffic from outside is left to them (`Defer`) from
-/// before the programs attach. With no rule of kube-proxy's (a restart after
-/// the takeover, or a node without it) nothing is deferred: the programs
-/// serve traffic from outside from the start.
-fn start_takeover(
+/// A takeover from kube-proxy is due when its rules are on the node: then
+/// traffic from outside is left to them (`Defer`, written at the load)
+/// until the maps hold the table. With no rule of kube-proxy's (a restart
+/// after the takeover, or a node without it) nothing is deferred: the
+/// programs serve traffic from outside from the start.
+fn takeover_due(
     ends_after: Option<Duration>,
-    datapath: &mut Datapath,
     metrics: &Metrics,
-) -> anyhow::Result<Option<crate::takeover::pending::Pending>> {
+) -> Option<(crate::takeover::Takeover, Option<Duration>)> {
     let tools = crate::takeover::Tools::find();
     info!(iptables = ?tools.iptables.iter().map(|t| format!("{} {:?}", t.name, t.family)).collect::<Vec<_>>(), nft = tools.nft, "tools for reading kube-proxy's rules");
     let takeover = crate::takeover::Takeover::new(tools);
@@ -263,15 +271,14 @@ fn start_takeover(
         Ok(false) => {
             info!("--take-over-from-kube-proxy: no rule of kube-proxy's on this node, nothing to take over");
             metrics.takeover_differences.set(0);
-            return Ok(None);
+            return None;
         }
         Ok(true) => {}
         // Unreadable now: taken as present (deferring costs nothing while
         // kube-proxy's rules serve); the attempts say what fails.
         Err(err) => warn!(%err, "cannot read kube-proxy's rules yet; deferring traffic from outside to them"),
     }
-    let handover = Box::new(crate::takeover::DatapathHandover { ends_after });
-    Ok(Some(crate::takeover::pending::Pending::start(takeover, handover, datapath, metrics)?))
+    Some((takeover, ends_after))
 }
 
 /// One takeover attempt when one is pending: after a sync (`complete`:
@@ -458,10 +465,16 @@ fn mark_netfilter_flows_when_deferring(datapath: &mut Datapath) {
 }
 
 /// Loads the datapath and hands its counters to the metrics endpoint.
-fn load_datapath(config: &AgentConfig, telemetry: &Shared) -> anyhow::Result<Datapath> {
+/// `defer`: a takeover is due, traffic from outside starts deferred to
+/// kube-proxy's rules.
+fn load_datapath(config: &AgentConfig, defer: bool, telemetry: &Shared) -> anyhow::Result<Datapath> {
     // A load that fails (a map the kernel refuses) takes back what it pinned.
     let rollback = crate::pin_rollback::PinRollback::take(&config.load.pin_dir);
-    let mut datapath = Datapath::load(&config.load).inspect_err(|_| {
+    let mut load = config.load.clone();
+    if defer {
+        load.outside_handover = crate::datapath::handover::OutsideHandover::Defer;
+    }
+    let mut datapath = Datapath::load(&load).inspect_err(|_| {
         let removed = rollback.undo();
         tracing::info!(removed, pin_dir = %config.load.pin_dir.display(), "removed what the failed load pinned");
     })?;

@@ -59,6 +59,14 @@ pub fn after_sync(
     let written = pipeline.move_to(reconciler, &mut moved.maps);
     if attached {
         moved.attach()?;
+        // The new maps come with an empty `CT`: flows netfilter translated
+        // (a takeover from kube-proxy) are marked again from conntrack.
+        if !matches!(moved.outside_handover(), Ok(Some(crate::datapath::handover::OutsideHandover::Off)))
+            && moved.serves_external_traffic()
+            && let Err(err) = moved.mark_netfilter_flows()
+        {
+            tracing::warn!(%err, "cannot mark netfilter's flows in the new maps: flows kube-proxy translated may be taken over");
+        }
     }
     *datapath = moved;
     info!(

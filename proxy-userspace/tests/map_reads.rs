@@ -38,5 +38,8 @@ fn batch_reads_give_every_entry_as_iteration_does() {
         assert_eq!(read.len(), entries as usize, "{entries} entries in chunks of {chunk}: none twice");
         let read: BTreeMap<u32, [u64; 3]> = read.into_iter().collect();
         assert_eq!(read, iterated, "{entries} entries in chunks of {chunk}");
+        // Types of other sizes than the map's are refused, not read.
+        let err = ebpf_proxy::datapath::read_hash_map::<u64, [u64; 3]>(fd.as_fd(), chunk).unwrap_err();
+        assert!(err.to_string().contains("4 and 24 bytes"), "{err}");
     }
 }

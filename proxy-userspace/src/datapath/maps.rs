@@ -228,7 +228,7 @@ const READ_BATCH: usize = 4096;
 
 /// `read_hash_map` into a sorted map, falling back to `fallback` (one
 /// entry at a time through aya) on a kernel without batch reads.
-fn collect_batched<K: Ord + Copy, V: Copy>(
+fn collect_batched<K: Ord + aya::Pod, V: aya::Pod>(
     map: MapName,
     fd: &OwnedFd,
     fallback: impl FnOnce() -> Result<BTreeMap<K, V>, MapError>,

@@ -77,6 +77,17 @@ pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
     Ok(LinkInfo { link_type: info[0] as u32, id: (info[0] >> 32) as u32, prog_id: info[1] as u32, target: info[2] })
 }
 
+/// The key and value sizes of `map` (`struct bpf_map_info { u32 type, id,
+/// key_size, value_size, ... }`).
+fn map_kv_sizes(map: BorrowedFd<'_>) -> io::Result<(usize, usize)> {
+    let mut info = [0u64; 2];
+    let info_len = size_of_val(&info) as u64;
+    let mut attr = [fd_u64(map) | (info_len << 32), info.as_mut_ptr() as u64, 0, 0];
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    #[expect(clippy::cast_possible_truncation, reason = "u32 fields packed in a u64 word")]
+    Ok(((info[1] as u32) as usize, ((info[1] >> 32) as u32) as usize))
+}
+
 /// Makes `link` run `prog` instead of its current program, atomically.
 pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
     // { __u32 link_fd; __u32 new_prog_fd; __u32 flags; __u32 old_prog_fd; }
@@ -170,7 +181,17 @@ fn map_lookup_batch<K, V>(
 /// map's sizes) with `BPF_MAP_LOOKUP_BATCH`: one call per `chunk` entries
 /// instead of two per entry (an agent restart at 100,000 services reads
 /// 2,300,000 back). `Ok(None)`: the kernel has no batch reads.
-pub fn read_hash_map<K: Copy, V: Copy>(fd: BorrowedFd<'_>, chunk: usize) -> io::Result<Option<Vec<(K, V)>>> {
+pub fn read_hash_map<K: aya::Pod, V: aya::Pod>(fd: BorrowedFd<'_>, chunk: usize) -> io::Result<Option<Vec<(K, V)>>> {
+    // The kernel writes whole keys and values of the map's sizes: they
+    // must be those of `K` and `V`.
+    let (key_size, value_size) = map_kv_sizes(fd)?;
+    if (key_size, value_size) != (size_of::<K>(), size_of::<V>()) {
+        return Err(io::Error::other(format!(
+            "the map's keys and values are {key_size} and {value_size} bytes, not {} and {}",
+            size_of::<K>(),
+            size_of::<V>()
+        )));
+    }
     let mut out = Vec::new();
     let mut token = None;
     let mut size = chunk.max(1);
@@ -180,8 +201,8 @@ pub fn read_hash_map<K: Copy, V: Copy>(fd: BorrowedFd<'_>, chunk: usize) -> io::
         match map_lookup_batch(fd, &mut token, &mut keys, &mut values) {
             Ok((read, done)) => {
                 // SAFETY: the kernel wrote `read` whole keys and values of
-                // the map's sizes, which are those of `K` and `V` (plain
-                // old data shared with the eBPF programs), from the start.
+                // the map's sizes, checked above to be those of `K` and `V`,
+                // from the start; any bytes are a valid `Pod`.
                 out.extend(
                     keys[..read]
                         .iter()

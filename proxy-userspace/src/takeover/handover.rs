@@ -12,11 +12,12 @@ use crate::datapath::{handover::OutsideHandover as Mode, loader::Datapath};
 
 /// The datapath's switch for traffic from outside during a takeover.
 pub trait OutsideHandover: Send {
-    /// Before kube-proxy's rules are checked (and before the TC programs
-    /// attach): leave traffic from outside to netfilter.
+    /// Before the TC programs attach (the maps are not written yet): leave
+    /// traffic from outside to netfilter.
     fn defer_outside(&mut self, datapath: &mut Datapath) -> anyhow::Result<()>;
-    /// After kube-proxy's rules are removed: serve new flows from outside,
-    /// leaving mid-flow packets of flows conntrack translated to it.
+    /// Once the maps hold the table (before kube-proxy's rules are checked
+    /// and removed): serve new flows from outside, leaving mid-flow packets
+    /// of flows conntrack translated to it.
     fn take_outside(&mut self, datapath: &mut Datapath) -> anyhow::Result<()>;
 }
 
@@ -40,6 +41,13 @@ impl OutsideHandover for DatapathHandover {
     }
 
     fn take_outside(&mut self, datapath: &mut Datapath) -> anyhow::Result<()> {
+        // The marks of flows silent since the attach may have expired (a UDP
+        // entry lives 60 s): conntrack's DNATed flows are marked again.
+        if datapath.serves_external_traffic()
+            && let Err(err) = datapath.mark_netfilter_flows()
+        {
+            tracing::warn!(%err, "cannot mark netfilter's flows again: a flow silent while deferring may be taken over");
+        }
         datapath.set_outside_handover(Mode::Handover { ends_after: self.ends_after })?;
         Ok(())
     }

@@ -25,7 +25,7 @@ use std::{
 pub use compare::{Difference, compare};
 pub use handover::{DatapathHandover, OutsideHandover};
 pub use read::{Rules, Tools, read_rules};
-pub use remove::{KEEPER, Removed, keeper, remove_rules};
+pub use remove::{KEEPER, Removed, keep_conntrack, keeper, remove_rules};
 pub use step::{Outcome, RETRY, Takeover, log as log_outcome};
 
 use crate::model::Protocol;

@@ -15,6 +15,11 @@ pub struct Pending {
     handover: Box<dyn OutsideHandover>,
     /// The last sync wrote everything: the maps hold the model's table.
     maps_complete: bool,
+    /// Traffic from outside handed over: new flows are the programs'.
+    handed_over: bool,
+    /// The rules (of this many frontends) agreed with the table once: what
+    /// is left of them is removed without comparing again.
+    agreed: Option<usize>,
     retry_at: Option<Instant>,
 }
 
@@ -33,7 +38,7 @@ impl Pending {
             .context("leaving traffic from outside to kube-proxy's rules while taking over")?;
         metrics.takeover_differences.set(-1);
         tracing::info!("taking over from kube-proxy once the maps hold the whole table");
-        Ok(Self { takeover, handover, maps_complete: false, retry_at: None })
+        Ok(Self { takeover, handover, maps_complete: false, handed_over: false, agreed: None, retry_at: None })
     }
 
     /// When the next attempt is due without a sync (`None`: not before a
@@ -66,13 +71,19 @@ impl Pending {
         if !self.maps_complete {
             return Ok(false);
         }
-        let outcome = self.takeover.attempt(desired);
+        // The maps hold the table: new flows from outside are ours from now
+        // on, whatever the rules' check says (kube-proxy's rules, stopped,
+        // no longer follow the cluster); the flows they translated go on
+        // through conntrack. Before the removal, so no packet ever finds
+        // neither the rules nor the programs serving it.
+        if !self.handed_over {
+            self.handover.take_outside(datapath).context("handing traffic from outside over to the programs")?;
+            self.handed_over = true;
+        }
+        let outcome = self.takeover.attempt(desired, &mut self.agreed);
         metrics.takeover_differences.set(log_outcome(&outcome));
         match outcome {
-            Ok(Outcome::NothingFound | Outcome::Removed { .. }) => {
-                self.handover.take_outside(datapath).context("serving traffic from outside after the takeover")?;
-                Ok(true)
-            }
+            Ok(Outcome::NothingFound { .. } | Outcome::Removed { .. }) => Ok(true),
             Ok(Outcome::Refused { .. }) | Err(_) => {
                 self.retry_at = Some(Instant::now() + RETRY);
                 Ok(false)

@@ -95,6 +95,25 @@ pub fn removal(table: &str, saved: &str) -> Result<Option<(String, usize, usize)
     Ok(Some((input, ours.len(), jumps.len())))
 }
 
+/// Adds the conntrack keeper table for both families where it is not in
+/// place yet (kube-proxy's rules removed by someone else while a takeover
+/// was pending); the families added. Without `nft`, a warning.
+pub fn keep_conntrack(tools: &Tools) -> Result<Vec<&'static str>, Error> {
+    if !tools.nft {
+        tracing::warn!(
+            "nft is not installed: connections kube-proxy translated may stall if nothing else on the node uses conntrack"
+        );
+        return Ok(Vec::new());
+    }
+    let kept_before = nft_tables_named(KEEPER)?;
+    let mut added = Vec::new();
+    for family in ["ip", "ip6"].into_iter().filter(|f| !kept_before.contains(f)) {
+        run("nft", &["-f", "-"], Some(&keeper(family)))?;
+        added.push(family);
+    }
+    Ok(added)
+}
+
 /// Removes kube-proxy's rules with `tools`, then reads again to check
 /// that nothing of them is left.
 pub fn remove_rules(tools: &Tools) -> Result<Removed, Error> {

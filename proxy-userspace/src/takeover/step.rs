@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use super::{Difference, Error, Removed, Tools, compare, read_rules, remove_rules};
+use super::{Difference, Error, Removed, Tools, compare, keep_conntrack, read_rules, remove_rules};
 use crate::model::ServiceTable;
 
 /// How long a refused or failed takeover waits before it is tried again.
@@ -15,8 +15,9 @@ pub const RETRY: Duration = Duration::from_secs(10);
 /// How one attempt ended.
 #[derive(Debug)]
 pub enum Outcome {
-    /// No rule of kube-proxy's in any table: nothing to take over.
-    NothingFound,
+    /// No rule of kube-proxy's in any table (any more): nothing to take
+    /// over; `kept`: the families whose conntrack keeper table was added.
+    NothingFound { kept: Vec<&'static str> },
     /// kube-proxy's rules and the desired table differ: the rules stay.
     Refused { frontends: usize, differences: Vec<Difference> },
     /// The rules were the same and are gone.
@@ -40,18 +41,30 @@ impl Takeover {
         Ok(!read_rules(&self.tools)?.found.is_empty())
     }
 
-    /// One attempt against `desired` (the table the maps hold).
-    pub fn attempt(&self, desired: &ServiceTable) -> Result<Outcome, Error> {
-        let rules = read_rules(&self.tools)?;
-        if rules.found.is_empty() {
-            return Ok(Outcome::NothingFound);
+    /// One attempt against `desired` (the table the maps hold). `agreed`:
+    /// the frontends of the rules, once an earlier attempt found them equal
+    /// to the table and began to remove them (it failed part way): this one finishes the removal
+    /// without comparing again (what is left no longer matches the table).
+    /// Set here once the rules agree.
+    pub fn attempt(&self, desired: &ServiceTable, agreed: &mut Option<usize>) -> Result<Outcome, Error> {
+        if agreed.is_none() {
+            let rules = read_rules(&self.tools)?;
+            if rules.found.is_empty() {
+                // Gone since the start (`kube-proxy --cleanup` by hand): the
+                // flows they translated still need conntrack in this
+                // namespace.
+                let kept = keep_conntrack(&self.tools)?;
+                return Ok(Outcome::NothingFound { kept });
+            }
+            let frontends = rules.table.len();
+            let differences = compare(desired, &rules.table, &rules.unserved);
+            if !differences.is_empty() {
+                return Ok(Outcome::Refused { frontends, differences });
+            }
+            info!(frontends, found = %rules.found.join(", "), "kube-proxy's rules serve what the maps hold: removing them");
+            *agreed = Some(frontends);
         }
-        let frontends = rules.table.len();
-        let differences = compare(desired, &rules.table, &rules.unserved);
-        if !differences.is_empty() {
-            return Ok(Outcome::Refused { frontends, differences });
-        }
-        info!(frontends, found = %rules.found.join(", "), "kube-proxy's rules serve what the maps hold: removing them");
+        let frontends = agreed.unwrap_or_default();
         Ok(Outcome::Removed { frontends, removed: remove_rules(&self.tools)? })
     }
 }
@@ -61,9 +74,10 @@ impl Takeover {
 /// summary.
 pub fn log(outcome: &Result<Outcome, Error>) -> i64 {
     match outcome {
-        Ok(Outcome::NothingFound) => {
+        Ok(Outcome::NothingFound { kept }) => {
             info!(
-                "no rule of kube-proxy's found (iptables nat/filter of either backend, nft kube-proxy tables): nothing to take over"
+                conntrack_kept_by = %kept.iter().map(|f| format!("{f} {}", super::KEEPER)).collect::<Vec<_>>().join(", "),
+                "no rule of kube-proxy's found any more (iptables nat/filter of either backend, nft kube-proxy tables): nothing to take over"
             );
             0
         }
@@ -76,7 +90,7 @@ pub fn log(outcome: &Result<Outcome, Error>) -> i64 {
                 frontends,
                 retry_seconds = RETRY.as_secs(),
                 "not taking over from kube-proxy: its rules stay in place and keep serving flows they translated; \
-                 ebpf-proxy serves new connections as usual; checking again every retry_seconds \
+                 ebpf-proxy serves new connections (from outside too); checking again every retry_seconds \
                  (make sure kube-proxy is stopped and its rules are up to date, or fix what differs)"
             );
             i64::try_from(differences.len()).unwrap_or(i64::MAX)
