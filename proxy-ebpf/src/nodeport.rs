@@ -206,7 +206,9 @@ const DSR_SLOTS_SEARCHED: u16 = 32;
 /// the IPv6 one, whose type says so), or dropped when the option does not
 /// name an external frontend (externalTrafficPolicy Cluster) that has the
 /// packet's destination, a backend on this node, for this flow: a packet
-/// from outside cannot make the node answer from any address it likes.
+/// from outside cannot make the node answer from any frontend's address
+/// it likes (a NodePort's address is not checked, only its port: the
+/// programs do not know the other nodes' addresses; README, DSR).
 #[inline(never)]
 fn dsr_arrival<F: Frame>(ctx: &F, pkt: &Packet) -> i32 {
     let Ok(named) = pkt.dsr_addr(ctx) else { return drop_packet::<F>(external_stat::DSR_REFUSED) };

@@ -313,11 +313,11 @@ impl Datapath {
 
     /// Sets how the programs on the node's devices share traffic from
     /// outside with netfilter while taking over from a running kube-proxy
-    /// (docs/design.md, "Taking over from kube-proxy"): `Defer` while the
-    /// takeover checks kube-proxy's rules (kube-proxy serves everything),
-    /// then `Handover` (new flows are ours, kube-proxy's go on through
-    /// conntrack) before its rules are removed; `Off` once its flows are
-    /// gone. The programs follow from their next packet.
+    /// (docs/design.md, "Taking over from kube-proxy"): `Defer` until the
+    /// maps hold the table (kube-proxy serves everything), then `Handover`
+    /// (new flows are ours, kube-proxy's go on through conntrack) while its
+    /// rules are checked and removed; `Off` once its flows are gone. The
+    /// programs follow from their next packet.
     pub fn set_outside_handover(&mut self, mode: OutsideHandover) -> Result<(), MapError> {
         self.handover.set(mode)?;
         tracing::info!(?mode, "outside handover mode set");
