@@ -183,15 +183,8 @@ async fn run_with(
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
     // SIGHUP: a drift audit now (installed once the maps are read, so an
     // early SIGHUP still ends the process, as its default).
-    let mut takeover = match due {
-        Some((takeover, ends_after)) => Some(crate::takeover::pending::Pending::start(
-            takeover,
-            Box::new(crate::takeover::DatapathHandover { ends_after }),
-            &mut datapath,
-            metrics,
-        )?),
-        None => None,
-    };
+    let mut takeover =
+        due.map(|(takeover, ends_after)| crate::takeover::pending::Pending::start(takeover, ends_after, metrics));
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let (_explain_server, mut explain_requests) = crate::explain_socket::start(config.explain_socket.as_deref());
     let mut observers = Observers {
@@ -459,9 +452,7 @@ fn mark_netfilter_flows_when_deferring(datapath: &mut Datapath) {
     if !matches!(datapath.outside_handover(), Ok(Some(OutsideHandover::Defer))) {
         return;
     }
-    if let Err(err) = datapath.mark_netfilter_flows() {
-        warn!(%err, "cannot mark netfilter's flows: a flow silent while deferring may be taken over by the handover");
-    }
+    datapath.mark_netfilter_flows_or_warn("a flow silent while deferring may be taken over by the handover");
 }
 
 /// Loads the datapath and hands its counters to the metrics endpoint.

@@ -61,11 +61,8 @@ pub fn after_sync(
         moved.attach()?;
         // The new maps come with an empty `CT`: flows netfilter translated
         // (a takeover from kube-proxy) are marked again from conntrack.
-        if !matches!(moved.outside_handover(), Ok(Some(crate::datapath::handover::OutsideHandover::Off)))
-            && moved.serves_external_traffic()
-            && let Err(err) = moved.mark_netfilter_flows()
-        {
-            tracing::warn!(%err, "cannot mark netfilter's flows in the new maps: flows kube-proxy translated may be taken over");
+        if !matches!(moved.outside_handover(), Ok(Some(crate::datapath::handover::OutsideHandover::Off))) {
+            moved.mark_netfilter_flows_or_warn("flows kube-proxy translated may be taken over in the new maps");
         }
     }
     *datapath = moved;

@@ -397,7 +397,7 @@ fn node_port_services() -> String {
 /// nodes) must keep their backend while the agent attaches its TC programs
 /// and after the rules are removed, and new flows from outside must be
 /// served. The TC programs leave those flows to conntrack
-/// (`takeover::DatapathHandover`: defer, then handover); without it this
+/// (`takeover::pending`: defer, then handover); without it this
 /// fails (seen: a held flow reset about 0.5 s after the agent started, when
 /// the TC programs took its packets).
 #[test]

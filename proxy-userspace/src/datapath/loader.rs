@@ -345,6 +345,17 @@ impl Datapath {
         Ok(marked)
     }
 
+    /// `mark_netfilter_flows` where the TC programs are loaded, a failure
+    /// logged as a warning (`why`: what an unmarked flow risks): the agent's
+    /// callers go on without the marks.
+    pub fn mark_netfilter_flows_or_warn(&mut self, why: &str) {
+        if self.serves_external_traffic()
+            && let Err(err) = self.mark_netfilter_flows()
+        {
+            tracing::warn!(%err, risk = why, "cannot mark netfilter's flows");
+        }
+    }
+
     /// Gives `self`'s programs the handover mode of `other` (a set of maps
     /// being replaced), a handover's end included.
     pub fn copy_outside_handover(&mut self, other: &Self) -> Result<(), MapError> {

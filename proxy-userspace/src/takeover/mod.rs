@@ -5,10 +5,9 @@
 //! with the desired table frontend by frontend (`compare.rs`), and only
 //! when nothing differs remove them as `kube-proxy --cleanup` does, one
 //! transaction per table (`remove.rs`). `read.rs` runs the tools,
-//! `handover.rs` is where the TC programs hand traffic from outside over,
-//! `step.rs` is one attempt, `pending.rs` the agent's side of it. See docs/design.md.
+//! `step.rs` is one attempt, `pending.rs` the agent's side of it (with the
+//! handover of traffic from outside to the programs). See docs/design.md.
 mod compare;
-mod handover;
 pub mod iptables;
 pub mod nftables;
 pub mod pending;
@@ -23,7 +22,6 @@ use std::{
 };
 
 pub use compare::{Difference, compare};
-pub use handover::{DatapathHandover, OutsideHandover};
 pub use read::{Rules, Tools, read_rules};
 pub use remove::{KEEPER, Removed, keep_conntrack, keeper, remove_rules};
 pub use step::{Outcome, RETRY, Takeover, log as log_outcome};

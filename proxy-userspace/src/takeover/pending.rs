@@ -3,16 +3,22 @@
 //! sync that wrote everything, then one every `RETRY` while the maps hold
 //! the table (a sync that wrote everything once `RETRY` has passed counts
 //! as that). Dropped once done.
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use super::{Outcome, OutsideHandover, RETRY, Takeover, log_outcome};
-use crate::{datapath::loader::Datapath, metrics::Metrics, model::ServiceTable};
+use super::{Outcome, RETRY, Takeover, log_outcome};
+use crate::{
+    datapath::{handover::OutsideHandover, loader::Datapath},
+    metrics::Metrics,
+    model::ServiceTable,
+};
 
 pub struct Pending {
     takeover: Takeover,
-    handover: Box<dyn OutsideHandover>,
+    /// When the handover of traffic from outside ends
+    /// (`--outside-handover-seconds`; `None`: at the next start).
+    ends_after: Option<Duration>,
     /// The last sync wrote everything: the maps hold the model's table.
     maps_complete: bool,
     /// Traffic from outside handed over: new flows are the programs'.
@@ -24,21 +30,13 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// Before the first sync attaches the programs: traffic from outside
-    /// is left to netfilter (kube-proxy's DNAT and conntrack) from the
-    /// start.
-    pub fn start(
-        takeover: Takeover,
-        mut handover: Box<dyn OutsideHandover>,
-        datapath: &mut Datapath,
-        metrics: &Metrics,
-    ) -> anyhow::Result<Self> {
-        handover
-            .defer_outside(datapath)
-            .context("leaving traffic from outside to kube-proxy's rules while taking over")?;
+    /// A takeover due (kube-proxy's rules are on the node): the programs
+    /// were loaded deferring traffic from outside to them (`agent`,
+    /// `takeover_due`), until the maps hold the whole table.
+    pub fn start(takeover: Takeover, ends_after: Option<Duration>, metrics: &Metrics) -> Self {
         metrics.takeover_differences.set(-1);
         tracing::info!("taking over from kube-proxy once the maps hold the whole table");
-        Ok(Self { takeover, handover, maps_complete: false, handed_over: false, agreed: None, retry_at: None })
+        Self { takeover, ends_after, maps_complete: false, handed_over: false, agreed: None, retry_at: None }
     }
 
     /// When the next attempt is due without a sync (`None`: not before a
@@ -77,7 +75,12 @@ impl Pending {
         // through conntrack. Before the removal, so no packet ever finds
         // neither the rules nor the programs serving it.
         if !self.handed_over {
-            self.handover.take_outside(datapath).context("handing traffic from outside over to the programs")?;
+            // Marks of flows silent since the attach may have expired (a UDP
+            // entry lives 60 s): conntrack's DNATed flows are marked again.
+            datapath.mark_netfilter_flows_or_warn("a flow silent while deferring may be taken over");
+            datapath
+                .set_outside_handover(OutsideHandover::Handover { ends_after: self.ends_after })
+                .context("handing traffic from outside over to the programs")?;
             self.handed_over = true;
         }
         let outcome = self.takeover.attempt(desired, &mut self.agreed);
