@@ -108,7 +108,7 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
     if found && flow.flags & ct_flags::KERNEL != 0 {
         return ctx.left_to_kernel();
     }
-    if netfilter_serves(pkt, found, frontend.rev_nat) {
+    if !found && netfilter_serves(pkt, frontend.rev_nat) {
         return ctx.left_to_kernel();
     }
     // A flow whose backend is gone picks another.
@@ -135,18 +135,15 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
     forward(ctx, pkt, &flow, ct_dir::ORIGINAL)
 }
 
-/// Whether a packet to a frontend, of a flow `found` in `CT` or not (and
-/// not marked `ct_flags::KERNEL`), is netfilter's while the agent takes over
-/// from kube-proxy (`handover_mode`). A flow with an entry of ours stays
-/// ours. Of the others: in `DEFER` every one is (and its flow is marked,
-/// so that it stays netfilter's after the switch to `HANDOVER`); in
-/// `HANDOVER` a TCP packet without SYN belongs to a connection netfilter
-/// set up. Only a packet without an entry pays for reading the mode.
+/// Whether a packet to a frontend of a flow without an entry in `CT` is
+/// netfilter's while the agent takes over from kube-proxy
+/// (`handover_mode`; a flow with an entry of ours stays ours, so only such
+/// a packet pays for reading the mode): in `DEFER` every one is (and its
+/// flow is marked, so that it stays netfilter's after the switch to
+/// `HANDOVER`); in `HANDOVER` a TCP packet without SYN belongs to a
+/// connection netfilter set up.
 #[inline(always)]
-fn netfilter_serves(pkt: &Packet, found: bool, rev_nat: u32) -> bool {
-    if found {
-        return false;
-    }
+fn netfilter_serves(pkt: &Packet, rev_nat: u32) -> bool {
     match outside_handover_mode(now_ns()) {
         handover_mode::DEFER => {
             ct::leave_to_kernel(pkt, rev_nat);
