@@ -202,9 +202,10 @@ fn a_start_with_a_big_table_sizes_its_maps_before_the_first_write() {
 }
 
 /// The handover mode of a takeover from kube-proxy (`--outside-handover`)
-/// moves with the agent to a bigger set of maps, its end included: the
-/// new programs must not re-balance kube-proxy's flows the old ones left
-/// to the kernel.
+/// moves with the agent to a bigger set of maps, its end included, and
+/// the flows conntrack holds are marked again in the new maps' empty `CT`:
+/// the new programs must not re-balance kube-proxy's flows the old ones
+/// left to the kernel.
 #[test]
 fn a_move_to_bigger_maps_keeps_the_outside_handover() {
     use ebpf_proxy::datapath::handover::{HandoverMap, OutsideHandover};
@@ -241,4 +242,7 @@ fn a_move_to_bigger_maps_keeps_the_outside_handover() {
     assert_eq!(moved.len(), 1, "{moved:?}");
     assert_ne!(moved, first);
     assert_eq!(handover_of(&moved[0]).raw().unwrap(), raw, "the same mode and end");
+    agent
+        .wait_for(mark, Duration::from_secs(5), |r| message(r) == Some("netfilter's flows marked for the handover"))
+        .expect("netfilter's flows marked again in the new maps");
 }
