@@ -16,11 +16,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{Stream, StreamExt as _};
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
-};
+use futures::{Stream, StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client, Resource, runtime::watcher};
 use tokio::{
     sync::{Notify, watch},
@@ -31,6 +28,7 @@ use tracing::{debug, info, warn};
 pub use super::bootstrap::{ApiEndpoint, Origin};
 use super::{
     ChangeSource, Delivery,
+    lean::{self, LeanService, LeanSlice},
     reachability::Reachability,
     requests::{ObserveLayer, Observer},
     retry::{Failure, RetrySchedule},
@@ -142,9 +140,12 @@ impl KubeSource {
         // kube-proxy's selector: Services of another proxy and headless
         // ones never leave the API server.
         let svc_config = watcher::Config::default().labels(&super::labels::selector()).page_size(LIST_PAGE_SIZE);
-        let svc_stream = watcher(Api::<Service>::all(client.clone()), svc_config);
+        // Decoded lean: only what the store converts (`super::lean`).
+        let svc_stream = watcher(Api::<LeanService>::all(client.clone()), svc_config)
+            .map_ok(|event| lean::unwrap_event(event, |s| s.0));
         let eps_config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
-        let eps_stream = watcher(Api::<EndpointSlice>::all(client.clone()), eps_config);
+        let eps_stream = watcher(Api::<LeanSlice>::all(client.clone()), eps_config)
+            .map_ok(|event| lean::unwrap_event(event, |s| s.0));
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let node_stream = watcher(Api::<Node>::all(client.clone()), node_config);
         let feed = Feed { store: store.clone(), changed: changed.clone(), listed: Arc::new(listed_tx) };

@@ -7,6 +7,7 @@ pub mod file;
 pub mod file_source;
 pub mod kube;
 pub mod labels;
+pub mod lean;
 pub mod node_names;
 pub mod objects;
 pub mod reachability;
