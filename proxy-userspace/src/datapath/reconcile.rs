@@ -192,6 +192,30 @@ pub struct Reconciler {
     indexed: bool,
     /// When to try again after failed writes.
     retry: RetryBackoff,
+    /// What `frontends` holds, summed: kept as `apply_keys` changes
+    /// frontends, so that reporting a sync (every sync: the log line, the
+    /// metrics) does not walk 100,000 frontends.
+    counts: Counts,
+}
+
+/// Frontends served (slot 0 written) and `SERVICES` entries in use.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    served: usize,
+    entries: usize,
+}
+
+impl Counts {
+    fn of(fe: Option<&AppliedFrontend>) -> Self {
+        fe.map_or_else(Self::default, |f| {
+            let served = usize::from(f.master.is_some());
+            Self { served, entries: served + f.slots.len() }
+        })
+    }
+
+    fn sum(counts: impl Iterator<Item = Self>) -> Self {
+        counts.fold(Self::default(), |a, b| Self { served: a.served + b.served, entries: a.entries + b.entries })
+    }
 }
 
 /// Delays between retries of failed map writes.
@@ -343,6 +367,7 @@ impl Reconciler {
         }
         this.backends.reserve_recovered();
         this.rev_nat_pool = IdPool::with_used(used_rev_nat.iter().copied());
+        this.counts = this.recount();
         recovery.frontends = this.frontends.len();
         recovery.backends = this.backends.len();
         recovery.stale_entries_removed =
@@ -353,15 +378,20 @@ impl Reconciler {
     /// Number of frontends in the maps: those whose slot 0 is written (a
     /// frontend whose writes failed is tracked but not served).
     #[must_use]
-    pub fn frontend_count(&self) -> usize {
-        self.frontends.values().filter(|f| f.master.is_some()).count()
+    pub const fn frontend_count(&self) -> usize {
+        self.counts.served
     }
 
     /// Entries of the services map in use: slot 0 and the slots of each
     /// frontend.
     #[must_use]
-    pub fn service_entries(&self) -> usize {
-        self.frontends.values().map(|f| usize::from(f.master.is_some()) + f.slots.len()).sum()
+    pub const fn service_entries(&self) -> usize {
+        self.counts.entries
+    }
+
+    /// `counts`, from every frontend.
+    fn recount(&self) -> Counts {
+        Counts::sum(self.frontends.values().map(Some).map(Counts::of))
     }
 
     /// Number of backends in the maps.
@@ -512,6 +542,7 @@ impl Reconciler {
         self.upsert_backends(maps, ids, report);
         keys.sort();
         keys.dedup();
+        let before = Counts::sum(keys.iter().map(|k| Counts::of(self.frontends.get(k))));
         let (mut updates, removals): (Vec<FrontendKey>, Vec<FrontendKey>) =
             keys.into_iter().partition(|k| desired.contains_key(k));
         // External twins are written first (an entry's slot 0 says
@@ -520,10 +551,10 @@ impl Reconciler {
         updates.sort_by_key(|k| (k.scope != Scope::External, *k));
         // Nearly every update is reported (all of them on a first sync).
         report.changes.reserve_exact(updates.len() + removals.len());
-        for key in updates {
-            self.apply_frontend(maps, desired, key, &desired[&key], report);
+        for key in &updates {
+            self.apply_frontend(maps, desired, *key, &desired[key], report);
         }
-        for key in removals {
+        for &key in &removals {
             // A twin stays while its entry still sends traffic from outside
             // to it (that entry's write failed; the retry removes both).
             if !self.frontends.contains_key(&key)
@@ -536,6 +567,10 @@ impl Reconciler {
                 report.failures.push(Failure { subject, error });
             }
         }
+        let after = Counts::sum(updates.iter().chain(&removals).map(|k| Counts::of(self.frontends.get(k))));
+        self.counts.served = self.counts.served + after.served - before.served;
+        self.counts.entries = self.counts.entries + after.entries - before.entries;
+        debug_assert_eq!(self.counts, self.recount(), "counts kept as frontends change");
         for (id, error) in self.maglev.remove_unused(maps, &mut report.writes) {
             report.failures.push(Failure { subject: format!("Maglev table {id}"), error });
         }

@@ -44,6 +44,9 @@ pub struct TableState {
     table: ServiceTable,
     /// Summed over the services.
     no_local: NoLocalEndpoints,
+    /// The services with a health check (a few among thousands): what
+    /// `health_checks`, asked after every sync, reads.
+    health_checked: BTreeSet<ServiceId>,
 }
 
 /// One service's inputs: the Service (`None`: gone) and its slices.
@@ -81,8 +84,11 @@ impl TableState {
     /// The health check ports to serve, by port.
     #[must_use]
     pub fn health_checks(&self) -> Vec<HealthCheck> {
-        let mut out: Vec<HealthCheck> =
-            self.services.values().filter_map(|s| s.health_check.as_deref().cloned()).collect();
+        let mut out: Vec<HealthCheck> = self
+            .health_checked
+            .iter()
+            .filter_map(|id| self.services.get(id)?.health_check.as_deref().cloned())
+            .collect();
         out.sort_by_key(|h| h.port);
         out
     }
@@ -167,6 +173,11 @@ impl TableState {
                 }
             }
             diff_problems(old.as_ref().map(|o| &o.problems[..]), new.as_ref().map(|n| &n.problems[..]), &mut delta);
+            if new.as_ref().is_some_and(|n| n.health_check.is_some()) {
+                self.health_checked.insert(id.clone());
+            } else {
+                self.health_checked.remove(&id);
+            }
             if let Some(new) = new {
                 self.services.insert(id, new);
             }
