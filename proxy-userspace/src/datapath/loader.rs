@@ -27,6 +27,49 @@ use crate::paths::{LINKS_SUBDIR, maps_dir};
 /// The eBPF object, built by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
 
+/// One loader for every load of the process. aya's `EbpfLoader::new`
+/// reads and parses the kernel's BTF (~15 MB of heap at once), which these
+/// programs do not use: they have no CO-RE relocation (a test below checks
+/// the object), so the parse is dropped as soon as it is made
+/// (`btf(None)`) and never made again. A move to bigger maps during the
+/// first sync, when the agent holds the whole table, made the agent's
+/// peak memory with it. Every setting is given again at each load.
+static LOADER: std::sync::LazyLock<std::sync::Mutex<EbpfLoader<'static>>> = std::sync::LazyLock::new(|| {
+    let mut loader = EbpfLoader::new();
+    loader.btf(None);
+    std::sync::Mutex::new(loader)
+});
+
+/// The values a global of one byte can take, for the one loader to refer
+/// to (aya's loader borrows a global's value for its lifetime).
+static BYTES: [u8; 256] = {
+    let mut all = [0u8; 256];
+    let mut i = 0;
+    while i < 256 {
+        #[expect(clippy::cast_possible_truncation, reason = "below 256")]
+        {
+            all[i] = i as u8;
+        }
+        i += 1;
+    }
+    all
+};
+
+/// The Maglev table sizes accepted (`crate::maglev::SIZES`), as the
+/// programs' `MAGLEV_SIZE` global takes them (see `BYTES`).
+static MAGLEV_SIZES: [u32; crate::maglev::SIZES.len()] = {
+    let mut all = [0u32; crate::maglev::SIZES.len()];
+    let mut i = 0;
+    while i < all.len() {
+        #[expect(clippy::cast_possible_truncation, reason = "the sizes are below 2^17")]
+        {
+            all[i] = crate::maglev::SIZES[i] as u32;
+        }
+        i += 1;
+    }
+    all
+};
+
 /// The cgroup socket-address programs, by their function names.
 const SOCK_PROGRAMS: &[&str] =
     &["connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6", "getpeername4", "getpeername6"];
@@ -138,6 +181,8 @@ pub enum LoadError {
          set --nodeport-acceleration=best-effort or disabled to serve traffic from outside with the TC programs"
     )]
     XdpLoad { source: ProgramError },
+    #[error("Maglev table size {size} is not one of {:?}", crate::maglev::SIZES)]
+    MaglevSize { size: usize },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -209,7 +254,6 @@ impl Datapath {
     /// directory beside any other set (reused when that set is pinned).
     /// Nothing is attached yet: see `attach`.
     pub fn load_sized(opts: &LoadOptions, sizes: Sizes) -> Result<Self, LoadError> {
-        let log_flag: u8 = opts.bpf_log.into();
         let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size, sizes);
         std::fs::create_dir_all(&maps_dir)
             .map_err(|source| LoadError::Dir { path: maps_dir.display().to_string(), source })?;
@@ -217,20 +261,24 @@ impl Datapath {
         // we know: it is made (or found) here and the programs take the pin.
         let maglev_pin = maps_dir.join(map_names::MAGLEV);
         let maglev = MaglevMap::open_or_create(&maglev_pin, opts.maglev_size)?;
-        let maglev_size = u32::try_from(opts.maglev_size).expect("table sizes are small");
-        let nodeport_mode = opts.nodeport_mode.value();
-        let mut ebpf = EbpfLoader::new()
+        let maglev_size = MAGLEV_SIZES
+            .iter()
+            .find(|m| usize::try_from(**m).is_ok_and(|m| m == opts.maglev_size))
+            .ok_or_else(|| LoadError::MaglevSize { size: opts.maglev_size })?;
+        let mut ebpf = LOADER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .default_map_pin_directory(&maps_dir)
-            .map_pin_path(map_names::MAGLEV, maglev_pin.as_path())
+            .map_pin_path(map_names::MAGLEV, maglev_pin.clone())
             .map_max_entries(map_names::SERVICES, sizes.services)
             .map_max_entries(map_names::BACKENDS, sizes.backends)
             .map_max_entries(map_names::REVNAT, sizes.frontends)
             // Indexed by frontend id, 1..=frontends (id 0 is never used).
             .map_max_entries(map_names::CONNECTIONS, sizes.frontends.saturating_add(1))
             .map_max_entries(map_names::CT, opts.ct_map_size)
-            .override_global(LOG_ENABLED, &log_flag, true)
-            .override_global(MAGLEV_SIZE, &maglev_size, true)
-            .override_global(NODEPORT_MODE, &nodeport_mode, true)
+            .override_global(LOG_ENABLED, &BYTES[usize::from(u8::from(opts.bpf_log))], true)
+            .override_global(MAGLEV_SIZE, maglev_size, true)
+            .override_global(NODEPORT_MODE, &BYTES[usize::from(opts.nodeport_mode.value())], true)
             .load(OBJECT)
             .map_err(|source| LoadError::Load {
                 pin_dir: opts.pin_dir.display().to_string(),
@@ -607,5 +655,41 @@ fn start_bpf_log(ebpf: &mut Ebpf) {
             }
         }
         Err(err) => tracing::warn!(%err, "--bpf-log: cannot read the eBPF log buffer; eBPF logging is off"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The one loader skips the kernel's BTF (`LOADER`), which is right
+    /// only while the programs need no CO-RE relocation: this reads the
+    /// object's `.BTF.ext` header (ELF64, little endian) and fails the
+    /// day a program starts to need one (then give the loader the
+    /// kernel's BTF again).
+    #[test]
+    fn the_programs_need_no_btf_relocation() {
+        let elf = super::OBJECT;
+        let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap());
+        let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap());
+        let to_usize = |v: u64| usize::try_from(v).unwrap();
+        assert_eq!(&elf[..4], b"\x7fELF");
+        let (table, entry, count, names) =
+            (to_usize(u64_at(0x28)), usize::from(u16_at(0x3a)), usize::from(u16_at(0x3c)), usize::from(u16_at(0x3e)));
+        let section = |i: usize| {
+            let at = table + i * entry;
+            (to_usize(u32_at(at).into()), to_usize(u64_at(at + 0x18)))
+        };
+        let strings = section(names).1;
+        let name = |offset: usize| {
+            let start = strings + offset;
+            let end = start + elf[start..].iter().position(|b| *b == 0).unwrap();
+            std::str::from_utf8(&elf[start..end]).unwrap()
+        };
+        let ext = (0..count).map(section).find(|(n, _)| name(*n) == ".BTF.ext").expect("the object has .BTF.ext").1;
+        assert_eq!(u16_at(ext), 0xeb9f, "BTF magic");
+        let header_len = u32_at(ext + 4);
+        let core_relocations = if header_len >= 32 { u32_at(ext + 28) } else { 0 };
+        assert!(u32_at(ext + 12) > 0, "the header is read right: the programs have function info");
+        assert_eq!(core_relocations, 0, "a program needs CO-RE relocations: the loader must have the kernel's BTF");
     }
 }
