@@ -354,7 +354,7 @@ pub fn service_name(port: &ServicePort) -> ServiceName {
 /// The service port a `SERVICE_NAMES` value names.
 #[must_use]
 pub fn service_port_of(name: &ServiceName) -> ServicePort {
-    ServicePort { namespace: text(&name.namespace), name: text(&name.name), port: text(&name.port) }
+    ServicePort::new(text(&name.namespace), text(&name.name), text(&name.port))
 }
 
 #[cfg(test)]

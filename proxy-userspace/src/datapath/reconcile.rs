@@ -686,6 +686,9 @@ impl Reconciler {
             Ok(()) => (slots.len(), None),
             Err((i, error)) => (i, Some(error)),
         };
+        // Grown once to the size it takes (pushed one by one, 10 ids took
+        // room for 16).
+        fe.slots.reserve_exact(targets.len().saturating_sub(fe.slots.len()));
         for (i, id) in &slots[..written] {
             set_slot(&mut fe.slots, &mut self.backends, *i, *id);
         }

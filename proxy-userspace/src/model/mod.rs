@@ -179,18 +179,22 @@ impl Reach {
 }
 
 /// The service port a frontend comes from: its Service's namespace and
-/// name, and the port's name (empty for an unnamed port).
+/// name, and the port's name (empty for an unnamed port). Shared, not
+/// copied: every frontend of a service port (ClusterIP, NodePorts,
+/// external addresses), the table's and the reconciler's, holds the same
+/// three strings (at 100,000 services, three allocations a frontend less
+/// for each holder).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePort {
-    pub namespace: String,
-    pub name: String,
-    pub port: String,
+    pub namespace: std::sync::Arc<str>,
+    pub name: std::sync::Arc<str>,
+    pub port: std::sync::Arc<str>,
 }
 
 impl ServicePort {
     #[must_use]
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>, port: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into(), port: port.into() }
+    pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>, port: impl AsRef<str>) -> Self {
+        Self { namespace: namespace.as_ref().into(), name: name.as_ref().into(), port: port.as_ref().into() }
     }
 
     /// `namespace/name`, the service's name.
