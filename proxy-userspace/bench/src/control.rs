@@ -43,6 +43,14 @@ pub struct Control {
     pub relist_peak_rss_mib: f64,
     /// Resident memory a moment after the relist.
     pub rss_after_relist_mib: f64,
+    /// The agent stopped (its maps stay pinned) and started again: from
+    /// the start to every map written, the maps read back and compared
+    /// with the table the lists give.
+    pub agent_restart_seconds: f64,
+    /// Map writes of that first sync (none when the maps were kept whole).
+    pub agent_restart_writes: u64,
+    /// Peak resident memory of the restarted agent (at its first sync).
+    pub agent_restart_peak_rss_mib: f64,
 }
 
 fn percentile(values: &mut [f64], p: f64) -> f64 {
@@ -116,6 +124,24 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     let (peak_rss_mib, rss_mib) = rss(agent.pid());
     let restarts = crate::relist::run(&mut server, &agent, n)?;
     drop(agent);
+    // A restart of the agent (an upgrade, a crash): the maps stay pinned,
+    // the new process reads them back and writes what differs.
+    let restarted = Instant::now();
+    let agent = settings.start_agent(
+        ["--kubeconfig", &kubeconfig.display().to_string()],
+        cgroup.path(),
+        bpffs.path(),
+        "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info",
+    )?;
+    let first = agent
+        .wait_for(0, Duration::from_mins(5), applied)
+        .map_err(anyhow::Error::msg)
+        .context("the restarted agent did not program the services")?;
+    let agent_restart_seconds = restarted.elapsed().as_secs_f64();
+    ensure_applied(&first)?;
+    let agent_restart_writes = field(&first, "writes").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let agent_restart_peak_rss_mib = rss(agent.pid()).0;
+    drop(agent);
     Ok(Control {
         services: n,
         endpoints: n * u32::from(spec::ENDPOINTS),
@@ -132,6 +158,9 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         relist_seconds: restarts.relist_seconds,
         relist_peak_rss_mib: restarts.relist_peak_rss_mib,
         rss_after_relist_mib: restarts.rss_after_relist_mib,
+        agent_restart_seconds,
+        agent_restart_writes,
+        agent_restart_peak_rss_mib,
     })
 }
 

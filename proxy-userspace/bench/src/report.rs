@@ -118,6 +118,12 @@ impl Report {
             );
             let _ = writeln!(out, "| agent peak RSS during the relist | {:.1} MiB |", c.relist_peak_rss_mib);
             let _ = writeln!(out, "| agent RSS after the relist | {:.1} MiB |", c.rss_after_relist_mib);
+            let _ = writeln!(
+                out,
+                "| agent restart (maps pinned): start to every map written | {:.2} s ({} writes) |",
+                c.agent_restart_seconds, c.agent_restart_writes
+            );
+            let _ = writeln!(out, "| agent peak RSS after its restart | {:.1} MiB |", c.agent_restart_peak_rss_mib);
         }
         if !self.unavailable.is_empty() {
             let _ = writeln!(out, "\nNot measured here: {}.", self.unavailable.join("; "));
