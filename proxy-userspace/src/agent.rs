@@ -158,12 +158,11 @@ async fn run_with(
     // from outside: a restart in the middle of a takeover never serves it
     // without kube-proxy's rules in between.
     let due = config.take_over_from_kube_proxy.and_then(|ends_after| takeover_due(ends_after, metrics));
-    // Loaded (not attached, nothing written) while the lists arrive.
+    // Loaded (not attached, nothing written) and, after a restart, the
+    // pinned maps read back while the lists arrive (the watches run on the
+    // runtime's other worker): at 100,000 services reading 2,300,000
+    // entries took ~4 s, as long as the lists.
     let mut datapath = load_datapath(config, due.is_some(), telemetry)?;
-    tokio::select! {
-        () = &mut shutdown => return Ok(()),
-        ready = source.ready() => ready?,
-    }
     let (reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
     info!(
         frontends = recovery.frontends,
@@ -171,6 +170,10 @@ async fn run_with(
         stale_entries_removed = recovery.stale_entries_removed,
         "read the pinned maps"
     );
+    tokio::select! {
+        () = &mut shutdown => return Ok(()),
+        ready = source.ready() => ready?,
+    }
     // Subscribed before the first read, so no change in between is missed.
     let mut local_addrs = crate::local_addrs::Watch::start();
     let settings = NodeSettings {
