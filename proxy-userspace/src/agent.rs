@@ -539,13 +539,11 @@ fn publish(
     t.service_entries = reconciler.service_entries();
     t.maglev_tables = reconciler.maglev_tables();
     if synced.whole_table {
-        let ids =
-            reconciler.frontend_ids().into_iter().map(|(id, key, service)| (id, service.to_string(), key.to_string()));
-        t.set_frontends(ids.collect());
+        t.set_frontends(reconciler.frontend_ids().into_iter().map(|(id, key, service)| (id, service, key)));
     } else {
         for c in &report.changes {
-            let now = reconciler.frontend_id(&c.frontend).map(|id| (id, c.service_port.to_string()));
-            t.set_frontend(c.frontend.to_string(), now);
+            let now = reconciler.frontend_id(&c.frontend).map(|id| (id, c.service_port.clone()));
+            t.set_frontend(c.frontend, now);
         }
     }
 }

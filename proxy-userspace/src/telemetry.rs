@@ -17,6 +17,7 @@ use proxy_common::map_names::{BACKENDS, MAGLEV, REVNAT, SERVICE_NAMES, SERVICES,
 use crate::{
     datapath::counters::{ConnCounters, ExternalStats},
     health::ProxyHealth,
+    model::{FrontendKey, ServicePort},
     pipeline::Stats,
     source::kube::WatchCounters,
 };
@@ -42,10 +43,12 @@ pub struct Telemetry {
     pub health_check_ports: usize,
     /// Devices the TC programs are attached to.
     pub devices: usize,
-    /// rev-NAT id -> (service port, frontend), for the counters' labels.
-    pub frontends_by_id: BTreeMap<RevNatId, (String, String)>,
+    /// rev-NAT id -> (service port, frontend), for the counters' labels,
+    /// which are written out at a scrape (the service port is the model's
+    /// shared one: no copy of its strings per frontend).
+    pub frontends_by_id: BTreeMap<RevNatId, (ServicePort, FrontendKey)>,
     /// frontend -> rev-NAT id, the reverse of `frontends_by_id`.
-    id_of: HashMap<String, RevNatId>,
+    id_of: HashMap<FrontendKey, RevNatId>,
     /// The Kubernetes watches' counters (kube mode only).
     pub watch: Option<Arc<WatchCounters>>,
 }
@@ -77,8 +80,9 @@ impl Telemetry {
 
     /// Takes the frontends after a sync; zeroes the counter of an id that
     /// now names another frontend than before (ids are reused).
-    pub fn set_frontends(&mut self, ids: Vec<(RevNatId, String, String)>) {
-        let new: BTreeMap<RevNatId, (String, String)> = ids.into_iter().map(|(id, s, f)| (id, (s, f))).collect();
+    pub fn set_frontends(&mut self, ids: impl IntoIterator<Item = (RevNatId, ServicePort, FrontendKey)>) {
+        let new: BTreeMap<RevNatId, (ServicePort, FrontendKey)> =
+            ids.into_iter().map(|(id, s, f)| (id, (s, f))).collect();
         if let Some(counters) = self.counters.as_mut() {
             for (id, labels) in &new {
                 if self.frontends_by_id.get(id) != Some(labels)
@@ -88,16 +92,16 @@ impl Telemetry {
                 }
             }
         }
-        self.id_of = new.iter().map(|(id, (_, f))| (f.clone(), *id)).collect();
+        self.id_of = new.iter().map(|(id, (_, f))| (*f, *id)).collect();
         self.frontends_by_id = new;
     }
 
     /// Frontend `frontend` now has id `now` (`None`: it is gone), with
     /// `service` as its label; a counter that passes to a new frontend
     /// starts from zero.
-    pub fn set_frontend(&mut self, frontend: String, now: Option<(RevNatId, String)>) {
+    pub fn set_frontend(&mut self, frontend: FrontendKey, now: Option<(RevNatId, ServicePort)>) {
         if let Some((id, service)) = now {
-            let labels = (service, frontend.clone());
+            let labels = (service, frontend);
             if self.frontends_by_id.get(&id) != Some(&labels) {
                 if let Some(counters) = self.counters.as_mut()
                     && let Err(err) = counters.reset(id)
@@ -115,7 +119,7 @@ impl Telemetry {
         }
     }
 
-    fn forget_frontend(&mut self, frontend: &str) {
+    fn forget_frontend(&mut self, frontend: &FrontendKey) {
         if let Some(id) = self.id_of.remove(frontend) {
             self.frontends_by_id.remove(&id);
         }
@@ -274,6 +278,7 @@ impl Telemetry {
         )?;
         for (id, (service, frontend)) in self.frontends_by_id.iter().take(max_series) {
             if let Ok(n) = counters.read(*id) {
+                let (service, frontend) = (service.to_string(), frontend.to_string());
                 let labels = [("service", service.as_str()), ("frontend", frontend.as_str())];
                 ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
             }
