@@ -78,10 +78,13 @@ pub fn after_sync(
 
 /// The sizes to move to before the first write, when the maps of
 /// `current` cannot hold the table `pipeline` translated (or are above
-/// their bound): `None` keeps them.
+/// their bound), with what the table needs: `None` keeps them. The need
+/// is counted once (a sorted list of every backend: ~20 MB and a sort at
+/// 1,000,000 backends).
 #[must_use]
-pub fn before_first_write_sizes(pipeline: &Pipeline, current: Sizes, bounds: Sizes) -> Option<Sizes> {
-    sizing::plan(current, sizing::demand(pipeline.model().table()), Full::default(), bounds)
+pub fn before_first_write_sizes(pipeline: &Pipeline, current: Sizes, bounds: Sizes) -> Option<(Sizes, sizing::Demand)> {
+    let demand = sizing::demand(pipeline.model().table());
+    Some((sizing::plan(current, demand, Full::default(), bounds)?, demand))
 }
 
 /// Before the first write (nothing attached yet): moves `datapath` to maps
@@ -94,8 +97,7 @@ pub fn before_first_write(
     opts: &LoadOptions,
 ) -> anyhow::Result<bool> {
     let current = datapath.sizes();
-    let Some(next) = before_first_write_sizes(pipeline, current, opts.bounds()) else { return Ok(false) };
-    let demand = sizing::demand(pipeline.model().table());
+    let Some((next, demand)) = before_first_write_sizes(pipeline, current, opts.bounds()) else { return Ok(false) };
     log_resizing(current, next, demand, true);
     let mut moved = Datapath::load_sized(opts, next)?;
     moved.copy_outside_handover(datapath)?;

@@ -472,7 +472,7 @@ fn start_sized_before_first_write() -> Result<(), String> {
     if !translated.whole_table() {
         return Err("a start compares the whole table".into());
     }
-    let next = ebpf_proxy::resize::before_first_write_sizes(pipeline, current, bounds)
+    let (next, _) = ebpf_proxy::resize::before_first_write_sizes(pipeline, current, bounds)
         .ok_or("the start stays in maps too small for it")?;
     // 4,200 entries, twice that rounded up; 2,100 backends fit 4,096.
     if next.services != 16_384 || next.backends != min {

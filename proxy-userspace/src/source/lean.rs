@@ -174,7 +174,10 @@ resource_as!(LeanService, Service);
 resource_as!(LeanSlice, EndpointSlice);
 
 /// A watch event of a lean object as one of the object it stands for.
-pub fn unwrap_event<L, K>(event: kube::runtime::watcher::Event<L>, full: fn(L) -> K) -> kube::runtime::watcher::Event<K> {
+pub fn unwrap_event<L, K>(
+    event: kube::runtime::watcher::Event<L>,
+    full: fn(L) -> K,
+) -> kube::runtime::watcher::Event<K> {
     use kube::runtime::watcher::Event;
     match event {
         Event::Apply(o) => Event::Apply(full(o)),
