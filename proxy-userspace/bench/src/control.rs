@@ -83,20 +83,24 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     std::fs::write(&kubeconfig, kubeconfig_yaml(&server.url()))?;
     let cgroup = TestCgroup::create(&unique_name("ebpf-proxy-bench-cp"))?;
     let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-bench-cp"))?;
-    let started = Instant::now();
-    let agent = settings.start_agent(
-        ["--kubeconfig", &kubeconfig.display().to_string()],
-        cgroup.path(),
-        bpffs.path(),
-        "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info",
-    )?;
     let applied = |r: &serde_json::Value| message(r) == Some(ebpf_proxy::agent::APPLIED);
-    let first = agent
-        .wait_for(0, Duration::from_mins(5), applied)
-        .map_err(anyhow::Error::msg)
-        .context("the agent did not program the services")?;
-    let cold_start_seconds = started.elapsed().as_secs_f64();
-    ensure_applied(&first)?;
+    let start = || -> anyhow::Result<(proxy_testkit::AgentProcess, serde_json::Value, f64)> {
+        let started = Instant::now();
+        let agent = settings.start_agent(
+            ["--kubeconfig", &kubeconfig.display().to_string()],
+            cgroup.path(),
+            bpffs.path(),
+            "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info",
+        )?;
+        let first = agent
+            .wait_for(0, Duration::from_mins(5), applied)
+            .map_err(anyhow::Error::msg)
+            .context("the agent did not program the services")?;
+        let seconds = started.elapsed().as_secs_f64();
+        ensure_applied(&first)?;
+        Ok((agent, first, seconds))
+    };
+    let (agent, first, cold_start_seconds) = start()?;
     let first_sync_seconds = latency_ms(&first) / 1000.0;
 
     let mut at_agent = Vec::new();
@@ -126,19 +130,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     drop(agent);
     // A restart of the agent (an upgrade, a crash): the maps stay pinned,
     // the new process reads them back and writes what differs.
-    let restarted = Instant::now();
-    let agent = settings.start_agent(
-        ["--kubeconfig", &kubeconfig.display().to_string()],
-        cgroup.path(),
-        bpffs.path(),
-        "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info",
-    )?;
-    let first = agent
-        .wait_for(0, Duration::from_mins(5), applied)
-        .map_err(anyhow::Error::msg)
-        .context("the restarted agent did not program the services")?;
-    let agent_restart_seconds = restarted.elapsed().as_secs_f64();
-    ensure_applied(&first)?;
+    let (agent, first, agent_restart_seconds) = start()?;
     let agent_restart_writes = field(&first, "writes").and_then(serde_json::Value::as_u64).unwrap_or(0);
     let agent_restart_peak_rss_mib = rss(agent.pid()).0;
     drop(agent);
