@@ -153,6 +153,13 @@ async fn run_with(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
+    // Polled once now, so that its signal handlers are in place before the
+    // load and the read of the pinned maps, which hold this task for
+    // seconds at 100,000 services: a SIGTERM meanwhile ends the run once
+    // they are done, as it does later.
+    if futures::FutureExt::now_or_never(&mut shutdown).is_some() {
+        return Ok(());
+    }
     let Telemetries { telemetry, metrics } = telemetries;
     // Decided before the load, which writes the programs' mode for traffic
     // from outside: a restart in the middle of a takeover never serves it
@@ -160,8 +167,8 @@ async fn run_with(
     let due = config.take_over_from_kube_proxy.and_then(|ends_after| takeover_due(ends_after, metrics));
     // Loaded (not attached, nothing written) and, after a restart, the
     // pinned maps read back while the lists arrive (the watches run on the
-    // runtime's other worker): at 100,000 services reading 2,300,000
-    // entries took ~4 s, as long as the lists.
+    // runtime's workers): at 100,000 services reading 2,300,000 entries
+    // took ~4 s, as long as the lists.
     let mut datapath = load_datapath(config, due.is_some(), telemetry)?;
     let (reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
     info!(

@@ -102,7 +102,11 @@ impl Telemetry {
     pub fn set_frontend(&mut self, frontend: FrontendKey, now: Option<(RevNatId, ServicePort)>) {
         if let Some((id, service)) = now {
             let labels = (service, frontend);
-            if self.frontends_by_id.get(&id) != Some(&labels) {
+            if self.frontends_by_id.get(&id) == Some(&labels) {
+                // The same labels: hold the model's strings, not a second
+                // copy of them (see `ServicePort`).
+                self.frontends_by_id.insert(id, labels);
+            } else {
                 if let Some(counters) = self.counters.as_mut()
                     && let Err(err) = counters.reset(id)
                 {

@@ -340,6 +340,9 @@ fn names_follow_the_frontends_through_a_restart() {
     assert_eq!(r.apply(&mut maps, &t).writes, 0);
     let ids = r.frontend_ids();
     assert_eq!(ids[0].2, t[&fk(1, 80, Protocol::Tcp)].service_port);
+    // The names read back are equal to the table's; after the apply the
+    // reconciler holds the table's very strings, not a copy of them.
+    assert!(ids.iter().all(|(_, key, port)| port.shares(&t[key].service_port)), "{ids:?}");
     // Another service takes the address: only its name is written.
     t.get_mut(&fk(1, 80, Protocol::Tcp)).unwrap().service_port = ServicePort::new("other", "web", "http");
     let report = r.apply(&mut maps, &t);

@@ -197,6 +197,14 @@ impl ServicePort {
         Self { namespace: namespace.as_ref().into(), name: name.as_ref().into(), port: port.as_ref().into() }
     }
 
+    /// Whether `other` holds the very same strings (not only equal ones).
+    #[must_use]
+    pub fn shares(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.namespace, &other.namespace)
+            && std::sync::Arc::ptr_eq(&self.name, &other.name)
+            && std::sync::Arc::ptr_eq(&self.port, &other.port)
+    }
+
     /// `namespace/name`, the service's name.
     #[must_use]
     pub fn service(&self) -> String {

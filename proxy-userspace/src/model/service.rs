@@ -91,6 +91,8 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
     for (i, port) in svc_frontends.ports.iter().enumerate() {
         // Backends per (family, endpoint selection), computed once.
         let mut cache: BTreeMap<(bool, Endpoints), Vec<super::Backend>> = BTreeMap::new();
+        // One copy for every frontend of the port (see `ServicePort`).
+        let service_port = super::ServicePort::new(&object.namespace, &object.name, &port.name);
         for planned in port_frontends(&svc_frontends, port, i, node, &families) {
             let ipv6 = planned.addr.is_ipv6();
             let backends = cache
@@ -104,7 +106,7 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
                 FrontendKey { addr: planned.addr, port: planned.port, protocol: port.protocol, scope: planned.scope };
             let from_outside = planned.reach.from_outside();
             let frontend = Frontend {
-                service_port: super::ServicePort::new(&object.namespace, &object.name, &port.name),
+                service_port: service_port.clone(),
                 backends,
                 affinity_timeout: svc_frontends.affinity_timeout,
                 kind: planned.kind,

@@ -556,3 +556,15 @@ fn a_shared_key_passes_between_its_claimants() {
         before = now;
     }
 }
+
+/// Every frontend of a service port holds the same strings (one copy per
+/// port, see `ServicePort`), and another port its own.
+#[test]
+fn the_frontends_of_a_port_share_its_name() {
+    let tr = translate_on_node(&load_balancer(""));
+    let ports: Vec<&super::ServicePort> = tr.table.values().map(|f| &f.service_port).collect();
+    assert!(ports.len() >= 5, "ClusterIP, NodePorts, LoadBalancer and external IPs: {}", ports.len());
+    assert!(ports.iter().all(|p| p.shares(ports[0])), "{ports:?}");
+    let apart = super::ServicePort::new("ns", "s", "http");
+    assert!(*ports[0] == apart && !ports[0].shares(&apart), "equal strings made apart are not shared");
+}
