@@ -59,7 +59,7 @@ pub fn backends_for_port(
                 continue;
             }
             // Like kube-proxy, only an endpoint's first address is used.
-            let Some(raw) = &endpoint.address else {
+            let Some(raw) = endpoint.address() else {
                 problems.push(Problem::error(
                     &object,
                     format!("endpoints[{k}].addresses"),
@@ -183,12 +183,12 @@ pub(super) fn topology<'s, 'h: 'i, 'i>(
 /// Ready endpoints (distinct addresses, any port or family) of the slices
 /// on node `node`: what a healthCheckNodePort reports.
 pub fn local_ready_endpoints(slices: &[&SliceSpec], node: &str) -> usize {
-    let mut addrs: std::collections::BTreeSet<&super::input::Address> = std::collections::BTreeSet::new();
+    let mut addrs: std::collections::BTreeSet<super::input::Address> = std::collections::BTreeSet::new();
     for slice in slices {
         for endpoint in &slice.endpoints {
             if endpoint.ready
                 && endpoint.node_name.as_deref() == Some(node)
-                && let Some(addr) = &endpoint.address
+                && let Some(addr) = endpoint.address()
             {
                 addrs.insert(addr);
             }

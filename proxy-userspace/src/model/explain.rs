@@ -158,7 +158,7 @@ pub fn endpoint_uses(
     for slice in slices.iter().filter(|s| s.address_type == family) {
         let target = super::endpoints::slice_port(slice, port, &mut Vec::new());
         for endpoint in &slice.endpoints {
-            let Some(address) = endpoint.address.as_ref().and_then(super::input::Address::ip) else { continue };
+            let Some(address) = endpoint.address().as_ref().and_then(super::input::Address::ip) else { continue };
             if address.is_ipv6() != ipv6 {
                 continue;
             }

@@ -18,8 +18,8 @@ use std::{collections::BTreeMap, fmt, net::IpAddr};
 pub use endpoints::Selection;
 pub use frontends::SkipReason;
 pub use input::{
-    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, ServicePortSpec, ServiceSpec, ServiceType,
-    SlicePortSpec, SliceSpec,
+    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, NodeName, ServicePortSpec, ServiceSpec,
+    ServiceType, SlicePortSpec, SliceSpec,
 };
 pub use problem::{ObjectRef, Problem, Severity};
 pub use state::{Delta, ServiceId, ServiceInput, TableState};

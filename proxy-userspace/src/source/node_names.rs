@@ -5,13 +5,15 @@
 //! here for each endpoint's node name and gets the copy already shared.
 use std::{
     collections::BTreeSet,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Mutex, PoisonError},
 };
+
+use crate::model::NodeName;
 
 /// The names handed out, pruned of those no endpoint holds any more.
 #[derive(Debug)]
 pub struct NodeNames {
-    names: BTreeSet<Arc<str>>,
+    names: BTreeSet<NodeName>,
     /// Prune when this many names are held: twice what was in use at the
     /// last pruning, so nodes that come and go never grow it without
     /// bound and pruning costs O(1) per name handed out.
@@ -26,7 +28,7 @@ static SHARED: Mutex<NodeNames> = Mutex::new(NodeNames::new());
 
 /// `name`, shared with every endpoint that names the same node.
 #[must_use]
-pub fn shared(name: &str) -> Arc<str> {
+pub fn shared(name: &str) -> NodeName {
     SHARED.lock().unwrap_or_else(PoisonError::into_inner).get(name)
 }
 
@@ -37,16 +39,16 @@ impl NodeNames {
     }
 
     /// The shared copy of `name`, made if there is none.
-    pub fn get(&mut self, name: &str) -> Arc<str> {
+    pub fn get(&mut self, name: &str) -> NodeName {
         if let Some(held) = self.names.get(name) {
             return held.clone();
         }
         if self.names.len() >= self.prune_at {
             // Held only here: no endpoint names that node any more.
-            self.names.retain(|n| Arc::strong_count(n) > 1);
+            self.names.retain(|n| NodeName::holders(n) > 1);
             self.prune_at = (self.names.len() * 2).max(MIN_PRUNE_AT);
         }
-        let made: Arc<str> = name.into();
+        let made = NodeName::from(name);
         self.names.insert(made.clone());
         made
     }
@@ -77,7 +79,7 @@ mod tests {
     fn the_same_name_is_one_copy() {
         let mut names = NodeNames::new();
         let (a, b) = (names.get("node-1"), names.get("node-1"));
-        assert!(Arc::ptr_eq(&a, &b));
+        assert!(NodeName::ptr_eq(&a, &b));
         assert_eq!(&*names.get("node-2"), "node-2");
         assert_eq!(names.len(), 2);
     }
@@ -85,14 +87,14 @@ mod tests {
     #[test]
     fn names_no_endpoint_holds_are_pruned_and_the_set_stays_bounded() {
         let mut names = NodeNames::new();
-        let kept: Vec<Arc<str>> = (0..10).map(|i| names.get(&format!("kept-{i}"))).collect();
+        let kept: Vec<NodeName> = (0..10).map(|i| names.get(&format!("kept-{i}"))).collect();
         // Nodes that come and go: each name handed out once and dropped.
         for i in 0..10_000 {
             drop(names.get(&format!("gone-{i}")));
             assert!(names.len() <= 2 * MIN_PRUNE_AT, "{} names held after {i}", names.len());
         }
         for k in &kept {
-            assert!(Arc::ptr_eq(k, &names.get(k)), "a name in use survives pruning");
+            assert!(NodeName::ptr_eq(k, &names.get(k)), "a name in use survives pruning");
         }
     }
 }
