@@ -19,6 +19,7 @@ mod map_error;
 pub mod maps;
 pub mod names;
 pub mod netfilter_flows;
+mod netlink;
 pub mod reconcile;
 pub mod sessions;
 pub mod sizing;

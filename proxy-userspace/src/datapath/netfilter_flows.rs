@@ -8,17 +8,14 @@
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
+
+use super::netlink::{self, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, Netlink};
 
 /// `NETLINK_NETFILTER` (linux/netlink.h).
 const NETLINK_NETFILTER: libc::c_int = 12;
 /// `(NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET`.
 const CT_GET: u16 = (1 << 8) | 1;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_DUMP: u16 = 0x300;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
 /// Attributes (linux/netfilter/nfnetlink_conntrack.h).
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_STATUS: u16 = 3;
@@ -33,7 +30,6 @@ const CTA_PROTO_SRC_PORT: u16 = 2;
 const CTA_PROTO_DST_PORT: u16 = 3;
 /// `IPS_DST_NAT` (linux/netfilter/nf_conntrack_common.h).
 const IPS_DST_NAT: u32 = 1 << 5;
-const NLMSG_HDRLEN: usize = 16;
 /// `struct nfgenmsg`.
 const NFGENMSG_LEN: usize = 4;
 
@@ -59,51 +55,13 @@ pub enum DumpError {
 /// The TCP and UDP flows conntrack holds in this network namespace with a
 /// destination NAT.
 pub fn dump() -> Result<Vec<NatFlow>, DumpError> {
-    // SAFETY: plain socket(2); the fd is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error().into());
-    }
-    // SAFETY: a fresh fd nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut request = Vec::with_capacity(NLMSG_HDRLEN + NFGENMSG_LEN);
-    request.extend_from_slice(&u32::try_from(NLMSG_HDRLEN + NFGENMSG_LEN).expect("small").to_ne_bytes());
-    request.extend_from_slice(&CT_GET.to_ne_bytes());
-    request.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    request.extend_from_slice(&1u32.to_ne_bytes()); // sequence
-    request.extend_from_slice(&0u32.to_ne_bytes()); // port: the kernel picks
+    let socket = Netlink::open(NETLINK_NETFILTER)?;
     // nfgenmsg: AF_UNSPEC (every family), version 0, resource id 0.
-    request.extend_from_slice(&[0, 0, 0, 0]);
-    // SAFETY: the buffer is valid for its length; to the kernel (zeroed
-    // sockaddr_nl with the family set).
-    let sent = unsafe {
-        let mut kernel: libc::sockaddr_nl = std::mem::zeroed();
-        kernel.nl_family = u16::try_from(libc::AF_NETLINK).expect("small");
-        libc::sendto(
-            fd.as_raw_fd(),
-            request.as_ptr().cast(),
-            request.len(),
-            0,
-            std::ptr::from_ref(&kernel).cast(),
-            u32::try_from(size_of::<libc::sockaddr_nl>()).expect("small"),
-        )
-    };
-    if sent < 0 {
-        return Err(io::Error::last_os_error().into());
-    }
+    socket.send(CT_GET, NLM_F_REQUEST | NLM_F_DUMP, &[0, 0, 0, 0])?;
     let mut flows = Vec::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
-        // SAFETY: the buffer is valid for its length.
-        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err.into());
-        }
-        let n = usize::try_from(n).expect("not negative");
+        let n = socket.recv(&mut buf)?;
         if parse_messages(&buf[..n], &mut flows)? {
             return Ok(flows);
         }
@@ -112,18 +70,13 @@ pub fn dump() -> Result<Vec<NatFlow>, DumpError> {
 
 /// Reads one datagram of netlink messages into `flows`; whether the dump
 /// is done.
-pub fn parse_messages(mut data: &[u8], flows: &mut Vec<NatFlow>) -> Result<bool, DumpError> {
-    while data.len() >= NLMSG_HDRLEN {
-        let len = u32::from_ne_bytes(data[0..4].try_into().expect("4 bytes")) as usize;
-        let kind = u16::from_ne_bytes(data[4..6].try_into().expect("2 bytes"));
-        if len < NLMSG_HDRLEN || len > data.len() {
-            return Ok(true);
-        }
-        let payload = &data[NLMSG_HDRLEN..len];
+pub fn parse_messages(data: &[u8], flows: &mut Vec<NatFlow>) -> Result<bool, DumpError> {
+    for message in netlink::messages(data) {
+        let Ok((kind, payload)) = message else { return Ok(true) };
         match kind {
             NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
-                let code = payload.get(0..4).map_or(0, |b| i32::from_ne_bytes(b.try_into().expect("4 bytes")));
+                let code = netlink::error_code(payload);
                 if code != 0 {
                     return Err(DumpError::Kernel(code));
                 }
@@ -134,7 +87,6 @@ pub fn parse_messages(mut data: &[u8], flows: &mut Vec<NatFlow>) -> Result<bool,
                 }
             }
         }
-        data = data.get(align(len)..).unwrap_or(&[]);
     }
     Ok(false)
 }
@@ -190,6 +142,7 @@ fn parse_entry(attrs: &[u8]) -> Option<NatFlow> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datapath::netlink::NLMSG_HDRLEN;
 
     fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();

@@ -158,22 +158,17 @@ fn destroy_here(protocols: &HashSet<Protocol>, pick: &(dyn Fn(&SocketId) -> bool
     Ok(n)
 }
 
-/// `NETLINK_SOCK_DIAG` messages, laid out as in linux/netlink.h,
-/// linux/sock_diag.h and linux/inet_diag.h.
+/// `NETLINK_SOCK_DIAG` messages, laid out as in linux/sock_diag.h and
+/// linux/inet_diag.h, over the agent's netlink socket (`super::super::netlink`).
 mod netlink {
-    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
-
     use super::{IpAddr, Ipv4Addr, Ipv6Addr, Protocol, SocketId, io};
+    use crate::datapath::netlink::{
+        self as nl, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, Netlink,
+    };
 
     const NETLINK_SOCK_DIAG: i32 = 4;
     const SOCK_DIAG_BY_FAMILY: u16 = 20;
     const SOCK_DESTROY: u16 = 21;
-    const NLM_F_REQUEST: u16 = 0x01;
-    const NLM_F_ACK: u16 = 0x04;
-    const NLM_F_DUMP: u16 = 0x300;
-    const NLMSG_ERROR: u16 = 2;
-    const NLMSG_DONE: u16 = 3;
-    const NLMSG_HDRLEN: usize = 16;
     /// `struct inet_diag_sockid`.
     const SOCKID_LEN: usize = 48;
     /// `struct inet_diag_msg` up to and including `id`: family, state,
@@ -181,18 +176,12 @@ mod netlink {
     const MSG_ID_OFFSET: usize = 4;
 
     pub struct SockDiag {
-        fd: OwnedFd,
+        socket: Netlink,
     }
 
     impl SockDiag {
         pub fn open() -> io::Result<Self> {
-            // SAFETY: plain socket(2); the fd is owned at once.
-            let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_SOCK_DIAG) };
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // SAFETY: the kernel just returned this fd; nothing else owns it.
-            Ok(Self { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+            Ok(Self { socket: Netlink::open(NETLINK_SOCK_DIAG)? })
         }
 
         /// Every socket of `family` and `protocol` in this namespace.
@@ -201,28 +190,19 @@ mod netlink {
             let mut sockets = Vec::new();
             let mut buf = vec![0u8; 64 * 1024];
             loop {
-                let n = self.recv(&mut buf)?;
-                let mut off = 0;
-                while off + NLMSG_HDRLEN <= n {
-                    let len = u32::from_ne_bytes(buf[off..off + 4].try_into().expect("4 bytes")) as usize;
-                    let kind = u16::from_ne_bytes(buf[off + 4..off + 6].try_into().expect("2 bytes"));
-                    if len < NLMSG_HDRLEN || off + len > n {
-                        return Err(io::Error::other("malformed netlink message"));
-                    }
+                let n = self.socket.recv(&mut buf)?;
+                for message in nl::messages(&buf[..n]) {
+                    let (kind, body) = message.map_err(|()| io::Error::other("malformed netlink message"))?;
                     match kind {
                         NLMSG_DONE => return Ok(sockets),
-                        NLMSG_ERROR => return Err(error_of(&buf[off + NLMSG_HDRLEN..off + len])),
-                        SOCK_DIAG_BY_FAMILY => {
-                            let body = &buf[off + NLMSG_HDRLEN..off + len];
-                            if body.len() >= MSG_ID_OFFSET + SOCKID_LEN {
-                                let raw: [u8; SOCKID_LEN] =
-                                    body[MSG_ID_OFFSET..MSG_ID_OFFSET + SOCKID_LEN].try_into().expect("48 bytes");
-                                sockets.push(parse_id(family, protocol, raw));
-                            }
+                        NLMSG_ERROR => return Err(error_of(body)),
+                        SOCK_DIAG_BY_FAMILY if body.len() >= MSG_ID_OFFSET + SOCKID_LEN => {
+                            let raw: [u8; SOCKID_LEN] =
+                                body[MSG_ID_OFFSET..MSG_ID_OFFSET + SOCKID_LEN].try_into().expect("48 bytes");
+                            sockets.push(parse_id(family, protocol, raw));
                         }
                         _ => {}
                     }
-                    off += (len + 3) & !3;
                 }
             }
         }
@@ -231,44 +211,27 @@ mod netlink {
         pub fn destroy(&self, socket: &SocketId) -> io::Result<()> {
             self.send(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, socket.family, socket.protocol, &socket.raw_id)?;
             let mut buf = [0u8; 1024];
-            let n = self.recv(&mut buf)?;
-            if n >= NLMSG_HDRLEN + 4 && u16::from_ne_bytes(buf[4..6].try_into().expect("2 bytes")) == NLMSG_ERROR {
-                let err = error_of(&buf[NLMSG_HDRLEN..n]);
-                return if err.raw_os_error() == Some(0) { Ok(()) } else { Err(err) };
+            let n = self.socket.recv(&mut buf)?;
+            match nl::messages(&buf[..n]).next() {
+                Some(Ok((NLMSG_ERROR, body))) if nl::error_code(body) != 0 => Err(error_of(body)),
+                _ => Ok(()),
             }
-            Ok(())
         }
 
         /// Sends `nlmsghdr` + `inet_diag_req_v2`.
         fn send(&self, kind: u16, flags: u16, family: u8, protocol: Protocol, id: &[u8; SOCKID_LEN]) -> io::Result<()> {
-            const REQ_LEN: usize = 8 + SOCKID_LEN;
-            let mut msg = Vec::with_capacity(NLMSG_HDRLEN + REQ_LEN);
-            msg.extend_from_slice(&u32::try_from(NLMSG_HDRLEN + REQ_LEN).expect("small").to_ne_bytes());
-            msg.extend_from_slice(&kind.to_ne_bytes());
-            msg.extend_from_slice(&flags.to_ne_bytes());
-            msg.extend_from_slice(&1u32.to_ne_bytes()); // seq
-            msg.extend_from_slice(&0u32.to_ne_bytes()); // pid: the kernel
+            let mut req = Vec::with_capacity(8 + SOCKID_LEN);
             // sdiag_family, sdiag_protocol, idiag_ext, pad, idiag_states (all)
-            msg.extend_from_slice(&[family, protocol.number(), 0, 0]);
-            msg.extend_from_slice(&u32::MAX.to_ne_bytes());
-            msg.extend_from_slice(id);
-            // SAFETY: sends `msg.len()` initialized bytes to the kernel
-            // (a zeroed sockaddr_nl, pid 0, is the default destination).
-            let sent = unsafe { libc::send(self.fd.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
-            if sent < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
-        }
-
-        fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-            // SAFETY: writes at most `buf.len()` bytes into `buf`.
-            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            usize::try_from(n).map_err(|_| io::Error::last_os_error())
+            req.extend_from_slice(&[family, protocol.number(), 0, 0]);
+            req.extend_from_slice(&u32::MAX.to_ne_bytes());
+            req.extend_from_slice(id);
+            self.socket.send(kind, flags, &req)
         }
     }
 
     /// `struct nlmsgerr`: a negative errno (0 for an ack) first.
     fn error_of(body: &[u8]) -> io::Error {
-        let code = body.get(..4).map_or(0, |b| i32::from_ne_bytes(b.try_into().expect("4 bytes")));
-        io::Error::from_raw_os_error(-code)
+        io::Error::from_raw_os_error(-nl::error_code(body))
     }
 
     /// `inet_diag_sockid`: sport, dport (big endian), src[4], dst[4] (the
