@@ -546,7 +546,7 @@ fn publish(
     t.service_entries = reconciler.service_entries();
     t.maglev_tables = reconciler.maglev_tables();
     if synced.whole_table {
-        t.set_frontends(reconciler.frontend_ids().into_iter().map(|(id, key, service)| (id, service, key)));
+        t.set_frontends(reconciler.frontend_ids());
     } else {
         for c in &report.changes {
             let now = reconciler.frontend_id(&c.frontend).map(|id| (id, c.service_port.clone()));

@@ -80,9 +80,9 @@ impl Telemetry {
 
     /// Takes the frontends after a sync; zeroes the counter of an id that
     /// now names another frontend than before (ids are reused).
-    pub fn set_frontends(&mut self, ids: impl IntoIterator<Item = (RevNatId, ServicePort, FrontendKey)>) {
+    pub fn set_frontends(&mut self, ids: Vec<(RevNatId, FrontendKey, ServicePort)>) {
         let new: BTreeMap<RevNatId, (ServicePort, FrontendKey)> =
-            ids.into_iter().map(|(id, s, f)| (id, (s, f))).collect();
+            ids.into_iter().map(|(id, key, service)| (id, (service, key))).collect();
         if let Some(counters) = self.counters.as_mut() {
             for (id, labels) in &new {
                 if self.frontends_by_id.get(id) != Some(labels)
