@@ -235,8 +235,12 @@ async fn run_with(
         metrics.service_changes_pending.set(i64::try_from(services).unwrap_or(i64::MAX));
         metrics.endpoint_changes_pending.set(i64::try_from(slices).unwrap_or(i64::MAX));
         let Some(translated) = pipeline.translate(wake, &mut source, &mut datapath.maps).await else { continue };
-        if !observers.attached && crate::resize::before_first_write(&mut datapath, &mut pipeline, &config.load)? {
-            take_counters(&mut datapath, telemetry);
+        if !observers.attached {
+            if crate::resize::before_first_write(&mut datapath, &mut pipeline, &config.load)? {
+                take_counters(&mut datapath, telemetry);
+            }
+            // Loaded beside the write, attached after it.
+            datapath.start_loading_programs()?;
         }
         let mut synced = pipeline.write(translated, &mut datapath.maps);
         resize(&mut datapath, &mut pipeline, &mut synced, &mut observers, config, telemetry)?;

@@ -55,6 +55,8 @@ pub fn after_sync(
     log_resizing(current, next, demand, false);
     let mut moved = Datapath::load_sized(opts, next)?;
     moved.copy_outside_handover(datapath)?;
+    // Loaded beside the write of the whole table.
+    moved.start_loading_programs()?;
     let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
     let written = pipeline.move_to(reconciler, &mut moved.maps);
     if attached {

@@ -19,6 +19,7 @@ use super::{
     links::{self, LinkError, LinkOutcome},
     maglev_map::MaglevMap,
     maps::{KernelMaps, MapError},
+    programs::Programs,
     sessions::SessionMaps,
     sizing::{self, Sizes},
 };
@@ -71,11 +72,11 @@ static MAGLEV_SIZES: [u32; crate::maglev::SIZES.len()] = {
 };
 
 /// The cgroup socket-address programs, by their function names.
-const SOCK_PROGRAMS: &[&str] =
+pub(super) const SOCK_PROGRAMS: &[&str] =
     &["connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6", "getpeername4", "getpeername6"];
 
 /// The TC programs and the direction each attaches to on a device.
-const TC_PROGRAMS: &[(&str, TcAttachType)] =
+pub(super) const TC_PROGRAMS: &[(&str, TcAttachType)] =
     &[("nodeport_ingress", TcAttachType::Ingress), ("nodeport_egress", TcAttachType::Egress)];
 
 /// Prefix of the pinned tcx links: `tc-DEVICE-ingress`, `tc-DEVICE-egress`.
@@ -83,7 +84,7 @@ const TC_LINK_PREFIX: &str = "tc-";
 
 /// The XDP program (`--nodeport-acceleration`), in front of
 /// `nodeport_ingress`.
-const XDP_PROGRAM: &str = "nodeport_xdp";
+pub(super) const XDP_PROGRAM: &str = "nodeport_xdp";
 
 /// Prefix of the pinned XDP links: `xdp-DEVICE`.
 const XDP_LINK_PREFIX: &str = "xdp-";
@@ -183,6 +184,10 @@ pub enum LoadError {
     XdpLoad { source: ProgramError },
     #[error("Maglev table size {size} is not one of {:?}", crate::maglev::SIZES)]
     MaglevSize { size: usize },
+    #[error("cannot start the thread that loads the programs: {source}")]
+    Thread { source: std::io::Error },
+    #[error("the programs failed to load (the error was logged and returned before)")]
+    ProgramsFailed,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -204,8 +209,9 @@ pub enum MarkFlowsError {
 /// fills new maps beside the old ones, then swaps its programs into the
 /// pinned links in one step, so no moment exists with services missing.
 pub struct Datapath {
-    /// Owns the programs and their links.
-    ebpf: Ebpf,
+    /// The programs (loaded on a thread of their own, see
+    /// `super::programs`) and their links.
+    programs: Programs,
     pin_dir: PathBuf,
     cgroup: PathBuf,
     pub maps: KernelMaps,
@@ -216,11 +222,8 @@ pub struct Datapath {
     pub external_stats: Option<ExternalStats>,
     /// `OUTSIDE_HANDOVER`: see `set_outside_handover`.
     handover: HandoverMap,
-    /// Whether the TC programs loaded (traffic from outside can be served).
-    tc_loaded: bool,
-    /// `--nodeport-acceleration`, and whether the XDP program loaded.
+    /// `--nodeport-acceleration`.
     acceleration: Acceleration,
-    xdp_loaded: bool,
     /// Sizes of the services and backends maps of this set.
     sizes: Sizes,
     maglev_size: usize,
@@ -242,12 +245,23 @@ impl Datapath {
     /// sizes: the agent moves to another set once it knows the table (see
     /// `sizing::plan`). With nothing pinned, the maps start small. Nothing
     /// is attached yet: see `attach`.
+    ///
+    /// The programs start loading (on a thread) at once when the maps were
+    /// pinned, beside the read of what they hold; with new small maps they
+    /// wait for the first write, which usually goes to bigger maps made
+    /// then (`crate::resize::before_first_write`): a load now would be
+    /// thrown away, and would take a core from the lists meanwhile.
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
-        let sizes = crate::paths::pinned_sizes(&opts.pin_dir, opts.maglev_size).map_or_else(
+        let pinned = crate::paths::pinned_sizes(&opts.pin_dir, opts.maglev_size);
+        let sizes = pinned.map_or_else(
             || sizing::wanted(sizing::Demand::default(), opts.bounds()),
             |(services, backends, frontends)| Sizes { services, backends, frontends },
         );
-        Self::load_sized(opts, sizes)
+        let mut datapath = Self::load_sized(opts, sizes)?;
+        if pinned.is_some() {
+            datapath.start_loading_programs()?;
+        }
+        Ok(datapath)
     }
 
     /// Loads the programs with maps of `sizes`, pinned in their own
@@ -297,24 +311,6 @@ impl Datapath {
             start_bpf_log(&mut ebpf);
         }
 
-        for name in SOCK_PROGRAMS {
-            let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
-            program.load().map_err(|source| LoadError::Program { name, source })?;
-        }
-        // Without the TC programs (an old kernel, a verifier that rejects
-        // them) clients on the node are still served: say so and go on.
-        let mut tc_loaded = true;
-        for (name, _) in TC_PROGRAMS {
-            let loaded = program::<SchedClassifier>(&mut ebpf, name)
-                .and_then(|p| p.load().map_err(|source| LoadError::Program { name, source }));
-            if let Err(err) = loaded {
-                tracing::error!(%err, "traffic from outside the node (NodePorts, LoadBalancer IPs, externalIPs) is not served: the TC programs cannot be loaded; clients on the node are still served");
-                tc_loaded = false;
-                break;
-            }
-        }
-        let xdp_loaded = tc_loaded && opts.acceleration.wants_xdp() && load_xdp(&mut ebpf, opts.acceleration)?;
-
         let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap { name });
         let services = take(&mut ebpf, map_names::SERVICES)?;
         let backends = take(&mut ebpf, map_names::BACKENDS)?;
@@ -342,8 +338,9 @@ impl Datapath {
         if opts.outside_handover != OutsideHandover::Off {
             tracing::info!(mode = ?opts.outside_handover, "traffic from outside shared with netfilter (--outside-handover)");
         }
+        let programs = Programs::new(ebpf, opts.acceleration);
         Ok(Self {
-            ebpf,
+            programs,
             pin_dir: opts.pin_dir.clone(),
             cgroup: opts.cgroup.clone(),
             maps,
@@ -351,9 +348,7 @@ impl Datapath {
             counters: Some(counters),
             external_stats: Some(external_stats),
             handover,
-            tc_loaded,
             acceleration: opts.acceleration,
-            xdp_loaded,
             sizes,
             maglev_size: opts.maglev_size,
         })
@@ -412,6 +407,14 @@ impl Datapath {
 
     /// Sizes of the services and backends maps this datapath writes.
     #[must_use]
+    /// Starts loading the programs on a thread of their own (see
+    /// `super::programs`), to attach them later: beside the first write
+    /// into maps just made, beside the read of maps a previous agent
+    /// pinned. Attaching starts the load when nothing did.
+    pub fn start_loading_programs(&mut self) -> Result<(), LoadError> {
+        self.programs.start()
+    }
+
     pub const fn sizes(&self) -> Sizes {
         self.sizes
     }
@@ -421,8 +424,9 @@ impl Datapath {
     /// which the programs no longer use.
     pub fn attach(&mut self) -> Result<(), LoadError> {
         let links_dir = self.links_dir()?;
+        let loaded = self.programs.loaded()?;
         for name in SOCK_PROGRAMS {
-            let program: &mut CgroupSockAddr = program(&mut self.ebpf, name)?;
+            let program: &mut CgroupSockAddr = program(&mut loaded.ebpf, name)?;
             let outcome = links::attach_cgroup(program, name, &self.cgroup, &links_dir.join(name))?;
             tracing::info!(program = name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         }
@@ -440,14 +444,14 @@ impl Datapath {
     pub fn attach_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
         let links_dir = self.links_dir()?;
         let mut results = Vec::new();
-        if !self.tc_loaded {
+        if !self.programs.loaded()?.tc_loaded {
             return Ok(results);
         }
         let mut wanted = Vec::new();
         for device in devices {
             let mut result = Ok(());
             for (name, direction) in TC_PROGRAMS {
-                let program: &mut SchedClassifier = program(&mut self.ebpf, name)?;
+                let program: &mut SchedClassifier = program(&mut self.programs.loaded()?.ebpf, name)?;
                 let pin = links_dir.join(tc_link_name(device, *direction));
                 match links::attach_tc(program, name, device, *direction, &pin) {
                     Ok(outcome) => {
@@ -489,10 +493,11 @@ impl Datapath {
     /// device without native XDP is logged: an error for `native`, a
     /// warning for `best-effort`; the TC programs serve it either way.
     fn attach_xdp(&mut self, device: &str, pin: &Path) -> Result<bool, LoadError> {
-        if !self.xdp_loaded {
+        let loaded = self.programs.loaded()?;
+        if !loaded.xdp_loaded {
             return Ok(false);
         }
-        let program: &mut Xdp = program(&mut self.ebpf, XDP_PROGRAM)?;
+        let program: &mut Xdp = program(&mut loaded.ebpf, XDP_PROGRAM)?;
         let attached = match links::attach_xdp(program, XDP_PROGRAM, device, pin) {
             Ok(outcome) => {
                 if outcome != LinkOutcome::Updated {
@@ -529,35 +534,36 @@ impl Datapath {
         Ok(links_dir)
     }
 
-    /// Whether the TC programs loaded.
-    #[must_use]
-    pub fn serves_external_traffic(&self) -> bool {
-        self.tc_loaded
+    /// Whether the TC programs loaded (waiting for the load; false when
+    /// the programs failed to load, which `attach` returns).
+    pub fn serves_external_traffic(&mut self) -> bool {
+        self.programs.loaded().is_ok_and(|loaded| loaded.tc_loaded)
     }
 
     /// A loaded TC program, for tests that run it on crafted packets
     /// (`BPF_PROG_TEST_RUN`): `nodeport_ingress` or `nodeport_egress`.
     #[must_use]
     pub fn tc_program(&self, name: &str) -> Option<&SchedClassifier> {
-        self.ebpf.program(name)?.try_into().ok()
+        self.programs.get()?.ebpf.program(name)?.try_into().ok()
     }
 
     /// The loaded XDP program (`--nodeport-acceleration`), for tests that
     /// run it on crafted packets.
     #[must_use]
     pub fn xdp_program(&self) -> Option<&Xdp> {
-        self.ebpf.program(XDP_PROGRAM)?.try_into().ok()
+        self.programs.get()?.ebpf.program(XDP_PROGRAM)?.try_into().ok()
     }
 
     /// Ids of the loaded programs (for logs and tests).
     #[must_use]
     pub fn program_ids(&self) -> Vec<u32> {
-        self.ebpf.programs().filter_map(|(_, p)| p.info().ok().map(|i| i.id())).collect()
+        let Some(loaded) = self.programs.get() else { return Vec::new() };
+        loaded.ebpf.programs().filter_map(|(_, p)| p.info().ok().map(|i| i.id())).collect()
     }
 }
 
 /// Program `name` of the object, as its type `T`.
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, LoadError>
+pub(super) fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, LoadError>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
 {
@@ -576,20 +582,6 @@ fn tc_link_name(device: &str, direction: TcAttachType) -> String {
 /// The pin name of the XDP link of `device`.
 fn xdp_link_name(device: &str) -> String {
     format!("{XDP_LINK_PREFIX}{device}")
-}
-
-/// Loads the XDP program; whether it loaded. A failure is an error for
-/// `native`, a warning (the TC programs alone) for `best-effort`.
-fn load_xdp(ebpf: &mut Ebpf, acceleration: Acceleration) -> Result<bool, LoadError> {
-    let program: &mut Xdp = program(ebpf, XDP_PROGRAM)?;
-    match program.load() {
-        Ok(()) => Ok(true),
-        Err(source) if acceleration == Acceleration::Native => Err(LoadError::XdpLoad { source }),
-        Err(err) => {
-            tracing::warn!(%err, "--nodeport-acceleration=best-effort: the XDP program cannot be loaded; the TC programs alone serve traffic from outside");
-            Ok(false)
-        }
-    }
 }
 
 /// Unpins maps of other layouts than `current` (and of the unversioned

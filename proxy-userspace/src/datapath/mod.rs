@@ -20,6 +20,7 @@ pub mod maps;
 pub mod names;
 pub mod netfilter_flows;
 mod netlink;
+mod programs;
 pub mod reconcile;
 pub mod sessions;
 pub mod sizing;

@@ -1,0 +1,130 @@
+//! The programs of a datapath, loaded into the kernel on a thread of their
+//! own while the agent goes on with the maps.
+//!
+//! The verifier takes ~0.2 s for the whole object on this project's test
+//! machine, and a start does it once more when it moves to maps sized for
+//! the cluster (`crate::resize`). The programs are needed only to attach
+//! them, after the first write: so the load runs beside that write (and,
+//! after a restart, beside the read of the pinned maps) instead of before
+//! it. A failure is logged when it happens and returned where the programs
+//! are first needed (`Programs::loaded`). See docs/design.md, "Start".
+use std::thread::JoinHandle;
+
+use aya::{
+    Ebpf,
+    programs::{CgroupSockAddr, SchedClassifier, Xdp},
+};
+
+use super::{
+    acceleration::Acceleration,
+    loader::{LoadError, SOCK_PROGRAMS, TC_PROGRAMS, XDP_PROGRAM, program},
+};
+
+/// The object's programs, loaded into the kernel.
+pub struct Loaded {
+    /// Owns the programs (and the maps not taken out of it).
+    pub ebpf: Ebpf,
+    /// Whether the TC programs loaded (traffic from outside can be served).
+    pub tc_loaded: bool,
+    /// Whether the XDP program loaded (`--nodeport-acceleration`).
+    pub xdp_loaded: bool,
+}
+
+/// A datapath's programs: being loaded, loaded, or neither (their load
+/// failed, and the error was returned once).
+pub struct Programs {
+    /// The object with its maps taken out, until `start`.
+    waiting: Option<(Ebpf, Acceleration)>,
+    loading: Option<JoinHandle<Result<Loaded, LoadError>>>,
+    loaded: Option<Loaded>,
+}
+
+impl Programs {
+    /// The programs of `ebpf` (its maps made), to load when `start` (or
+    /// `loaded`) is called.
+    pub const fn new(ebpf: Ebpf, acceleration: Acceleration) -> Self {
+        Self { waiting: Some((ebpf, acceleration)), loading: None, loaded: None }
+    }
+
+    /// Starts loading the programs on a thread (once).
+    pub fn start(&mut self) -> Result<(), LoadError> {
+        let Some((ebpf, acceleration)) = self.waiting.take() else { return Ok(()) };
+        let handle = std::thread::Builder::new()
+            .name("load-programs".into())
+            .spawn(move || {
+                let loaded = load(ebpf, acceleration);
+                if let Err(err) = &loaded {
+                    tracing::error!(%err, "cannot load the programs; the agent stops once the first sync is written");
+                }
+                loaded
+            })
+            .map_err(|source| LoadError::Thread { source })?;
+        self.loading = Some(handle);
+        Ok(())
+    }
+
+    /// The loaded programs, waiting for the load to finish; its error the
+    /// first time (`LoadError::ProgramsFailed` after that).
+    pub fn loaded(&mut self) -> Result<&mut Loaded, LoadError> {
+        self.start()?;
+        if let Some(handle) = self.loading.take() {
+            let loaded = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+            self.loaded = Some(loaded);
+        }
+        self.loaded.as_mut().ok_or(LoadError::ProgramsFailed)
+    }
+
+    /// The programs when their load has been waited for (`loaded`).
+    pub const fn get(&self) -> Option<&Loaded> {
+        self.loaded.as_ref()
+    }
+}
+
+/// A datapath dropped while its programs load (a start that moves to
+/// bigger maps before its first write) waits for the load, so that no
+/// program outlives it unseen (a test's cleanup, `cleanup` after a stop).
+impl Drop for Programs {
+    fn drop(&mut self) {
+        if let Some(handle) = self.loading.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Loads the socket programs (a failure is an error), the TC programs (a
+/// failure leaves traffic from outside unserved, with an error logged) and
+/// the XDP program when `acceleration` wants it.
+fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError> {
+    for name in SOCK_PROGRAMS {
+        let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
+        program.load().map_err(|source| LoadError::Program { name, source })?;
+    }
+    // Without the TC programs (an old kernel, a verifier that rejects
+    // them) clients on the node are still served: say so and go on.
+    let mut tc_loaded = true;
+    for (name, _) in TC_PROGRAMS {
+        let loaded = program::<SchedClassifier>(&mut ebpf, name)
+            .and_then(|p| p.load().map_err(|source| LoadError::Program { name, source }));
+        if let Err(err) = loaded {
+            tracing::error!(%err, "traffic from outside the node (NodePorts, LoadBalancer IPs, externalIPs) is not served: the TC programs cannot be loaded; clients on the node are still served");
+            tc_loaded = false;
+            break;
+        }
+    }
+    let xdp_loaded = tc_loaded && acceleration.wants_xdp() && load_xdp(&mut ebpf, acceleration)?;
+    Ok(Loaded { ebpf, tc_loaded, xdp_loaded })
+}
+
+/// Loads the XDP program; whether it loaded. A failure is an error for
+/// `native`, a warning (the TC programs alone) for `best-effort`.
+fn load_xdp(ebpf: &mut Ebpf, acceleration: Acceleration) -> Result<bool, LoadError> {
+    let program: &mut Xdp = program(ebpf, XDP_PROGRAM)?;
+    match program.load() {
+        Ok(()) => Ok(true),
+        Err(source) if acceleration == Acceleration::Native => Err(LoadError::XdpLoad { source }),
+        Err(err) => {
+            tracing::warn!(%err, "--nodeport-acceleration=best-effort: the XDP program cannot be loaded; the TC programs alone serve traffic from outside");
+            Ok(false)
+        }
+    }
+}
