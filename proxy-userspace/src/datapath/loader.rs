@@ -406,7 +406,6 @@ impl Datapath {
     }
 
     /// Sizes of the services and backends maps this datapath writes.
-    #[must_use]
     /// Starts loading the programs on a thread of their own (see
     /// `super::programs`), to attach them later: beside the first write
     /// into maps just made, beside the read of maps a previous agent
@@ -415,6 +414,7 @@ impl Datapath {
         self.programs.start()
     }
 
+    #[must_use]
     pub const fn sizes(&self) -> Sizes {
         self.sizes
     }
@@ -444,7 +444,7 @@ impl Datapath {
     pub fn attach_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
         let links_dir = self.links_dir()?;
         let mut results = Vec::new();
-        if !self.programs.loaded()?.tc_loaded {
+        if !self.programs.loaded()?.tc {
             return Ok(results);
         }
         let mut wanted = Vec::new();
@@ -494,7 +494,7 @@ impl Datapath {
     /// warning for `best-effort`; the TC programs serve it either way.
     fn attach_xdp(&mut self, device: &str, pin: &Path) -> Result<bool, LoadError> {
         let loaded = self.programs.loaded()?;
-        if !loaded.xdp_loaded {
+        if !loaded.xdp {
             return Ok(false);
         }
         let program: &mut Xdp = program(&mut loaded.ebpf, XDP_PROGRAM)?;
@@ -537,7 +537,7 @@ impl Datapath {
     /// Whether the TC programs loaded (waiting for the load; false when
     /// the programs failed to load, which `attach` returns).
     pub fn serves_external_traffic(&mut self) -> bool {
-        self.programs.loaded().is_ok_and(|loaded| loaded.tc_loaded)
+        self.programs.loaded().is_ok_and(|loaded| loaded.tc)
     }
 
     /// A loaded TC program, for tests that run it on crafted packets

@@ -25,9 +25,9 @@ pub struct Loaded {
     /// Owns the programs (and the maps not taken out of it).
     pub ebpf: Ebpf,
     /// Whether the TC programs loaded (traffic from outside can be served).
-    pub tc_loaded: bool,
+    pub tc: bool,
     /// Whether the XDP program loaded (`--nodeport-acceleration`).
-    pub xdp_loaded: bool,
+    pub xdp: bool,
 }
 
 /// A datapath's programs: being loaded, loaded, or neither (their load
@@ -112,7 +112,7 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
         }
     }
     let xdp_loaded = tc_loaded && acceleration.wants_xdp() && load_xdp(&mut ebpf, acceleration)?;
-    Ok(Loaded { ebpf, tc_loaded, xdp_loaded })
+    Ok(Loaded { ebpf, tc: tc_loaded, xdp: xdp_loaded })
 }
 
 /// Loads the XDP program; whether it loaded. A failure is an error for
