@@ -84,12 +84,13 @@ impl Telemetry {
         let new: BTreeMap<RevNatId, (ServicePort, FrontendKey)> =
             ids.into_iter().map(|(id, key, service)| (id, (service, key))).collect();
         if let Some(counters) = self.counters.as_mut() {
-            for (id, labels) in &new {
-                if self.frontends_by_id.get(id) != Some(labels)
-                    && let Err(err) = counters.reset(*id)
-                {
-                    tracing::warn!(id, %err, "cannot reset a connection counter");
-                }
+            let reset: Vec<RevNatId> = new
+                .iter()
+                .filter(|(id, labels)| self.frontends_by_id.get(id) != Some(labels))
+                .map(|(id, _)| *id)
+                .collect();
+            if let Err(err) = counters.reset_all(&reset) {
+                tracing::warn!(frontends = reset.len(), %err, "cannot reset the connection counters of new frontends");
             }
         }
         self.id_of = new.iter().map(|(id, (_, f))| (*f, *id)).collect();

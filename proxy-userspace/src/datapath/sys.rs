@@ -123,10 +123,27 @@ pub fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Resu
 /// (Kernels before 5.6 answer `EINVAL`, having written none.)
 pub fn map_update_batch<K, V>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> (usize, io::Result<()>) {
     assert_eq!(keys.len(), values.len(), "one value per key");
+    update_batch(map, keys, values.as_ptr() as u64)
+}
+
+/// `map_update_batch` for a per-CPU map of `u64` values: `values` holds
+/// `cpus` (the possible CPUs) values per key, key after key.
+pub fn map_update_batch_per_cpu<K>(
+    map: BorrowedFd<'_>,
+    keys: &[K],
+    values: &[u64],
+    cpus: usize,
+) -> (usize, io::Result<()>) {
+    assert_eq!(keys.len() * cpus, values.len(), "one value per key and CPU");
+    update_batch(map, keys, values.as_ptr() as u64)
+}
+
+/// `BPF_MAP_UPDATE_BATCH` of `keys` and the values at `values`.
+fn update_batch<K>(map: BorrowedFd<'_>, keys: &[K], values: u64) -> (usize, io::Result<()>) {
     let count = u32::try_from(keys.len()).expect("batches are small");
     // struct { __aligned_u64 in_batch, out_batch, keys, values;
     //          __u32 count, map_fd; __u64 elem_flags, flags; } batch
-    let mut attr = [0, 0, keys.as_ptr() as u64, values.as_ptr() as u64, u64::from(count) | (fd_u64(map) << 32), 0, 0];
+    let mut attr = [0, 0, keys.as_ptr() as u64, values, u64::from(count) | (fd_u64(map) << 32), 0, 0];
     let result = bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map(drop);
     // The kernel writes back how many it processed, also on error.
     #[expect(clippy::cast_possible_truncation, reason = "count is the low 32 bits")]
