@@ -57,7 +57,8 @@ pub fn after_sync(
     moved.copy_outside_handover(datapath)?;
     // Loaded beside the write of the whole table.
     moved.start_loading_programs()?;
-    let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
+    let (mut reconciler, _) = Reconciler::recover(&mut moved.maps)?;
+    reconciler.reserve_backends(demand.backends);
     let written = pipeline.move_to(reconciler, &mut moved.maps);
     if attached {
         moved.attach()?;
@@ -84,27 +85,33 @@ pub fn after_sync(
 /// is counted once (a sorted list of every backend: ~20 MB and a sort at
 /// 1,000,000 backends).
 #[must_use]
-pub fn before_first_write_sizes(pipeline: &Pipeline, current: Sizes, bounds: Sizes) -> Option<(Sizes, sizing::Demand)> {
+pub fn before_first_write_sizes(pipeline: &Pipeline, current: Sizes, bounds: Sizes) -> (Option<Sizes>, sizing::Demand) {
     let demand = sizing::demand(pipeline.model().table());
-    Some((sizing::plan(current, demand, Full::default(), bounds)?, demand))
+    (sizing::plan(current, demand, Full::default(), bounds), demand)
 }
 
 /// Before the first write (nothing attached yet): moves `datapath` to maps
 /// sized for the table `pipeline` translated, when its maps cannot hold
 /// it; the write that follows fills them, and the first `attach` swaps the
-/// programs over. Whether it moved.
+/// programs over. Whether it moved. Either way the reconciler makes room
+/// for the table's backends at once.
 pub fn before_first_write(
     datapath: &mut Datapath,
     pipeline: &mut Pipeline,
     opts: &LoadOptions,
 ) -> anyhow::Result<bool> {
     let current = datapath.sizes();
-    let Some((next, demand)) = before_first_write_sizes(pipeline, current, opts.bounds()) else { return Ok(false) };
+    let (next, demand) = before_first_write_sizes(pipeline, current, opts.bounds());
+    let Some(next) = next else {
+        pipeline.reserve_backends(demand.backends);
+        return Ok(false);
+    };
     log_resizing(current, next, demand, true);
     let mut moved = Datapath::load_sized(opts, next)?;
     moved.copy_outside_handover(datapath)?;
     let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
     pipeline.write_through(reconciler);
+    pipeline.reserve_backends(demand.backends);
     *datapath = moved;
     Ok(true)
 }

@@ -472,8 +472,11 @@ fn start_sized_before_first_write() -> Result<(), String> {
     if !translated.whole_table() {
         return Err("a start compares the whole table".into());
     }
-    let (next, _) = ebpf_proxy::resize::before_first_write_sizes(pipeline, current, bounds)
-        .ok_or("the start stays in maps too small for it")?;
+    let (next, demand) = ebpf_proxy::resize::before_first_write_sizes(pipeline, current, bounds);
+    let next = next.ok_or("the start stays in maps too small for it")?;
+    if demand.backends != 2100 {
+        return Err(format!("counted {} distinct backends, not 2,100", demand.backends));
+    }
     // 4,200 entries, twice that rounded up; 2,100 backends fit 4,096.
     if next.services != 16_384 || next.backends != min {
         return Err(format!("planned {next:?}"));
@@ -481,6 +484,7 @@ fn start_sized_before_first_write() -> Result<(), String> {
     let mut sized = FakeMaps { capacity: Some(next.services as usize), ..FakeMaps::default() };
     let (reconciler, _) = Reconciler::recover(&mut sized).map_err(|e| format!("recover: {e}"))?;
     pipeline.write_through(reconciler);
+    pipeline.reserve_backends(demand.backends);
     let synced = pipeline.write(translated, &mut sized);
     if !synced.report.failures.is_empty() || pipeline.reconciler().frontend_count() != 2100 {
         return Err(format!(

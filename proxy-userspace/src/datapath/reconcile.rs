@@ -400,6 +400,12 @@ impl Reconciler {
         Counts::sum(self.frontends.values().map(Some).map(Counts::of))
     }
 
+    /// Makes room at once for a table of `backends` distinct backends
+    /// (`datapath::sizing::Demand`), before writing it whole.
+    pub fn reserve_backends(&mut self, backends: usize) {
+        self.backends.reserve_for(backends);
+    }
+
     /// Number of backends in the maps.
     #[must_use]
     pub fn backend_count(&self) -> usize {
