@@ -91,7 +91,7 @@ pub fn answer(request: &Request, source: &impl ChangeSource, node: Option<&NodeC
     let Some(node) = node else {
         return not("the agent has not translated its first table yet; ask again once it has".to_owned());
     };
-    let id = (request.namespace.clone(), request.name.clone());
+    let id = crate::model::ServiceId::new(&request.namespace, &request.name);
     let Some((service, slices)) = source.inputs(&id) else {
         return not(format!(
             "the agent holds no Service {}/{} (removed since the maps were read? run explain again)",

@@ -28,10 +28,9 @@ pub enum ServiceType {
 /// One Service as the model reads it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceSpec {
-    /// `metadata.namespace` (`default` when unset).
-    pub namespace: String,
-    /// `metadata.name` (`<unnamed>` when unset).
-    pub name: String,
+    /// `metadata.namespace` (`default` when unset) and `metadata.name`
+    /// (`<unnamed>` when unset), shared with every holder of the id.
+    pub id: ServiceId,
     /// The value of the `service.kubernetes.io/service-proxy-name` label.
     pub service_proxy_name: Option<String>,
     /// The object has no `spec` (the fields below are then unset).
@@ -82,12 +81,23 @@ pub struct IngressSpec {
 impl ServiceSpec {
     #[must_use]
     pub fn object_ref(&self) -> ObjectRef {
-        ObjectRef::new("Service", Some(&self.namespace), Some(&self.name))
+        ObjectRef::new("Service", Some(self.namespace()), Some(self.name()))
+    }
+
+    /// The id (a shared copy).
+    #[must_use]
+    pub fn id(&self) -> ServiceId {
+        self.id.clone()
     }
 
     #[must_use]
-    pub fn id(&self) -> ServiceId {
-        (self.namespace.clone(), self.name.clone())
+    pub fn namespace(&self) -> &str {
+        self.id.namespace()
+    }
+
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.id.name()
     }
 }
 

@@ -8,6 +8,7 @@ mod frontends;
 mod input;
 mod problem;
 mod service;
+mod service_id;
 
 pub use service::NoLocalEndpoints;
 mod state;

@@ -16,8 +16,7 @@ use super::{
     table::{HealthCheck, NodeContext},
 };
 
-/// A service by namespace and name (its EndpointSlices name it so).
-pub type ServiceId = (String, String);
+pub use super::service_id::ServiceId;
 
 /// What an update changed.
 #[derive(Debug, Default)]
@@ -252,7 +251,7 @@ impl TableState {
 /// The Service `id` names (not kept in each service's output: its id
 /// says it).
 fn service_ref(id: &ServiceId) -> ObjectRef {
-    ObjectRef::new("Service", Some(&id.0), Some(&id.1))
+    ObjectRef::new("Service", Some(id.namespace()), Some(id.name()))
 }
 
 /// The reason a service is skipped for, when it is not the one it was

@@ -28,30 +28,31 @@ const UNNAMED: &str = "<unnamed>";
 /// The id of a Service: what its converted form's `id()` is.
 #[must_use]
 pub fn service_id(svc: &Service) -> ServiceId {
-    id(&svc.metadata)
+    let (namespace, name) = names(&svc.metadata);
+    ServiceId::new(namespace, name)
 }
 
 /// The id of an EndpointSlice: what its stored form's `id()` is.
 #[must_use]
 pub fn slice_id(slice: &EndpointSlice) -> SliceId {
-    id(&slice.metadata)
+    let (namespace, name) = names(&slice.metadata);
+    (namespace.to_owned(), name.to_owned())
 }
 
 /// Namespace and name, as `crate::model::ObjectRef` names an object.
-fn id(meta: &ObjectMeta) -> (String, String) {
-    (
-        meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE).to_owned(),
-        meta.name.as_deref().unwrap_or(UNNAMED).to_owned(),
-    )
+fn names(meta: &ObjectMeta) -> (&str, &str) {
+    (meta.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE), meta.name.as_deref().unwrap_or(UNNAMED))
 }
 
 impl From<&Service> for ServiceSpec {
     fn from(svc: &Service) -> Self {
         let meta = &svc.metadata;
         let label = |key: &str| meta.labels.as_ref().and_then(|l| l.get(key)).cloned();
-        let (namespace, name) = service_id(svc);
-        let mut out =
-            Self { namespace, name, service_proxy_name: label(super::labels::SERVICE_PROXY_NAME), ..Self::default() };
+        let mut out = Self {
+            id: service_id(svc),
+            service_proxy_name: label(super::labels::SERVICE_PROXY_NAME),
+            ..Self::default()
+        };
         out.no_spec = svc.spec.is_none();
         if let Some(spec) = &svc.spec {
             out.service_type = match spec.type_.as_deref() {
@@ -96,7 +97,7 @@ impl From<&EndpointSlice> for SliceSpec {
         let (namespace, name) = slice_id(slice);
         let owner = slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL));
         Self {
-            owner: owner.map(|owner| (namespace.clone(), owner.clone())),
+            owner: owner.map(|owner| ServiceId::new(&namespace, owner)),
             namespace: namespace.into(),
             name: name.into(),
             address_type: match slice.address_type.as_str() {
@@ -161,7 +162,7 @@ mod tests {
              addressType: FQDN\nports: [{name: http}]\nendpoints:\n- addresses: [a.example, b.example]\n- addresses: [\"10.0.0.1\"]\n  conditions: {ready: false, terminating: true}\n  hints: {forZones: [{name: z1}], forNodes: [{name: n1}]}\n",
         );
         let svc = &services[0];
-        assert_eq!((svc.namespace.as_str(), svc.name.as_str()), ("default", "web"));
+        assert_eq!((svc.namespace(), svc.name()), ("default", "web"));
         assert_eq!(svc.service_proxy_name.as_deref(), Some("other"));
         assert_eq!(svc.service_type, ServiceType::ClusterIp, "an unknown type is served as ClusterIP");
         assert_eq!(svc.client_ip_affinity, Some(None));
@@ -174,7 +175,7 @@ mod tests {
             ]
         );
         let slice = &slices[0];
-        assert_eq!(slice.owner, Some(("ns".into(), "web".into())));
+        assert_eq!(slice.owner, Some(ServiceId::new("ns", "web")));
         assert_eq!(slice.address_type, AddressType::Other);
         assert_eq!((&*slice.ports[0].name, &*slice.ports[0].protocol, slice.ports[0].port), ("http", "TCP", None));
         let [first, second] = &*slice.endpoints else { panic!("two endpoints") };
@@ -214,7 +215,7 @@ mod tests {
         assert!(!objects.slices.is_empty());
         for (object, spec) in objects.slices.iter().zip(objects.inputs().1) {
             let label = object.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL));
-            assert_eq!(spec.owner.as_ref().map(|o| &o.1), label);
+            assert_eq!(spec.owner.as_ref().map(|o| o.name().to_owned()).as_ref(), label);
             assert_eq!(spec.endpoints.len(), object.endpoints.as_ref().map_or(0, Vec::len));
         }
     }

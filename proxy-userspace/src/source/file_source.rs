@@ -166,7 +166,7 @@ impl ChangeSource for FileSource {
 
     fn inputs(&self, service: &ServiceId) -> Option<ServiceInputs> {
         let Some(Snapshot::Full { services, slices, .. }) = &self.delivered else { return None };
-        let svc = services.iter().find(|s| s.namespace == service.0 && s.name == service.1)?;
+        let svc = services.iter().find(|s| &s.id == service)?;
         let slices = slices.iter().filter(|s| s.owner() == Some(service)).cloned().collect();
         Some((svc.clone(), slices))
     }
@@ -260,7 +260,7 @@ mod tests {
     async fn inputs_are_those_delivered() {
         let dir = tempfile::tempdir().unwrap();
         let (mut source, _) = source(&dir);
-        let id: ServiceId = ("default".into(), "a".into());
+        let id = ServiceId::new("default", "a");
         assert!(source.inputs(&id).is_none(), "nothing delivered yet");
         let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\naddressType: IPv4\n\
             metadata: {name: a-1, labels: {kubernetes.io/service-name: a}}\nendpoints: []\n";
@@ -269,9 +269,9 @@ mod tests {
         source.changed().await;
         source.snapshot().unwrap();
         let (service, slices) = source.inputs(&id).unwrap();
-        assert_eq!(service.name, "a");
+        assert_eq!(service.name(), "a");
         assert_eq!(slices.iter().map(|s| s.id().1).collect::<Vec<_>>(), ["a-1"]);
-        assert!(source.inputs(&("default".into(), "b".into())).is_none());
+        assert!(source.inputs(&ServiceId::new("default", "b")).is_none());
     }
 
     #[tokio::test]

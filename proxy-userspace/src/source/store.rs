@@ -179,10 +179,11 @@ impl ObjectStore {
                 let id = convert::service_id(&svc);
                 let version = svc.metadata.resource_version.as_deref();
                 if !self.services.unchanged(&id, version) {
+                    let spec = self.service_spec(&svc);
                     if self.services.listed {
-                        self.pending.services.insert(id.clone());
+                        self.pending.services.insert(spec.id());
                     }
-                    self.services.upsert(id, version, ServiceSpec::from(&svc));
+                    self.services.upsert(spec.id(), version, spec);
                 }
             }
             Event::InitDone => {
@@ -192,9 +193,9 @@ impl ObjectStore {
             }
             Event::Apply(svc) => {
                 self.pending.events.0 += 1;
-                let id = convert::service_id(&svc);
-                self.pending.services.insert(id.clone());
-                self.services.upsert(id, svc.metadata.resource_version.as_deref(), ServiceSpec::from(&svc));
+                let spec = self.service_spec(&svc);
+                self.pending.services.insert(spec.id());
+                self.services.upsert(spec.id(), svc.metadata.resource_version.as_deref(), spec);
             }
             Event::Delete(svc) => {
                 self.pending.events.0 += 1;
@@ -215,7 +216,7 @@ impl ObjectStore {
                 if self.slices.unchanged(&id, version) {
                     return;
                 }
-                let slice = StoredSlice::from(&obj);
+                let slice = self.stored_slice(&obj);
                 // The first list is read whole after it: no need to note
                 // what it touches.
                 let mut first_list = BTreeSet::new();
@@ -237,7 +238,7 @@ impl ObjectStore {
                 self.pending.ended_list(relist, touched);
             }
             Event::Apply(obj) => {
-                let slice = StoredSlice::from(&obj);
+                let slice = self.stored_slice(&obj);
                 self.pending.events.1 += 1;
                 self.triggers.extend(trigger_time(&obj));
                 let id = convert::slice_id(&obj);
@@ -252,6 +253,35 @@ impl ObjectStore {
                 self.index.set(&id, before.as_ref().map(|o| &*o.value), None, &mut self.pending.services);
             }
         }
+    }
+
+    /// `svc` converted, its id shared with what the store holds already
+    /// (the Service's previous version, or the slices that name it).
+    fn service_spec(&self, svc: &Service) -> ServiceSpec {
+        let mut spec = ServiceSpec::from(svc);
+        spec.id = self.shared_id(spec.id);
+        spec
+    }
+
+    /// `obj` converted, the id of the service it names shared likewise.
+    fn stored_slice(&self, obj: &EndpointSlice) -> StoredSlice {
+        let mut slice = StoredSlice::from(obj);
+        if let Some(owner) = slice.spec.owner.take() {
+            slice.spec.owner = Some(self.shared_id(owner));
+        }
+        slice
+    }
+
+    /// The store's copy of `id` when it holds one, else `id`: each
+    /// service's id is allocated once however many hold it (see
+    /// `crate::model::ServiceId`).
+    fn shared_id(&self, id: ServiceId) -> ServiceId {
+        self.services
+            .live
+            .get_key_value(&id)
+            .map(|(held, _)| held.clone())
+            .or_else(|| self.index.shared_id(&id))
+            .unwrap_or(id)
     }
 
     /// Takes in a Node watch event (the source watches this node's only).
@@ -375,7 +405,11 @@ mod tests {
         Service { metadata: meta(name, version), ..Service::default() }
     }
 
-    fn id(name: &str) -> (String, String) {
+    fn id(name: &str) -> ServiceId {
+        ServiceId::new("ns", name)
+    }
+
+    fn slice_id(name: &str) -> (String, String) {
         ("ns".into(), name.into())
     }
 
@@ -398,6 +432,38 @@ mod tests {
         match &delivery.snapshot {
             Snapshot::Changed { services, .. } => services.iter().map(|c| c.id.clone()).collect(),
             Snapshot::Full { .. } => panic!("a full snapshot"),
+        }
+    }
+
+    /// Each service's id is held once, whichever of the Service and its
+    /// slices came first: by the store's key, the converted Service, every
+    /// slice's owner and the slice index.
+    #[test]
+    fn a_service_and_its_slices_share_one_id() {
+        for service_first in [true, false] {
+            let mut store = listed();
+            let service =
+                |store: &mut ObjectStore, version| store.service_event(Event::Apply(service_object("web", version)));
+            if service_first {
+                service(&mut store, "1");
+            }
+            store.slice_event(Event::Apply(slice_object("web-a", "web", "1", "2024-01-01T00:00:00Z")));
+            store.slice_event(Event::Apply(slice_object("web-b", "web", "1", "2024-01-01T00:00:00Z")));
+            if !service_first {
+                service(&mut store, "1");
+            }
+            // A new version of the Service keeps the copy.
+            service(&mut store, "2");
+            let (key, entry) = store.services.live.get_key_value(&id("web")).unwrap();
+            let owners: Vec<ServiceId> = ["web-a", "web-b"]
+                .iter()
+                .map(|s| store.slices.get(&slice_id(s)).unwrap().owner().unwrap().clone())
+                .collect();
+            let indexed = store.index.shared_id(&id("web")).unwrap();
+            assert!(
+                key.shares(&entry.value.id) && owners.iter().all(|o| o.shares(key)) && indexed.shares(key),
+                "service first: {service_first}"
+            );
         }
     }
 
@@ -456,7 +522,8 @@ mod tests {
     fn a_relist_keeps_unchanged_objects_where_they_are() {
         let mut store = listed();
         store.take();
-        let held = |store: &ObjectStore| (store.services.get(&id("web")).unwrap(), store.slices.get(&id("a")).unwrap());
+        let held =
+            |store: &ObjectStore| (store.services.get(&id("web")).unwrap(), store.slices.get(&slice_id("a")).unwrap());
         let (service, slice) = held(&store);
         store.service_event(Event::Init);
         store.service_event(Event::InitApply(service_object("web", "1")));

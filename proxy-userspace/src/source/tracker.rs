@@ -56,6 +56,13 @@ impl SliceIndex {
         self.slices_of.get(service).into_iter().flatten()
     }
 
+    /// The index's copy of `service`'s id, when a slice names it (for the
+    /// store to share one copy: see `crate::model::ServiceId`).
+    #[must_use]
+    pub fn shared_id(&self, service: &ServiceId) -> Option<ServiceId> {
+        self.slices_of.get_key_value(service).map(|(id, _)| id.clone())
+    }
+
     /// Whether no slice names a service.
     #[must_use]
     pub fn is_empty(&self) -> bool {
@@ -89,6 +96,10 @@ mod tests {
         (ns.into(), name.into())
     }
 
+    fn service(ns: &str, name: &str) -> ServiceId {
+        ServiceId::new(ns, name)
+    }
+
     #[test]
     fn a_slice_that_moves_to_another_service_touches_both() {
         let mut index = SliceIndex::default();
@@ -96,9 +107,9 @@ mod tests {
         let mut touched = BTreeSet::new();
         let before = slice("a", "web-1", Some("web"));
         index.set(&id("a", "web-1"), Some(&before), Some(&slice("a", "web-1", Some("api"))), &mut touched);
-        assert_eq!(touched, BTreeSet::from([id("a", "web"), id("a", "api")]));
-        assert_eq!(index.slices_of(&id("a", "web")).count(), 0);
-        assert_eq!(index.slices_of(&id("a", "api")).collect::<Vec<_>>(), [&id("a", "web-1")]);
+        assert_eq!(touched, BTreeSet::from([service("a", "web"), service("a", "api")]));
+        assert_eq!(index.slices_of(&service("a", "web")).count(), 0);
+        assert_eq!(index.slices_of(&service("a", "api")).collect::<Vec<_>>(), [&id("a", "web-1")]);
     }
 
     #[test]
@@ -109,7 +120,7 @@ mod tests {
         let mut touched = BTreeSet::new();
         index.set(&id("a", "web-1"), Some(&one), None, &mut touched);
         index.set(&id("a", "web-2"), Some(&two), Some(&slice("a", "web-2", None)), &mut touched);
-        assert_eq!(touched, BTreeSet::from([id("a", "web")]));
+        assert_eq!(touched, BTreeSet::from([service("a", "web")]));
         assert!(index.is_empty());
     }
 
@@ -129,7 +140,7 @@ mod tests {
                 let name = format!("s{n}");
                 let before: BTreeMap<ServiceId, BTreeSet<SliceId>> = services
                     .iter()
-                    .map(|s| (id("ns", s), index.slices_of(&id("ns", s)).cloned().collect()))
+                    .map(|s| (service("ns", s), index.slices_of(&service("ns", s)).cloned().collect()))
                     .collect();
                 let mut touched = BTreeSet::new();
                 if deletes[i] {
