@@ -115,7 +115,7 @@ pub fn explain_entry(
         .ok_or(NotExplained::NoSuchEntry(key))?;
     // In the model's order (by namespace and name), so the answer is stable.
     let mut slices = slices.to_vec();
-    slices.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    slices.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(Explained {
         port_name: port.name.clone(),
         local_only: selection.local_node.is_some(),

@@ -12,7 +12,7 @@
 //! `crate::source::convert`, nowhere else.
 use std::{fmt, net::IpAddr, sync::Arc};
 
-use super::{ObjectRef, ServiceId};
+use super::{ObjectRef, ServiceId, SliceId};
 
 /// `spec.type` of a Service.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,10 +114,9 @@ pub enum AddressType {
 /// One EndpointSlice as the model reads it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SliceSpec {
-    /// `metadata.namespace` (`default` when unset).
-    pub namespace: Box<str>,
-    /// `metadata.name` (`<unnamed>` when unset).
-    pub name: Box<str>,
+    /// `metadata.namespace` (`default` when unset) and `metadata.name`
+    /// (`<unnamed>` when unset), shared with the store's key.
+    pub id: SliceId,
     /// The service its `kubernetes.io/service-name` label names.
     pub owner: Option<ServiceId>,
     pub address_type: AddressType,
@@ -128,7 +127,17 @@ pub struct SliceSpec {
 impl SliceSpec {
     #[must_use]
     pub fn object_ref(&self) -> ObjectRef {
-        ObjectRef::new("EndpointSlice", Some(&self.namespace), Some(&self.name))
+        ObjectRef::new("EndpointSlice", Some(self.namespace()), Some(self.name()))
+    }
+
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        self.id.namespace()
+    }
+
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.id.name()
     }
 }
 

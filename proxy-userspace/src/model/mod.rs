@@ -6,9 +6,9 @@ mod endpoints;
 pub mod explain;
 mod frontends;
 mod input;
+mod object_ids;
 mod problem;
 mod service;
-mod service_id;
 
 pub use service::NoLocalEndpoints;
 mod state;
@@ -23,7 +23,7 @@ pub use input::{
     ServiceType, SlicePortSpec, SliceSpec,
 };
 pub use problem::{ObjectRef, Problem, Severity};
-pub use state::{Delta, ServiceId, ServiceInput, TableState};
+pub use state::{Delta, ServiceId, ServiceInput, SliceId, TableState};
 pub use table::{HealthCheck, NodeContext, TO_BE_DELETED_TAINT, Translation, ZONE_LABEL, node_eligible, translate};
 
 /// The loopback address NodePorts are also served on (as kube-proxy's

@@ -81,7 +81,7 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
     };
     let object = svc_frontends.object.clone();
     let mut slices: Vec<&SliceSpec> = slices.to_vec();
-    slices.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    slices.sort_by(|a, b| a.id.cmp(&b.id));
     for slice in &slices {
         endpoints::unmatched_slice_ports(slice, &svc_frontends.ports, &mut problems);
     }

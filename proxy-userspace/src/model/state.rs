@@ -16,7 +16,7 @@ use super::{
     table::{HealthCheck, NodeContext},
 };
 
-pub use super::service_id::ServiceId;
+pub use super::object_ids::{ServiceId, SliceId};
 
 /// What an update changed.
 #[derive(Debug, Default)]

@@ -36,7 +36,7 @@ pub fn service_id(svc: &Service) -> ServiceId {
 #[must_use]
 pub fn slice_id(slice: &EndpointSlice) -> SliceId {
     let (namespace, name) = names(&slice.metadata);
-    (namespace.to_owned(), name.to_owned())
+    SliceId::new(namespace, name)
 }
 
 /// Namespace and name, as `crate::model::ObjectRef` names an object.
@@ -94,12 +94,11 @@ fn service_port(port: &ServicePort) -> ServicePortSpec {
 
 impl From<&EndpointSlice> for SliceSpec {
     fn from(slice: &EndpointSlice) -> Self {
-        let (namespace, name) = slice_id(slice);
+        let id = slice_id(slice);
         let owner = slice.metadata.labels.as_ref().and_then(|l| l.get(SERVICE_NAME_LABEL));
         Self {
-            owner: owner.map(|owner| ServiceId::new(&namespace, owner)),
-            namespace: namespace.into(),
-            name: name.into(),
+            owner: owner.map(|owner| ServiceId::new(id.namespace(), owner)),
+            id,
             address_type: match slice.address_type.as_str() {
                 "IPv4" => AddressType::IPv4,
                 "IPv6" => AddressType::IPv6,

@@ -270,7 +270,7 @@ mod tests {
         source.snapshot().unwrap();
         let (service, slices) = source.inputs(&id).unwrap();
         assert_eq!(service.name(), "a");
-        assert_eq!(slices.iter().map(|s| s.id().1).collect::<Vec<_>>(), ["a-1"]);
+        assert_eq!(slices.iter().map(|s| s.id().name().to_owned()).collect::<Vec<_>>(), ["a-1"]);
         assert!(source.inputs(&ServiceId::new("default", "b")).is_none());
     }
 

@@ -217,6 +217,7 @@ impl ObjectStore {
                     return;
                 }
                 let slice = self.stored_slice(&obj);
+                let id = slice.id();
                 // The first list is read whole after it: no need to note
                 // what it touches.
                 let mut first_list = BTreeSet::new();
@@ -241,7 +242,7 @@ impl ObjectStore {
                 let slice = self.stored_slice(&obj);
                 self.pending.events.1 += 1;
                 self.triggers.extend(trigger_time(&obj));
-                let id = convert::slice_id(&obj);
+                let id = slice.id();
                 let old = self.slices.upsert(id.clone(), obj.metadata.resource_version.as_deref(), slice);
                 let (before, now) = (old.as_ref().map(|o| &*o.value), self.slices.value(&id));
                 self.index.set(&id, before, now, &mut self.pending.services);
@@ -263,9 +264,13 @@ impl ObjectStore {
         spec
     }
 
-    /// `obj` converted, the id of the service it names shared likewise.
+    /// `obj` converted, its id and that of the service it names shared
+    /// likewise.
     fn stored_slice(&self, obj: &EndpointSlice) -> StoredSlice {
         let mut slice = StoredSlice::from(obj);
+        if let Some((held, _)) = self.slices.live.get_key_value(&slice.spec.id) {
+            slice.spec.id = held.clone();
+        }
         if let Some(owner) = slice.spec.owner.take() {
             slice.spec.owner = Some(self.shared_id(owner));
         }
@@ -409,8 +414,8 @@ mod tests {
         ServiceId::new("ns", name)
     }
 
-    fn slice_id(name: &str) -> (String, String) {
-        ("ns".into(), name.into())
+    fn slice_id(name: &str) -> SliceId {
+        SliceId::new("ns", name)
     }
 
     fn listed() -> ObjectStore {
@@ -437,7 +442,7 @@ mod tests {
 
     /// Each service's id is held once, whichever of the Service and its
     /// slices came first: by the store's key, the converted Service, every
-    /// slice's owner and the slice index.
+    /// slice's owner and the slice index; each slice's id too.
     #[test]
     fn a_service_and_its_slices_share_one_id() {
         for service_first in [true, false] {
@@ -464,6 +469,11 @@ mod tests {
                 key.shares(&entry.value.id) && owners.iter().all(|o| o.shares(key)) && indexed.shares(key),
                 "service first: {service_first}"
             );
+            // A slice's id likewise, through a new version of it.
+            store.slice_event(Event::Apply(slice_object("web-a", "web", "2", "2024-01-01T00:00:01Z")));
+            let (key, slice) = store.slices.live.get_key_value(&slice_id("web-a")).unwrap();
+            let listed: Vec<&SliceId> = store.index.slices_of(&id("web")).collect();
+            assert!(key.shares(&slice.value.spec.id) && listed.iter().any(|s| s.shares(key)), "{listed:?}");
         }
     }
 

@@ -11,8 +11,7 @@ use crate::model::{ServiceId, SliceSpec};
 /// made this version of the slice happened.
 pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
-/// An EndpointSlice by namespace and name.
-pub type SliceId = (String, String);
+pub use crate::model::SliceId;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredSlice {
@@ -21,10 +20,10 @@ pub struct StoredSlice {
 }
 
 impl StoredSlice {
-    /// Namespace and name.
+    /// Namespace and name (a shared copy).
     #[must_use]
     pub fn id(&self) -> SliceId {
-        (self.spec.namespace.to_string(), self.spec.name.to_string())
+        self.spec.id.clone()
     }
 
     /// The service the slice names, if it names one.

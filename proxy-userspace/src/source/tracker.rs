@@ -92,8 +92,8 @@ mod tests {
         })
     }
 
-    fn id(ns: &str, name: &str) -> (String, String) {
-        (ns.into(), name.into())
+    fn id(ns: &str, name: &str) -> SliceId {
+        SliceId::new(ns, name)
     }
 
     fn service(ns: &str, name: &str) -> ServiceId {
