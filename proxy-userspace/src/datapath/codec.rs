@@ -348,7 +348,7 @@ fn text(field: &[u8]) -> String {
 /// Kubernetes allows are cut).
 #[must_use]
 pub fn service_name(port: &ServicePort) -> ServiceName {
-    ServiceName { namespace: field(&port.namespace), name: field(&port.name), port: field(&port.port) }
+    ServiceName { namespace: field(port.namespace()), name: field(port.name()), port: field(port.port()) }
 }
 
 /// The service port a `SERVICE_NAMES` value names.

@@ -164,14 +164,14 @@ fn the_longest_kubernetes_names_fit_and_longer_ones_are_cut() {
     assert_eq!(service_port_of(&service_name(&long)), longest);
     // Never in the middle of a character: 31 two-byte letters and a half.
     let wide = ServicePort::new("é".repeat(40), "web", "http");
-    assert_eq!(service_port_of(&service_name(&wide)).namespace.as_ref(), "é".repeat(31));
+    assert_eq!(service_port_of(&service_name(&wide)).namespace(), "é".repeat(31));
 }
 
 #[test]
 fn a_name_that_is_not_utf8_decodes_lossily() {
     let mut name = service_name(&ServicePort::new("ns", "web", "http"));
     name.name[0] = 0xff;
-    assert_eq!(service_port_of(&name).name.as_ref(), "\u{fffd}eb");
+    assert_eq!(service_port_of(&name).name(), "\u{fffd}eb");
 }
 
 #[test]

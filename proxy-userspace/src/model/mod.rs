@@ -179,44 +179,63 @@ impl Reach {
     }
 }
 
-/// The service port a frontend comes from: its Service's namespace and
-/// name, and the port's name (empty for an unnamed port). Shared, not
-/// copied: every frontend of a service port (ClusterIP, NodePorts,
-/// external addresses), the table's and the reconciler's, holds the same
-/// three strings (at 100,000 services, three allocations a frontend less
-/// for each holder).
+/// The service port a frontend comes from: its Service (namespace and
+/// name, the id the store and the model share) and the port's name (empty
+/// for an unnamed port). Shared, not copied: every frontend of a service
+/// port (ClusterIP, NodePorts, external addresses), the table's and the
+/// reconciler's and telemetry's, holds the same two pointers (at 100,000
+/// services, allocations a frontend less for each holder).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServicePort {
-    pub namespace: std::sync::Arc<str>,
-    pub name: std::sync::Arc<str>,
-    pub port: std::sync::Arc<str>,
+    service: ServiceId,
+    port: std::sync::Arc<str>,
 }
 
 impl ServicePort {
     #[must_use]
     pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>, port: impl AsRef<str>) -> Self {
-        Self { namespace: namespace.as_ref().into(), name: name.as_ref().into(), port: port.as_ref().into() }
+        Self::of(ServiceId::new(namespace.as_ref(), name.as_ref()), port.as_ref())
+    }
+
+    /// Port `port` of `service` (its id shared).
+    #[must_use]
+    pub fn of(service: ServiceId, port: &str) -> Self {
+        Self { service, port: port.into() }
+    }
+
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        self.service.namespace()
+    }
+
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.service.name()
+    }
+
+    /// The port's name (empty for an unnamed port).
+    #[must_use]
+    pub fn port(&self) -> &str {
+        &self.port
     }
 
     /// Whether `other` holds the very same strings (not only equal ones).
     #[must_use]
     pub fn shares(&self, other: &Self) -> bool {
-        std::sync::Arc::ptr_eq(&self.namespace, &other.namespace)
-            && std::sync::Arc::ptr_eq(&self.name, &other.name)
-            && std::sync::Arc::ptr_eq(&self.port, &other.port)
+        self.service.shares(&other.service) && std::sync::Arc::ptr_eq(&self.port, &other.port)
     }
 
     /// `namespace/name`, the service's name.
     #[must_use]
     pub fn service(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        self.service.to_string()
     }
 }
 
 /// `namespace/name:port-name`.
 impl fmt::Display for ServicePort {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}:{}", self.namespace, self.name, self.port)
+        write!(f, "{}:{}", self.service, self.port)
     }
 }
 

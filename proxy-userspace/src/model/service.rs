@@ -92,7 +92,7 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
         // Backends per (family, endpoint selection), computed once.
         let mut cache: BTreeMap<(bool, Endpoints), Vec<super::Backend>> = BTreeMap::new();
         // One copy for every frontend of the port (see `ServicePort`).
-        let service_port = super::ServicePort::new(&object.namespace, &object.name, &port.name);
+        let service_port = super::ServicePort::of(svc.id(), &port.name);
         for planned in port_frontends(&svc_frontends, port, i, node, &families) {
             let ipv6 = planned.addr.is_ipv6();
             let backends = cache
