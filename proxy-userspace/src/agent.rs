@@ -169,7 +169,10 @@ async fn run_with(
     // pinned maps read back while the lists arrive (the watches run on the
     // runtime's workers): at 100,000 services reading 2,300,000 entries
     // took ~4 s, as long as the lists.
-    let mut datapath = load_datapath(config, due.is_some(), telemetry)?;
+    // Until the programs are attached (after the first write, which is when
+    // they are verified on a fresh start), what this start pins is removed
+    // when the run ends, by a failure or a stop: nothing uses it yet.
+    let (mut datapath, mut unattached) = load_datapath(config, due.is_some(), telemetry)?;
     let (reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
     info!(
         frontends = recovery.frontends,
@@ -245,6 +248,9 @@ async fn run_with(
         let mut synced = pipeline.write(translated, &mut datapath.maps);
         resize(&mut datapath, &mut pipeline, &mut synced, &mut observers, config, telemetry)?;
         observers.observe(&synced, &pipeline, &mut datapath, config, &source).await?;
+        if observers.attached {
+            unattached.keep();
+        }
         let snapshot = applied_snapshot(source.name(), &pipeline, &synced);
         let devices = observers.devices.as_ref();
         publish(telemetries, &pipeline, &synced, observers.health_checks.len(), devices);
@@ -472,22 +478,48 @@ fn mark_netfilter_flows_when_deferring(datapath: &mut Datapath) {
 /// Loads the datapath and hands its counters to the metrics endpoint.
 /// `defer`: a takeover is due, traffic from outside starts deferred to
 /// kube-proxy's rules.
-fn load_datapath(config: &AgentConfig, defer: bool, telemetry: &Shared) -> anyhow::Result<Datapath> {
-    // A load that fails (a map the kernel refuses) takes back what it pinned.
+fn load_datapath(config: &AgentConfig, defer: bool, telemetry: &Shared) -> anyhow::Result<(Datapath, UnattachedPins)> {
+    // A load that fails (a map the kernel refuses) takes back what it
+    // pinned; so does a start that ends before its programs are attached
+    // (`UnattachedPins`).
     let rollback = crate::pin_rollback::PinRollback::take(&config.load.pin_dir);
     let mut load = config.load.clone();
     if defer {
         load.outside_handover = crate::datapath::handover::OutsideHandover::Defer;
     }
-    let mut datapath = Datapath::load(&load).inspect_err(|_| {
-        let removed = rollback.undo();
-        tracing::info!(removed, pin_dir = %config.load.pin_dir.display(), "removed what the failed load pinned");
-    })?;
+    let unattached = UnattachedPins(Some(rollback));
+    let mut datapath = Datapath::load(&load)?;
     let mut t = telemetry.lock().expect("telemetry lock");
     (t.services_map_size, t.backends_map_size) = (datapath.sizes().services, datapath.sizes().backends);
     drop(t);
     take_counters(&mut datapath, telemetry);
-    Ok(datapath)
+    Ok((datapath, unattached))
+}
+
+/// What a start pinned (maps, the first load's and any set it moved to
+/// before its first write), removed when it is dropped before `keep`: a
+/// start that fails (a map the kernel refuses, programs that fail
+/// verification at the first attach) or stops before its programs are
+/// attached leaves the pin directory as it found it. What was pinned
+/// before (a running datapath's maps and links) stays.
+struct UnattachedPins(Option<crate::pin_rollback::PinRollback>);
+
+impl UnattachedPins {
+    /// The programs are attached: what was pinned stays.
+    fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for UnattachedPins {
+    fn drop(&mut self) {
+        if let Some(rollback) = self.0.take() {
+            let removed = rollback.undo();
+            if removed > 0 {
+                tracing::info!(removed, "removed what this start pinned before its programs were attached");
+            }
+        }
+    }
 }
 
 /// Hands the sync's results to the health and metrics endpoints.

@@ -3,7 +3,8 @@
 //! the fix, instead of retrying silently. The agent runs in a network
 //! namespace of the test, where the service range has no route, so nothing
 //! leaves the machine; and in a mount namespace of its own, where the
-//! service account's files are a tmpfs the test fills.
+//! service account's files are a tmpfs the test fills. Stopped before its
+//! first write, it leaves no pins behind.
 mod common;
 
 use std::{path::Path, process::Command, time::Duration};
@@ -76,5 +77,13 @@ fn an_unreachable_in_cluster_api_server_is_explained_within_seconds() {
     assert_eq!(record["level"], "ERROR", "{record}");
     // It keeps retrying: the process stays.
     assert!(agent.is_running(), "the agent must keep retrying");
+    // Its maps are made (the programs are attached only after the first
+    // write); stopped before that, it removes them: nothing used them.
+    let maps = || -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(&pin_dir) else { return Vec::new() };
+        dir.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("maps-")).collect()
+    };
+    assert!(!maps().is_empty(), "the agent made no maps while it waited");
     agent.stop();
+    assert_eq!(maps(), Vec::<String>::new(), "a start stopped before its first write left its maps pinned");
 }
