@@ -54,19 +54,23 @@ impl ConnCounters {
     }
 
     /// Zeroes the counts of `ids`, in batches (a whole table's frontends
-    /// at a start: 100,000 writes one by one held the sync loop ~0.1 s);
-    /// one by one on a kernel without batch writes (before 5.6).
+    /// at a start: 100,000 writes one by one held the sync loop ~0.1 s).
+    /// Where a batch stops (a kernel without batch writes, before 5.6; an
+    /// id the map refuses) the rest are zeroed one by one, each failure
+    /// skipped; the first error is returned.
     pub fn reset_all(&mut self, ids: &[RevNatId]) -> io::Result<()> {
         const BATCH: usize = 4096;
         let zeros = vec![0u64; ids.len().min(BATCH) * self.cpus];
         for (n, chunk) in ids.chunks(BATCH).enumerate() {
             let values = &zeros[..chunk.len() * self.cpus];
-            match super::sys::map_update_batch_per_cpu(self.fd.as_fd(), chunk, values, self.cpus) {
-                (_, Ok(())) => {}
-                (0, Err(err)) if err.raw_os_error() == Some(libc::EINVAL) => {
-                    return ids[n * BATCH..].iter().try_for_each(|id| self.reset(*id));
+            if let (done, Err(err)) = super::sys::map_update_batch_per_cpu(self.fd.as_fd(), chunk, values, self.cpus) {
+                let mut first = Some(err);
+                for id in &ids[n * BATCH + done..] {
+                    if let Err(err) = self.reset(*id) {
+                        first.get_or_insert(err);
+                    }
                 }
-                (_, Err(err)) => return Err(err),
+                return first.map_or(Ok(()), Err);
             }
         }
         Ok(())

@@ -145,9 +145,13 @@ fn update_batch<K>(map: BorrowedFd<'_>, keys: &[K], values: u64) -> (usize, io::
     //          __u32 count, map_fd; __u64 elem_flags, flags; } batch
     let mut attr = [0, 0, keys.as_ptr() as u64, values, u64::from(count) | (fd_u64(map) << 32), 0, 0];
     let result = bpf(BPF_MAP_UPDATE_BATCH, &mut attr).map(drop);
-    // The kernel writes back how many it processed, also on error.
+    // The kernel writes back how many it wrote when an entry fails (fewer
+    // than `count`), and nothing when it refuses the call before the first
+    // entry (a kernel without batch writes, a bad argument): then the
+    // count is still ours, and none was written.
     #[expect(clippy::cast_possible_truncation, reason = "count is the low 32 bits")]
-    let done = (attr[4] as u32).min(count) as usize;
+    let written_back = attr[4] as u32;
+    let done = if written_back < count { written_back as usize } else { 0 };
     (if result.is_ok() { keys.len() } else { done }, result)
 }
 
