@@ -252,16 +252,16 @@ impl Pipeline {
         }
     }
 
-    /// Writes through other maps from now on, without writing yet:
-    /// `reconciler` was recovered from them (a set sized for the table
-    /// before its first write). The next `write` must compare the whole
-    /// table, as one after `translate` of a list does.
     /// Makes room in the reconciler for `backends` distinct backends (a
     /// whole table about to be written: `datapath::sizing::Demand`).
     pub fn reserve_backends(&mut self, backends: usize) {
         self.reconciler.reserve_backends(backends);
     }
 
+    /// Writes through other maps from now on, without writing yet:
+    /// `reconciler` was recovered from them (a set sized for the table
+    /// before its first write). The next `write` must compare the whole
+    /// table, as one after `translate` of a list does.
     pub fn write_through(&mut self, reconciler: Reconciler) {
         self.reconciler = reconciler;
     }

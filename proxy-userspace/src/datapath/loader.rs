@@ -210,7 +210,9 @@ pub enum MarkFlowsError {
 /// pinned links in one step, so no moment exists with services missing.
 pub struct Datapath {
     /// The programs (loaded on a thread of their own, see
-    /// `super::programs`) and their links.
+    /// `super::programs`) and their links. First: the programs are
+    /// dropped (a load still running waited for) before the maps whose
+    /// descriptors they were loaded with.
     programs: Programs,
     pin_dir: PathBuf,
     cgroup: PathBuf,
@@ -240,8 +242,8 @@ pub struct DeviceAttach {
 }
 
 impl Datapath {
-    /// Loads the programs and the maps, reusing maps of this layout already
-    /// pinned (after checking their key and value sizes), whatever their
+    /// Makes (or opens) the maps and readies the programs, reusing maps of
+    /// this layout already pinned (after checking their key and value sizes), whatever their
     /// sizes: the agent moves to another set once it knows the table (see
     /// `sizing::plan`). With nothing pinned, the maps start small. Nothing
     /// is attached yet: see `attach`.
@@ -250,7 +252,10 @@ impl Datapath {
     /// pinned, beside the read of what they hold; with new small maps they
     /// wait for the first write, which usually goes to bigger maps made
     /// then (`crate::resize::before_first_write`): a load now would be
-    /// thrown away, and would take a core from the lists meanwhile.
+    /// thrown away, and would take a core from the lists meanwhile. (A
+    /// restart whose pinned maps turn out too small, or above a lowered
+    /// bound, does load them twice: the first load is waited for and
+    /// dropped with its datapath.)
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
         let pinned = crate::paths::pinned_sizes(&opts.pin_dir, opts.maglev_size);
         let sizes = pinned.map_or_else(
@@ -264,9 +269,10 @@ impl Datapath {
         Ok(datapath)
     }
 
-    /// Loads the programs with maps of `sizes`, pinned in their own
-    /// directory beside any other set (reused when that set is pinned).
-    /// Nothing is attached yet: see `attach`.
+    /// Makes (or opens) maps of `sizes`, pinned in their own directory
+    /// beside any other set (reused when that set is pinned), and readies
+    /// the programs for them, to load when `start_loading_programs` (or
+    /// `attach`) says. Nothing is attached yet: see `attach`.
     pub fn load_sized(opts: &LoadOptions, sizes: Sizes) -> Result<Self, LoadError> {
         let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size, sizes);
         std::fs::create_dir_all(&maps_dir)
@@ -405,7 +411,6 @@ impl Datapath {
         self.handover.set_raw(other.handover.raw()?)
     }
 
-    /// Sizes of the services and backends maps this datapath writes.
     /// Starts loading the programs on a thread of their own (see
     /// `super::programs`), to attach them later: beside the first write
     /// into maps just made, beside the read of maps a previous agent
@@ -414,6 +419,7 @@ impl Datapath {
         self.programs.start()
     }
 
+    /// Sizes of the services and backends maps this datapath writes.
     #[must_use]
     pub const fn sizes(&self) -> Sizes {
         self.sizes
@@ -535,30 +541,27 @@ impl Datapath {
     }
 
     /// Whether the TC programs loaded (waiting for the load; false when
-    /// the programs failed to load, which `attach` returns).
+    /// the programs failed to load: the error is returned by the first
+    /// caller that asks for it, which is `attach` in the agent).
     pub fn serves_external_traffic(&mut self) -> bool {
         self.programs.loaded().is_ok_and(|loaded| loaded.tc)
     }
 
     /// A loaded TC program, for tests that run it on crafted packets
     /// (`BPF_PROG_TEST_RUN`): `nodeport_ingress` or `nodeport_egress`.
+    /// `None` until the load was waited for (`serves_external_traffic`,
+    /// `attach`).
     #[must_use]
     pub fn tc_program(&self, name: &str) -> Option<&SchedClassifier> {
         self.programs.get()?.ebpf.program(name)?.try_into().ok()
     }
 
     /// The loaded XDP program (`--nodeport-acceleration`), for tests that
-    /// run it on crafted packets.
+    /// run it on crafted packets (`None` until the load was waited for,
+    /// as `tc_program`).
     #[must_use]
     pub fn xdp_program(&self) -> Option<&Xdp> {
         self.programs.get()?.ebpf.program(XDP_PROGRAM)?.try_into().ok()
-    }
-
-    /// Ids of the loaded programs (for logs and tests).
-    #[must_use]
-    pub fn program_ids(&self) -> Vec<u32> {
-        let Some(loaded) = self.programs.get() else { return Vec::new() };
-        loaded.ebpf.programs().filter_map(|(_, p)| p.info().ok().map(|i| i.id())).collect()
     }
 }
 

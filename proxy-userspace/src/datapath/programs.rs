@@ -7,7 +7,8 @@
 //! them, after the first write: so the load runs beside that write (and,
 //! after a restart, beside the read of the pinned maps) instead of before
 //! it. A failure is logged when it happens and returned where the programs
-//! are first needed (`Programs::loaded`). See docs/design.md, "Start".
+//! are first needed (`Programs::loaded`). See docs/design.md, "Restarts
+//! and upgrades".
 use std::thread::JoinHandle;
 
 use aya::{
@@ -54,7 +55,7 @@ impl Programs {
             .spawn(move || {
                 let loaded = load(ebpf, acceleration);
                 if let Err(err) = &loaded {
-                    tracing::error!(%err, "cannot load the programs; the agent stops once the first sync is written");
+                    tracing::error!(%err, "cannot load the programs");
                 }
                 loaded
             })

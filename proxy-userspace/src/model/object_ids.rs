@@ -4,8 +4,9 @@
 //! converted Service), the model's per-service outputs and the claims on
 //! each frontend, the index of a service's slices and each slice's owner.
 //! As two `String`s each of those was a copy of its own (~70 bytes and two
-//! allocations, ~5 times a service); this is one shared allocation that
-//! every holder points at, compared and hashed by its text. A slice's id
+//! allocations, ~5 times a service); this is one shared copy (an `Arc` of
+//! the two strings) that every holder points at, compared and hashed by
+//! its text. A slice's id
 //! likewise (the store's key, the converted slice, the index).
 use std::{fmt, sync::Arc};
 
