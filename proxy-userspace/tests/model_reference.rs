@@ -335,7 +335,7 @@ fn inputs<'a>(services: &'a [ServiceSpec], slices: &'a [SliceSpec]) -> BTreeMap<
         out.entry(owner).or_default().slices.push(slice);
     }
     for input in out.values_mut() {
-        input.slices.sort_by_key(|s| s.name().to_owned());
+        input.slices.sort_by_key(|s| s.id.name().to_owned());
     }
     out
 }

@@ -81,23 +81,13 @@ pub struct IngressSpec {
 impl ServiceSpec {
     #[must_use]
     pub fn object_ref(&self) -> ObjectRef {
-        ObjectRef::new("Service", Some(self.namespace()), Some(self.name()))
+        ObjectRef::new("Service", Some(self.id.namespace()), Some(self.id.name()))
     }
 
     /// The id (a shared copy).
     #[must_use]
     pub fn id(&self) -> ServiceId {
         self.id.clone()
-    }
-
-    #[must_use]
-    pub fn namespace(&self) -> &str {
-        self.id.namespace()
-    }
-
-    #[must_use]
-    pub fn name(&self) -> &str {
-        self.id.name()
     }
 }
 
@@ -127,17 +117,7 @@ pub struct SliceSpec {
 impl SliceSpec {
     #[must_use]
     pub fn object_ref(&self) -> ObjectRef {
-        ObjectRef::new("EndpointSlice", Some(self.namespace()), Some(self.name()))
-    }
-
-    #[must_use]
-    pub fn namespace(&self) -> &str {
-        self.id.namespace()
-    }
-
-    #[must_use]
-    pub fn name(&self) -> &str {
-        self.id.name()
+        ObjectRef::new("EndpointSlice", Some(self.id.namespace()), Some(self.id.name()))
     }
 }
 

@@ -161,7 +161,7 @@ mod tests {
              addressType: FQDN\nports: [{name: http}]\nendpoints:\n- addresses: [a.example, b.example]\n- addresses: [\"10.0.0.1\"]\n  conditions: {ready: false, terminating: true}\n  hints: {forZones: [{name: z1}], forNodes: [{name: n1}]}\n",
         );
         let svc = &services[0];
-        assert_eq!((svc.namespace(), svc.name()), ("default", "web"));
+        assert_eq!((svc.id.namespace(), svc.id.name()), ("default", "web"));
         assert_eq!(svc.service_proxy_name.as_deref(), Some("other"));
         assert_eq!(svc.service_type, ServiceType::ClusterIp, "an unknown type is served as ClusterIP");
         assert_eq!(svc.client_ip_affinity, Some(None));

@@ -269,7 +269,7 @@ mod tests {
         source.changed().await;
         source.snapshot().unwrap();
         let (service, slices) = source.inputs(&id).unwrap();
-        assert_eq!(service.name(), "a");
+        assert_eq!(service.id.name(), "a");
         assert_eq!(slices.iter().map(|s| s.id().name().to_owned()).collect::<Vec<_>>(), ["a-1"]);
         assert!(source.inputs(&ServiceId::new("default", "b")).is_none());
     }
