@@ -476,7 +476,7 @@ mod tests {
         assert!(explain_entry(&service("Cluster"), &refs, &node, udp).is_err(), "the port is TCP");
         let mut headless = service("Cluster");
         headless.cluster_ip = Some("None".into());
-        headless.cluster_ips.clear();
+        headless.cluster_ips = Box::default();
         assert!(matches!(explain_entry(&headless, &refs, &node, cluster_ip), Err(NotExplained::Skipped(_))));
     }
 }

@@ -96,7 +96,7 @@ pub fn service_frontends(svc: &ServiceSpec, problems: &mut Vec<Problem>) -> Resu
     let mut ports: Vec<PortSpec> = Vec::new();
     for (i, port) in svc.ports.iter().enumerate() {
         let field = |f: &str| format!("spec.ports[{i}].{f}");
-        let protocol = match port.protocol.as_str() {
+        let protocol = match &*port.protocol {
             "TCP" => Protocol::Tcp,
             "UDP" => Protocol::Udp,
             "SCTP" => {
@@ -124,7 +124,7 @@ pub fn service_frontends(svc: &ServiceSpec, problems: &mut Vec<Problem>) -> Resu
             ));
             continue;
         };
-        let name = port.name.clone();
+        let name = port.name.to_string();
         let wants_node_port = matches!(svc.service_type, ServiceType::NodePort | ServiceType::LoadBalancer);
         let node_port = port.node_port.filter(|_| wants_node_port).and_then(|n| {
             let valid = valid_port(n);
@@ -263,14 +263,14 @@ fn external_addresses(
 fn cluster_ips(
     object: &ObjectRef,
     cluster_ip: Option<&str>,
-    cluster_ips: &[String],
+    cluster_ips: &[Box<str>],
     problems: &mut Vec<Problem>,
 ) -> Result<Vec<IpAddr>, SkipReason> {
     // `clusterIPs` is authoritative when set; `clusterIP` is its first entry.
     let (field, list): (&str, Vec<&str>) = if cluster_ips.is_empty() {
         ("spec.clusterIP", cluster_ip.into_iter().collect())
     } else {
-        ("spec.clusterIPs", cluster_ips.iter().map(String::as_str).collect())
+        ("spec.clusterIPs", cluster_ips.iter().map(AsRef::as_ref).collect())
     };
     if list.first().is_some_and(|ip| *ip == "None") {
         return Err(SkipReason::Headless);

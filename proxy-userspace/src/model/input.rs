@@ -25,22 +25,24 @@ pub enum ServiceType {
     ExternalName,
 }
 
-/// One Service as the model reads it.
+/// One Service as the model reads it. Held by the store between syncs:
+/// its text fields are boxed, without a `String`'s or a `Vec`'s spare
+/// capacity and third word (200 bytes and 64 a port before, 144 and 48).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceSpec {
     /// `metadata.namespace` (`default` when unset) and `metadata.name`
     /// (`<unnamed>` when unset), shared with every holder of the id.
     pub id: ServiceId,
     /// The value of the `service.kubernetes.io/service-proxy-name` label.
-    pub service_proxy_name: Option<String>,
+    pub service_proxy_name: Option<Box<str>>,
     /// The object has no `spec` (the fields below are then unset).
     pub no_spec: bool,
     pub service_type: ServiceType,
     /// `spec.clusterIP` as written.
-    pub cluster_ip: Option<String>,
+    pub cluster_ip: Option<Box<str>>,
     /// `spec.clusterIPs` as written (authoritative when not empty).
-    pub cluster_ips: Vec<String>,
-    pub ports: Vec<ServicePortSpec>,
+    pub cluster_ips: Box<[Box<str>]>,
+    pub ports: Box<[ServicePortSpec]>,
     /// `spec.internalTrafficPolicy: Local`.
     pub internal_local: bool,
     /// `spec.externalTrafficPolicy: Local`.
@@ -49,11 +51,11 @@ pub struct ServiceSpec {
     /// `sessionAffinityConfig.clientIP.timeoutSeconds` as written.
     pub client_ip_affinity: Option<Option<i32>>,
     /// `spec.externalIPs` as written.
-    pub external_ips: Vec<String>,
+    pub external_ips: Box<[Box<str>]>,
     /// `status.loadBalancer.ingress`, in order (problems name the index).
-    pub lb_ingress: Vec<IngressSpec>,
+    pub lb_ingress: Box<[IngressSpec]>,
     /// `spec.loadBalancerSourceRanges` as written.
-    pub source_ranges: Vec<String>,
+    pub source_ranges: Box<[Box<str>]>,
     /// `spec.healthCheckNodePort` as written.
     pub health_check_node_port: Option<i32>,
 }
@@ -62,9 +64,9 @@ pub struct ServiceSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServicePortSpec {
     /// `""` when unnamed.
-    pub name: String,
+    pub name: Box<str>,
     /// As written; `TCP` when unset.
-    pub protocol: String,
+    pub protocol: Box<str>,
     pub port: i32,
     pub node_port: Option<i32>,
 }
@@ -73,7 +75,7 @@ pub struct ServicePortSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IngressSpec {
     /// As written; `None`: a hostname-only ingress.
-    pub ip: Option<String>,
+    pub ip: Option<Box<str>>,
     /// `ipMode: Proxy`: the load balancer itself proxies it.
     pub proxy_mode: bool,
 }
