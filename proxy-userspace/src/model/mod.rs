@@ -22,7 +22,7 @@ pub use input::{
     Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, NodeName, ServicePortSpec, ServiceSpec,
     ServiceType, SlicePortSpec, SliceSpec,
 };
-pub use problem::{ObjectRef, Problem, Severity};
+pub use problem::{DEFAULT_NAMESPACE, ObjectRef, Problem, Severity, UNNAMED};
 pub use state::{Delta, ServiceId, ServiceInput, SliceId, TableState};
 pub use table::{HealthCheck, NodeContext, TO_BE_DELETED_TAINT, Translation, ZONE_LABEL, node_eligible, translate};
 

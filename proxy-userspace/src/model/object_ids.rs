@@ -52,7 +52,7 @@ macro_rules! namespaced_id {
         /// `crate::model::ObjectRef` names it).
         impl Default for $id {
             fn default() -> Self {
-                Self::new("default", "<unnamed>")
+                Self::new(super::problem::DEFAULT_NAMESPACE, super::problem::UNNAMED)
             }
         }
 

@@ -2,6 +2,11 @@
 //! an operator can find and fix it.
 use std::fmt;
 
+/// What an object without a namespace reads as (the API's default).
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// What an object without a name reads as.
+pub const UNNAMED: &str = "<unnamed>";
+
 /// `Kind namespace/name` of a Kubernetes object.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectRef {
@@ -15,8 +20,8 @@ impl ObjectRef {
     pub fn new(kind: &'static str, namespace: Option<&str>, name: Option<&str>) -> Self {
         Self {
             kind,
-            namespace: namespace.unwrap_or("default").to_owned(),
-            name: name.unwrap_or("<unnamed>").to_owned(),
+            namespace: namespace.unwrap_or(DEFAULT_NAMESPACE).to_owned(),
+            name: name.unwrap_or(UNNAMED).to_owned(),
         }
     }
 }

@@ -13,17 +13,12 @@ use k8s_openapi::{
 
 use super::stored_slice::SliceId;
 use crate::model::{
-    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec, ServiceSpec,
-    ServiceType, SlicePortSpec, SliceSpec,
+    Address, AddressType, DEFAULT_NAMESPACE, EndpointHints, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec,
+    ServiceSpec, ServiceType, SlicePortSpec, SliceSpec, UNNAMED,
 };
 
 /// Label naming the service a slice belongs to.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-
-/// What an unset namespace and name read as (as `crate::model::ObjectRef`
-/// names them).
-const DEFAULT_NAMESPACE: &str = "default";
-const UNNAMED: &str = "<unnamed>";
 
 /// The id of a Service: what its converted form's `id()` is.
 #[must_use]

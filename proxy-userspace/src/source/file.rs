@@ -240,8 +240,8 @@ fn kind_of(value: &Value) -> Option<&str> {
 fn describe(value: &Value) -> String {
     let kind = kind_of(value).unwrap_or("<no kind>");
     let meta = value.get("metadata");
-    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or("<unnamed>");
-    let ns = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str).unwrap_or("default");
+    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or(crate::model::UNNAMED);
+    let ns = meta.and_then(|m| m.get("namespace")).and_then(Value::as_str).unwrap_or(crate::model::DEFAULT_NAMESPACE);
     format!("{kind} {ns}/{name}")
 }
 
