@@ -22,6 +22,7 @@ use crate::{
     healthcheck::HealthCheckServers,
     metrics::Metrics,
     model::Protocol,
+    pin_rollback::PinRollback,
     pipeline::{NodeSettings, Pipeline, Synced, Wake},
     serve,
     source::{ChangeSource, file_source::FileSource, kube::KubeSource, reachability::Reachability},
@@ -172,7 +173,7 @@ async fn run_with(
     // Until the programs are attached (after the first write, which is when
     // they are verified on a fresh start), what this start pins is removed
     // when the run ends, by a failure or a stop: nothing uses it yet.
-    let (mut datapath, mut unattached) = load_datapath(config, due.is_some(), telemetry)?;
+    let (mut datapath, mut pins) = load_datapath(config, due.is_some(), telemetry)?;
     let (reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
     info!(
         frontends = recovery.frontends,
@@ -249,7 +250,7 @@ async fn run_with(
         resize(&mut datapath, &mut pipeline, &mut synced, &mut observers, config, telemetry)?;
         observers.observe(&synced, &pipeline, &mut datapath, config, &source).await?;
         if observers.attached {
-            unattached.keep();
+            pins.keep();
         }
         let snapshot = applied_snapshot(source.name(), &pipeline, &synced);
         let devices = observers.devices.as_ref();
@@ -478,48 +479,21 @@ fn mark_netfilter_flows_when_deferring(datapath: &mut Datapath) {
 /// Loads the datapath and hands its counters to the metrics endpoint.
 /// `defer`: a takeover is due, traffic from outside starts deferred to
 /// kube-proxy's rules.
-fn load_datapath(config: &AgentConfig, defer: bool, telemetry: &Shared) -> anyhow::Result<(Datapath, UnattachedPins)> {
+fn load_datapath(config: &AgentConfig, defer: bool, telemetry: &Shared) -> anyhow::Result<(Datapath, PinRollback)> {
     // A load that fails (a map the kernel refuses) takes back what it
     // pinned; so does a start that ends before its programs are attached
-    // (`UnattachedPins`).
-    let rollback = crate::pin_rollback::PinRollback::take(&config.load.pin_dir);
+    // (`PinRollback`, kept once they are).
+    let rollback = PinRollback::take(&config.load.pin_dir);
     let mut load = config.load.clone();
     if defer {
         load.outside_handover = crate::datapath::handover::OutsideHandover::Defer;
     }
-    let unattached = UnattachedPins(Some(rollback));
     let mut datapath = Datapath::load(&load)?;
     let mut t = telemetry.lock().expect("telemetry lock");
     (t.services_map_size, t.backends_map_size) = (datapath.sizes().services, datapath.sizes().backends);
     drop(t);
     take_counters(&mut datapath, telemetry);
-    Ok((datapath, unattached))
-}
-
-/// What a start pinned (maps, the first load's and any set it moved to
-/// before its first write), removed when it is dropped before `keep`: a
-/// start that fails (a map the kernel refuses, programs that fail
-/// verification at the first attach) or stops before its programs are
-/// attached leaves the pin directory as it found it. What was pinned
-/// before (a running datapath's maps and links) stays.
-struct UnattachedPins(Option<crate::pin_rollback::PinRollback>);
-
-impl UnattachedPins {
-    /// The programs are attached: what was pinned stays.
-    fn keep(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for UnattachedPins {
-    fn drop(&mut self) {
-        if let Some(rollback) = self.0.take() {
-            let removed = rollback.undo();
-            if removed > 0 {
-                tracing::info!(removed, "removed what this start pinned before its programs were attached");
-            }
-        }
-    }
+    Ok((datapath, rollback))
 }
 
 /// Hands the sync's results to the health and metrics endpoints.

@@ -1,6 +1,6 @@
-//! A start that fails leaves the pin directory as it found it: what was in
-//! it before (maps and links of a running datapath) stays, what this start
-//! pinned before it failed goes.
+//! A start that fails, or ends before its programs are attached, leaves
+//! the pin directory as it found it: what was in it before (maps and
+//! links of a running datapath) stays, what this start pinned goes.
 use std::{
     collections::HashSet,
     fs,
@@ -8,24 +8,31 @@ use std::{
 };
 
 /// The pin directory's entries (two levels: `maps-v*`/`links` and what is
-/// in them) at one moment.
+/// in them) at one moment; dropped before `keep`, it removes what came
+/// after.
 #[derive(Debug)]
 pub struct PinRollback {
     before: HashSet<PathBuf>,
     dir: PathBuf,
+    kept: bool,
 }
 
 impl PinRollback {
     /// Notes what is in `dir` now.
     #[must_use]
     pub fn take(dir: &Path) -> Self {
-        Self { before: entries(dir).into_iter().collect(), dir: dir.to_owned() }
+        Self { before: entries(dir).into_iter().collect(), dir: dir.to_owned(), kept: false }
+    }
+
+    /// What was pinned since `take` stays (the programs are attached).
+    pub const fn keep(&mut self) {
+        self.kept = true;
     }
 
     /// Removes every entry that was not there when `take` ran (files first,
     /// then the directories made, deepest first); returns how many went.
     /// A failure to remove one is logged: this runs on a failure already.
-    pub fn undo(self) -> usize {
+    fn undo(&self) -> usize {
         let mut new: Vec<PathBuf> = entries(&self.dir).into_iter().filter(|p| !self.before.contains(p)).collect();
         // Deepest first: a directory's entries before the directory.
         new.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
@@ -38,6 +45,17 @@ impl PinRollback {
             }
         }
         removed
+    }
+}
+
+impl Drop for PinRollback {
+    fn drop(&mut self) {
+        if !self.kept {
+            let removed = self.undo();
+            if removed > 0 {
+                tracing::info!(removed, pin_dir = %self.dir.display(), "removed what this start pinned before its programs were attached");
+            }
+        }
     }
 }
 
@@ -61,7 +79,7 @@ mod tests {
     use super::PinRollback;
 
     #[test]
-    fn only_what_came_after_is_removed() {
+    fn only_what_came_after_is_removed_unless_kept() {
         let dir = tempfile::tempdir().unwrap();
         let p = |s: &str| dir.path().join(s);
         std::fs::create_dir(p("maps-v1")).unwrap();
@@ -72,5 +90,15 @@ mod tests {
         std::fs::write(p("maps-v2/SERVICES"), "").unwrap();
         assert_eq!(rollback.undo(), 3);
         assert!(p("maps-v1/OLD").exists() && !p("maps-v1/NEW").exists() && !p("maps-v2").exists());
+        // Dropped: the same; kept: nothing goes.
+        let rollback = PinRollback::take(dir.path());
+        std::fs::write(p("maps-v1/NEW"), "").unwrap();
+        drop(rollback);
+        assert!(!p("maps-v1/NEW").exists() && p("maps-v1/OLD").exists());
+        let mut rollback = PinRollback::take(dir.path());
+        std::fs::write(p("maps-v1/NEW"), "").unwrap();
+        rollback.keep();
+        drop(rollback);
+        assert!(p("maps-v1/NEW").exists());
     }
 }
