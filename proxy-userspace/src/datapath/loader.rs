@@ -656,35 +656,16 @@ fn start_bpf_log(ebpf: &mut Ebpf) {
 #[cfg(test)]
 mod tests {
     /// The one loader skips the kernel's BTF (`LOADER`), which is right
-    /// only while the programs need no CO-RE relocation: this reads the
-    /// object's `.BTF.ext` header (ELF64, little endian) and fails the
-    /// day a program starts to need one (then give the loader the
-    /// kernel's BTF again).
+    /// only while the programs need no CO-RE relocation: this asks aya's
+    /// parser of the object (the check aya itself makes before it reads
+    /// the kernel's BTF) and fails the day a program starts to need one
+    /// (then give the loader the kernel's BTF again).
     #[test]
     fn the_programs_need_no_btf_relocation() {
-        let elf = super::OBJECT;
-        let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap());
-        let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap());
-        let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap());
-        let to_usize = |v: u64| usize::try_from(v).unwrap();
-        assert_eq!(&elf[..4], b"\x7fELF");
-        let (table, entry, count, names) =
-            (to_usize(u64_at(0x28)), usize::from(u16_at(0x3a)), usize::from(u16_at(0x3c)), usize::from(u16_at(0x3e)));
-        let section = |i: usize| {
-            let at = table + i * entry;
-            (to_usize(u32_at(at).into()), to_usize(u64_at(at + 0x18)))
-        };
-        let strings = section(names).1;
-        let name = |offset: usize| {
-            let start = strings + offset;
-            let end = start + elf[start..].iter().position(|b| *b == 0).unwrap();
-            std::str::from_utf8(&elf[start..end]).unwrap()
-        };
-        let ext = (0..count).map(section).find(|(n, _)| name(*n) == ".BTF.ext").expect("the object has .BTF.ext").1;
-        assert_eq!(u16_at(ext), 0xeb9f, "BTF magic");
-        let header_len = u32_at(ext + 4);
-        let core_relocations = if header_len >= 32 { u32_at(ext + 28) } else { 0 };
-        assert!(u32_at(ext + 12) > 0, "the header is read right: the programs have function info");
-        assert_eq!(core_relocations, 0, "a program needs CO-RE relocations: the loader must have the kernel's BTF");
+        let object = aya_obj::Object::parse(super::OBJECT).expect("the eBPF object parses");
+        assert!(
+            !object.has_btf_relocations(),
+            "a program needs CO-RE relocations: the loader must have the kernel's BTF"
+        );
     }
 }
