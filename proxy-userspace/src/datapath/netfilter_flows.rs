@@ -12,8 +12,6 @@ use std::{
 
 use super::netlink::{self, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, Netlink};
 
-/// `NETLINK_NETFILTER` (linux/netlink.h).
-const NETLINK_NETFILTER: libc::c_int = 12;
 /// `(NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET`.
 const CT_GET: u16 = (1 << 8) | 1;
 /// Attributes (linux/netfilter/nfnetlink_conntrack.h).
@@ -55,7 +53,7 @@ pub enum DumpError {
 /// The TCP and UDP flows conntrack holds in this network namespace with a
 /// destination NAT.
 pub fn dump() -> Result<Vec<NatFlow>, DumpError> {
-    let socket = Netlink::open(NETLINK_NETFILTER)?;
+    let socket = Netlink::open(libc::NETLINK_NETFILTER)?;
     // nfgenmsg: AF_UNSPEC (every family), version 0, resource id 0.
     socket.send(CT_GET, NLM_F_REQUEST | NLM_F_DUMP, &[0, 0, 0, 0])?;
     let mut flows = Vec::new();
@@ -91,10 +89,6 @@ pub fn parse_messages(data: &[u8], flows: &mut Vec<NatFlow>) -> Result<bool, Dum
     Ok(false)
 }
 
-const fn align(len: usize) -> usize {
-    (len + 3) & !3
-}
-
 /// The attributes in `data`: (type without its flag bits, payload).
 fn attributes(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     std::iter::from_fn(move || {
@@ -107,7 +101,7 @@ fn attributes(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
             return None;
         }
         let payload = &data[4..len];
-        data = data.get(align(len)..).unwrap_or(&[]);
+        data = data.get(netlink::align(len)..).unwrap_or(&[]);
         Some((kind, payload))
     })
 }
@@ -149,7 +143,7 @@ mod tests {
         out.extend_from_slice(&u16::try_from(4 + payload.len()).unwrap().to_ne_bytes());
         out.extend_from_slice(&kind.to_ne_bytes());
         out.extend_from_slice(payload);
-        out.resize(align(out.len()), 0);
+        out.resize(netlink::align(out.len()), 0);
         out
     }
 

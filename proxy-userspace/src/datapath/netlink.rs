@@ -80,9 +80,16 @@ pub fn messages(mut data: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), ()
             return Some(Err(()));
         }
         let payload = &data[NLMSG_HDRLEN..len];
-        data = data.get((len + 3) & !3..).unwrap_or(&[]);
+        data = data.get(align(len)..).unwrap_or(&[]);
         Some(Ok((kind, payload)))
     })
+}
+
+/// `len` rounded up to netlink's 4-byte alignment (`NLMSG_ALIGN`,
+/// `NLA_ALIGN`).
+#[must_use]
+pub const fn align(len: usize) -> usize {
+    (len + 3) & !3
 }
 
 /// The code of an `NLMSG_ERROR` payload (`struct nlmsgerr`): a negative

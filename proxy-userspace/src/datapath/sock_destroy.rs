@@ -136,7 +136,7 @@ pub fn in_namespace<T: Send>(path: &Path, f: impl FnOnce() -> io::Result<T> + Se
 }
 
 fn destroy_here(protocols: &HashSet<Protocol>, pick: &(dyn Fn(&SocketId) -> bool + Sync)) -> io::Result<usize> {
-    let nl = netlink::SockDiag::open()?;
+    let nl = diag::SockDiag::open()?;
     let mut n = 0;
     let families = [u8::try_from(libc::AF_INET).expect("2"), u8::try_from(libc::AF_INET6).expect("10")];
     for protocol in protocols {
@@ -160,13 +160,12 @@ fn destroy_here(protocols: &HashSet<Protocol>, pick: &(dyn Fn(&SocketId) -> bool
 
 /// `NETLINK_SOCK_DIAG` messages, laid out as in linux/sock_diag.h and
 /// linux/inet_diag.h, over the agent's netlink socket (`super::super::netlink`).
-mod netlink {
+mod diag {
     use super::{IpAddr, Ipv4Addr, Ipv6Addr, Protocol, SocketId, io};
     use crate::datapath::netlink::{
         self as nl, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, Netlink,
     };
 
-    const NETLINK_SOCK_DIAG: i32 = 4;
     const SOCK_DIAG_BY_FAMILY: u16 = 20;
     const SOCK_DESTROY: u16 = 21;
     /// `struct inet_diag_sockid`.
@@ -181,7 +180,7 @@ mod netlink {
 
     impl SockDiag {
         pub fn open() -> io::Result<Self> {
-            Ok(Self { socket: Netlink::open(NETLINK_SOCK_DIAG)? })
+            Ok(Self { socket: Netlink::open(libc::NETLINK_SOCK_DIAG)? })
         }
 
         /// Every socket of `family` and `protocol` in this namespace.
