@@ -217,6 +217,7 @@ impl EndpointSpec {
     }
 
     /// Whether it has hints or an address written otherwise (boxed).
+    #[cfg(test)]
     #[must_use]
     pub const fn has_rare_fields(&self) -> bool {
         self.rare.is_some()

@@ -561,10 +561,17 @@ fn a_shared_key_passes_between_its_claimants() {
 /// port, see `ServicePort`), and another port its own.
 #[test]
 fn the_frontends_of_a_port_share_its_name() {
-    let tr = translate_on_node(&load_balancer(""));
-    let ports: Vec<&super::ServicePort> = tr.table.values().map(|f| &f.service_port).collect();
-    assert!(ports.len() >= 5, "ClusterIP, NodePorts, LoadBalancer and external IPs: {}", ports.len());
-    assert!(ports.iter().all(|p| p.shares(ports[0])), "{ports:?}");
-    let apart = super::ServicePort::new("ns", "s", "http");
-    assert!(*ports[0] == apart && !ports[0].shares(&apart), "equal strings made apart are not shared");
+    let two_ports = load_balancer("").replace(
+        "  - {name: http, port: 80, nodePort: 30080}\n",
+        "  - {name: http, port: 80, nodePort: 30080}\n  - {name: https, port: 443, nodePort: 30443}\n",
+    );
+    let tr = translate_on_node(&two_ports);
+    let of = |name: &str| -> Vec<&super::ServicePort> {
+        tr.table.values().map(|f| &f.service_port).filter(|p| p.port() == name).collect()
+    };
+    let (http, https) = (of("http"), of("https"));
+    assert!(http.len() >= 5, "ClusterIP, NodePorts, LoadBalancer and external IPs: {}", http.len());
+    assert_eq!(http.len(), https.len());
+    assert!(http.iter().all(|p| p.shares(http[0])) && https.iter().all(|p| p.shares(https[0])), "{http:?}");
+    assert!(!http[0].shares(https[0]), "another port holds its own name");
 }
