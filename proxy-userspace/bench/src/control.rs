@@ -83,7 +83,6 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     std::fs::write(&kubeconfig, kubeconfig_yaml(&server.url()))?;
     let cgroup = TestCgroup::create(&unique_name("ebpf-proxy-bench-cp"))?;
     let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-bench-cp"))?;
-    let applied = |r: &serde_json::Value| message(r) == Some(ebpf_proxy::agent::APPLIED);
     let start = || -> anyhow::Result<(proxy_testkit::AgentProcess, serde_json::Value, f64)> {
         let started = Instant::now();
         let agent = settings.start_agent(
@@ -92,13 +91,8 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
             bpffs.path(),
             "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info",
         )?;
-        let first = agent
-            .wait_for(0, Duration::from_mins(5), applied)
-            .map_err(anyhow::Error::msg)
-            .context("the agent did not program the services")?;
-        let seconds = started.elapsed().as_secs_f64();
-        ensure_applied(&first)?;
-        Ok((agent, first, seconds))
+        let first = first_applied(&agent, "the agent")?;
+        Ok((agent, first, started.elapsed().as_secs_f64()))
     };
     let (agent, first, cold_start_seconds) = start()?;
     let first_sync_seconds = latency_ms(&first) / 1000.0;
@@ -117,13 +111,13 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         let mark = agent.mark();
         let written = Instant::now();
         server.put_by(spec::SLICE_MANAGER, spec::slice_object(s, Some(moved)));
-        let record = agent.wait_for(mark, Duration::from_secs(30), applied).map_err(anyhow::Error::msg)?;
+        let record = agent.wait_for(mark, Duration::from_secs(30), is_applied).map_err(anyhow::Error::msg)?;
         end_to_end.push(written.elapsed().as_secs_f64() * 1000.0);
         at_agent.push(latency_ms(&record));
         // Put it back, outside the measurement.
         let mark = agent.mark();
         server.put_by(spec::SLICE_MANAGER, spec::slice_object(s, None));
-        agent.wait_for(mark, Duration::from_secs(30), applied).map_err(anyhow::Error::msg)?;
+        agent.wait_for(mark, Duration::from_secs(30), is_applied).map_err(anyhow::Error::msg)?;
     }
     let (peak_rss_mib, rss_mib) = rss(agent.pid());
     let restarts = crate::relist::run(&mut server, &agent, n)?;
@@ -131,7 +125,9 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     // A restart of the agent (an upgrade, a crash): the maps stay pinned,
     // the new process reads them back and writes what differs.
     let (agent, first, agent_restart_seconds) = start()?;
-    let agent_restart_writes = field(&first, "writes").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let agent_restart_writes = field(&first, "writes")
+        .and_then(serde_json::Value::as_u64)
+        .with_context(|| format!("an applied record without its writes: {first}"))?;
     let agent_restart_peak_rss_mib = rss(agent.pid()).0;
     drop(agent);
     Ok(Control {
@@ -161,6 +157,23 @@ fn latency_ms(record: &serde_json::Value) -> f64 {
     #[expect(clippy::cast_precision_loss, reason = "microseconds far below 2^52")]
     let us = field(record, "latency_us").and_then(serde_json::Value::as_u64).unwrap_or(0) as f64;
     us / 1000.0
+}
+
+/// Whether `record` is the line each of the agent's syncs ends with.
+pub fn is_applied(record: &serde_json::Value) -> bool {
+    message(record) == Some(ebpf_proxy::agent::APPLIED)
+}
+
+/// The agent's first sync (waited for up to five minutes), which must
+/// have written everything (`ensure_applied`); `who` names the agent in
+/// the error.
+pub fn first_applied(agent: &proxy_testkit::AgentProcess, who: &str) -> anyhow::Result<serde_json::Value> {
+    let first = agent
+        .wait_for(0, Duration::from_mins(5), is_applied)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("{who} did not apply the services"))?;
+    ensure_applied(&first)?;
+    Ok(first)
 }
 
 /// Fails unless an "applied" record says every write succeeded (a map too

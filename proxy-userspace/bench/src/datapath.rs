@@ -106,11 +106,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Run> {
         bpffs.path(),
         "warn,ebpf_proxy::agent=info",
     )?;
-    let applied = agent
-        .wait_for(0, Duration::from_mins(5), |r| proxy_testkit::message(r) == Some(ebpf_proxy::agent::APPLIED))
-        .map_err(anyhow::Error::msg)
-        .context("ebpf-proxy did not apply the services")?;
-    super::control::ensure_applied(&applied)?;
+    super::control::first_applied(&agent, "ebpf-proxy")?;
     loads.push(RuleLoad { services: n, tool: "ebpf-proxy (services file)", seconds: started.elapsed().as_secs_f64() });
 
     // Warm up every path once (ARP, caches), then measure.

@@ -434,11 +434,7 @@ fn start_agent(
         "warn,ebpf_proxy::agent=info",
         settings.agent_log,
     )?;
-    let applied = agent
-        .wait_for(0, Duration::from_mins(5), |r| message(r) == Some(ebpf_proxy::agent::APPLIED))
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("ebpf-proxy on {node} did not apply the services"))?;
-    super::control::ensure_applied(&applied)?;
+    super::control::first_applied(&agent, &format!("ebpf-proxy on {node}"))?;
     agent
         .wait_for(0, Duration::from_secs(30), |r| {
             message(r).is_some_and(|m| m.starts_with("serving traffic from outside"))

@@ -38,10 +38,6 @@ pub struct Restarts {
     pub rss_after_relist_mib: f64,
 }
 
-fn is_applied(r: &Value) -> bool {
-    message(r) == Some(ebpf_proxy::agent::APPLIED)
-}
-
 /// Runs both restarts against the agent following `server`, which holds
 /// `n` services of the bench's spec.
 pub fn run(server: &mut TestApiServer, agent: &AgentProcess, n: u32) -> anyhow::Result<Restarts> {
@@ -54,7 +50,10 @@ pub fn run(server: &mut TestApiServer, agent: &AgentProcess, n: u32) -> anyhow::
     server.put_by(spec::SLICE_MANAGER, spec::slice_object(changed, Some(0)));
     server.start_again();
     let back = Instant::now();
-    agent.wait_for(mark, PATIENCE, is_applied).map_err(anyhow::Error::msg).context("no sync after the restart")?;
+    agent
+        .wait_for(mark, PATIENCE, crate::control::is_applied)
+        .map_err(anyhow::Error::msg)
+        .context("no sync after the restart")?;
     let resync_after_restart_seconds = back.elapsed().as_secs_f64();
 
     // A restart after a compaction: the change is put back while down and
@@ -80,7 +79,10 @@ pub fn run(server: &mut TestApiServer, agent: &AgentProcess, n: u32) -> anyhow::
         let at = agent.records().iter().skip(mark).position(relisted).map_or(mark, |i| mark + i + 1);
         after = after.max(at);
     }
-    agent.wait_for(after, PATIENCE, is_applied).map_err(anyhow::Error::msg).context("no sync after the relists")?;
+    agent
+        .wait_for(after, PATIENCE, crate::control::is_applied)
+        .map_err(anyhow::Error::msg)
+        .context("no sync after the relists")?;
     let relist_seconds = back.elapsed().as_secs_f64();
     let relist_peak_rss_mib = sampler.stop();
     std::thread::sleep(SETTLE);
