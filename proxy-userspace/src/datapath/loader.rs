@@ -182,8 +182,8 @@ pub enum LoadError {
          set --nodeport-acceleration=best-effort or disabled to serve traffic from outside with the TC programs"
     )]
     XdpLoad { source: ProgramError },
-    #[error("Maglev table size {size} is not one of {:?}", crate::maglev::SIZES)]
-    MaglevSize { size: usize },
+    #[error(transparent)]
+    MaglevSize(#[from] crate::maglev::BadSize),
     #[error("cannot start the thread that loads the programs: {source}")]
     Thread { source: std::io::Error },
     #[error("the programs failed to load (the error was logged and returned before)")]
@@ -281,10 +281,11 @@ impl Datapath {
         // we know: it is made (or found) here and the programs take the pin.
         let maglev_pin = maps_dir.join(map_names::MAGLEV);
         let maglev = MaglevMap::open_or_create(&maglev_pin, opts.maglev_size)?;
-        let maglev_size = MAGLEV_SIZES
+        let at = crate::maglev::SIZES
             .iter()
-            .find(|m| usize::try_from(**m).is_ok_and(|m| m == opts.maglev_size))
-            .ok_or_else(|| LoadError::MaglevSize { size: opts.maglev_size })?;
+            .position(|m| *m == opts.maglev_size)
+            .ok_or(crate::maglev::BadSize(opts.maglev_size))?;
+        let maglev_size = &MAGLEV_SIZES[at];
         let mut ebpf = LOADER
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
