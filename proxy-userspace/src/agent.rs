@@ -153,14 +153,10 @@ async fn run_with(
     applied: watch::Sender<Applied>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    // A signal during the load and the read of the pinned maps (seconds
+    // at 100,000 services) ends the run once they are done:
+    // `cmd::run::shutdown_signal` installs its handlers when it is made.
     tokio::pin!(shutdown);
-    // Polled once now, so that its signal handlers are in place before the
-    // load and the read of the pinned maps, which hold this task for
-    // seconds at 100,000 services: a SIGTERM meanwhile ends the run once
-    // they are done, as it does later.
-    if futures::FutureExt::now_or_never(&mut shutdown).is_some() {
-        return Ok(());
-    }
     let Telemetries { telemetry, metrics } = telemetries;
     // Decided before the load, which writes the programs' mode for traffic
     // from outside: a restart in the middle of a takeover never serves it

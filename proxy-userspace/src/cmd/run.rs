@@ -148,12 +148,18 @@ fn flag_or_file<T>(flag: Vec<T>, file: Vec<T>) -> Vec<T> {
     if flag.is_empty() { file } else { flag }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this
+/// is called, not when the future is first polled: a signal while the
+/// agent loads and reads its maps, before it waits on the future, is kept
+/// for it.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        _ = term.recv() => tracing::info!("SIGTERM received"),
+    let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
+    async move {
+        tokio::select! {
+            _ = int.recv() => tracing::info!("SIGINT received"),
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+        }
     }
 }
