@@ -102,12 +102,15 @@ impl Telemetry {
     /// starts from zero.
     pub fn set_frontend(&mut self, frontend: FrontendKey, now: Option<(RevNatId, ServicePort)>) {
         if let Some((id, service)) = now {
-            let labels = (service, frontend);
-            if self.frontends_by_id.get(&id) == Some(&labels) {
+            if let Some((held, key)) = self.frontends_by_id.get_mut(&id)
+                && *key == frontend
+                && *held == service
+            {
                 // The same labels: hold the model's strings, not a second
-                // copy of them (see `ServicePort`).
-                self.frontends_by_id.insert(id, labels);
+                // copy of them.
+                held.adopt(&service);
             } else {
+                let labels = (service, frontend);
                 if let Some(counters) = self.counters.as_mut()
                     && let Err(err) = counters.reset(id)
                 {

@@ -74,17 +74,13 @@ impl AppliedFrontend {
         }
     }
 
-    /// Takes `service_port`; its name is written again when it differs.
-    /// Takes the model's service port: its shared strings (`ServicePort`),
-    /// also when equal to the ones held (read back after a restart, or of
-    /// an earlier translation), so no second copy stays; the name is
-    /// written again only when it differs.
+    /// Takes the model's service port (`ServicePort::adopt`: its shared
+    /// strings, also when equal to the ones held after a restart or an
+    /// earlier translation); the name is written again only when it
+    /// differs.
     fn set_service_port(&mut self, service_port: &ServicePort) {
-        if !self.service_port.shares(service_port) {
-            if self.service_port != *service_port {
-                self.name_written = false;
-            }
-            service_port.clone_into(&mut self.service_port);
+        if self.service_port.adopt(service_port) {
+            self.name_written = false;
         }
     }
 

@@ -225,6 +225,17 @@ impl ServicePort {
         self.service.shares(&other.service) && std::sync::Arc::ptr_eq(&self.port, &other.port)
     }
 
+    /// Takes `other`'s shared strings (also when equal to the ones held,
+    /// so that no second copy stays); whether the value differed.
+    pub fn adopt(&mut self, other: &Self) -> bool {
+        if self.shares(other) {
+            return false;
+        }
+        let differed = self != other;
+        other.clone_into(self);
+        differed
+    }
+
     /// `namespace/name`, the service's name.
     #[must_use]
     pub fn service(&self) -> String {
