@@ -31,36 +31,40 @@ pub struct Loaded {
     pub xdp: bool,
 }
 
-/// A datapath's programs: being loaded, loaded, or neither (their load
-/// failed, and the error was returned once).
-pub struct Programs {
+/// A datapath's programs, from the object to the loaded programs.
+pub enum Programs {
     /// The object with its maps taken out, until `start`.
-    waiting: Option<(Ebpf, Acceleration)>,
-    loading: Option<JoinHandle<Result<Loaded, LoadError>>>,
-    loaded: Option<Loaded>,
+    Waiting(Box<Ebpf>, Acceleration),
+    Loading(Loading),
+    Loaded(Loaded),
+    /// The load failed, and its error was returned once.
+    Failed,
 }
 
 impl Programs {
     /// The programs of `ebpf` (its maps made), to load when `start` (or
     /// `loaded`) is called.
-    pub const fn new(ebpf: Ebpf, acceleration: Acceleration) -> Self {
-        Self { waiting: Some((ebpf, acceleration)), loading: None, loaded: None }
+    pub fn new(ebpf: Ebpf, acceleration: Acceleration) -> Self {
+        Self::Waiting(Box::new(ebpf), acceleration)
     }
 
     /// Starts loading the programs on a thread (once).
     pub fn start(&mut self) -> Result<(), LoadError> {
-        let Some((ebpf, acceleration)) = self.waiting.take() else { return Ok(()) };
+        if !matches!(self, Self::Waiting(..)) {
+            return Ok(());
+        }
+        let Self::Waiting(ebpf, acceleration) = std::mem::replace(self, Self::Failed) else { unreachable!() };
         let handle = std::thread::Builder::new()
             .name("load-programs".into())
             .spawn(move || {
-                let loaded = load(ebpf, acceleration);
+                let loaded = load(*ebpf, acceleration);
                 if let Err(err) = &loaded {
                     tracing::error!(%err, "cannot load the programs");
                 }
                 loaded
             })
             .map_err(|source| LoadError::Thread { source })?;
-        self.loading = Some(handle);
+        *self = Self::Loading(Loading(Some(handle)));
         Ok(())
     }
 
@@ -68,25 +72,41 @@ impl Programs {
     /// first time (`LoadError::ProgramsFailed` after that).
     pub fn loaded(&mut self) -> Result<&mut Loaded, LoadError> {
         self.start()?;
-        if let Some(handle) = self.loading.take() {
-            let loaded = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-            self.loaded = Some(loaded);
+        if matches!(self, Self::Loading(_)) {
+            let Self::Loading(loading) = std::mem::replace(self, Self::Failed) else { unreachable!() };
+            *self = Self::Loaded(loading.join()?);
         }
-        self.loaded.as_mut().ok_or(LoadError::ProgramsFailed)
+        match self {
+            Self::Loaded(loaded) => Ok(loaded),
+            _ => Err(LoadError::ProgramsFailed),
+        }
     }
 
     /// The programs when their load has been waited for (`loaded`).
     pub const fn get(&self) -> Option<&Loaded> {
-        self.loaded.as_ref()
+        match self {
+            Self::Loaded(loaded) => Some(loaded),
+            _ => None,
+        }
     }
 }
 
-/// A datapath dropped while its programs load (a start that moves to
-/// bigger maps before its first write) waits for the load, so that no
-/// program outlives it unseen (a test's cleanup, `cleanup` after a stop).
-impl Drop for Programs {
+/// A load running on its thread. Dropped before it is joined (a datapath
+/// dropped while its programs load: a start that moves to bigger maps
+/// before its first write), it waits for the load, so that no program
+/// outlives it unseen (a test's cleanup, `cleanup` after a stop).
+pub struct Loading(Option<JoinHandle<Result<Loaded, LoadError>>>);
+
+impl Loading {
+    fn join(mut self) -> Result<Loaded, LoadError> {
+        let handle = self.0.take().expect("joined once");
+        handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
+}
+
+impl Drop for Loading {
     fn drop(&mut self) {
-        if let Some(handle) = self.loading.take() {
+        if let Some(handle) = self.0.take() {
             let _ = handle.join();
         }
     }
