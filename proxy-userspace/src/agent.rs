@@ -257,12 +257,24 @@ async fn run_with(
         drop(t);
         applied.send_replace(snapshot);
         take_over(&mut takeover, Some(synced.report.failures.is_empty()), &pipeline, &mut datapath, metrics)?;
+        free_aside(synced);
     }
     info!(
         pin_dir = %config.load.pin_dir.display(),
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
     Ok(())
+}
+
+/// Frees a sync's report; a whole table's (100,000 changes, each with its
+/// backends, at 100,000 services: ~15 ms to free) on a thread of its own,
+/// so that the next change does not wait for it.
+fn free_aside(synced: Synced) {
+    const LARGE: usize = 1024;
+    if synced.report.changes.len() >= LARGE {
+        // A thread that cannot start frees it here, as the closure drops.
+        let _ = std::thread::Builder::new().name("free-report".into()).spawn(move || drop(synced));
+    }
 }
 
 /// A takeover from kube-proxy is due when its rules are on the node: then
@@ -555,8 +567,8 @@ fn publish(
         t.set_frontends(reconciler.frontend_ids());
     } else {
         for c in &report.changes {
-            let now = reconciler.frontend_id(&c.frontend).map(|id| (id, c.service_port.clone()));
-            t.set_frontend(c.frontend, now);
+            let now = (c.kind != ChangeKind::Removed).then_some(&c.service_port);
+            t.set_frontend(c.frontend, c.rev_nat, now);
         }
     }
 }

@@ -3,7 +3,7 @@
 //! scrape (kube-proxy's, updated as things happen, are in `metrics`).
 use proxy_common::RevNatId;
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::BTreeMap,
     sync::{Arc, Mutex},
 };
 
@@ -43,12 +43,8 @@ pub struct Telemetry {
     pub health_check_ports: usize,
     /// Devices the TC programs are attached to.
     pub devices: usize,
-    /// rev-NAT id -> (service port, frontend), for the counters' labels,
-    /// which are written out at a scrape (the service port is the model's
-    /// shared one: no copy of its strings per frontend).
-    pub frontends_by_id: BTreeMap<RevNatId, (ServicePort, FrontendKey)>,
-    /// frontend -> rev-NAT id, the reverse of `frontends_by_id`.
-    id_of: HashMap<FrontendKey, RevNatId>,
+    /// The counters' labels by rev-NAT id, written out at a scrape.
+    pub labels: FrontendLabels,
     /// The Kubernetes watches' counters (kube mode only).
     pub watch: Option<Arc<WatchCounters>>,
 }
@@ -72,64 +68,122 @@ impl Telemetry {
             maglev_tables: 0,
             health_check_ports: 0,
             devices: 0,
-            frontends_by_id: BTreeMap::new(),
-            id_of: HashMap::new(),
+            labels: FrontendLabels::default(),
             watch: None,
         }
     }
 
-    /// Takes the frontends after a sync; zeroes the counter of an id that
-    /// now names another frontend than before (ids are reused).
-    pub fn set_frontends(&mut self, ids: Vec<(RevNatId, FrontendKey, ServicePort)>) {
-        let new: BTreeMap<RevNatId, (ServicePort, FrontendKey)> =
-            ids.into_iter().map(|(id, key, service)| (id, (service, key))).collect();
-        if let Some(counters) = self.counters.as_mut() {
-            let reset: Vec<RevNatId> = new
-                .iter()
-                .filter(|(id, labels)| self.frontends_by_id.get(id) != Some(labels))
-                .map(|(id, _)| *id)
-                .collect();
-            if let Err(err) = counters.reset_all(&reset) {
-                tracing::warn!(frontends = reset.len(), %err, "cannot reset the connection counters of new frontends");
+    /// Takes the whole table's frontends after a sync (`(id, frontend,
+    /// service port)`); zeroes the counter of an id that now names another
+    /// frontend than before (ids are reused).
+    pub fn set_frontends(&mut self, ids: impl IntoIterator<Item = (RevNatId, FrontendKey, ServicePort)>) {
+        let mut labels = FrontendLabels::default();
+        let mut reset = Vec::new();
+        for (id, frontend, service) in ids {
+            if !self.labels.holds(id, &frontend, &service) {
+                reset.push(id);
             }
+            labels.insert(id, service, frontend);
         }
-        self.id_of = new.iter().map(|(id, (_, f))| (*f, *id)).collect();
-        self.frontends_by_id = new;
+        self.reset_counters(&reset);
+        self.labels = labels;
     }
 
-    /// Frontend `frontend` now has id `now` (`None`: it is gone), with
-    /// `service` as its label; a counter that passes to a new frontend
-    /// starts from zero.
-    pub fn set_frontend(&mut self, frontend: FrontendKey, now: Option<(RevNatId, ServicePort)>) {
-        if let Some((id, service)) = now {
-            if let Some((held, key)) = self.frontends_by_id.get_mut(&id)
-                && *key == frontend
-                && *held == service
-            {
-                // The same labels: hold the model's strings, not a second
-                // copy of them.
-                held.adopt(&service);
-            } else {
-                let labels = (service, frontend);
-                if let Some(counters) = self.counters.as_mut()
-                    && let Err(err) = counters.reset(id)
-                {
-                    tracing::warn!(id, %err, "cannot reset a connection counter");
-                }
-                self.forget_frontend(&labels.1);
-                if let Some((_, previous)) = self.frontends_by_id.insert(id, labels) {
-                    self.id_of.remove(&previous);
-                }
-                self.id_of.insert(frontend, id);
-            }
-        } else {
-            self.forget_frontend(&frontend);
+    /// Frontend `frontend`, of rev-NAT id `id` (0: none), now has `service`
+    /// as its label (`None`: it is gone); a counter that passes to a new
+    /// frontend starts from zero. A frontend keeps its id while it exists
+    /// (`datapath::reconcile`), so a gone one's id says where its labels are.
+    pub fn set_frontend(&mut self, frontend: FrontendKey, id: RevNatId, service: Option<&ServicePort>) {
+        if id == 0 {
+            return;
+        }
+        let Some(service) = service else {
+            self.labels.remove(id, &frontend);
+            return;
+        };
+        if let Some(held) = self.labels.held(id, &frontend, service) {
+            // The same labels: hold the model's strings, not a second
+            // copy of them.
+            held.adopt(service);
+            return;
+        }
+        self.reset_counters(&[id]);
+        self.labels.insert(id, service.clone(), frontend);
+    }
+
+    /// Zeroes the counters of `ids`, unless none was ever handed out since
+    /// the counters were made (all zero already: a fresh start's 100,000).
+    fn reset_counters(&mut self, ids: &[RevNatId]) {
+        let Some(counters) = self.counters.as_mut() else { return };
+        if counters.take_zeroed() || ids.is_empty() {
+            return;
+        }
+        if let Err(err) = counters.reset_all(ids) {
+            tracing::warn!(frontends = ids.len(), %err, "cannot reset the connection counters of new frontends");
+        }
+    }
+}
+
+/// The labels of the per-frontend counters, by rev-NAT id. Ids are handed
+/// out lowest first (`datapath::ids`), so a `Vec` indexed by id is as long
+/// as the most frontends held at once, and cheaper than a tree.
+#[derive(Debug, Default)]
+pub struct FrontendLabels {
+    by_id: Vec<Option<(ServicePort, FrontendKey)>>,
+    len: usize,
+}
+
+impl FrontendLabels {
+    /// Frontends labelled.
+    #[must_use]
+    pub const fn len(&self) -> usize {
+        self.len
+    }
+
+    #[must_use]
+    pub const fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `(id, service port, frontend)`, lowest id first.
+    pub fn iter(&self) -> impl Iterator<Item = (RevNatId, &ServicePort, &FrontendKey)> {
+        self.by_id.iter().enumerate().filter_map(|(id, l)| {
+            let (service, frontend) = l.as_ref()?;
+            Some((RevNatId::try_from(id).expect("ids are rev-NAT ids"), service, frontend))
+        })
+    }
+
+    fn slot(&self, id: RevNatId) -> Option<&(ServicePort, FrontendKey)> {
+        self.by_id.get(usize::try_from(id).ok()?)?.as_ref()
+    }
+
+    fn holds(&self, id: RevNatId, frontend: &FrontendKey, service: &ServicePort) -> bool {
+        self.slot(id).is_some_and(|(s, f)| f == frontend && s == service)
+    }
+
+    /// The held service port of `id` when its labels are these.
+    fn held(&mut self, id: RevNatId, frontend: &FrontendKey, service: &ServicePort) -> Option<&mut ServicePort> {
+        let (s, f) = self.by_id.get_mut(usize::try_from(id).ok()?)?.as_mut()?;
+        (f == frontend && s == service).then_some(s)
+    }
+
+    fn insert(&mut self, id: RevNatId, service: ServicePort, frontend: FrontendKey) {
+        let at = usize::try_from(id).expect("rev-NAT ids fit in usize");
+        if self.by_id.len() <= at {
+            self.by_id.resize_with(at + 1, || None);
+        }
+        if self.by_id[at].replace((service, frontend)).is_none() {
+            self.len += 1;
         }
     }
 
-    fn forget_frontend(&mut self, frontend: &FrontendKey) {
-        if let Some(id) = self.id_of.remove(frontend) {
-            self.frontends_by_id.remove(&id);
+    /// Forgets `id` when it labels `frontend` (not when it passed to
+    /// another since).
+    fn remove(&mut self, id: RevNatId, frontend: &FrontendKey) {
+        let Some(slot) = usize::try_from(id).ok().and_then(|at| self.by_id.get_mut(at)) else { return };
+        if slot.as_ref().is_some_and(|(_, f)| f == frontend) {
+            *slot = None;
+            self.len -= 1;
         }
     }
 }
@@ -268,7 +322,7 @@ impl Telemetry {
     /// `max_series` frontends by id; how many were left out.
     fn connections(&self, out: &mut DescriptorEncoder, max_series: usize) -> std::fmt::Result {
         let Some(counters) = &self.counters else { return Ok(()) };
-        let omitted = self.frontends_by_id.len().saturating_sub(max_series);
+        let omitted = self.labels.len().saturating_sub(max_series);
         gauge(
             out,
             "ebpf_proxy_service_series_omitted",
@@ -284,8 +338,8 @@ impl Telemetry {
             None,
             MetricType::Counter,
         )?;
-        for (id, (service, frontend)) in self.frontends_by_id.iter().take(max_series) {
-            if let Ok(n) = counters.read(*id) {
+        for (id, service, frontend) in self.labels.iter().take(max_series) {
+            if let Ok(n) = counters.read(id) {
                 let (service, frontend) = (service.to_string(), frontend.to_string());
                 let labels = [("service", service.as_str()), ("frontend", frontend.as_str())];
                 ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
@@ -314,7 +368,56 @@ fn gauge(out: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> std
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
+    use crate::{
+        metrics::Metrics,
+        model::{FrontendKey, Protocol, ServicePort},
+    };
+
+    fn frontend(last: u8) -> FrontendKey {
+        FrontendKey::new(std::net::IpAddr::from([10, 96, 0, last]), 80, Protocol::Tcp)
+    }
+
+    fn labelled(t: &Telemetry) -> Vec<(RevNatId, String, String)> {
+        t.labels.iter().map(|(id, s, f)| (id, s.to_string(), f.to_string())).collect()
+    }
+
+    #[test]
+    fn labels_follow_the_frontends_by_id() {
+        let (web, dns) = (ServicePort::new("default", "web", "http"), ServicePort::new("kube-system", "dns", "dns"));
+        let mut t = Telemetry::new(100, 50);
+        t.set_frontends([(7, frontend(7), dns.clone()), (2, frontend(2), web.clone())]);
+        let want = |ids: &[(RevNatId, &ServicePort, u8)]| -> Vec<(RevNatId, String, String)> {
+            ids.iter().map(|(id, s, f)| (*id, s.to_string(), frontend(*f).to_string())).collect()
+        };
+        assert_eq!(labelled(&t), want(&[(2, &web, 2), (7, &dns, 7)]));
+        assert_eq!(t.labels.len(), 2);
+        // A gone frontend's labels go by its id...
+        t.set_frontend(frontend(2), 2, None);
+        assert_eq!(labelled(&t), want(&[(7, &dns, 7)]));
+        // ...but not once its id names another frontend.
+        t.set_frontend(frontend(9), 7, Some(&web));
+        t.set_frontend(frontend(7), 7, None);
+        assert_eq!(labelled(&t), want(&[(7, &web, 9)]));
+        // A frontend with no id (its write failed) is not labelled.
+        t.set_frontend(frontend(3), 0, Some(&web));
+        assert_eq!(t.labels.len(), 1);
+        // The whole table again: what it lacks goes.
+        t.set_frontends([(1, frontend(1), dns.clone())]);
+        assert_eq!(labelled(&t), want(&[(1, &dns, 1)]));
+        assert_eq!(t.labels.len(), 1);
+        t.set_frontends([]);
+        assert!(t.labels.is_empty());
+    }
+
+    #[test]
+    fn same_labels_hold_the_models_strings() {
+        let mut t = Telemetry::new(100, 50);
+        t.set_frontends([(1, frontend(1), ServicePort::new("default", "web", "http"))]);
+        let model = ServicePort::new("default", "web", "http");
+        t.set_frontend(frontend(1), 1, Some(&model));
+        let (_, held, _) = t.labels.iter().next().unwrap();
+        assert!(held.shares(&model));
+    }
 
     #[test]
     fn own_metrics_from_the_snapshot() {

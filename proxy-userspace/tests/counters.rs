@@ -1,13 +1,19 @@
 //! The per-frontend connection counters (`CONNECTIONS`, a per-CPU array):
 //! zeroing many at once (`ConnCounters::reset_all`, what the first sync of
 //! a start does for every frontend) in batches, in the real kernel, leaves
-//! every other counter as it was.
+//! every other counter as it was; and which counters the telemetry zeroes
+//! as frontends take ids (those passing to another frontend, none of a
+//! map the load just made).
 mod common;
 
 use std::os::fd::AsFd as _;
 
 use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
-use ebpf_proxy::datapath::counters::ConnCounters;
+use ebpf_proxy::{
+    datapath::counters::ConnCounters,
+    model::{FrontendKey, Protocol, ServicePort},
+    telemetry::Telemetry,
+};
 
 #[test]
 fn reset_all_zeroes_exactly_the_ids_given() {
@@ -27,9 +33,48 @@ fn reset_all_zeroes_exactly_the_ids_given() {
     check(&counters, 64, &[3, 9, 10, 63]);
 }
 
+#[test]
+fn an_id_passing_to_another_frontend_starts_from_zero() {
+    common::require_root!();
+    let frontend = |last: u8| FrontendKey::new(std::net::IpAddr::from([10, 96, 0, last]), 80, Protocol::Tcp);
+    let web = ServicePort::new("default", "web", "http");
+    let mut t = Telemetry::new(64, 64);
+    t.counters = Some(filled(64));
+    // A first sync after a restart on pinned counters: ids may carry a
+    // removed frontend's counts, so every id handed out is zeroed.
+    t.set_frontends([(3, frontend(3), web.clone()), (9, frontend(9), web.clone())]);
+    check(t.counters.as_ref().unwrap(), 64, &[3, 9]);
+    // The same labels again (a relist) zero nothing.
+    t.counters = Some(filled(64));
+    t.set_frontends([(3, frontend(3), web.clone()), (9, frontend(9), web.clone())]);
+    check(t.counters.as_ref().unwrap(), 64, &[]);
+    // One change: id 9's frontend goes, then id 9 is another's.
+    t.set_frontend(frontend(9), 9, None);
+    check(t.counters.as_ref().unwrap(), 64, &[]);
+    t.set_frontend(frontend(10), 9, Some(&web));
+    check(t.counters.as_ref().unwrap(), 64, &[9]);
+    t.set_frontend(frontend(3), 3, Some(&web));
+    check(t.counters.as_ref().unwrap(), 64, &[9]);
+
+    // Counters the load made (no pin found) are all zero: the first sync
+    // writes none of them (the programs may count already), later ones do.
+    let mut t = Telemetry::new(64, 64);
+    t.counters = Some(filled_as(64, true));
+    t.set_frontends([(3, frontend(3), web.clone())]);
+    check(t.counters.as_ref().unwrap(), 64, &[]);
+    t.set_frontend(frontend(4), 3, Some(&web));
+    check(t.counters.as_ref().unwrap(), 64, &[3]);
+}
+
 /// A new per-CPU array of `size` counters (BPF_MAP_TYPE_PERCPU_ARRAY,
 /// linux/bpf.h, as the agent's CONNECTIONS), each at its `value`.
 fn filled(size: u32) -> ConnCounters {
+    filled_as(size, false)
+}
+
+/// As `filled`, handed over as a map the load made (`zeroed`) or not:
+/// what the counters do with the flag shows as values that stay.
+fn filled_as(size: u32, zeroed: bool) -> ConnCounters {
     let obj = aya_obj::Map::new_from_params(6, 4, 8, size, 0);
     let data = MapData::create(obj, "test_counters", None).expect("create a per-CPU array");
     let second = MapData::from_fd(data.fd().as_fd().try_clone_to_owned().unwrap()).unwrap();
@@ -37,7 +82,7 @@ fn filled(size: u32) -> ConnCounters {
     for id in 0..size {
         writer.set(id, PerCpuValues::try_from(value(id)).unwrap(), 0).unwrap();
     }
-    ConnCounters::from_map(Map::PerCpuArray(data)).unwrap()
+    ConnCounters::from_map(Map::PerCpuArray(data), zeroed).unwrap()
 }
 
 /// The value test counter `id` starts with, per CPU.

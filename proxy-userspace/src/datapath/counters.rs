@@ -19,6 +19,9 @@ pub struct ConnCounters {
     fd: OwnedFd,
     /// Possible CPUs: values per id.
     cpus: usize,
+    /// Every count is zero: the map was made by this load and no frontend
+    /// has been handed an id since (`take_zeroed`).
+    zeroed: bool,
 }
 
 impl std::fmt::Debug for ConnCounters {
@@ -28,7 +31,9 @@ impl std::fmt::Debug for ConnCounters {
 }
 
 impl ConnCounters {
-    pub fn from_map(map: Map) -> Result<Self, MapError> {
+    /// The counters in `map`; `zeroed`: the map was just made (not found
+    /// pinned), so every count is zero.
+    pub fn from_map(map: Map, zeroed: bool) -> Result<Self, MapError> {
         let session = |source| MapError::Session { map: "CONNECTIONS", source };
         let syscall = |call, io_error| session(AyaMapError::SyscallError(SyscallError { call, io_error }));
         let fd = match &map {
@@ -39,7 +44,14 @@ impl ConnCounters {
         let map = PerCpuArray::try_from(map).map_err(session)?;
         let fd = fd.expect("a per-CPU array").map_err(|e| syscall("dup", e))?;
         let cpus = aya::util::nr_cpus().map_err(|(_, e)| syscall("nr_cpus", e))?;
-        Ok(Self { map, fd, cpus })
+        Ok(Self { map, fd, cpus, zeroed })
+    }
+
+    /// Whether every count is still zero (the map was made by this load),
+    /// which holds only until the first ids are handed out: the caller
+    /// labels frontends with ids after asking.
+    pub const fn take_zeroed(&mut self) -> bool {
+        std::mem::replace(&mut self.zeroed, false)
     }
 
     /// The count of frontend `id`, summed over CPUs.

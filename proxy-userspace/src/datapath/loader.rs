@@ -286,6 +286,8 @@ impl Datapath {
             .position(|m| *m == opts.maglev_size)
             .ok_or(crate::maglev::BadSize(opts.maglev_size))?;
         let maglev_size = &MAGLEV_SIZES[at];
+        // A counters map the load makes (none pinned) holds only zeros.
+        let counters_made = !maps_dir.join(map_names::CONNECTIONS).exists();
         let mut ebpf = LOADER
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -338,7 +340,7 @@ impl Datapath {
             frontend_maps_size = sizes.frontends,
             "datapath loaded"
         );
-        let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?)?;
+        let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?, counters_made)?;
         let external_stats = ExternalStats::from_map(take(&mut ebpf, map_names::EXTERNAL_STATS)?)?;
         let mut handover = HandoverMap::from_map(take(&mut ebpf, map_names::OUTSIDE_HANDOVER)?)?;
         handover.set(opts.outside_handover)?;

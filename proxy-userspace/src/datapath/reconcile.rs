@@ -113,11 +113,14 @@ impl AppliedFrontend {
     }
 }
 
-/// What happened to one frontend, for the logs.
+/// What happened to one frontend, for the logs and the observers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub service_port: ServicePort,
     pub frontend: FrontendKey,
+    /// The frontend's rev-NAT id, which it keeps while it exists (a
+    /// removed one: the id it had; 0: it never had one).
+    pub rev_nat: RevNatId,
     pub kind: ChangeKind,
     pub backends: usize,
     pub added: Vec<BackendAddr>,
@@ -129,6 +132,7 @@ impl Change {
     fn new(
         service_port: ServicePort,
         frontend: FrontendKey,
+        rev_nat: RevNatId,
         kind: ChangeKind,
         before: Vec<BackendAddr>,
         after: Vec<BackendAddr>,
@@ -142,7 +146,7 @@ impl Change {
             let added = after.iter().filter(|a| !before.contains(a)).copied().collect();
             (added, before.iter().filter(|a| !after.contains(a)).copied().collect())
         };
-        Self { service_port, frontend, kind, backends, added, removed }
+        Self { service_port, frontend, rev_nat, kind, backends, added, removed }
     }
 }
 
@@ -409,13 +413,8 @@ impl Reconciler {
     }
 
     /// Every frontend's rev-NAT id, with its key and service port.
-    #[must_use]
-    pub fn frontend_ids(&self) -> Vec<(RevNatId, FrontendKey, ServicePort)> {
-        self.frontends
-            .iter()
-            .filter(|(_, f)| f.rev_nat != 0)
-            .map(|(k, f)| (f.rev_nat, *k, f.service_port.clone()))
-            .collect()
+    pub fn frontend_ids(&self) -> impl Iterator<Item = (RevNatId, FrontendKey, ServicePort)> + '_ {
+        self.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k, f.service_port.clone()))
     }
 
     /// The rev-NAT id of frontend `key`, once it has one.
@@ -749,7 +748,8 @@ impl Reconciler {
             let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
             let before: Vec<BackendAddr> = before.iter().filter_map(|id| self.backends.addr(*id)).collect();
             let kind = if existed { ChangeKind::Updated } else { ChangeKind::Added };
-            report.changes.push(Change::new(frontend.service_port.clone(), key, kind, before, after));
+            let rev_nat = self.frontends[&key].rev_nat;
+            report.changes.push(Change::new(frontend.service_port.clone(), key, rev_nat, kind, before, after));
         }
         Ok(())
     }
@@ -792,6 +792,7 @@ impl Reconciler {
         report.changes.push(Change {
             service_port: fe.service_port,
             frontend: key,
+            rev_nat: fe.rev_nat,
             kind: ChangeKind::Removed,
             backends: 0,
             added: Vec::new(),

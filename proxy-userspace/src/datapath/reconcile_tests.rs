@@ -338,7 +338,7 @@ fn names_follow_the_frontends_through_a_restart() {
     assert_eq!(recovery.stale_entries_removed, 1);
     // The recovered reconciler knows the names: in sync, nothing to write.
     assert_eq!(r.apply(&mut maps, &t).writes, 0);
-    let ids = r.frontend_ids();
+    let ids: Vec<_> = r.frontend_ids().collect();
     assert_eq!(ids[0].2, t[&fk(1, 80, Protocol::Tcp)].service_port);
     // The names read back are equal to the table's; after the apply the
     // reconciler holds the table's very strings, not a copy of them.
