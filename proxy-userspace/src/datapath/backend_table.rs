@@ -5,12 +5,13 @@
 //!
 //! Records live in a `Vec` indexed by id: ids are handed out lowest first
 //! (`IdPool`), so the `Vec` is as long as the most backends held at once,
-//! and a record costs 48 bytes where a tree or hash map entry keyed by id
+//! and a record costs 40 bytes where a tree or hash map entry keyed by id
 //! and address cost several times that. The index by address holds ids
 //! only (4 bytes each), hashing the address in the id's record.
 use std::{
     collections::BTreeMap,
     hash::{BuildHasher, RandomState},
+    num::NonZeroU32,
 };
 
 use hashbrown::HashTable;
@@ -34,47 +35,74 @@ pub struct Wanted {
     pub local: bool,
 }
 
-impl Wanted {
-    /// The best of two frontends' views of one backend.
-    fn merge(self, other: Self) -> Self {
-        Self { state: self.state.min(other.state), local: self.local || other.local }
-    }
+/// How many frontends of the desired table want a backend: in all, as
+/// active, and as on this node. The best of what they want is active when
+/// any wants it active, local when any wants it local. Counts, not the
+/// frontends themselves: a list per backend would cost far more memory at
+/// 1,000,000 backends.
+#[derive(Clone, Copy, Debug, Default)]
+struct WantCounts {
+    all: u32,
+    active: u32,
+    local: u32,
 }
 
-/// How many frontends of the desired table want a backend, by the way
-/// they want it (state x local). Counts, not the frontends themselves: a
-/// list per backend would cost far more memory at 100,000 backends.
-#[derive(Clone, Copy, Debug, Default)]
-struct WantCounts([u32; 4]);
-
 impl WantCounts {
-    const WAYS: [Wanted; 4] = [
-        Wanted { state: BackendState::Active, local: false },
-        Wanted { state: BackendState::Active, local: true },
-        Wanted { state: BackendState::Terminating, local: false },
-        Wanted { state: BackendState::Terminating, local: true },
-    ];
-
-    fn way(w: Wanted) -> usize {
-        Self::WAYS.iter().position(|x| *x == w).expect("every Wanted is one of the four")
-    }
-
     fn add(&mut self, w: Wanted) {
-        self.0[Self::way(w)] += 1;
+        self.all += 1;
+        self.active += u32::from(w.state == BackendState::Active);
+        self.local += u32::from(w.local);
     }
 
+    /// Takes back what `add(w)` counted.
     fn remove(&mut self, w: Wanted) {
-        let n = &mut self.0[Self::way(w)];
-        *n = n.saturating_sub(1);
+        self.all = self.all.saturating_sub(1);
+        self.active = self.active.saturating_sub(u32::from(w.state == BackendState::Active));
+        self.local = self.local.saturating_sub(u32::from(w.local));
     }
 
-    fn is_empty(&self) -> bool {
-        self.0.iter().all(|n| *n == 0)
+    const fn is_empty(&self) -> bool {
+        self.all == 0
     }
 
     /// The best of what the frontends want (`None`: none wants it).
     fn best(&self) -> Option<Wanted> {
-        Self::WAYS.iter().zip(self.0).filter(|(_, n)| *n > 0).map(|(w, _)| *w).reduce(Wanted::merge)
+        let state = if self.active > 0 { BackendState::Active } else { BackendState::Terminating };
+        (!self.is_empty()).then_some(Wanted { state, local: self.local > 0 })
+    }
+}
+
+/// How many slots name a backend (it stays in `BACKENDS` while any does)
+/// and whether it is in the map, in one word that is never zero: so a
+/// missing record (`Option<Record>`) takes no room besides the record's 40
+/// bytes (with a flag of its own it took 48, 8 MB more at 1,000,000).
+#[derive(Clone, Copy, Debug)]
+struct Uses(NonZeroU32);
+
+impl Uses {
+    const PRESENT: u32 = 1 << 31;
+    const WRITTEN: u32 = 1 << 30;
+    /// Slots stay far below this: `SERVICES` holds at most 2^31 entries,
+    /// most of them of other backends.
+    const SLOTS: u32 = Self::WRITTEN - 1;
+
+    const fn new(written: bool) -> Self {
+        let bits = Self::PRESENT | if written { Self::WRITTEN } else { 0 };
+        Self(NonZeroU32::new(bits).expect("PRESENT is set"))
+    }
+
+    const fn written(self) -> bool {
+        self.0.get() & Self::WRITTEN != 0
+    }
+
+    const fn slots(self) -> u32 {
+        self.0.get() & Self::SLOTS
+    }
+
+    fn of(written: bool, slots: u32) -> Self {
+        let mut new = Self::new(written);
+        new.0 |= slots.min(Self::SLOTS);
+        new
     }
 }
 
@@ -84,10 +112,18 @@ struct Record {
     /// with the backend's address (a slot found naming an id the map
     /// lacks: the default, of no address).
     value: BackendValue,
-    written: bool,
-    /// How many slots name the id: it stays in `BACKENDS` while any does.
-    slots: u32,
+    uses: Uses,
     wants: WantCounts,
+}
+
+impl Record {
+    fn new(value: BackendValue, written: bool) -> Self {
+        Self { value, uses: Uses::new(written), wants: WantCounts::default() }
+    }
+
+    const fn written(&self) -> bool {
+        self.uses.written()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -113,7 +149,7 @@ impl BackendTable {
                 stale.push(*id);
                 continue;
             };
-            *this.slot(*id) = Some(Record { value: *value, written: true, slots: 0, wants: WantCounts::default() });
+            *this.slot(*id) = Some(Record::new(*value, true));
             if this.lookup(&addr).is_none() {
                 this.index(*id);
             }
@@ -197,7 +233,7 @@ impl BackendTable {
 
     /// The id of `addr` in the map (`None`: not written).
     pub fn id(&self, addr: &BackendAddr) -> Option<u32> {
-        self.lookup(addr).filter(|id| self.get(*id).is_some_and(|r| r.written))
+        self.lookup(addr).filter(|id| self.get(*id).is_some_and(Record::written))
     }
 
     /// The address of backend `id` (`None`: no such backend).
@@ -208,7 +244,7 @@ impl BackendTable {
     /// Every written backend's address, by id (recovery's Maglev check).
     pub fn addrs(&self) -> BTreeMap<u32, BackendAddr> {
         self.ids_in_use()
-            .filter(|id| self.get(*id).is_some_and(|r| r.written))
+            .filter(|id| self.get(*id).is_some_and(Record::written))
             .filter_map(|id| Some((id, self.addr(id)?)))
             .collect()
     }
@@ -221,7 +257,7 @@ impl BackendTable {
         }
         let id = self.pool.allocate()?;
         let value = codec::backend_value(BackendEntry { addr, state: BackendState::Active, local: false });
-        *self.slot(id) = Some(Record { value, written: false, slots: 0, wants: WantCounts::default() });
+        *self.slot(id) = Some(Record::new(value, false));
         self.index(id);
         Some(id)
     }
@@ -252,15 +288,15 @@ impl BackendTable {
         let best = r.wants.best()?;
         let addr = codec::backend_addr(&r.value).ok()?;
         let value = codec::backend_value(BackendEntry { addr, state: best.state, local: best.local });
-        (!r.written || r.value != value).then_some((value, !r.written))
+        (!r.written() || r.value != value).then_some((value, !r.written()))
     }
 
     /// `value` is in the map at `id`.
     pub fn written(&mut self, id: u32, value: BackendValue) {
         let Some(r) = self.get_mut(id) else { return };
-        let new = !r.written;
+        let new = !r.written();
         r.value = value;
-        r.written = true;
+        r.uses = Uses::of(true, r.uses.slots());
         self.written += usize::from(new);
     }
 
@@ -269,7 +305,7 @@ impl BackendTable {
     /// first (else it was never written).
     pub fn unused(&self, id: u32) -> Option<bool> {
         let r = self.get(id)?;
-        (r.slots == 0 && r.wants.is_empty()).then_some(r.written)
+        (r.uses.slots() == 0 && r.wants.is_empty()).then_some(r.written())
     }
 
     /// Drops the record of `id` (deleted from the map, or never written)
@@ -281,7 +317,7 @@ impl BackendTable {
             entry.remove();
         }
         let Some(r) = self.slot(id).take() else { return };
-        if r.written {
+        if r.written() {
             self.written -= 1;
         }
         self.pool.release(id);
@@ -293,19 +329,14 @@ impl BackendTable {
         if id == 0 || id >= MAX_ID {
             return;
         }
-        let r = self.slot(id).get_or_insert(Record {
-            value: BackendValue::default(),
-            written: false,
-            slots: 0,
-            wants: WantCounts::default(),
-        });
-        r.slots += 1;
+        let r = self.slot(id).get_or_insert(Record::new(BackendValue::default(), false));
+        r.uses = Uses::of(r.written(), r.uses.slots() + 1);
     }
 
     /// One slot fewer names `id`.
     pub fn remove_slot(&mut self, id: u32) {
         if let Some(r) = self.get_mut(id) {
-            r.slots = r.slots.saturating_sub(1);
+            r.uses = Uses::of(r.written(), r.uses.slots().saturating_sub(1));
         }
     }
 
@@ -356,6 +387,49 @@ mod tests {
         t.want(id, ACTIVE, false);
         let entry = codec::backend_entry(&t.to_write(id).unwrap().0).unwrap();
         assert_eq!(entry.state, BackendState::Terminating);
+    }
+
+    /// The counts give what merging every frontend's view gives, for any
+    /// mix of adds and removes of the four ways a frontend wants a backend.
+    #[test]
+    fn want_counts_give_the_best_of_the_views_held() {
+        let ways = [
+            ACTIVE,
+            Wanted { state: BackendState::Active, local: true },
+            Wanted { state: BackendState::Terminating, local: false },
+            TERMINATING_LOCAL,
+        ];
+        let mut seed = 0x9e37_79b9_u32;
+        for _ in 0..200 {
+            let (mut counts, mut held) = (WantCounts::default(), Vec::new());
+            for _ in 0..20 {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                let way = ways[(seed % 4) as usize];
+                if seed.is_multiple_of(3) && !held.is_empty() {
+                    let at = (seed as usize / 3) % held.len();
+                    counts.remove(held.swap_remove(at));
+                } else {
+                    counts.add(way);
+                    held.push(way);
+                }
+                // The best of two views: the better state, local if either is.
+                let merge = |a: Wanted, b: Wanted| Wanted { state: a.state.min(b.state), local: a.local || b.local };
+                assert_eq!(counts.best(), held.iter().copied().reduce(merge), "{held:?}");
+                assert_eq!(counts.is_empty(), held.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn a_record_is_40_bytes_present_or_not() {
+        assert_eq!(std::mem::size_of::<Option<Record>>(), 40, "a million of them at 100,000 services");
+        let uses = Uses::of(false, 3);
+        assert_eq!((uses.written(), uses.slots()), (false, 3));
+        let uses = Uses::of(true, uses.slots() - 1);
+        assert_eq!((uses.written(), uses.slots()), (true, 2));
+        assert_eq!(Uses::of(true, u32::MAX).slots(), Uses::SLOTS, "held at the bound");
     }
 
     #[test]
