@@ -54,7 +54,7 @@ pub fn backends_for_port(
             } else {
                 continue;
             };
-            let local = endpoint.node_name.as_deref() == Some(selection.node_name);
+            let local = endpoint.node_name() == Some(selection.node_name);
             if selection.local_node.is_some() && !local {
                 continue;
             }
@@ -187,7 +187,7 @@ pub fn local_ready_endpoints(slices: &[&SliceSpec], node: &str) -> usize {
     for slice in slices {
         for endpoint in &slice.endpoints {
             if endpoint.ready
-                && endpoint.node_name.as_deref() == Some(node)
+                && endpoint.node_name() == Some(node)
                 && let Some(addr) = endpoint.address()
             {
                 addrs.insert(addr);

@@ -162,7 +162,7 @@ pub fn endpoint_uses(
             if address.is_ipv6() != ipv6 {
                 continue;
             }
-            let node = endpoint.node_name.as_deref().map(str::to_owned);
+            let node = endpoint.node_name().map(str::to_owned);
             let rejected = |unused| EndpointUse { address, port: target, node: node.clone(), unused: Some(unused) };
             let Some(target) = target else {
                 out.push(rejected(Unused::PortNameUnmatched));

@@ -133,13 +133,15 @@ pub struct SlicePortSpec {
     pub port: Option<i32>,
 }
 
-/// One endpoint of a slice: 40 bytes (a cluster of 100,000 services
-/// holds a million of them), what few endpoints have boxed apart.
+/// One endpoint of a slice: 32 bytes (a cluster of 100,000 services
+/// holds a million of them). Its node name, hints and an address written
+/// otherwise are one pointer to a copy shared by every endpoint placed
+/// alike (nearly every endpoint on one node: `Placement`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointSpec {
     /// Its first address (as kube-proxy, the model uses only that one)
     /// when it is an IP address written the way it prints (nearly always;
-    /// else see `address`).
+    /// else the placement holds it as written).
     ip: Option<IpAddr>,
     /// `conditions.ready` (unset: true).
     pub ready: bool,
@@ -147,25 +149,12 @@ pub struct EndpointSpec {
     pub serving: bool,
     /// `conditions.terminating` (unset: false).
     pub terminating: bool,
-    /// `nodeName`: one copy shared by every endpoint on that node
-    /// (`crate::source::node_names`).
-    pub node_name: Option<NodeName>,
-    /// A first address written otherwise, and topology hints (`None` for
-    /// nearly every endpoint).
-    rare: Option<Box<RareEndpoint>>,
-}
-
-/// What few endpoints have.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct RareEndpoint {
-    /// The first address when it is not an IP address written the way it
-    /// prints (kept as written, for the problem that names it).
-    raw_address: Option<Box<str>>,
-    hints: EndpointHints,
+    /// `None`: no node name, no hints, and an IP address or none.
+    placement: Option<Placement>,
 }
 
 /// An endpoint's `hints`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EndpointHints {
     /// `hints.forZones[].name`.
     pub zones: Box<[Box<str>]>,
@@ -179,63 +168,30 @@ impl EndpointHints {
     }
 }
 
-impl EndpointSpec {
-    /// An endpoint with its first address (`None`: it has none), its
-    /// hints and, as the API leaves them unset, ready, serving and not
-    /// terminating.
-    #[must_use]
-    pub fn new(address: Option<Address>, hints: EndpointHints) -> Self {
-        let (ip, raw_address) = match address {
-            Some(Address::Ip(ip)) => (Some(ip), None),
-            Some(Address::Raw(raw)) => (None, Some(raw)),
-            None => (None, None),
-        };
-        let rare = (raw_address.is_some() || !hints.is_empty()).then(|| Box::new(RareEndpoint { raw_address, hints }));
-        Self { ip, rare, ..Self::default() }
-    }
-
-    /// Its first address, as written (`None`: it has none).
-    #[must_use]
-    pub fn address(&self) -> Option<Address> {
-        match (self.ip, self.rare.as_ref().and_then(|r| r.raw_address.as_ref())) {
-            (Some(ip), _) => Some(Address::Ip(ip)),
-            (None, Some(raw)) => Some(Address::Raw(raw.clone())),
-            (None, None) => None,
-        }
-    }
-
-    /// `hints.forZones[].name`.
-    #[must_use]
-    pub fn zone_hints(&self) -> &[Box<str>] {
-        self.rare.as_ref().map_or(&[], |r| &r.hints.zones)
-    }
-
-    /// `hints.forNodes[].name`.
-    #[must_use]
-    pub fn node_hints(&self) -> &[Box<str>] {
-        self.rare.as_ref().map_or(&[], |r| &r.hints.nodes)
-    }
-
-    /// Whether it has hints or an address written otherwise (boxed).
-    #[cfg(test)]
-    #[must_use]
-    pub const fn has_rare_fields(&self) -> bool {
-        self.rare.is_some()
-    }
-}
-
-impl Default for EndpointSpec {
-    fn default() -> Self {
-        Self { ip: None, ready: true, serving: true, terminating: false, node_name: None, rare: None }
-    }
-}
-
-/// A node's name, one copy shared by every endpoint on that node
-/// (`crate::source::node_names`): a pointer, 8 bytes in each endpoint.
+/// Where an endpoint runs and what few endpoints have, shared: every
+/// endpoint on one node with the same hints holds one copy
+/// (`crate::source::placements` hands them out), a pointer of 8 bytes in
+/// each endpoint.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct NodeName(Arc<Box<str>>);
+pub struct Placement(Arc<PlacementData>);
 
-impl NodeName {
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PlacementData {
+    /// `nodeName`.
+    pub node_name: Option<Box<str>>,
+    pub hints: EndpointHints,
+    /// The first address when it is not an IP address written the way it
+    /// prints (kept as written, for the problem that names it).
+    pub raw_address: Option<Box<str>>,
+}
+
+impl Placement {
+    /// A copy of its own (the source shares one: `crate::source::placements`).
+    #[must_use]
+    pub fn new(data: PlacementData) -> Self {
+        Self(Arc::new(data))
+    }
+
     /// Whether `a` and `b` are the same copy.
     #[must_use]
     pub fn ptr_eq(a: &Self, b: &Self) -> bool {
@@ -249,22 +205,79 @@ impl NodeName {
     }
 }
 
-impl From<&str> for NodeName {
-    fn from(name: &str) -> Self {
-        Self(Arc::new(name.into()))
-    }
-}
-
-impl std::ops::Deref for NodeName {
-    type Target = str;
-    fn deref(&self) -> &str {
+impl std::ops::Deref for Placement {
+    type Target = PlacementData;
+    fn deref(&self) -> &PlacementData {
         &self.0
     }
 }
 
-impl std::borrow::Borrow<str> for NodeName {
-    fn borrow(&self) -> &str {
+impl std::borrow::Borrow<PlacementData> for Placement {
+    fn borrow(&self) -> &PlacementData {
         &self.0
+    }
+}
+
+impl EndpointSpec {
+    /// An endpoint with its first address (`None`: it has none), its node
+    /// and hints, and, as the API leaves them unset, ready, serving and not
+    /// terminating. `share` gives the placement's shared copy.
+    #[must_use]
+    pub fn new(
+        address: Option<Address>,
+        node_name: Option<&str>,
+        hints: EndpointHints,
+        share: impl FnOnce(PlacementData) -> Placement,
+    ) -> Self {
+        let (ip, raw_address) = match address {
+            Some(Address::Ip(ip)) => (Some(ip), None),
+            Some(Address::Raw(raw)) => (None, Some(raw)),
+            None => (None, None),
+        };
+        let placed = node_name.is_some() || raw_address.is_some() || !hints.is_empty();
+        let placement =
+            placed.then(|| share(PlacementData { node_name: node_name.map(Into::into), hints, raw_address }));
+        Self { ip, placement, ..Self::default() }
+    }
+
+    /// Its first address, as written (`None`: it has none).
+    #[must_use]
+    pub fn address(&self) -> Option<Address> {
+        match (self.ip, self.placement.as_ref().and_then(|p| p.raw_address.as_ref())) {
+            (Some(ip), _) => Some(Address::Ip(ip)),
+            (None, Some(raw)) => Some(Address::Raw(raw.clone())),
+            (None, None) => None,
+        }
+    }
+
+    /// `nodeName`.
+    #[must_use]
+    pub fn node_name(&self) -> Option<&str> {
+        self.placement.as_ref()?.node_name.as_deref()
+    }
+
+    /// `hints.forZones[].name`.
+    #[must_use]
+    pub fn zone_hints(&self) -> &[Box<str>] {
+        self.placement.as_ref().map_or(&[], |p| &p.hints.zones)
+    }
+
+    /// `hints.forNodes[].name`.
+    #[must_use]
+    pub fn node_hints(&self) -> &[Box<str>] {
+        self.placement.as_ref().map_or(&[], |p| &p.hints.nodes)
+    }
+
+    /// Its shared placement (`None`: it has none).
+    #[must_use]
+    pub const fn placement(&self) -> Option<&Placement> {
+        self.placement.as_ref()
+    }
+}
+
+impl Default for EndpointSpec {
+    fn default() -> Self {
+        Self { ip: None, ready: true, serving: true, terminating: false, placement: None }
     }
 }
 

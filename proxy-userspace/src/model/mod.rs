@@ -19,8 +19,8 @@ use std::{collections::BTreeMap, fmt, net::IpAddr};
 pub use endpoints::Selection;
 pub use frontends::SkipReason;
 pub use input::{
-    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, NodeName, ServicePortSpec, ServiceSpec,
-    ServiceType, SlicePortSpec, SliceSpec,
+    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, Placement, PlacementData, ServicePortSpec,
+    ServiceSpec, ServiceType, SlicePortSpec, SliceSpec,
 };
 pub use problem::{DEFAULT_NAMESPACE, ObjectRef, Problem, Severity, UNNAMED};
 pub use state::{Delta, ServiceId, ServiceInput, SliceId, TableState};
