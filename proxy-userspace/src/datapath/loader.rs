@@ -171,6 +171,8 @@ pub enum LoadError {
     Link(#[from] LinkError),
     #[error("cannot create {path}: {source}")]
     Dir { path: String, source: std::io::Error },
+    #[error("cannot pin {path}: {source}")]
+    Pin { path: String, source: aya::pin::PinError },
     #[error("cannot read map {name}: {source}")]
     MapInfo { name: &'static str, source: AyaMapError },
     #[error(transparent)]
@@ -262,7 +264,7 @@ impl Datapath {
             || sizing::wanted(sizing::Demand::default(), opts.bounds()),
             |(services, backends, frontends)| Sizes { services, backends, frontends },
         );
-        let mut datapath = Self::load_sized(opts, sizes)?;
+        let mut datapath = Self::load_sized(opts, sizes, None)?;
         if pinned.is_some() {
             datapath.start_loading_programs()?;
         }
@@ -273,7 +275,10 @@ impl Datapath {
     /// beside any other set (reused when that set is pinned), and readies
     /// the programs for them, to load when `start_loading_programs` (or
     /// `attach`) says. Nothing is attached yet: see `attach`.
-    pub fn load_sized(opts: &LoadOptions, sizes: Sizes) -> Result<Self, LoadError> {
+    ///
+    /// `sessions_from`: the maps directory of the set a move leaves, whose
+    /// session maps this set takes over (`carry_sessions`).
+    pub fn load_sized(opts: &LoadOptions, sizes: Sizes, sessions_from: Option<&Path>) -> Result<Self, LoadError> {
         let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size, sizes);
         std::fs::create_dir_all(&maps_dir)
             .map_err(|source| LoadError::Dir { path: maps_dir.display().to_string(), source })?;
@@ -288,9 +293,9 @@ impl Datapath {
         let maglev_size = &MAGLEV_SIZES[at];
         // A counters map the load makes (none pinned) holds only zeros.
         let counters_made = !maps_dir.join(map_names::CONNECTIONS).exists();
-        let mut ebpf = LOADER
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        let mut loader = LOADER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let carried = carry_sessions(&mut loader, &maps_dir, sessions_from);
+        let mut ebpf = loader
             .default_map_pin_directory(&maps_dir)
             .map_pin_path(map_names::MAGLEV, maglev_pin.clone())
             .map_max_entries(map_names::SERVICES, sizes.services)
@@ -307,6 +312,7 @@ impl Datapath {
                 pin_dir: opts.pin_dir.display().to_string(),
                 source: Box::new(source),
             })?;
+        drop(loader);
 
         check_layout::<ServiceKey, ServiceValue>(&ebpf, &maps_dir, map_names::SERVICES)?;
         check_layout::<u32, Backend>(&ebpf, &maps_dir, map_names::BACKENDS)?;
@@ -327,11 +333,21 @@ impl Datapath {
         let source_ranges = take(&mut ebpf, map_names::SOURCE_RANGES)?;
         let names = super::names::open_or_create(&maps_dir.join(map_names::SERVICE_NAMES), sizes.frontends)?;
         let maps = KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev, names)?;
+        // The carried session maps are pinned in this set too, so that it
+        // keeps them once the set they came from is removed.
+        let mut session = |name: &'static str| -> Result<Map, LoadError> {
+            let map = take(&mut ebpf, name)?;
+            if carried.contains(&name) {
+                let path = maps_dir.join(name);
+                map.pin(&path).map_err(|source| LoadError::Pin { path: path.display().to_string(), source })?;
+            }
+            Ok(map)
+        };
         let sessions = SessionMaps::from_maps(
-            take(&mut ebpf, map_names::AFFINITY)?,
-            take(&mut ebpf, map_names::SOCK_BACKEND)?,
-            take(&mut ebpf, map_names::SOCK_REVNAT)?,
-            take(&mut ebpf, map_names::CT)?,
+            session(map_names::AFFINITY)?,
+            session(map_names::SOCK_BACKEND)?,
+            session(map_names::SOCK_REVNAT)?,
+            session(map_names::CT)?,
         )?;
         tracing::info!(
             maps = %maps_dir.display(),
@@ -428,6 +444,12 @@ impl Datapath {
         self.sizes
     }
 
+    /// Where this set of maps is pinned.
+    #[must_use]
+    pub fn maps_dir(&self) -> PathBuf {
+        maps_dir(&self.pin_dir, self.maglev_size, self.sizes)
+    }
+
     /// Attaches the programs through the pinned links (swapping them into
     /// links a previous agent left), then unpins maps of other layouts,
     /// which the programs no longer use.
@@ -439,8 +461,7 @@ impl Datapath {
             let outcome = links::attach_cgroup(program, name, &self.cgroup, &links_dir.join(name))?;
             tracing::info!(program = name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         }
-        let current = maps_dir(&self.pin_dir, self.maglev_size, self.sizes);
-        remove_other_layouts(&self.pin_dir, &current);
+        remove_other_layouts(&self.pin_dir, &self.maps_dir());
         Ok(())
     }
 
@@ -588,6 +609,34 @@ fn tc_link_name(device: &str, direction: TcAttachType) -> String {
 /// The pin name of the XDP link of `device`.
 fn xdp_link_name(device: &str) -> String {
     format!("{XDP_LINK_PREFIX}{device}")
+}
+
+/// The maps of sessions (affinity, UDP sockets' memos, flows from
+/// outside): neither the table nor its growth sizes them, so a move to
+/// maps of other sizes keeps them: an affinity, a UDP socket's replies and
+/// a flow from outside stay where they were. (A fresh start's move before
+/// its first write also skips making them again: ~50 ms at 10,000
+/// services, most of it the preallocated `CT`.)
+const SESSION_MAPS: [&str; 4] = [map_names::AFFINITY, map_names::SOCK_BACKEND, map_names::SOCK_REVNAT, map_names::CT];
+
+/// Points the loader at the session maps pinned in `from` (the set a move
+/// leaves) unless `maps_dir` has its own (a set found pinned); the names
+/// carried over. Every load sets every session map's path, as the one
+/// loader keeps what it was told.
+fn carry_sessions(loader: &mut EbpfLoader<'static>, maps_dir: &Path, from: Option<&Path>) -> Vec<&'static str> {
+    let mut carried = Vec::new();
+    for name in SESSION_MAPS {
+        let own = maps_dir.join(name);
+        let path = match from.map(|from| from.join(name)) {
+            Some(theirs) if theirs.exists() && !own.exists() => {
+                carried.push(name);
+                theirs
+            }
+            _ => own,
+        };
+        loader.map_pin_path(name, path);
+    }
+    carried
 }
 
 /// Unpins maps of other layouts than `current` (and of the unversioned
