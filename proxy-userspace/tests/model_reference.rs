@@ -408,4 +408,69 @@ proptest! {
             previous = (services, slices);
         }
     }
+
+    /// A start's translation (`replace_all` into an empty state, built in
+    /// one pass) gives the very state and delta that translating service
+    /// by service (`update`) gives, and the next world applies to both
+    /// alike.
+    #[test]
+    fn a_start_builds_what_service_by_service_updates_build(
+        worlds in prop::collection::vec(
+            (prop::collection::vec(svc_strategy(), 0..8), prop::collection::vec(slice_strategy(), 0..8)),
+            2..3,
+        ),
+    ) {
+        let node = NodeContext::new("n0").with_ips(vec![NODE_IP.into()]);
+        let world = |(services, slices): &(Vec<Svc>, Vec<Slice>)| -> (Vec<ServiceSpec>, Vec<SliceSpec>) {
+            let mut unique: Vec<Svc> = Vec::new();
+            for s in services {
+                if !unique.iter().any(|u| (u.ns, u.name) == (s.ns, s.name)) {
+                    unique.push(s.clone());
+                }
+            }
+            (
+                unique.iter().map(|s| (&to_service(s)).into()).collect(),
+                slices.iter().enumerate().map(|(i, s)| (&to_slice(s, i)).into()).collect(),
+            )
+        };
+        let (services, slices) = world(&worlds[0]);
+        let mut built = TableState::default();
+        let got = built.replace_all(&services, &slices, &node);
+        // The same inputs, in the order `replace_all` gathers them.
+        let mut by_service: BTreeMap<ServiceId, ServiceInput<'_>> = BTreeMap::new();
+        for svc in &services {
+            by_service.entry(svc.id()).or_default().service = Some(svc);
+        }
+        for slice in &slices {
+            by_service.entry(slice.owner.clone().expect("an owner")).or_default().slices.push(slice);
+        }
+        let mut updated = TableState::default();
+        let want = updated.update(by_service, &node);
+        prop_assert_eq!(&got.keys, &want.keys);
+        prop_assert_eq!(&got.appeared, &want.appeared);
+        prop_assert_eq!(&got.resolved, &want.resolved);
+        prop_assert_eq!(&got.skipped, &want.skipped);
+        prop_assert_eq!(built.table(), updated.table());
+        let problems = |s: &TableState| s.problems().map(ToString::to_string).collect::<Vec<_>>();
+        prop_assert_eq!(problems(&built), problems(&updated));
+        prop_assert_eq!(built.health_checks(), updated.health_checks());
+        prop_assert_eq!(built.no_local_endpoints(), updated.no_local_endpoints());
+        prop_assert_eq!(built.skipped().collect::<Vec<_>>(), updated.skipped().collect::<Vec<_>>());
+
+        // The next world, service by service, into both.
+        let (next_services, next_slices) = world(&worlds[1]);
+        let (old, new) = (inputs(&services, &slices), inputs(&next_services, &next_slices));
+        let ids: BTreeSet<ServiceId> = old.keys().chain(new.keys()).cloned().collect();
+        let changes = || -> Vec<(ServiceId, ServiceInput<'_>)> {
+            ids.iter()
+                .map(|id| (id.clone(), new.get(id).cloned().unwrap_or_default()))
+                .collect()
+        };
+        let (a, b) = (built.update(changes(), &node), updated.update(changes(), &node));
+        prop_assert_eq!(&a.keys, &b.keys);
+        prop_assert_eq!(&a.appeared, &b.appeared);
+        prop_assert_eq!(&a.resolved, &b.resolved);
+        prop_assert_eq!(built.table(), updated.table());
+        prop_assert_eq!(problems(&built), problems(&updated));
+    }
 }

@@ -115,8 +115,73 @@ impl TableState {
                 inputs.entry(owner.clone()).or_default().slices.push(slice);
             }
         }
+        if self.is_empty() {
+            return self.build(inputs, node);
+        }
         let delta = self.update(inputs, node);
         self.compact();
+        delta
+    }
+
+    fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.claims.is_empty() && self.table.is_empty() && self.conflicts.is_empty()
+    }
+
+    /// `update` into an empty state (a start): the same state and delta,
+    /// built in one pass over the services in object order and then each
+    /// map at once from sorted entries, where `update` searched the trees
+    /// by service and by key several times a frontend (a quarter of a
+    /// start's translation, comparing ids string by string).
+    fn build(&mut self, inputs: BTreeMap<ServiceId, ServiceInput<'_>>, node: &NodeContext) -> Delta {
+        let mut delta = Delta::default();
+        let mut outputs: Vec<(ServiceId, ServiceOutput)> = Vec::with_capacity(inputs.len());
+        // (key, the claimant's place in `outputs`, the claim's in its output)
+        let mut claims: Vec<(FrontendKey, usize, usize)> = Vec::new();
+        for (id, input) in inputs {
+            let Some(svc) = input.service else { continue };
+            let new = translate_service(svc, &input.slices, node);
+            self.no_local.add(new.no_local);
+            claims.extend(new.claims.iter().enumerate().map(|(at, c)| (c.key, outputs.len(), at)));
+            if let Some(reason) = new_skip_reason(None, new.skipped) {
+                delta.skipped.push((service_ref(&id), reason));
+            }
+            diff_problems(None, Some(&new.problems), &mut delta);
+            outputs.push((id, new));
+        }
+        // By key, claimants in object order (their place in `outputs`):
+        // the first serves the key.
+        claims.sort_unstable();
+        let mut table = Vec::new();
+        let mut claimants = Vec::new();
+        let mut conflicts = Vec::new();
+        for group in claims.chunk_by(|a, b| a.0 == b.0) {
+            let (key, first, at) = group[0];
+            let claim = &mut outputs[first].1.claims[at];
+            let frontend = *claim.frontend.take().expect("a new claim holds its frontend");
+            if group.len() > 1 {
+                let problems: Vec<Problem> = group[1..]
+                    .iter()
+                    .map(|&(_, loser, at)| {
+                        let message = format!("{key} is already served by {}; skipped", frontend.service_port);
+                        let (id, output) = &outputs[loser];
+                        Problem::error(&service_ref(id), output.claims[at].field.clone(), message)
+                    })
+                    .collect();
+                diff_problems(None, Some(&problems), &mut delta);
+                conflicts.push((key, problems));
+            }
+            let mut ids: Vec<ServiceId> = group.iter().map(|&(_, i, _)| outputs[i].0.clone()).collect();
+            ids.shrink_to_fit();
+            claimants.push((key, ids));
+            delta.keys.insert(key);
+            table.push((key, frontend));
+        }
+        self.health_checked =
+            outputs.iter().filter(|(_, o)| o.health_check.is_some()).map(|(id, _)| id.clone()).collect();
+        self.services = outputs.into_iter().collect();
+        self.claims = claimants.into_iter().collect();
+        self.conflicts = conflicts.into_iter().collect();
+        self.table = table.into_iter().collect();
         delta
     }
 
