@@ -340,6 +340,21 @@ fn inputs<'a>(services: &'a [ServiceSpec], slices: &'a [SliceSpec]) -> BTreeMap<
     out
 }
 
+/// A generated world as the model's inputs: its services (the first of
+/// each name) and slices.
+fn world((services, slices): &(Vec<Svc>, Vec<Slice>)) -> (Vec<ServiceSpec>, Vec<SliceSpec>) {
+    let mut unique: Vec<Svc> = Vec::new();
+    for s in services {
+        if !unique.iter().any(|u| (u.ns, u.name) == (s.ns, s.name)) {
+            unique.push(s.clone());
+        }
+    }
+    (
+        unique.iter().map(|s| (&to_service(s)).into()).collect(),
+        slices.iter().enumerate().map(|(i, s)| (&to_slice(s, i)).into()).collect(),
+    )
+}
+
 fn same(a: Option<&ServiceInput<'_>>, b: Option<&ServiceInput<'_>>) -> bool {
     match (a, b) {
         (None, None) => true,
@@ -365,15 +380,8 @@ proptest! {
         let node = NodeContext::new("n0").with_ips(vec![NODE_IP.into()]);
         let mut state = TableState::default();
         let mut previous: (Vec<ServiceSpec>, Vec<SliceSpec>) = (Vec::new(), Vec::new());
-        for (services, slices) in worlds {
-            let mut unique: Vec<Svc> = Vec::new();
-            for s in &services {
-                if !unique.iter().any(|u| (u.ns, u.name) == (s.ns, s.name)) {
-                    unique.push(s.clone());
-                }
-            }
-            let services: Vec<ServiceSpec> = unique.iter().map(|s| (&to_service(s)).into()).collect();
-            let slices: Vec<SliceSpec> = slices.iter().enumerate().map(|(i, s)| (&to_slice(s, i)).into()).collect();
+        for generated in worlds {
+            let (services, slices) = world(&generated);
             let before = state.table().clone();
             let (old, new) = (inputs(&previous.0, &previous.1), inputs(&services, &slices));
             let ids: BTreeSet<ServiceId> = old.keys().chain(new.keys()).cloned().collect();
@@ -421,18 +429,6 @@ proptest! {
         ),
     ) {
         let node = NodeContext::new("n0").with_ips(vec![NODE_IP.into()]);
-        let world = |(services, slices): &(Vec<Svc>, Vec<Slice>)| -> (Vec<ServiceSpec>, Vec<SliceSpec>) {
-            let mut unique: Vec<Svc> = Vec::new();
-            for s in services {
-                if !unique.iter().any(|u| (u.ns, u.name) == (s.ns, s.name)) {
-                    unique.push(s.clone());
-                }
-            }
-            (
-                unique.iter().map(|s| (&to_service(s)).into()).collect(),
-                slices.iter().enumerate().map(|(i, s)| (&to_slice(s, i)).into()).collect(),
-            )
-        };
         let (services, slices) = world(&worlds[0]);
         let mut built = TableState::default();
         let got = built.replace_all(&services, &slices, &node);
