@@ -53,7 +53,7 @@ pub fn after_sync(
     let current = datapath.sizes();
     let Some(next) = sizing::plan(current, demand, full, opts.bounds()) else { return Ok(None) };
     log_resizing(current, next, demand, false);
-    let mut moved = Datapath::load_sized(opts, next, Some(&datapath.maps_dir()))?;
+    let mut moved = Datapath::load_sized(opts, next, &datapath.sessions_to_carry())?;
     moved.copy_outside_handover(datapath)?;
     // Loaded beside the write of the whole table.
     moved.start_loading_programs()?;
@@ -61,9 +61,13 @@ pub fn after_sync(
     reconciler.reserve_backends(demand.backends);
     let written = pipeline.move_to(reconciler, &mut moved.maps);
     if attached {
-        // The session maps (`CT` with its marks of flows netfilter
-        // translated among them) came along: see `Datapath::load_sized`.
         moved.attach()?;
+        // The new maps come with a `CT` of their own (`loader::Sessions`):
+        // flows netfilter translated (a takeover from kube-proxy) are
+        // marked again from conntrack.
+        if !matches!(moved.outside_handover(), Ok(Some(crate::datapath::handover::OutsideHandover::Off))) {
+            moved.mark_netfilter_flows_or_warn("flows kube-proxy translated may be taken over in the new maps");
+        }
     }
     *datapath = moved;
     info!(
@@ -104,7 +108,7 @@ pub fn before_first_write(
         return Ok(false);
     };
     log_resizing(current, next, demand, true);
-    let mut moved = Datapath::load_sized(opts, next, Some(&datapath.maps_dir()))?;
+    let mut moved = Datapath::load_sized(opts, next, &datapath.sessions_to_carry())?;
     moved.copy_outside_handover(datapath)?;
     let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
     pipeline.write_through(reconciler);

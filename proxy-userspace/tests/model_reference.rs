@@ -452,6 +452,8 @@ proptest! {
         prop_assert_eq!(built.health_checks(), updated.health_checks());
         prop_assert_eq!(built.no_local_endpoints(), updated.no_local_endpoints());
         prop_assert_eq!(built.skipped().collect::<Vec<_>>(), updated.skipped().collect::<Vec<_>>());
+        // Every field: claims and their order, conflicts, kept frontends.
+        prop_assert_eq!(format!("{built:?}"), format!("{updated:?}"));
 
         // The next world, service by service, into both.
         let (next_services, next_slices) = world(&worlds[1]);
@@ -468,5 +470,6 @@ proptest! {
         prop_assert_eq!(&a.resolved, &b.resolved);
         prop_assert_eq!(built.table(), updated.table());
         prop_assert_eq!(problems(&built), problems(&updated));
+        prop_assert_eq!(format!("{built:?}"), format!("{updated:?}"));
     }
 }

@@ -231,6 +231,9 @@ pub struct Datapath {
     /// Sizes of the services and backends maps of this set.
     sizes: Sizes,
     maglev_size: usize,
+    /// Made by this start (none found pinned) or onto such a set's unused
+    /// session maps, and never attached: its session maps hold nothing.
+    unused: bool,
 }
 
 /// What `attach_devices` did on one device.
@@ -264,7 +267,8 @@ impl Datapath {
             || sizing::wanted(sizing::Demand::default(), opts.bounds()),
             |(services, backends, frontends)| Sizes { services, backends, frontends },
         );
-        let mut datapath = Self::load_sized(opts, sizes, None)?;
+        let mut datapath = Self::load_sized(opts, sizes, &Sessions::New)?;
+        datapath.unused = pinned.is_none();
         if pinned.is_some() {
             datapath.start_loading_programs()?;
         }
@@ -276,9 +280,8 @@ impl Datapath {
     /// the programs for them, to load when `start_loading_programs` (or
     /// `attach`) says. Nothing is attached yet: see `attach`.
     ///
-    /// `sessions_from`: the maps directory of the set a move leaves, whose
-    /// session maps this set takes over (`carry_sessions`).
-    pub fn load_sized(opts: &LoadOptions, sizes: Sizes, sessions_from: Option<&Path>) -> Result<Self, LoadError> {
+    /// `carry`: which session maps it takes over from the set it replaces.
+    pub fn load_sized(opts: &LoadOptions, sizes: Sizes, carry: &Sessions) -> Result<Self, LoadError> {
         let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size, sizes);
         std::fs::create_dir_all(&maps_dir)
             .map_err(|source| LoadError::Dir { path: maps_dir.display().to_string(), source })?;
@@ -294,7 +297,7 @@ impl Datapath {
         // A counters map the load makes (none pinned) holds only zeros.
         let counters_made = !maps_dir.join(map_names::CONNECTIONS).exists();
         let mut loader = LOADER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let carried = carry_sessions(&mut loader, &maps_dir, sessions_from);
+        let carried = carry_sessions(&mut loader, &maps_dir, carry);
         let mut ebpf = loader
             .default_map_pin_directory(&maps_dir)
             .map_pin_path(map_names::MAGLEV, maglev_pin.clone())
@@ -354,6 +357,7 @@ impl Datapath {
             services_map_size = sizes.services,
             backends_map_size = sizes.backends,
             frontend_maps_size = sizes.frontends,
+            sessions_carried = ?carried,
             "datapath loaded"
         );
         let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?, counters_made)?;
@@ -376,6 +380,7 @@ impl Datapath {
             acceleration: opts.acceleration,
             sizes,
             maglev_size: opts.maglev_size,
+            unused: matches!(carry, Sessions::Unused(_)),
         })
     }
 
@@ -450,10 +455,17 @@ impl Datapath {
         maps_dir(&self.pin_dir, self.maglev_size, self.sizes)
     }
 
+    /// Which session maps a set replacing this one takes over.
+    #[must_use]
+    pub fn sessions_to_carry(&self) -> Sessions {
+        if self.unused { Sessions::Unused(self.maps_dir()) } else { Sessions::Live(self.maps_dir()) }
+    }
+
     /// Attaches the programs through the pinned links (swapping them into
     /// links a previous agent left), then unpins maps of other layouts,
     /// which the programs no longer use.
     pub fn attach(&mut self) -> Result<(), LoadError> {
+        self.unused = false;
         let links_dir = self.links_dir()?;
         let loaded = self.programs.loaded()?;
         for name in SOCK_PROGRAMS {
@@ -612,23 +624,51 @@ fn xdp_link_name(device: &str) -> String {
 }
 
 /// The maps of sessions (affinity, UDP sockets' memos, flows from
-/// outside): neither the table nor its growth sizes them, so a move to
-/// maps of other sizes keeps them: an affinity, a UDP socket's replies and
-/// a flow from outside stay where they were. (A fresh start's move before
-/// its first write also skips making them again: ~50 ms at 10,000
-/// services, most of it the preallocated `CT`.)
+/// outside): neither the table nor its growth sizes them.
 const SESSION_MAPS: [&str; 4] = [map_names::AFFINITY, map_names::SOCK_BACKEND, map_names::SOCK_REVNAT, map_names::CT];
 
-/// Points the loader at the session maps pinned in `from` (the set a move
-/// leaves) unless `maps_dir` has its own (a set found pinned); the names
-/// carried over. Every load sets every session map's path, as the one
-/// loader keeps what it was told.
-fn carry_sessions(loader: &mut EbpfLoader<'static>, maps_dir: &Path, from: Option<&Path>) -> Vec<&'static str> {
+/// Which session maps a set of maps being made takes over from the set it
+/// replaces (`load_sized`).
+#[derive(Clone, Debug)]
+pub enum Sessions {
+    /// All made anew (or found pinned with the set).
+    New,
+    /// All of the set pinned at this path, which holds none: it was made
+    /// by this start and nothing was attached to it (a fresh start's move
+    /// before its first write). Made once, not twice: ~50 ms at 10,000
+    /// services, most of it the preallocated `CT`.
+    Unused(PathBuf),
+    /// Of the set pinned at this path, in use, only `SOCK_REVNAT` (a
+    /// connected UDP socket's service address and port, which names no
+    /// id): the new set hands out frontend and backend ids of its own,
+    /// and `AFFINITY`, `SOCK_BACKEND` and `CT` hold the old set's ids, so
+    /// they are made anew (a flow from outside keeps its backend through
+    /// Maglev, not `CT`).
+    Live(PathBuf),
+}
+
+impl Sessions {
+    /// The maps taken over, and from where.
+    fn carried(&self) -> (&[&'static str], Option<&Path>) {
+        match self {
+            Self::New => (&[], None),
+            Self::Unused(from) => (&SESSION_MAPS, Some(from)),
+            Self::Live(from) => (&[map_names::SOCK_REVNAT], Some(from)),
+        }
+    }
+}
+
+/// Points the loader at the session maps `sessions` takes over, pinned in
+/// the set it replaces (unless `maps_dir` has its own: a set found
+/// pinned), and every other session map at `maps_dir`: the one loader
+/// keeps what it was told. The names taken over.
+fn carry_sessions(loader: &mut EbpfLoader<'static>, maps_dir: &Path, sessions: &Sessions) -> Vec<&'static str> {
+    let (names, from) = sessions.carried();
     let mut carried = Vec::new();
     for name in SESSION_MAPS {
         let own = maps_dir.join(name);
         let path = match from.map(|from| from.join(name)) {
-            Some(theirs) if theirs.exists() && !own.exists() => {
+            Some(theirs) if names.contains(&name) && theirs.exists() && !own.exists() => {
                 carried.push(name);
                 theirs
             }
