@@ -128,16 +128,17 @@ pub struct Change {
 }
 
 impl Change {
-    /// A change of frontend `key` from backends `before` to `after`.
+    /// A change of frontend `key`, now of `backends` backends, from
+    /// backends `before` to `after` (empty for a new frontend whose
+    /// backends are not listed: `Report::new_backends_listed`).
     fn new(
         service_port: ServicePort,
         frontend: FrontendKey,
         rev_nat: RevNatId,
         kind: ChangeKind,
         before: Vec<BackendAddr>,
-        after: Vec<BackendAddr>,
+        (after, backends): (Vec<BackendAddr>, usize),
     ) -> Self {
-        let backends = after.len();
         // A new frontend (every one, on a first sync) adds all it has: its
         // list is moved, not copied.
         let (added, removed) = if before.is_empty() {
@@ -165,10 +166,20 @@ pub struct Failure {
     pub error: MapError,
 }
 
+/// A sync that adds more frontends than this reports a new frontend's
+/// backends by count only (`Report::new_backends_listed`).
+pub const LIST_NEW_BACKENDS_UP_TO: usize = 64;
+
 /// The outcome of one `apply`.
 #[derive(Debug, Default)]
 pub struct Report {
     pub changes: Vec<Change>,
+    /// Whether a new frontend's change lists its backends (`added`), as in
+    /// a sync of at most `LIST_NEW_BACKENDS_UP_TO` frontends; in a larger
+    /// one (a start, a relist) its `added` is empty and `backends` counts
+    /// them, as the desired table lists them: a whole table's report held
+    /// every backend again, ~25 MB at 1,000,000 at the agent's peak.
+    pub new_backends_listed: bool,
     pub failures: Vec<Failure>,
     /// Map writes and deletes issued.
     pub writes: usize,
@@ -558,6 +569,7 @@ impl Reconciler {
         updates.sort_by_key(|k| (k.scope != Scope::External, *k));
         // Nearly every update is reported (all of them on a first sync).
         report.changes.reserve_exact(updates.len() + removals.len());
+        report.new_backends_listed = updates.len() <= LIST_NEW_BACKENDS_UP_TO;
         for key in &updates {
             self.apply_frontend(maps, desired, *key, &desired[key], report);
         }
@@ -745,10 +757,15 @@ impl Reconciler {
         }
         fe.write_name(maps, key, report);
         if report.writes > writes_before {
-            let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
+            let after: Vec<BackendAddr> = if existed || report.new_backends_listed {
+                targets.iter().map(|(a, _)| *a).collect()
+            } else {
+                Vec::new()
+            };
             let before: Vec<BackendAddr> = before.iter().filter_map(|id| self.backends.addr(*id)).collect();
             let kind = if existed { ChangeKind::Updated } else { ChangeKind::Added };
             let rev_nat = self.frontends[&key].rev_nat;
+            let after = (after, targets.len());
             report.changes.push(Change::new(frontend.service_port.clone(), key, rev_nat, kind, before, after));
         }
         Ok(())

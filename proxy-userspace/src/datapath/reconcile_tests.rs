@@ -231,6 +231,41 @@ fn add_update_remove() {
     assert!(maps.state.backends.is_empty());
 }
 
+/// A new frontend's change lists its backends in a small sync; in one of
+/// more than `LIST_NEW_BACKENDS_UP_TO` frontends (a start) it counts them
+/// only, and a changed frontend's change still lists what it gained.
+#[test]
+fn a_large_sync_counts_new_frontends_backends_without_listing_them() {
+    use super::reconcile::LIST_NEW_BACKENDS_UP_TO;
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::new();
+    let small = table(&[(fk(1, 80, Protocol::Tcp), vec![be(1, 8080), be(2, 8080)])]);
+    let report = r.apply(&mut maps, &small);
+    assert!(report.new_backends_listed);
+    assert_eq!((report.changes[0].backends, report.changes[0].added.len()), (2, 2));
+
+    let entries: Vec<(FrontendKey, Vec<Backend>)> = (1..=u8::try_from(LIST_NEW_BACKENDS_UP_TO + 1).unwrap())
+        .map(|n| (fk(n, 80, Protocol::Tcp), vec![be(n, 8080), be(n.wrapping_add(1), 8080), be(3, 8080)]))
+        .collect();
+    let large = table(&entries);
+    let report = r.apply(&mut maps, &large);
+    assert_exact(&maps, &large);
+    assert!(!report.new_backends_listed);
+    for c in &report.changes {
+        assert_eq!(c.backends, 3, "{c:?}");
+        match c.kind {
+            ChangeKind::Added => assert!(c.added.is_empty(), "{c:?}"),
+            // Frontend 1 had backends 1 and 2; it gained 3.
+            ChangeKind::Updated => {
+                let three = BackendAddr { addr: be(3, 8080).addr, port: 8080, protocol: Protocol::Tcp };
+                assert_eq!(c.added, vec![three], "{c:?}");
+            }
+            ChangeKind::Removed => panic!("{c:?}"),
+        }
+    }
+    assert_eq!(report.changes.iter().filter(|c| c.kind == ChangeKind::Updated).count(), 1);
+}
+
 #[test]
 fn shared_backend_outlives_one_service() {
     let mut maps = FakeMaps::default();
