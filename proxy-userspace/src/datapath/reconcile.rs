@@ -623,19 +623,38 @@ impl Reconciler {
         }
     }
 
-    /// Writes those of backends `ids` that are new or changed, all in one
-    /// batch; a new one that fails is forgotten (its id freed).
+    /// Writes those of backends `ids` that are new or changed, in batches
+    /// of up to `CHUNK`; a new one that fails is forgotten (its id freed).
     fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, ids: &[u32], report: &mut Report) {
+        // A start's 1,000,000 backends are written a chunk at a time: the
+        // lists of the whole table's took ~36 MB at the agent's peak.
+        const CHUNK: usize = 4096;
         // (id, whether it is new to the map)
-        let mut writes: Vec<(u32, bool)> = Vec::new();
-        let mut entries: Vec<(u32, BackendValue)> = Vec::new();
-        for id in ids {
-            if let Some((value, new)) = self.backends.to_write(*id) {
-                writes.push((*id, new));
-                entries.push((*id, value));
+        let mut writes: Vec<(u32, bool)> = Vec::with_capacity(ids.len().min(CHUNK));
+        let mut entries: Vec<(u32, BackendValue)> = Vec::with_capacity(ids.len().min(CHUNK));
+        for chunk in ids.chunks(CHUNK) {
+            writes.clear();
+            entries.clear();
+            for id in chunk {
+                if let Some((value, new)) = self.backends.to_write(*id) {
+                    writes.push((*id, new));
+                    entries.push((*id, value));
+                }
             }
+            report.writes += entries.len();
+            self.write_backends(maps, &writes, &entries, report);
         }
-        report.writes += entries.len();
+    }
+
+    /// Writes `entries` (`writes`: their ids, and whether new to the map);
+    /// a new one that fails is forgotten (its id freed).
+    fn write_backends(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        writes: &[(u32, bool)],
+        entries: &[(u32, BackendValue)],
+        report: &mut Report,
+    ) {
         let mut start = 0;
         while start < entries.len() {
             let (written, failed) = match maps.set_backends(&entries[start..]) {
