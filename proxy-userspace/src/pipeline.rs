@@ -537,7 +537,7 @@ pub const MAP_WRITES_FAILED: &str =
 
 /// A sync that changes more frontends than this (a first start, a relist)
 /// logs a summary at info and each change at debug.
-const LOG_EACH_CHANGE_UP_TO: usize = 64;
+const LOG_EACH_CHANGE_UP_TO: usize = crate::datapath::reconcile::LIST_NEW_BACKENDS_UP_TO;
 
 /// Logs what a sync changed; `read` is the time spent reading and
 /// translating, `took` the time spent writing the maps. The changes of a

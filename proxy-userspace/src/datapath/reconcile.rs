@@ -167,7 +167,8 @@ pub struct Failure {
 }
 
 /// A sync that adds more frontends than this reports a new frontend's
-/// backends by count only (`Report::new_backends_listed`).
+/// backends by count only (`Report::new_backends_listed`); the pipeline
+/// logs each change of a sync of at most this many changes at info.
 pub const LIST_NEW_BACKENDS_UP_TO: usize = 64;
 
 /// The outcome of one `apply`.
@@ -175,9 +176,9 @@ pub const LIST_NEW_BACKENDS_UP_TO: usize = 64;
 pub struct Report {
     pub changes: Vec<Change>,
     /// Whether a new frontend's change lists its backends (`added`), as in
-    /// a sync of at most `LIST_NEW_BACKENDS_UP_TO` frontends; in a larger
-    /// one (a start, a relist) its `added` is empty and `backends` counts
-    /// them, as the desired table lists them: a whole table's report held
+    /// a sync that adds at most `LIST_NEW_BACKENDS_UP_TO` frontends; in
+    /// one that adds more (a start) its `added` is empty and `backends`
+    /// counts them, as the desired table lists them: a start's report held
     /// every backend again, ~25 MB at 1,000,000 at the agent's peak.
     pub new_backends_listed: bool,
     pub failures: Vec<Failure>,
@@ -569,7 +570,8 @@ impl Reconciler {
         updates.sort_by_key(|k| (k.scope != Scope::External, *k));
         // Nearly every update is reported (all of them on a first sync).
         report.changes.reserve_exact(updates.len() + removals.len());
-        report.new_backends_listed = updates.len() <= LIST_NEW_BACKENDS_UP_TO;
+        let new = updates.iter().filter(|k| !self.frontends.contains_key(k)).count();
+        report.new_backends_listed = new <= LIST_NEW_BACKENDS_UP_TO;
         for key in &updates {
             self.apply_frontend(maps, desired, *key, &desired[key], report);
         }

@@ -231,9 +231,10 @@ fn add_update_remove() {
     assert!(maps.state.backends.is_empty());
 }
 
-/// A new frontend's change lists its backends in a small sync; in one of
-/// more than `LIST_NEW_BACKENDS_UP_TO` frontends (a start) it counts them
-/// only, and a changed frontend's change still lists what it gained.
+/// A new frontend's change lists its backends in a sync that adds few; in
+/// one that adds more than `LIST_NEW_BACKENDS_UP_TO` frontends (a start)
+/// it counts them only, and a changed frontend's change still lists what
+/// it gained; a whole table compared again with one frontend new lists it.
 #[test]
 fn a_large_sync_counts_new_frontends_backends_without_listing_them() {
     use super::reconcile::LIST_NEW_BACKENDS_UP_TO;
@@ -244,7 +245,7 @@ fn a_large_sync_counts_new_frontends_backends_without_listing_them() {
     assert!(report.new_backends_listed);
     assert_eq!((report.changes[0].backends, report.changes[0].added.len()), (2, 2));
 
-    let entries: Vec<(FrontendKey, Vec<Backend>)> = (1..=u8::try_from(LIST_NEW_BACKENDS_UP_TO + 1).unwrap())
+    let entries: Vec<(FrontendKey, Vec<Backend>)> = (1..=u8::try_from(LIST_NEW_BACKENDS_UP_TO + 2).unwrap())
         .map(|n| (fk(n, 80, Protocol::Tcp), vec![be(n, 8080), be(n.wrapping_add(1), 8080), be(3, 8080)]))
         .collect();
     let large = table(&entries);
@@ -264,6 +265,14 @@ fn a_large_sync_counts_new_frontends_backends_without_listing_them() {
         }
     }
     assert_eq!(report.changes.iter().filter(|c| c.kind == ChangeKind::Updated).count(), 1);
+
+    // The whole table again (a relist), with one frontend more.
+    let mut entries = entries;
+    entries.push((fk(200, 80, Protocol::Tcp), vec![be(200, 8080)]));
+    let report = r.apply(&mut maps, &table(&entries));
+    assert!(report.new_backends_listed);
+    assert_eq!(report.changes.len(), 1, "{report:?}");
+    assert_eq!((report.changes[0].kind, report.changes[0].added.len()), (ChangeKind::Added, 1));
 }
 
 #[test]
