@@ -80,7 +80,7 @@ impl Telemetry {
         let mut labels = FrontendLabels::default();
         let mut reset = Vec::new();
         for (id, frontend, service) in ids {
-            if !self.labels.holds(id, &frontend, &service) {
+            if self.labels.held(id, &frontend, &service).is_none() {
                 reset.push(id);
             }
             labels.insert(id, service, frontend);
@@ -151,14 +151,6 @@ impl FrontendLabels {
             let (service, frontend) = l.as_ref()?;
             Some((RevNatId::try_from(id).expect("ids are rev-NAT ids"), service, frontend))
         })
-    }
-
-    fn slot(&self, id: RevNatId) -> Option<&(ServicePort, FrontendKey)> {
-        self.by_id.get(usize::try_from(id).ok()?)?.as_ref()
-    }
-
-    fn holds(&self, id: RevNatId, frontend: &FrontendKey, service: &ServicePort) -> bool {
-        self.slot(id).is_some_and(|(s, f)| f == frontend && s == service)
     }
 
     /// The held service port of `id` when its labels are these.

@@ -86,11 +86,6 @@ impl Uses {
     /// `SERVICES`, whose size the flags cap far lower.
     const SLOTS: u32 = Self::WRITTEN - 1;
 
-    const fn new(written: bool) -> Self {
-        let bits = Self::PRESENT | if written { Self::WRITTEN } else { 0 };
-        Self(NonZeroU32::new(bits).expect("PRESENT is set"))
-    }
-
     const fn written(self) -> bool {
         self.0.get() & Self::WRITTEN != 0
     }
@@ -101,9 +96,8 @@ impl Uses {
 
     fn of(written: bool, slots: u32) -> Self {
         debug_assert!(slots <= Self::SLOTS, "{slots} slots name one backend");
-        let mut new = Self::new(written);
-        new.0 |= slots.min(Self::SLOTS);
-        new
+        let bits = Self::PRESENT | if written { Self::WRITTEN } else { 0 } | slots.min(Self::SLOTS);
+        Self(NonZeroU32::new(bits).expect("PRESENT is set"))
     }
 }
 
@@ -119,7 +113,7 @@ struct Record {
 
 impl Record {
     fn new(value: BackendValue, written: bool) -> Self {
-        Self { value, uses: Uses::new(written), wants: WantCounts::default() }
+        Self { value, uses: Uses::of(written, 0), wants: WantCounts::default() }
     }
 
     const fn written(&self) -> bool {
