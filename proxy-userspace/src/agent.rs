@@ -258,6 +258,10 @@ async fn run_with(
         applied.send_replace(snapshot);
         take_over(&mut takeover, Some(synced.report.failures.is_empty()), &pipeline, &mut datapath, metrics)?;
         free_aside(synced);
+        // The start's churn is over (a no-op after the first sync).
+        if let Err(error) = crate::memory::settle() {
+            warn!(%error, "freed memory stays resident a second before it is returned");
+        }
     }
     info!(
         pin_dir = %config.load.pin_dir.display(),
