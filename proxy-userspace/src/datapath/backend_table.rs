@@ -8,11 +8,7 @@
 //! and a record costs 40 bytes where a tree or hash map entry keyed by id
 //! and address cost several times that. The index by address holds ids
 //! only (4 bytes each), hashing the address in the id's record.
-use std::{
-    collections::BTreeMap,
-    hash::{BuildHasher, RandomState},
-    num::NonZeroU32,
-};
+use std::{collections::BTreeMap, hash::BuildHasher, num::NonZeroU32};
 
 use hashbrown::HashTable;
 use proxy_common::Backend as BackendValue;
@@ -127,7 +123,7 @@ pub struct BackendTable {
     /// The id of each address (the lowest, should the maps hold two),
     /// written or reserved.
     ids: HashTable<u32>,
-    hasher: RandomState,
+    hasher: foldhash::fast::RandomState,
     pool: IdPool<u32>,
     /// Records written to the map.
     written: usize,

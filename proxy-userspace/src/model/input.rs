@@ -294,6 +294,10 @@ impl Address {
     #[must_use]
     pub fn new(raw: &str) -> Self {
         match raw.parse::<IpAddr>() {
+            // An IPv4 address parses only as written canonically (four
+            // decimal parts, no leading zero), so it is not written back
+            // to compare (a million endpoints at 100,000 services).
+            Ok(ip @ IpAddr::V4(_)) => Self::Ip(ip),
             Ok(ip) if ip.to_string() == raw => Self::Ip(ip),
             _ => Self::Raw(raw.into()),
         }
@@ -325,7 +329,23 @@ mod tests {
 
     #[test]
     fn an_address_keeps_how_it_was_written() {
-        for raw in ["10.0.0.1", "fd00::1", "::ffff:10.0.0.1", "010.0.0.1", "fd00:0::1", "x", ""] {
+        for raw in [
+            "10.0.0.1",
+            "0.0.0.0",
+            "fd00::1",
+            "::ffff:10.0.0.1",
+            "010.0.0.1",
+            "10.00.0.1",
+            "10.0.0.01",
+            "10.0.0.1.",
+            "+10.0.0.1",
+            "10.0.0.256",
+            "10.0.1",
+            "fd00:0::1",
+            "FD00::1",
+            "x",
+            "",
+        ] {
             let addr = Address::new(raw);
             assert_eq!(addr.to_string(), raw);
             assert_eq!(addr.ip(), raw.parse().ok(), "{raw}");

@@ -14,13 +14,9 @@
 //! translated as the changes it found (as kube-proxy's change trackers,
 //! which compare each relisted object with the one they hold), not as
 //! everything again. Only the first list is read whole.
-use std::{
-    collections::{BTreeSet, HashMap, HashSet},
-    hash::Hash,
-    sync::Arc,
-    time::SystemTime,
-};
+use std::{collections::BTreeSet, hash::Hash, sync::Arc, time::SystemTime};
 
+use foldhash::{HashMap, HashMapExt as _, HashSet, HashSetExt as _};
 use k8s_openapi::{
     api::{
         core::v1::{Node, Service},

@@ -1,6 +1,8 @@
 //! Which EndpointSlices name each service (an index kept in step with the
 //! watch events), so a change is read and translated for its service alone.
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use foldhash::HashMap;
 
 use super::stored_slice::{SliceId, StoredSlice};
 use crate::model::ServiceId;
