@@ -181,6 +181,10 @@ async fn run_with(
         () = &mut shutdown => return Ok(()),
         ready = source.ready() => ready?,
     }
+    // The lists' churn is over (see `memory::JEMALLOC_CONF`).
+    if let Err(error) = crate::memory::settle() {
+        warn!(%error, "freed memory stays resident a moment before it is returned");
+    }
     // Subscribed before the first read, so no change in between is missed.
     let mut local_addrs = crate::local_addrs::Watch::start();
     let settings = NodeSettings {
@@ -258,10 +262,6 @@ async fn run_with(
         applied.send_replace(snapshot);
         take_over(&mut takeover, Some(synced.report.failures.is_empty()), &pipeline, &mut datapath, metrics)?;
         free_aside(synced);
-        // The start's churn is over (a no-op after the first sync).
-        if let Err(error) = crate::memory::settle() {
-            warn!(%error, "freed memory stays resident a second before it is returned");
-        }
     }
     info!(
         pin_dir = %config.load.pin_dir.display(),

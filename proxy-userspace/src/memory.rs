@@ -24,22 +24,25 @@
 /// so the resident size drops when the memory is free, not when the kernel
 /// runs short.
 ///
-/// Freed pages are kept for a second (`dirty_decay_ms:1000`) only until the
-/// first sync is applied, then returned at once (`settle`). The lists pass
-/// every page of JSON through freshly allocated buffers: returning each as
-/// soon as it was freed had the next one fault its pages in again and
-/// flush the other core's TLB, and at 10,000 services the slices' list
-/// took 0.44 s against 0.29 s with freed pages kept (the start 0.96 s
-/// against 0.77 s, README, Performance). It costs ~5 MiB at the start's
-/// peak. Kept after the start, it left what a sync frees resident for a
-/// second on top of what it builds.
-pub const JEMALLOC_CONF: &[u8; 95] =
-    b"narenas:1,background_thread:true,max_background_threads:1,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+/// Freed pages are kept for a tenth of a second (`dirty_decay_ms:100`)
+/// only until the initial lists are in, then returned at once (`settle`).
+/// The lists pass every page of JSON through freshly allocated buffers:
+/// returning each as soon as it was freed had the next one fault its pages
+/// in again and flush the other core's TLB. At 10,000 services the slices'
+/// list took 0.44 s against 0.29 s with freed pages kept (the start 0.96 s
+/// against 0.77 s); at 100,000 the lists took ~1 s less (README,
+/// Performance). Keeping them a second did no better. It costs ~5 MiB at the
+/// start's peak at 10,000 services and ~15 MiB at 100,000, reached while
+/// the lists arrive. Kept through the first sync as well, it added more:
+/// what the translation and the write free stayed resident beside what
+/// they build.
+pub const JEMALLOC_CONF: &[u8; 94] =
+    b"narenas:1,background_thread:true,max_background_threads:1,dirty_decay_ms:100,muzzy_decay_ms:0\0";
 
 /// jemalloc refused a setting.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "setting jemalloc's {name} failed (mallctl returned {code}); freed memory is returned to the kernel a second late"
+    "setting jemalloc's {name} failed (mallctl returned {code}); freed memory is returned to the kernel a moment late"
 )]
 pub struct SettleError {
     name: &'static str,
@@ -48,7 +51,7 @@ pub struct SettleError {
 
 /// From now on freed pages go back to the kernel at once, in every arena
 /// and in those made later; what is kept now is returned. Called once the
-/// first sync is applied (see `JEMALLOC_CONF`); a later call does nothing.
+/// initial lists are in (see `JEMALLOC_CONF`); a later call does nothing.
 ///
 /// # Errors
 ///
