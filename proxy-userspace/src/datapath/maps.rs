@@ -55,6 +55,13 @@ pub trait ServiceMaps {
     }
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
     fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError>;
+    /// As `set_backends`, for rev-NAT entries.
+    fn set_rev_nats(&mut self, entries: &[(RevNatId, RevNat)]) -> Result<(), (usize, MapError)> {
+        for (i, (id, value)) in entries.iter().enumerate() {
+            self.set_rev_nat(*id, value).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
     fn remove_rev_nat(&mut self, id: RevNatId) -> Result<(), MapError>;
     /// Entries of every Maglev table.
     fn maglev_size(&self) -> usize;
@@ -63,6 +70,13 @@ pub trait ServiceMaps {
     fn set_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError>;
     fn remove_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError>;
     fn set_name(&mut self, rev_nat: RevNatId, name: &ServiceName) -> Result<(), MapError>;
+    /// As `set_backends`, for names.
+    fn set_names(&mut self, entries: &[(RevNatId, ServiceName)]) -> Result<(), (usize, MapError)> {
+        for (i, (id, name)) in entries.iter().enumerate() {
+            self.set_name(*id, name).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
     fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError>;
     fn dump(&self) -> Result<Dump, MapError>;
 }
@@ -72,9 +86,11 @@ pub trait ServiceMaps {
 pub struct KernelMaps {
     services: HashMap<MapData, ServiceKey, ServiceValue>,
     backends: HashMap<MapData, u32, BackendValue>,
-    /// The same two maps, for batch writes.
+    /// The same maps (and `rev_nat`, `names`), for batch writes.
     services_fd: OwnedFd,
     backends_fd: OwnedFd,
+    rev_nat_fd: OwnedFd,
+    names_fd: OwnedFd,
     /// False once the kernel refused a batch write (before 5.6).
     batches: bool,
     rev_nat: HashMap<MapData, RevNatId, RevNat>,
@@ -107,11 +123,19 @@ impl KernelMaps {
     ) -> Result<Self, MapError> {
         let services_fd = dup_fd(&services, MapName::Services)?;
         let backends_fd = dup_fd(&backends, MapName::Backends)?;
+        let rev_nat_fd = dup_fd(&rev_nat, MapName::RevNat)?;
+        let names_fd = aya::maps::IterableMap::map(&names)
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| MapError::Syscall { map: MapName::Names, op: "dup", source })?;
         Ok(Self {
             services: HashMap::try_from(services).map_err(|source| MapError::Aya { map: MapName::Services, source })?,
             backends: HashMap::try_from(backends).map_err(|source| MapError::Aya { map: MapName::Backends, source })?,
             services_fd,
             backends_fd,
+            rev_nat_fd,
+            names_fd,
             batches: true,
             rev_nat: HashMap::try_from(rev_nat).map_err(|source| MapError::Aya { map: MapName::RevNat, source })?,
             source_ranges: LpmTrie::try_from(source_ranges)
@@ -217,6 +241,28 @@ where
     Ok(true)
 }
 
+/// Writes `entries` to map `fd` in batches, or one at a time through `one`
+/// on a kernel without batch writes (found at the first batch, then
+/// remembered in `batches`); as `ServiceMaps::set_backends`.
+fn write_all<K: Copy, V: Copy>(
+    batches: &mut bool,
+    fd: &OwnedFd,
+    map: MapName,
+    entries: &[(K, V)],
+    mut one: impl FnMut(K, &V) -> Result<(), MapError>,
+) -> Result<(), (usize, MapError)> {
+    if *batches && entries.len() > 1 {
+        if write_batches(fd, map, entries)? {
+            return Ok(());
+        }
+        *batches = false;
+    }
+    for (i, (key, value)) in entries.iter().enumerate() {
+        one(*key, value).map_err(|e| (i, e))?;
+    }
+    Ok(())
+}
+
 /// Pauses before writing the rest of a batch again after ENOMEM; the
 /// failure stands after the last (and the reconciler retries later).
 const ENOMEM_PAUSES: [std::time::Duration; 3] =
@@ -275,16 +321,10 @@ impl ServiceMaps for KernelMaps {
     }
 
     fn set_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
-        if self.batches && entries.len() > 1 {
-            if write_batches(&self.backends_fd, MapName::Backends, entries)? {
-                return Ok(());
-            }
-            self.batches = false;
-        }
-        for (i, (id, value)) in entries.iter().enumerate() {
-            self.set_backend(*id, value).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        let Self { batches, backends_fd, backends, .. } = self;
+        write_all(batches, backends_fd, MapName::Backends, entries, |id, value| {
+            backends.insert(id, value, 0).map_err(|e| update_error(MapName::Backends, e))
+        })
     }
 
     fn remove_backend(&mut self, id: u32) -> Result<(), MapError> {
@@ -296,16 +336,10 @@ impl ServiceMaps for KernelMaps {
     }
 
     fn set_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<(), (usize, MapError)> {
-        if self.batches && entries.len() > 1 {
-            if write_batches(&self.services_fd, MapName::Services, entries)? {
-                return Ok(());
-            }
-            self.batches = false;
-        }
-        for (i, (key, value)) in entries.iter().enumerate() {
-            self.set_service(key, value).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        let Self { batches, services_fd, services, .. } = self;
+        write_all(batches, services_fd, MapName::Services, entries, |key, value| {
+            services.insert(key, value, 0).map_err(|e| update_error(MapName::Services, e))
+        })
     }
 
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {
@@ -314,6 +348,13 @@ impl ServiceMaps for KernelMaps {
 
     fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError> {
         self.rev_nat.insert(id, value, 0).map_err(|e| update_error(MapName::RevNat, e))
+    }
+
+    fn set_rev_nats(&mut self, entries: &[(RevNatId, RevNat)]) -> Result<(), (usize, MapError)> {
+        let Self { batches, rev_nat_fd, rev_nat, .. } = self;
+        write_all(batches, rev_nat_fd, MapName::RevNat, entries, |id, value| {
+            rev_nat.insert(id, value, 0).map_err(|e| update_error(MapName::RevNat, e))
+        })
     }
 
     fn remove_rev_nat(&mut self, id: RevNatId) -> Result<(), MapError> {
@@ -344,6 +385,13 @@ impl ServiceMaps for KernelMaps {
 
     fn set_name(&mut self, rev_nat: RevNatId, name: &ServiceName) -> Result<(), MapError> {
         self.names.insert(rev_nat, name, 0).map_err(|e| update_error(MapName::Names, e))
+    }
+
+    fn set_names(&mut self, entries: &[(RevNatId, ServiceName)]) -> Result<(), (usize, MapError)> {
+        let Self { batches, names_fd, names, .. } = self;
+        write_all(batches, names_fd, MapName::Names, entries, |id, name| {
+            names.insert(id, name, 0).map_err(|e| update_error(MapName::Names, e))
+        })
     }
 
     fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError> {

@@ -32,6 +32,8 @@ use super::{
 };
 use crate::model::{Frontend, FrontendKey, Scope, ServicePort, ServiceTable};
 
+mod new_frontends;
+
 #[derive(Clone, Debug)]
 struct AppliedFrontend {
     service_port: ServicePort,
@@ -572,9 +574,7 @@ impl Reconciler {
         report.changes.reserve_exact(updates.len() + removals.len());
         let new = updates.iter().filter(|k| !self.frontends.contains_key(k)).count();
         report.new_backends_listed = new <= LIST_NEW_BACKENDS_UP_TO;
-        for key in &updates {
-            self.apply_frontend(maps, desired, *key, &desired[key], report);
-        }
+        self.apply_updates(maps, desired, &updates, report);
         for &key in &removals {
             // A twin stays while its entry still sends traffic from outside
             // to it (that entry's write failed; the retry removes both).
@@ -598,14 +598,17 @@ impl Reconciler {
         self.remove_unused_backends(maps, ids.to_vec(), report);
     }
 
+    /// Writes frontend `key` of `desired`; `new`: it is new though its
+    /// writing began (`new_frontends`).
     fn apply_frontend(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
         key: FrontendKey,
-        frontend: &Frontend,
+        new: bool,
         report: &mut Report,
     ) {
+        let frontend = &desired[&key];
         let targets: Option<Vec<(BackendAddr, u32)>> = frontend
             .backends
             .iter()
@@ -620,7 +623,7 @@ impl Reconciler {
             && desired.contains_key(&key.with_scope(Scope::External))
             && self.frontends.get(&key.with_scope(Scope::External)).is_some_and(|f| f.master.is_some());
         let flags = FrontendFlags::of(key, frontend, twin_written).encode();
-        if let Err(error) = self.update_frontend(maps, key, frontend, flags, &targets, report) {
+        if let Err(error) = self.update_frontend(maps, key, frontend, (flags, new), &targets, report) {
             report.failures.push(Failure { subject: format!("{} {key}", frontend.service_port), error });
         }
     }
@@ -686,11 +689,11 @@ impl Reconciler {
         maps: &mut impl ServiceMaps,
         key: FrontendKey,
         frontend: &Frontend,
-        flags: u16,
+        (flags, new): (u16, bool),
         targets: &[(BackendAddr, u32)],
         report: &mut Report,
     ) -> Result<(), MapError> {
-        let existed = self.frontends.contains_key(&key);
+        let existed = self.frontends.contains_key(&key) && !new;
         let before: Vec<u32> = self.frontends.get(&key).map(|f| f.live_slots().to_vec()).unwrap_or_default();
         let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(frontend.service_port.clone()));
         fe.set_service_port(&frontend.service_port);

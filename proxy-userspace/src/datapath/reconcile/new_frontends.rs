@@ -1,0 +1,339 @@
+//! New frontends written in bulk: a start writes 100,000 of them, and one
+//! at a time each took four system calls (its rev-NAT entry, its slots,
+//! its slot 0, its name). Here a chunk of them takes four batch writes, one
+//! per map, in the order a reader needs: every rev-NAT entry and slot of
+//! the chunk before any of its slots 0, so no reader finds a slot 0 whose
+//! count reaches a slot not written yet (docs/design.md, "Write order").
+//!
+//! Only frontends that need nothing else are taken: reached from inside
+//! the node only (no Maglev table), no source ranges, and no external
+//! twin (whose slot 0 must come first). What is written is recorded
+//! frontend by frontend as `update_frontend` records it; after a failed
+//! write the rest is left to `update_frontend`, which writes what is
+//! missing and reports the failure.
+use super::{
+    AppliedFrontend, BackendAddr, Change, ChangeKind, Failure, FrontendFlags, FrontendKey, MapError, Reconciler,
+    Report, Scope, ServiceMaps, ServiceTable, codec, pop_slot, set_slot, slot_number,
+};
+use proxy_common::{RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue};
+
+/// Frontends per chunk (their slots: ~10,000 entries at 10 backends); in
+/// unit tests fewer, so that a few hundred frontends span chunks.
+pub(super) const CHUNK: usize = if cfg!(test) { 100 } else { 1024 };
+
+/// How many of a batch's entries were written, and the failure.
+fn written(result: Result<(), (usize, MapError)>, len: usize) -> (usize, Option<MapError>) {
+    match result {
+        Ok(()) => (len, None),
+        Err((n, error)) => (n, Some(error)),
+    }
+}
+
+impl Reconciler {
+    /// Writes frontends `updates` of `desired` in order: those this module
+    /// takes (see the module docs) a chunk at a time, the others, and
+    /// those a failed write left unfinished, one at a time
+    /// (`apply_frontend`). After a failed write the rest are written one
+    /// at a time.
+    pub(super) fn apply_updates(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        updates: &[FrontendKey],
+        report: &mut Report,
+    ) {
+        let mut chunk: Vec<FrontendKey> = Vec::with_capacity(CHUNK.min(updates.len()));
+        let mut in_bulk = true;
+        for key in updates {
+            if in_bulk && self.takes_in_bulk(desired, *key) {
+                chunk.push(*key);
+                if chunk.len() < CHUNK {
+                    continue;
+                }
+            }
+            if !chunk.is_empty() {
+                in_bulk = self.write_chunk_then_rest(maps, desired, &chunk, report);
+                let last = chunk.last() == Some(key);
+                chunk.clear();
+                if last {
+                    continue;
+                }
+            }
+            self.apply_frontend(maps, desired, *key, false, report);
+        }
+        if !chunk.is_empty() {
+            self.write_chunk_then_rest(maps, desired, &chunk, report);
+        }
+    }
+
+    /// Writes `chunk` in bulk, then one at a time what that left; false
+    /// after a failed write.
+    fn write_chunk_then_rest(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        chunk: &[FrontendKey],
+        report: &mut Report,
+    ) -> bool {
+        let mut outcome = vec![Bulk::NotTaken; chunk.len()];
+        let before = report.failures.len();
+        let whole = self.write_chunk(maps, desired, chunk, &mut outcome, report);
+        let in_bulk = report.failures.len();
+        for (key, bulk) in chunk.iter().zip(outcome) {
+            if bulk != Bulk::Written {
+                self.apply_frontend(maps, desired, *key, bulk == Bulk::Started, report);
+            }
+        }
+        // A frontend whose bulk write failed was tried again alone: its
+        // failure is reported once.
+        let retried = report.failures.split_off(in_bulk);
+        let bulk_subjects: Vec<String> = report.failures[before..].iter().map(|f| f.subject.clone()).collect();
+        report.failures.extend(retried.into_iter().filter(|f| !bulk_subjects.contains(&f.subject)));
+        whole
+    }
+
+    fn takes_in_bulk(&self, desired: &ServiceTable, key: FrontendKey) -> bool {
+        let frontend = &desired[&key];
+        key.scope == Scope::All
+            && !self.frontends.contains_key(&key)
+            && !frontend.reach.from_outside()
+            && frontend.source_ranges.is_none()
+            && !desired.contains_key(&key.with_scope(Scope::External))
+    }
+
+    /// Writes the frontends `chunk` (`outcome`: what became of each);
+    /// false after a failed write.
+    fn write_chunk(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        chunk: &[FrontendKey],
+        outcome: &mut [Bulk],
+        report: &mut Report,
+    ) -> bool {
+        let (mut staged, complete) = self.stage(desired, chunk);
+        for s in &staged {
+            outcome[s.at] = Bulk::Started;
+        }
+        let started: Vec<FrontendKey> = staged.iter().map(|s| s.key).collect();
+        let failures = report.failures.len();
+        self.write_rev_nats(maps, desired, &mut staged, report);
+        self.write_slots(maps, desired, &mut staged, report);
+        self.write_masters(maps, desired, &mut staged, report);
+        let failed = report.failures.len() > failures;
+        if failed {
+            self.remove_slots_without_master(maps, &started, report);
+        }
+        self.write_names(maps, desired, &mut staged, report);
+        for s in &staged {
+            report_added(desired, s, report);
+            outcome[s.at] = Bulk::Written;
+        }
+        complete && report.failures.len() == failures
+    }
+
+    /// Takes the frontends of `chunk` whose backends all have ids, each
+    /// with a rev-NAT id; false when the ids ran out (`update_frontend`
+    /// reports it).
+    fn stage(&mut self, desired: &ServiceTable, chunk: &[FrontendKey]) -> (Vec<Staged>, bool) {
+        let mut staged = Vec::with_capacity(chunk.len());
+        for (at, &key) in chunk.iter().enumerate() {
+            let frontend = &desired[&key];
+            let ids: Option<Vec<u32>> = frontend
+                .backends
+                .iter()
+                .map(|b| self.backends.id(&BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol }))
+                .collect();
+            // A backend that failed to be written: reported already, and
+            // `update_frontend` leaves the frontend out as well.
+            let Some(ids) = ids else { continue };
+            let Some(rev_nat) = self.rev_nat_pool.allocate() else { return (staged, false) };
+            let mut fe = AppliedFrontend::new(frontend.service_port.clone());
+            fe.set_wanted(key, frontend);
+            fe.rev_nat = rev_nat;
+            fe.slots.reserve_exact(ids.len());
+            self.frontends.insert(key, fe);
+            staged.push(Staged { at, key, ids, rev_nat });
+        }
+        (staged, true)
+    }
+
+    fn write_rev_nats(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        staged: &mut Vec<Staged>,
+        report: &mut Report,
+    ) {
+        let entries: Vec<(RevNatId, RevNat)> =
+            staged.iter().map(|s| (s.rev_nat, codec::rev_nat_value(s.key))).collect();
+        report.writes += entries.len();
+        let (n, error) = written(maps.set_rev_nats(&entries), entries.len());
+        for s in &staged[..n] {
+            self.applied(s).rev_nat_written = true;
+        }
+        fail(desired, staged, n, "", error, report);
+    }
+
+    fn write_slots(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        staged: &mut Vec<Staged>,
+        report: &mut Report,
+    ) {
+        let entries: Vec<(ServiceKey, ServiceValue)> = staged
+            .iter()
+            .flat_map(|s| {
+                s.ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, id)| (codec::service_key(s.key, slot_number(i)), ServiceValue::slot(*id)))
+            })
+            .collect();
+        report.writes += entries.len();
+        let (mut n, error) = written(maps.set_services(&entries), entries.len());
+        let mut whole = 0;
+        for s in staged.iter() {
+            let fe = self.frontends.get_mut(&s.key).expect("staged");
+            for (i, id) in s.ids.iter().enumerate().take(n) {
+                set_slot(&mut fe.slots, &mut self.backends, i, *id);
+            }
+            if n < s.ids.len() {
+                break;
+            }
+            n -= s.ids.len();
+            whole += 1;
+        }
+        fail(desired, staged, whole, "", error, report);
+    }
+
+    fn write_masters(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        staged: &mut Vec<Staged>,
+        report: &mut Report,
+    ) {
+        let entries: Vec<(ServiceKey, ServiceValue)> = staged
+            .iter()
+            .map(|s| {
+                let frontend = &desired[&s.key];
+                let master = ServiceValue::frontend(
+                    u16::try_from(s.ids.len()).expect("the model caps backends at u16::MAX"),
+                    s.rev_nat,
+                    FrontendFlags::of(s.key, frontend, false).encode(),
+                    0,
+                    frontend.affinity_timeout.unwrap_or(0),
+                );
+                (codec::service_key(s.key, 0), master)
+            })
+            .collect();
+        report.writes += entries.len();
+        let (n, error) = written(maps.set_services(&entries), entries.len());
+        for (s, (_, master)) in staged.iter().zip(&entries).take(n) {
+            self.applied(s).master = Some(*master);
+        }
+        fail(desired, staged, n, "", error, report);
+    }
+
+    fn write_names(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        desired: &ServiceTable,
+        staged: &mut Vec<Staged>,
+        report: &mut Report,
+    ) {
+        let entries: Vec<(RevNatId, ServiceName)> =
+            staged.iter().map(|s| (s.rev_nat, codec::service_name(&self.frontends[&s.key].service_port))).collect();
+        report.writes += entries.len();
+        let (n, error) = written(maps.set_names(&entries), entries.len());
+        for s in &staged[..n] {
+            self.applied(s).name_written = true;
+        }
+        fail(desired, staged, n, " name", error, report);
+    }
+
+    fn applied(&mut self, s: &Staged) -> &mut AppliedFrontend {
+        self.frontends.get_mut(&s.key).expect("staged")
+    }
+
+    /// Removes the slots of those of frontends `started` whose slot 0 was
+    /// not written: in a full map they would take the room of frontends
+    /// after them that fit, which `update_frontend`, writing one frontend
+    /// at a time, programs.
+    fn remove_slots_without_master(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        started: &[FrontendKey],
+        report: &mut Report,
+    ) {
+        for key in started {
+            let fe = self.frontends.get_mut(key).expect("started");
+            if fe.master.is_some() {
+                continue;
+            }
+            while let Some(slot) = fe.slots.len().checked_sub(1) {
+                report.writes += 1;
+                if maps.remove_service(&codec::service_key(*key, slot_number(slot))).is_err() {
+                    // Left recorded: `update_frontend` writes it over.
+                    break;
+                }
+                pop_slot(&mut fe.slots, &mut self.backends);
+            }
+        }
+    }
+}
+
+/// Reports frontend `s`, written whole, as added.
+fn report_added(desired: &ServiceTable, s: &Staged, report: &mut Report) {
+    let frontend = &desired[&s.key];
+    let after: Vec<BackendAddr> = if report.new_backends_listed {
+        frontend.backends.iter().map(|b| BackendAddr { addr: b.addr, port: b.port, protocol: s.key.protocol }).collect()
+    } else {
+        Vec::new()
+    };
+    let (port, after) = (frontend.service_port.clone(), (after, s.ids.len()));
+    report.changes.push(Change::new(port, s.key, s.rev_nat, ChangeKind::Added, Vec::new(), after));
+}
+
+/// A frontend being written in bulk.
+struct Staged {
+    /// Its place in the chunk.
+    at: usize,
+    key: FrontendKey,
+    /// Its backends' ids, in slot order.
+    ids: Vec<u32>,
+    rev_nat: RevNatId,
+}
+
+/// Reports the failure `error` of a batch that wrote frontends
+/// `staged[..n]` (as `update_frontend` names it: the subject, `what` of
+/// it), and keeps only those.
+fn fail(
+    desired: &ServiceTable,
+    staged: &mut Vec<Staged>,
+    n: usize,
+    what: &str,
+    error: Option<MapError>,
+    report: &mut Report,
+) {
+    if let Some(error) = error {
+        let key = staged[n].key;
+        let subject = format!("{} {key}{what}", desired[&key].service_port);
+        report.failures.push(Failure { subject, error });
+    }
+    staged.truncate(n);
+}
+
+/// What `write_chunk` did with a frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bulk {
+    /// Not one it takes: `update_frontend` writes it.
+    NotTaken,
+    /// Begun, not finished (a write failed): `update_frontend` writes the
+    /// rest and reports it as added.
+    Started,
+    /// Written whole and reported.
+    Written,
+}
