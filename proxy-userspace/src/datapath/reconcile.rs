@@ -7,7 +7,9 @@
 //!    at them): add its new source ranges, write changed slots `1..=N` and
 //!    its Maglev table, then slot 0 with the new count, flags and table
 //!    (the switch-over), then delete slots above `N` and ranges no longer
-//!    listed;
+//!    listed (new frontends that need no more than slots, slot 0 and
+//!    their rev-NAT entry and name: a chunk at a time, each map's entries
+//!    in one batch, see `new_frontends`);
 //! 3. per removed frontend: slot 0 first, then its slots, ranges and rev-NAT;
 //! 4. delete Maglev tables no slot 0 names, then backends no slot and no
 //!    table refers to any more.
