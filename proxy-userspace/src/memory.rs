@@ -45,13 +45,15 @@ pub const JEMALLOC_CONF: &[u8; 94] =
     "setting jemalloc's {name} failed (mallctl returned {code}); freed memory is returned to the kernel a moment late"
 )]
 pub struct SettleError {
-    name: &'static str,
+    name: String,
     code: i32,
 }
 
 /// From now on freed pages go back to the kernel at once, in every arena
-/// and in those made later; what is kept now is returned. Called once the
-/// initial lists are in (see `JEMALLOC_CONF`); a later call does nothing.
+/// there is and in those made later; what is kept now is returned. Called
+/// once the initial lists are in (see `JEMALLOC_CONF`); a later call does
+/// nothing. (jemalloc's arena for huge allocations purges at once from the
+/// start.)
 ///
 /// # Errors
 ///
@@ -62,49 +64,78 @@ pub fn settle() -> Result<(), SettleError> {
     if SETTLED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         return Ok(());
     }
-    // `MALLCTL_ARENAS_ALL`: every arena there is.
-    set_decay(c"arena.4096.dirty_decay_ms", 0)?;
-    set_decay(c"arenas.dirty_decay_ms", 0)
+    // Arenas made from now on.
+    let made_later = write(c"arenas.dirty_decay_ms", 0isize);
+    // Each arena index there can be; an index never initialised answers
+    // EFAULT. (`arena.4096`, jemalloc's "all arenas", is not one for this
+    // setting: it read past jemalloc's table of arenas.)
+    let mut narenas: u32 = 0;
+    read(c"arenas.narenas", &mut narenas)?;
+    for i in 0..narenas {
+        let name = std::ffi::CString::new(format!("arena.{i}.dirty_decay_ms")).expect("no NUL");
+        match write(&name, 0isize) {
+            Err(e) if e.code == libc::EFAULT => {}
+            other => other?,
+        }
+    }
+    made_later
 }
 
-/// Writes an `ssize_t` setting of jemalloc's.
-fn set_decay(name: &'static std::ffi::CStr, mut ms: isize) -> Result<(), SettleError> {
-    // SAFETY: `name` is a NUL-terminated name of an `ssize_t` setting and
-    // the new value points at one, of that size; nothing is read back.
+/// Writes setting `name` of jemalloc's, of type `T`.
+fn write<T>(name: &std::ffi::CStr, mut value: T) -> Result<(), SettleError> {
+    // SAFETY: `name` is NUL-terminated and names a setting of type `T`
+    // (the callers pass `ssize_t` settings an `isize`); the new value
+    // points at one, of its size; nothing is read back.
     let code = unsafe {
         tikv_jemalloc_sys::mallctl(
             name.as_ptr(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
-            (&raw mut ms).cast(),
-            size_of::<isize>(),
+            (&raw mut value).cast(),
+            size_of::<T>(),
         )
     };
-    if code == 0 { Ok(()) } else { Err(SettleError { name: name.to_str().unwrap_or("setting"), code }) }
+    checked(name, code)
+}
+
+/// Reads setting `name` of jemalloc's, of type `T`, into `value`.
+fn read<T>(name: &std::ffi::CStr, value: &mut T) -> Result<(), SettleError> {
+    let mut len = size_of::<T>();
+    // SAFETY: `name` is NUL-terminated and names a setting of type `T`;
+    // `value` and `len` are one, of its size; nothing is written.
+    let code = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            std::ptr::from_mut(value).cast(),
+            &raw mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    checked(name, code)
+}
+
+fn checked(name: &std::ffi::CStr, code: i32) -> Result<(), SettleError> {
+    if code == 0 { Ok(()) } else { Err(SettleError { name: name.to_string_lossy().into_owned(), code }) }
 }
 
 #[cfg(test)]
 mod tests {
-    /// An `ssize_t` setting of jemalloc's.
-    fn read(name: &std::ffi::CStr) -> isize {
+    use super::read;
+
+    fn decay(name: &std::ffi::CStr) -> isize {
         let mut value: isize = -2;
-        let mut len = size_of::<isize>();
-        // SAFETY: `name` names an `ssize_t` setting; `value` and `len` are
-        // its size.
-        let code = unsafe {
-            tikv_jemalloc_sys::mallctl(name.as_ptr(), (&raw mut value).cast(), &raw mut len, std::ptr::null_mut(), 0)
-        };
-        assert_eq!(code, 0, "{name:?}");
+        read(name, &mut value).unwrap();
         value
     }
 
     #[test]
-    fn settling_returns_freed_pages_at_once() {
-        // The test binary's jemalloc runs with its defaults (10 s), not
-        // the agent's settings.
-        assert_ne!(read(c"arenas.dirty_decay_ms"), 0);
+    fn settling_returns_freed_pages_at_once_in_every_arena() {
+        // The test binary's jemalloc runs with its defaults (10 s, and an
+        // arena per CPU, made as used), not the agent's settings.
+        assert_ne!(decay(c"arenas.dirty_decay_ms"), 0);
         super::settle().unwrap();
-        assert_eq!(read(c"arenas.dirty_decay_ms"), 0, "arenas made later");
-        assert_eq!(read(c"arena.0.dirty_decay_ms"), 0, "the arena there is");
+        assert_eq!(decay(c"arenas.dirty_decay_ms"), 0, "arenas made later");
+        assert_eq!(decay(c"arena.0.dirty_decay_ms"), 0, "the first arena");
     }
 }

@@ -696,7 +696,9 @@ impl Reconciler {
         report: &mut Report,
     ) -> Result<(), MapError> {
         let existed = self.frontends.contains_key(&key) && !new;
-        let before: Vec<u32> = self.frontends.get(&key).map(|f| f.live_slots().to_vec()).unwrap_or_default();
+        // (A new frontend begun in bulk may have its slot 0 already.)
+        let before: Vec<u32> =
+            self.frontends.get(&key).filter(|_| !new).map(|f| f.live_slots().to_vec()).unwrap_or_default();
         let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(frontend.service_port.clone()));
         fe.set_service_port(&frontend.service_port);
         fe.set_wanted(key, frontend);

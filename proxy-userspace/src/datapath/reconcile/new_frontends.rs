@@ -8,18 +8,25 @@
 //! Only frontends that need nothing else are taken: reached from inside
 //! the node only (no Maglev table), no source ranges, and no external
 //! twin (whose slot 0 must come first). What is written is recorded
-//! frontend by frontend as `update_frontend` records it; after a failed
-//! write the rest is left to `update_frontend`, which writes what is
-//! missing and reports the failure.
+//! frontend by frontend as `update_frontend` records it. After a failed
+//! batch the rest of the chunk is left to `update_frontend`, which writes
+//! what is missing one frontend at a time: its result is the sync's (a
+//! write that fails again is reported there, one that succeeds is not a
+//! failure). When a map was full, slots whose slot 0 could not follow are
+//! removed first, and the rest of the sync is written one at a time.
 use super::{
-    AppliedFrontend, BackendAddr, Change, ChangeKind, Failure, FrontendFlags, FrontendKey, MapError, Reconciler,
-    Report, Scope, ServiceMaps, ServiceTable, codec, pop_slot, set_slot, slot_number,
+    AppliedFrontend, BackendAddr, Change, ChangeKind, FrontendFlags, FrontendKey, MapError, Reconciler, Report, Scope,
+    ServiceMaps, ServiceTable, codec, pop_slot, set_slot, slot_number,
 };
 use proxy_common::{RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue};
 
 /// Frontends per chunk (their slots: ~10,000 entries at 10 backends); in
 /// unit tests fewer, so that a few hundred frontends span chunks.
 pub(super) const CHUNK: usize = if cfg!(test) { 100 } else { 1024 };
+
+/// A chunk ends sooner when its frontends have this many slots (frontends
+/// of thousands of backends; `upsert_backends` bounds its lists alike).
+const CHUNK_SLOTS: usize = 16_384;
 
 /// How many of a batch's entries were written, and the failure.
 fn written(result: Result<(), (usize, MapError)>, len: usize) -> (usize, Option<MapError>) {
@@ -33,7 +40,7 @@ impl Reconciler {
     /// Writes frontends `updates` of `desired` in order: those this module
     /// takes (see the module docs) a chunk at a time, the others, and
     /// those a failed write left unfinished, one at a time
-    /// (`apply_frontend`). After a failed write the rest are written one
+    /// (`apply_frontend`). After a map was full the rest are written one
     /// at a time.
     pub(super) fn apply_updates(
         &mut self,
@@ -43,11 +50,13 @@ impl Reconciler {
         report: &mut Report,
     ) {
         let mut chunk: Vec<FrontendKey> = Vec::with_capacity(CHUNK.min(updates.len()));
+        let mut slots = 0;
         let mut in_bulk = true;
         for key in updates {
             if in_bulk && self.takes_in_bulk(desired, *key) {
                 chunk.push(*key);
-                if chunk.len() < CHUNK {
+                slots += desired[key].backends.len();
+                if chunk.len() < CHUNK && slots < CHUNK_SLOTS {
                     continue;
                 }
             }
@@ -55,6 +64,7 @@ impl Reconciler {
                 in_bulk = self.write_chunk_then_rest(maps, desired, &chunk, report);
                 let last = chunk.last() == Some(key);
                 chunk.clear();
+                slots = 0;
                 if last {
                     continue;
                 }
@@ -67,7 +77,7 @@ impl Reconciler {
     }
 
     /// Writes `chunk` in bulk, then one at a time what that left; false
-    /// after a failed write.
+    /// after a map was full.
     fn write_chunk_then_rest(
         &mut self,
         maps: &mut impl ServiceMaps,
@@ -76,20 +86,13 @@ impl Reconciler {
         report: &mut Report,
     ) -> bool {
         let mut outcome = vec![Bulk::NotTaken; chunk.len()];
-        let before = report.failures.len();
-        let whole = self.write_chunk(maps, desired, chunk, &mut outcome, report);
-        let in_bulk = report.failures.len();
+        let full = self.write_chunk(maps, desired, chunk, &mut outcome, report);
         for (key, bulk) in chunk.iter().zip(outcome) {
             if bulk != Bulk::Written {
                 self.apply_frontend(maps, desired, *key, bulk == Bulk::Started, report);
             }
         }
-        // A frontend whose bulk write failed was tried again alone: its
-        // failure is reported once.
-        let retried = report.failures.split_off(in_bulk);
-        let bulk_subjects: Vec<String> = report.failures[before..].iter().map(|f| f.subject.clone()).collect();
-        report.failures.extend(retried.into_iter().filter(|f| !bulk_subjects.contains(&f.subject)));
-        whole
+        !full
     }
 
     fn takes_in_bulk(&self, desired: &ServiceTable, key: FrontendKey) -> bool {
@@ -102,7 +105,7 @@ impl Reconciler {
     }
 
     /// Writes the frontends `chunk` (`outcome`: what became of each);
-    /// false after a failed write.
+    /// true when a map was full.
     fn write_chunk(
         &mut self,
         maps: &mut impl ServiceMaps,
@@ -116,20 +119,19 @@ impl Reconciler {
             outcome[s.at] = Bulk::Started;
         }
         let started: Vec<FrontendKey> = staged.iter().map(|s| s.key).collect();
-        let failures = report.failures.len();
-        self.write_rev_nats(maps, desired, &mut staged, report);
-        self.write_slots(maps, desired, &mut staged, report);
-        self.write_masters(maps, desired, &mut staged, report);
-        let failed = report.failures.len() > failures;
-        if failed {
+        let mut full = !complete;
+        full |= self.write_rev_nats(maps, &mut staged, report);
+        full |= self.write_slots(maps, &mut staged, report);
+        full |= self.write_masters(maps, desired, &mut staged, report);
+        if full {
             self.remove_slots_without_master(maps, &started, report);
         }
-        self.write_names(maps, desired, &mut staged, report);
+        full |= self.write_names(maps, &mut staged, report);
         for s in &staged {
             report_added(desired, s, report);
             outcome[s.at] = Bulk::Written;
         }
-        complete && report.failures.len() == failures
+        full
     }
 
     /// Takes the frontends of `chunk` whose backends all have ids, each
@@ -158,13 +160,7 @@ impl Reconciler {
         (staged, true)
     }
 
-    fn write_rev_nats(
-        &mut self,
-        maps: &mut impl ServiceMaps,
-        desired: &ServiceTable,
-        staged: &mut Vec<Staged>,
-        report: &mut Report,
-    ) {
+    fn write_rev_nats(&mut self, maps: &mut impl ServiceMaps, staged: &mut Vec<Staged>, report: &mut Report) -> bool {
         let entries: Vec<(RevNatId, RevNat)> =
             staged.iter().map(|s| (s.rev_nat, codec::rev_nat_value(s.key))).collect();
         report.writes += entries.len();
@@ -172,16 +168,10 @@ impl Reconciler {
         for s in &staged[..n] {
             self.applied(s).rev_nat_written = true;
         }
-        fail(desired, staged, n, "", error, report);
+        stop_at(staged, n, error)
     }
 
-    fn write_slots(
-        &mut self,
-        maps: &mut impl ServiceMaps,
-        desired: &ServiceTable,
-        staged: &mut Vec<Staged>,
-        report: &mut Report,
-    ) {
+    fn write_slots(&mut self, maps: &mut impl ServiceMaps, staged: &mut Vec<Staged>, report: &mut Report) -> bool {
         let entries: Vec<(ServiceKey, ServiceValue)> = staged
             .iter()
             .flat_map(|s| {
@@ -205,7 +195,7 @@ impl Reconciler {
             n -= s.ids.len();
             whole += 1;
         }
-        fail(desired, staged, whole, "", error, report);
+        stop_at(staged, whole, error)
     }
 
     fn write_masters(
@@ -214,7 +204,7 @@ impl Reconciler {
         desired: &ServiceTable,
         staged: &mut Vec<Staged>,
         report: &mut Report,
-    ) {
+    ) -> bool {
         let entries: Vec<(ServiceKey, ServiceValue)> = staged
             .iter()
             .map(|s| {
@@ -234,16 +224,10 @@ impl Reconciler {
         for (s, (_, master)) in staged.iter().zip(&entries).take(n) {
             self.applied(s).master = Some(*master);
         }
-        fail(desired, staged, n, "", error, report);
+        stop_at(staged, n, error)
     }
 
-    fn write_names(
-        &mut self,
-        maps: &mut impl ServiceMaps,
-        desired: &ServiceTable,
-        staged: &mut Vec<Staged>,
-        report: &mut Report,
-    ) {
+    fn write_names(&mut self, maps: &mut impl ServiceMaps, staged: &mut Vec<Staged>, report: &mut Report) -> bool {
         let entries: Vec<(RevNatId, ServiceName)> =
             staged.iter().map(|s| (s.rev_nat, codec::service_name(&self.frontends[&s.key].service_port))).collect();
         report.writes += entries.len();
@@ -251,7 +235,7 @@ impl Reconciler {
         for s in &staged[..n] {
             self.applied(s).name_written = true;
         }
-        fail(desired, staged, n, " name", error, report);
+        stop_at(staged, n, error)
     }
 
     fn applied(&mut self, s: &Staged) -> &mut AppliedFrontend {
@@ -307,23 +291,14 @@ struct Staged {
     rev_nat: RevNatId,
 }
 
-/// Reports the failure `error` of a batch that wrote frontends
-/// `staged[..n]` (as `update_frontend` names it: the subject, `what` of
-/// it), and keeps only those.
-fn fail(
-    desired: &ServiceTable,
-    staged: &mut Vec<Staged>,
-    n: usize,
-    what: &str,
-    error: Option<MapError>,
-    report: &mut Report,
-) {
-    if let Some(error) = error {
-        let key = staged[n].key;
-        let subject = format!("{} {key}{what}", desired[&key].service_port);
-        report.failures.push(Failure { subject, error });
-    }
+/// Keeps frontends `staged[..n]`, those a batch wrote before `error` (if
+/// any); whether the map was full. The rest is written one at a time,
+/// which reports a failure that stays.
+fn stop_at(staged: &mut Vec<Staged>, n: usize, error: Option<MapError>) -> bool {
+    let Some(error) = error else { return false };
+    tracing::debug!(frontend = %staged[n].key, %error, "a batch write of new frontends failed; writing the rest one at a time");
     staged.truncate(n);
+    matches!(error, MapError::Full { .. })
 }
 
 /// What `write_chunk` did with a frontend.
