@@ -39,28 +39,19 @@ pub trait ServiceMaps {
     /// stops at the first that fails and says which: `Err((index, error))`,
     /// the ones before it written, the ones after not tried.
     fn set_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
-        for (i, (id, value)) in entries.iter().enumerate() {
-            self.set_backend(*id, value).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        one_by_one(entries, |id, value| self.set_backend(id, value))
     }
     fn remove_backend(&mut self, id: u32) -> Result<(), MapError>;
     fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError>;
     /// As `set_backends`, for service entries.
     fn set_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<(), (usize, MapError)> {
-        for (i, (key, value)) in entries.iter().enumerate() {
-            self.set_service(key, value).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        one_by_one(entries, |key, value| self.set_service(&key, value))
     }
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
     fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError>;
     /// As `set_backends`, for rev-NAT entries.
     fn set_rev_nats(&mut self, entries: &[(RevNatId, RevNat)]) -> Result<(), (usize, MapError)> {
-        for (i, (id, value)) in entries.iter().enumerate() {
-            self.set_rev_nat(*id, value).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        one_by_one(entries, |id, value| self.set_rev_nat(id, value))
     }
     fn remove_rev_nat(&mut self, id: RevNatId) -> Result<(), MapError>;
     /// Entries of every Maglev table.
@@ -72,10 +63,7 @@ pub trait ServiceMaps {
     fn set_name(&mut self, rev_nat: RevNatId, name: &ServiceName) -> Result<(), MapError>;
     /// As `set_backends`, for names.
     fn set_names(&mut self, entries: &[(RevNatId, ServiceName)]) -> Result<(), (usize, MapError)> {
-        for (i, (id, name)) in entries.iter().enumerate() {
-            self.set_name(*id, name).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        one_by_one(entries, |id, name| self.set_name(id, name))
     }
     fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError>;
     fn dump(&self) -> Result<Dump, MapError>;
@@ -249,7 +237,7 @@ fn write_all<K: Copy, V: Copy>(
     fd: &OwnedFd,
     map: MapName,
     entries: &[(K, V)],
-    mut one: impl FnMut(K, &V) -> Result<(), MapError>,
+    one: impl FnMut(K, &V) -> Result<(), MapError>,
 ) -> Result<(), (usize, MapError)> {
     if *batches && entries.len() > 1 {
         if write_batches(fd, map, entries)? {
@@ -257,6 +245,15 @@ fn write_all<K: Copy, V: Copy>(
         }
         *batches = false;
     }
+    one_by_one(entries, one)
+}
+
+/// Writes `entries` one at a time through `one`, in order, up to the first
+/// that fails: `Err((index, error))`.
+fn one_by_one<K: Copy, V>(
+    entries: &[(K, V)],
+    mut one: impl FnMut(K, &V) -> Result<(), MapError>,
+) -> Result<(), (usize, MapError)> {
     for (i, (key, value)) in entries.iter().enumerate() {
         one(*key, value).map_err(|e| (i, e))?;
     }
