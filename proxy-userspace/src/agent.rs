@@ -170,13 +170,7 @@ async fn run_with(
     // they are verified on a fresh start), what this start pins is removed
     // when the run ends, by a failure or a stop: nothing uses it yet.
     let (mut datapath, mut pins) = load_datapath(config, due.is_some(), telemetry)?;
-    let (reconciler, recovery) = Reconciler::recover(&mut datapath.maps)?;
-    info!(
-        frontends = recovery.frontends,
-        backends = recovery.backends,
-        stale_entries_removed = recovery.stale_entries_removed,
-        "read the pinned maps"
-    );
+    let reconciler = read_back(&mut datapath.maps)?;
     tokio::select! {
         () = &mut shutdown => return Ok(()),
         ready = source.ready() => ready?,
@@ -268,6 +262,23 @@ async fn run_with(
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
     Ok(())
+}
+
+/// The reconciler of the maps the load found (read back after a restart);
+/// what the read-back freed goes back to the kernel before the lists'
+/// peak (`memory::purge`).
+fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Reconciler> {
+    let (reconciler, recovery) = Reconciler::recover(maps)?;
+    if let Err(error) = crate::memory::purge() {
+        warn!(%error, "freed memory stays resident a moment before it is returned");
+    }
+    info!(
+        frontends = recovery.frontends,
+        backends = recovery.backends,
+        stale_entries_removed = recovery.stale_entries_removed,
+        "read the pinned maps"
+    );
+    Ok(reconciler)
 }
 
 /// Frees a sync's report; a whole table's (100,000 changes at 100,000
