@@ -39,41 +39,34 @@
 pub const JEMALLOC_CONF: &[u8; 94] =
     b"narenas:1,background_thread:true,max_background_threads:1,dirty_decay_ms:100,muzzy_decay_ms:0\0";
 
-/// jemalloc refused a setting.
+/// jemalloc refused a setting or command.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "setting jemalloc's {name} failed (mallctl returned {code}); freed memory is returned to the kernel a moment late"
-)]
-pub struct SettleError {
+#[error("jemalloc's {name} failed (mallctl returned {code}); freed memory is returned to the kernel a moment late")]
+pub struct ControlError {
     name: String,
     code: i32,
 }
 
 /// From now on freed pages go back to the kernel at once, in every arena
 /// there is and in those made later; what is kept now is returned. Called
-/// once the initial lists are in (see `JEMALLOC_CONF`); a later call does
-/// nothing. (jemalloc's arena for huge allocations purges at once from the
-/// start.)
+/// once the initial lists are in (see `JEMALLOC_CONF`). (jemalloc's arena
+/// for huge allocations purges at once from the start.)
 ///
 /// # Errors
 ///
 /// When jemalloc refuses the setting (it does not, unless built without
 /// its control interface).
-pub fn settle() -> Result<(), SettleError> {
-    static SETTLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if SETTLED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        return Ok(());
-    }
+pub fn settle() -> Result<(), ControlError> {
     // Arenas made from now on.
-    let made_later = write(c"arenas.dirty_decay_ms", 0isize);
+    let made_later = control::<(), isize>(c"arenas.dirty_decay_ms", None, Some(0));
     // Each arena index there can be; an index never initialised answers
     // EFAULT. (`arena.4096`, jemalloc's "all arenas", is not one for this
     // setting: it read past jemalloc's table of arenas.)
     let mut narenas: u32 = 0;
-    read(c"arenas.narenas", &mut narenas)?;
+    control::<u32, ()>(c"arenas.narenas", Some(&mut narenas), None)?;
     for i in 0..narenas {
         let name = std::ffi::CString::new(format!("arena.{i}.dirty_decay_ms")).expect("no NUL");
-        match write(&name, 0isize) {
+        match control::<(), isize>(&name, None, Some(0)) {
             Err(e) if e.code == libc::EFAULT => {}
             other => other?,
         }
@@ -90,67 +83,39 @@ pub fn settle() -> Result<(), SettleError> {
 ///
 /// When jemalloc refuses (it does not, unless built without its control
 /// interface).
-pub fn purge() -> Result<(), SettleError> {
-    // SAFETY: a NUL-terminated name of a command that takes and gives
-    // nothing (`MALLCTL_ARENAS_ALL`, 4096: every arena, as this command
-    // takes it).
-    let code = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            c"arena.4096.purge".as_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    checked(c"arena.4096.purge", code)
+pub fn purge() -> Result<(), ControlError> {
+    // `MALLCTL_ARENAS_ALL`, 4096: every arena, as this command takes it.
+    control::<(), ()>(c"arena.4096.purge", None, None)
 }
 
-/// Writes setting `name` of jemalloc's, of type `T`.
-fn write<T>(name: &std::ffi::CStr, mut value: T) -> Result<(), SettleError> {
-    // SAFETY: `name` is NUL-terminated and names a setting of type `T`
-    // (the callers pass `ssize_t` settings an `isize`); the new value
-    // points at one, of its size; nothing is read back.
-    let code = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            name.as_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            (&raw mut value).cast(),
-            size_of::<T>(),
-        )
+/// jemalloc's `mallctl`: reads setting `name` into `read` and/or writes
+/// `write` to it (a command takes neither). `R` and `W` must be the
+/// setting's type.
+fn control<R, W>(name: &std::ffi::CStr, read: Option<&mut R>, write: Option<W>) -> Result<(), ControlError> {
+    let mut read_len = size_of::<R>();
+    let (old, old_len) = match read {
+        Some(r) => (std::ptr::from_mut(r).cast(), &raw mut read_len),
+        None => (std::ptr::null_mut(), std::ptr::null_mut()),
     };
-    checked(name, code)
-}
-
-/// Reads setting `name` of jemalloc's, of type `T`, into `value`.
-fn read<T>(name: &std::ffi::CStr, value: &mut T) -> Result<(), SettleError> {
-    let mut len = size_of::<T>();
-    // SAFETY: `name` is NUL-terminated and names a setting of type `T`;
-    // `value` and `len` are one, of its size; nothing is written.
-    let code = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            name.as_ptr(),
-            std::ptr::from_mut(value).cast(),
-            &raw mut len,
-            std::ptr::null_mut(),
-            0,
-        )
+    let mut write = write;
+    let (new, new_len) = match write.as_mut() {
+        Some(w) => (std::ptr::from_mut(w).cast(), size_of::<W>()),
+        None => (std::ptr::null_mut(), 0),
     };
-    checked(name, code)
-}
-
-fn checked(name: &std::ffi::CStr, code: i32) -> Result<(), SettleError> {
-    if code == 0 { Ok(()) } else { Err(SettleError { name: name.to_string_lossy().into_owned(), code }) }
+    // SAFETY: `name` is NUL-terminated; each pointer is null or points at
+    // a live value of the setting's type with its size beside it (the
+    // callers pass the type jemalloc documents for the name).
+    let code = unsafe { tikv_jemalloc_sys::mallctl(name.as_ptr(), old, old_len, new, new_len) };
+    if code == 0 { Ok(()) } else { Err(ControlError { name: name.to_string_lossy().into_owned(), code }) }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::read;
+    use super::control;
 
     fn decay(name: &std::ffi::CStr) -> isize {
         let mut value: isize = -2;
-        read(name, &mut value).unwrap();
+        control::<isize, ()>(name, Some(&mut value), None).unwrap();
         value
     }
 
