@@ -85,11 +85,14 @@ impl Reconciler {
         chunk: &[FrontendKey],
         report: &mut Report,
     ) -> bool {
-        let mut outcome = vec![Bulk::NotTaken; chunk.len()];
-        let full = self.write_chunk(maps, desired, chunk, &mut outcome, report);
-        for (key, bulk) in chunk.iter().zip(outcome) {
-            if bulk != Bulk::Written {
-                self.apply_frontend(maps, desired, *key, bulk == Bulk::Started, report);
+        let full = self.write_chunk(maps, desired, chunk, report);
+        // Every frontend of the chunk was new: one it holds now was begun
+        // here, and is done when its slot 0 and name are written (the last
+        // two batches, reported as added).
+        for key in chunk {
+            let begun = self.frontends.get(key);
+            if !begun.is_some_and(|f| f.master.is_some() && f.name_written) {
+                self.apply_frontend(maps, desired, *key, begun.is_some(), report);
             }
         }
         !full
@@ -104,20 +107,16 @@ impl Reconciler {
             && !desired.contains_key(&key.with_scope(Scope::External))
     }
 
-    /// Writes the frontends `chunk` (`outcome`: what became of each);
-    /// true when a map was full.
+    /// Writes the frontends `chunk`, reporting those written whole; true
+    /// when a map was full.
     fn write_chunk(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
         chunk: &[FrontendKey],
-        outcome: &mut [Bulk],
         report: &mut Report,
     ) -> bool {
         let (mut staged, complete) = self.stage(desired, chunk);
-        for s in &staged {
-            outcome[s.at] = Bulk::Started;
-        }
         let started: Vec<FrontendKey> = staged.iter().map(|s| s.key).collect();
         let mut full = !complete;
         full |= self.write_rev_nats(maps, &mut staged, report);
@@ -129,7 +128,6 @@ impl Reconciler {
         full |= self.write_names(maps, &mut staged, report);
         for s in &staged {
             report_added(desired, s, report);
-            outcome[s.at] = Bulk::Written;
         }
         full
     }
@@ -139,7 +137,7 @@ impl Reconciler {
     /// reports it).
     fn stage(&mut self, desired: &ServiceTable, chunk: &[FrontendKey]) -> (Vec<Staged>, bool) {
         let mut staged = Vec::with_capacity(chunk.len());
-        for (at, &key) in chunk.iter().enumerate() {
+        for &key in chunk {
             let frontend = &desired[&key];
             let ids: Option<Vec<u32>> = frontend
                 .backends
@@ -155,7 +153,7 @@ impl Reconciler {
             fe.rev_nat = rev_nat;
             fe.slots.reserve_exact(ids.len());
             self.frontends.insert(key, fe);
-            staged.push(Staged { at, key, ids, rev_nat });
+            staged.push(Staged { key, ids, rev_nat });
         }
         (staged, true)
     }
@@ -283,8 +281,6 @@ fn report_added(desired: &ServiceTable, s: &Staged, report: &mut Report) {
 
 /// A frontend being written in bulk.
 struct Staged {
-    /// Its place in the chunk.
-    at: usize,
     key: FrontendKey,
     /// Its backends' ids, in slot order.
     ids: Vec<u32>,
@@ -299,16 +295,4 @@ fn stop_at(staged: &mut Vec<Staged>, n: usize, error: Option<MapError>) -> bool 
     tracing::debug!(frontend = %staged[n].key, %error, "a batch write of new frontends failed; writing the rest one at a time");
     staged.truncate(n);
     matches!(error, MapError::Full { .. })
-}
-
-/// What `write_chunk` did with a frontend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Bulk {
-    /// Not one it takes: `update_frontend` writes it.
-    NotTaken,
-    /// Begun, not finished (a write failed): `update_frontend` writes the
-    /// rest and reports it as added.
-    Started,
-    /// Written whole and reported.
-    Written,
 }
