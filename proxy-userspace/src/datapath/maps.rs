@@ -112,11 +112,7 @@ impl KernelMaps {
         let services_fd = dup_fd(&services, MapName::Services)?;
         let backends_fd = dup_fd(&backends, MapName::Backends)?;
         let rev_nat_fd = dup_fd(&rev_nat, MapName::RevNat)?;
-        let names_fd = aya::maps::IterableMap::map(&names)
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|source| MapError::Syscall { map: MapName::Names, op: "dup", source })?;
+        let names_fd = dup_data_fd(aya::maps::IterableMap::map(&names), MapName::Names)?;
         Ok(Self {
             services: HashMap::try_from(services).map_err(|source| MapError::Aya { map: MapName::Services, source })?,
             backends: HashMap::try_from(backends).map_err(|source| MapError::Aya { map: MapName::Backends, source })?,
@@ -176,6 +172,11 @@ fn dup_fd(map: &Map, name: MapName) -> Result<OwnedFd, MapError> {
             source: io::Error::other("not a hash map; is the eBPF object from this build?"),
         });
     };
+    dup_data_fd(data, name)
+}
+
+/// A second descriptor of a map.
+fn dup_data_fd(data: &MapData, name: MapName) -> Result<OwnedFd, MapError> {
     data.fd().as_fd().try_clone_to_owned().map_err(|source| MapError::Syscall { map: name, op: "dup", source })
 }
 
