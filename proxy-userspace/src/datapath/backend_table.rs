@@ -224,7 +224,12 @@ impl BackendTable {
 
     /// The id of `addr` in the map (`None`: not written).
     pub fn id(&self, addr: &BackendAddr) -> Option<u32> {
-        self.lookup(addr).filter(|id| self.get(*id).is_some_and(Record::written))
+        self.lookup(addr).filter(|id| self.is_written(*id))
+    }
+
+    /// Whether backend `id` is in the map.
+    pub fn is_written(&self, id: u32) -> bool {
+        self.get(id).is_some_and(Record::written)
     }
 
     /// The address of backend `id` (`None`: no such backend).

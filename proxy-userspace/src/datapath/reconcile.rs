@@ -35,6 +35,7 @@ use super::{
 use crate::model::{Frontend, FrontendKey, Scope, ServicePort, ServiceTable};
 
 mod new_frontends;
+use new_frontends::WantedIds;
 
 #[derive(Clone, Debug)]
 struct AppliedFrontend {
@@ -480,12 +481,13 @@ impl Reconciler {
     pub fn apply(&mut self, maps: &mut impl ServiceMaps, desired: &ServiceTable) -> Report {
         let mut report = Report::default();
         self.backends.clear_wants();
+        let mut wanted = WantedIds::for_table(desired);
         for (key, frontend) in desired {
-            self.want(*key, frontend, &mut report);
+            self.want(*key, frontend, wanted.start(*key), &mut report);
         }
         let keys: Vec<FrontendKey> = desired.keys().chain(self.frontends.keys()).copied().collect();
         let ids = self.backends.primary_ids();
-        self.apply_keys(maps, desired, keys, &ids, &mut report);
+        self.apply_keys(maps, desired, keys, &ids, wanted, &mut report);
         // Every id, also a second id of one address (left by a crash).
         self.remove_unused_backends(maps, self.backends.all_ids(), &mut report);
         self.indexed = report.failures.is_empty();
@@ -523,20 +525,19 @@ impl Reconciler {
                 }
             }
             if let Some(frontend) = desired.get(key) {
-                ids.extend(self.want(*key, frontend, &mut report));
+                self.want(*key, frontend, &mut ids, &mut report);
             }
         }
         ids.sort_unstable();
         ids.dedup();
-        self.apply_keys(maps, desired, keys.into_iter().collect(), &ids, &mut report);
+        self.apply_keys(maps, desired, keys.into_iter().collect(), &ids, WantedIds::default(), &mut report);
         self.indexed = report.failures.is_empty();
         report
     }
 
     /// Counts what frontend `key` of the desired table wants of its
-    /// backends, reserving ids for the new ones; returns their ids.
-    fn want(&mut self, key: FrontendKey, frontend: &Frontend, report: &mut Report) -> Vec<u32> {
-        let mut ids = Vec::with_capacity(frontend.backends.len());
+    /// backends, reserving ids for the new ones; adds their ids to `ids`.
+    fn want(&mut self, key: FrontendKey, frontend: &Frontend, ids: &mut Vec<u32>, report: &mut Report) {
         for (addr, way) in wanted_of(key, frontend) {
             let Some(id) = self.backends.reserve(addr) else {
                 let error = MapError::Full { map: super::maps::MapName::Backends };
@@ -549,17 +550,19 @@ impl Reconciler {
             self.backends.want(id, way, true);
             ids.push(id);
         }
-        ids
     }
 
     /// Brings frontends `keys` (and, first, backends `ids`) to what
-    /// `desired` says, then removes what nothing refers to any more.
+    /// `desired` says, then removes what nothing refers to any more;
+    /// `wanted`: the ids `want` gave frontends (new ones written in bulk
+    /// take theirs from there).
     fn apply_keys(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
         mut keys: Vec<FrontendKey>,
         ids: &[u32],
+        wanted: WantedIds,
         report: &mut Report,
     ) {
         self.upsert_backends(maps, ids, report);
@@ -576,7 +579,10 @@ impl Reconciler {
         report.changes.reserve_exact(updates.len() + removals.len());
         let new = updates.iter().filter(|k| !self.frontends.contains_key(k)).count();
         report.new_backends_listed = new <= LIST_NEW_BACKENDS_UP_TO;
-        self.apply_updates(maps, desired, &updates, report);
+        self.apply_updates(maps, desired, &updates, &wanted, report);
+        // Freed before the tree of frontends is rebuilt (`apply`), the
+        // sync's largest moment.
+        drop(wanted);
         for &key in &removals {
             // A twin stays while its entry still sends traffic from outside
             // to it (that entry's write failed; the retry removes both).
