@@ -234,6 +234,8 @@ async fn run_with(
         metrics.endpoint_changes_pending.set(i64::try_from(slices).unwrap_or(i64::MAX));
         let Some(translated) = pipeline.translate(wake, &mut source, &mut datapath.maps).await else { continue };
         if !observers.attached {
+            // Every write before the first attach is planned here, which
+            // `resize::after_sync` counts on (it does not measure again).
             if crate::resize::before_first_write(&mut datapath, &mut pipeline, &config.load)? {
                 take_counters(&mut datapath, telemetry);
             }

@@ -47,8 +47,9 @@ pub fn after_sync(
         frontends: full_map(map_names::REVNAT) || full_map(map_names::SERVICE_NAMES),
     };
     // Before the first attach, `before_first_write` sized the maps for
-    // this very table: only a full map moves them (measuring it again
-    // sorted every backend once more, ~60 ms at 1,000,000).
+    // this very table (the agent's loop plans every write before it):
+    // only a full map moves them (measuring it again sorted every backend
+    // once more, ~60 ms at 1,000,000).
     if (!whole_table || !attached) && full == Full::default() {
         return Ok(None);
     }

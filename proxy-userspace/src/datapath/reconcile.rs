@@ -481,9 +481,18 @@ impl Reconciler {
     pub fn apply(&mut self, maps: &mut impl ServiceMaps, desired: &ServiceTable) -> Report {
         let mut report = Report::default();
         self.backends.clear_wants();
-        let mut wanted = WantedIds::for_table(desired);
+        // The ids of new frontends are kept for their bulk write (all of
+        // them on a start; a relist or an audit keeps next to none).
+        let mut wanted = if self.frontends.is_empty() { WantedIds::for_table(desired) } else { WantedIds::default() };
+        let mut scratch = Vec::new();
         for (key, frontend) in desired {
-            self.want(*key, frontend, wanted.start(*key), &mut report);
+            let ids = if self.frontends.contains_key(key) {
+                scratch.clear();
+                &mut scratch
+            } else {
+                wanted.start(*key)
+            };
+            self.want(*key, frontend, ids, &mut report);
         }
         let keys: Vec<FrontendKey> = desired.keys().chain(self.frontends.keys()).copied().collect();
         let ids = self.backends.primary_ids();
@@ -580,8 +589,9 @@ impl Reconciler {
         let new = updates.iter().filter(|k| !self.frontends.contains_key(k)).count();
         report.new_backends_listed = new <= LIST_NEW_BACKENDS_UP_TO;
         self.apply_updates(maps, desired, &updates, &wanted, report);
-        // Freed before the tree of frontends is rebuilt (`apply`), the
-        // sync's largest moment.
+        // Its only reader is done: freed before the removals and, in
+        // `apply`, the rebuild of the frontends' tree (a start's largest
+        // moment).
         drop(wanted);
         for &key in &removals {
             // A twin stays while its entry still sends traffic from outside

@@ -333,6 +333,30 @@ fn a_start_is_written_in_bulk_whole_in_key_order() {
 }
 
 #[test]
+fn a_whole_table_sync_writes_new_frontends_among_known_ones() {
+    // A relist after frontends were added: two in three are known (their
+    // backend ids are not kept for the bulk write), the new ones lie
+    // between them and are written in bulk with the ids `want` reserved.
+    let all = start_table(250);
+    let known = |k: &FrontendKey| match k.addr {
+        IpAddr::V4(a) => a.octets()[3] % 3 != 0,
+        IpAddr::V6(_) => true,
+    };
+    let before: ServiceTable = all.iter().filter(|(k, _)| known(k)).map(|(k, f)| (*k, f.clone())).collect();
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::new();
+    assert!(r.apply(&mut maps, &before).failures.is_empty());
+    let report = r.apply(&mut maps, &all);
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_exact(&maps, &all);
+    let added: BTreeSet<FrontendKey> =
+        report.changes.iter().filter(|c| c.kind == ChangeKind::Added).map(|c| c.frontend).collect();
+    let new: BTreeSet<FrontendKey> = all.keys().filter(|k| !known(k)).copied().collect();
+    assert!(!new.is_empty());
+    assert_eq!(added, new, "exactly the new frontends are added");
+}
+
+#[test]
 fn a_start_whose_write_fails_in_a_bulk_chunk_reports_what_is_served_and_converges() {
     let t = start_table(250);
     // Writes of the whole start, to place the failure across them (every

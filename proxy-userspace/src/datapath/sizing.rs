@@ -53,7 +53,8 @@ pub const MIN_SIZE: u32 = 4096;
 pub fn demand(table: &ServiceTable) -> Demand {
     // A sorted list rather than a hash set: one exact allocation (~2 MB
     // at 100,000 backends against a set's ~4 MB while it grows), made
-    // right after the first sync, when the agent is at its largest.
+    // between a start's translation and its first write, and after whole
+    // table syncs, when the agent is at its largest.
     let services = table.values().map(|f| 1 + f.backends.len()).sum();
     let mut backends: Vec<BackendAddr> = Vec::with_capacity(services - table.len());
     for (key, frontend) in table {
