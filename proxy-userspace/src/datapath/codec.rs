@@ -15,8 +15,8 @@ use std::{fmt, net::IpAddr};
 
 use ipnet::IpNet;
 use proxy_common::{
-    Addr, Backend as BackendValue, RevNat, RevNatId, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceName, SockBackendKey,
-    SockRevNat, SockRevNatKey, SourceRange, backend_flags, backend_state,
+    Addr, Backend as BackendValue, RevNat, RevNatId, SOURCE_RANGE_ID_BITS, ServiceKey, ServiceName, ServiceValue,
+    SockBackendKey, SockRevNat, SockRevNatKey, SourceRange, backend_flags, backend_state,
     net::{decode as decode_addr, encode as encode_addr},
     scope, service_flags,
 };
@@ -111,6 +111,15 @@ pub fn service_key(key: FrontendKey, slot: u16) -> ServiceKey {
         scope: scope_number(key.scope),
         ..ServiceKey::new(encode_addr(key.addr), key.port.to_be(), protocol_number(key.protocol), slot)
     }
+}
+
+/// Slot 0 of `frontend` with `count` backends in its slots: its rev-NAT
+/// id, flags (`FrontendFlags::encode`), Maglev table (0: none) and
+/// affinity timeout.
+#[must_use]
+pub fn master_value(frontend: &Frontend, count: usize, rev_nat: RevNatId, flags: u16, maglev: u16) -> ServiceValue {
+    let count = u16::try_from(count).expect("the model caps backends at u16::MAX");
+    ServiceValue::frontend(count, rev_nat, flags, maglev, frontend.affinity_timeout.unwrap_or(0))
 }
 
 /// The frontend and slot a `SERVICES` key names.

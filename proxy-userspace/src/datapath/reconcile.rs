@@ -776,13 +776,7 @@ impl Reconciler {
             0
         };
         let fe = self.frontends.get_mut(&key).expect("inserted above");
-        let master = ServiceValue::frontend(
-            u16::try_from(targets.len()).expect("the model caps backends at u16::MAX"),
-            fe.rev_nat,
-            flags,
-            maglev,
-            frontend.affinity_timeout.unwrap_or(0),
-        );
+        let master = codec::master_value(frontend, targets.len(), fe.rev_nat, flags, maglev);
         if fe.master != Some(master) {
             report.writes += 1;
             maps.set_service(&codec::service_key(key, 0), &master)?;

@@ -62,7 +62,7 @@ impl Reconciler {
                 }
             }
             if !chunk.is_empty() {
-                in_bulk = self.write_chunk_then_rest(maps, desired, &chunk, wanted, report);
+                in_bulk = self.write_chunk(maps, desired, &chunk, wanted, report);
                 let last = chunk.last() == Some(key);
                 chunk.clear();
                 slots = 0;
@@ -73,44 +73,12 @@ impl Reconciler {
             self.apply_frontend(maps, desired, *key, false, report);
         }
         if !chunk.is_empty() {
-            self.write_chunk_then_rest(maps, desired, &chunk, wanted, report);
+            self.write_chunk(maps, desired, &chunk, wanted, report);
         }
     }
 
-    /// Writes `chunk` in bulk, then one at a time what that left; false
-    /// after a map was full.
-    fn write_chunk_then_rest(
-        &mut self,
-        maps: &mut impl ServiceMaps,
-        desired: &ServiceTable,
-        chunk: &[FrontendKey],
-        wanted: &WantedIds,
-        report: &mut Report,
-    ) -> bool {
-        let full = self.write_chunk(maps, desired, chunk, wanted, report);
-        // Every frontend of the chunk was new: one it holds now was begun
-        // here, and is done when its slot 0 and name are written (the last
-        // two batches, reported as added).
-        for key in chunk {
-            let begun = self.frontends.get(key);
-            if !begun.is_some_and(|f| f.master.is_some() && f.name_written) {
-                self.apply_frontend(maps, desired, *key, begun.is_some(), report);
-            }
-        }
-        !full
-    }
-
-    fn takes_in_bulk(&self, desired: &ServiceTable, key: FrontendKey) -> bool {
-        let frontend = &desired[&key];
-        key.scope == Scope::All
-            && !self.frontends.contains_key(&key)
-            && !frontend.reach.from_outside()
-            && frontend.source_ranges.is_none()
-            && !desired.contains_key(&key.with_scope(Scope::External))
-    }
-
-    /// Writes the frontends `chunk`, reporting those written whole; true
-    /// when a map was full.
+    /// Writes `chunk` in bulk, reporting those written whole, then one at
+    /// a time what that left; false after a map was full.
     fn write_chunk(
         &mut self,
         maps: &mut impl ServiceMaps,
@@ -132,7 +100,25 @@ impl Reconciler {
         for s in &staged {
             report_added(desired, s, report);
         }
-        full
+        // Every frontend of the chunk was new: one it holds now was begun
+        // here, and is done when its slot 0 and name are written (the last
+        // two batches, reported as added).
+        for key in chunk {
+            let begun = self.frontends.get(key);
+            if !begun.is_some_and(|f| f.master.is_some() && f.name_written) {
+                self.apply_frontend(maps, desired, *key, begun.is_some(), report);
+            }
+        }
+        !full
+    }
+
+    fn takes_in_bulk(&self, desired: &ServiceTable, key: FrontendKey) -> bool {
+        let frontend = &desired[&key];
+        key.scope == Scope::All
+            && !self.frontends.contains_key(&key)
+            && !frontend.reach.from_outside()
+            && frontend.source_ranges.is_none()
+            && !desired.contains_key(&key.with_scope(Scope::External))
     }
 
     /// Takes the frontends of `chunk` whose backends are all in the map,
@@ -218,13 +204,8 @@ impl Reconciler {
             .iter()
             .map(|s| {
                 let frontend = &desired[&s.key];
-                let master = ServiceValue::frontend(
-                    u16::try_from(s.ids.len()).expect("the model caps backends at u16::MAX"),
-                    s.rev_nat,
-                    FrontendFlags::of(s.key, frontend, false).encode(),
-                    0,
-                    frontend.affinity_timeout.unwrap_or(0),
-                );
+                let flags = FrontendFlags::of(s.key, frontend, false).encode();
+                let master = codec::master_value(frontend, s.ids.len(), s.rev_nat, flags, 0);
                 (codec::service_key(s.key, 0), master)
             })
             .collect();
