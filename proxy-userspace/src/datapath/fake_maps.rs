@@ -9,7 +9,7 @@ use proxy_common::{Backend as BackendValue, RevNat, RevNatId, ServiceKey, Servic
 
 use super::{
     codec,
-    maps::{Dump, MapError, MapName, ServiceMaps},
+    maps::{Dump, MapError, MapName, ServiceMaps, one_by_one},
 };
 use crate::model::Scope;
 
@@ -21,6 +21,9 @@ pub struct FakeMaps {
     /// Most entries per map (like a kernel map's max_entries).
     pub capacity: Option<usize>,
     pub ops: usize,
+    /// Rev-NAT entries and names written through the batch methods
+    /// (`set_rev_nats`, `set_names`: only new frontends written in bulk).
+    pub batched: usize,
     /// Entries of each Maglev table (0 means the smallest size, 251).
     pub maglev_size: usize,
 }
@@ -124,6 +127,11 @@ impl ServiceMaps for FakeMaps {
         Ok(())
     }
 
+    fn set_rev_nats(&mut self, entries: &[(RevNatId, RevNat)]) -> Result<(), (usize, MapError)> {
+        self.batched += entries.len();
+        one_by_one(entries, |id, value| self.set_rev_nat(id, value))
+    }
+
     fn remove_rev_nat(&mut self, id: RevNatId) -> Result<(), MapError> {
         self.step(MapName::RevNat)?;
         self.state.rev_nat.remove(&id);
@@ -174,6 +182,11 @@ impl ServiceMaps for FakeMaps {
         Self::insert(&mut self.state.names, self.capacity, MapName::Names, rev_nat, *name)?;
         self.check_reader_view();
         Ok(())
+    }
+
+    fn set_names(&mut self, entries: &[(RevNatId, ServiceName)]) -> Result<(), (usize, MapError)> {
+        self.batched += entries.len();
+        one_by_one(entries, |id, name| self.set_name(id, name))
     }
 
     fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError> {

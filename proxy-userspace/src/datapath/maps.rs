@@ -251,7 +251,7 @@ fn write_all<K: Copy, V: Copy>(
 
 /// Writes `entries` one at a time through `one`, in order, up to the first
 /// that fails: `Err((index, error))`.
-fn one_by_one<K: Copy, V>(
+pub(super) fn one_by_one<K: Copy, V>(
     entries: &[(K, V)],
     mut one: impl FnMut(K, &V) -> Result<(), MapError>,
 ) -> Result<(), (usize, MapError)> {

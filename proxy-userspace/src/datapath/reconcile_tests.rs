@@ -318,6 +318,12 @@ fn a_start_is_written_in_bulk_whole_in_key_order() {
     assert_exact(&maps, &t);
     assert_eq!(report.changes.len(), t.len(), "each frontend reported once");
     assert_eq!(reported(&report), (t.keys().copied().collect(), true));
+    // The ClusterIPs (neither reached from outside nor with source
+    // ranges) went in bulk: their rev-NAT entries and names through the
+    // batch writes, the others' one at a time.
+    let bulk = t.values().filter(|f| f.kind == FrontendKind::ClusterIp).count();
+    assert!(bulk > 200, "the bulk spans chunks (of 100 in tests)");
+    assert_eq!(maps.batched, 2 * bulk, "rev-NAT entries and names written in bulk");
     // Each frontend: its rev-NAT entry, slots, slot 0 and name; each
     // backend once; a source range each; a Maglev table per backend list
     // of traffic from outside.
@@ -346,6 +352,7 @@ fn a_whole_table_sync_writes_new_frontends_among_known_ones() {
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::new();
     assert!(r.apply(&mut maps, &before).failures.is_empty());
+    maps.batched = 0;
     let report = r.apply(&mut maps, &all);
     assert!(report.failures.is_empty(), "{report:?}");
     assert_exact(&maps, &all);
@@ -354,6 +361,8 @@ fn a_whole_table_sync_writes_new_frontends_among_known_ones() {
     let new: BTreeSet<FrontendKey> = all.keys().filter(|k| !known(k)).copied().collect();
     assert!(!new.is_empty());
     assert_eq!(added, new, "exactly the new frontends are added");
+    let new_cluster_ips = all.iter().filter(|(k, f)| !known(k) && f.kind == FrontendKind::ClusterIp).count();
+    assert_eq!(maps.batched, 2 * new_cluster_ips, "the new ClusterIPs written in bulk");
 }
 
 #[test]
