@@ -41,9 +41,16 @@ impl NetNs {
     }
 
     /// Adds `addr` (e.g. `10.244.0.11/32` or `fd00:244::11/128`) to the
-    /// namespace's loopback.
+    /// namespace's loopback. An IPv6 address is added `nodad`: otherwise it
+    /// stays tentative until the kernel's address work runs (loopback skips
+    /// duplicate detection, but only from that work), and a server binding
+    /// it at once fails with EADDRNOTAVAIL.
     pub fn add_lo_addr(&self, addr: &str) -> io::Result<()> {
-        self.ip(&["addr", "add", addr, "dev", "lo"]).map(drop)
+        let mut args = vec!["addr", "add", addr, "dev", "lo"];
+        if addr.contains(':') {
+            args.push("nodad");
+        }
+        self.ip(&args).map(drop)
     }
 
     /// Opens the namespace, for `setns`.
