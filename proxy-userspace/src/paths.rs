@@ -28,7 +28,8 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// counters (XDP). 7: `OUTSIDE_HANDOVER`, the `ct_flags::KERNEL` flag of
 /// `CT` and the `left_to_kernel` counter (taking over from kube-proxy);
 /// the `dsr_refused` counter and `ct_flags::DSR` (direct server return).
-pub const MAP_LAYOUT_VERSION: u32 = 7;
+/// 8: `BACKENDS` an array indexed by backend id (protocol 0: empty).
+pub const MAP_LAYOUT_VERSION: u32 = 8;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.
 pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";

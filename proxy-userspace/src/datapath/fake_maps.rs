@@ -92,9 +92,13 @@ impl FakeMaps {
 }
 
 impl ServiceMaps for FakeMaps {
+    /// `BACKENDS` is an array: an id at or past `capacity` does not fit.
     fn set_backend(&mut self, id: u32, value: &BackendValue) -> Result<(), MapError> {
         self.step(MapName::Backends)?;
-        Self::insert(&mut self.state.backends, self.capacity, MapName::Backends, id, *value)?;
+        if self.capacity.is_some_and(|c| usize::try_from(id).is_ok_and(|id| id >= c)) {
+            return Err(MapError::Full { map: MapName::Backends });
+        }
+        self.state.backends.insert(id, *value);
         self.check_reader_view();
         Ok(())
     }

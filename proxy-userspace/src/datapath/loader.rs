@@ -296,6 +296,8 @@ impl Datapath {
         let maglev_size = &MAGLEV_SIZES[at];
         // A counters map the load makes (none pinned) holds only zeros.
         let counters_made = !maps_dir.join(map_names::CONNECTIONS).exists();
+        // Nor does a backends array it makes hold anything.
+        let backends_made = !maps_dir.join(map_names::BACKENDS).exists();
         let mut loader = LOADER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let carried = carry_sessions(&mut loader, &maps_dir, carry);
         let mut ebpf = loader
@@ -335,7 +337,10 @@ impl Datapath {
         let rev_nat = take(&mut ebpf, map_names::REVNAT)?;
         let source_ranges = take(&mut ebpf, map_names::SOURCE_RANGES)?;
         let names = super::names::open_or_create(&maps_dir.join(map_names::SERVICE_NAMES), sizes.frontends)?;
-        let maps = KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev, names)?;
+        let mut maps = KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev, names)?;
+        if backends_made {
+            maps.backends_made_empty();
+        }
         // The carried session maps are pinned in this set too, so that it
         // keeps them once the set they came from is removed.
         let mut session = |name: &'static str| -> Result<Map, LoadError> {
@@ -706,7 +711,7 @@ fn remove_other_layouts(pin_dir: &Path, current: &Path) {
 /// this build's types (aya reuses pins without checking).
 fn check_layout<K, V>(ebpf: &Ebpf, pin_dir: &Path, name: &'static str) -> Result<(), LoadError> {
     let map = ebpf.map(name).ok_or(LoadError::MissingMap { name })?;
-    let (Map::HashMap(data) | Map::LruHashMap(data)) = map else {
+    let (Map::HashMap(data) | Map::LruHashMap(data) | Map::Array(data)) = map else {
         return Err(LoadError::MissingMap { name });
     };
     let info = data.info().map_err(|source| LoadError::MapInfo { name, source })?;

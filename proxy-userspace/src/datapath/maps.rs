@@ -8,7 +8,7 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError as AyaMapError, lpm_trie::Key as LpmKey};
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError as AyaMapError, lpm_trie::Key as LpmKey};
 use ipnet::IpNet;
 use proxy_common::{
     Backend as BackendValue, RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue, SourceRange, map_names,
@@ -73,7 +73,9 @@ pub trait ServiceMaps {
 /// 0.14 lacks: a first sync at 10,000 services writes 220,000 entries).
 pub struct KernelMaps {
     services: HashMap<MapData, ServiceKey, ServiceValue>,
-    backends: HashMap<MapData, u32, BackendValue>,
+    /// An array indexed by id; an entry of protocol 0 is empty (the
+    /// programs' `backend` reads it so), and a removal writes zeros.
+    backends: Array<MapData, BackendValue>,
     /// The same maps (and `rev_nat`, `names`), for batch writes.
     services_fd: OwnedFd,
     backends_fd: OwnedFd,
@@ -81,6 +83,10 @@ pub struct KernelMaps {
     names_fd: OwnedFd,
     /// False once the kernel refused a batch write (before 5.6).
     batches: bool,
+    /// The backends' array was made by this load and nothing was written
+    /// to it since: it holds only empty entries, which a read need not go
+    /// through (2,097,152 of them at 1,000,000 backends).
+    backends_empty: bool,
     rev_nat: HashMap<MapData, RevNatId, RevNat>,
     maglev: MaglevMap,
     source_ranges: LpmTrie<MapData, SourceRange, u8>,
@@ -110,17 +116,18 @@ impl KernelMaps {
         names: HashMap<MapData, RevNatId, ServiceName>,
     ) -> Result<Self, MapError> {
         let services_fd = dup_fd(&services, MapName::Services)?;
-        let backends_fd = dup_fd(&backends, MapName::Backends)?;
+        let backends_fd = dup_array_fd(&backends)?;
         let rev_nat_fd = dup_fd(&rev_nat, MapName::RevNat)?;
         let names_fd = dup_data_fd(aya::maps::IterableMap::map(&names), MapName::Names)?;
         Ok(Self {
             services: HashMap::try_from(services).map_err(|source| MapError::Aya { map: MapName::Services, source })?,
-            backends: HashMap::try_from(backends).map_err(|source| MapError::Aya { map: MapName::Backends, source })?,
+            backends: Array::try_from(backends).map_err(|source| MapError::Aya { map: MapName::Backends, source })?,
             services_fd,
             backends_fd,
             rev_nat_fd,
             names_fd,
             batches: true,
+            backends_empty: false,
             rev_nat: HashMap::try_from(rev_nat).map_err(|source| MapError::Aya { map: MapName::RevNat, source })?,
             source_ranges: LpmTrie::try_from(source_ranges)
                 .map_err(|source| MapError::Aya { map: MapName::SourceRanges, source })?,
@@ -139,7 +146,7 @@ impl KernelMaps {
         };
         Self::from_maps(
             open(map_names::SERVICES, Map::HashMap)?,
-            open(map_names::BACKENDS, Map::HashMap)?,
+            open(map_names::BACKENDS, Map::Array)?,
             open(map_names::REVNAT, Map::HashMap)?,
             open(map_names::SOURCE_RANGES, Map::LpmTrie)?,
             MaglevMap::open(&dir.join(map_names::MAGLEV))?,
@@ -149,6 +156,33 @@ impl KernelMaps {
 }
 
 impl KernelMaps {
+    /// Says the backends' array was made just now (so holds nothing).
+    pub fn backends_made_empty(&mut self) {
+        self.backends_empty = true;
+    }
+
+    /// The backends' array without its empty entries.
+    fn backend_entries(&self) -> Result<BTreeMap<u32, BackendValue>, MapError> {
+        if self.backends_empty {
+            return Ok(BTreeMap::new());
+        }
+        let keep = |_: &u32, value: &BackendValue| !is_empty_backend(value);
+        match super::sys::read_map_where(self.backends_fd.as_fd(), READ_BATCH, keep) {
+            Ok(Some(entries)) => Ok(entries.into_iter().collect()),
+            Ok(None) => {
+                let mut entries = BTreeMap::new();
+                for (id, value) in (0..).zip(self.backends.iter()) {
+                    let value = value.map_err(|source| MapError::Aya { map: MapName::Backends, source })?;
+                    if keep(&id, &value) {
+                        entries.insert(id, value);
+                    }
+                }
+                Ok(entries)
+            }
+            Err(source) => Err(MapError::Syscall { map: MapName::Backends, op: "bpf_map_lookup_batch", source }),
+        }
+    }
+
     /// `max_entries` of the services and backends maps, as the kernel
     /// reports them.
     pub fn sizes(&self) -> Result<(u32, u32), MapError> {
@@ -173,6 +207,18 @@ fn dup_fd(map: &Map, name: MapName) -> Result<OwnedFd, MapError> {
         });
     };
     dup_data_fd(data, name)
+}
+
+/// A second descriptor of the backends' array.
+fn dup_array_fd(map: &Map) -> Result<OwnedFd, MapError> {
+    let Map::Array(data) = map else {
+        return Err(MapError::Syscall {
+            map: MapName::Backends,
+            op: "open",
+            source: io::Error::other("not an array; is the eBPF object from this build?"),
+        });
+    };
+    dup_data_fd(data, MapName::Backends)
 }
 
 /// A second descriptor of a map.
@@ -284,14 +330,25 @@ fn collect_batched<K: Ord + aya::Pod, V: aya::Pod>(
     }
 }
 
+/// Whether a `BACKENDS` entry is the empty one (protocol 0: a backend
+/// always has one).
+const fn is_empty_backend(value: &BackendValue) -> bool {
+    value.proto == 0
+}
+
 /// Whether a write failed because the map holds `max_entries` already
-/// (E2BIG from a hash map; ENOSPC from some other map types).
+/// (E2BIG from a hash map, and from an array for an index past its end;
+/// ENOSPC from some other map types).
 fn is_full(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::E2BIG | libc::ENOSPC))
 }
 
 fn update_error(map: MapName, err: AyaMapError) -> MapError {
     match err {
+        // aya checks an array's index before the kernel does: ids are
+        // handed out lowest first, so an id past the end means the array
+        // holds as many backends as it can.
+        AyaMapError::OutOfBounds { .. } => MapError::Full { map },
         AyaMapError::SyscallError(e) if is_full(&e.io_error) => MapError::Full { map },
         AyaMapError::SyscallError(e) => MapError::Syscall { map, op: e.call, source: e.io_error },
         source => MapError::Aya { map, source },
@@ -315,18 +372,25 @@ fn collect<K: Ord, V>(
 
 impl ServiceMaps for KernelMaps {
     fn set_backend(&mut self, id: u32, value: &BackendValue) -> Result<(), MapError> {
-        self.backends.insert(id, value, 0).map_err(|e| update_error(MapName::Backends, e))
+        self.backends_empty = false;
+        self.backends.set(id, value, 0).map_err(|e| update_error(MapName::Backends, e))
     }
 
     fn set_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
+        self.backends_empty = false;
         let Self { batches, backends_fd, backends, .. } = self;
         write_all(batches, backends_fd, MapName::Backends, entries, |id, value| {
-            backends.insert(id, value, 0).map_err(|e| update_error(MapName::Backends, e))
+            backends.set(id, value, 0).map_err(|e| update_error(MapName::Backends, e))
         })
     }
 
+    /// Writes the empty entry; an id past the array's end is not there to
+    /// remove.
     fn remove_backend(&mut self, id: u32) -> Result<(), MapError> {
-        delete_result(MapName::Backends, self.backends.remove(&id))
+        if id >= self.backends.len() {
+            return Ok(());
+        }
+        self.backends.set(id, BackendValue::default(), 0).map_err(|e| update_error(MapName::Backends, e))
     }
 
     fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {
@@ -406,9 +470,7 @@ impl ServiceMaps for KernelMaps {
             services: collect_batched(MapName::Services, &self.services_fd, || {
                 collect(MapName::Services, self.services.iter())
             })?,
-            backends: collect_batched(MapName::Backends, &self.backends_fd, || {
-                collect(MapName::Backends, self.backends.iter())
-            })?,
+            backends: self.backend_entries()?,
             rev_nat: collect(MapName::RevNat, self.rev_nat.iter())?,
             maglev: self.maglev.tables()?,
             source_ranges: ranges.iter().filter_map(source_range_of).collect(),

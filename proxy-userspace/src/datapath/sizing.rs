@@ -69,6 +69,12 @@ pub fn demand(table: &ServiceTable) -> Demand {
     Demand { services, backends: backends.len(), frontends: table.len() }
 }
 
+/// Entries of the `BACKENDS` array `demand` needs: ids start at 1, so
+/// one more than there are backends.
+const fn backend_slots(demand: Demand) -> usize {
+    demand.backends.saturating_add(1)
+}
+
 /// The size for `needed` entries: twice that, rounded up to a power of two
 /// (the kernel rounds a hash map's buckets so anyway), at least `MIN_SIZE`,
 /// at most `bound`.
@@ -83,7 +89,7 @@ pub fn size_for(needed: usize, bound: u32) -> u32 {
 pub fn wanted(demand: Demand, bounds: Sizes) -> Sizes {
     Sizes {
         services: size_for(demand.services, bounds.services),
-        backends: size_for(demand.backends, bounds.backends),
+        backends: size_for(backend_slots(demand), bounds.backends),
         frontends: size_for(demand.frontends, bounds.frontends),
     }
 }
@@ -109,7 +115,7 @@ pub fn plan(current: Sizes, demand: Demand, full: Full, bounds: Sizes) -> Option
     };
     let next = Sizes {
         services: one(current.services, demand.services, full.services, bounds.services),
-        backends: one(current.backends, demand.backends, full.backends, bounds.backends),
+        backends: one(current.backends, backend_slots(demand), full.backends, bounds.backends),
         frontends: one(current.frontends, demand.frontends, full.frontends, bounds.frontends),
     };
     (next != current).then_some(next)
@@ -156,8 +162,11 @@ mod tests {
         let cases = [
             // Room enough: stay.
             (sizes(4096, 4096), demand(1000, 500), none, BOUNDS, None),
-            // Exactly full is still room.
-            (sizes(4096, 4096), demand(4096, 4096), none, BOUNDS, None),
+            // Exactly full is still room (`BACKENDS`, an array of ids
+            // from 1, holds one backend fewer than its size)...
+            (sizes(4096, 4096), demand(4096, 4095), none, BOUNDS, None),
+            // ...and one more backend needs a larger array.
+            (sizes(4096, 4096), demand(4096, 4096), none, BOUNDS, Some(sizes(4096, 16_384))),
             // More wanted than fits: grow that map, with headroom.
             (sizes(4096, 4096), demand(10_000, 500), none, BOUNDS, Some(sizes(32_768, 4096))),
             (sizes(4096, 4096), demand(100, 5000), none, BOUNDS, Some(sizes(4096, 16_384))),

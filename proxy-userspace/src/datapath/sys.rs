@@ -203,6 +203,17 @@ fn map_lookup_batch<K, V>(
 /// instead of two per entry (an agent restart at 100,000 services reads
 /// 2,300,000 back). `Ok(None)`: the kernel has no batch reads.
 pub fn read_hash_map<K: aya::Pod, V: aya::Pod>(fd: BorrowedFd<'_>, chunk: usize) -> io::Result<Option<Vec<(K, V)>>> {
+    read_map_where(fd, chunk, |_, _| true)
+}
+
+/// As `read_hash_map`, keeping only the entries `keep` takes, chunk by
+/// chunk (an array's empty entries are never all held at once). Any map
+/// with batch reads: an array's position is its last index (`u32`).
+pub fn read_map_where<K: aya::Pod, V: aya::Pod>(
+    fd: BorrowedFd<'_>,
+    chunk: usize,
+    mut keep: impl FnMut(&K, &V) -> bool,
+) -> io::Result<Option<Vec<(K, V)>>> {
     // The kernel writes whole keys and values of the map's sizes: they
     // must be those of `K` and `V`.
     let (key_size, value_size) = map_kv_sizes(fd)?;
@@ -228,7 +239,8 @@ pub fn read_hash_map<K: aya::Pod, V: aya::Pod>(fd: BorrowedFd<'_>, chunk: usize)
                     keys[..read]
                         .iter()
                         .zip(&values[..read])
-                        .map(|(k, v)| unsafe { (k.assume_init(), v.assume_init()) }),
+                        .map(|(k, v)| unsafe { (k.assume_init(), v.assume_init()) })
+                        .filter(|(k, v)| keep(k, v)),
                 );
                 if done {
                     return Ok(Some(out));
