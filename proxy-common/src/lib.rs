@@ -10,6 +10,9 @@
 pub const LOG_ENABLED: &str = "LOG_ENABLED";
 /// Name of the eBPF global that holds the Maglev table size (entries).
 pub const MAGLEV_SIZE: &str = "MAGLEV_SIZE";
+/// Name of the eBPF global that holds the counters per CPU of
+/// `CONNECTIONS` (the frontend maps' size plus one).
+pub const CONNECTIONS_STRIDE: &str = "CONNECTIONS_STRIDE";
 /// Name of the eBPF global that holds `--nodeport-mode` (`nodeport_mode`).
 pub const NODEPORT_MODE: &str = "NODEPORT_MODE";
 
@@ -86,7 +89,9 @@ pub mod map_sizes {
     pub const SOCK_BACKEND: u32 = 65_536;
     /// LRU: one entry per client (network namespace) and affine service.
     pub const AFFINITY: u32 = 65_536;
-    /// Per-CPU counters of new connections, indexed by rev-NAT id.
+    /// Counters of new connections, indexed by rev-NAT id: the size of
+    /// one CPU's region (the agent sizes the array and sets the region's
+    /// size at every load).
     pub const CONNECTIONS: u32 = 65_536;
     /// LRU: two entries per external flow (its two directions).
     pub const CT: u32 = 262_144;

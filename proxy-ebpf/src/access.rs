@@ -5,8 +5,8 @@ use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_redir_neigh},
     helpers::generated::{
         bpf_csum_diff, bpf_fib_lookup as fib_lookup_helper, bpf_get_netns_cookie, bpf_get_prandom_u32,
-        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh, bpf_set_retval, bpf_skb_adjust_room,
-        bpf_skb_change_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
+        bpf_get_smp_processor_id, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh,
+        bpf_set_retval, bpf_skb_adjust_room, bpf_skb_change_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     programs::{SockAddrContext, TcContext, XdpContext},
 };
@@ -111,6 +111,14 @@ pub fn netns_cookie(ctx: &SockAddrContext) -> u64 {
 pub fn now_ns() -> u64 {
     // SAFETY: takes no arguments and cannot fail.
     unsafe { bpf_ktime_get_ns() }
+}
+
+/// The CPU the program runs on (below the possible CPUs' count; a
+/// program runs to its end on one CPU).
+#[inline(always)]
+pub fn cpu() -> u32 {
+    // SAFETY: the helper takes no arguments and cannot fail.
+    unsafe { bpf_get_smp_processor_id() }
 }
 
 #[inline(always)]

@@ -34,6 +34,11 @@ static LOG_ENABLED: Global<u8> = Global::new(0);
 #[unsafe(no_mangle)]
 static MAGLEV_SIZE: Global<u32> = Global::new(16_381);
 
+/// Counters of each CPU's region of `CONNECTIONS` (the frontend maps'
+/// size plus one: ids from 1), set by the agent at load (read-only data).
+#[unsafe(no_mangle)]
+static CONNECTIONS_STRIDE: Global<u32> = Global::new(proxy_common::map_sizes::CONNECTIONS);
+
 /// `--nodeport-mode` (`proxy_common::nodeport_mode`), set by the agent at
 /// load (read-only data).
 #[unsafe(no_mangle)]

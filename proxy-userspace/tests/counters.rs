@@ -1,4 +1,5 @@
-//! The per-frontend connection counters (`CONNECTIONS`, a per-CPU array):
+//! The per-frontend connection counters (`CONNECTIONS`, an array with a
+//! region per CPU):
 //! zeroing many at once (`ConnCounters::reset_all`, what the first sync of
 //! a start does for every frontend) in batches, in the real kernel, leaves
 //! every other counter as it was; and which counters the telemetry zeroes
@@ -8,7 +9,7 @@ mod common;
 
 use std::os::fd::AsFd as _;
 
-use aya::maps::{Map, MapData, PerCpuArray, PerCpuValues};
+use aya::maps::{Array, Map, MapData};
 use ebpf_proxy::{
     datapath::counters::ConnCounters,
     model::{FrontendKey, Protocol, ServicePort},
@@ -66,8 +67,9 @@ fn an_id_passing_to_another_frontend_starts_from_zero() {
     check(t.counters.as_ref().unwrap(), 64, &[3]);
 }
 
-/// A new per-CPU array of `size` counters (BPF_MAP_TYPE_PERCPU_ARRAY,
-/// linux/bpf.h, as the agent's CONNECTIONS), each at its `value`.
+/// A new array of `size` counters per CPU, a region per CPU
+/// (BPF_MAP_TYPE_ARRAY, linux/bpf.h, as the agent's CONNECTIONS), each at
+/// its `value`.
 fn filled(size: u32) -> ConnCounters {
     filled_as(size, false)
 }
@@ -75,14 +77,17 @@ fn filled(size: u32) -> ConnCounters {
 /// As `filled`, handed over as a map the load made (`zeroed`) or not:
 /// what the counters do with the flag shows as values that stay.
 fn filled_as(size: u32, zeroed: bool) -> ConnCounters {
-    let obj = aya_obj::Map::new_from_params(6, 4, 8, size, 0);
-    let data = MapData::create(obj, "test_counters", None).expect("create a per-CPU array");
+    let cpus = ebpf_proxy::datapath::counters::possible_cpus().unwrap();
+    let obj = aya_obj::Map::new_from_params(2, 4, 8, size * cpus, 0);
+    let data = MapData::create(obj, "test_counters", None).expect("create an array");
     let second = MapData::from_fd(data.fd().as_fd().try_clone_to_owned().unwrap()).unwrap();
-    let mut writer: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(second)).unwrap();
+    let mut writer: Array<MapData, u64> = Array::try_from(Map::Array(second)).unwrap();
     for id in 0..size {
-        writer.set(id, PerCpuValues::try_from(value(id)).unwrap(), 0).unwrap();
+        for (cpu, v) in (0..).zip(value(id)) {
+            writer.set(cpu * size + id, v, 0).unwrap();
+        }
     }
-    ConnCounters::from_map(Map::PerCpuArray(data), zeroed).unwrap()
+    ConnCounters::from_map(Map::Array(data), zeroed).unwrap()
 }
 
 /// The value test counter `id` starts with, per CPU.

@@ -1,5 +1,6 @@
 //! Per-frontend new-connection counters the programs keep (`CONNECTIONS`,
-//! a per-CPU array indexed by rev-NAT id).
+//! an array with a region of `stride` counters per CPU, indexed by rev-NAT
+//! id: see `proxy-ebpf/src/maps.rs`).
 use proxy_common::RevNatId;
 use std::{
     io,
@@ -7,18 +8,20 @@ use std::{
 };
 
 use aya::{
-    maps::{Map, MapData, MapError as AyaMapError, PerCpuArray, PerCpuValues},
+    maps::{Array, Map, MapData, MapError as AyaMapError, PerCpuArray},
     sys::SyscallError,
 };
 
 use super::maps::MapError;
 
 pub struct ConnCounters {
-    map: PerCpuArray<MapData, u64>,
+    map: Array<MapData, u64>,
     /// A second descriptor of the map, for batch writes (which aya lacks).
     fd: OwnedFd,
-    /// Possible CPUs: values per id.
-    cpus: usize,
+    /// Possible CPUs: regions of the array.
+    cpus: u32,
+    /// Counters per region (the array holds `cpus * stride`).
+    stride: u32,
     /// Every count is zero: the map was made by this load and no frontend
     /// has been handed an id since (`take_zeroed`).
     zeroed: bool,
@@ -30,21 +33,36 @@ impl std::fmt::Debug for ConnCounters {
     }
 }
 
+/// Entries of a counters array with `stride` counters for each of `cpus`
+/// CPUs; `None` past what an array can index.
+#[must_use]
+pub fn array_size(stride: u32, cpus: u32) -> Option<u32> {
+    stride.checked_mul(cpus)
+}
+
+/// The possible CPUs (regions of `CONNECTIONS`).
+pub fn possible_cpus() -> io::Result<u32> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    u32::try_from(cpus).map_err(io::Error::other)
+}
+
 impl ConnCounters {
-    /// The counters in `map`; `zeroed`: the map was just made (not found
-    /// pinned), so every count is zero.
+    /// The counters in `map`, an array of `possible_cpus()` regions;
+    /// `zeroed`: the map was just made (not found pinned), so every count
+    /// is zero.
     pub fn from_map(map: Map, zeroed: bool) -> Result<Self, MapError> {
         let session = |source| MapError::Session { map: "CONNECTIONS", source };
         let syscall = |call, io_error| session(AyaMapError::SyscallError(SyscallError { call, io_error }));
         let fd = match &map {
-            Map::PerCpuArray(data) => Some(data.fd().as_fd().try_clone_to_owned()),
+            Map::Array(data) => Some(data.fd().as_fd().try_clone_to_owned()),
             _ => None,
         };
         // Fails on a map of another type.
-        let map = PerCpuArray::try_from(map).map_err(session)?;
-        let fd = fd.expect("a per-CPU array").map_err(|e| syscall("dup", e))?;
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| syscall("nr_cpus", e))?;
-        Ok(Self { map, fd, cpus, zeroed })
+        let map = Array::try_from(map).map_err(session)?;
+        let fd = fd.expect("an array").map_err(|e| syscall("dup", e))?;
+        let cpus = possible_cpus().map_err(|e| syscall("nr_cpus", e))?;
+        let stride = map.len() / cpus;
+        Ok(Self { map, fd, cpus, stride, zeroed })
     }
 
     /// Whether every count is still zero (the map was made by this load),
@@ -54,38 +72,57 @@ impl ConnCounters {
         std::mem::replace(&mut self.zeroed, false)
     }
 
+    /// The index of frontend `id`'s counter on each CPU; an error for an
+    /// id past the regions' end.
+    fn indexes(&self, id: RevNatId) -> io::Result<impl Iterator<Item = u32> + use<>> {
+        let stride = self.stride;
+        if id >= stride {
+            return Err(io::Error::other(format!("frontend id {id} is past the connection counters' end ({stride})")));
+        }
+        Ok((0..self.cpus).map(move |cpu| cpu * stride + id))
+    }
+
     /// The count of frontend `id`, summed over CPUs.
     pub fn read(&self, id: RevNatId) -> io::Result<u64> {
-        Ok(self.map.get(&id, 0).map_err(io::Error::other)?.iter().sum())
+        self.indexes(id)?.map(|i| self.map.get(&i, 0).map_err(io::Error::other)).sum()
     }
 
     /// Zeroes the count of `id` (a rev-NAT id given to a new frontend).
     pub fn reset(&mut self, id: RevNatId) -> io::Result<()> {
-        let zeros = PerCpuValues::try_from(vec![0u64; self.cpus]).map_err(io::Error::other)?;
-        self.map.set(id, zeros, 0).map_err(io::Error::other)
+        for i in self.indexes(id)? {
+            self.map.set(i, 0, 0).map_err(io::Error::other)?;
+        }
+        Ok(())
     }
 
     /// Zeroes the counts of `ids`, in batches (a whole table's frontends
     /// at a start: 100,000 writes one by one held the sync loop ~0.1 s).
-    /// Where a batch stops (a kernel without batch writes, before 5.6; an
-    /// id the map refuses) the rest are zeroed one by one, each failure
-    /// skipped; the first error is returned.
+    /// An id past the end is skipped; where a batch stops (a kernel
+    /// without batch writes, before 5.6) the rest are zeroed one by one,
+    /// each failure skipped. The first error is returned.
     pub fn reset_all(&mut self, ids: &[RevNatId]) -> io::Result<()> {
         const BATCH: usize = 4096;
-        let zeros = vec![0u64; ids.len().min(BATCH) * self.cpus];
-        for (n, chunk) in ids.chunks(BATCH).enumerate() {
-            let values = &zeros[..chunk.len() * self.cpus];
-            if let (done, Err(err)) = super::sys::map_update_batch_per_cpu(self.fd.as_fd(), chunk, values, self.cpus) {
-                let mut first = Some(err);
-                for id in &ids[n * BATCH + done..] {
-                    if let Err(err) = self.reset(*id) {
-                        first.get_or_insert(err);
-                    }
-                }
-                return first.map_or(Ok(()), Err);
+        let mut first = None;
+        let mut indexes = Vec::with_capacity(ids.len() * self.cpus as usize);
+        for id in ids {
+            match self.indexes(*id) {
+                Ok(each) => indexes.extend(each),
+                Err(err) => _ = first.get_or_insert(err),
             }
         }
-        Ok(())
+        let zeros = vec![0u64; indexes.len().min(BATCH)];
+        for (n, chunk) in indexes.chunks(BATCH).enumerate() {
+            if let (done, Err(err)) = super::sys::map_update_batch(self.fd.as_fd(), chunk, &zeros[..chunk.len()]) {
+                first.get_or_insert(err);
+                for i in &indexes[n * BATCH + done..] {
+                    if let Err(err) = self.map.set(*i, 0, 0) {
+                        first.get_or_insert(io::Error::other(err));
+                    }
+                }
+                break;
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 }
 

@@ -8,8 +8,8 @@ use aya::{
     programs::{CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType, Xdp},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, NODEPORT_MODE, RevNat, RevNatId,
-    ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
+    AffinityKey, AffinityValue, Backend, CONNECTIONS_STRIDE, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, NODEPORT_MODE,
+    RevNat, RevNatId, ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
 };
 
 use super::{
@@ -161,6 +161,10 @@ pub enum LoadError {
          incompatible version: remove the pin directory (or run the matching cleanup) and start again"
     )]
     PinnedLayout { path: String, found: String, wanted: String },
+    #[error("cannot count the possible CPUs (/sys/devices/system/cpu/possible): {source}")]
+    Cpus { source: std::io::Error },
+    #[error("{stride} connection counters for each of {cpus} CPUs do not fit one array: lower --services-map-size")]
+    TooManyCounters { stride: u32, cpus: u32 },
     #[error("map {name} is missing from the eBPF object")]
     MissingMap { name: &'static str },
     #[error("program {name} is missing from the eBPF object")]
@@ -294,6 +298,12 @@ impl Datapath {
             .position(|m| *m == opts.maglev_size)
             .ok_or(crate::maglev::BadSize(opts.maglev_size))?;
         let maglev_size = &MAGLEV_SIZES[at];
+        // Indexed by frontend id, 1..=frontends (id 0 is never used), in a
+        // region per CPU.
+        let stride = sizes.frontends.saturating_add(1);
+        let cpus = super::counters::possible_cpus().map_err(|source| LoadError::Cpus { source })?;
+        let counters_size =
+            super::counters::array_size(stride, cpus).ok_or(LoadError::TooManyCounters { stride, cpus })?;
         // A counters map the load makes (none pinned) holds only zeros.
         let counters_made = !maps_dir.join(map_names::CONNECTIONS).exists();
         // Nor does a backends array it makes hold anything.
@@ -306,8 +316,8 @@ impl Datapath {
             .map_max_entries(map_names::SERVICES, sizes.services)
             .map_max_entries(map_names::BACKENDS, sizes.backends)
             .map_max_entries(map_names::REVNAT, sizes.frontends)
-            // Indexed by frontend id, 1..=frontends (id 0 is never used).
-            .map_max_entries(map_names::CONNECTIONS, sizes.frontends.saturating_add(1))
+            .map_max_entries(map_names::CONNECTIONS, counters_size)
+            .override_global(CONNECTIONS_STRIDE, interned(stride), true)
             .map_max_entries(map_names::CT, opts.ct_map_size)
             .override_global(LOG_ENABLED, &BYTES[usize::from(u8::from(opts.bpf_log))], true)
             .override_global(MAGLEV_SIZE, maglev_size, true)
@@ -705,6 +715,20 @@ fn remove_other_layouts(pin_dir: &Path, current: &Path) {
             Err(err) => tracing::warn!(path = %path.display(), %err, "cannot unpin maps of another layout"),
         }
     }
+}
+
+/// A `'static` copy of `value`, for a global of the one loader (which
+/// keeps what it is given for its whole life): one per distinct value, so
+/// loads of sizes seen before add nothing.
+fn interned(value: u32) -> &'static u32 {
+    static SEEN: std::sync::Mutex<Vec<&'static u32>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(found) = seen.iter().find(|v| ***v == value) {
+        return found;
+    }
+    let new: &'static u32 = Box::leak(Box::new(value));
+    seen.push(new);
+    new
 }
 
 /// Fails when a map reused from a pin has another key or value size than

@@ -126,18 +126,6 @@ pub fn map_update_batch<K, V>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> 
     update_batch(map, keys, values.as_ptr() as u64)
 }
 
-/// `map_update_batch` for a per-CPU map of `u64` values: `values` holds
-/// `cpus` (the possible CPUs) values per key, key after key.
-pub fn map_update_batch_per_cpu<K>(
-    map: BorrowedFd<'_>,
-    keys: &[K],
-    values: &[u64],
-    cpus: usize,
-) -> (usize, io::Result<()>) {
-    assert_eq!(keys.len() * cpus, values.len(), "one value per key and CPU");
-    update_batch(map, keys, values.as_ptr() as u64)
-}
-
 /// `BPF_MAP_UPDATE_BATCH` of `keys` and the values at `values`.
 fn update_batch<K>(map: BorrowedFd<'_>, keys: &[K], values: u64) -> (usize, io::Result<()>) {
     let count = u32::try_from(keys.len()).expect("batches are small");
