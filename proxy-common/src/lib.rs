@@ -77,7 +77,8 @@ pub mod map_sizes {
     /// ten endpoints take 110,000 (and a NodePort or LoadBalancer IP as much
     /// again). Allocated as used, so the headroom costs nothing.
     pub const SERVICES: u32 = 262_144;
-    /// Allocated as used.
+    /// An array indexed by backend id (id 0 is never used), allocated up
+    /// front: 24 bytes an entry.
     pub const BACKENDS: u32 = 131_072;
     /// One entry per frontend (id 0 is never used). The agent sizes it
     /// from the table with `SERVICE_NAMES` and `CONNECTIONS`; allocated as

@@ -5,7 +5,7 @@
 //! code): lookups copy the value out, in-place updates go through
 //! `ct_update`.
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
@@ -22,7 +22,9 @@ pub static SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(map_siz
 /// Indexed by backend id (the agent hands ids out lowest first, so they
 /// are dense): an array takes a write at a fraction of a hash insert's
 /// cost and its lookups are inlined. An entry with protocol 0 is empty
-/// (`backend`); the agent writes zeros where it would delete.
+/// (`backend`): the agent clears the protocol where it would delete, and
+/// writes an entry so that a reader sees it empty or whole (docs/design.md,
+/// "Map layout").
 #[map]
 pub static BACKENDS: Array<Backend> = Array::pinned(map_sizes::BACKENDS, 0);
 
@@ -46,9 +48,10 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned
 /// plain array, not a per-CPU one:
 /// the kernel makes it in one allocation, where a per-CPU array allocates
 /// each element's per-CPU memory alone (~0.26 s at 262,144 elements, on
-/// the first sync's path).
+/// the first sync's path). Mmapable: the agent reads and zeroes the
+/// counters in its memory, without a system call per counter and CPU.
 #[map]
-pub static CONNECTIONS: Array<u64> = Array::pinned(map_sizes::CONNECTIONS, 0);
+pub static CONNECTIONS: Array<u64> = Array::pinned(map_sizes::CONNECTIONS, BPF_F_MMAPABLE);
 
 /// Connection tracking of traffic from outside the node (TC programs).
 #[map]

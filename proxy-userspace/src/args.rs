@@ -437,7 +437,8 @@ pub struct RunArgs {
     /// writes. Default: 4194304.
     #[arg(long, value_name = "N", value_parser = map_size())]
     pub services_map_size: Option<u32>,
-    /// Most entries of the backends map (one per distinct backend), 1 to
+    /// Most entries of the backends map (an array indexed by backend id
+    /// from 1: it holds one distinct backend fewer than its size), 1 to
     /// 16777216, sized and grown as the services map is. Default: 2097152.
     #[arg(long, value_name = "N", value_parser = map_size())]
     pub backends_map_size: Option<u32>,

@@ -187,15 +187,16 @@ fn a_full_map_fails_only_the_service_that_does_not_fit() {
 fn a_full_backends_map_fails_only_the_service_of_the_backend_that_does_not_fit() {
     common::require_root!();
     let mut env = Env::new(3);
-    // Three backends, room for two: the backends are written in one batch
-    // that the kernel stops at the third; the failure names it.
+    // Three backends, room for two (`BACKENDS` is an array of ids from 1:
+    // size 3): the backends are written in one batch that the kernel
+    // stops at the third; the failure names it.
     let yaml = service("a", "10.96.0.10", &[("http", 80)])
         + &slice("a-1", "a", &[("http", 8080)], &[backend_ip(1)])
         + &service("b", "10.96.0.11", &[("http", 80)])
         + &slice("b-1", "b", &[("http", 8080)], &[backend_ip(2), backend_ip(3)]);
     env.write_services(&yaml);
     let mut args = env.agent_args();
-    args.extend(["--backends-map-size".to_owned(), "2".to_owned()]);
+    args.extend(["--backends-map-size".to_owned(), "3".to_owned()]);
     let agent = proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let _ = agent.wait_applied(0);
     let failures: Vec<serde_json::Value> = agent
@@ -355,4 +356,48 @@ fn a_new_map_layout_takes_over_without_a_gap() {
     assert!(!maps_dir(&old), "the old layout's maps are still pinned");
     assert!(maps_dir(&MAP_LAYOUT_VERSION.to_string()));
     assert_eq!(env.requests("10.96.0.10", 10).len(), 10);
+}
+
+/// `BACKENDS` is an array written in place (docs/design.md, "Map
+/// layout"): a removed backend's entry keeps its address and loses its
+/// protocol (empty to the programs, never half written), and the next new
+/// backend takes the freed id whole. The service reaches exactly its
+/// backends throughout.
+#[test]
+fn a_removed_backends_id_turns_empty_and_the_next_backend_takes_it_whole() {
+    use aya::maps::{Array, Map, MapData};
+    use proxy_common::{Backend, map_names};
+
+    common::require_root!();
+    let mut env = Env::new(4);
+    env.write_services(&web(&[1, 2, 3]));
+    env.start_agent();
+    let dir = ebpf_proxy::paths::current_maps_dir(&env.pin_dir()).expect("the agent's maps directory");
+    // The array's first entries, as the kernel holds them.
+    let entries = || -> Vec<Backend> {
+        let data = MapData::from_pin(dir.join(map_names::BACKENDS)).expect("open BACKENDS");
+        let array: Array<MapData, Backend> = Array::try_from(Map::Array(data)).expect("BACKENDS is an array");
+        (0..8).map(|id| array.get(&id, 0).expect("read an entry")).collect()
+    };
+    let addr = |b: u8| backend_ip(b).to_ipv6_mapped().octets();
+    let id_of = |entries: &[Backend], b: u8| entries.iter().position(|e| e.addr.0 == addr(b)).expect("an entry");
+
+    let before = entries();
+    let freed = id_of(&before, 3);
+    assert_eq!(before[freed].proto, 6, "backend 3 is in the map: {before:?}");
+
+    env.apply(&web(&[1, 2]));
+    let removed = entries();
+    assert_eq!(removed[freed].proto, 0, "a removed backend's entry is empty");
+    assert_eq!(removed[freed].addr.0, addr(3), "its address is left as it was: {removed:?}");
+    let answers = env.requests("10.96.0.10", 30);
+    assert!(answers.iter().all(|a| a == "backend-1" || a == "backend-2"), "{answers:?}");
+
+    env.apply(&web(&[1, 2, 4]));
+    let added = entries();
+    assert_eq!(id_of(&added, 4), freed, "the new backend takes the freed id: {added:?}");
+    assert_eq!((added[freed].proto, added[freed].port), (6, 8080u16.to_be()), "written whole: {added:?}");
+    let answers = env.requests("10.96.0.10", 60);
+    assert!(answers.iter().all(|a| ["backend-1", "backend-2", "backend-4"].contains(&a.as_str())), "{answers:?}");
+    assert!(answers.iter().any(|a| a == "backend-4"), "the new backend gets connections");
 }

@@ -1,10 +1,11 @@
-//! The per-frontend connection counters (`CONNECTIONS`, an array with a
-//! region per CPU):
+//! The per-frontend connection counters (`CONNECTIONS`, a mmapable array
+//! with a region per CPU, read and zeroed through the agent's mapping):
 //! zeroing many at once (`ConnCounters::reset_all`, what the first sync of
-//! a start does for every frontend) in batches, in the real kernel, leaves
-//! every other counter as it was; and which counters the telemetry zeroes
-//! as frontends take ids (those passing to another frontend, none of a
-//! map the load just made).
+//! a start does for every frontend), in the real kernel, zeroes each id's
+//! counter on every CPU as the kernel sees it and leaves every other
+//! counter as it was; and which counters the telemetry zeroes as frontends
+//! take ids (those passing to another frontend, none of a map the load
+//! just made).
 mod common;
 
 use std::os::fd::AsFd as _;
@@ -19,16 +20,23 @@ use ebpf_proxy::{
 #[test]
 fn reset_all_zeroes_exactly_the_ids_given() {
     common::require_root!();
-    // More ids than one batch carries (4096), and a few.
+    // Many ids, and a few.
     for (size, reset) in
         [(10_000u32, (1..9000).filter(|id| id % 3 != 0).collect::<Vec<u32>>()), (64, vec![5, 6, 63]), (64, vec![])]
     {
-        let mut counters = filled(size);
-        counters.reset_all(&reset).expect("reset in batches");
+        let (mut counters, kernel) = filled_with_reader(size);
+        counters.reset_all(&reset).expect("reset");
         check(&counters, size, &reset);
+        // What the mapping wrote is what the kernel (and so the programs)
+        // hold: every CPU's counter of each id.
+        for id in [5, 6, 63, 64, 8999].into_iter().filter(|id| *id < size) {
+            let want = if reset.contains(&id) { 0 } else { value(id).iter().sum() };
+            let held: u64 = (0..cpus()).map(|cpu| kernel.get(&(cpu * size + id), 0).unwrap()).sum();
+            assert_eq!(held, want, "id {id} of {size}, read with the syscall");
+        }
     }
-    // An id the map refuses (past its end) in the middle of a batch: the
-    // others are zeroed all the same, and the refusal is returned.
+    // An id past the end among others: the others are zeroed all the
+    // same, and the refusal is returned.
     let mut counters = filled(64);
     assert!(counters.reset_all(&[3, 9, 64, 10, 63]).is_err(), "id 64 of a 64-entry map was accepted");
     check(&counters, 64, &[3, 9, 10, 63]);
@@ -60,7 +68,7 @@ fn an_id_passing_to_another_frontend_starts_from_zero() {
     // Counters the load made (no pin found) are all zero: the first sync
     // writes none of them (the programs may count already), later ones do.
     let mut t = Telemetry::new(64, 64);
-    t.counters = Some(filled_as(64, true));
+    t.counters = Some(filled_as(64, true).0);
     t.set_frontends([(3, frontend(3), web.clone())]);
     check(t.counters.as_ref().unwrap(), 64, &[]);
     t.set_frontend(frontend(4), 3, Some(&web));
@@ -71,14 +79,26 @@ fn an_id_passing_to_another_frontend_starts_from_zero() {
 /// (BPF_MAP_TYPE_ARRAY, linux/bpf.h, as the agent's CONNECTIONS), each at
 /// its `value`.
 fn filled(size: u32) -> ConnCounters {
+    filled_as(size, false).0
+}
+
+/// As `filled`, with a second handle that reads the map through the
+/// kernel (`bpf_map_lookup_elem`).
+fn filled_with_reader(size: u32) -> (ConnCounters, Array<MapData, u64>) {
     filled_as(size, false)
+}
+
+/// The regions of the counters (the highest possible CPU plus one).
+fn cpus() -> u32 {
+    ebpf_proxy::datapath::counters::possible_cpus().unwrap()
 }
 
 /// As `filled`, handed over as a map the load made (`zeroed`) or not:
 /// what the counters do with the flag shows as values that stay.
-fn filled_as(size: u32, zeroed: bool) -> ConnCounters {
-    let cpus = ebpf_proxy::datapath::counters::possible_cpus().unwrap();
-    let obj = aya_obj::Map::new_from_params(2, 4, 8, size * cpus, 0);
+fn filled_as(size: u32, zeroed: bool) -> (ConnCounters, Array<MapData, u64>) {
+    let cpus = cpus();
+    // BPF_F_MMAPABLE (1024), as the agent's.
+    let obj = aya_obj::Map::new_from_params(2, 4, 8, size * cpus, 1024);
     let data = MapData::create(obj, "test_counters", None).expect("create an array");
     let second = MapData::from_fd(data.fd().as_fd().try_clone_to_owned().unwrap()).unwrap();
     let mut writer: Array<MapData, u64> = Array::try_from(Map::Array(second)).unwrap();
@@ -87,12 +107,12 @@ fn filled_as(size: u32, zeroed: bool) -> ConnCounters {
             writer.set(cpu * size + id, v, 0).unwrap();
         }
     }
-    ConnCounters::from_map(Map::Array(data), zeroed).unwrap()
+    (ConnCounters::from_map(Map::Array(data), zeroed).unwrap(), writer)
 }
 
 /// The value test counter `id` starts with, per CPU.
 fn value(id: u32) -> Vec<u64> {
-    (0..aya::util::nr_cpus().unwrap()).map(|cpu| u64::from(id) + 1 + cpu as u64).collect()
+    (0..cpus()).map(|cpu| u64::from(id) + 1 + u64::from(cpu)).collect()
 }
 
 /// Every counter below `size` is zero if in `reset`, its starting value

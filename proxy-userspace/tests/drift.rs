@@ -73,13 +73,20 @@ fn bpftool(op: &str, path: &Path, args: &[String]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Byte of a `BACKENDS` value that holds the protocol (0: the entry is
+/// empty, whatever its address; `proxy_common::Backend`).
+const BACKEND_PROTO_BYTE: usize = 18;
+
 /// Every entry of the maps the reconciler writes, as bpftool dumps them
-/// (sorted: a hash map's order is its own business).
+/// (sorted: a hash map's order is its own business), without the empty
+/// entries of the `BACKENDS` array.
 fn dump_all(maps: &Path) -> Vec<(String, Vec<String>)> {
     let mut all = Vec::new();
     for name in [map_names::SERVICES, map_names::BACKENDS, map_names::REVNAT, map_names::SERVICE_NAMES] {
         let v: serde_json::Value = serde_json::from_str(&bpftool("dump", &maps.join(name), &[])).expect("bpftool JSON");
-        let mut entries: Vec<String> = v.as_array().expect("entries").iter().map(ToString::to_string).collect();
+        let empty = |e: &serde_json::Value| name == map_names::BACKENDS && e["value"][BACKEND_PROTO_BYTE] == "0x00";
+        let mut entries: Vec<String> =
+            v.as_array().expect("entries").iter().filter(|e| !empty(e)).map(ToString::to_string).collect();
         entries.sort();
         all.push((name.to_owned(), entries));
     }

@@ -1,23 +1,21 @@
 //! Per-frontend new-connection counters the programs keep (`CONNECTIONS`,
 //! an array with a region of `stride` counters per CPU, indexed by rev-NAT
-//! id: see `proxy-ebpf/src/maps.rs`).
+//! id: see `proxy-ebpf/src/maps.rs`), mapped into the agent's memory: a
+//! scrape reads them and a new frontend's are zeroed with no system call.
 use proxy_common::RevNatId;
-use std::{
-    io,
-    os::fd::{AsFd as _, OwnedFd},
-};
+use std::{io, sync::atomic::Ordering};
 
 use aya::{
-    maps::{Array, Map, MapData, MapError as AyaMapError, PerCpuArray},
+    maps::{Map, MapData, MapError as AyaMapError, PerCpuArray},
     sys::SyscallError,
 };
 
-use super::maps::MapError;
+use super::{mapped::MappedU64s, maps::MapError};
 
 pub struct ConnCounters {
-    map: Array<MapData, u64>,
-    /// A second descriptor of the map, for batch writes (which aya lacks).
-    fd: OwnedFd,
+    counts: MappedU64s,
+    /// The map itself, held with its mapping.
+    _map: Map,
     /// Possible CPUs: regions of the array.
     cpus: u32,
     /// Counters per region (the array holds `cpus * stride`).
@@ -40,29 +38,45 @@ pub fn array_size(stride: u32, cpus: u32) -> Option<u32> {
     stride.checked_mul(cpus)
 }
 
-/// The possible CPUs (regions of `CONNECTIONS`).
+/// Regions of `CONNECTIONS`: the highest possible CPU's number plus one
+/// (`bpf_get_smp_processor_id` is below it; the possible CPUs may leave
+/// gaps).
 pub fn possible_cpus() -> io::Result<u32> {
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
-    u32::try_from(cpus).map_err(io::Error::other)
+    cpus_in(&std::fs::read_to_string("/sys/devices/system/cpu/possible")?)
+}
+
+/// The highest CPU of a kernel CPU list (`0-3,8-11`) plus one.
+fn cpus_in(list: &str) -> io::Result<u32> {
+    let bad = || io::Error::other(format!("not a CPU list: {list:?}"));
+    let mut highest = None;
+    for range in list.trim().split(',') {
+        let end = range.rsplit('-').next().ok_or_else(bad)?;
+        let end: u32 = end.parse().map_err(|_| bad())?;
+        highest = highest.max(Some(end));
+    }
+    highest.and_then(|h| h.checked_add(1)).ok_or_else(bad)
 }
 
 impl ConnCounters {
-    /// The counters in `map`, an array of `possible_cpus()` regions;
-    /// `zeroed`: the map was just made (not found pinned), so every count
-    /// is zero.
+    /// The counters in `map`, a mmapable array of `possible_cpus()`
+    /// regions; `zeroed`: the map was just made (not found pinned), so
+    /// every count is zero.
     pub fn from_map(map: Map, zeroed: bool) -> Result<Self, MapError> {
         let session = |source| MapError::Session { map: "CONNECTIONS", source };
         let syscall = |call, io_error| session(AyaMapError::SyscallError(SyscallError { call, io_error }));
-        let fd = match &map {
-            Map::Array(data) => Some(data.fd().as_fd().try_clone_to_owned()),
-            _ => None,
+        let Map::Array(data) = &map else {
+            return Err(syscall("open", io::Error::other("not an array; is the eBPF object from this build?")));
         };
-        // Fails on a map of another type.
-        let map = Array::try_from(map).map_err(session)?;
-        let fd = fd.expect("an array").map_err(|e| syscall("dup", e))?;
-        let cpus = possible_cpus().map_err(|e| syscall("nr_cpus", e))?;
-        let stride = map.len() / cpus;
-        Ok(Self { map, fd, cpus, stride, zeroed })
+        let len = data.info().map_err(session)?.max_entries();
+        let cpus = possible_cpus().map_err(|e| syscall("possible CPUs", e))?;
+        if len % cpus != 0 {
+            return Err(syscall(
+                "open",
+                io::Error::other(format!("{len} counters are not a region for each of {cpus} CPUs")),
+            ));
+        }
+        let counts = MappedU64s::map(data.fd(), len as usize).map_err(|e| syscall("mmap", e))?;
+        Ok(Self { counts, _map: map, cpus, stride: len / cpus, zeroed })
     }
 
     /// Whether every count is still zero (the map was made by this load),
@@ -72,54 +86,37 @@ impl ConnCounters {
         std::mem::replace(&mut self.zeroed, false)
     }
 
-    /// The index of frontend `id`'s counter on each CPU; an error for an
-    /// id past the regions' end.
-    fn indexes(&self, id: RevNatId) -> io::Result<impl Iterator<Item = u32> + use<>> {
+    /// Frontend `id`'s counter on each CPU; an error for an id past the
+    /// regions' end.
+    fn each_cpu(&self, id: RevNatId) -> io::Result<impl Iterator<Item = &std::sync::atomic::AtomicU64>> {
         let stride = self.stride;
         if id >= stride {
             return Err(io::Error::other(format!("frontend id {id} is past the connection counters' end ({stride})")));
         }
-        Ok((0..self.cpus).map(move |cpu| cpu * stride + id))
+        let counts = self.counts.as_slice();
+        Ok((0..self.cpus).map(move |cpu| &counts[(cpu * stride + id) as usize]))
     }
 
     /// The count of frontend `id`, summed over CPUs.
     pub fn read(&self, id: RevNatId) -> io::Result<u64> {
-        self.indexes(id)?.map(|i| self.map.get(&i, 0).map_err(io::Error::other)).sum()
+        Ok(self.each_cpu(id)?.map(|c| c.load(Ordering::Relaxed)).sum())
     }
 
     /// Zeroes the count of `id` (a rev-NAT id given to a new frontend).
+    /// A program counting at that instant may keep its increment or lose
+    /// it, as with any write of the map.
     pub fn reset(&mut self, id: RevNatId) -> io::Result<()> {
-        for i in self.indexes(id)? {
-            self.map.set(i, 0, 0).map_err(io::Error::other)?;
-        }
+        self.each_cpu(id)?.for_each(|c| c.store(0, Ordering::Relaxed));
         Ok(())
     }
 
-    /// Zeroes the counts of `ids`, in batches (a whole table's frontends
-    /// at a start: 100,000 writes one by one held the sync loop ~0.1 s).
-    /// An id past the end is skipped; where a batch stops (a kernel
-    /// without batch writes, before 5.6) the rest are zeroed one by one,
-    /// each failure skipped. The first error is returned.
+    /// Zeroes the counts of `ids` (a whole table's frontends at a start);
+    /// an id past the end is skipped, and the first such error returned.
     pub fn reset_all(&mut self, ids: &[RevNatId]) -> io::Result<()> {
-        const BATCH: usize = 4096;
         let mut first = None;
-        let mut indexes = Vec::with_capacity(ids.len() * self.cpus as usize);
         for id in ids {
-            match self.indexes(*id) {
-                Ok(each) => indexes.extend(each),
-                Err(err) => _ = first.get_or_insert(err),
-            }
-        }
-        let zeros = vec![0u64; indexes.len().min(BATCH)];
-        for (n, chunk) in indexes.chunks(BATCH).enumerate() {
-            if let (done, Err(err)) = super::sys::map_update_batch(self.fd.as_fd(), chunk, &zeros[..chunk.len()]) {
+            if let Err(err) = self.reset(*id) {
                 first.get_or_insert(err);
-                for i in &indexes[n * BATCH + done..] {
-                    if let Err(err) = self.map.set(*i, 0, 0) {
-                        first.get_or_insert(io::Error::other(err));
-                    }
-                }
-                break;
             }
         }
         first.map_or(Ok(()), Err)
@@ -161,5 +158,20 @@ impl ExternalStats {
                 Ok((*name, self.map.get(&index, 0).map_err(io::Error::other)?.iter().sum()))
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpus_in;
+
+    #[test]
+    fn regions_reach_the_highest_possible_cpu() {
+        for (list, cpus) in [("0", 1), ("0-1\n", 2), ("0-3,8-11", 12), ("0,2", 3)] {
+            assert_eq!(cpus_in(list).unwrap(), cpus, "{list:?}");
+        }
+        for list in ["", "a-b", "0-"] {
+            assert!(cpus_in(list).is_err(), "{list:?}");
+        }
     }
 }

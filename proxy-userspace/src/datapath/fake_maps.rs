@@ -98,6 +98,15 @@ impl ServiceMaps for FakeMaps {
         if self.capacity.is_some_and(|c| usize::try_from(id).is_ok_and(|id| id >= c)) {
             return Err(MapError::Full { map: MapName::Backends });
         }
+        // The kernel's array is written in place: only a backend's state
+        // and flags may change under a reader (docs/design.md, "Map
+        // layout"); a new address takes a removed (or never used) id.
+        if let Some(old) = self.state.backends.get(&id) {
+            assert!(
+                (old.addr, old.port, old.proto) == (value.addr, value.port, value.proto),
+                "backend {id} rewritten in place with another address: {old:?} -> {value:?}"
+            );
+        }
         self.state.backends.insert(id, *value);
         self.check_reader_view();
         Ok(())

@@ -41,6 +41,12 @@ pub trait ServiceMaps {
     fn set_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
         one_by_one(entries, |id, value| self.set_backend(id, value))
     }
+    /// As `set_backends`, for backends new to the map at their ids (no
+    /// reader holds them as live backends): an implementation may write
+    /// them in steps a reader holding a stale id never sees half done.
+    fn add_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
+        self.set_backends(entries)
+    }
     fn remove_backend(&mut self, id: u32) -> Result<(), MapError>;
     fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError>;
     /// As `set_backends`, for service entries.
@@ -74,7 +80,8 @@ pub trait ServiceMaps {
 pub struct KernelMaps {
     services: HashMap<MapData, ServiceKey, ServiceValue>,
     /// An array indexed by id; an entry of protocol 0 is empty (the
-    /// programs' `backend` reads it so), and a removal writes zeros.
+    /// programs' `backend` reads it so), and a removal clears the
+    /// protocol (`remove_backend`, `add_backends`).
     backends: Array<MapData, BackendValue>,
     /// The same maps (and `rev_nat`, `names`), for batch writes.
     services_fd: OwnedFd,
@@ -83,10 +90,13 @@ pub struct KernelMaps {
     names_fd: OwnedFd,
     /// False once the kernel refused a batch write (before 5.6).
     batches: bool,
-    /// The backends' array was made by this load and nothing was written
-    /// to it since: it holds only empty entries, which a read need not go
-    /// through (2,097,152 of them at 1,000,000 backends).
-    backends_empty: bool,
+    /// Ids of the backends' array at or above this were never written
+    /// (all zeros): 0 for an array this load made, until the first write;
+    /// `u32::MAX` for one found pinned. A read of an array never written
+    /// need not go through its empty entries (2,097,152 of them at
+    /// 1,000,000 backends), and a never-written id needs no two-step write
+    /// (`add_backends`).
+    backends_fresh_from: u32,
     rev_nat: HashMap<MapData, RevNatId, RevNat>,
     maglev: MaglevMap,
     source_ranges: LpmTrie<MapData, SourceRange, u8>,
@@ -127,7 +137,7 @@ impl KernelMaps {
             rev_nat_fd,
             names_fd,
             batches: true,
-            backends_empty: false,
+            backends_fresh_from: u32::MAX,
             rev_nat: HashMap::try_from(rev_nat).map_err(|source| MapError::Aya { map: MapName::RevNat, source })?,
             source_ranges: LpmTrie::try_from(source_ranges)
                 .map_err(|source| MapError::Aya { map: MapName::SourceRanges, source })?,
@@ -158,12 +168,29 @@ impl KernelMaps {
 impl KernelMaps {
     /// Says the backends' array was made just now (so holds nothing).
     pub fn backends_made_empty(&mut self) {
-        self.backends_empty = true;
+        self.backends_fresh_from = 0;
+    }
+
+    /// Notes that `ids` were written (the array's never-written ids are
+    /// above them).
+    fn backends_written(&mut self, ids: impl Iterator<Item = u32>) {
+        if self.backends_fresh_from != u32::MAX {
+            let above = ids.map(|id| id.saturating_add(1)).max().unwrap_or(0);
+            self.backends_fresh_from = self.backends_fresh_from.max(above);
+        }
+    }
+
+    /// `set_backends` without noting the ids written.
+    fn write_backend_entries(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
+        let Self { batches, backends_fd, backends, .. } = self;
+        write_all(batches, backends_fd, MapName::Backends, entries, |id, value| {
+            backends.set(id, value, 0).map_err(|e| update_error(MapName::Backends, e))
+        })
     }
 
     /// The backends' array without its empty entries.
     fn backend_entries(&self) -> Result<BTreeMap<u32, BackendValue>, MapError> {
-        if self.backends_empty {
+        if self.backends_fresh_from == 0 {
             return Ok(BTreeMap::new());
         }
         let keep = |_: &u32, value: &BackendValue| !is_empty_backend(value);
@@ -372,25 +399,49 @@ fn collect<K: Ord, V>(
 
 impl ServiceMaps for KernelMaps {
     fn set_backend(&mut self, id: u32, value: &BackendValue) -> Result<(), MapError> {
-        self.backends_empty = false;
+        self.backends_written(std::iter::once(id));
         self.backends.set(id, value, 0).map_err(|e| update_error(MapName::Backends, e))
     }
 
     fn set_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
-        self.backends_empty = false;
-        let Self { batches, backends_fd, backends, .. } = self;
-        write_all(batches, backends_fd, MapName::Backends, entries, |id, value| {
-            backends.set(id, value, 0).map_err(|e| update_error(MapName::Backends, e))
-        })
+        self.backends_written(entries.iter().map(|(id, _)| *id));
+        self.write_backend_entries(entries)
     }
 
-    /// Writes the empty entry; an id past the array's end is not there to
-    /// remove.
+    /// An id that was written before may be named by a reader that has
+    /// not let go of a removed backend (a socket memo, a `CT` entry): its
+    /// entry is written in two steps, first the new address with protocol
+    /// 0 (still empty to a reader), then the protocol alone changes. So a
+    /// reader sees the entry empty or whole, never half an address (the
+    /// kernel copies an array's value in place, in no set order).
+    fn add_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
+        let fresh_from = self.backends_fresh_from;
+        let (at, empty): (Vec<usize>, Vec<(u32, BackendValue)>) = entries
+            .iter()
+            .enumerate()
+            .filter(|(_, (id, _))| *id < fresh_from)
+            .map(|(n, (id, value))| (n, (*id, BackendValue { proto: 0, ..*value })))
+            .unzip();
+        self.backends_written(entries.iter().map(|(id, _)| *id));
+        // Up to the first that fails in the first step, written whole.
+        let failed = self.write_backend_entries(&empty).err().map(|(i, error)| (at[i], error));
+        let upto = failed.as_ref().map_or(entries.len(), |(n, _)| *n);
+        self.write_backend_entries(&entries[..upto])?;
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Clears the entry's protocol and leaves its address (a reader still
+    /// holding the id sees it empty, never half written); an id past the
+    /// array's end, or empty, is not there to remove.
     fn remove_backend(&mut self, id: u32) -> Result<(), MapError> {
         if id >= self.backends.len() {
             return Ok(());
         }
-        self.backends.set(id, BackendValue::default(), 0).map_err(|e| update_error(MapName::Backends, e))
+        let value = self.backends.get(&id, 0).map_err(|e| update_error(MapName::Backends, e))?;
+        if is_empty_backend(&value) {
+            return Ok(());
+        }
+        self.backends.set(id, BackendValue { proto: 0, ..value }, 0).map_err(|e| update_error(MapName::Backends, e))
     }
 
     fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {

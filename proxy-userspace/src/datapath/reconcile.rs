@@ -647,51 +647,52 @@ impl Reconciler {
     }
 
     /// Writes those of backends `ids` that are new or changed, in batches
-    /// of up to `CHUNK`; a new one that fails is forgotten (its id freed).
+    /// of up to `CHUNK`, the new ones through `add_backends`; a new one
+    /// that fails is forgotten (its id freed).
     fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, ids: &[u32], report: &mut Report) {
         // A start's 1,000,000 backends are written a chunk at a time: the
         // lists of the whole table's took ~36 MB at the agent's peak.
         const CHUNK: usize = 4096;
-        // (id, whether it is new to the map)
-        let mut writes: Vec<(u32, bool)> = Vec::with_capacity(ids.len().min(CHUNK));
-        let mut entries: Vec<(u32, BackendValue)> = Vec::with_capacity(ids.len().min(CHUNK));
+        let mut new: Vec<(u32, BackendValue)> = Vec::with_capacity(ids.len().min(CHUNK));
+        let mut changed: Vec<(u32, BackendValue)> = Vec::new();
         for chunk in ids.chunks(CHUNK) {
-            writes.clear();
-            entries.clear();
+            new.clear();
+            changed.clear();
             for id in chunk {
-                if let Some((value, new)) = self.backends.to_write(*id) {
-                    writes.push((*id, new));
-                    entries.push((*id, value));
+                if let Some((value, is_new)) = self.backends.to_write(*id) {
+                    if is_new { &mut new } else { &mut changed }.push((*id, value));
                 }
             }
-            report.writes += entries.len();
-            self.write_backends(maps, &writes, &entries, report);
+            report.writes += new.len() + changed.len();
+            self.write_backends(maps, true, &new, report);
+            self.write_backends(maps, false, &changed, report);
         }
     }
 
-    /// Writes `entries` (`writes`: their ids, and whether new to the map);
-    /// a new one that fails is forgotten (its id freed).
+    /// Writes `entries`, all `new` to the map or all not; a new one that
+    /// fails is forgotten (its id freed).
     fn write_backends(
         &mut self,
         maps: &mut impl ServiceMaps,
-        writes: &[(u32, bool)],
+        new: bool,
         entries: &[(u32, BackendValue)],
         report: &mut Report,
     ) {
         let mut start = 0;
         while start < entries.len() {
-            let (written, failed) = match maps.set_backends(&entries[start..]) {
-                Ok(()) => (entries.len() - start, None),
+            let rest = &entries[start..];
+            let result = if new { maps.add_backends(rest) } else { maps.set_backends(rest) };
+            let (written, failed) = match result {
+                Ok(()) => (rest.len(), None),
                 Err((i, error)) => (i, Some(error)),
             };
-            for n in start..start + written {
-                let ((id, new), (_, value)) = (writes[n], entries[n]);
-                self.backends.written(id, value);
+            for (id, value) in &rest[..written] {
+                self.backends.written(*id, *value);
                 report.backends_added += usize::from(new);
             }
             start += written;
             if let Some(error) = failed {
-                let (id, new) = writes[start];
+                let (id, _) = entries[start];
                 let addr = self.backends.addr(id).expect("a backend to write has an address");
                 if new {
                     self.backends.forget(id);

@@ -40,7 +40,9 @@ pub struct Full {
 
 /// The bounds when no flag sets them: room for 1,000,000 backends, and
 /// 100,000 services of 10 endpoints (1,100,000 slots), with the headroom.
-/// Only what the table needs is made, and entries are allocated as used.
+/// Only what the table needs is made; the hash maps' entries are
+/// allocated as used, the `BACKENDS` and `CONNECTIONS` arrays up front
+/// (24 and 8 × CPUs bytes an entry).
 /// Frontends are bounded by the services bound (each takes an entry there).
 pub const DEFAULT_BOUNDS: Sizes = Sizes { services: 1 << 22, backends: 1 << 21, frontends: 1 << 22 };
 
