@@ -130,8 +130,10 @@ pub fn count_connection(rev_nat: RevNatId) {
     }
     let index = crate::access::cpu().wrapping_mul(stride).wrapping_add(rev_nat);
     if let Some(counter) = CONNECTIONS.get_ptr_mut(index) {
-        // SAFETY: this CPU's counter (its region of the array); a program
-        // runs to its end on one CPU, so nothing else writes it meanwhile.
+        // SAFETY: this CPU's counter (its region of the array), a plain
+        // integer: a program runs to its end on one CPU, and a TC program
+        // that interrupts a socket program there (softirq) can at worst
+        // make one increment of the two count once.
         unsafe { *counter += 1 };
     }
 }
