@@ -5,7 +5,7 @@
 //! code): lookups copy the value out, in-place updates go through
 //! `ct_update`.
 use aya_ebpf::{
-    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
@@ -48,10 +48,9 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned
 /// plain array, not a per-CPU one:
 /// the kernel makes it in one allocation, where a per-CPU array allocates
 /// each element's per-CPU memory alone (~0.26 s at 262,144 elements, on
-/// the first sync's path). Mmapable: the agent reads and zeroes the
-/// counters in its memory, without a system call per counter and CPU.
+/// the first sync's path).
 #[map]
-pub static CONNECTIONS: Array<u64> = Array::pinned(map_sizes::CONNECTIONS, BPF_F_MMAPABLE);
+pub static CONNECTIONS: Array<u64> = Array::pinned(map_sizes::CONNECTIONS, 0);
 
 /// Connection tracking of traffic from outside the node (TC programs).
 #[map]

@@ -330,8 +330,10 @@ impl Telemetry {
             None,
             MetricType::Counter,
         )?;
-        for (id, service, frontend) in self.labels.iter().take(max_series) {
-            if let Ok(n) = counters.read(id) {
+        let shown: Vec<_> = self.labels.iter().take(max_series).collect();
+        let ids: Vec<RevNatId> = shown.iter().map(|(id, _, _)| *id).collect();
+        for ((_, service, frontend), n) in shown.iter().zip(counters.read_all(&ids)) {
+            if let Some(n) = n {
                 let (service, frontend) = (service.to_string(), frontend.to_string());
                 let labels = [("service", service.as_str()), ("frontend", frontend.as_str())];
                 ConstCounter::new(n).encode(m.encode_family(&labels)?)?;

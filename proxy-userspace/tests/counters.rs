@@ -1,11 +1,11 @@
-//! The per-frontend connection counters (`CONNECTIONS`, a mmapable array
-//! with a region per CPU, read and zeroed through the agent's mapping):
-//! zeroing many at once (`ConnCounters::reset_all`, what the first sync of
-//! a start does for every frontend), in the real kernel, zeroes each id's
-//! counter on every CPU as the kernel sees it and leaves every other
-//! counter as it was; and which counters the telemetry zeroes as frontends
-//! take ids (those passing to another frontend, none of a map the load
-//! just made).
+//! The per-frontend connection counters (`CONNECTIONS`, an array with a
+//! region per CPU): zeroing many at once (`ConnCounters::reset_all`, what
+//! the first sync of a start does for every frontend) in batches, in the
+//! real kernel, zeroes each id's counter on every CPU as the kernel holds
+//! it and leaves every other counter as it was; reading many at once
+//! (`read_all`, a scrape) gives what one at a time gives; and which
+//! counters the telemetry zeroes as frontends take ids (those passing to
+//! another frontend, none of a map the load just made).
 mod common;
 
 use std::os::fd::AsFd as _;
@@ -20,7 +20,7 @@ use ebpf_proxy::{
 #[test]
 fn reset_all_zeroes_exactly_the_ids_given() {
     common::require_root!();
-    // Many ids, and a few.
+    // More counters than one batch carries (4096), and a few.
     for (size, reset) in
         [(10_000u32, (1..9000).filter(|id| id % 3 != 0).collect::<Vec<u32>>()), (64, vec![5, 6, 63]), (64, vec![])]
     {
@@ -40,6 +40,29 @@ fn reset_all_zeroes_exactly_the_ids_given() {
     let mut counters = filled(64);
     assert!(counters.reset_all(&[3, 9, 64, 10, 63]).is_err(), "id 64 of a 64-entry map was accepted");
     check(&counters, 64, &[3, 9, 10, 63]);
+}
+
+#[test]
+fn reading_many_counts_gives_what_reading_each_gives() {
+    common::require_root!();
+    // Ranges longer than a batch (4096), at the start, at the end and past
+    // it, and ids out of order.
+    let size = 10_000u32;
+    let (counters, _) = filled_with_reader(size);
+    for ids in [
+        (0..size).collect::<Vec<u32>>(),
+        (1..9000).step_by(7).collect(),
+        vec![5],
+        vec![9_999],
+        vec![3, 64, 4100, 8191, 9_999, 10_000, 12_345],
+        vec![9_000, 12, 4_500, 10_001, 7],
+        vec![10_000],
+        vec![],
+    ] {
+        let each: Vec<Option<u64>> = ids.iter().map(|id| counters.read(*id).ok()).collect();
+        assert_eq!(counters.read_all(&ids), each, "{} ids from {:?}", ids.len(), ids.first());
+        assert!(each.iter().zip(&ids).all(|(n, id)| n.is_some() == (*id < size)), "ids past the end read as none");
+    }
 }
 
 #[test]
@@ -97,8 +120,7 @@ fn cpus() -> u32 {
 /// what the counters do with the flag shows as values that stay.
 fn filled_as(size: u32, zeroed: bool) -> (ConnCounters, Array<MapData, u64>) {
     let cpus = cpus();
-    // BPF_F_MMAPABLE (1024), as the agent's.
-    let obj = aya_obj::Map::new_from_params(2, 4, 8, size * cpus, 1024);
+    let obj = aya_obj::Map::new_from_params(2, 4, 8, size * cpus, 0);
     let data = MapData::create(obj, "test_counters", None).expect("create an array");
     let second = MapData::from_fd(data.fd().as_fd().try_clone_to_owned().unwrap()).unwrap();
     let mut writer: Array<MapData, u64> = Array::try_from(Map::Array(second)).unwrap();

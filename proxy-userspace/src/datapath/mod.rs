@@ -16,7 +16,6 @@ pub mod loader;
 mod maglev_map;
 mod maglev_tables;
 mod map_error;
-mod mapped;
 pub mod maps;
 pub mod names;
 pub mod netfilter_flows;

@@ -186,6 +186,34 @@ fn map_lookup_batch<K, V>(
     }
 }
 
+/// The `u64` values at indexes `start..start + out.len()` of the array
+/// `fd` (8-byte values) into `out`, with `BPF_MAP_LOOKUP_BATCH` (an array's
+/// batch position is its last index read); `Ok(false)`: the kernel has no
+/// batch reads. Fails on a range past the array's end.
+pub fn read_u64_range(fd: BorrowedFd<'_>, start: u32, out: &mut [u64]) -> io::Result<bool> {
+    let mut token = start.checked_sub(1).map(u64::from);
+    let mut done = 0;
+    while done < out.len() {
+        let want = out.len() - done;
+        let mut keys = vec![MaybeUninit::<u32>::uninit(); want];
+        let mut values = vec![MaybeUninit::<u64>::uninit(); want];
+        let (read, end) = match map_lookup_batch(fd, &mut token, &mut keys, &mut values) {
+            Ok(step) => step,
+            Err(err) if done == 0 && err.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
+            Err(err) => return Err(err),
+        };
+        for (slot, value) in out[done..].iter_mut().zip(&values[..read]) {
+            // SAFETY: the kernel wrote `read` whole 8-byte values.
+            *slot = unsafe { value.assume_init() };
+        }
+        done += read;
+        if end && done < out.len() {
+            return Err(io::Error::other(format!("indexes {start}.. run past the array's end at {done}")));
+        }
+    }
+    Ok(true)
+}
+
 /// Every entry of the hash map `fd` (keys `K`, values `V`, exactly the
 /// map's sizes) with `BPF_MAP_LOOKUP_BATCH`: one call per `chunk` entries
 /// instead of two per entry (an agent restart at 100,000 services reads
