@@ -27,7 +27,7 @@ fn reset_all_zeroes_exactly_the_ids_given() {
         let (mut counters, kernel) = filled_with_reader(size);
         counters.reset_all(&reset).expect("reset");
         check(&counters, size, &reset);
-        // What the mapping wrote is what the kernel (and so the programs)
+        // What the batches wrote is what the kernel (and so the programs)
         // hold: every CPU's counter of each id.
         for id in [5, 6, 63, 64, 8999].into_iter().filter(|id| *id < size) {
             let want = if reset.contains(&id) { 0 } else { value(id).iter().sum() };

@@ -146,14 +146,15 @@ impl ConnCounters {
     /// Zeroes the counts of `ids`, in batches of 4,096 counters (a whole
     /// table's frontends at a start: 100,000 writes one by one held the
     /// sync loop ~0.1 s). An id past the end is skipped; where a batch
-    /// stops (a kernel without batch writes, before 5.6) its counters are
-    /// zeroed one by one, each failure skipped. The first error is
-    /// returned.
+    /// stops its counters are zeroed one by one, each failure skipped, and
+    /// on a kernel without batch writes (before 5.6) all are. The first
+    /// error is returned.
     pub fn reset_all(&mut self, ids: &[RevNatId]) -> io::Result<()> {
         let per_batch = (BATCH / self.cpus as usize).max(1);
         let zeros = vec![0u64; per_batch * self.cpus as usize];
         let mut indexes = Vec::with_capacity(zeros.len());
         let mut first = None;
+        let mut batches = true;
         for chunk in ids.chunks(per_batch) {
             indexes.clear();
             for id in chunk {
@@ -165,9 +166,18 @@ impl ConnCounters {
             if indexes.is_empty() {
                 continue;
             }
-            let (done, result) = super::sys::map_update_batch(self.fd.as_fd(), &indexes, &zeros[..indexes.len()]);
+            let (done, result) = if batches {
+                super::sys::map_update_batch(self.fd.as_fd(), &indexes, &zeros[..indexes.len()])
+            } else {
+                (0, Err(io::Error::from_raw_os_error(libc::EINVAL)))
+            };
             if let Err(err) = result {
-                first.get_or_insert(err);
+                if done == 0 && err.raw_os_error() == Some(libc::EINVAL) {
+                    // No batch writes here: one at a time from now on.
+                    batches = false;
+                } else {
+                    first.get_or_insert(err);
+                }
                 for i in &indexes[done..] {
                     if let Err(err) = self.map.set(*i, 0, 0) {
                         first.get_or_insert(io::Error::other(err));

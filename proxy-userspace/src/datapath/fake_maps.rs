@@ -112,6 +112,15 @@ impl ServiceMaps for FakeMaps {
         Ok(())
     }
 
+    /// New backends: none may be in the map at its id (the kernel's two
+    /// steps would clear a live backend's protocol first).
+    fn add_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
+        for (id, _) in entries {
+            assert!(!self.state.backends.contains_key(id), "backend {id} added over a live one");
+        }
+        one_by_one(entries, |id, value| self.set_backend(id, value))
+    }
+
     fn remove_backend(&mut self, id: u32) -> Result<(), MapError> {
         self.step(MapName::Backends)?;
         self.state.backends.remove(&id);

@@ -43,7 +43,9 @@ pub trait ServiceMaps {
     }
     /// As `set_backends`, for backends new to the map at their ids (no
     /// reader holds them as live backends): an implementation may write
-    /// them in steps a reader holding a stale id never sees half done.
+    /// them in steps a reader holding a stale id never sees half done
+    /// (then, on `Err((i, _))`, entries after `i` may have been written
+    /// empty: the state a removal leaves).
     fn add_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
         self.set_backends(entries)
     }

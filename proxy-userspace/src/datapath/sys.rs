@@ -189,9 +189,17 @@ fn map_lookup_batch<K, V>(
 /// The `u64` values at indexes `start..start + out.len()` of the array
 /// `fd` (8-byte values) into `out`, with `BPF_MAP_LOOKUP_BATCH` (an array's
 /// batch position is its last index read); `Ok(false)`: the kernel has no
-/// batch reads. Fails on a range past the array's end.
+/// batch reads. `start` must be below the array's length (the kernel
+/// starts again from index 0 past it); a range that runs past the end
+/// fails.
 pub fn read_u64_range(fd: BorrowedFd<'_>, start: u32, out: &mut [u64]) -> io::Result<bool> {
-    let mut token = start.checked_sub(1).map(u64::from);
+    // The kernel reads the position as a key: the index's 4 bytes first.
+    let position = |index: u32| {
+        let mut bytes = [0u8; 8];
+        bytes[..4].copy_from_slice(&index.to_ne_bytes());
+        u64::from_ne_bytes(bytes)
+    };
+    let mut token = start.checked_sub(1).map(position);
     let mut done = 0;
     while done < out.len() {
         let want = out.len() - done;
