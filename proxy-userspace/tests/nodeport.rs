@@ -401,10 +401,14 @@ fn with_dsr_replies_leave_the_backend_s_node_straight_to_the_client_and_the_back
         answered += 1;
     }
     let one = eth0_since(&topo, 1, one);
-    // Each datagram in and out once (and some neighbour messages); with
-    // source NAT, twice.
-    let most = answered * 3 / 2;
-    assert!(one[2] < most && one[3] < most, "node 1 carried the replies: {one:?} (tx, rx bytes, packets)");
+    // Node 1 sends each datagram on once (and a few messages of its own);
+    // with source NAT it would send each reply to the client as well,
+    // twice as many. What it receives is no measure: the bridge floods
+    // node 2's replies to every port until it has learned the client's
+    // address (10 of 20 arrived at node 1 in one CI run, and were dropped
+    // there).
+    let sent = one[2];
+    assert!(sent < answered * 3 / 2, "node 1 carried the replies: {one:?} (tx, rx bytes, packets)");
     assert_eq!(external_counter(&topo, 2, "dsr_refused"), 0);
 }
 
