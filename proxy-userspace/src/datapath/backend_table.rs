@@ -232,6 +232,11 @@ impl BackendTable {
         self.get(id).is_some_and(Record::written)
     }
 
+    /// The value the map holds at `id` (`None`: not written).
+    pub fn held(&self, id: u32) -> Option<BackendValue> {
+        self.get(id).filter(|r| r.written()).map(|r| r.value)
+    }
+
     /// The address of backend `id` (`None`: no such backend).
     pub fn addr(&self, id: u32) -> Option<BackendAddr> {
         codec::backend_addr(&self.get(id)?.value).ok()

@@ -166,22 +166,22 @@ impl ConnCounters {
             if indexes.is_empty() {
                 continue;
             }
-            let (done, result) = if batches {
-                super::sys::map_update_batch(self.fd.as_fd(), &indexes, &zeros[..indexes.len()])
-            } else {
-                (0, Err(io::Error::from_raw_os_error(libc::EINVAL)))
-            };
-            if let Err(err) = result {
-                if done == 0 && err.raw_os_error() == Some(libc::EINVAL) {
+            // How many the batch zeroed (the rest go one at a time).
+            let mut done = 0;
+            if batches {
+                match super::sys::map_update_batch(self.fd.as_fd(), &indexes, &zeros[..indexes.len()]) {
+                    (_, Ok(())) => continue,
                     // No batch writes here: one at a time from now on.
-                    batches = false;
-                } else {
-                    first.get_or_insert(err);
-                }
-                for i in &indexes[done..] {
-                    if let Err(err) = self.map.set(*i, 0, 0) {
-                        first.get_or_insert(io::Error::other(err));
+                    (0, Err(err)) if err.raw_os_error() == Some(libc::EINVAL) => batches = false,
+                    (n, Err(err)) => {
+                        done = n;
+                        first.get_or_insert(err);
                     }
+                }
+            }
+            for i in &indexes[done..] {
+                if let Err(err) = self.map.set(*i, 0, 0) {
+                    first.get_or_insert(io::Error::other(err));
                 }
             }
         }

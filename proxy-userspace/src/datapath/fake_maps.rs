@@ -121,8 +121,13 @@ impl ServiceMaps for FakeMaps {
         one_by_one(entries, |id, value| self.set_backend(id, value))
     }
 
-    fn remove_backend(&mut self, id: u32) -> Result<(), MapError> {
+    /// `held` must be what the map holds there (the kernel's removal
+    /// writes it back without its protocol).
+    fn remove_backend(&mut self, id: u32, held: &BackendValue) -> Result<(), MapError> {
         self.step(MapName::Backends)?;
+        if let Some(value) = self.state.backends.get(&id) {
+            assert_eq!(value, held, "backend {id}: the value held is not the map's");
+        }
         self.state.backends.remove(&id);
         self.check_reader_view();
         Ok(())

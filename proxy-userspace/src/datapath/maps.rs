@@ -49,7 +49,9 @@ pub trait ServiceMaps {
     fn add_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
         self.set_backends(entries)
     }
-    fn remove_backend(&mut self, id: u32) -> Result<(), MapError>;
+    /// Removes backend `id`, whose entry holds `held` (the reconciler's
+    /// record of it, or what a dump read).
+    fn remove_backend(&mut self, id: u32, held: &BackendValue) -> Result<(), MapError>;
     fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError>;
     /// As `set_backends`, for service entries.
     fn set_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<(), (usize, MapError)> {
@@ -128,7 +130,7 @@ impl KernelMaps {
         names: HashMap<MapData, RevNatId, ServiceName>,
     ) -> Result<Self, MapError> {
         let services_fd = dup_fd(&services, MapName::Services)?;
-        let backends_fd = dup_array_fd(&backends)?;
+        let backends_fd = dup_fd(&backends, MapName::Backends)?;
         let rev_nat_fd = dup_fd(&rev_nat, MapName::RevNat)?;
         let names_fd = dup_data_fd(aya::maps::IterableMap::map(&names), MapName::Names)?;
         Ok(Self {
@@ -226,28 +228,17 @@ impl KernelMaps {
     }
 }
 
-/// A second descriptor of a hash map.
+/// A second descriptor of a hash map or an array (the typed handle made
+/// beside it checks which).
 fn dup_fd(map: &Map, name: MapName) -> Result<OwnedFd, MapError> {
-    let Map::HashMap(data) = map else {
+    let (Map::HashMap(data) | Map::Array(data)) = map else {
         return Err(MapError::Syscall {
             map: name,
             op: "open",
-            source: io::Error::other("not a hash map; is the eBPF object from this build?"),
+            source: io::Error::other("not a hash map or array; is the eBPF object from this build?"),
         });
     };
     dup_data_fd(data, name)
-}
-
-/// A second descriptor of the backends' array.
-fn dup_array_fd(map: &Map) -> Result<OwnedFd, MapError> {
-    let Map::Array(data) = map else {
-        return Err(MapError::Syscall {
-            map: MapName::Backends,
-            op: "open",
-            source: io::Error::other("not an array; is the eBPF object from this build?"),
-        });
-    };
-    dup_data_fd(data, MapName::Backends)
 }
 
 /// A second descriptor of a map.
@@ -434,16 +425,12 @@ impl ServiceMaps for KernelMaps {
 
     /// Clears the entry's protocol and leaves its address (a reader still
     /// holding the id sees it empty, never half written); an id past the
-    /// array's end, or empty, is not there to remove.
-    fn remove_backend(&mut self, id: u32) -> Result<(), MapError> {
+    /// array's end is not there to remove.
+    fn remove_backend(&mut self, id: u32, held: &BackendValue) -> Result<(), MapError> {
         if id >= self.backends.len() {
             return Ok(());
         }
-        let value = self.backends.get(&id, 0).map_err(|e| update_error(MapName::Backends, e))?;
-        if is_empty_backend(&value) {
-            return Ok(());
-        }
-        self.backends.set(id, BackendValue { proto: 0, ..value }, 0).map_err(|e| update_error(MapName::Backends, e))
+        self.backends.set(id, BackendValue { proto: 0, ..*held }, 0).map_err(|e| update_error(MapName::Backends, e))
     }
 
     fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {

@@ -386,7 +386,7 @@ impl Reconciler {
             maps.remove_name(*id)?;
         }
         for id in &stale_backends {
-            maps.remove_backend(*id)?;
+            maps.remove_backend(*id, &backends[id])?;
         }
         this.backends.reserve_recovered();
         this.rev_nat_pool = IdPool::with_used(used_rev_nat.iter().copied());
@@ -862,12 +862,12 @@ impl Reconciler {
     fn remove_unused_backends(&mut self, maps: &mut impl ServiceMaps, ids: Vec<u32>, report: &mut Report) {
         for id in ids {
             let Some(in_map) = self.backends.unused(id).filter(|_| !self.maglev.holds_backend(id)) else { continue };
-            if !in_map {
+            let Some(held) = self.backends.held(id).filter(|_| in_map) else {
                 self.backends.forget(id);
                 continue;
-            }
+            };
             report.writes += 1;
-            match maps.remove_backend(id) {
+            match maps.remove_backend(id, &held) {
                 Ok(()) => {
                     self.backends.forget(id);
                     report.backends_removed += 1;
