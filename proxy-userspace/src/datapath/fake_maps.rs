@@ -26,6 +26,10 @@ pub struct FakeMaps {
     pub batched: usize,
     /// Entries of each Maglev table (0 means the smallest size, 251).
     pub maglev_size: usize,
+    /// `set_services_two` writes its second list before its first (two
+    /// threads finish in either order: a failure can stop the first list
+    /// while the second is written whole).
+    pub second_first: bool,
 }
 
 impl FakeMaps {
@@ -138,6 +142,18 @@ impl ServiceMaps for FakeMaps {
         Self::insert(&mut self.state.services, self.capacity, MapName::Services, *key, *value)?;
         self.check_reader_view();
         Ok(())
+    }
+
+    fn set_services_two(
+        &mut self,
+        [first, second]: [&[(ServiceKey, ServiceValue)]; 2],
+    ) -> [Result<(), (usize, MapError)>; 2] {
+        if self.second_first {
+            let second = self.set_services(second);
+            [self.set_services(first), second]
+        } else {
+            [self.set_services(first), self.set_services(second)]
+        }
     }
 
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {

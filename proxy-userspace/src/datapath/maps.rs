@@ -57,6 +57,14 @@ pub trait ServiceMaps {
     fn set_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<(), (usize, MapError)> {
         one_by_one(entries, |key, value| self.set_service(&key, value))
     }
+    /// As `set_services` for each of two lists that share no key (each
+    /// result counts its own list's entries): an implementation may write
+    /// them at once, so that a failure in one list says nothing of the
+    /// other. A start writes ~1,100,000 service entries at 100,000
+    /// services, and the kernel's hash inserts are most of its first sync.
+    fn set_services_two(&mut self, lists: [&[(ServiceKey, ServiceValue)]; 2]) -> [Result<(), (usize, MapError)>; 2] {
+        [self.set_services(lists[0]), self.set_services(lists[1])]
+    }
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
     fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError>;
     /// As `set_backends`, for rev-NAT entries.
@@ -248,6 +256,11 @@ fn dup_data_fd(data: &MapData, name: MapName) -> Result<OwnedFd, MapError> {
 
 /// Most entries one batch write carries.
 const BATCH: usize = 4096;
+
+/// Entries of each list from which `set_services_two` writes the second on
+/// a thread of its own (a thread costs tens of microseconds, an insert
+/// about one).
+const TWO_THREADS_FROM: usize = 256;
 
 /// Writes `entries` to map `fd` in batches; `Ok(false)`: the kernel has no
 /// batch writes (nothing was written).
@@ -442,6 +455,45 @@ impl ServiceMaps for KernelMaps {
         write_all(batches, services_fd, MapName::Services, entries, |key, value| {
             services.insert(key, value, 0).map_err(|e| update_error(MapName::Services, e))
         })
+    }
+
+    /// Each list in batches, the second on a thread of its own when both
+    /// are long enough to be worth one: the kernel's hash map takes inserts
+    /// on several CPUs at once (a lock per bucket, free elements per CPU).
+    fn set_services_two(
+        &mut self,
+        [first, second]: [&[(ServiceKey, ServiceValue)]; 2],
+    ) -> [Result<(), (usize, MapError)>; 2] {
+        if !self.batches || first.len().min(second.len()) < TWO_THREADS_FROM {
+            return [self.set_services(first), self.set_services(second)];
+        }
+        let fd = &self.services_fd;
+        let results = std::thread::scope(|scope| {
+            let other = std::thread::Builder::new()
+                .name("map-writer".into())
+                .spawn_scoped(scope, || write_batches(fd, MapName::Services, second));
+            let first = write_batches(fd, MapName::Services, first);
+            // No thread (the process is out of them): written here.
+            let second = match other {
+                Ok(other) => other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => write_batches(fd, MapName::Services, second),
+            };
+            [first, second]
+        });
+        // `Ok(false)`: the kernel has no batch writes (nothing written).
+        let lists = [first, second];
+        let mut out = [Ok(()), Ok(())];
+        for (i, result) in results.into_iter().enumerate() {
+            out[i] = match result {
+                Ok(true) => Ok(()),
+                Ok(false) => {
+                    self.batches = false;
+                    self.set_services(lists[i])
+                }
+                Err(failed) => Err(failed),
+            };
+        }
+        out
     }
 
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {

@@ -177,20 +177,27 @@ impl Reconciler {
             })
             .collect();
         report.writes += entries.len();
-        let (mut n, error) = written(maps.set_services(&entries), entries.len());
-        let mut whole = 0;
-        for s in staged.iter() {
-            let fe = self.frontends.get_mut(&s.key).expect("staged");
-            for (i, id) in s.ids.iter().enumerate().take(n) {
-                set_slot(&mut fe.slots, &mut self.backends, i, *id);
+        let mid = half_of(staged, |s| s.ids.len());
+        let at = staged[..mid].iter().map(|s| s.ids.len()).sum();
+        let (written, error) = write_two(maps, &entries, at);
+        let halves = [0..mid, mid..staged.len()];
+        let whole = [0, 1].map(|h| {
+            let mut n = written[h];
+            let mut whole = 0;
+            for s in &staged[halves[h].clone()] {
+                let fe = self.frontends.get_mut(&s.key).expect("staged");
+                for (i, id) in s.ids.iter().enumerate().take(n) {
+                    set_slot(&mut fe.slots, &mut self.backends, i, *id);
+                }
+                if n < s.ids.len() {
+                    break;
+                }
+                n -= s.ids.len();
+                whole += 1;
             }
-            if n < s.ids.len() {
-                break;
-            }
-            n -= s.ids.len();
-            whole += 1;
-        }
-        stop_at(staged, whole, error)
+            whole
+        });
+        keep_written(staged, mid, whole, error)
     }
 
     fn write_masters(
@@ -210,11 +217,14 @@ impl Reconciler {
             })
             .collect();
         report.writes += entries.len();
-        let (n, error) = written(maps.set_services(&entries), entries.len());
-        for (s, (_, master)) in staged.iter().zip(&entries).take(n) {
-            self.applied(s).master = Some(*master);
+        let mid = half_of(staged, |_| 1);
+        let (written, error) = write_two(maps, &entries, mid);
+        for at in [0..written[0], mid..mid + written[1]] {
+            for (s, (_, master)) in staged[at.clone()].iter().zip(&entries[at]) {
+                self.applied(s).master = Some(*master);
+            }
         }
-        stop_at(staged, n, error)
+        keep_written(staged, mid, written, error)
     }
 
     fn write_names(&mut self, maps: &mut impl ServiceMaps, staged: &mut Vec<Staged>, report: &mut Report) -> bool {
@@ -323,9 +333,55 @@ struct Staged {
 /// any); whether the map was full. The rest is written one at a time,
 /// which reports a failure that stays.
 fn stop_at(staged: &mut Vec<Staged>, n: usize, error: Option<MapError>) -> bool {
+    let len = staged.len();
+    keep_written(staged, len, [n, 0], error)
+}
+
+/// Where `staged` splits into two halves of about equal `weight` (the
+/// entries each frontend has in a write), for `write_two`.
+fn half_of(staged: &[Staged], weight: impl Fn(&Staged) -> usize) -> usize {
+    let total: usize = staged.iter().map(&weight).sum();
+    let mut sum = 0;
+    staged
+        .iter()
+        .position(|s| {
+            sum += weight(s);
+            sum * 2 >= total
+        })
+        .map_or(0, |i| i + 1)
+}
+
+/// Writes SERVICES entries `entries[..at]` and `entries[at..]` at once
+/// (`ServiceMaps::set_services_two`): how many of each half were written,
+/// and a failure (a full map's before another's: it decides what the
+/// rest of the sync does).
+fn write_two(
+    maps: &mut impl ServiceMaps,
+    entries: &[(ServiceKey, ServiceValue)],
+    at: usize,
+) -> ([usize; 2], Option<MapError>) {
+    let (first, second) = entries.split_at(at);
+    let [a, b] = maps.set_services_two([first, second]);
+    let ((n1, e1), (n2, e2)) = (written(a, first.len()), written(b, second.len()));
+    let error = match (e1, e2) {
+        (Some(full @ MapError::Full { .. }), _) | (_, Some(full @ MapError::Full { .. })) => Some(full),
+        (e1, e2) => e1.or(e2),
+    };
+    ([n1, n2], error)
+}
+
+/// Keeps the frontends of `staged` a write of its two halves (split at
+/// `mid`) wrote whole, `whole[0]` of the first half and `whole[1]` of the
+/// second, when it failed with `error`; whether a map was full. The rest is
+/// written one at a time, which reports a failure that stays.
+fn keep_written(staged: &mut Vec<Staged>, mid: usize, whole: [usize; 2], error: Option<MapError>) -> bool {
     let Some(error) = error else { return false };
-    tracing::debug!(frontend = %staged[n].key, %error, "a batch write of new frontends failed; writing the rest one at a time");
-    staged.truncate(n);
+    let stopped = if whole[0] < mid { whole[0] } else { mid + whole[1] };
+    if let Some(s) = staged.get(stopped) {
+        tracing::debug!(frontend = %s.key, %error, "a batch write of new frontends failed; writing the rest one at a time");
+    }
+    staged.truncate(mid + whole[1]);
+    staged.drain(whole[0]..mid);
     matches!(error, MapError::Full { .. })
 }
 
