@@ -575,3 +575,53 @@ fn the_frontends_of_a_port_share_its_name() {
     assert!(http.iter().all(|p| p.shares(http[0])) && https.iter().all(|p| p.shares(https[0])), "{http:?}");
     assert!(!http[0].shares(https[0]), "another port holds its own name");
 }
+
+/// A start's translation of thousands of services runs on two threads
+/// (`state::translate_all`): it keeps object order, so the state, the
+/// delta and who wins a key two services claim (one in each half) are
+/// those of translating service by service.
+#[test]
+fn a_large_start_translated_on_two_threads_is_what_one_by_one_gives() {
+    use std::collections::BTreeMap;
+
+    use super::{ServiceId, ServiceInput};
+    let node = NodeContext::new("n1");
+    let n = 3_000;
+    let mut yaml = String::new();
+    for i in 0..n {
+        // Services i and i + n/2 claim the same address and ports.
+        let ip = i % (n / 2);
+        let name = format!("s{i:04}");
+        yaml += &SVC
+            .replace("name: s,", &format!("name: {name},"))
+            .replace("10.96.0.1", &format!("10.96.{}.{}", ip / 200, ip % 200 + 1));
+        if i % 3 == 0 {
+            yaml +=
+                &slice(&format!("{name}-a"), PORTS, &format!("[{{addresses: [10.0.{}.{}]}}]", i / 200, i % 200 + 1))
+                    .replace("kubernetes.io/service-name: s}", &format!("kubernetes.io/service-name: {name}}}"));
+        }
+        yaml += "---\n";
+    }
+    let parsed = file::parse(&yaml).expect("yaml");
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+    let (services, slices) = parsed.objects.inputs();
+    let mut built = TableState::default();
+    let got = built.replace_all(&services, &slices, &node);
+    let mut by_service: BTreeMap<ServiceId, ServiceInput<'_>> = BTreeMap::new();
+    for svc in &services {
+        by_service.entry(svc.id()).or_default().service = Some(svc);
+    }
+    for slice in &slices {
+        by_service.entry(slice.owner.clone().expect("an owner")).or_default().slices.push(slice);
+    }
+    let mut updated = TableState::default();
+    let want = updated.update(by_service, &node);
+    assert_eq!(got.keys, want.keys);
+    assert_eq!(got.appeared, want.appeared);
+    assert_eq!(got.appeared.len(), n, "each conflict is one problem per port");
+    assert_eq!(format!("{built:?}"), format!("{updated:?}"));
+    // The first by name serves each shared address.
+    let t = render(built.table());
+    assert!(t.contains("10.96.0.1:80/TCP ns/s0000:http -> 10.0.0.1:8080\n"), "{}", &t[..400]);
+    assert_eq!(built.table().len(), n, "two ports for each of n/2 addresses");
+}
