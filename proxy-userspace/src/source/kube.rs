@@ -195,18 +195,21 @@ struct Feed {
 }
 
 impl Feed {
-    /// An event handler that gives each event to `apply`, marks the store
-    /// listed once every first list is complete, and wakes the pipeline for
-    /// all but list progress.
+    /// An event handler that gives each event of a batch to `apply` (under
+    /// one hold of the store's lock), marks the store listed once every
+    /// first list is complete, and wakes the pipeline for all but list
+    /// progress.
     fn to<K: 'static>(
         &self,
         apply: fn(&mut ObjectStore, watcher::Event<K>),
-    ) -> impl FnMut(watcher::Event<K>) + Send + 'static {
+    ) -> impl FnMut(&mut Vec<watcher::Event<K>>) + Send + 'static {
         let (store, changed, listed) = (self.store.clone(), self.changed.clone(), self.listed.clone());
-        move |event| {
-            let wakes = !matches!(event, watcher::Event::Init | watcher::Event::InitApply(_));
+        move |events| {
+            let wakes = events.iter().any(|e| !matches!(e, watcher::Event::Init | watcher::Event::InitApply(_)));
             let mut s = store.lock().expect("store lock");
-            apply(&mut s, event);
+            for event in events.drain(..) {
+                apply(&mut s, event);
+            }
             let is_listed = s.is_listed();
             drop(s);
             mark_listed(&listed, is_listed);
@@ -239,30 +242,58 @@ impl Drop for KubeSource {
     }
 }
 
-/// Follows one watch, handing each event to `handle`. A failure is
+/// Events a watch decodes ahead of the store: two pages, so that the next
+/// page is asked for and decoded while the store takes this one (a list of
+/// 100,000 objects is a thousand pages, each waited for in turn).
+const AHEAD: usize = 2 * LIST_PAGE_SIZE as usize;
+
+/// Follows one watch, handing its events to `handle` as they come, all
+/// that are there at once. The watch runs in a task of its own (`pump`)
+/// that stays up to `AHEAD` events ahead; a full list is logged with how
+/// long it took.
+async fn drive<K: Resource + Send + 'static>(
+    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    kind: &'static str,
+    mut handle: impl FnMut(&mut Vec<watcher::Event<K>>),
+    counters: Arc<WatchCounters>,
+    reachability: Arc<Reachability>,
+) {
+    let (events_tx, mut events_rx) = tokio::sync::mpsc::channel(AHEAD);
+    let _pump = AbortOnDrop(tokio::spawn(pump(stream, kind, events_tx, counters, reachability)));
+    let mut list = ListProgress::default();
+    let mut events = Vec::with_capacity(AHEAD);
+    while events_rx.recv_many(&mut events, AHEAD).await > 0 {
+        for event in &events {
+            list.follow(kind, event);
+        }
+        // The relist's freed pages go back to the kernel by themselves
+        // (the allocator's background thread: memory.rs).
+        handle(&mut events);
+        events.clear();
+    }
+}
+
+/// Polls one watch and sends its events to `events`. A failure is
 /// counted, logged once (`Reachability` logs when the watch is back) and
-/// retried after the delay `RetrySchedule` gives; a full list is logged
-/// with how long it took.
-async fn drive<K: Resource>(
+/// retried after the delay `RetrySchedule` gives.
+async fn pump<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     kind: &'static str,
-    mut handle: impl FnMut(watcher::Event<K>),
+    events: tokio::sync::mpsc::Sender<watcher::Event<K>>,
     counters: Arc<WatchCounters>,
     reachability: Arc<Reachability>,
 ) {
     let mut stream = std::pin::pin!(stream);
     let mut schedule = RetrySchedule::default();
-    let mut list = ListProgress::default();
     while let Some(event) = stream.next().await {
         match event {
             Ok(event) => {
                 schedule.reset();
                 reachability.succeeded(kind);
                 counters.events.fetch_add(1, Ordering::Relaxed);
-                // The relist's freed pages go back to the kernel by
-                // themselves (the allocator's background thread: memory.rs).
-                list.follow(kind, &event);
-                handle(event);
+                if events.send(event).await.is_err() {
+                    return;
+                }
             }
             Err(err) => {
                 counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -277,6 +308,15 @@ async fn drive<K: Resource>(
                 tokio::time::sleep(schedule.next_delay(failure, fastrand::f64())).await;
             }
         }
+    }
+}
+
+/// Aborts a task when dropped (the watch of a `drive` that ended).
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
