@@ -195,6 +195,56 @@ fn a_bound_too_small_turns_health_503_and_a_larger_bound_serves_all_without_a_ga
     assert_eq!(env.requests("10.97.0.40", 2), vec!["backend-1"; 2]);
 }
 
+/// A start writes a chunk of new frontends' slots, then their slots 0, in
+/// two halves on two threads (`ServiceMaps::set_services_two`); here the
+/// map fills in the middle of such a write. Whatever half found it full,
+/// every frontend in the map is whole (a slot 0 and all its slots), the
+/// chunk's slots whose slot 0 did not fit are removed, and what is in the
+/// map is what the agent reports and serves.
+#[test]
+fn a_map_filling_in_a_two_thread_write_leaves_only_whole_frontends() {
+    common::require_root!();
+    let mut env = Env::new(2);
+    // web (3 entries) and 1,400 services (2,800 entries) in a map of
+    // 2,048: the first chunk of 1,024 frontends takes 1,025 slots, then
+    // its slots 0 (two halves of 512) find the map full.
+    let n = 1400;
+    env.write_services(&services(n));
+    let mut args = env.agent_args();
+    args.extend(["--services-map-size", "2048"].map(str::to_owned));
+    let agent = AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let applied = agent.wait_applied(0);
+    env.agent = Some(agent);
+    assert!(u64_field(&applied, "failures") > 0, "{applied}");
+
+    let dirs = maps_dirs(&env);
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    let maps = ebpf_proxy::datapath::KernelMaps::open_pinned(&env.pin_dir().join(&dirs[0])).unwrap();
+    let dump = ebpf_proxy::datapath::ServiceMaps::dump(&maps).unwrap();
+    let masters: Vec<_> = dump.services.iter().filter(|(k, _)| k.slot == 0).collect();
+    for (key, master) in &masters {
+        for slot in 1..=master.count {
+            assert!(
+                dump.services.contains_key(&proxy_common::ServiceKey { slot, ..**key }),
+                "{key:?}: slot {slot} missing"
+            );
+        }
+    }
+    // Slots without their slot 0 (no reader reaches them): at most those
+    // of the one frontend written one at a time when the map filled, whose
+    // slot 0 the retry writes (`update_frontend`); the bulk write removes
+    // its own (`remove_slots_without_master`).
+    let slots: usize = masters.iter().map(|(_, m)| usize::from(m.count)).sum();
+    let waiting = dump.services.len() - masters.len() - slots;
+    assert!(waiting <= 1, "{waiting} slots without their slot 0");
+    assert!(dump.services.len() > 2000, "the map is used up to its bound: {}", dump.services.len());
+    let served = masters.len();
+    assert!((600..usize::from(n)).contains(&served), "{served} frontends fit");
+    assert_eq!(status_maps(&env)["frontends"].as_u64(), Some(u64::try_from(served).unwrap()));
+    // The first served frontend answers (the services sort by address).
+    assert_eq!(env.requests("10.97.0.1", 2), vec!["backend-1"; 2]);
+}
+
 #[test]
 fn a_start_with_a_big_table_sizes_its_maps_before_the_first_write() {
     common::require_root!();

@@ -45,7 +45,9 @@ pub trait ServiceMaps {
     /// reader holds them as live backends): an implementation may write
     /// them in steps a reader holding a stale id never sees half done
     /// (then, on `Err((i, _))`, entries after `i` may have been written
-    /// empty: the state a removal leaves).
+    /// empty: the state a removal leaves), and several at once (then
+    /// entries after `i` may have been written whole: no slot names them,
+    /// and the reconciler writes them again or frees their ids).
     fn add_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
         self.set_backends(entries)
     }
@@ -201,6 +203,41 @@ impl KernelMaps {
     }
 
     /// The backends' array without its empty entries.
+    /// `write_backend_entries` of new backends, the second half on a
+    /// thread of its own when both halves are long enough (a start writes
+    /// 1,000,000 at 100,000 services; each entry costs the kernel two
+    /// checked copies). After a failure in the first half, entries of the
+    /// second may have been written (`ServiceMaps::add_backends`).
+    fn write_backend_entries_two(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
+        if !self.batches || entries.len() / 2 < TWO_THREADS_FROM {
+            return self.write_backend_entries(entries);
+        }
+        let (first, second) = entries.split_at(entries.len() / 2);
+        let fd = &self.backends_fd;
+        let [a, b] = std::thread::scope(|scope| {
+            let other = std::thread::Builder::new()
+                .name("map-writer".into())
+                .spawn_scoped(scope, || write_batches(fd, MapName::Backends, second));
+            let a = write_batches(fd, MapName::Backends, first);
+            let b = match other {
+                Ok(other) => other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => write_batches(fd, MapName::Backends, second),
+            };
+            [a, b]
+        });
+        match (a, b) {
+            (Ok(true), Ok(true)) => Ok(()),
+            (Err(failed), _) => Err(failed),
+            (Ok(true), Err((n, error))) => Err((first.len() + n, error)),
+            // The kernel has no batch writes (what was written is written
+            // again, one at a time).
+            _ => {
+                self.batches = false;
+                self.write_backend_entries(entries)
+            }
+        }
+    }
+
     fn backend_entries(&self) -> Result<BTreeMap<u32, BackendValue>, MapError> {
         if self.backends_fresh_from == 0 {
             return Ok(BTreeMap::new());
@@ -432,7 +469,7 @@ impl ServiceMaps for KernelMaps {
         // Up to the first that fails in the first step, written whole.
         let failed = self.write_backend_entries(&empty).err().map(|(i, error)| (at[i], error));
         let upto = failed.as_ref().map_or(entries.len(), |(n, _)| *n);
-        self.write_backend_entries(&entries[..upto])?;
+        self.write_backend_entries_two(&entries[..upto])?;
         failed.map_or(Ok(()), Err)
     }
 
