@@ -202,7 +202,6 @@ impl KernelMaps {
         })
     }
 
-    /// The backends' array without its empty entries.
     /// `write_backend_entries` of new backends, the second half on a
     /// thread of its own when both halves are long enough (a start writes
     /// 1,000,000 at 100,000 services; each entry costs the kernel two
@@ -213,18 +212,7 @@ impl KernelMaps {
             return self.write_backend_entries(entries);
         }
         let (first, second) = entries.split_at(entries.len() / 2);
-        let fd = &self.backends_fd;
-        let [a, b] = std::thread::scope(|scope| {
-            let other = std::thread::Builder::new()
-                .name("map-writer".into())
-                .spawn_scoped(scope, || write_batches(fd, MapName::Backends, second));
-            let a = write_batches(fd, MapName::Backends, first);
-            let b = match other {
-                Ok(other) => other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(_) => write_batches(fd, MapName::Backends, second),
-            };
-            [a, b]
-        });
+        let [a, b] = write_batches_two(&self.backends_fd, MapName::Backends, [first, second]);
         match (a, b) {
             (Ok(true), Ok(true)) => Ok(()),
             (Err(failed), _) => Err(failed),
@@ -238,6 +226,7 @@ impl KernelMaps {
         }
     }
 
+    /// The backends' array without its empty entries.
     fn backend_entries(&self) -> Result<BTreeMap<u32, BackendValue>, MapError> {
         if self.backends_fresh_from == 0 {
             return Ok(BTreeMap::new());
@@ -344,6 +333,30 @@ where
         }
     }
     Ok(true)
+}
+
+/// `write_batches` of two lists at once, the second on a thread of its own
+/// (or after the first when no thread can be started).
+fn write_batches_two<K, V>(
+    fd: &OwnedFd,
+    map: MapName,
+    [first, second]: [&[(K, V)]; 2],
+) -> [Result<bool, (usize, MapError)>; 2]
+where
+    K: Copy + Sync,
+    V: Copy + Sync,
+{
+    std::thread::scope(|scope| {
+        let other = std::thread::Builder::new()
+            .name("map-writer".into())
+            .spawn_scoped(scope, || write_batches(fd, map, second));
+        let first = write_batches(fd, map, first);
+        let second = match other {
+            Ok(other) => other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => write_batches(fd, map, second),
+        };
+        [first, second]
+    })
 }
 
 /// Writes `entries` to map `fd` in batches, or one at a time through `one`
@@ -504,19 +517,7 @@ impl ServiceMaps for KernelMaps {
         if !self.batches || first.len().min(second.len()) < TWO_THREADS_FROM {
             return [self.set_services(first), self.set_services(second)];
         }
-        let fd = &self.services_fd;
-        let results = std::thread::scope(|scope| {
-            let other = std::thread::Builder::new()
-                .name("map-writer".into())
-                .spawn_scoped(scope, || write_batches(fd, MapName::Services, second));
-            let first = write_batches(fd, MapName::Services, first);
-            // No thread (the process is out of them): written here.
-            let second = match other {
-                Ok(other) => other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(_) => write_batches(fd, MapName::Services, second),
-            };
-            [first, second]
-        });
+        let results = write_batches_two(&self.services_fd, MapName::Services, [first, second]);
         // `Ok(false)`: the kernel has no batch writes (nothing written).
         let lists = [first, second];
         let mut out = [Ok(()), Ok(())];

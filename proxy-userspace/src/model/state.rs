@@ -317,7 +317,7 @@ fn service_ref(id: &ServiceId) -> ObjectRef {
 /// looking up 100,000 slices' owners in a tree, in the store's arbitrary
 /// order (comparing ids string by string at every level), took about half
 /// of a start's translation.
-fn group_inputs<'a, 'k>(
+pub(super) fn group_inputs<'a, 'k>(
     known: impl Iterator<Item = &'k ServiceId>,
     services: impl IntoIterator<Item = &'a ServiceSpec>,
     slices: impl IntoIterator<Item = &'a SliceSpec>,

@@ -582,9 +582,6 @@ fn the_frontends_of_a_port_share_its_name() {
 /// those of translating service by service.
 #[test]
 fn a_large_start_translated_on_two_threads_is_what_one_by_one_gives() {
-    use std::collections::BTreeMap;
-
-    use super::{ServiceId, ServiceInput};
     let node = NodeContext::new("n1");
     let n = 3_000;
     let mut yaml = String::new();
@@ -607,15 +604,10 @@ fn a_large_start_translated_on_two_threads_is_what_one_by_one_gives() {
     let (services, slices) = parsed.objects.inputs();
     let mut built = TableState::default();
     let got = built.replace_all(&services, &slices, &node);
-    let mut by_service: BTreeMap<ServiceId, ServiceInput<'_>> = BTreeMap::new();
-    for svc in &services {
-        by_service.entry(svc.id()).or_default().service = Some(svc);
-    }
-    for slice in &slices {
-        by_service.entry(slice.owner.clone().expect("an owner")).or_default().slices.push(slice);
-    }
+    // The same inputs, grouped as `replace_all` groups them.
+    let inputs = super::state::group_inputs(std::iter::empty(), &services, &slices);
     let mut updated = TableState::default();
-    let want = updated.update(by_service, &node);
+    let want = updated.update(inputs, &node);
     assert_eq!(got.keys, want.keys);
     assert_eq!(got.appeared, want.appeared);
     assert_eq!(got.appeared.len(), n, "each conflict is one problem per port");
