@@ -26,10 +26,28 @@ pub struct FakeMaps {
     pub batched: usize,
     /// Entries of each Maglev table (0 means the smallest size, 251).
     pub maglev_size: usize,
-    /// `set_services_two` writes its second list before its first (two
-    /// threads finish in either order: a failure can stop the first list
-    /// while the second is written whole).
-    pub second_first: bool,
+    /// The order `set_services_two` writes its two lists in (and
+    /// `add_backends` its halves): two threads finish in either order, or
+    /// take turns.
+    pub two_lists: TwoLists,
+}
+
+/// How the in-memory maps write two lists the kernel maps may write at
+/// once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TwoLists {
+    /// The first, then the second.
+    #[default]
+    InOrder,
+    /// The second, then the first: a failure can stop the first list
+    /// while the second is written whole.
+    SecondFirst,
+    /// An entry of each in turn: a full map stops both part way.
+    Alternating,
+}
+
+impl TwoLists {
+    pub const ALL: [Self; 3] = [Self::InOrder, Self::SecondFirst, Self::Alternating];
 }
 
 impl FakeMaps {
@@ -122,7 +140,24 @@ impl ServiceMaps for FakeMaps {
         for (id, _) in entries {
             assert!(!self.state.backends.contains_key(id), "backend {id} added over a live one");
         }
-        one_by_one(entries, |id, value| self.set_backend(id, value))
+        if self.two_lists == TwoLists::InOrder {
+            return one_by_one(entries, |id, value| self.set_backend(id, value));
+        }
+        // As the kernel maps may: the second half first (a thread of its
+        // own), and after a failure in the first half what the second
+        // wrote emptied again.
+        let (first, second) = entries.split_at(entries.len() / 2);
+        let second_result = one_by_one(second, |id, value| self.set_backend(id, value));
+        match one_by_one(first, |id, value| self.set_backend(id, value)) {
+            Ok(()) => second_result.map_err(|(n, error)| (first.len() + n, error)),
+            Err(failed) => {
+                let done = second_result.err().map_or(second.len(), |(n, _)| n);
+                for (id, _) in &second[..done] {
+                    self.state.backends.remove(id);
+                }
+                Err(failed)
+            }
+        }
     }
 
     /// `held` must be what the map holds there (the kernel's removal
@@ -148,11 +183,24 @@ impl ServiceMaps for FakeMaps {
         &mut self,
         [first, second]: [&[(ServiceKey, ServiceValue)]; 2],
     ) -> [Result<(), (usize, MapError)>; 2] {
-        if self.second_first {
-            let second = self.set_services(second);
-            [self.set_services(first), second]
-        } else {
-            [self.set_services(first), self.set_services(second)]
+        match self.two_lists {
+            TwoLists::InOrder => [self.set_services(first), self.set_services(second)],
+            TwoLists::SecondFirst => {
+                let second = self.set_services(second);
+                [self.set_services(first), second]
+            }
+            TwoLists::Alternating => {
+                let lists = [first, second];
+                let mut results = [Ok(()), Ok(())];
+                for i in 0..first.len().max(second.len()) {
+                    for (list, result) in lists.iter().zip(&mut results) {
+                        if let (Some((key, value)), Ok(())) = (list.get(i), &result) {
+                            *result = self.set_service(key, value).map_err(|e| (i, e));
+                        }
+                    }
+                }
+                results
+            }
         }
     }
 

@@ -44,10 +44,8 @@ pub trait ServiceMaps {
     /// As `set_backends`, for backends new to the map at their ids (no
     /// reader holds them as live backends): an implementation may write
     /// them in steps a reader holding a stale id never sees half done
-    /// (then, on `Err((i, _))`, entries after `i` may have been written
-    /// empty: the state a removal leaves), and several at once (then
-    /// entries after `i` may have been written whole: no slot names them,
-    /// and the reconciler writes them again or frees their ids).
+    /// and several at once (then, on `Err((i, _))`, entries after `i` may
+    /// have been written empty: the state a removal leaves).
     fn add_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
         self.set_backends(entries)
     }
@@ -205,8 +203,8 @@ impl KernelMaps {
     /// `write_backend_entries` of new backends, the second half on a
     /// thread of its own when both halves are long enough (a start writes
     /// 1,000,000 at 100,000 services; each entry costs the kernel two
-    /// checked copies). After a failure in the first half, entries of the
-    /// second may have been written (`ServiceMaps::add_backends`).
+    /// checked copies). After a failure in the first half, what the second
+    /// wrote is emptied again (`ServiceMaps::add_backends`).
     fn write_backend_entries_two(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
         if !self.batches || entries.len() / 2 < TWO_THREADS_FROM {
             return self.write_backend_entries(entries);
@@ -215,8 +213,23 @@ impl KernelMaps {
         let [a, b] = write_batches_two(&self.backends_fd, MapName::Backends, [first, second]);
         match (a, b) {
             (Ok(true), Ok(true)) => Ok(()),
-            (Err(failed), _) => Err(failed),
             (Ok(true), Err((n, error))) => Err((first.len() + n, error)),
+            (Err(failed), second_result) => {
+                // What went in of the second half is written back empty
+                // (the state a removal leaves): after a failure the
+                // reconciler writes those ids again, or frees them.
+                let done = match second_result {
+                    Ok(true) => second.len(),
+                    Ok(false) => 0,
+                    Err((n, _)) => n,
+                };
+                let empty: Vec<(u32, BackendValue)> =
+                    second[..done].iter().map(|(id, value)| (*id, BackendValue { proto: 0, ..*value })).collect();
+                if let Err((n, error)) = self.write_backend_entries(&empty) {
+                    tracing::warn!(%error, left = done - n, "new backends after a failed write could not be emptied again; no slot names them, and a restart's read-back removes them");
+                }
+                Err(failed)
+            }
             // The kernel has no batch writes (what was written is written
             // again, one at a time).
             _ => {
@@ -283,9 +296,9 @@ fn dup_data_fd(data: &MapData, name: MapName) -> Result<OwnedFd, MapError> {
 /// Most entries one batch write carries.
 const BATCH: usize = 4096;
 
-/// Entries of each list from which `set_services_two` writes the second on
-/// a thread of its own (a thread costs tens of microseconds, an insert
-/// about one).
+/// Entries of each list from which `set_services_two` (and a write of new
+/// backends, `add_backends`) writes the second on a thread of its own (a
+/// thread costs tens of microseconds, an insert about one).
 const TWO_THREADS_FROM: usize = 256;
 
 /// Writes `entries` to map `fd` in batches; `Ok(false)`: the kernel has no

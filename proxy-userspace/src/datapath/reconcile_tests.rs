@@ -7,7 +7,7 @@ use std::{
 
 use super::{
     codec::{self, FrontendFlags},
-    fake_maps::FakeMaps,
+    fake_maps::{FakeMaps, TwoLists},
     maglev_tables::identity,
     maps::{Dump, MapError},
     reconcile::{BackendAddr, ChangeKind, Reconciler},
@@ -420,18 +420,18 @@ fn a_full_map_in_a_bulk_chunk_leaves_room_for_the_frontends_that_fit() {
     // A chunk's slots, then its slots 0, are written in two halves at once
     // (`ServiceMaps::set_services_two`): either half may be the one that
     // finds the map full.
-    for second_first in [false, true] {
-        let mut maps = FakeMaps { capacity: Some(350), second_first, ..FakeMaps::default() };
+    for two_lists in TwoLists::ALL {
+        let mut maps = FakeMaps { capacity: Some(350), two_lists, ..FakeMaps::default() };
         let mut r = Reconciler::new();
         let report = r.apply(&mut maps, &t);
         assert!(report.failures.iter().all(|f| matches!(f.error, MapError::Full { .. })), "{report:?}");
         let served: BTreeSet<FrontendKey> = decode(&maps.state).into_keys().collect();
-        assert_eq!(served.len(), 175, "second half first: {second_first}; each served frontend takes two entries");
+        assert_eq!(served.len(), 175, "{two_lists:?}: each served frontend takes two entries");
         assert_eq!(reported(&report).0, served);
         let failed: BTreeSet<String> = report.failures.iter().map(|f| f.subject.clone()).collect();
         let unserved: BTreeSet<String> =
             t.iter().filter(|(k, _)| !served.contains(*k)).map(|(k, f)| format!("{} {k}", f.service_port)).collect();
-        assert_eq!(failed, unserved, "second half first: {second_first}; the failures name the frontends not served");
+        assert_eq!(failed, unserved, "{two_lists:?}: the failures name the frontends not served");
         // Room made: the retry serves them all.
         maps.capacity = None;
         assert!(r.apply(&mut maps, &t).failures.is_empty());
@@ -671,8 +671,8 @@ proptest! {
     /// A write that fails at any point of an incremental apply leaves a safe
     /// map, and the retry (a full apply, as the agent retries) converges.
     #[test]
-    fn a_failed_incremental_apply_converges_on_retry(a in arb_table(), b in arb_table(), fail in 0usize..40) {
-        let mut maps = FakeMaps::default();
+    fn a_failed_incremental_apply_converges_on_retry(a in arb_table(), b in arb_table(), fail in 0usize..40, two_lists in prop::sample::select(TwoLists::ALL.to_vec())) {
+        let mut maps = FakeMaps { two_lists, ..FakeMaps::default() };
         let mut r = Reconciler::new();
         r.apply(&mut maps, &a);
         let changed: BTreeSet<FrontendKey> = a.keys().chain(b.keys()).filter(|k| a.get(k) != b.get(k)).copied().collect();
@@ -687,8 +687,8 @@ proptest! {
     /// A write that fails at any point leaves a safe map (checked after every
     /// write) and the next apply converges to the table.
     #[test]
-    fn converges_after_a_failed_write(a in arb_table(), b in arb_table(), fail in 0usize..40, second_first: bool) {
-        let mut maps = FakeMaps { second_first, ..FakeMaps::default() };
+    fn converges_after_a_failed_write(a in arb_table(), b in arb_table(), fail in 0usize..40, two_lists in prop::sample::select(TwoLists::ALL.to_vec())) {
+        let mut maps = FakeMaps { two_lists, ..FakeMaps::default() };
         let mut r = Reconciler::new();
         r.apply(&mut maps, &a);
         maps.fail_at = Some(maps.ops + fail);

@@ -41,7 +41,7 @@ pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_millis(20);
 /// Objects per page of a Service or EndpointSlice list (client-go's
 /// reflector and kube-runtime ask for 500). A page is received and decoded
 /// whole before its objects are made compact, so it bounds what a list or
-/// relist holds beside the store: with objects as large as a real API
+/// relist holds beside the store (three pages at most, see `AHEAD`): with objects as large as a real API
 /// server's (managedFields, annotations) 500 took the relist's peak to
 /// ~1.23x the steady size at 10,000 services (README, Performance); more
 /// requests of fewer objects cost the API server little (each continues
@@ -242,15 +242,18 @@ impl Drop for KubeSource {
     }
 }
 
-/// Events a watch decodes ahead of the store: two pages, so that the next
-/// page is asked for and decoded while the store takes this one (a list of
-/// 100,000 objects is a thousand pages, each waited for in turn).
-const AHEAD: usize = 2 * LIST_PAGE_SIZE as usize;
+/// Events a watch hands over at most at once, and holds ready for the
+/// store beside those: a page, so that the next page is asked for and
+/// decoded while the store takes this one (a list of 100,000 objects is a
+/// thousand pages, each waited for in turn). Beside the store a list then
+/// holds at most three pages of decoded objects: the page the watcher
+/// decodes and hands out, one waiting, and the batch the store takes.
+const AHEAD: usize = LIST_PAGE_SIZE as usize;
 
 /// Follows one watch, handing its events to `handle` as they come, all
-/// that are there at once. The watch runs in a task of its own (`pump`)
-/// that stays up to `AHEAD` events ahead; a full list is logged with how
-/// long it took.
+/// that are there at once (up to `AHEAD`; `handle` takes them all). The
+/// watch runs in a task of its own (`pump`) that stays up to `AHEAD`
+/// events ahead; a full list is logged with how long it took.
 async fn drive<K: Resource + Send + 'static>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     kind: &'static str,

@@ -1,9 +1,14 @@
 //! New frontends written in bulk: a start writes 100,000 of them, and one
 //! at a time each took four system calls (its rev-NAT entry, its slots,
-//! its slot 0, its name). Here a chunk of them takes four batch writes, one
-//! per map, in the order a reader needs: every rev-NAT entry and slot of
-//! the chunk before any of its slots 0, so no reader finds a slot 0 whose
-//! count reaches a slot not written yet (docs/design.md, "Write order").
+//! its slot 0, its name). Here a chunk of them takes a batch write per map,
+//! in the order a reader needs: every rev-NAT entry and slot of the chunk
+//! before any of its slots 0, so no reader finds a slot 0 whose count
+//! reaches a slot not written yet (docs/design.md, "Write order"). The
+//! slots, then the slots 0, go in two halves at once
+//! (`ServiceMaps::set_services_two`); each half counts what it wrote, and
+//! the frontends a half wrote whole go on. When a map fills during such a
+//! write, which frontends got the last room depends on which thread was
+//! faster: every one served is whole, and the failures name the others.
 //!
 //! Only frontends that need nothing else are taken: reached from inside
 //! the node only (no Maglev table), no source ranges, and no external
