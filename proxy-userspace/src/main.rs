@@ -21,8 +21,10 @@ const WORKER_THREADS: usize = 2;
 fn main() -> ExitCode {
     // Two workers whatever the node's size (tokio's default is one per
     // CPU): the agent's work is one pipeline task at a time plus the watches
-    // and the HTTP servers, which never fill two cores, while each worker
-    // costs a thread stack and an allocator cache on a 64-core node.
+    // (whose two first lists fill about two cores) and the HTTP servers,
+    // while each worker costs a thread stack and an allocator cache on a
+    // 64-core node. A start's translation and map writes take a second
+    // thread of their own for the moment they need it.
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .enable_all()

@@ -439,6 +439,68 @@ pub async fn client(options: &ClientOptions, observers: Vec<Observer>) -> anyhow
 mod tests {
     use super::*;
 
+    fn node(name: &str) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.to_owned());
+        node
+    }
+
+    fn name(event: &watcher::Event<Node>) -> String {
+        match event {
+            watcher::Event::Apply(n) | watcher::Event::InitApply(n) | watcher::Event::Delete(n) => {
+                n.metadata.name.clone().unwrap_or_default()
+            }
+            watcher::Event::Init => "init".into(),
+            watcher::Event::InitDone => "done".into(),
+        }
+    }
+
+    /// The watch runs ahead in a task of its own; the handler still gets
+    /// every event once, in the watch's order, in batches of at most a
+    /// page; and a `drive` that is dropped (`KubeSource` aborts it) takes
+    /// its watch down with it.
+    #[tokio::test]
+    async fn drive_hands_over_every_event_in_order_and_ends_its_watch_when_dropped() {
+        let mut events = vec![watcher::Event::Init];
+        events.extend((0..250).map(|i| watcher::Event::InitApply(node(&format!("n{i}")))));
+        events.push(watcher::Event::InitDone);
+        events.push(watcher::Event::Apply(node("later")));
+        let want: Vec<String> = events.iter().map(name).collect();
+        // Held by the stream: gone once the watch is dropped.
+        let held = Arc::new(());
+        let guard = held.clone();
+        let stream =
+            futures::stream::iter(events.into_iter().map(Ok)).chain(futures::stream::pending()).map(move |e| {
+                let _ = &guard;
+                e
+            });
+        let seen = Arc::new(Mutex::new((Vec::new(), 0usize)));
+        let record = seen.clone();
+        let handle = move |batch: &mut Vec<watcher::Event<Node>>| {
+            let mut seen = record.lock().unwrap();
+            seen.1 = seen.1.max(batch.len());
+            seen.0.extend(batch.drain(..).map(|e| name(&e)));
+        };
+        let counters = Arc::new(WatchCounters::default());
+        let task = tokio::spawn(drive(stream, "Node", handle, counters.clone(), Arc::new(Reachability::default())));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while seen.lock().unwrap().0.len() < want.len() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let (got, largest) = seen.lock().unwrap().clone();
+        assert_eq!(got, want);
+        assert!(largest <= AHEAD, "a batch of {largest}");
+        assert_eq!(counters.events.load(Ordering::Relaxed), 253);
+        assert!(Arc::strong_count(&held) > 1, "the watch is still up");
+        task.abort();
+        let _ = task.await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&held) > 1 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(Arc::strong_count(&held), 1, "the watch ended with its drive");
+    }
+
     /// The order two watch tasks can send in: one saw every list complete,
     /// the other (which read the store just before) did not.
     #[test]
