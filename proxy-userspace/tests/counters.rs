@@ -24,7 +24,7 @@ fn reset_all_zeroes_exactly_the_ids_given() {
     for (size, reset) in
         [(10_000u32, (1..9000).filter(|id| id % 3 != 0).collect::<Vec<u32>>()), (64, vec![5, 6, 63]), (64, vec![])]
     {
-        let (mut counters, kernel) = filled_with_reader(size);
+        let (mut counters, kernel) = filled_as(size, false);
         counters.reset_all(&reset).expect("reset");
         check(&counters, size, &reset);
         // What the batches wrote is what the kernel (and so the programs)
@@ -48,7 +48,7 @@ fn reading_many_counts_gives_what_reading_each_gives() {
     // Ranges longer than a batch (4096), at the start, at the end and past
     // it, and ids out of order.
     let size = 10_000u32;
-    let (counters, _) = filled_with_reader(size);
+    let (counters, _) = filled_as(size, false);
     for ids in [
         (0..size).collect::<Vec<u32>>(),
         (1..9000).step_by(7).collect(),
@@ -105,19 +105,15 @@ fn filled(size: u32) -> ConnCounters {
     filled_as(size, false).0
 }
 
-/// As `filled`, with a second handle that reads the map through the
-/// kernel (`bpf_map_lookup_elem`).
-fn filled_with_reader(size: u32) -> (ConnCounters, Array<MapData, u64>) {
-    filled_as(size, false)
-}
-
 /// The regions of the counters (the highest possible CPU plus one).
 fn cpus() -> u32 {
     ebpf_proxy::datapath::counters::possible_cpus().unwrap()
 }
 
-/// As `filled`, handed over as a map the load made (`zeroed`) or not:
-/// what the counters do with the flag shows as values that stay.
+/// As `filled`, handed over as a map the load made (`zeroed`) or not
+/// (what the counters do with the flag shows as values that stay), with a
+/// second handle that reads the map through the kernel
+/// (`bpf_map_lookup_elem`).
 fn filled_as(size: u32, zeroed: bool) -> (ConnCounters, Array<MapData, u64>) {
     let cpus = cpus();
     let obj = aya_obj::Map::new_from_params(2, 4, 8, size * cpus, 0);

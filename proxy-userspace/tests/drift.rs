@@ -74,8 +74,8 @@ fn bpftool(op: &str, path: &Path, args: &[String]) -> String {
 }
 
 /// Byte of a `BACKENDS` value that holds the protocol (0: the entry is
-/// empty, whatever its address; `proxy_common::Backend`).
-const BACKEND_PROTO_BYTE: usize = 18;
+/// empty, whatever its address).
+const BACKEND_PROTO_BYTE: usize = std::mem::offset_of!(proxy_common::Backend, proto);
 
 /// Every entry of the maps the reconciler writes, as bpftool dumps them
 /// (sorted: a hash map's order is its own business), without the empty

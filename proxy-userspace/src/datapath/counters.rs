@@ -37,13 +37,6 @@ impl std::fmt::Debug for ConnCounters {
     }
 }
 
-/// Entries of a counters array with `stride` counters for each of `cpus`
-/// CPUs; `None` past what an array can index.
-#[must_use]
-pub fn array_size(stride: u32, cpus: u32) -> Option<u32> {
-    stride.checked_mul(cpus)
-}
-
 /// Regions of `CONNECTIONS`: the highest possible CPU's number plus one
 /// (`bpf_get_smp_processor_id` is below it; the possible CPUs may leave
 /// gaps).

@@ -302,8 +302,7 @@ impl Datapath {
         // region per CPU.
         let stride = sizes.frontends.saturating_add(1);
         let cpus = super::counters::possible_cpus().map_err(|source| LoadError::Cpus { source })?;
-        let counters_size =
-            super::counters::array_size(stride, cpus).ok_or(LoadError::TooManyCounters { stride, cpus })?;
+        let counters_size = stride.checked_mul(cpus).ok_or(LoadError::TooManyCounters { stride, cpus })?;
         // A counters map the load makes (none pinned) holds only zeros.
         let counters_made = !maps_dir.join(map_names::CONNECTIONS).exists();
         // Nor does a backends array it makes hold anything.

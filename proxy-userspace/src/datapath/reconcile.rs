@@ -861,8 +861,11 @@ impl Reconciler {
     /// names and that the desired table does not want at that id.
     fn remove_unused_backends(&mut self, maps: &mut impl ServiceMaps, ids: Vec<u32>, report: &mut Report) {
         for id in ids {
-            let Some(in_map) = self.backends.unused(id).filter(|_| !self.maglev.holds_backend(id)) else { continue };
-            let Some(held) = self.backends.held(id).filter(|_| in_map) else {
+            if self.backends.unused(id).is_none() || self.maglev.holds_backend(id) {
+                continue;
+            }
+            // Never written: nothing to delete.
+            let Some(held) = self.backends.held(id) else {
                 self.backends.forget(id);
                 continue;
             };

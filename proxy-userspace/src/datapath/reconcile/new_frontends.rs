@@ -184,25 +184,27 @@ impl Reconciler {
         report.writes += entries.len();
         let mid = half_of(staged, |s| s.ids.len());
         let at = staged[..mid].iter().map(|s| s.ids.len()).sum();
-        let (written, error) = write_two(maps, &entries, at);
-        let halves = [0..mid, mid..staged.len()];
-        let whole = [0, 1].map(|h| {
-            let mut n = written[h];
-            let mut whole = 0;
-            for s in &staged[halves[h].clone()] {
-                let fe = self.frontends.get_mut(&s.key).expect("staged");
-                for (i, id) in s.ids.iter().enumerate().take(n) {
-                    set_slot(&mut fe.slots, &mut self.backends, i, *id);
-                }
-                if n < s.ids.len() {
-                    break;
-                }
-                n -= s.ids.len();
-                whole += 1;
-            }
-            whole
-        });
+        let ([n1, n2], error) = write_two(maps, &entries, at);
+        let whole = [self.record_slots(&staged[..mid], n1), self.record_slots(&staged[mid..], n2)];
         keep_written(staged, mid, whole, error)
+    }
+
+    /// Records the first `n` slots of `staged` (in order) as written: how
+    /// many of its frontends were written whole.
+    fn record_slots(&mut self, staged: &[Staged], mut n: usize) -> usize {
+        let mut whole = 0;
+        for s in staged {
+            let fe = self.frontends.get_mut(&s.key).expect("staged");
+            for (i, id) in s.ids.iter().enumerate().take(n) {
+                set_slot(&mut fe.slots, &mut self.backends, i, *id);
+            }
+            if n < s.ids.len() {
+                break;
+            }
+            n -= s.ids.len();
+            whole += 1;
+        }
+        whole
     }
 
     fn write_masters(
