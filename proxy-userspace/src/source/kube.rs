@@ -18,7 +18,7 @@ use std::{
 
 use futures::{Stream, StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client, Resource, runtime::watcher};
+use kube::{Api, Client, runtime::watcher};
 use tokio::{
     sync::{Notify, watch},
     task::JoinHandle,
@@ -140,7 +140,8 @@ impl KubeSource {
         // kube-proxy's selector: Services of another proxy and headless
         // ones never leave the API server.
         let svc_config = watcher::Config::default().labels(&super::labels::selector()).page_size(LIST_PAGE_SIZE);
-        // Decoded lean: only what the store converts (`super::lean`).
+        // Decoded lean: only what the store converts, and boxed until the
+        // store takes it (`super::lean`).
         let svc_stream = watcher(Api::<LeanService>::all(client.clone()), svc_config)
             .map_ok(|event| lean::unwrap_event(event, |s| s.0));
         let eps_config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
@@ -153,14 +154,14 @@ impl KubeSource {
             tokio::spawn(drive(
                 svc_stream,
                 "Service",
-                feed.to(ObjectStore::service_event),
+                feed.to(|store, event| store.service_event(lean::unwrap_event(event, lean::unboxed))),
                 counters.clone(),
                 reachability.clone(),
             )),
             tokio::spawn(drive(
                 eps_stream,
                 "EndpointSlice",
-                feed.to(ObjectStore::slice_event),
+                feed.to(|store, event| store.slice_event(lean::unwrap_event(event, lean::unboxed))),
                 counters.clone(),
                 reachability.clone(),
             )),
@@ -254,7 +255,7 @@ const AHEAD: usize = LIST_PAGE_SIZE as usize;
 /// that are there at once (up to `AHEAD`; `handle` takes them all). The
 /// watch runs in a task of its own (`pump`) that stays up to `AHEAD`
 /// events ahead; a full list is logged with how long it took.
-async fn drive<K: Resource + Send + 'static>(
+async fn drive<K: Send + 'static>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     kind: &'static str,
     mut handle: impl FnMut(&mut Vec<watcher::Event<K>>),
