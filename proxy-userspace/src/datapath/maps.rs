@@ -296,6 +296,19 @@ fn dup_data_fd(data: &MapData, name: MapName) -> Result<OwnedFd, MapError> {
 /// Most entries one batch write carries.
 const BATCH: usize = 4096;
 
+/// Most bytes of keys, or of values, one batch write carries: the two lists
+/// `write_batches` copies a batch into stay within what the allocator
+/// keeps per thread for reuse (jemalloc's `tcache_max`, 32 KiB). Larger
+/// lists were handed back to the kernel as each batch ended (memory.rs)
+/// and faulted in again by the next: ~16,000 page faults of a 100,000
+/// start's ~130,000 during its first sync.
+const BATCH_BYTES: usize = 32 * 1024;
+
+/// Entries of `K` and `V` one batch write carries.
+fn batch_of<K, V>() -> usize {
+    (BATCH_BYTES / size_of::<K>().max(size_of::<V>()).max(1)).clamp(1, BATCH)
+}
+
 /// Entries of each list from which `set_services_two` (and a write of new
 /// backends, `add_backends`) writes the second on a thread of its own (a
 /// thread costs tens of microseconds, an insert about one).
@@ -308,9 +321,10 @@ where
     K: Copy,
     V: Copy,
 {
-    let mut keys = Vec::with_capacity(entries.len().min(BATCH));
-    let mut values = Vec::with_capacity(entries.len().min(BATCH));
-    for (n, chunk) in entries.chunks(BATCH).enumerate() {
+    let batch = batch_of::<K, V>();
+    let mut keys = Vec::with_capacity(entries.len().min(batch));
+    let mut values = Vec::with_capacity(entries.len().min(batch));
+    for (n, chunk) in entries.chunks(batch).enumerate() {
         let mut start = 0;
         let mut pauses = ENOMEM_PAUSES.iter();
         loop {
@@ -330,7 +344,7 @@ where
                     // (GFP_NOWAIT): a burst of inserts can find it empty
                     // for a moment. Go on from where it stopped.
                     let pause = pauses.next().copied().unwrap_or_default();
-                    tracing::debug!(map = %map, written = n * BATCH + start + done, ?pause, "map out of memory for a moment; writing the rest again");
+                    tracing::debug!(map = %map, written = n * batch + start + done, ?pause, "map out of memory for a moment; writing the rest again");
                     start += done;
                     std::thread::sleep(pause);
                 }
@@ -340,7 +354,7 @@ where
                     } else {
                         MapError::Syscall { map, op: "bpf_map_update_batch", source: err }
                     };
-                    return Err((n * BATCH + start + done, error));
+                    return Err((n * batch + start + done, error));
                 }
             }
         }
@@ -619,5 +633,20 @@ impl ServiceMaps for KernelMaps {
             source_ranges: ranges.iter().filter_map(source_range_of).collect(),
             names: collect(MapName::Names, self.names.iter())?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proxy_common::{RevNatId, ServiceKey, ServiceName, ServiceValue};
+
+    use super::*;
+
+    #[test]
+    fn a_batch_is_copied_into_lists_the_allocator_keeps_for_reuse() {
+        assert_eq!(batch_of::<ServiceKey, ServiceValue>(), 1365, "SERVICES: 24-byte keys, 32 KiB of them");
+        assert_eq!(batch_of::<RevNatId, ServiceName>(), 227, "NAMES: 144-byte values, 32 KiB of them");
+        assert_eq!(batch_of::<u32, u32>(), BATCH, "small entries: the most a batch carries");
+        assert_eq!(batch_of::<[u8; 40_000], u8>(), 1, "an entry larger than the bound: one at a time");
     }
 }

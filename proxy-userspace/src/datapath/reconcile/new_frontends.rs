@@ -56,6 +56,7 @@ impl Reconciler {
         report: &mut Report,
     ) {
         let mut chunk: Vec<FrontendKey> = Vec::with_capacity(CHUNK.min(updates.len()));
+        let mut lists = ChunkLists::default();
         let mut slots = 0;
         let mut in_bulk = true;
         for key in updates {
@@ -67,7 +68,7 @@ impl Reconciler {
                 }
             }
             if !chunk.is_empty() {
-                in_bulk = self.write_chunk(maps, desired, &chunk, wanted, report);
+                in_bulk = self.write_chunk(maps, desired, &chunk, wanted, &mut lists, report);
                 let last = chunk.last() == Some(key);
                 chunk.clear();
                 slots = 0;
@@ -78,7 +79,7 @@ impl Reconciler {
             self.apply_frontend(maps, desired, *key, false, report);
         }
         if !chunk.is_empty() {
-            self.write_chunk(maps, desired, &chunk, wanted, report);
+            self.write_chunk(maps, desired, &chunk, wanted, &mut lists, report);
         }
     }
 
@@ -90,18 +91,19 @@ impl Reconciler {
         desired: &ServiceTable,
         chunk: &[FrontendKey],
         wanted: &WantedIds,
+        lists: &mut ChunkLists,
         report: &mut Report,
     ) -> bool {
         let (mut staged, complete) = self.stage(desired, chunk, wanted);
         let started: Vec<FrontendKey> = staged.iter().map(|s| s.key).collect();
         let mut full = !complete;
         full |= self.write_rev_nats(maps, &mut staged, report);
-        full |= self.write_slots(maps, &mut staged, report);
-        full |= self.write_masters(maps, desired, &mut staged, report);
+        full |= self.write_slots(maps, &mut staged, &mut lists.services, report);
+        full |= self.write_masters(maps, desired, &mut staged, &mut lists.services, report);
         if full {
             self.remove_slots_without_master(maps, &started, report);
         }
-        full |= self.write_names(maps, &mut staged, report);
+        full |= self.write_names(maps, &mut staged, &mut lists.names, report);
         for s in &staged {
             report_added(desired, s, report);
         }
@@ -171,20 +173,21 @@ impl Reconciler {
         stop_at(staged, n, error)
     }
 
-    fn write_slots(&mut self, maps: &mut impl ServiceMaps, staged: &mut Vec<Staged>, report: &mut Report) -> bool {
-        let entries: Vec<(ServiceKey, ServiceValue)> = staged
-            .iter()
-            .flat_map(|s| {
-                s.ids
-                    .iter()
-                    .enumerate()
-                    .map(|(i, id)| (codec::service_key(s.key, slot_number(i)), ServiceValue::slot(*id)))
-            })
-            .collect();
+    fn write_slots(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        staged: &mut Vec<Staged>,
+        entries: &mut Vec<(ServiceKey, ServiceValue)>,
+        report: &mut Report,
+    ) -> bool {
+        entries.clear();
+        entries.extend(staged.iter().flat_map(|s| {
+            s.ids.iter().enumerate().map(|(i, id)| (codec::service_key(s.key, slot_number(i)), ServiceValue::slot(*id)))
+        }));
         report.writes += entries.len();
         let mid = half_of(staged, |s| s.ids.len());
         let at = staged[..mid].iter().map(|s| s.ids.len()).sum();
-        let ([n1, n2], error) = write_two(maps, &entries, at);
+        let ([n1, n2], error) = write_two(maps, entries, at);
         let whole = [self.record_slots(&staged[..mid], n1), self.record_slots(&staged[mid..], n2)];
         keep_written(staged, mid, whole, error)
     }
@@ -212,20 +215,19 @@ impl Reconciler {
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
         staged: &mut Vec<Staged>,
+        entries: &mut Vec<(ServiceKey, ServiceValue)>,
         report: &mut Report,
     ) -> bool {
-        let entries: Vec<(ServiceKey, ServiceValue)> = staged
-            .iter()
-            .map(|s| {
-                let frontend = &desired[&s.key];
-                let flags = FrontendFlags::of(s.key, frontend, false).encode();
-                let master = codec::master_value(frontend, s.ids.len(), s.rev_nat, flags, 0);
-                (codec::service_key(s.key, 0), master)
-            })
-            .collect();
+        entries.clear();
+        entries.extend(staged.iter().map(|s| {
+            let frontend = &desired[&s.key];
+            let flags = FrontendFlags::of(s.key, frontend, false).encode();
+            let master = codec::master_value(frontend, s.ids.len(), s.rev_nat, flags, 0);
+            (codec::service_key(s.key, 0), master)
+        }));
         report.writes += entries.len();
         let mid = half_of(staged, |_| 1);
-        let (written, error) = write_two(maps, &entries, mid);
+        let (written, error) = write_two(maps, entries, mid);
         for at in [0..written[0], mid..mid + written[1]] {
             for (s, (_, master)) in staged[at.clone()].iter().zip(&entries[at]) {
                 self.applied(s).master = Some(*master);
@@ -234,11 +236,17 @@ impl Reconciler {
         keep_written(staged, mid, written, error)
     }
 
-    fn write_names(&mut self, maps: &mut impl ServiceMaps, staged: &mut Vec<Staged>, report: &mut Report) -> bool {
-        let entries: Vec<(RevNatId, ServiceName)> =
-            staged.iter().map(|s| (s.rev_nat, codec::service_name(&self.frontends[&s.key].service_port))).collect();
+    fn write_names(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        staged: &mut Vec<Staged>,
+        entries: &mut Vec<(RevNatId, ServiceName)>,
+        report: &mut Report,
+    ) -> bool {
+        entries.clear();
+        entries.extend(staged.iter().map(|s| (s.rev_nat, codec::service_name(&self.frontends[&s.key].service_port))));
         report.writes += entries.len();
-        let (n, error) = written(maps.set_names(&entries), entries.len());
+        let (n, error) = written(maps.set_names(entries), entries.len());
         for s in &staged[..n] {
             self.applied(s).name_written = true;
         }
@@ -326,6 +334,17 @@ impl WantedIds {
         let end = self.starts.get(at + 1).map_or(self.ids.len(), |(_, next)| *next as usize);
         Some(&self.ids[start..end])
     }
+}
+
+/// The lists of entries a chunk's batch writes are made in, kept from one
+/// chunk to the next: made anew, the slots' (~400 KiB at 10 backends a
+/// frontend) and the names' (~150 KiB) were handed back to the kernel after
+/// each chunk (memory.rs) and faulted in again by the next.
+#[derive(Default)]
+struct ChunkLists {
+    /// Slots, then slots 0.
+    services: Vec<(ServiceKey, ServiceValue)>,
+    names: Vec<(RevNatId, ServiceName)>,
 }
 
 /// A frontend being written in bulk.
