@@ -297,11 +297,13 @@ fn dup_data_fd(data: &MapData, name: MapName) -> Result<OwnedFd, MapError> {
 const BATCH: usize = 4096;
 
 /// Most bytes of keys, or of values, one batch write carries: the two lists
-/// `write_batches` copies a batch into stay within what the allocator
+/// `write_batches` copies batches into stay within what the allocator
 /// keeps per thread for reuse (jemalloc's `tcache_max`, 32 KiB). Larger
-/// lists were handed back to the kernel as each batch ended (memory.rs)
+/// lists were handed back to the kernel as each write ended (memory.rs)
 /// and faulted in again by the next: ~16,000 page faults of a 100,000
-/// start's ~130,000 during its first sync.
+/// start's ~130,000 during its first sync. (The second writer of
+/// `write_batches_two` is a new thread each time, whose cache goes with
+/// it: this spares the main thread's.)
 const BATCH_BYTES: usize = 32 * 1024;
 
 /// Entries of `K` and `V` one batch write carries.
@@ -638,15 +640,27 @@ impl ServiceMaps for KernelMaps {
 
 #[cfg(test)]
 mod tests {
-    use proxy_common::{RevNatId, ServiceKey, ServiceName, ServiceValue};
-
     use super::*;
 
     #[test]
     fn a_batch_is_copied_into_lists_the_allocator_keeps_for_reuse() {
+        /// The most bytes of keys or of values a batch of `K`, `V` copies.
+        fn copied<K, V>() -> usize {
+            batch_of::<K, V>() * size_of::<K>().max(size_of::<V>())
+        }
+        // Every kind of entry written in batches.
+        for (map, bytes) in [
+            ("SERVICES", copied::<ServiceKey, ServiceValue>()),
+            ("BACKENDS", copied::<u32, BackendValue>()),
+            ("REV_NAT", copied::<RevNatId, RevNat>()),
+            ("NAMES", copied::<RevNatId, ServiceName>()),
+        ] {
+            assert!(bytes <= BATCH_BYTES, "{map}: {bytes} bytes");
+            assert!(bytes > BATCH_BYTES / 2, "{map}: batches no smaller than they need be");
+        }
         assert_eq!(batch_of::<ServiceKey, ServiceValue>(), 1365, "SERVICES: 24-byte keys, 32 KiB of them");
         assert_eq!(batch_of::<RevNatId, ServiceName>(), 227, "NAMES: 144-byte values, 32 KiB of them");
-        assert_eq!(batch_of::<u32, u32>(), BATCH, "small entries: the most a batch carries");
+        assert_eq!(batch_of::<u32, u8>(), BATCH, "small entries: the most a batch carries");
         assert_eq!(batch_of::<[u8; 40_000], u8>(), 1, "an entry larger than the bound: one at a time");
     }
 }

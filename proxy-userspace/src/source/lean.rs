@@ -180,7 +180,7 @@ resource_as!(LeanSlice, EndpointSlice);
 
 /// What `LeanService` and `LeanSlice` box, once the store takes it.
 #[must_use]
-#[allow(clippy::boxed_local)]
+#[allow(clippy::boxed_local, reason = "a `fn(Box<K>) -> K` for `unwrap_event`")]
 pub fn unboxed<K>(object: Box<K>) -> K {
     *object
 }

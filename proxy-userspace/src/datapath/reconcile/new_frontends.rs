@@ -1,8 +1,9 @@
 //! New frontends written in bulk: a start writes 100,000 of them, and one
 //! at a time each took four system calls (its rev-NAT entry, its slots,
-//! its slot 0, its name). Here a chunk of them takes a batch write per map,
-//! in the order a reader needs: every rev-NAT entry and slot of the chunk
-//! before any of its slots 0, so no reader finds a slot 0 whose count
+//! its slot 0, its name). Here a chunk of them takes a batch write per map
+//! (in pieces of at most 32 KiB: `datapath/maps.rs`), in the order a reader
+//! needs: every rev-NAT entry and slot of the chunk before any of its
+//! slots 0, so no reader finds a slot 0 whose count
 //! reaches a slot not written yet (docs/design.md, "Write order"). The
 //! slots, then the slots 0, go in two halves at once
 //! (`ServiceMaps::set_services_two`); each half counts what it wrote, and
