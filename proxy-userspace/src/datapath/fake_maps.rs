@@ -48,6 +48,34 @@ pub enum TwoLists {
 
 impl TwoLists {
     pub const ALL: [Self; 3] = [Self::InOrder, Self::SecondFirst, Self::Alternating];
+
+    /// Writes `lists` through `one` in this order, each list up to its
+    /// first failure: what each wrote, counted in its own entries.
+    fn write<K: Copy, V>(
+        self,
+        [first, second]: [&[(K, V)]; 2],
+        mut one: impl FnMut(K, &V) -> Result<(), MapError>,
+    ) -> [Result<(), (usize, MapError)>; 2] {
+        match self {
+            Self::InOrder => [one_by_one(first, &mut one), one_by_one(second, &mut one)],
+            Self::SecondFirst => {
+                let second = one_by_one(second, &mut one);
+                [one_by_one(first, &mut one), second]
+            }
+            Self::Alternating => {
+                let lists = [first, second];
+                let mut results = [Ok(()), Ok(())];
+                for i in 0..first.len().max(second.len()) {
+                    for (list, result) in lists.iter().zip(&mut results) {
+                        if let (Some((key, value)), Ok(())) = (list.get(i), &result) {
+                            *result = one(*key, value).map_err(|e| (i, e));
+                        }
+                    }
+                }
+                results
+            }
+        }
+    }
 }
 
 impl FakeMaps {
@@ -143,12 +171,13 @@ impl ServiceMaps for FakeMaps {
         if self.two_lists == TwoLists::InOrder {
             return one_by_one(entries, |id, value| self.set_backend(id, value));
         }
-        // As the kernel maps may: the second half first (a thread of its
-        // own), and after a failure in the first half what the second
-        // wrote emptied again.
+        // As the kernel maps may: the halves at once (the second on a
+        // thread of its own), and after a failure in the first half what
+        // the second wrote emptied again.
         let (first, second) = entries.split_at(entries.len() / 2);
-        let second_result = one_by_one(second, |id, value| self.set_backend(id, value));
-        match one_by_one(first, |id, value| self.set_backend(id, value)) {
+        let order = self.two_lists;
+        let [first_result, second_result] = order.write([first, second], |id, value| self.set_backend(id, value));
+        match first_result {
             Ok(()) => second_result.map_err(|(n, error)| (first.len() + n, error)),
             Err(failed) => {
                 let done = second_result.err().map_or(second.len(), |(n, _)| n);
@@ -183,25 +212,8 @@ impl ServiceMaps for FakeMaps {
         &mut self,
         [first, second]: [&[(ServiceKey, ServiceValue)]; 2],
     ) -> [Result<(), (usize, MapError)>; 2] {
-        match self.two_lists {
-            TwoLists::InOrder => [self.set_services(first), self.set_services(second)],
-            TwoLists::SecondFirst => {
-                let second = self.set_services(second);
-                [self.set_services(first), second]
-            }
-            TwoLists::Alternating => {
-                let lists = [first, second];
-                let mut results = [Ok(()), Ok(())];
-                for i in 0..first.len().max(second.len()) {
-                    for (list, result) in lists.iter().zip(&mut results) {
-                        if let (Some((key, value)), Ok(())) = (list.get(i), &result) {
-                            *result = self.set_service(key, value).map_err(|e| (i, e));
-                        }
-                    }
-                }
-                results
-            }
-        }
+        let order = self.two_lists;
+        order.write([first, second], |key, value| self.set_service(&key, value))
     }
 
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {

@@ -224,7 +224,7 @@ impl KernelMaps {
                     Err((n, _)) => n,
                 };
                 let empty: Vec<(u32, BackendValue)> =
-                    second[..done].iter().map(|(id, value)| (*id, BackendValue { proto: 0, ..*value })).collect();
+                    second[..done].iter().map(|(id, value)| (*id, emptied(value))).collect();
                 if let Err((n, error)) = self.write_backend_entries(&empty) {
                     tracing::warn!(%error, left = done - n, "new backends after a failed write could not be emptied again; no slot names them, and a restart's read-back removes them");
                 }
@@ -291,6 +291,13 @@ fn dup_fd(map: &Map, name: MapName) -> Result<OwnedFd, MapError> {
 /// A second descriptor of a map.
 fn dup_data_fd(data: &MapData, name: MapName) -> Result<OwnedFd, MapError> {
     data.fd().as_fd().try_clone_to_owned().map_err(|source| MapError::Syscall { map: name, op: "dup", source })
+}
+
+/// A backend entry as a removal leaves it: its protocol cleared (the
+/// programs read an entry of protocol 0 as empty), its address kept, so a
+/// reader holding the id sees it empty or whole, never half written.
+fn emptied(value: &BackendValue) -> BackendValue {
+    BackendValue { proto: 0, ..*value }
 }
 
 /// Most entries one batch write carries.
@@ -505,7 +512,7 @@ impl ServiceMaps for KernelMaps {
             .iter()
             .enumerate()
             .filter(|(_, (id, _))| *id < fresh_from)
-            .map(|(n, (id, value))| (n, (*id, BackendValue { proto: 0, ..*value })))
+            .map(|(n, (id, value))| (n, (*id, emptied(value))))
             .unzip();
         self.backends_written(entries.iter().map(|(id, _)| *id));
         // Up to the first that fails in the first step, written whole.
@@ -522,7 +529,7 @@ impl ServiceMaps for KernelMaps {
         if id >= self.backends.len() {
             return Ok(());
         }
-        self.backends.set(id, BackendValue { proto: 0, ..*held }, 0).map_err(|e| update_error(MapName::Backends, e))
+        self.backends.set(id, emptied(held), 0).map_err(|e| update_error(MapName::Backends, e))
     }
 
     fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {

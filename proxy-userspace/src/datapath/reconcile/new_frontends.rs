@@ -3,9 +3,9 @@
 //! its slot 0, its name). Here a chunk of them takes a batch write per map
 //! (in pieces of at most 32 KiB: `datapath/maps.rs`), in the order a reader
 //! needs: every rev-NAT entry and slot of the chunk before any of its
-//! slots 0, so no reader finds a slot 0 whose count
-//! reaches a slot not written yet (docs/design.md, "Write order"). The
-//! slots, then the slots 0, go in two halves at once
+//! slots 0, so no reader finds a slot 0 whose count reaches a slot not
+//! written yet (docs/design.md, "Write order"). The slots, then the
+//! slots 0, go in two halves at once
 //! (`ServiceMaps::set_services_two`); each half counts what it wrote, and
 //! the frontends a half wrote whole go on. When a map fills during such a
 //! write, which frontends got the last room depends on which thread was
