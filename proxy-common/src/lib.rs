@@ -429,8 +429,16 @@ pub fn maglev_index(hash: u32, size: u32) -> u32 {
     ((u64::from(hash) * u64::from(size)) >> 32) as u32
 }
 
-/// Key of `SERVICES`. Slot 0 is the frontend entry; slots `1..=count` each
-/// name one backend.
+/// Backend slots per `SERVICES` entry: the entry at key slot `n >= 1` holds
+/// the backend ids of slots `4n - 3 ..= 4n` (the 0-based backend indexes
+/// `4(n - 1) .. 4n`), one in each of its value's four words. Four to an
+/// entry, a frontend of 10 backends takes 4 entries instead of 11: the
+/// first sync at 100,000 services inserts 400,000 entries, not 1,100,000,
+/// and the map needs a quarter of the buckets and elements.
+pub const SLOTS_PER_ENTRY: u16 = 4;
+
+/// Key of `SERVICES`. Slot 0 is the frontend entry; slots `1..` each hold
+/// `SLOTS_PER_ENTRY` backends (`ServiceValue::slot_id`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey {
@@ -451,6 +459,15 @@ impl ServiceKey {
     pub const fn new(addr: Addr, port: u16, proto: u8, slot: u16) -> Self {
         Self { addr, port, slot, proto, scope: scope::ALL, pad: [0; 2] }
     }
+
+    /// The key of the entry holding the frontend's backend `index`
+    /// (0-based, below slot 0's `count`); its id is the value's
+    /// `slot_id(index)`.
+    #[must_use]
+    #[inline]
+    pub const fn slots_of(&self, index: u16) -> Self {
+        Self { slot: index / SLOTS_PER_ENTRY + 1, ..*self }
+    }
 }
 
 /// Value of `SERVICES`.
@@ -458,10 +475,11 @@ impl ServiceKey {
 /// In slot 0 `count` is the number of backend slots, `rev_nat` the id of the
 /// frontend's reverse translation, `flags` its kind, `maglev` the id of its
 /// Maglev table (0: none) and the first word the session affinity timeout
-/// (read it with `affinity_timeout()`). In slots `1..=count` only
-/// `backend_id` is set. The first word serves both (as Cilium's
-/// `lb4_service` shares it), which keeps the value at 16 bytes with a
-/// 32-bit `rev_nat`: one such value per backend slot.
+/// (read it with `affinity_timeout()`). In slots `1..` the four 32-bit
+/// words are four backend ids (`slots`, `slot_id`; 0: none), so that a
+/// frontend's `count` backends take `count.div_ceil(SLOTS_PER_ENTRY)`
+/// entries. The first word serves both (as Cilium's `lb4_service` shares
+/// it), which keeps the value at 16 bytes with a 32-bit `rev_nat`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServiceValue {
@@ -483,10 +501,37 @@ impl ServiceValue {
         Self { backend_id: affinity_timeout, rev_nat, count, flags, maglev, pad: 0 }
     }
 
-    /// A value of slots `1..=count`: backend `backend_id`.
+    /// A value of a slots entry: backend ids `ids` (0: no backend), the
+    /// first in `backend_id`, the others in the next three words.
     #[must_use]
-    pub const fn slot(backend_id: u32) -> Self {
-        Self { backend_id, rev_nat: 0, count: 0, flags: 0, maglev: 0, pad: 0 }
+    #[expect(clippy::cast_possible_truncation, reason = "each word's halves, split on purpose")]
+    pub const fn slots(ids: [u32; SLOTS_PER_ENTRY as usize]) -> Self {
+        Self {
+            backend_id: ids[0],
+            rev_nat: ids[1],
+            count: ids[2] as u16,
+            flags: (ids[2] >> 16) as u16,
+            maglev: ids[3] as u16,
+            pad: (ids[3] >> 16) as u16,
+        }
+    }
+
+    /// A slots entry: the backend id in word `i % SLOTS_PER_ENTRY` (0: none).
+    #[must_use]
+    #[inline]
+    pub const fn slot_id(&self, i: u16) -> u32 {
+        match i % SLOTS_PER_ENTRY {
+            0 => self.backend_id,
+            1 => self.rev_nat,
+            2 => self.count as u32 | (self.flags as u32) << 16,
+            _ => self.maglev as u32 | (self.pad as u32) << 16,
+        }
+    }
+
+    /// A slots entry: its backend ids, as `slots` took them.
+    #[must_use]
+    pub const fn slot_ids(&self) -> [u32; SLOTS_PER_ENTRY as usize] {
+        [self.slot_id(0), self.slot_id(1), self.slot_id(2), self.slot_id(3)]
     }
 
     /// Slot 0: the session affinity timeout in seconds (0: no affinity).
@@ -732,5 +777,19 @@ mod tests {
             assert!(maglev_index(hash, 16_381) < 16_381);
         }
         assert_eq!(maglev_index(u32::MAX, 251), 250);
+    }
+
+    #[test]
+    fn a_slots_entry_gives_back_each_of_its_four_ids() {
+        for ids in [[1, 2, 3, 4], [u32::MAX, 0x1_0000, 0xffff, 0xdead_beef], [7, 0, 0, 0]] {
+            let value = ServiceValue::slots(ids);
+            assert_eq!(value.slot_ids(), ids);
+            for (i, id) in (0..8).zip(ids.iter().cycle()) {
+                assert_eq!(value.slot_id(i), *id, "index {i}");
+            }
+        }
+        let key = ServiceKey::new(mapped_v4([10, 96, 0, 1]), 80, 6, 0);
+        let slots: [u16; 6] = [0, 3, 4, 7, 8, 65_534].map(|i| key.slots_of(i).slot);
+        assert_eq!(slots, [1, 1, 2, 2, 3, 16_384]);
     }
 }

@@ -259,11 +259,11 @@ fn dsr_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
     if is_here(pkt, picked) {
         return picked;
     }
-    for slot in 1..=DSR_SLOTS_SEARCHED {
-        if slot > frontend.count {
+    for index in 0..DSR_SLOTS_SEARCHED {
+        if index >= frontend.count {
             break;
         }
-        let id = service(&ServiceKey { slot, ..*key }).map_or(0, |v| v.backend_id);
+        let id = service(&key.slots_of(index)).map_or(0, |v| v.slot_id(index));
         if is_here(pkt, id) {
             return id;
         }
@@ -423,6 +423,6 @@ fn pick_backend(pkt: &Packet, port: u16, key: &ServiceKey, frontend: &ServiceVal
     // (ruled out by the caller), which the verifier refuses.
     let Some(index) = hash.checked_rem(u32::from(frontend.count)) else { return 0 };
     #[expect(clippy::cast_possible_truncation, reason = "below count, a u16")]
-    let slot = index as u16 + 1;
-    service(&ServiceKey { slot, ..*key }).map_or(0, |v| v.backend_id)
+    let index = index as u16;
+    service(&key.slots_of(index)).map_or(0, |v| v.slot_id(index))
 }

@@ -7,8 +7,8 @@
 use aya_ebpf::programs::SockAddrContext;
 use aya_log_ebpf::debug;
 use proxy_common::{
-    Addr, AffinityKey, AffinityValue, Backend, ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey,
-    as_v4, proto, service_flags,
+    Addr, AffinityKey, AffinityValue, Backend, SLOTS_PER_ENTRY, ServiceKey, ServiceValue, SockBackendKey, SockRevNat,
+    SockRevNatKey, as_v4, proto, service_flags,
 };
 
 use crate::{
@@ -142,12 +142,14 @@ fn choose_backend(
 #[inline(always)]
 fn random_slot(key: &mut ServiceKey, frontend: &ServiceValue) -> Option<u32> {
     #[expect(clippy::cast_possible_truncation, reason = "the remainder is below count, a u16")]
-    let slot = (random_u32() % u32::from(frontend.count)) as u16;
-    key.slot = slot + 1;
-    // Slots 1..=count are written before slot 0 announces count, so this
+    let index = (random_u32() % u32::from(frontend.count)) as u16;
+    // The entry holding backend `index` (`ServiceKey::slots_of`, in place:
+    // the key stays one copy on the stack).
+    key.slot = index / SLOTS_PER_ENTRY + 1;
+    // Backends 0..count are written before slot 0 announces count, so this
     // misses only if the agent broke that order; then leave the destination
     // alone (it has no route and fails on its own).
-    Some(service(key)?.backend_id)
+    Some(service(key)?.slot_id(index))
 }
 
 /// Shows the service address where the socket sees its peer: the source of

@@ -156,11 +156,15 @@ fn restarted_agent_takes_over_without_a_gap_and_writes_nothing_new() {
 fn a_full_map_fails_only_the_service_that_does_not_fit() {
     common::require_root!();
     let mut env = Env::new(3);
-    // Service "a" needs 2 entries of SERVICES_V4 (slot 0 + 1); "b" needs 4.
+    // Service "a" needs 2 entries of SERVICES (slot 0 and a slots entry);
+    // "b", of 9 backends (never reached), needs 4: its 3 slots entries
+    // fill the map with a's, and neither slot 0 fits; written one at a
+    // time, "a" fits again and "b" does not.
+    let nine: Vec<std::net::Ipv4Addr> = (1..=9).map(backend_ip).collect();
     let yaml = service("a", "10.96.0.10", &[("http", 80)])
         + &slice("a-1", "a", &[("http", 8080)], &[backend_ip(1)])
         + &service("b", "10.96.0.11", &[("http", 80)])
-        + &slice("b-1", "b", &[("http", 8080)], &[backend_ip(1), backend_ip(2), backend_ip(3)]);
+        + &slice("b-1", "b", &[("http", 8080)], &nine);
     env.write_services(&yaml);
     let mut args = env.agent_args();
     args.extend(["--services-map-size".to_owned(), "4".to_owned()]);

@@ -22,12 +22,15 @@ use proxy_testkit::{AgentProcess, field, message};
 
 /// `web` (the steady client's) and `other` (the one tampered with).
 fn services() -> String {
-    let ips: Vec<Ipv4Addr> = (1..=3).map(backend_ip).collect();
+    // Five backends: two slots entries (four slots to an entry). None is
+    // reached (the steady client goes to `web`).
+    let ips: Vec<Ipv4Addr> = (1..=5).map(backend_ip).collect();
     web(&[1, 2])
         + &service("other", "10.96.0.20", &[("http", 80)])
         + &slice("other-1", "other", &[("http", 8080)], &ips)
 }
 
+/// Slot 0 of `other` (0), or its slots entry `slot` (1: slots 1-4, 2: slot 5).
 fn other(slot: u16) -> ServiceKey {
     codec::service_key(FrontendKey::new(Ipv4Addr::new(10, 96, 0, 20).into(), 80, Protocol::Tcp), slot)
 }
@@ -157,14 +160,19 @@ fn sighup_audits_and_repairs_what_bpftool_changed_added_and_deleted() {
 
     // Changed: slot 1 of `other` names slot 2's backend.
     let services = dir.join(map_names::SERVICES);
-    update(&services, &service_key_bytes(&other(1)), &service_value_bytes(&dump.services[&other(2)]));
+    let [_, second, third, fourth] = dump.services[&other(1)].slot_ids();
+    update(
+        &services,
+        &service_key_bytes(&other(1)),
+        &service_value_bytes(&ServiceValue::slots([second, second, third, fourth])),
+    );
     // Added: a frontend nobody asked for, and a backend nobody uses.
     let stray = codec::service_key(FrontendKey::new(Ipv4Addr::new(10, 96, 0, 99).into(), 80, Protocol::Tcp), 0);
     update(&services, &service_key_bytes(&stray), &service_value_bytes(&ServiceValue::default()));
     let backend = dump.backends.values().next().copied().unwrap();
     update(&dir.join(map_names::BACKENDS), &4000u32.to_ne_bytes(), &backend_bytes(&backend));
-    // Deleted: slot 3 of `other`, and its rev-NAT entry.
-    delete(&services, &service_key_bytes(&other(3)));
+    // Deleted: the entry of slot 5 of `other`, and its rev-NAT entry.
+    delete(&services, &service_key_bytes(&other(2)));
     delete(&dir.join(map_names::REVNAT), &dump.services[&other(0)].rev_nat.to_ne_bytes());
     assert_ne!(dump_all(&dir), before, "tampered");
 
@@ -174,7 +182,7 @@ fn sighup_audits_and_repairs_what_bpftool_changed_added_and_deleted() {
     let (entries, maps) = drift_line(agent, mark);
     assert_eq!(entries, 5, "{maps}");
     assert!(maps.contains("SERVICES 1 missing, 1 extra, 1 changed ("), "{maps}");
-    assert!(maps.contains("10.96.0.20:80/TCP slot 3") && maps.contains("10.96.0.99:80/TCP"), "{maps}");
+    assert!(maps.contains("10.96.0.20:80/TCP slots 5-8") && maps.contains("10.96.0.99:80/TCP"), "{maps}");
     assert!(maps.contains("BACKENDS 1 extra (id 4000)") && maps.contains("REVNAT 1 missing"), "{maps}");
     let _ = agent.wait_applied(mark);
     assert_eq!(dump_all(&dir), before, "repaired: the maps are as the agent wrote them");
@@ -206,7 +214,7 @@ fn the_audit_interval_repairs_without_a_signal() {
     let mark = env.agent().mark();
     delete(&dir.join(map_names::SERVICES), &service_key_bytes(&other(2)));
     let (entries, maps) = drift_line(env.agent(), mark);
-    assert_eq!((entries, maps.as_str()), (1, "SERVICES 1 missing (10.96.0.20:80/TCP slot 2)"));
+    assert_eq!((entries, maps.as_str()), (1, "SERVICES 1 missing (10.96.0.20:80/TCP slots 5-8)"));
     assert_eq!(dump_all(&dir), before, "repaired within one interval");
     assert_eq!(drift_metric(env.agent(), map_names::SERVICES), 1);
 }

@@ -76,7 +76,7 @@ impl Drift {
     }
 }
 
-/// `SERVICES 1 changed, 1 extra (10.96.0.20:80/TCP slot 1, ...); BACKENDS 1 missing (id 3)`.
+/// `SERVICES 1 changed, 1 extra (10.96.0.20:80/TCP slots 1-4, ...); BACKENDS 1 missing (id 3)`.
 impl fmt::Display for Drift {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, (map, d)) in self.maps.iter().enumerate() {
@@ -143,12 +143,16 @@ fn diff_map<K: Ord, V: PartialEq>(
     drift
 }
 
-/// A `SERVICES` key as `10.96.0.10:80/TCP slot 2` (the raw key when it is
-/// not one the agent writes).
+/// A `SERVICES` key as `10.96.0.10:80/TCP` (slot 0) or
+/// `10.96.0.10:80/TCP slots 5-8` (its second slots entry); the raw key
+/// when it is not one the agent writes.
 fn service_key_name(key: &proxy_common::ServiceKey) -> String {
     match codec::frontend_of(key) {
         Ok((frontend, 0)) => format!("{frontend}"),
-        Ok((frontend, slot)) => format!("{frontend} slot {slot}"),
+        Ok((frontend, entry)) => {
+            let last = usize::from(entry) * codec::SLOTS_PER_ENTRY;
+            format!("{frontend} slots {}-{last}", last + 1 - codec::SLOTS_PER_ENTRY)
+        }
         Err(_) => format!("{key:?}"),
     }
 }
@@ -223,13 +227,14 @@ mod tests {
     /// follows (backend, Maglev table) replaced by what they lead to.
     fn reader_view(d: &Dump) -> Vec<String> {
         let services = d.services.iter().map(|(k, v)| {
-            // Slot 0's first word is the affinity timeout, not a backend.
-            let backend = (k.slot != 0).then(|| d.backends.get(&v.backend_id));
+            // A slots entry is four backend ids; slot 0's first word is
+            // the affinity timeout, not a backend.
+            if k.slot != 0 {
+                let backends = v.slot_ids().map(|id| d.backends.get(&id));
+                return format!("{k:?} {backends:?}");
+            }
             let table = d.maglev.get(&v.maglev).map(|t| t.iter().map(|id| d.backends.get(id)).collect::<Vec<_>>());
-            format!(
-                "{k:?} {:?} {backend:?} {table:?}",
-                ServiceValue { backend_id: if k.slot == 0 { v.backend_id } else { 0 }, maglev: 0, ..*v }
-            )
+            format!("{k:?} {:?} {table:?}", ServiceValue { maglev: 0, ..*v })
         });
         let rest = [format!("{:?}", d.rev_nat), format!("{:?}", d.source_ranges), format!("{:?}", d.names)];
         services.chain(rest).collect()
@@ -276,12 +281,14 @@ mod tests {
         type Counts = (usize, usize, usize);
         type Tamper = fn(&mut Dump);
         let cases: &[(&str, MapName, Counts, Tamper)] = &[
-            ("slot 2 deleted", MapName::Services, (1, 0, 0), |d| {
-                d.services.remove(&codec::service_key(key(1), 2));
+            // Both backends of the ClusterIP are in its one slots entry.
+            ("a slots entry deleted", MapName::Services, (1, 0, 0), |d| {
+                d.services.remove(&codec::slots_key(key(1), 0));
             }),
             ("slot 1 points at the other backend", MapName::Services, (0, 0, 1), |d| {
-                let slot2 = d.services[&codec::service_key(key(1), 2)];
-                d.services.insert(codec::service_key(key(1), 1), slot2);
+                let entry = d.services.get_mut(&codec::slots_key(key(1), 0)).unwrap();
+                let [_, second, ..] = entry.slot_ids();
+                *entry = ServiceValue::slots([second, second, 0, 0]);
             }),
             ("a frontend nobody asked for", MapName::Services, (0, 1, 0), |d| {
                 d.services.insert(codec::service_key(key(9), 0), ServiceValue::default());
@@ -348,7 +355,7 @@ mod tests {
             maps.state.services.insert(codec::service_key(key(last), 0), master);
             maps.state.rev_nat.insert(rev_nat, RevNat::default());
         }
-        maps.state.services.remove(&codec::service_key(key(1), 2));
+        maps.state.services.remove(&codec::slots_key(key(1), 0));
         let drift = audit("strays", &mut maps, &table, &expected);
         assert_eq!(drift.total(), 11);
         assert_eq!(

@@ -113,6 +113,33 @@ pub fn service_key(key: FrontendKey, slot: u16) -> ServiceKey {
     }
 }
 
+/// Backend slots per `SERVICES` entry (`proxy_common::SLOTS_PER_ENTRY`).
+pub const SLOTS_PER_ENTRY: usize = proxy_common::SLOTS_PER_ENTRY as usize;
+
+/// How many slots entries `slots` backends take.
+#[must_use]
+pub const fn slot_entries(slots: usize) -> usize {
+    slots.div_ceil(SLOTS_PER_ENTRY)
+}
+
+/// The `SERVICES` key of slots entry `entry` (0-based: it holds slots
+/// `entry * SLOTS_PER_ENTRY ..`, counted from 0) of frontend `key`.
+#[must_use]
+pub fn slots_key(key: FrontendKey, entry: usize) -> ServiceKey {
+    service_key(key, u16::try_from(entry + 1).expect("the model caps backends at u16::MAX"))
+}
+
+/// Slots entry `entry` of a frontend whose backend ids are `ids`, in slot
+/// order: the ids from `entry * SLOTS_PER_ENTRY` on, 0 past the end.
+#[must_use]
+pub fn slots_value(ids: &[u32], entry: usize) -> ServiceValue {
+    let mut words = [0; SLOTS_PER_ENTRY];
+    for (word, id) in words.iter_mut().zip(ids.iter().skip(entry * SLOTS_PER_ENTRY)) {
+        *word = *id;
+    }
+    ServiceValue::slots(words)
+}
+
 /// Slot 0 of `frontend` with `count` backends in its slots: its rev-NAT
 /// id, flags (`FrontendFlags::encode`), Maglev table (0: none) and
 /// affinity timeout.
@@ -122,7 +149,8 @@ pub fn master_value(frontend: &Frontend, count: usize, rev_nat: RevNatId, flags:
     ServiceValue::frontend(count, rev_nat, flags, maglev, frontend.affinity_timeout.unwrap_or(0))
 }
 
-/// The frontend and slot a `SERVICES` key names.
+/// The frontend and slot a `SERVICES` key names (0: slot 0; `n`: slots
+/// entry `n - 1`).
 pub fn frontend_of(key: &ServiceKey) -> Result<(FrontendKey, u16), DecodeError> {
     let (addr, port) = endpoint_of(&key.addr, key.port);
     Ok((FrontendKey { addr, port, protocol: protocol_of(key.proto)?, scope: scope_of(key.scope)? }, key.slot))

@@ -238,8 +238,12 @@ fn service_values_hold_32_bit_frontend_ids_in_16_bytes() {
         want.extend(u16::to_ne_bytes(n));
     }
     assert_eq!(service_value_bytes(&master), want);
-    let slot = ServiceValue::slot(1 << 20);
-    assert_eq!(service_value_bytes(&slot), [(1u32 << 20).to_ne_bytes().as_slice(), &[0; 12]].concat());
+    // A slots entry: four backend ids, one to each 32-bit word in order
+    // (as `bpftool map dump` shows them).
+    let ids = [1 << 20, 0x0001_ffff, u32::MAX, 0];
+    let slots = ServiceValue::slots(ids);
+    assert_eq!(service_value_bytes(&slots), ids.iter().flat_map(|id| id.to_ne_bytes()).collect::<Vec<u8>>());
+    assert_eq!(slots_value(&[5, 6, 7, 8, 9], 1), ServiceValue::slots([9, 0, 0, 0]));
 }
 
 #[test]

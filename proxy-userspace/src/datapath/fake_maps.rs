@@ -124,18 +124,13 @@ impl FakeMaps {
                 let twin = ServiceKey { scope: codec::scope_number(Scope::External), ..*key };
                 assert!(self.state.services.contains_key(&twin), "{key:?} says TWO_SCOPES without its external twin");
             }
-            for slot in 1..=master.count {
-                let slot_key = ServiceKey { slot, ..*key };
-                let entry = self
-                    .state
-                    .services
-                    .get(&slot_key)
-                    .unwrap_or_else(|| panic!("{key:?}: slot {slot} of {} missing", master.count));
-                assert!(
-                    self.state.backends.contains_key(&entry.backend_id),
-                    "{key:?} slot {slot}: backend {} missing",
-                    entry.backend_id
-                );
+            for index in 0..master.count {
+                let entry =
+                    self.state.services.get(&key.slots_of(index)).unwrap_or_else(|| {
+                        panic!("{key:?}: the entry of slot {} of {} missing", index + 1, master.count)
+                    });
+                let id = entry.slot_id(index);
+                assert!(self.state.backends.contains_key(&id), "{key:?} slot {}: backend {id} missing", index + 1);
             }
         }
     }

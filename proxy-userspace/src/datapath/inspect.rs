@@ -161,10 +161,9 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
             let service = dump.names.get(&master.rev_nat).map(codec::service_port_of);
             let flags = FrontendFlags::decode(master.flags).ok();
             let has = |f: fn(&FrontendFlags) -> bool| flags.as_ref().is_some_and(f);
-            let backends = (1..=master.count)
-                .map(|slot| {
-                    let slot_key = proxy_common::ServiceKey { slot, ..*k };
-                    let id = dump.services.get(&slot_key).map_or(0, |v| v.backend_id);
+            let backends = (0..master.count)
+                .map(|index| {
+                    let id = dump.services.get(&k.slots_of(index)).map_or(0, |v| v.slot_id(index));
                     backend_view(id, dump.backends.get(&id))
                 })
                 .collect();

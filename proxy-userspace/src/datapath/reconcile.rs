@@ -4,10 +4,11 @@
 //!
 //! 1. upsert the backends the table needs;
 //! 2. per frontend (scope `External` twins before the entries that point
-//!    at them): add its new source ranges, write changed slots `1..=N` and
-//!    its Maglev table, then slot 0 with the new count, flags and table
-//!    (the switch-over), then delete slots above `N` and ranges no longer
-//!    listed (new frontends that need no more than slots, slot 0 and
+//!    at them): add its new source ranges, write the slots entries whose
+//!    backends `1..=N` change and its Maglev table, then slot 0 with the
+//!    new count, flags and table (the switch-over), then delete the slots
+//!    entries above `N` (and clear the slots past `N` of the last one)
+//!    and ranges no longer listed (new frontends that need no more than slots, slot 0 and
 //!    their rev-NAT entry and name: a chunk at a time, each map's entries
 //!    in one batch, see `new_frontends`);
 //! 3. per removed frontend: slot 0 first, then its slots, ranges and rev-NAT;
@@ -48,7 +49,9 @@ struct AppliedFrontend {
     rev_nat_written: bool,
     /// Slot 0 as it is in the map.
     master: Option<ServiceValue>,
-    /// `slots[i]` is the backend id in slot `i + 1` (0: unknown id).
+    /// `slots[i]` is the backend id of slot `i + 1` (0: unknown id), held
+    /// in word `i % 4` of slots entry `i / 4` (`codec::slots_key`); the
+    /// words of that entry past the last slot are 0.
     slots: Vec<u32>,
     /// Source ranges in `SOURCE_RANGES` for this frontend's rev-NAT id.
     ranges: BTreeSet<IpNet>,
@@ -232,7 +235,7 @@ impl Counts {
     fn of(fe: Option<&AppliedFrontend>) -> Self {
         fe.map_or_else(Self::default, |f| {
             let served = usize::from(f.master.is_some());
-            Self { served, entries: served + f.slots.len() }
+            Self { served, entries: served + codec::slot_entries(f.slots.len()) }
         })
     }
 
@@ -286,15 +289,50 @@ fn set_slot(slots: &mut Vec<u32>, backends: &mut BackendTable, i: usize, id: u32
     backends.remove_slot(old);
 }
 
-/// Drops the last slot, keeping the slot counts of `backends` right.
-fn pop_slot(slots: &mut Vec<u32>, backends: &mut BackendTable) {
-    if let Some(old) = slots.pop() {
+/// Drops the slots from `len` on, keeping the slot counts of `backends`
+/// right.
+fn truncate_slots(slots: &mut Vec<u32>, backends: &mut BackendTable, len: usize) {
+    for old in slots.drain(len.min(slots.len())..) {
         backends.remove_slot(old);
     }
 }
 
-fn slot_number(i: usize) -> u16 {
-    u16::try_from(i + 1).expect("the model caps backends at u16::MAX")
+/// Deletes frontend `key`'s slots entries from the last down to those its
+/// first `keep` slots take, forgetting their slots as each goes; stops at
+/// a failed delete (what is left stays recorded).
+fn remove_slot_entries(
+    maps: &mut impl ServiceMaps,
+    key: FrontendKey,
+    slots: &mut Vec<u32>,
+    backends: &mut BackendTable,
+    keep: usize,
+    writes: &mut usize,
+) -> Result<(), MapError> {
+    while codec::slot_entries(slots.len()) > codec::slot_entries(keep) {
+        let last = codec::slot_entries(slots.len()) - 1;
+        *writes += 1;
+        maps.remove_service(&codec::slots_key(key, last))?;
+        truncate_slots(slots, backends, last * codec::SLOTS_PER_ENTRY);
+    }
+    Ok(())
+}
+
+/// The slots entry `entry` to write before slot 0 switches to the backend
+/// ids `ids`: theirs below `ids.len()`, past it those `held` still has (a
+/// reader of the slot 0 before may still count them).
+fn entry_before_switch(ids: &[u32], held: &[u32], entry: usize) -> ServiceValue {
+    if held.len() <= ids.len() {
+        return codec::slots_value(ids, entry);
+    }
+    let mut merged = held.to_vec();
+    merged[..ids.len()].copy_from_slice(ids);
+    codec::slots_value(&merged, entry)
+}
+
+/// The slot indexes slots entry `entry` holds, of a frontend of `len`.
+fn entry_slots(entry: usize, len: usize) -> std::ops::Range<usize> {
+    let first = entry * codec::SLOTS_PER_ENTRY;
+    first.min(len)..(first + codec::SLOTS_PER_ENTRY).min(len)
 }
 
 impl Reconciler {
@@ -326,12 +364,20 @@ impl Reconciler {
                 fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| *r == codec::rev_nat_value(fk));
                 fe.recover_name(names.get(&value.rev_nat));
             } else {
-                let i = usize::from(slot) - 1;
-                if fe.slots.len() <= i {
-                    fe.slots.resize(i + 1, 0);
+                let ids = value.slot_ids();
+                // An entry naming no backend is none a writer leaves.
+                let Some(last) = ids.iter().rposition(|id| *id != 0) else {
+                    stale_services.push(*key);
+                    continue;
+                };
+                let first = (usize::from(slot) - 1) * codec::SLOTS_PER_ENTRY;
+                if fe.slots.len() <= first + last {
+                    fe.slots.resize(first + last + 1, 0);
                 }
-                fe.slots[i] = value.backend_id;
-                this.backends.add_slot(value.backend_id);
+                for (i, id) in ids[..=last].iter().enumerate() {
+                    fe.slots[first + i] = *id;
+                    this.backends.add_slot(*id);
+                }
             }
         }
         // Slots of a frontend without slot 0 are unreachable: delete them.
@@ -342,7 +388,7 @@ impl Reconciler {
             for id in &fe.slots {
                 this.backends.remove_slot(*id);
             }
-            let keys = (0..fe.slots.len()).map(|i| codec::service_key(fk, slot_number(i)));
+            let keys = (0..codec::slot_entries(fe.slots.len())).map(|e| codec::slots_key(fk, e));
             stale_services.extend(keys.filter(|k| services.contains_key(k)));
         }
         let used_rev_nat: BTreeSet<RevNatId> =
@@ -735,33 +781,32 @@ impl Reconciler {
             maps.set_source_range(fe.rev_nat, *net)?;
             fe.ranges.insert(*net);
         }
-        // The slots that change, in one batch (in slot order, so the
-        // slots before a failed one are the ones written).
-        let slots: Vec<(usize, u32)> = targets
-            .iter()
-            .enumerate()
-            .filter(|(i, (_, id))| fe.slots.get(*i) != Some(id))
-            .map(|(i, (_, id))| (i, *id))
+        // The slots entries that change, in one batch (in order, so the
+        // entries before a failed one are the ones written).
+        let list: Vec<u32> = targets.iter().map(|(_, id)| *id).collect();
+        let changed: Vec<usize> = (0..codec::slot_entries(list.len()))
+            .filter(|e| entry_slots(*e, list.len()).any(|i| fe.slots.get(i) != Some(&list[i])))
             .collect();
         let entries: Vec<(ServiceKey, ServiceValue)> =
-            slots.iter().map(|(i, id)| (codec::service_key(key, slot_number(*i)), ServiceValue::slot(*id))).collect();
+            changed.iter().map(|e| (codec::slots_key(key, *e), entry_before_switch(&list, &fe.slots, *e))).collect();
         report.writes += entries.len();
         let (written, failed) = match maps.set_services(&entries) {
-            Ok(()) => (slots.len(), None),
+            Ok(()) => (changed.len(), None),
             Err((i, error)) => (i, Some(error)),
         };
         // Grown once to the size it takes (pushed one by one, 10 ids took
         // room for 16).
-        fe.slots.reserve_exact(targets.len().saturating_sub(fe.slots.len()));
-        for (i, id) in &slots[..written] {
-            set_slot(&mut fe.slots, &mut self.backends, *i, *id);
+        fe.slots.reserve_exact(list.len().saturating_sub(fe.slots.len()));
+        for e in &changed[..written] {
+            for i in entry_slots(*e, list.len()) {
+                set_slot(&mut fe.slots, &mut self.backends, i, list[i]);
+            }
         }
         if let Some(error) = failed {
             return Err(error);
         }
         // Traffic from outside picks its backend in a Maglev table; without
         // one (it could not be written) it hashes over the slots.
-        let list: Vec<u32> = targets.iter().map(|(_, id)| *id).collect();
         let maglev = if frontend.reach.from_outside() && !list.is_empty() {
             let addrs: BTreeMap<u32, BackendAddr> = targets.iter().map(|(a, id)| (*id, *a)).collect();
             match self.maglev.get_or_write(maps, &list, &addrs, &mut report.writes) {
@@ -784,10 +829,15 @@ impl Reconciler {
             self.maglev.master_changed(fe.master.map_or(0, |m| m.maglev), master.maglev);
             fe.master = Some(master);
         }
-        while fe.slots.len() > targets.len() {
+        // Slot 0 counts no slot past `count` now: the entries past it go,
+        // and the last one's slots past it are cleared.
+        let count = targets.len();
+        remove_slot_entries(maps, key, &mut fe.slots, &mut self.backends, count, &mut report.writes)?;
+        if fe.slots.len() > count {
+            let entry = codec::slot_entries(count) - 1;
             report.writes += 1;
-            maps.remove_service(&codec::service_key(key, slot_number(fe.slots.len() - 1)))?;
-            pop_slot(&mut fe.slots, &mut self.backends);
+            maps.set_service(&codec::slots_key(key, entry), &codec::slots_value(&fe.slots[..count], entry))?;
+            truncate_slots(&mut fe.slots, &mut self.backends, count);
         }
         for net in fe.ranges.clone().difference(&ranges) {
             report.writes += 1;
@@ -824,11 +874,7 @@ impl Reconciler {
             self.maglev.master_changed(master.maglev, 0);
             fe.master = None;
         }
-        while !fe.slots.is_empty() {
-            report.writes += 1;
-            maps.remove_service(&codec::service_key(key, slot_number(fe.slots.len() - 1)))?;
-            pop_slot(&mut fe.slots, &mut self.backends);
-        }
+        remove_slot_entries(maps, key, &mut fe.slots, &mut self.backends, 0, &mut report.writes)?;
         while let Some(net) = fe.ranges.first().copied() {
             report.writes += 1;
             maps.remove_source_range(fe.rev_nat, net)?;

@@ -92,9 +92,9 @@ fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
             let b = backend(id).addr;
             (b.addr, b.port)
         };
-        let backends = (1..=master.count)
-            .map(|slot| {
-                let id = dump.services[&proxy_common::ServiceKey { slot, ..*key }].backend_id;
+        let backends = (0..master.count)
+            .map(|index| {
+                let id = dump.services[&key.slots_of(index)].slot_id(index);
                 let b = backend(&id);
                 (b.addr.addr, b.addr.port, b.state == BackendState::Terminating, b.local)
             })
@@ -167,8 +167,16 @@ fn expected(desired: &ServiceTable, maglev_size: usize) -> BTreeMap<FrontendKey,
 fn assert_exact(maps: &FakeMaps, desired: &ServiceTable) {
     use super::maps::ServiceMaps as _;
     assert_eq!(decode(&maps.state), expected(desired, maps.maglev_size()));
-    let slots: usize = desired.values().map(|f| 1 + f.backends.len()).sum();
-    assert_eq!(maps.state.services.len(), slots, "stray service entries");
+    let entries: usize = desired.values().map(|f| 1 + codec::slot_entries(f.backends.len())).sum();
+    assert_eq!(maps.state.services.len(), entries, "stray service entries");
+    // A slots entry's words past the frontend's last slot are 0.
+    for (key, master) in maps.state.services.iter().filter(|(k, _)| k.slot == 0) {
+        if let Some(last) = master.count.checked_sub(1) {
+            let ids = maps.state.services[&key.slots_of(last)].slot_ids();
+            let used = usize::from(last % proxy_common::SLOTS_PER_ENTRY) + 1;
+            assert_eq!(ids[used..], [0; 4][used..], "{key:?}: words past slot {}", master.count);
+        }
+    }
     assert_eq!(maps.state.rev_nat.len(), desired.len(), "stray rev-NAT entries");
     let distinct: BTreeSet<_> =
         desired.iter().flat_map(|(k, f)| f.backends.iter().map(move |b| (b.addr, b.port, k.protocol))).collect();
@@ -324,10 +332,10 @@ fn a_start_is_written_in_bulk_whole_in_key_order() {
     let bulk = t.values().filter(|f| f.kind == FrontendKind::ClusterIp).count();
     assert!(bulk > 200, "the bulk spans chunks (of 100 in tests)");
     assert_eq!(maps.batched, 2 * bulk, "rev-NAT entries and names written in bulk");
-    // Each frontend: its rev-NAT entry, slots, slot 0 and name; each
-    // backend once; a source range each; a Maglev table per backend list
-    // of traffic from outside.
-    let slots: usize = t.values().map(|f| f.backends.len()).sum();
+    // Each frontend: its rev-NAT entry, slots entries, slot 0 and name;
+    // each backend once; a source range each; a Maglev table per backend
+    // list of traffic from outside.
+    let slots: usize = t.values().map(|f| codec::slot_entries(f.backends.len())).sum();
     let ranges: usize = t.values().map(|f| f.source_ranges.as_ref().map_or(0, Vec::len)).sum();
     let tables = maps.state.maglev.len();
     assert_eq!(report.writes, maps.state.backends.len() + 3 * t.len() + slots + ranges + tables);
@@ -452,6 +460,40 @@ fn shared_backend_outlives_one_service() {
     assert_exact(&maps, &t);
 }
 
+/// Four backend slots to a `SERVICES` entry: a change rewrites only the
+/// entries whose slots change, a shrink deletes the entries past the new
+/// count after slot 0 and clears the last one's slots past it, and a
+/// reader never follows the count to a missing id (checked after every
+/// write by `FakeMaps`).
+#[test]
+fn slots_entries_are_rewritten_only_where_slots_change() {
+    let key = fk(1, 80, Protocol::Tcp);
+    let backends = |lasts: &[u8]| table(&[(key, lasts.iter().map(|l| be(*l, 80)).collect())]);
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::new();
+    // (table, writes of the frontend's entries, BACKENDS writes)
+    let steps: &[(&[u8], usize, usize, &str)] = &[
+        (&[1, 2, 3, 4, 5, 6, 7, 8, 9], 6, 9, "rev-NAT entry, three entries, slot 0, name"),
+        // Slot 0's count first, then entry 2 deleted and the last two
+        // slots of entry 1 cleared.
+        (&[1, 2, 3, 4, 5, 6], 3, 3, "shrunk within an entry and past one"),
+        (&[1, 2, 3, 4, 5, 6, 7], 2, 1, "grown into the last entry: it and slot 0"),
+        (&[1, 2, 3, 4, 5, 6, 8], 1, 2, "one slot's backend replaced: its entry only"),
+        (&[1, 2, 3, 4, 5], 2, 2, "slot 0, then the last entry cleared past slot 5"),
+        (&[1, 2, 3, 4], 2, 1, "slot 0, then the entry past it deleted"),
+        (&[], 2, 4, "slot 0, then the only entry deleted"),
+        (&[1, 2], 2, 2, "one entry, then slot 0"),
+        (&[3, 1], 1, 2, "both slots change: one entry"),
+    ];
+    for (lasts, entries, backend_writes, what) in steps {
+        let t = backends(lasts);
+        let report = r.apply(&mut maps, &t);
+        assert!(report.failures.is_empty(), "{what}: {report:?}");
+        assert_exact(&maps, &t);
+        assert_eq!(report.writes, entries + backend_writes, "{what}");
+    }
+}
+
 #[test]
 fn empty_frontend_is_programmed_with_count_zero() {
     let mut maps = FakeMaps::default();
@@ -465,19 +507,24 @@ fn empty_frontend_is_programmed_with_count_zero() {
 #[test]
 fn full_map_fails_only_what_does_not_fit() {
     // Five backends fit (the backends array of 6 holds ids 1 to 5); the
-    // services map's 2 + 5 entries do not. (With room for only four
-    // backends, which one is left out followed hash map order: the test
-    // passed or failed by chance.)
+    // services map's 4 × 2 entries (slot 0 and one slots entry each) do
+    // not. (With room for only four backends, which one is left out
+    // followed hash map order: the test passed or failed by chance.)
     let mut maps = FakeMaps { capacity: Some(6), ..FakeMaps::default() };
     let mut r = Reconciler::new();
-    let small = fk(1, 80, Protocol::Tcp);
-    let big = fk(2, 80, Protocol::Tcp);
-    let t = table(&[(small, vec![be(1, 80)]), (big, vec![be(2, 80), be(3, 80), be(4, 80), be(5, 80)])]);
+    let four = vec![be(2, 80), be(3, 80), be(4, 80), be(5, 80)];
+    let mut entries = vec![(fk(1, 80, Protocol::Tcp), vec![be(1, 80)])];
+    entries.extend((2..5).map(|n| (fk(n, 80, Protocol::Tcp), four.clone())));
+    let t = table(&entries);
     let report = r.apply(&mut maps, &t);
     assert!(report.failures.iter().all(|f| f.error.to_string().contains("SERVICES is full")), "{report:?}");
     assert!(!report.failures.is_empty(), "{report:?}");
+    // Which three got the room depends on the two writers; each is whole.
     let seen = decode(&maps.state);
-    assert_eq!(seen.get(&small).map(|s| s.backends.len()), Some(1), "the service that fits is programmed");
+    assert_eq!(seen.len(), 3, "the frontends that fit are programmed: {seen:?}");
+    for (key, s) in &seen {
+        assert_eq!(s.backends.len(), t[key].backends.len(), "{key} whole");
+    }
 }
 
 #[test]
@@ -589,7 +636,7 @@ fn arb_table() -> impl Strategy<Value = ServiceTable> {
     // One state per address and port, as the model gives; odd addresses
     // are on this node.
     let backends =
-        prop::collection::btree_map((1u8..8, prop_oneof![Just(8080u16), Just(9090)]), prop::bool::weighted(0.2), 0..6)
+        prop::collection::btree_map((1u8..8, prop_oneof![Just(8080u16), Just(9090)]), prop::bool::weighted(0.2), 0..10)
             .prop_map(|m| m.into_iter().map(|((l, p), t)| (l, p, t)).collect::<Vec<_>>());
     let affinity = prop::option::of(prop_oneof![Just(10_800u32), Just(60)]);
     // A frontend may change hands (another service's name at its address).

@@ -4,13 +4,14 @@
 //! bounds (`--services-map-size`, `--backends-map-size`; frontends by the
 //! services bound, since each frontend takes a `SERVICES` entry). Pure decisions; the
 //! agent acts on them by moving to a new map set (see `loader`).
-use super::codec::BackendAddr;
+use super::codec::{self, BackendAddr};
 use crate::model::ServiceTable;
 
 /// Entries the agent must hold in each sized map.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Demand {
-    /// `SERVICES` entries: slot 0 of each frontend plus one per backend slot.
+    /// `SERVICES` entries: slot 0 of each frontend plus its slots entries
+    /// (four backend slots to an entry).
     pub services: usize,
     /// `BACKENDS` entries: one per distinct backend (address, port, protocol).
     pub backends: usize,
@@ -38,8 +39,9 @@ pub struct Full {
     pub frontends: bool,
 }
 
-/// The bounds when no flag sets them: room for 1,000,000 backends, and
-/// 100,000 services of 10 endpoints (1,100,000 slots), with the headroom.
+/// The bounds when no flag sets them: room for 1,000,000 backends, also
+/// each behind a frontend of its own (2,000,000 `SERVICES` entries), with
+/// the headroom.
 /// Only what the table needs is made; the hash maps' entries are
 /// allocated as used, the `BACKENDS` and `CONNECTIONS` arrays up front
 /// (24 and 8 × CPUs bytes an entry).
@@ -57,8 +59,9 @@ pub fn demand(table: &ServiceTable) -> Demand {
     // at 100,000 backends against a set's ~4 MB while it grows), made
     // between a start's translation and its first write, and after whole
     // table syncs, when the agent is at its largest.
-    let services = table.values().map(|f| 1 + f.backends.len()).sum();
-    let mut backends: Vec<BackendAddr> = Vec::with_capacity(services - table.len());
+    let services = table.values().map(|f| 1 + codec::slot_entries(f.backends.len())).sum();
+    let slots = table.values().map(|f| f.backends.len()).sum();
+    let mut backends: Vec<BackendAddr> = Vec::with_capacity(slots);
     for (key, frontend) in table {
         backends.extend(frontend.backends.iter().map(|b| BackendAddr {
             addr: b.addr,
@@ -238,8 +241,13 @@ mod tests {
             key(2, Protocol::Tcp),
             Frontend::new(port.clone(), FrontendKind::ClusterIp, vec![backend(1), backend(2)]),
         );
+        // Five backends take two slots entries (four to an entry).
+        table.insert(
+            key(4, Protocol::Tcp),
+            Frontend::new(port.clone(), FrontendKind::ClusterIp, (1..=5).map(backend).collect()),
+        );
         // Another protocol is another backend entry.
         table.insert(key(3, Protocol::Udp), Frontend::new(port, FrontendKind::ClusterIp, vec![backend(1)]));
-        assert_eq!(super::demand(&table), Demand { services: 3 + 5, backends: 3, frontends: 3 });
+        assert_eq!(super::demand(&table), Demand { services: 4 + 5, backends: 6, frontends: 4 });
     }
 }

@@ -22,7 +22,7 @@
 //! removed first, and the rest of the sync is written one at a time.
 use super::{
     AppliedFrontend, BackendAddr, Change, ChangeKind, FrontendFlags, FrontendKey, MapError, Reconciler, Report, Scope,
-    ServiceMaps, ServiceTable, codec, pop_slot, set_slot, slot_number,
+    ServiceMaps, ServiceTable, codec, remove_slot_entries, set_slot,
 };
 use proxy_common::{RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue};
 
@@ -183,29 +183,30 @@ impl Reconciler {
     ) -> bool {
         entries.clear();
         entries.extend(staged.iter().flat_map(|s| {
-            s.ids.iter().enumerate().map(|(i, id)| (codec::service_key(s.key, slot_number(i)), ServiceValue::slot(*id)))
+            (0..codec::slot_entries(s.ids.len())).map(|e| (codec::slots_key(s.key, e), codec::slots_value(&s.ids, e)))
         }));
         report.writes += entries.len();
-        let mid = half_of(staged, |s| s.ids.len());
-        let at = staged[..mid].iter().map(|s| s.ids.len()).sum();
+        let mid = half_of(staged, |s| codec::slot_entries(s.ids.len()));
+        let at = staged[..mid].iter().map(|s| codec::slot_entries(s.ids.len())).sum();
         let ([n1, n2], error) = write_two(maps, entries, at);
         let whole = [self.record_slots(&staged[..mid], n1), self.record_slots(&staged[mid..], n2)];
         keep_written(staged, mid, whole, error)
     }
 
-    /// Records the first `n` slots of `staged` (in order) as written: how
-    /// many of its frontends were written whole.
+    /// Records the first `n` slots entries of `staged` (in order) as
+    /// written: how many of its frontends were written whole.
     fn record_slots(&mut self, staged: &[Staged], mut n: usize) -> usize {
         let mut whole = 0;
         for s in staged {
             let fe = self.frontends.get_mut(&s.key).expect("staged");
-            for (i, id) in s.ids.iter().enumerate().take(n) {
+            let entries = codec::slot_entries(s.ids.len());
+            for (i, id) in s.ids.iter().enumerate().take(n.min(entries) * codec::SLOTS_PER_ENTRY) {
                 set_slot(&mut fe.slots, &mut self.backends, i, *id);
             }
-            if n < s.ids.len() {
+            if n < entries {
                 break;
             }
-            n -= s.ids.len();
+            n -= entries;
             whole += 1;
         }
         whole
@@ -273,14 +274,9 @@ impl Reconciler {
             if fe.master.is_some() {
                 continue;
             }
-            while let Some(slot) = fe.slots.len().checked_sub(1) {
-                report.writes += 1;
-                if maps.remove_service(&codec::service_key(*key, slot_number(slot))).is_err() {
-                    // Left recorded: `update_frontend` writes it over.
-                    break;
-                }
-                pop_slot(&mut fe.slots, &mut self.backends);
-            }
+            // What a failed delete leaves stays recorded: `update_frontend`
+            // writes it over.
+            let _ = remove_slot_entries(maps, *key, &mut fe.slots, &mut self.backends, 0, &mut report.writes);
         }
     }
 }
