@@ -73,9 +73,10 @@ pub type RevNatId = u32;
 
 /// Default sizes of the maps (entries); the agent can override them at load.
 pub mod map_sizes {
-    /// One entry per frontend plus one per backend slot: 10,000 services of
-    /// ten endpoints take 110,000 (and a NodePort or LoadBalancer IP as much
-    /// again). Allocated as used, so the headroom costs nothing.
+    /// One entry per frontend plus one per four backend slots
+    /// (`SLOTS_PER_ENTRY`): 10,000 services of ten endpoints take 40,000
+    /// (and a NodePort or LoadBalancer IP as much again). Allocated as
+    /// used, so the headroom costs nothing.
     pub const SERVICES: u32 = 262_144;
     /// An array indexed by backend id (id 0 is never used), allocated up
     /// front: 24 bytes an entry.

@@ -430,7 +430,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub bpf_log: bool,
     /// Most entries of the services map (one per frontend plus one per
-    /// backend slot), 1 to 16777216. The map is sized from the table with
+    /// four backend slots), 1 to 16777216. The map is sized from the table with
     /// room to spare and grows as needed, up to this; past it the services
     /// that do not fit are not written, /healthz turns 503 after
     /// --health-timeout, and ebpf_proxy_map_full_total counts the refused
