@@ -2,7 +2,8 @@
 //!
 //! Everything here crosses the kernel boundary: `#[repr(C)]`, fixed sizes
 //! checked at compile time, explicit padding fields that writers must zero
-//! (map keys are compared bytewise). Addresses and ports are stored in network
+//! (map keys are compared bytewise; a `SERVICES` slots entry's value uses
+//! every byte for backend ids, `ServiceValue::slots`). Addresses and ports are stored in network
 //! byte order, exactly as the kernel hands them to the programs.
 #![no_std]
 
@@ -484,8 +485,8 @@ impl ServiceKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServiceValue {
-    /// Slots `1..=count`: the backend id. Slot 0: the session affinity
-    /// timeout in seconds (0: no affinity).
+    /// Slot 0: the session affinity timeout in seconds (0: no affinity).
+    /// A slots entry: its first backend id (`slot_id`: all four).
     pub backend_id: u32,
     pub rev_nat: RevNatId,
     pub count: u16,
@@ -503,7 +504,9 @@ impl ServiceValue {
     }
 
     /// A value of a slots entry: backend ids `ids` (0: no backend), the
-    /// first in `backend_id`, the others in the next three words.
+    /// first in `backend_id`, the others in the next three words (in
+    /// memory, the value's four 32-bit words in order on a little-endian
+    /// host, as the programs' `bpfel` target is).
     #[must_use]
     #[expect(clippy::cast_possible_truncation, reason = "each word's halves, split on purpose")]
     pub const fn slots(ids: [u32; SLOTS_PER_ENTRY as usize]) -> Self {

@@ -60,8 +60,9 @@ pub trait ServiceMaps {
     /// As `set_services` for each of two lists that share no key (each
     /// result counts its own list's entries): an implementation may write
     /// them at once, so that a failure in one list says nothing of the
-    /// other. A start writes ~1,100,000 service entries at 100,000
-    /// services, and the kernel's hash inserts are most of its first sync.
+    /// other. A start writes ~400,000 service entries at 100,000
+    /// services of 10 endpoints, and the kernel's hash inserts are much of
+    /// its first sync.
     fn set_services_two(&mut self, lists: [&[(ServiceKey, ServiceValue)]; 2]) -> [Result<(), (usize, MapError)>; 2] {
         [self.set_services(lists[0]), self.set_services(lists[1])]
     }

@@ -321,12 +321,12 @@ fn remove_slot_entries(
 /// ids `ids`: theirs below `ids.len()`, past it those `held` still has (a
 /// reader of the slot 0 before may still count them).
 fn entry_before_switch(ids: &[u32], held: &[u32], entry: usize) -> ServiceValue {
-    if held.len() <= ids.len() {
-        return codec::slots_value(ids, entry);
+    let first = entry * codec::SLOTS_PER_ENTRY;
+    let mut words = [0; codec::SLOTS_PER_ENTRY];
+    for (i, word) in (first..).zip(&mut words) {
+        *word = ids.get(i).or_else(|| held.get(i)).copied().unwrap_or(0);
     }
-    let mut merged = held.to_vec();
-    merged[..ids.len()].copy_from_slice(ids);
-    codec::slots_value(&merged, entry)
+    ServiceValue::slots(words)
 }
 
 /// The slot indexes slots entry `entry` holds, of a frontend of `len`.
@@ -391,6 +391,10 @@ impl Reconciler {
             let keys = (0..codec::slot_entries(fe.slots.len())).map(|e| codec::slots_key(fk, e));
             stale_services.extend(keys.filter(|k| services.contains_key(k)));
         }
+        // (An entry of no backend may be listed twice: as such, and as an
+        // orphan's.)
+        stale_services.sort_unstable();
+        stale_services.dedup();
         let used_rev_nat: BTreeSet<RevNatId> =
             this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
         let stale_rev_nat: Vec<RevNatId> = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();

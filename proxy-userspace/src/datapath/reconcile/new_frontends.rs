@@ -26,7 +26,7 @@ use super::{
 };
 use proxy_common::{RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue};
 
-/// Frontends per chunk (their slots: ~10,000 entries at 10 backends); in
+/// Frontends per chunk (their slots: ~3,000 entries at 10 backends); in
 /// unit tests fewer, so that a few hundred frontends span chunks.
 pub(super) const CHUNK: usize = if cfg!(test) { 100 } else { 1024 };
 
@@ -334,8 +334,8 @@ impl WantedIds {
 }
 
 /// The lists of entries a chunk's batch writes are made in, kept from one
-/// chunk to the next: made anew, the slots' (~400 KiB at 10 backends a
-/// frontend) and the names' (~150 KiB) were handed back to the kernel after
+/// chunk to the next: made anew, the slots' (~160 KiB at 10 backends a
+/// frontend, with the slots 0) and the names' (~150 KiB) were handed back to the kernel after
 /// each chunk (memory.rs) and faulted in again by the next.
 #[derive(Default)]
 struct ChunkLists {
