@@ -32,8 +32,8 @@
 //! the flow in `CT` and does the same.
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use proxy_common::{
-    Addr, CtValue, ServiceKey, ServiceValue, backend_flags, ct_dir, ct_flags, external_stat, flow_hash, handover_mode,
-    maglev_index, nodeport_mode, proto, scope, service_flags,
+    Addr, CtValue, SLOTS_PER_ENTRY, ServiceKey, ServiceValue, backend_flags, ct_dir, ct_flags, external_stat,
+    flow_hash, handover_mode, maglev_index, nodeport_mode, proto, scope, service_flags,
 };
 
 use crate::{
@@ -259,11 +259,16 @@ fn dsr_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
     if is_here(pkt, picked) {
         return picked;
     }
+    // One lookup per slots entry, then its four ids.
+    let mut entry = ServiceValue::default();
     for index in 0..DSR_SLOTS_SEARCHED {
         if index >= frontend.count {
             break;
         }
-        let id = service(&key.slots_of(index)).map_or(0, |v| v.slot_id(index));
+        if index % SLOTS_PER_ENTRY == 0 {
+            entry = service(&key.slots_of(index)).unwrap_or_default();
+        }
+        let id = entry.slot_id(index);
         if is_here(pkt, id) {
             return id;
         }

@@ -50,8 +50,9 @@ pub struct Maps {
     pub frontends: usize,
     pub frontends_without_backends: usize,
     pub backend_slots: usize,
-    /// Entries in the services map (slot 0 of each frontend and its
-    /// backend slots) and the most it holds now (it grows with the table).
+    /// Entries in the services map (slot 0 of each frontend and its slots
+    /// entries, four backend slots to one) and the most it holds now (it
+    /// grows with the table).
     pub services_map_entries: usize,
     pub services_map_size: u32,
     /// Entries in the backends map and the most it holds now.
