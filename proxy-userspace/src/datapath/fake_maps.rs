@@ -9,7 +9,7 @@ use proxy_common::{Backend as BackendValue, RevNat, RevNatId, ServiceKey, Servic
 
 use super::{
     codec,
-    maps::{Dump, MapError, MapName, ServiceMaps, one_by_one},
+    maps::{Batch, Dump, MapError, MapName, ServiceMaps, one_by_one},
 };
 use crate::model::Scope;
 
@@ -26,9 +26,8 @@ pub struct FakeMaps {
     pub batched: usize,
     /// Entries of each Maglev table (0 means the smallest size, 251).
     pub maglev_size: usize,
-    /// The order `set_services_two` writes its two lists in (and
-    /// `add_backends` its halves): two threads finish in either order, or
-    /// take turns.
+    /// The order `write_lanes` writes its two lanes in (and `add_backends`
+    /// its halves): two threads finish in either order, or take turns.
     pub two_lists: TwoLists,
 }
 
@@ -50,25 +49,28 @@ impl TwoLists {
     pub const ALL: [Self; 3] = [Self::InOrder, Self::SecondFirst, Self::Alternating];
 
     /// Writes `lists` through `one` in this order, each list up to its
-    /// first failure: what each wrote, counted in its own entries.
-    fn write<K: Copy, V>(
+    /// first failure: what each wrote, counted in its own items.
+    fn write<T>(
         self,
-        [first, second]: [&[(K, V)]; 2],
-        mut one: impl FnMut(K, &V) -> Result<(), MapError>,
+        [first, second]: [&[T]; 2],
+        mut one: impl FnMut(&T) -> Result<(), MapError>,
     ) -> [Result<(), (usize, MapError)>; 2] {
+        let mut in_order = |list: &[T]| -> Result<(), (usize, MapError)> {
+            list.iter().enumerate().try_for_each(|(i, item)| one(item).map_err(|e| (i, e)))
+        };
         match self {
-            Self::InOrder => [one_by_one(first, &mut one), one_by_one(second, &mut one)],
+            Self::InOrder => [in_order(first), in_order(second)],
             Self::SecondFirst => {
-                let second = one_by_one(second, &mut one);
-                [one_by_one(first, &mut one), second]
+                let second = in_order(second);
+                [in_order(first), second]
             }
             Self::Alternating => {
                 let lists = [first, second];
                 let mut results = [Ok(()), Ok(())];
                 for i in 0..first.len().max(second.len()) {
                     for (list, result) in lists.iter().zip(&mut results) {
-                        if let (Some((key, value)), Ok(())) = (list.get(i), &result) {
-                            *result = one(*key, value).map_err(|e| (i, e));
+                        if let (Some(item), Ok(())) = (list.get(i), &result) {
+                            *result = one(item).map_err(|e| (i, e));
                         }
                     }
                 }
@@ -76,6 +78,26 @@ impl TwoLists {
             }
         }
     }
+}
+
+/// One entry of a lane of `write_lanes`.
+enum LaneEntry<'a> {
+    Service(&'a (ServiceKey, ServiceValue)),
+    RevNat(&'a (RevNatId, RevNat)),
+    Name(&'a (RevNatId, ServiceName)),
+}
+
+/// A lane's entries, across its batches, in order.
+fn lane_entries<'a>(lane: &[Batch<'a>]) -> Vec<LaneEntry<'a>> {
+    lane.iter()
+        .flat_map(|batch| -> Box<dyn Iterator<Item = LaneEntry<'a>>> {
+            match *batch {
+                Batch::Services(entries) => Box::new(entries.iter().map(LaneEntry::Service)),
+                Batch::RevNats(entries) => Box::new(entries.iter().map(LaneEntry::RevNat)),
+                Batch::Names(entries) => Box::new(entries.iter().map(LaneEntry::Name)),
+            }
+        })
+        .collect()
 }
 
 impl FakeMaps {
@@ -171,7 +193,7 @@ impl ServiceMaps for FakeMaps {
         // the second wrote emptied again.
         let (first, second) = entries.split_at(entries.len() / 2);
         let order = self.two_lists;
-        let [first_result, second_result] = order.write([first, second], |id, value| self.set_backend(id, value));
+        let [first_result, second_result] = order.write([first, second], |(id, value)| self.set_backend(*id, value));
         match first_result {
             Ok(()) => second_result.map_err(|(n, error)| (first.len() + n, error)),
             Err(failed) => {
@@ -203,12 +225,22 @@ impl ServiceMaps for FakeMaps {
         Ok(())
     }
 
-    fn set_services_two(
-        &mut self,
-        [first, second]: [&[(ServiceKey, ServiceValue)]; 2],
-    ) -> [Result<(), (usize, MapError)>; 2] {
+    /// Entry by entry, in the order `two_lists` says (rev-NAT entries and
+    /// names counted as `batched`, as `set_rev_nats` and `set_names` do).
+    fn write_lanes(&mut self, lanes: [&[Batch<'_>]; 2]) -> [Result<(), (usize, MapError)>; 2] {
+        let [first, second] = lanes.map(lane_entries);
         let order = self.two_lists;
-        order.write([first, second], |key, value| self.set_service(&key, value))
+        order.write([&first, &second], |entry| match entry {
+            LaneEntry::Service((key, value)) => self.set_service(key, value),
+            LaneEntry::RevNat((id, value)) => {
+                self.batched += 1;
+                self.set_rev_nat(*id, value)
+            }
+            LaneEntry::Name((id, name)) => {
+                self.batched += 1;
+                self.set_name(*id, name)
+            }
+        })
     }
 
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError> {

@@ -33,6 +33,43 @@ pub struct Dump {
     pub names: BTreeMap<RevNatId, ServiceName>,
 }
 
+/// A batch write of one map, in a lane of `ServiceMaps::write_lanes`.
+#[derive(Clone, Copy, Debug)]
+pub enum Batch<'a> {
+    Services(&'a [(ServiceKey, ServiceValue)]),
+    RevNats(&'a [(RevNatId, RevNat)]),
+    Names(&'a [(RevNatId, ServiceName)]),
+}
+
+impl Batch<'_> {
+    #[must_use]
+    pub const fn len(&self) -> usize {
+        match self {
+            Self::Services(entries) => entries.len(),
+            Self::RevNats(entries) => entries.len(),
+            Self::Names(entries) => entries.len(),
+        }
+    }
+
+    #[must_use]
+    pub const fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    const fn map(&self) -> MapName {
+        match self {
+            Self::Services(_) => MapName::Services,
+            Self::RevNats(_) => MapName::RevNat,
+            Self::Names(_) => MapName::Names,
+        }
+    }
+}
+
+/// Entries in all of `lane`'s batches.
+fn lane_len(lane: &[Batch<'_>]) -> usize {
+    lane.iter().map(Batch::len).sum()
+}
+
 pub trait ServiceMaps {
     fn set_backend(&mut self, id: u32, value: &BackendValue) -> Result<(), MapError>;
     /// Writes `entries` in order (in one call where the kernel can);
@@ -57,14 +94,29 @@ pub trait ServiceMaps {
     fn set_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<(), (usize, MapError)> {
         one_by_one(entries, |key, value| self.set_service(&key, value))
     }
-    /// As `set_services` for each of two lists that share no key (each
-    /// result counts its own list's entries): an implementation may write
-    /// them at once, so that a failure in one list says nothing of the
-    /// other. A start writes ~400,000 service entries at 100,000
-    /// services of 10 endpoints, and the kernel's hash inserts are much of
-    /// its first sync.
-    fn set_services_two(&mut self, lists: [&[(ServiceKey, ServiceValue)]; 2]) -> [Result<(), (usize, MapError)>; 2] {
-        [self.set_services(lists[0]), self.set_services(lists[1])]
+    /// Writes two lanes of batches that share no key: each lane's batches
+    /// in order, up to the lane's first failure (each result counts its
+    /// own lane's entries, across its batches). An implementation may
+    /// write the lanes at once, so that a failure in one says nothing of
+    /// the other. A start writes ~600,000 hash entries at 100,000 services
+    /// of 10 endpoints (slots entries, slots 0, rev-NAT entries, names),
+    /// and the kernel's hash inserts are much of its first sync.
+    fn write_lanes(&mut self, lanes: [&[Batch<'_>]; 2]) -> [Result<(), (usize, MapError)>; 2] {
+        [self.write_lane(lanes[0]), self.write_lane(lanes[1])]
+    }
+    /// The batches of one lane of `write_lanes`, in order.
+    fn write_lane(&mut self, lane: &[Batch<'_>]) -> Result<(), (usize, MapError)> {
+        let mut done = 0;
+        for batch in lane {
+            let result = match batch {
+                Batch::Services(entries) => self.set_services(entries),
+                Batch::RevNats(entries) => self.set_rev_nats(entries),
+                Batch::Names(entries) => self.set_names(entries),
+            };
+            result.map_err(|(n, error)| (done + n, error))?;
+            done += batch.len();
+        }
+        Ok(())
     }
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
     fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError>;
@@ -319,7 +371,7 @@ fn batch_of<K, V>() -> usize {
     (BATCH_BYTES / size_of::<K>().max(size_of::<V>()).max(1)).clamp(1, BATCH)
 }
 
-/// Entries of each list from which `set_services_two` (and a write of new
+/// Entries of each list from which `write_lanes` (and a write of new
 /// backends, `add_backends`) writes the second on a thread of its own (a
 /// thread costs tens of microseconds, an insert about one).
 const TWO_THREADS_FROM: usize = 256;
@@ -394,6 +446,37 @@ where
         };
         [first, second]
     })
+}
+
+/// The maps a lane of `write_lanes` writes, by descriptor.
+struct LaneFds<'a> {
+    services: &'a OwnedFd,
+    rev_nat: &'a OwnedFd,
+    names: &'a OwnedFd,
+}
+
+/// `write_batches` of each batch of `lane` in order; `Ok(false)`: the
+/// kernel has no batch writes (found at the first, nothing was written:
+/// the three maps are hash maps, which take batches on the same kernels).
+fn write_lane_batches(fds: &LaneFds<'_>, lane: &[Batch<'_>]) -> Result<bool, (usize, MapError)> {
+    let mut done = 0;
+    for batch in lane {
+        let result = match batch {
+            Batch::Services(entries) => write_batches(fds.services, MapName::Services, entries),
+            Batch::RevNats(entries) => write_batches(fds.rev_nat, MapName::RevNat, entries),
+            Batch::Names(entries) => write_batches(fds.names, MapName::Names, entries),
+        };
+        match result {
+            Ok(true) => done += batch.len(),
+            Ok(false) if done == 0 => return Ok(false),
+            Ok(false) => {
+                let source = io::Error::from_raw_os_error(libc::EINVAL);
+                return Err((done, MapError::Syscall { map: batch.map(), op: "bpf_map_update_batch", source }));
+            }
+            Err((n, error)) => return Err((done + n, error)),
+        }
+    }
+    Ok(true)
 }
 
 /// Writes `entries` to map `fd` in batches, or one at a time through `one`
@@ -544,26 +627,33 @@ impl ServiceMaps for KernelMaps {
         })
     }
 
-    /// Each list in batches, the second on a thread of its own when both
-    /// are long enough to be worth one: the kernel's hash map takes inserts
+    /// Each lane in batches, the second on a thread of its own when both
+    /// are long enough to be worth one: the kernel's hash maps take inserts
     /// on several CPUs at once (a lock per bucket, free elements per CPU).
-    fn set_services_two(
-        &mut self,
-        [first, second]: [&[(ServiceKey, ServiceValue)]; 2],
-    ) -> [Result<(), (usize, MapError)>; 2] {
-        if !self.batches || first.len().min(second.len()) < TWO_THREADS_FROM {
-            return [self.set_services(first), self.set_services(second)];
+    fn write_lanes(&mut self, lanes: [&[Batch<'_>]; 2]) -> [Result<(), (usize, MapError)>; 2] {
+        if !self.batches || lane_len(lanes[0]).min(lane_len(lanes[1])) < TWO_THREADS_FROM {
+            return [self.write_lane(lanes[0]), self.write_lane(lanes[1])];
         }
-        let results = write_batches_two(&self.services_fd, MapName::Services, [first, second]);
+        let fds = LaneFds { services: &self.services_fd, rev_nat: &self.rev_nat_fd, names: &self.names_fd };
+        let results = std::thread::scope(|scope| {
+            let other = std::thread::Builder::new()
+                .name("map-writer".into())
+                .spawn_scoped(scope, || write_lane_batches(&fds, lanes[1]));
+            let first = write_lane_batches(&fds, lanes[0]);
+            let second = match other {
+                Ok(other) => other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(_) => write_lane_batches(&fds, lanes[1]),
+            };
+            [first, second]
+        });
         // `Ok(false)`: the kernel has no batch writes (nothing written).
-        let lists = [first, second];
         let mut out = [Ok(()), Ok(())];
         for (i, result) in results.into_iter().enumerate() {
             out[i] = match result {
                 Ok(true) => Ok(()),
                 Ok(false) => {
                     self.batches = false;
-                    self.set_services(lists[i])
+                    self.write_lane(lanes[i])
                 }
                 Err(failed) => Err(failed),
             };

@@ -427,8 +427,8 @@ fn a_full_map_in_a_bulk_chunk_leaves_room_for_the_frontends_that_fit() {
             })
             .collect::<Vec<_>>(),
     );
-    // A chunk's slots, then its slots 0, are written in two halves at once
-    // (`ServiceMaps::set_services_two`): either half may be the one that
+    // A chunk's slots entries, then its slots 0, are written in two lanes
+    // at once (`ServiceMaps::write_lanes`): either lane may be the one that
     // finds the map full.
     for two_lists in TwoLists::ALL {
         let mut maps = FakeMaps { capacity: Some(350), two_lists, ..FakeMaps::default() };

@@ -4,12 +4,15 @@
 //! (in pieces of at most 32 KiB: `datapath/maps.rs`), in the order a reader
 //! needs: every rev-NAT entry and slot of the chunk before any of its
 //! slots 0, so no reader finds a slot 0 whose count reaches a slot not
-//! written yet (docs/design.md, "Write order"). The slots, then the
-//! slots 0, go in two halves at once
-//! (`ServiceMaps::set_services_two`); each half counts what it wrote, and
-//! the frontends a half wrote whole go on. When a map fills during such a
-//! write, which frontends got the last room depends on which thread was
-//! faster: every one served is whole, and the failures name the others.
+//! written yet (docs/design.md, "Write order"). That takes two steps, each
+//! in two lanes at once (`ServiceMaps::write_lanes`): the rev-NAT entries
+//! and the first part of the slots entries beside the rest of the slots
+//! entries (split so that both lanes write about as many), then the slots
+//! 0 beside the names (which no reader needs first). Each lane counts what
+//! it wrote, and the frontends written whole go on. When a map fills
+//! during such a write, which frontends got the last room depends on
+//! which thread was faster: every one served is whole, and the failures
+//! name the others.
 //!
 //! Only frontends that need nothing else are taken: reached from inside
 //! the node only (no Maglev table), no source ranges, and no external
@@ -25,6 +28,8 @@ use super::{
     ServiceMaps, ServiceTable, codec, remove_slot_entries, set_slot,
 };
 use proxy_common::{RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue};
+
+use crate::datapath::maps::Batch;
 
 /// Frontends per chunk (their slots: ~3,000 entries at 10 backends); in
 /// unit tests fewer, so that a few hundred frontends span chunks.
@@ -98,13 +103,11 @@ impl Reconciler {
         let (mut staged, complete) = self.stage(desired, chunk, wanted);
         let started: Vec<FrontendKey> = staged.iter().map(|s| s.key).collect();
         let mut full = !complete;
-        full |= self.write_rev_nats(maps, &mut staged, report);
-        full |= self.write_slots(maps, &mut staged, &mut lists.services, report);
-        full |= self.write_masters(maps, desired, &mut staged, &mut lists.services, report);
+        full |= self.write_rev_nats_and_slots(maps, &mut staged, lists, report);
+        full |= self.write_masters_and_names(maps, desired, &mut staged, lists, report);
         if full {
             self.remove_slots_without_master(maps, &started, report);
         }
-        full |= self.write_names(maps, &mut staged, &mut lists.names, report);
         for s in &staged {
             report_added(desired, s, report);
         }
@@ -163,34 +166,42 @@ impl Reconciler {
         (staged, true)
     }
 
-    fn write_rev_nats(&mut self, maps: &mut impl ServiceMaps, staged: &mut Vec<Staged>, report: &mut Report) -> bool {
-        let entries: Vec<(RevNatId, RevNat)> =
-            staged.iter().map(|s| (s.rev_nat, codec::rev_nat_value(s.key))).collect();
-        report.writes += entries.len();
-        let (n, error) = written(maps.set_rev_nats(&entries), entries.len());
-        for s in &staged[..n] {
-            self.applied(s).rev_nat_written = true;
-        }
-        stop_at(staged, n, error)
-    }
-
-    fn write_slots(
+    /// The rev-NAT entries of `staged` and the first part of its slots
+    /// entries in one lane, the rest of the slots entries in the other;
+    /// keeps the frontends that have both whole. Whether a map was full.
+    fn write_rev_nats_and_slots(
         &mut self,
         maps: &mut impl ServiceMaps,
         staged: &mut Vec<Staged>,
-        entries: &mut Vec<(ServiceKey, ServiceValue)>,
+        lists: &mut ChunkLists,
         report: &mut Report,
     ) -> bool {
-        entries.clear();
-        entries.extend(staged.iter().flat_map(|s| {
+        let ChunkLists { services, rev_nats, .. } = lists;
+        rev_nats.clear();
+        rev_nats.extend(staged.iter().map(|s| (s.rev_nat, codec::rev_nat_value(s.key))));
+        services.clear();
+        services.extend(staged.iter().flat_map(|s| {
             (0..codec::slot_entries(s.ids.len())).map(|e| (codec::slots_key(s.key, e), codec::slots_value(&s.ids, e)))
         }));
-        report.writes += entries.len();
-        let mid = half_of(staged, |s| codec::slot_entries(s.ids.len()));
+        report.writes += rev_nats.len() + services.len();
+        // The first lane's slots entries: about what the second takes
+        // once the rev-NAT entries are counted in the first.
+        let target = services.len().saturating_sub(rev_nats.len()) / 2;
+        let mid = split_at(staged, |s| codec::slot_entries(s.ids.len()), target);
         let at = staged[..mid].iter().map(|s| codec::slot_entries(s.ids.len())).sum();
-        let ([n1, n2], error) = write_two(maps, entries, at);
-        let whole = [self.record_slots(&staged[..mid], n1), self.record_slots(&staged[mid..], n2)];
-        keep_written(staged, mid, whole, error)
+        let (first, second) = services.split_at(at);
+        let [a, b] =
+            maps.write_lanes([&[Batch::RevNats(rev_nats), Batch::Services(first)], &[Batch::Services(second)]]);
+        let ((n1, e1), (n2, e2)) = (written(a, rev_nats.len() + first.len()), written(b, second.len()));
+        let rev_nats_written = n1.min(rev_nats.len());
+        for s in &staged[..rev_nats_written] {
+            self.applied(s).rev_nat_written = true;
+        }
+        let whole = [
+            self.record_slots(&staged[..mid], n1 - rev_nats_written).min(rev_nats_written),
+            self.record_slots(&staged[mid..], n2).min(rev_nats_written.saturating_sub(mid)),
+        ];
+        keep_written(staged, mid, whole, either(e1, e2))
     }
 
     /// Records the first `n` slots entries of `staged` (in order) as
@@ -212,47 +223,40 @@ impl Reconciler {
         whole
     }
 
-    fn write_masters(
+    /// The slots 0 of `staged` in one lane, their names in the other;
+    /// keeps the frontends that have both. Whether a map was full.
+    fn write_masters_and_names(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
         staged: &mut Vec<Staged>,
-        entries: &mut Vec<(ServiceKey, ServiceValue)>,
+        lists: &mut ChunkLists,
         report: &mut Report,
     ) -> bool {
-        entries.clear();
-        entries.extend(staged.iter().map(|s| {
+        let ChunkLists { services, names, .. } = lists;
+        services.clear();
+        services.extend(staged.iter().map(|s| {
             let frontend = &desired[&s.key];
             let flags = FrontendFlags::of(s.key, frontend, false).encode();
             let master = codec::master_value(frontend, s.ids.len(), s.rev_nat, flags, 0);
             (codec::service_key(s.key, 0), master)
         }));
-        report.writes += entries.len();
-        let mid = half_of(staged, |_| 1);
-        let (written, error) = write_two(maps, entries, mid);
-        for at in [0..written[0], mid..mid + written[1]] {
-            for (s, (_, master)) in staged[at.clone()].iter().zip(&entries[at]) {
-                self.applied(s).master = Some(*master);
-            }
+        names.clear();
+        names.extend(staged.iter().map(|s| (s.rev_nat, codec::service_name(&self.frontends[&s.key].service_port))));
+        report.writes += services.len() + names.len();
+        let [a, b] = maps.write_lanes([&[Batch::Services(services)], &[Batch::Names(names)]]);
+        let ((masters, e1), (named, e2)) = (written(a, services.len()), written(b, names.len()));
+        for (s, (_, master)) in staged.iter().zip(&services[..masters]) {
+            self.applied(s).master = Some(*master);
         }
-        keep_written(staged, mid, written, error)
-    }
-
-    fn write_names(
-        &mut self,
-        maps: &mut impl ServiceMaps,
-        staged: &mut Vec<Staged>,
-        entries: &mut Vec<(RevNatId, ServiceName)>,
-        report: &mut Report,
-    ) -> bool {
-        entries.clear();
-        entries.extend(staged.iter().map(|s| (s.rev_nat, codec::service_name(&self.frontends[&s.key].service_port))));
-        report.writes += entries.len();
-        let (n, error) = written(maps.set_names(entries), entries.len());
-        for s in &staged[..n] {
+        // A name written for a frontend whose slot 0 was not is recorded
+        // all the same: the frontend is begun, and its name goes with it.
+        for s in &staged[..named] {
             self.applied(s).name_written = true;
         }
-        stop_at(staged, n, error)
+        let both = masters.min(named);
+        let len = staged.len();
+        keep_written(staged, len, [both, 0], either(e1, e2))
     }
 
     fn applied(&mut self, s: &Staged) -> &mut AppliedFrontend {
@@ -335,12 +339,14 @@ impl WantedIds {
 
 /// The lists of entries a chunk's batch writes are made in, kept from one
 /// chunk to the next: made anew, the slots' (~160 KiB at 10 backends a
-/// frontend, with the slots 0) and the names' (~150 KiB) were handed back to the kernel after
-/// each chunk (memory.rs) and faulted in again by the next.
+/// frontend, with the slots 0) and the names' (~150 KiB) were handed back
+/// to the kernel after each chunk (memory.rs) and faulted in again by the
+/// next.
 #[derive(Default)]
 struct ChunkLists {
-    /// Slots, then slots 0.
+    /// Slots entries, then slots 0.
     services: Vec<(ServiceKey, ServiceValue)>,
+    rev_nats: Vec<(RevNatId, RevNat)>,
     names: Vec<(RevNatId, ServiceName)>,
 }
 
@@ -352,45 +358,29 @@ struct Staged {
     rev_nat: RevNatId,
 }
 
-/// Keeps frontends `staged[..n]`, those a batch wrote before `error` (if
-/// any); whether the map was full. The rest is written one at a time,
-/// which reports a failure that stays.
-fn stop_at(staged: &mut Vec<Staged>, n: usize, error: Option<MapError>) -> bool {
-    let len = staged.len();
-    keep_written(staged, len, [n, 0], error)
-}
-
-/// Where `staged` splits into two halves of about equal `weight` (the
-/// entries each frontend has in a write), for `write_two`.
-fn half_of(staged: &[Staged], weight: impl Fn(&Staged) -> usize) -> usize {
-    let total: usize = staged.iter().map(&weight).sum();
+/// Where `staged` splits so that the frontends before take about `target`
+/// of the entries `weight` gives each (at least `target`, or all of them).
+fn split_at(staged: &[Staged], weight: impl Fn(&Staged) -> usize, target: usize) -> usize {
     let mut sum = 0;
     staged
         .iter()
         .position(|s| {
+            if sum >= target {
+                return true;
+            }
             sum += weight(s);
-            sum * 2 >= total
+            false
         })
-        .map_or(0, |i| i + 1)
+        .unwrap_or(staged.len())
 }
 
-/// Writes SERVICES entries `entries[..at]` and `entries[at..]` at once
-/// (`ServiceMaps::set_services_two`): how many of each half were written,
-/// and a failure (a full map's before another's: it decides what the
-/// rest of the sync does).
-fn write_two(
-    maps: &mut impl ServiceMaps,
-    entries: &[(ServiceKey, ServiceValue)],
-    at: usize,
-) -> ([usize; 2], Option<MapError>) {
-    let (first, second) = entries.split_at(at);
-    let [a, b] = maps.set_services_two([first, second]);
-    let ((n1, e1), (n2, e2)) = (written(a, first.len()), written(b, second.len()));
-    let error = match (e1, e2) {
+/// The failure of two lanes that decides what the rest of the sync does:
+/// a full map's before another's.
+fn either(e1: Option<MapError>, e2: Option<MapError>) -> Option<MapError> {
+    match (e1, e2) {
         (Some(full @ MapError::Full { .. }), _) | (_, Some(full @ MapError::Full { .. })) => Some(full),
         (e1, e2) => e1.or(e2),
-    };
-    ([n1, n2], error)
+    }
 }
 
 /// Keeps the frontends of `staged` a write of its two halves (split at
@@ -428,5 +418,42 @@ mod tests {
         }
         assert_eq!(wanted.get(key(9)), None, "a frontend not recorded");
         assert_eq!(WantedIds::default().get(key(1)), None);
+    }
+
+    /// The first lane takes frontends until their entries reach the
+    /// target: then both lanes write about as many (the first also has
+    /// the rev-NAT entries).
+    #[test]
+    fn a_chunk_splits_where_the_first_lane_reaches_its_share() {
+        let staged: Vec<Staged> = (0..4)
+            .map(|n| Staged {
+                key: FrontendKey::new(Ipv4Addr::new(10, 96, 0, n).into(), 80, Protocol::Tcp),
+                ids: vec![1; usize::from(n) * 4 + 4],
+                rev_nat: u32::from(n) + 1,
+            })
+            .collect();
+        let entries = |s: &Staged| codec::slot_entries(s.ids.len());
+        // Entries 1, 2, 3, 4 (10 in all).
+        let cases = [(0, 0), (1, 1), (2, 2), (3, 2), (4, 3), (6, 3), (7, 4), (10, 4), (100, 4)];
+        for (target, mid) in cases {
+            assert_eq!(split_at(&staged, entries, target), mid, "target {target}");
+        }
+        // Four rev-NAT entries and ten slots entries: 3 slots entries
+        // beside the rev-NATs (7 in the first lane), 7 in the second.
+        assert_eq!(split_at(&staged, entries, (10 - 4) / 2), 2);
+        assert_eq!(split_at(&[], entries, 3), 0);
+    }
+
+    #[test]
+    fn a_full_map_decides_over_another_failure() {
+        let full = || Some(MapError::Full { map: crate::datapath::maps::MapName::Services });
+        let other = || {
+            let source = std::io::Error::other("injected");
+            Some(MapError::Syscall { map: crate::datapath::maps::MapName::Names, op: "test", source })
+        };
+        assert!(matches!(either(other(), full()), Some(MapError::Full { .. })));
+        assert!(matches!(either(full(), other()), Some(MapError::Full { .. })));
+        assert!(matches!(either(other(), None), Some(MapError::Syscall { .. })));
+        assert!(either(None, None).is_none());
     }
 }
