@@ -195,19 +195,20 @@ fn a_bound_too_small_turns_health_503_and_a_larger_bound_serves_all_without_a_ga
     assert_eq!(env.requests("10.97.0.40", 2), vec!["backend-1"; 2]);
 }
 
-/// A start writes a chunk of new frontends' slots, then their slots 0, in
-/// two halves on two threads (`ServiceMaps::set_services_two`); here the
-/// map fills in the middle of such a write. Whatever half found it full,
-/// every frontend in the map is whole (a slot 0 and all its slots), the
-/// chunk's slots whose slot 0 did not fit are removed, and what is in the
-/// map is what the agent reports and serves.
+/// A start writes a chunk of new frontends' rev-NAT and slots entries,
+/// then their slots 0 beside their names, each step in two lanes on two
+/// threads (`ServiceMaps::write_lanes`); here the map fills while the
+/// slots 0 are written. Every frontend in the map is whole (a slot 0 and
+/// all its slots), the chunk's slots whose slot 0 did not fit are
+/// removed, and what is in the map is what the agent reports and serves.
 #[test]
 fn a_map_filling_in_a_two_thread_write_leaves_only_whole_frontends() {
     common::require_root!();
     let mut env = Env::new(2);
     // web (2 entries) and 1,400 services (2,800 entries) in a map of
     // 2,000: the first chunk of 1,024 frontends takes 1,024 slots
-    // entries, then its slots 0 (two halves of 512) find the map full.
+    // entries, then its slots 0 (one lane, beside the names) find the map
+    // full.
     let n = 1400;
     env.write_services(&services(n));
     let mut args = env.agent_args();

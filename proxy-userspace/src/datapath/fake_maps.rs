@@ -22,7 +22,8 @@ pub struct FakeMaps {
     pub capacity: Option<usize>,
     pub ops: usize,
     /// Rev-NAT entries and names written through the batch methods
-    /// (`set_rev_nats`, `set_names`: only new frontends written in bulk).
+    /// (`write_lanes`, `set_rev_nats`, `set_names`: only new frontends
+    /// written in bulk).
     pub batched: usize,
     /// Entries of each Maglev table (0 means the smallest size, 251).
     pub maglev_size: usize,

@@ -362,8 +362,8 @@ const BATCH: usize = 4096;
 /// lists were handed back to the kernel as each write ended (memory.rs)
 /// and faulted in again by the next: ~16,000 page faults of a 100,000
 /// start's ~130,000 during its first sync. (The second writer of
-/// `write_batches_two` is a new thread each time, whose cache goes with
-/// it: this spares the main thread's.)
+/// `write_batches_two` and `write_lanes` is a new thread each time, whose
+/// cache goes with it: this spares the main thread's.)
 const BATCH_BYTES: usize = 32 * 1024;
 
 /// Entries of `K` and `V` one batch write carries.

@@ -418,34 +418,52 @@ fn a_full_map_in_a_bulk_chunk_leaves_room_for_the_frontends_that_fit() {
     // frontends written one at a time: every frontend that fits is served
     // (as `full_map_fails_only_what_does_not_fit`), and the ones reported
     // failed are the ones not served.
-    let t = table(
-        &(0..250u16)
-            .map(|n| {
-                let [hi, lo] = n.to_be_bytes();
-                let key = FrontendKey::new(Ipv4Addr::new(10, 96, hi, lo).into(), 80, Protocol::Tcp);
-                (key, vec![be(u8::try_from(n % 100).unwrap(), 8080)])
-            })
-            .collect::<Vec<_>>(),
-    );
-    // A chunk's slots entries, then its slots 0, are written in two lanes
-    // at once (`ServiceMaps::write_lanes`): either lane may be the one that
-    // finds the map full.
-    for two_lists in TwoLists::ALL {
-        let mut maps = FakeMaps { capacity: Some(350), two_lists, ..FakeMaps::default() };
-        let mut r = Reconciler::new();
-        let report = r.apply(&mut maps, &t);
-        assert!(report.failures.iter().all(|f| matches!(f.error, MapError::Full { .. })), "{report:?}");
-        let served: BTreeSet<FrontendKey> = decode(&maps.state).into_keys().collect();
-        assert_eq!(served.len(), 175, "{two_lists:?}: each served frontend takes two entries");
-        assert_eq!(reported(&report).0, served);
-        let failed: BTreeSet<String> = report.failures.iter().map(|f| f.subject.clone()).collect();
-        let unserved: BTreeSet<String> =
-            t.iter().filter(|(k, _)| !served.contains(*k)).map(|(k, f)| format!("{} {k}", f.service_port)).collect();
-        assert_eq!(failed, unserved, "{two_lists:?}: the failures name the frontends not served");
-        // Room made: the retry serves them all.
-        maps.capacity = None;
-        assert!(r.apply(&mut maps, &t).failures.is_empty());
-        assert_exact(&maps, &t);
+    //
+    // Also frontends of 9 backends (a slot 0 and 3 slots entries each) in
+    // room for 250: the first chunk's slots entries (300) fill the map
+    // while both lanes write them, each lane may be the one to find it
+    // full, and which frontends got the room depends on the order.
+    for (backends, capacity) in [(1, 350), (9, 250)] {
+        let t = table(
+            &(0..250u16)
+                .map(|n| {
+                    let [hi, lo] = n.to_be_bytes();
+                    let key = FrontendKey::new(Ipv4Addr::new(10, 96, hi, lo).into(), 80, Protocol::Tcp);
+                    let list = (0..backends).map(|j| be(u8::try_from((n * 9 + j) % 100).unwrap(), 8080)).collect();
+                    (key, list)
+                })
+                .collect::<Vec<_>>(),
+        );
+        let entries = 1 + codec::slot_entries(usize::from(backends));
+        // A chunk's rev-NAT and slots entries, then its slots 0 and names,
+        // are written in two lanes at once (`ServiceMaps::write_lanes`).
+        for two_lists in TwoLists::ALL {
+            let what = format!("{backends} backends, {two_lists:?}");
+            let mut maps = FakeMaps { capacity: Some(capacity), two_lists, ..FakeMaps::default() };
+            let mut r = Reconciler::new();
+            let report = r.apply(&mut maps, &t);
+            assert!(report.failures.iter().all(|f| matches!(f.error, MapError::Full { .. })), "{what}: {report:?}");
+            let served: BTreeSet<FrontendKey> = decode(&maps.state).into_keys().collect();
+            // Each served frontend takes `entries`; at most one frontend's
+            // slots entries wait for room for their slot 0.
+            let fit = capacity / entries;
+            assert!((fit - 1..=fit).contains(&served.len()), "{what}: {} served", served.len());
+            if backends == 1 {
+                assert_eq!(served.len(), 175, "{what}: each served frontend takes two entries");
+            }
+            assert_eq!(reported(&report).0, served, "{what}");
+            let failed: BTreeSet<String> = report.failures.iter().map(|f| f.subject.clone()).collect();
+            let unserved: BTreeSet<String> = t
+                .iter()
+                .filter(|(k, _)| !served.contains(*k))
+                .map(|(k, f)| format!("{} {k}", f.service_port))
+                .collect();
+            assert_eq!(failed, unserved, "{what}: the failures name the frontends not served");
+            // Room made: the retry serves them all.
+            maps.capacity = None;
+            assert!(r.apply(&mut maps, &t).failures.is_empty(), "{what}");
+            assert_exact(&maps, &t);
+        }
     }
 }
 

@@ -9,10 +9,10 @@
 //! and the first part of the slots entries beside the rest of the slots
 //! entries (split so that both lanes write about as many), then the slots
 //! 0 beside the names (which no reader needs first). Each lane counts what
-//! it wrote, and the frontends written whole go on. When a map fills
-//! during such a write, which frontends got the last room depends on
-//! which thread was faster: every one served is whole, and the failures
-//! name the others.
+//! it wrote, and the frontends written whole go on. When `SERVICES` fills
+//! while both lanes write slots entries, which frontends got the last room
+//! depends on which thread was faster: every one served is whole, and the
+//! failures name the others.
 //!
 //! Only frontends that need nothing else are taken: reached from inside
 //! the node only (no Maglev table), no source ranges, and no external
@@ -383,10 +383,11 @@ fn either(e1: Option<MapError>, e2: Option<MapError>) -> Option<MapError> {
     }
 }
 
-/// Keeps the frontends of `staged` a write of its two halves (split at
-/// `mid`) wrote whole, `whole[0]` of the first half and `whole[1]` of the
-/// second, when it failed with `error`; whether a map was full. The rest is
-/// written one at a time, which reports a failure that stays.
+/// Keeps the frontends of `staged` a two-lane write wrote whole,
+/// `whole[0]` of those before `mid` and `whole[1]` of those from it (`mid`
+/// = `staged.len()`: one list, `whole[0]` of it), when it failed with
+/// `error`; whether a map was full. The rest is written one at a time,
+/// which reports a failure that stays.
 fn keep_written(staged: &mut Vec<Staged>, mid: usize, whole: [usize; 2], error: Option<MapError>) -> bool {
     let Some(error) = error else { return false };
     let stopped = if whole[0] < mid { whole[0] } else { mid + whole[1] };
