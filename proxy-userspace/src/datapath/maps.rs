@@ -424,8 +424,21 @@ where
     Ok(true)
 }
 
-/// `write_batches` of two lists at once, the second on a thread of its own
-/// (or after the first when no thread can be started).
+/// Runs `first` here and `second` on a thread of its own at once (or
+/// after `first` when no thread can be started).
+fn at_once<T: Send>(first: impl FnOnce() -> T, second: impl Fn() -> T + Sync) -> [T; 2] {
+    std::thread::scope(|scope| {
+        let other = std::thread::Builder::new().name("map-writer".into()).spawn_scoped(scope, &second);
+        let first = first();
+        let second = match other {
+            Ok(other) => other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => second(),
+        };
+        [first, second]
+    })
+}
+
+/// `write_batches` of two lists at once (`at_once`).
 fn write_batches_two<K, V>(
     fd: &OwnedFd,
     map: MapName,
@@ -435,17 +448,7 @@ where
     K: Copy + Sync,
     V: Copy + Sync,
 {
-    std::thread::scope(|scope| {
-        let other = std::thread::Builder::new()
-            .name("map-writer".into())
-            .spawn_scoped(scope, || write_batches(fd, map, second));
-        let first = write_batches(fd, map, first);
-        let second = match other {
-            Ok(other) => other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            Err(_) => write_batches(fd, map, second),
-        };
-        [first, second]
-    })
+    at_once(|| write_batches(fd, map, first), || write_batches(fd, map, second))
 }
 
 /// The maps a lane of `write_lanes` writes, by descriptor.
@@ -635,17 +638,7 @@ impl ServiceMaps for KernelMaps {
             return [self.write_lane(lanes[0]), self.write_lane(lanes[1])];
         }
         let fds = LaneFds { services: &self.services_fd, rev_nat: &self.rev_nat_fd, names: &self.names_fd };
-        let results = std::thread::scope(|scope| {
-            let other = std::thread::Builder::new()
-                .name("map-writer".into())
-                .spawn_scoped(scope, || write_lane_batches(&fds, lanes[1]));
-            let first = write_lane_batches(&fds, lanes[0]);
-            let second = match other {
-                Ok(other) => other.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-                Err(_) => write_lane_batches(&fds, lanes[1]),
-            };
-            [first, second]
-        });
+        let results = at_once(|| write_lane_batches(&fds, lanes[0]), || write_lane_batches(&fds, lanes[1]));
         // `Ok(false)`: the kernel has no batch writes (nothing written).
         let mut out = [Ok(()), Ok(())];
         for (i, result) in results.into_iter().enumerate() {

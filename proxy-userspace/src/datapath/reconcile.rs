@@ -349,12 +349,14 @@ impl Reconciler {
         let Dump { services, backends, rev_nat, maglev, source_ranges, names } = maps.dump()?;
         let mut this = Self::default();
         let mut recovery = Recovery::default();
-        let mut stale_services = Vec::new();
+        // A set: an entry of no backend is found as such and may be an
+        // orphan's too.
+        let mut stale_services = BTreeSet::new();
         let (table, stale_backends) = BackendTable::recover(&backends);
         this.backends = table;
         for (key, value) in &services {
             let Ok((fk, slot)) = codec::frontend_of(key) else {
-                stale_services.push(*key);
+                stale_services.insert(*key);
                 continue;
             };
             let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(ServicePort::default()));
@@ -367,7 +369,7 @@ impl Reconciler {
                 let ids = value.slot_ids();
                 // An entry naming no backend is none a writer leaves.
                 let Some(last) = ids.iter().rposition(|id| *id != 0) else {
-                    stale_services.push(*key);
+                    stale_services.insert(*key);
                     continue;
                 };
                 let first = (usize::from(slot) - 1) * codec::SLOTS_PER_ENTRY;
@@ -391,10 +393,6 @@ impl Reconciler {
             let keys = (0..codec::slot_entries(fe.slots.len())).map(|e| codec::slots_key(fk, e));
             stale_services.extend(keys.filter(|k| services.contains_key(k)));
         }
-        // (An entry of no backend may be listed twice: as such, and as an
-        // orphan's.)
-        stale_services.sort_unstable();
-        stale_services.dedup();
         let used_rev_nat: BTreeSet<RevNatId> =
             this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
         let stale_rev_nat: Vec<RevNatId> = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();

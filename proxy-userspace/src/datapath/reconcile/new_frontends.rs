@@ -180,15 +180,17 @@ impl Reconciler {
         rev_nats.clear();
         rev_nats.extend(staged.iter().map(|s| (s.rev_nat, codec::rev_nat_value(s.key))));
         services.clear();
-        services.extend(staged.iter().flat_map(|s| {
-            (0..codec::slot_entries(s.ids.len())).map(|e| (codec::slots_key(s.key, e), codec::slots_value(&s.ids, e)))
-        }));
+        services.extend(
+            staged
+                .iter()
+                .flat_map(|s| (0..s.entries()).map(|e| (codec::slots_key(s.key, e), codec::slots_value(&s.ids, e)))),
+        );
         report.writes += rev_nats.len() + services.len();
         // The first lane's slots entries: about what the second takes
         // once the rev-NAT entries are counted in the first.
         let target = services.len().saturating_sub(rev_nats.len()) / 2;
-        let mid = split_at(staged, |s| codec::slot_entries(s.ids.len()), target);
-        let at = staged[..mid].iter().map(|s| codec::slot_entries(s.ids.len())).sum();
+        let mid = split_at(staged, Staged::entries, target);
+        let at = staged[..mid].iter().map(Staged::entries).sum();
         let (first, second) = services.split_at(at);
         let [a, b] =
             maps.write_lanes([&[Batch::RevNats(rev_nats), Batch::Services(first)], &[Batch::Services(second)]]);
@@ -210,7 +212,7 @@ impl Reconciler {
         let mut whole = 0;
         for s in staged {
             let fe = self.frontends.get_mut(&s.key).expect("staged");
-            let entries = codec::slot_entries(s.ids.len());
+            let entries = s.entries();
             for (i, id) in s.ids.iter().enumerate().take(n.min(entries) * codec::SLOTS_PER_ENTRY) {
                 set_slot(&mut fe.slots, &mut self.backends, i, *id);
             }
@@ -358,6 +360,13 @@ struct Staged {
     rev_nat: RevNatId,
 }
 
+impl Staged {
+    /// Its slots entries.
+    fn entries(&self) -> usize {
+        codec::slot_entries(self.ids.len())
+    }
+}
+
 /// Where `staged` splits so that the frontends before take about `target`
 /// of the entries `weight` gives each (at least `target`, or all of them).
 fn split_at(staged: &[Staged], weight: impl Fn(&Staged) -> usize, target: usize) -> usize {
@@ -433,7 +442,7 @@ mod tests {
                 rev_nat: u32::from(n) + 1,
             })
             .collect();
-        let entries = |s: &Staged| codec::slot_entries(s.ids.len());
+        let entries = Staged::entries;
         // Entries 1, 2, 3, 4 (10 in all).
         let cases = [(0, 0), (1, 1), (2, 2), (3, 2), (4, 3), (6, 3), (7, 4), (10, 4), (100, 4)];
         for (target, mid) in cases {
