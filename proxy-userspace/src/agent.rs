@@ -288,7 +288,7 @@ fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Rec
 /// its own, so that the next change does not wait for it.
 fn free_aside(synced: Synced) {
     const LARGE: usize = 1024;
-    if synced.report.changes.len() >= LARGE {
+    if synced.report.changed() >= LARGE {
         // A thread that cannot start frees it here, as the closure drops.
         let _ = std::thread::Builder::new().name("free-report".into()).spawn(move || drop(synced));
     }
@@ -552,12 +552,8 @@ fn publish(
     metrics.endpoint_changes_pending.set(0);
     let no_local = pipeline.model().no_local_endpoints();
     metrics.set_no_local_endpoints(no_local.internal, no_local.external);
-    for c in &report.changes {
-        match c.kind {
-            ChangeKind::Added | ChangeKind::Removed => metrics.service_changes.inc(),
-            ChangeKind::Updated => metrics.endpoint_changes.inc(),
-        };
-    }
+    metrics.service_changes.inc_by((report.count(ChangeKind::Added) + report.count(ChangeKind::Removed)) as u64);
+    metrics.endpoint_changes.inc_by(report.count(ChangeKind::Updated) as u64);
     let mut t = telemetries.telemetry.lock().expect("telemetry lock");
     t.stats = pipeline.stats().clone();
     t.health_check_ports = health_check_ports;
@@ -580,7 +576,8 @@ fn publish(
     t.backends = reconciler.backend_count();
     t.service_entries = reconciler.service_entries();
     t.maglev_tables = reconciler.maglev_tables();
-    if synced.whole_table {
+    // New frontends not listed (a large sync) are in the reconciler.
+    if synced.whole_table || !report.added_unlisted.is_empty() {
         t.set_frontends(reconciler.frontend_ids());
     } else {
         for c in &report.changes {

@@ -280,7 +280,7 @@ impl Pipeline {
     /// After every write of the maps: logs the report, counts its failures
     /// and schedules their retry.
     fn written(&mut self, report: &Report, read: Duration, took: Duration, audit: bool) {
-        log_report(report, read, took, audit);
+        log_report(report, &self.reconciler, (read, took), audit);
         self.stats.map_write_failures += report.failures.len() as u64;
         self.retry_at = self.reconciler.retry_delay().map(|d| Instant::now() + d);
     }
@@ -537,13 +537,14 @@ pub const MAP_WRITES_FAILED: &str =
 
 /// A sync that changes more frontends than this (a first start, a relist)
 /// logs a summary at info and each change at debug.
-const LOG_EACH_CHANGE_UP_TO: usize = crate::datapath::reconcile::LIST_NEW_BACKENDS_UP_TO;
+const LOG_EACH_CHANGE_UP_TO: usize = crate::datapath::reconcile::LIST_NEW_FRONTENDS_UP_TO;
 
-/// Logs what a sync changed; `read` is the time spent reading and
-/// translating, `took` the time spent writing the maps. The changes of a
-/// drift audit's repair go to debug (its one line names them).
-fn log_report(report: &Report, read: Duration, took: Duration, audit: bool) {
-    let each_at_info = !audit && report.changes.len() <= LOG_EACH_CHANGE_UP_TO;
+/// Logs what a sync changed (`reconciler`: what it wrote); `read` is the
+/// time spent reading and translating, `took` the time spent writing the
+/// maps. The changes of a drift audit's repair go to debug (its one line
+/// names them).
+fn log_report(report: &Report, reconciler: &Reconciler, (read, took): (Duration, Duration), audit: bool) {
+    let each_at_info = !audit && report.changed() <= LOG_EACH_CHANGE_UP_TO;
     for c in &report.changes {
         if !each_at_info && !tracing::enabled!(tracing::Level::DEBUG) {
             break;
@@ -561,12 +562,19 @@ fn log_report(report: &Report, read: Duration, took: Duration, audit: bool) {
             debug!(service = %c.service_port, frontend = %c.frontend, backends = c.backends, ?added, ?removed, "{kind}");
         }
     }
+    // New frontends of a large sync (a start) are reported by key.
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        for key in &report.added_unlisted {
+            if let Some((service, backends)) = reconciler.describe(key) {
+                debug!(%service, frontend = %key, backends, "service frontend added");
+            }
+        }
+    }
     if !each_at_info && !audit {
-        let count = |kind| report.changes.iter().filter(|c| c.kind == kind).count();
         info!(
-            added = count(ChangeKind::Added),
-            updated = count(ChangeKind::Updated),
-            removed = count(ChangeKind::Removed),
+            added = report.count(ChangeKind::Added),
+            updated = report.count(ChangeKind::Updated),
+            removed = report.count(ChangeKind::Removed),
             "service frontends changed (each change is logged at debug level; `ebpf-proxy service list` shows the table)"
         );
     }

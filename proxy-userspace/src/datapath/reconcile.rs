@@ -137,8 +137,7 @@ pub struct Change {
 
 impl Change {
     /// A change of frontend `key`, now of `backends` backends, from
-    /// backends `before` to `after` (empty for a new frontend whose
-    /// backends are not listed: `Report::new_backends_listed`).
+    /// backends `before` to `after`.
     fn new(
         service_port: ServicePort,
         frontend: FrontendKey,
@@ -174,26 +173,56 @@ pub struct Failure {
     pub error: MapError,
 }
 
-/// A sync that adds more frontends than this reports a new frontend's
-/// backends by count only (`Report::new_backends_listed`); the pipeline
-/// logs each change of a sync of at most this many changes at info.
-pub const LIST_NEW_BACKENDS_UP_TO: usize = 64;
+/// A sync that adds more frontends than this reports them by key only
+/// (`Report::added_unlisted`); the pipeline logs each change of a sync of
+/// at most this many changes at info.
+pub const LIST_NEW_FRONTENDS_UP_TO: usize = 64;
 
 /// The outcome of one `apply`.
 #[derive(Debug, Default)]
 pub struct Report {
+    /// Each frontend changed, with what changed; in a sync that adds more
+    /// than `LIST_NEW_FRONTENDS_UP_TO` frontends (a start) the new ones
+    /// are in `added_unlisted` instead.
     pub changes: Vec<Change>,
-    /// Whether a new frontend's change lists its backends (`added`), as in
-    /// a sync that adds at most `LIST_NEW_BACKENDS_UP_TO` frontends; in
-    /// one that adds more (a start) its `added` is empty and `backends`
-    /// counts them, as the desired table lists them: a start's report held
-    /// every backend again, ~25 MB at 1,000,000 at the agent's peak.
-    pub new_backends_listed: bool,
+    /// Whether new frontends are in `changes`, each with its backends
+    /// (`added`): in a sync that adds at most `LIST_NEW_FRONTENDS_UP_TO`.
+    pub new_listed: bool,
+    /// The new frontends of a sync that adds more, by key, in the order
+    /// written: the desired table and the reconciler hold the rest. A
+    /// `Change` each held ~11 MB at 100,000 frontends at a start's peak
+    /// (and, listing their backends, ~25 MB more before that).
+    pub added_unlisted: Vec<FrontendKey>,
     pub failures: Vec<Failure>,
     /// Map writes and deletes issued.
     pub writes: usize,
     pub backends_added: usize,
     pub backends_removed: usize,
+}
+
+impl Report {
+    /// How many frontends changed this way, listed in `changes` or not.
+    #[must_use]
+    pub fn count(&self, kind: ChangeKind) -> usize {
+        let unlisted = if kind == ChangeKind::Added { self.added_unlisted.len() } else { 0 };
+        self.changes.iter().filter(|c| c.kind == kind).count() + unlisted
+    }
+
+    /// How many frontends changed, listed in `changes` or not.
+    #[must_use]
+    pub const fn changed(&self) -> usize {
+        self.changes.len() + self.added_unlisted.len()
+    }
+
+    /// Records a change of frontend `key`: listed, unless it is new in a
+    /// sync that does not list new ones.
+    fn record(&mut self, change: impl FnOnce() -> Change, key: FrontendKey, new: bool) {
+        if new && !self.new_listed {
+            self.added_unlisted.push(key);
+        } else {
+            self.changes.push(change());
+        }
+    }
 }
 
 /// What `recover` found in the maps and removed as unreachable.
@@ -482,6 +511,13 @@ impl Reconciler {
         self.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k, f.service_port.clone()))
     }
 
+    /// The service port of frontend `key` and how many backends it
+    /// serves.
+    #[must_use]
+    pub fn describe(&self, key: &FrontendKey) -> Option<(&ServicePort, usize)> {
+        self.frontends.get(key).map(|f| (&f.service_port, f.live_slots().len()))
+    }
+
     /// The rev-NAT id of frontend `key`, once it has one.
     #[must_use]
     pub fn frontend_id(&self, key: &FrontendKey) -> Option<RevNatId> {
@@ -543,9 +579,11 @@ impl Reconciler {
             self.want(*key, frontend, ids, &mut report);
         }
         let keys: Vec<FrontendKey> = desired.keys().chain(self.frontends.keys()).copied().collect();
-        let ids = self.backends.primary_ids();
-        self.apply_keys(maps, desired, keys, &ids, wanted, &mut report);
-        // Every id, also a second id of one address (left by a crash).
+        // The list of ids is not kept through the frontends' writes (4 MB
+        // at 1,000,000 backends, at a start's peak): the removal below goes
+        // over every id, also a second id of one address (left by a crash).
+        self.upsert_backends(maps, &self.backends.primary_ids(), &mut report);
+        self.apply_keys(maps, desired, keys, wanted, &mut report);
         self.remove_unused_backends(maps, self.backends.all_ids(), &mut report);
         self.indexed = report.failures.is_empty();
         // Rebuilt in order, every tree node full (see
@@ -587,7 +625,9 @@ impl Reconciler {
         }
         ids.sort_unstable();
         ids.dedup();
-        self.apply_keys(maps, desired, keys.into_iter().collect(), &ids, WantedIds::default(), &mut report);
+        self.upsert_backends(maps, &ids, &mut report);
+        self.apply_keys(maps, desired, keys.into_iter().collect(), WantedIds::default(), &mut report);
+        self.remove_unused_backends(maps, ids, &mut report);
         self.indexed = report.failures.is_empty();
         report
     }
@@ -609,20 +649,18 @@ impl Reconciler {
         }
     }
 
-    /// Brings frontends `keys` (and, first, backends `ids`) to what
-    /// `desired` says, then removes what nothing refers to any more;
-    /// `wanted`: the ids `want` gave frontends (new ones written in bulk
-    /// take theirs from there).
+    /// Brings frontends `keys` to what `desired` says (their backends are
+    /// written already), then removes the Maglev tables nothing refers to
+    /// any more (the caller removes the backends); `wanted`: the ids `want`
+    /// gave frontends (new ones written in bulk take theirs from there).
     fn apply_keys(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
         mut keys: Vec<FrontendKey>,
-        ids: &[u32],
         wanted: WantedIds,
         report: &mut Report,
     ) {
-        self.upsert_backends(maps, ids, report);
         keys.sort();
         keys.dedup();
         let before = Counts::sum(keys.iter().map(|k| Counts::of(self.frontends.get(k))));
@@ -632,10 +670,14 @@ impl Reconciler {
         // TWO_SCOPES only once its twin is there) and removed last (after
         // their entry stopped saying so): keys of scope All sort first.
         updates.sort_by_key(|k| (k.scope != Scope::External, *k));
-        // Nearly every update is reported (all of them on a first sync).
-        report.changes.reserve_exact(updates.len() + removals.len());
         let new = updates.iter().filter(|k| !self.frontends.contains_key(k)).count();
-        report.new_backends_listed = new <= LIST_NEW_BACKENDS_UP_TO;
+        report.new_listed = new <= LIST_NEW_FRONTENDS_UP_TO;
+        // Nearly every update is reported (all of them on a first sync).
+        if report.new_listed {
+            report.changes.reserve_exact(updates.len() + removals.len());
+        } else {
+            report.added_unlisted.reserve_exact(new);
+        }
         self.apply_updates(maps, desired, &updates, &wanted, report);
         // Its only reader is done: freed before the removals and, in
         // `apply`, the rebuild of the frontends' tree (a start's largest
@@ -661,7 +703,6 @@ impl Reconciler {
         for (id, error) in self.maglev.remove_unused(maps, &mut report.writes) {
             report.failures.push(Failure { subject: format!("Maglev table {id}"), error });
         }
-        self.remove_unused_backends(maps, ids.to_vec(), report);
     }
 
     /// Writes frontend `key` of `desired`; `new`: it is new though its
@@ -848,16 +889,15 @@ impl Reconciler {
         }
         fe.write_name(maps, key, report);
         if report.writes > writes_before {
-            let after: Vec<BackendAddr> = if existed || report.new_backends_listed {
-                targets.iter().map(|(a, _)| *a).collect()
-            } else {
-                Vec::new()
-            };
-            let before: Vec<BackendAddr> = before.iter().filter_map(|id| self.backends.addr(*id)).collect();
-            let kind = if existed { ChangeKind::Updated } else { ChangeKind::Added };
             let rev_nat = self.frontends[&key].rev_nat;
-            let after = (after, targets.len());
-            report.changes.push(Change::new(frontend.service_port.clone(), key, rev_nat, kind, before, after));
+            let backends = &self.backends;
+            let change = || {
+                let before: Vec<BackendAddr> = before.iter().filter_map(|id| backends.addr(*id)).collect();
+                let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
+                let kind = if existed { ChangeKind::Updated } else { ChangeKind::Added };
+                Change::new(frontend.service_port.clone(), key, rev_nat, kind, before, (after, targets.len()))
+            };
+            report.record(change, key, !existed);
         }
         Ok(())
     }

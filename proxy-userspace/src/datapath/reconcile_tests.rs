@@ -242,45 +242,44 @@ fn add_update_remove() {
 }
 
 /// A new frontend's change lists its backends in a sync that adds few; in
-/// one that adds more than `LIST_NEW_BACKENDS_UP_TO` frontends (a start)
-/// it counts them only, and a changed frontend's change still lists what
-/// it gained; a whole table compared again with one frontend new lists it.
+/// one that adds more than `LIST_NEW_FRONTENDS_UP_TO` frontends (a start)
+/// the new ones are reported by key only, and a changed frontend's change
+/// still lists what it gained; a whole table compared again with one
+/// frontend new lists it.
 #[test]
-fn a_large_sync_counts_new_frontends_backends_without_listing_them() {
-    use super::reconcile::LIST_NEW_BACKENDS_UP_TO;
+fn a_large_sync_reports_new_frontends_by_key() {
+    use super::reconcile::LIST_NEW_FRONTENDS_UP_TO;
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::new();
     let small = table(&[(fk(1, 80, Protocol::Tcp), vec![be(1, 8080), be(2, 8080)])]);
     let report = r.apply(&mut maps, &small);
-    assert!(report.new_backends_listed);
+    assert!(report.new_listed);
+    assert!(report.added_unlisted.is_empty());
     assert_eq!((report.changes[0].backends, report.changes[0].added.len()), (2, 2));
 
-    let entries: Vec<(FrontendKey, Vec<Backend>)> = (1..=u8::try_from(LIST_NEW_BACKENDS_UP_TO + 2).unwrap())
+    let entries: Vec<(FrontendKey, Vec<Backend>)> = (1..=u8::try_from(LIST_NEW_FRONTENDS_UP_TO + 2).unwrap())
         .map(|n| (fk(n, 80, Protocol::Tcp), vec![be(n, 8080), be(n.wrapping_add(1), 8080), be(3, 8080)]))
         .collect();
     let large = table(&entries);
     let report = r.apply(&mut maps, &large);
     assert_exact(&maps, &large);
-    assert!(!report.new_backends_listed);
-    for c in &report.changes {
-        assert_eq!(c.backends, 3, "{c:?}");
-        match c.kind {
-            ChangeKind::Added => assert!(c.added.is_empty(), "{c:?}"),
-            // Frontend 1 had backends 1 and 2; it gained 3.
-            ChangeKind::Updated => {
-                let three = BackendAddr { addr: be(3, 8080).addr, port: 8080, protocol: Protocol::Tcp };
-                assert_eq!(c.added, vec![three], "{c:?}");
-            }
-            ChangeKind::Removed => panic!("{c:?}"),
-        }
-    }
-    assert_eq!(report.changes.iter().filter(|c| c.kind == ChangeKind::Updated).count(), 1);
+    assert!(!report.new_listed);
+    let new: Vec<FrontendKey> = entries[1..].iter().map(|(k, _)| *k).collect();
+    assert_eq!(report.added_unlisted, new, "the new frontends, in the order written");
+    assert_eq!((report.count(ChangeKind::Added), report.changed()), (new.len(), new.len() + 1));
+    // Frontend 1 had backends 1 and 2; it gained 3.
+    let [c] = &report.changes[..] else { panic!("{report:?}") };
+    let three = BackendAddr { addr: be(3, 8080).addr, port: 8080, protocol: Protocol::Tcp };
+    assert_eq!((c.kind, c.backends, &c.added), (ChangeKind::Updated, 3, &vec![three]), "{c:?}");
+    // What the pipeline logs of each at debug level.
+    assert_eq!(r.describe(&new[0]).map(|(port, n)| (port.clone(), n)), Some((large[&new[0]].service_port.clone(), 3)));
 
     // The whole table again (a relist), with one frontend more.
     let mut entries = entries;
     entries.push((fk(200, 80, Protocol::Tcp), vec![be(200, 8080)]));
     let report = r.apply(&mut maps, &table(&entries));
-    assert!(report.new_backends_listed);
+    assert!(report.new_listed);
+    assert!(report.added_unlisted.is_empty());
     assert_eq!(report.changes.len(), 1, "{report:?}");
     assert_eq!((report.changes[0].kind, report.changes[0].added.len()), (ChangeKind::Added, 1));
 }
@@ -313,9 +312,11 @@ fn start_table(frontends: u16) -> ServiceTable {
         .collect()
 }
 
-/// The frontends a report lists, and whether it lists each as added.
+/// The frontends a report names, and whether it names each as added
+/// (those of a start: by key, `Report::added_unlisted`).
 fn reported(report: &super::reconcile::Report) -> (BTreeSet<FrontendKey>, bool) {
-    (report.changes.iter().map(|c| c.frontend).collect(), report.changes.iter().all(|c| c.kind == ChangeKind::Added))
+    let named = report.changes.iter().map(|c| c.frontend).chain(report.added_unlisted.iter().copied());
+    (named.collect(), report.changes.is_empty())
 }
 
 #[test]
@@ -326,7 +327,7 @@ fn a_start_is_written_in_bulk_whole_in_key_order() {
     let report = r.apply(&mut maps, &t);
     assert!(report.failures.is_empty(), "{report:?}");
     assert_exact(&maps, &t);
-    assert_eq!(report.changes.len(), t.len(), "each frontend reported once");
+    assert_eq!(report.changed(), t.len(), "each frontend reported once");
     assert_eq!(reported(&report), (t.keys().copied().collect(), true));
     // The ClusterIPs (neither reached from outside nor with source
     // ranges) went in bulk: their rev-NAT entries and names through the
@@ -366,8 +367,8 @@ fn a_whole_table_sync_writes_new_frontends_among_known_ones() {
     let report = r.apply(&mut maps, &all);
     assert!(report.failures.is_empty(), "{report:?}");
     assert_exact(&maps, &all);
-    let added: BTreeSet<FrontendKey> =
-        report.changes.iter().filter(|c| c.kind == ChangeKind::Added).map(|c| c.frontend).collect();
+    assert!(report.changes.is_empty(), "{:?}", report.changes);
+    let added: BTreeSet<FrontendKey> = report.added_unlisted.iter().copied().collect();
     let new: BTreeSet<FrontendKey> = all.keys().filter(|k| !known(k)).copied().collect();
     assert!(!new.is_empty());
     assert_eq!(added, new, "exactly the new frontends are added");
@@ -396,7 +397,7 @@ fn a_start_whose_write_fails_in_a_bulk_chunk_reports_what_is_served_and_converge
         let served: BTreeSet<FrontendKey> = decode(&maps.state).into_keys().collect();
         let (listed, added) = reported(&report);
         assert_eq!(listed, served, "failing write {fail}: the report lists what is served");
-        assert_eq!(report.changes.len(), listed.len(), "failing write {fail}: each reported once");
+        assert_eq!(report.changed(), listed.len(), "failing write {fail}: each reported once");
         assert!(added, "failing write {fail}: each listed as added");
         // A failed batch is tried again one frontend at a time, which
         // succeeds: a failure is reported only when that one fails.

@@ -289,14 +289,14 @@ impl Reconciler {
 
 /// Reports frontend `s`, written whole, as added.
 fn report_added(desired: &ServiceTable, s: &Staged, report: &mut Report) {
-    let frontend = &desired[&s.key];
-    let after: Vec<BackendAddr> = if report.new_backends_listed {
-        frontend.backends.iter().map(|b| BackendAddr { addr: b.addr, port: b.port, protocol: s.key.protocol }).collect()
-    } else {
-        Vec::new()
+    let change = || {
+        let frontend = &desired[&s.key];
+        let after =
+            frontend.backends.iter().map(|b| BackendAddr { addr: b.addr, port: b.port, protocol: s.key.protocol });
+        let (port, after) = (frontend.service_port.clone(), (after.collect(), s.ids.len()));
+        Change::new(port, s.key, s.rev_nat, ChangeKind::Added, Vec::new(), after)
     };
-    let (port, after) = (frontend.service_port.clone(), (after, s.ids.len()));
-    report.changes.push(Change::new(port, s.key, s.rev_nat, ChangeKind::Added, Vec::new(), after));
+    report.record(change, s.key, true);
 }
 
 /// The backend ids `want` reserved for the new frontends of a
