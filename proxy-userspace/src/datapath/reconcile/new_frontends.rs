@@ -65,6 +65,7 @@ impl Reconciler {
         let mut lists = ChunkLists::default();
         let mut slots = 0;
         let mut in_bulk = true;
+        let mut packed = self.frontends.len();
         for key in updates {
             if in_bulk && self.takes_in_bulk(desired, *key) {
                 chunk.push(*key);
@@ -75,6 +76,14 @@ impl Reconciler {
             }
             if !chunk.is_empty() {
                 in_bulk = self.write_chunk(maps, desired, &chunk, wanted, &mut lists, report);
+                // Frontends inserted one by one in key order (a start's)
+                // leave each tree node about half empty: ~12 MB more at
+                // 100,000 by the last chunk, at the start's peak. Packed
+                // each time the tree doubled, at most the last half is.
+                if self.frontends.len() >= 2 * packed.max(CHUNK) {
+                    self.frontends = std::mem::take(&mut self.frontends).into_iter().collect();
+                    packed = self.frontends.len();
+                }
                 let last = chunk.last() == Some(key);
                 chunk.clear();
                 slots = 0;
