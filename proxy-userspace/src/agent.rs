@@ -283,12 +283,13 @@ fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Rec
     Ok(reconciler)
 }
 
-/// Frees a sync's report; a whole table's (100,000 changes at 100,000
-/// services: ~15 ms to free when each listed its backends) on a thread of
-/// its own, so that the next change does not wait for it.
+/// Frees a sync's report; one of many changes (a relist that changed
+/// every frontend: 100,000 at 100,000 services, each listing backends,
+/// ~15 ms to free) on a thread of its own, so that the next change does not
+/// wait for it. (A start's new frontends are one list of keys.)
 fn free_aside(synced: Synced) {
     const LARGE: usize = 1024;
-    if synced.report.changed() >= LARGE {
+    if synced.report.changes.len() >= LARGE {
         // A thread that cannot start frees it here, as the closure drops.
         let _ = std::thread::Builder::new().name("free-report".into()).spawn(move || drop(synced));
     }

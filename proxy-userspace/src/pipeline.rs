@@ -544,7 +544,9 @@ const LOG_EACH_CHANGE_UP_TO: usize = crate::datapath::reconcile::LIST_NEW_FRONTE
 /// maps. The changes of a drift audit's repair go to debug (its one line
 /// names them).
 fn log_report(report: &Report, reconciler: &Reconciler, (read, took): (Duration, Duration), audit: bool) {
-    let each_at_info = !audit && report.changed() <= LOG_EACH_CHANGE_UP_TO;
+    // A sync that added more than that many frontends lists them by key
+    // (some may have failed): a summary, whatever the count.
+    let each_at_info = !audit && report.added_unlisted.is_empty() && report.changes.len() <= LOG_EACH_CHANGE_UP_TO;
     for c in &report.changes {
         if !each_at_info && !tracing::enabled!(tracing::Level::DEBUG) {
             break;

@@ -672,10 +672,8 @@ impl Reconciler {
         updates.sort_by_key(|k| (k.scope != Scope::External, *k));
         let new = updates.iter().filter(|k| !self.frontends.contains_key(k)).count();
         report.new_listed = new <= LIST_NEW_FRONTENDS_UP_TO;
-        // Nearly every update is reported (all of them on a first sync).
-        if report.new_listed {
-            report.changes.reserve_exact(updates.len() + removals.len());
-        } else {
+        // Every new frontend of a start is reported.
+        if !report.new_listed {
             report.added_unlisted.reserve_exact(new);
         }
         self.apply_updates(maps, desired, &updates, &wanted, report);

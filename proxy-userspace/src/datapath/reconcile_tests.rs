@@ -284,6 +284,34 @@ fn a_large_sync_reports_new_frontends_by_key() {
     assert_eq!((report.changes[0].kind, report.changes[0].added.len()), (ChangeKind::Added, 1));
 }
 
+/// A sync of a few changed services that adds more than
+/// `LIST_NEW_FRONTENDS_UP_TO` frontends reports them by key as a start
+/// does, and the frontends it did not touch stay as they were.
+#[test]
+fn a_change_that_adds_many_frontends_reports_them_by_key() {
+    use super::reconcile::LIST_NEW_FRONTENDS_UP_TO;
+    let entries: Vec<(FrontendKey, Vec<Backend>)> =
+        (1..=10).map(|n| (fk(n, 80, Protocol::Tcp), vec![be(n, 8080)])).collect();
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::new();
+    assert!(r.apply(&mut maps, &table(&entries)).failures.is_empty());
+    let more: Vec<(FrontendKey, Vec<Backend>)> = (0..=u16::try_from(LIST_NEW_FRONTENDS_UP_TO).unwrap())
+        .map(|n| (fk(100, 1000 + n, Protocol::Tcp), vec![be(1, 9000), be(2, 9000)]))
+        .collect();
+    let all = table(&entries.iter().chain(&more).cloned().collect::<Vec<_>>());
+    let changed: BTreeSet<FrontendKey> = more.iter().map(|(k, _)| *k).collect();
+    let report = r.apply_changes(&mut maps, &all, &changed);
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_exact(&maps, &all);
+    assert!(!report.new_listed);
+    assert!(report.changes.is_empty(), "{:?}", report.changes);
+    assert_eq!(report.added_unlisted, changed.iter().copied().collect::<Vec<_>>());
+    assert_eq!(report.count(ChangeKind::Added), LIST_NEW_FRONTENDS_UP_TO + 1);
+    for key in &changed {
+        assert_eq!(r.describe(key).map(|(port, n)| (port.clone(), n)), Some((all[key].service_port.clone(), 2)));
+    }
+}
+
 /// A start's table: more new frontends than a few bulk chunks
 /// (`reconcile::new_frontends`), ClusterIPs of 0 to 2 backends; every 23rd
 /// a NodePort entry with its external twin, every 31st a LoadBalancer with
@@ -321,7 +349,9 @@ fn reported(report: &super::reconcile::Report) -> (BTreeSet<FrontendKey>, bool) 
 
 #[test]
 fn a_start_is_written_in_bulk_whole_in_key_order() {
-    let t = start_table(250);
+    // Enough chunks (of 100 in tests) that the frontends' tree is packed
+    // in the middle of the sync as well (`apply_updates`).
+    let t = start_table(450);
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::new();
     let report = r.apply(&mut maps, &t);

@@ -66,7 +66,7 @@ impl Reconciler {
         let mut slots = 0;
         let mut in_bulk = true;
         let mut packed = self.frontends.len();
-        for key in updates {
+        for (done, key) in updates.iter().enumerate() {
             if in_bulk && self.takes_in_bulk(desired, *key) {
                 chunk.push(*key);
                 slots += desired[key].backends.len();
@@ -79,8 +79,10 @@ impl Reconciler {
                 // Frontends inserted one by one in key order (a start's)
                 // leave each tree node about half empty: ~12 MB more at
                 // 100,000 by the last chunk, at the start's peak. Packed
-                // each time the tree doubled, at most the last half is.
-                if self.frontends.len() >= 2 * packed.max(CHUNK) {
+                // each time the tree doubled, at most the last half is;
+                // not on the last chunk (`apply` packs it after the sync).
+                let more = updates.len() - done > CHUNK;
+                if more && self.frontends.len() >= 2 * packed.max(CHUNK) {
                     self.frontends = std::mem::take(&mut self.frontends).into_iter().collect();
                     packed = self.frontends.len();
                 }
