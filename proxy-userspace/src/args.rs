@@ -94,19 +94,28 @@ impl KubeProxyArgs {
             && !self.cleanup
     }
 
-    /// The `run` arguments these flags mean.
-    #[must_use]
-    pub fn into_run_args(self) -> RunArgs {
-        RunArgs {
+    /// The `run` arguments these flags mean; the rest as `ebpf-proxy run`
+    /// with no flag takes them, environment variables included
+    /// (`EBPF_PROXY_EXPLAIN_SOCKET`, and `NODE_NAME` without
+    /// `--hostname-override`).
+    ///
+    /// # Errors
+    ///
+    /// When such a variable cannot be read (not UTF-8).
+    pub fn into_run_args(self) -> Result<RunArgs, clap::Error> {
+        use clap::FromArgMatches as _;
+        let matches = RunArgs::augment_args(clap::Command::new("run")).try_get_matches_from(["run"])?;
+        let from_env = RunArgs::from_arg_matches(&matches)?;
+        Ok(RunArgs {
             config: self.config,
             kubeconfig: self.kubeconfig,
-            node_name: self.hostname_override,
+            node_name: self.hostname_override.or(from_env.node_name.clone()),
             api_server_endpoint: self.master,
             healthz_bind_address: self.healthz_bind_address,
             metrics_bind_address: self.metrics_bind_address,
             nodeport_addresses: self.nodeport_addresses,
-            ..RunArgs::default()
-        }
+            ..from_env
+        })
     }
 }
 
@@ -615,12 +624,12 @@ mod tests {
         assert_eq!(refused_kube_proxy_flag(&os(&argv)), None);
         let cli = Cli::try_parse_from(argv).unwrap();
         assert!(cli.command.is_none());
-        let run = cli.kube_proxy.into_run_args();
+        let run = cli.kube_proxy.into_run_args().unwrap();
         assert_eq!(run.config.as_deref(), Some(std::path::Path::new("/var/lib/kube-proxy/config.conf")));
         assert_eq!(run.node_name.as_deref(), Some("node-1"));
         let cli = Cli::try_parse_from(["ebpf-proxy", "--master", "https://192.168.0.10:6443", "-v", "4"]).unwrap();
         assert_eq!(cli.kube_proxy.verbosity, Some(4));
-        assert_eq!(cli.kube_proxy.into_run_args().api_server_endpoint.as_deref(), Some("192.168.0.10:6443"));
+        assert_eq!(cli.kube_proxy.into_run_args().unwrap().api_server_endpoint.as_deref(), Some("192.168.0.10:6443"));
         let cli = Cli::try_parse_from([
             "ebpf-proxy",
             "--healthz-bind-address=0.0.0.0:10256",

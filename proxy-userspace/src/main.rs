@@ -56,7 +56,10 @@ async fn run() -> ExitCode {
         None => {
             let cleanup = cli.kube_proxy.cleanup;
             let verbosity = cli.kube_proxy.verbosity;
-            let run = cli.kube_proxy.into_run_args();
+            let run = match cli.kube_proxy.into_run_args() {
+                Ok(run) => run,
+                Err(error) => error.exit(),
+            };
             if cleanup {
                 let prepared = cmd::run::prepare(run);
                 init_logging(cli.log_format.unwrap_or(LogFormat::Text), verbosity);

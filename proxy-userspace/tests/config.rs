@@ -132,6 +132,11 @@ devices: [none]
     // The file's own fields are used: the test's cgroup, not the machine's.
     let cgroup = env.cgroup.path().display().to_string();
     assert_eq!(field(&started, "cgroup").and_then(|c| c.as_str()), Some(cgroup.as_str()), "{started}");
+    // `run`'s environment variables hold on kube-proxy's command line too:
+    // the testkit's EBPF_PROXY_EXPLAIN_SOCKET=none, so the machine's
+    // default /run/ebpf-proxy/agent.sock is not made (it was, once).
+    let serving = |r: &serde_json::Value| message(r) == Some("serving explain's reasons on a local socket");
+    assert!(!agent.records().iter().any(serving), "explain served despite EBPF_PROXY_EXPLAIN_SOCKET=none");
     env.agent = Some(agent);
     let answers = env.requests(&ip, 20);
     assert!(answers.iter().any(|a| a == "backend-1") && answers.iter().any(|a| a == "backend-2"), "{answers:?}");
