@@ -83,7 +83,7 @@ impl Reconciler {
                 // not on the last chunk (`apply` packs it after the sync).
                 let more = updates.len() - done > CHUNK;
                 if more && self.frontends.len() >= 2 * packed.max(CHUNK) {
-                    self.frontends = std::mem::take(&mut self.frontends).into_iter().collect();
+                    self.pack_frontends();
                     packed = self.frontends.len();
                 }
                 let last = chunk.last() == Some(key);
