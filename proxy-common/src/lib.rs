@@ -16,6 +16,9 @@ pub const MAGLEV_SIZE: &str = "MAGLEV_SIZE";
 pub const CONNECTIONS_STRIDE: &str = "CONNECTIONS_STRIDE";
 /// Name of the eBPF global that holds `--nodeport-mode` (`nodeport_mode`).
 pub const NODEPORT_MODE: &str = "NODEPORT_MODE";
+/// Name of the eBPF global that holds `--socket-lb host-namespace`'s
+/// network namespace cookie (0: every socket is translated).
+pub const SOCKET_LB_NETNS: &str = "SOCKET_LB_NETNS";
 
 /// `--nodeport-mode`: how traffic from outside reaches a backend on another
 /// node (the value of the `NODEPORT_MODE` global).
@@ -282,8 +285,14 @@ pub mod external_stat {
     /// Dropped: a packet carrying a DSR option that names no frontend
     /// with this node's backend at its destination (`dsr_option`).
     pub const DSR_REFUSED: u32 = 11;
-    /// Number of counters.
+    /// Number of counters of one path.
     pub const COUNT: u32 = 12;
+    /// The pods' own traffic, translated per packet on pod-facing devices
+    /// (`--socket-lb host-namespace`, VMs, meshes), is counted in a second
+    /// set of the same counters from here (`POD_BASE + NEW_FLOW`, ...).
+    pub const POD_BASE: u32 = COUNT;
+    /// Entries of `EXTERNAL_STATS`: both sets.
+    pub const LEN: u32 = 2 * COUNT;
     /// Names, by index, for metrics.
     pub const NAMES: [&str; COUNT as usize] = [
         "new_flow",

@@ -1,9 +1,10 @@
 //! What the translation of traffic from outside needs of the hook it runs
 //! in: reading and writing packet bytes, checksum updates, the route of a
 //! packet, sending it on, and the hook's verdicts. `nodeport.rs` and
-//! `packet.rs` are written once against `Frame`; TC (`TcContext`, below)
-//! and XDP (`XdpContext`, in `xdp.rs`) implement it, so both hooks give
-//! the same rewritten packets for the same input.
+//! `packet.rs` are written once against `Frame`; TC (`Tc`, below: on the
+//! node's external devices, and on pod-facing devices for the pods' own
+//! traffic, `pod.rs`) and XDP (`XdpContext`, in `xdp.rs`) implement it, so
+//! every hook gives the same rewritten packets for the same input.
 use crate::{
     access::{Route, adjust_room_net, redirect, skb_ifindex},
     maps::count_external,
@@ -15,6 +16,8 @@ use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     programs::TcContext,
 };
+use core::ffi::c_void;
+use proxy_common::external_stat;
 
 /// `l4_csum_replace` flags (linux/bpf.h): the low 4 bits are the size of
 /// the replaced field (0: `to` is a `csum_diff`).
@@ -28,6 +31,14 @@ pub trait Frame: EbpfContext {
     const PASS: i32;
     /// The packet is dropped (TC_ACT_SHOT, XDP_DROP).
     const DROP: i32;
+    /// Whether the packets are a pod's own, seen on the pod-facing device
+    /// (`pod.rs`): any frontend a pod may reach, its backend chosen as the
+    /// socket programs choose it, source NAT only for hairpin. Otherwise
+    /// traffic from outside the node.
+    const FROM_POD: bool = false;
+    /// Where this hook's counters start in `EXTERNAL_STATS`
+    /// (`external_stat::POD_BASE` for the pods' traffic).
+    const STATS_BASE: u32 = 0;
     /// Whether route lookups must resolve the next hop's link-layer
     /// address: a hook that sends frames itself (XDP) needs it, TC lets
     /// the kernel resolve it (`bpf_redirect_neigh`).
@@ -73,45 +84,63 @@ pub trait Frame: EbpfContext {
     /// TC, which decides (and counts) again.
     #[inline(always)]
     fn left_to_kernel(&self) -> i32 {
-        count_external(proxy_common::external_stat::LEFT_TO_KERNEL);
+        Self::count(external_stat::LEFT_TO_KERNEL);
         Self::PASS
+    }
+    /// Counts `stat` (an `external_stat`) among this hook's counters.
+    #[inline(always)]
+    fn count(stat: u32) {
+        count_external(Self::STATS_BASE + stat);
     }
 }
 
-impl Frame for TcContext {
+/// A TC program's packet: `POD` for the programs on pod-facing devices
+/// (`pod.rs`), else those on the node's external devices.
+pub struct Tc<const POD: bool>(pub TcContext);
+
+impl<const POD: bool> EbpfContext for Tc<POD> {
+    #[inline(always)]
+    fn as_ptr(&self) -> *mut c_void {
+        self.0.as_ptr()
+    }
+}
+
+impl<const POD: bool> Frame for Tc<POD> {
     const PASS: i32 = TC_ACT_OK;
     const DROP: i32 = TC_ACT_SHOT;
     const SENDS_FRAMES: bool = false;
     const GROWS: bool = true;
+    const FROM_POD: bool = POD;
+    const STATS_BASE: u32 = if POD { external_stat::POD_BASE } else { 0 };
 
     #[inline(always)]
     fn grow_net(&self, len: u32) -> Result<(), RewriteFailed> {
-        if adjust_room_net(self, len) { Ok(()) } else { Err(RewriteFailed) }
+        if adjust_room_net(&self.0, len) { Ok(()) } else { Err(RewriteFailed) }
     }
 
     #[inline(always)]
     fn load<T>(&self, offset: usize) -> Result<T, RewriteFailed> {
-        TcContext::load(self, offset).map_err(|_| RewriteFailed)
+        self.0.load(offset).map_err(|_| RewriteFailed)
     }
 
     #[inline(always)]
     fn store<T>(&self, offset: usize, value: &T) -> Result<(), RewriteFailed> {
-        TcContext::store(self, offset, value, 0).map_err(|_| RewriteFailed)
+        self.0.store(offset, value, 0).map_err(|_| RewriteFailed)
     }
 
     #[inline(always)]
     fn l3_csum_replace(&self, offset: usize, from: u64, to: u64, size: u64) -> Result<(), RewriteFailed> {
-        TcContext::l3_csum_replace(self, offset, from, to, size).map_err(|_| RewriteFailed)
+        self.0.l3_csum_replace(offset, from, to, size).map_err(|_| RewriteFailed)
     }
 
     #[inline(always)]
     fn l4_csum_replace(&self, offset: usize, from: u64, to: u64, flags: u64) -> Result<(), RewriteFailed> {
-        TcContext::l4_csum_replace(self, offset, from, to, flags).map_err(|_| RewriteFailed)
+        self.0.l4_csum_replace(offset, from, to, flags).map_err(|_| RewriteFailed)
     }
 
     #[inline(always)]
     fn ifindex(&self) -> u32 {
-        skb_ifindex(self)
+        skb_ifindex(&self.0)
     }
 
     #[inline(always)]
@@ -126,12 +155,12 @@ impl Frame for TcContext {
 
     #[inline(always)]
     fn reject(&self, pkt: &Packet) -> i32 {
-        reject::reject(self, pkt)
+        reject::reject(&self.0, pkt, Self::STATS_BASE)
     }
 
     #[inline(always)]
     fn unfinished(&self, stat: u32) -> i32 {
-        count_external(stat);
+        Self::count(stat);
         TC_ACT_SHOT
     }
 }
@@ -172,6 +201,6 @@ pub fn csum_replace_sw<F: Frame>(ctx: &F, offset: usize, from: u64, to: u64, fla
 /// Counts `stat` and gives the hook's drop verdict.
 #[inline(always)]
 pub fn drop_packet<F: Frame>(stat: u32) -> i32 {
-    count_external(stat);
+    F::count(stat);
     F::DROP
 }

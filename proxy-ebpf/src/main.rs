@@ -14,6 +14,7 @@ mod frame;
 mod maps;
 mod nodeport;
 mod packet;
+mod pod;
 mod reject;
 mod sock;
 mod xdp;
@@ -44,12 +45,20 @@ static CONNECTIONS_STRIDE: Global<u32> = Global::new(proxy_common::map_sizes::CO
 #[unsafe(no_mangle)]
 static NODEPORT_MODE: Global<u8> = Global::new(0);
 
+/// `--socket-lb host-namespace`: the cookie of the node's network
+/// namespace (the agent's), set at load (read-only data). The socket
+/// programs then translate only sockets of that namespace; the pods'
+/// traffic goes through the per-packet path (`pod.rs`). 0: every socket.
+#[unsafe(no_mangle)]
+static SOCKET_LB_NETNS: Global<u64> = Global::new(0);
+
 #[inline(always)]
 fn log_enabled() -> bool {
     LOG_ENABLED.load() != 0
 }
 
 use access::Family;
+use frame::Tc;
 use sock::Hook;
 
 /// Translates `connect()` to a service address (TCP, and connected UDP) into
@@ -109,17 +118,30 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
 /// IPs and externalIPs are balanced to a backend; replies to flows this
 /// node source-NATed go back to their clients.
 #[classifier]
-#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn nodeport_ingress(ctx: TcContext) -> i32 {
-    nodeport::ingress(&ctx)
+    nodeport::ingress(&Tc::<false>(ctx))
 }
 
 /// Traffic leaving on a node device: replies of backends on this node get
 /// the frontend as their source again.
 #[classifier]
-#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn nodeport_egress(ctx: TcContext) -> i32 {
-    nodeport::egress(&ctx)
+    nodeport::egress(&Tc::<false>(ctx))
+}
+
+/// The pods' own traffic, on the host side of a pod-facing device (packets
+/// leaving the pod arrive here): a packet to any frontend a pod reaches
+/// gets a backend and its destination rewritten, per packet (`pod.rs`).
+#[classifier]
+pub fn pod_ingress(ctx: TcContext) -> i32 {
+    nodeport::ingress(&Tc::<true>(ctx))
+}
+
+/// Packets entering a pod through its pod-facing device: the replies of
+/// its translated flows get the frontend as their source again.
+#[classifier]
+pub fn pod_egress(ctx: TcContext) -> i32 {
+    nodeport::egress(&Tc::<true>(ctx))
 }
 
 /// `--nodeport-acceleration`: the ingress translation of traffic from

@@ -66,9 +66,10 @@ pub static MAGLEV: HashMap<u32, u32> = HashMap::with_max_entries(map_sizes::MAGL
 #[map]
 pub static SOURCE_RANGES: LpmTrie<SourceRange, u8> = LpmTrie::pinned(map_sizes::SOURCE_RANGES, BPF_F_NO_PREALLOC);
 
-/// What the TC programs did with traffic from outside (`external_stat`).
+/// What the TC programs did with traffic from outside, and with the pods'
+/// own traffic from `external_stat::POD_BASE` on (`external_stat`).
 #[map]
-pub static EXTERNAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(external_stat::COUNT, 0);
+pub static EXTERNAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(external_stat::LEN, 0);
 
 /// How traffic from outside is shared with netfilter while the agent takes
 /// over from kube-proxy (`handover_mode`): one entry, written by the agent.

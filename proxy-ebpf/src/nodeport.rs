@@ -30,7 +30,9 @@
 //! cannot send it (XDP without the next hop's link-layer address) leaves
 //! it untouched to the next one (`Frame::unfinished`), which then finds
 //! the flow in `CT` and does the same.
-use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+//!
+//! The pods' own traffic on pod-facing devices takes the same steps
+//! (`Frame::FROM_POD`); `pod.rs` says where it differs.
 use proxy_common::{
     Addr, CtValue, SLOTS_PER_ENTRY, ServiceKey, ServiceValue, backend_flags, ct_dir, ct_flags, external_stat,
     flow_hash, handover_mode, maglev_index, nodeport_mode, proto, scope, service_flags,
@@ -41,8 +43,9 @@ use crate::{
     access::{ROUTE_NOT_FORWARDED, Route, now_ns, route_status},
     ct,
     frame::{Frame, drop_packet},
-    maps::{backend, count_connection, count_external, maglev_entry, outside_handover_mode, service, source_allowed},
+    maps::{backend, count_connection, maglev_entry, outside_handover_mode, service, source_allowed},
     packet::{End, Packet},
+    pod,
 };
 
 /// Why a packet is dropped: an `external_stat` index.
@@ -58,7 +61,9 @@ pub fn ingress<F: Frame>(ctx: &F) -> i32 {
         return F::PASS;
     }
     if pkt.dsr_port != 0 {
-        return dsr_arrival(ctx, &pkt);
+        // A pod's packet with a DSR option is not a DSR arrival: only the
+        // node's devices receive those.
+        return if F::FROM_POD { F::PASS } else { dsr_arrival(ctx, &pkt) };
     }
     let action = reply_to_client(ctx, &mut pkt);
     if action != NOT_A_REPLY {
@@ -67,23 +72,25 @@ pub fn ingress<F: Frame>(ctx: &F) -> i32 {
     to_frontend(ctx, &mut pkt)
 }
 
+/// Egress (TC only): on a node device, a reply of a backend on this node
+/// to a client outside; on a pod-facing device, a reply to a pod's flow
+/// from its backend, wherever that is: it gets the frontend as source.
 #[inline(always)]
-pub fn egress(ctx: &TcContext) -> i32 {
+pub fn egress<F: Frame>(ctx: &F) -> i32 {
     let mut pkt = Packet::empty();
     if !Packet::parse(ctx, &mut pkt) {
-        return TC_ACT_OK;
+        return F::PASS;
     }
-    // A reply of a backend on this node to a client outside: show the
-    // frontend as its source. (Replies of source-NATed flows come back
-    // to this node's address and are handled at ingress.)
+    // (Replies of source-NATed flows come back to this node's address and
+    // are handled at ingress.)
     let mut entry = CtValue::default();
     if ct::lookup(&pkt, ct_dir::REPLY, &mut entry)
         && entry.flags & ct_flags::SNAT == 0
         && pkt.rewrite(ctx, End::Src, &entry.addr, entry.port).is_err()
     {
-        return drop_packet::<TcContext>(external_stat::REWRITE_FAILED);
+        return drop_packet::<F>(external_stat::REWRITE_FAILED);
     }
-    TC_ACT_OK
+    F::PASS
 }
 
 /// A backend on another node answers a flow this node source-NATed: back
@@ -101,7 +108,8 @@ fn reply_to_client<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
 /// backend.
 #[inline(never)]
 fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
-    let Some((key, frontend, has_endpoints)) = external_frontend(pkt) else { return F::PASS };
+    let found = if F::FROM_POD { pod::frontend(pkt) } else { external_frontend(pkt) };
+    let Some((key, frontend, has_endpoints)) = found else { return F::PASS };
     let mut flow = CtValue::default();
     // A new connection on the tuple of a closing one starts afresh.
     let found = ct::lookup(pkt, ct_dir::ORIGINAL, &mut flow) && !(pkt.is_syn() && flow.flags & ct_flags::CLOSING != 0);
@@ -116,10 +124,10 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
     if !known {
         let stat = new_flow(ctx, pkt, &key, &frontend, &mut flow);
         if stat == external_stat::NO_BACKEND && !has_endpoints {
-            // kube-proxy's KUBE-EXTERNAL-SERVICES: REJECT when the service
-            // has no endpoints at all; with endpoints on other nodes only
-            // (externalTrafficPolicy: Local) it drops (new_flow's
-            // NO_BACKEND), and so do we.
+            // kube-proxy's KUBE-EXTERNAL-SERVICES (and KUBE-SERVICES for
+            // pods): REJECT when the service has no endpoints at all; with
+            // endpoints on other nodes only (externalTrafficPolicy: Local)
+            // it drops (new_flow's NO_BACKEND), and so do we.
             return ctx.reject(pkt);
         }
         if stat != ADMITTED {
@@ -359,14 +367,20 @@ fn new_flow<F: Frame>(ctx: &F, pkt: &Packet, key: &ServiceKey, frontend: &Servic
         // No (local) endpoint: dropped, as kube-proxy drops it.
         return external_stat::NO_BACKEND;
     }
-    let backend_id = pick_backend(pkt, pkt.dport, key, frontend);
+    let backend_id =
+        if F::FROM_POD { pod::pick_backend(pkt, key, frontend) } else { pick_backend(pkt, pkt.dport, key, frontend) };
     let Some(target) = backend(backend_id) else { return external_stat::NO_BACKEND };
     *flow =
         CtValue { addr: target.addr, port: target.port, rev_nat: frontend.rev_nat, backend_id, ..CtValue::default() };
-    if target.flags & backend_flags::LOCAL == 0 {
+    // A pod's flow keeps its source (the stack routes it to the backend),
+    // unless the backend is the pod itself (hairpin): then the node's
+    // address towards it. Traffic from outside takes it whenever the
+    // backend is on another node, so that the replies come back here.
+    let snat = if F::FROM_POD { flow.addr == pkt.src } else { target.flags & backend_flags::LOCAL == 0 };
+    if snat {
         // The node's address on the way to the backend is the new source.
         match snat_address(ctx, pkt, flow) {
-            Way::Routed => flow.flags = if wants_dsr(pkt.proto) { ct_flags::DSR } else { ct_flags::SNAT },
+            Way::Routed => flow.flags = if !F::FROM_POD && wants_dsr(pkt.proto) { ct_flags::DSR } else { ct_flags::SNAT },
             // An endpoint at one of this node's own addresses without
             // `nodeName` (hostNetwork, or a hand-made EndpointSlice): the
             // routes say it is here, so it is delivered here like one
@@ -378,7 +392,7 @@ fn new_flow<F: Frame>(ctx: &F, pkt: &Packet, key: &ServiceKey, frontend: &Servic
     if !ct::create(pkt, flow) {
         return external_stat::NO_SNAT_PORT;
     }
-    count_external(external_stat::NEW_FLOW);
+    F::count(external_stat::NEW_FLOW);
     count_connection(frontend.rev_nat);
     ADMITTED
 }

@@ -36,14 +36,15 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 const REPLY_COST_NS: u64 = NS_PER_SEC / reject_limit::PER_SECOND;
 
 /// Answers `pkt` with a reset or a port unreachable; returns the TC action.
+/// `stats`: where the hook's counters start (`Frame::STATS_BASE`).
 #[inline(never)]
-pub fn reject(ctx: &TcContext, pkt: &Packet) -> i32 {
+pub fn reject(ctx: &TcContext, pkt: &Packet, stats: u32) -> i32 {
     if pkt.proto == proto::TCP && pkt.tcp_flags & TCP_RST != 0 {
         // A reset is never answered (RFC 9293).
-        return drop_packet(external_stat::NO_BACKEND);
+        return drop_packet(stats + external_stat::NO_BACKEND);
     }
     if !take_token() {
-        return drop_packet(external_stat::REJECT_LIMITED);
+        return drop_packet(stats + external_stat::REJECT_LIMITED);
     }
     let built = match (pkt.family, pkt.proto == proto::TCP) {
         (Family::V4, true) => reset_v4(ctx, pkt),
@@ -52,9 +53,9 @@ pub fn reject(ctx: &TcContext, pkt: &Packet) -> i32 {
         (Family::V6, false) => unreachable_v6(ctx, pkt),
     };
     if built.is_none() {
-        return drop_packet(external_stat::REWRITE_FAILED);
+        return drop_packet(stats + external_stat::REWRITE_FAILED);
     }
-    count_external(external_stat::REJECTED);
+    count_external(stats + external_stat::REJECTED);
     redirect_back(ctx)
 }
 

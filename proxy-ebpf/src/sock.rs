@@ -12,6 +12,7 @@ use proxy_common::{
 };
 
 use crate::{
+    SOCKET_LB_NETNS,
     access::{Family, SockAddr, netns_cookie, now_ns, random_u32, set_syscall_error, socket_cookie},
     log_enabled,
     maps::{
@@ -39,6 +40,12 @@ pub enum Hook {
 /// Translates the destination of a connect or an unconnected send.
 #[inline(always)]
 pub fn translate(ctx: &SockAddrContext, hook: Hook, family: Family) -> i32 {
+    let only_netns = SOCKET_LB_NETNS.load();
+    if only_netns != 0 && netns_cookie(ctx) != only_netns {
+        // `--socket-lb host-namespace`: a pod's socket keeps the service
+        // address; its packets are translated on the pod-facing device.
+        return ALLOW;
+    }
     let sa = SockAddr::new(ctx);
     let Ok(protocol) = u8::try_from(sa.protocol()) else {
         return ALLOW;

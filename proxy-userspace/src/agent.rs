@@ -63,6 +63,8 @@ pub struct AgentConfig {
     pub health_timeout: Duration,
     /// Devices the TC programs attach to (traffic from outside).
     pub devices: DeviceSelection,
+    /// Devices the per-packet programs attach to (the pods' own traffic).
+    pub pod_devices: crate::pod_devices::PodDeviceSelection,
     /// Frontends whose connection counter is exported as its own series,
     /// at most (0: none).
     pub max_service_series: usize,
@@ -181,6 +183,7 @@ async fn run_with(
     }
     // Subscribed before the first read, so no change in between is missed.
     let mut local_addrs = crate::local_addrs::Watch::start();
+    let mut pod_links = crate::pod_devices::Watch::start();
     let settings = NodeSettings {
         node_name: config.node_name.clone(),
         node_ips: config.node_ips.clone(),
@@ -195,15 +198,7 @@ async fn run_with(
         due.map(|(takeover, ends_after)| crate::takeover::pending::Pending::start(takeover, ends_after, metrics));
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let (_explain_server, mut explain_requests) = crate::explain_socket::start(config.explain_socket.as_deref());
-    let mut observers = Observers {
-        health_checks: HealthCheckServers::new({
-            let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);
-            Arc::new(move || telemetry.lock().expect("telemetry lock").health.healthy(Instant::now(), timeout))
-        }),
-        destroyer: SocketDestroyer::new(config.socket_netns.clone()),
-        devices: None,
-        attached: false,
-    };
+    let mut observers = Observers::new(config, telemetry);
     loop {
         let wake = tokio::select! {
             () = &mut shutdown => break,
@@ -218,6 +213,12 @@ async fn run_with(
             }
             asked = explain_requests.next() => {
                 crate::explain_socket::reply(asked, &source, pipeline.node());
+                continue;
+            }
+            () = pod_links.changed() => {
+                if observers.attached {
+                    observers.attach_pod_devices(&config.pod_devices, &mut datapath);
+                }
                 continue;
             }
             addrs = local_addrs.changed() => {
@@ -390,11 +391,26 @@ struct Observers {
     destroyer: SocketDestroyer,
     /// The devices the TC programs are attached to (`None`: not yet).
     devices: Option<Vec<String>>,
+    /// The pod-facing devices the per-packet programs are attached to.
+    pod_devices: Option<Vec<String>>,
     /// The programs took over (after the first sync).
     attached: bool,
 }
 
 impl Observers {
+    fn new(config: &AgentConfig, telemetry: &Shared) -> Self {
+        Self {
+            health_checks: HealthCheckServers::new({
+                let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);
+                Arc::new(move || telemetry.lock().expect("telemetry lock").health.healthy(Instant::now(), timeout))
+            }),
+            destroyer: SocketDestroyer::new(config.socket_netns.clone()),
+            devices: None,
+            pod_devices: None,
+            attached: false,
+        }
+    }
+
     async fn observe(
         &mut self,
         synced: &Synced,
@@ -413,8 +429,42 @@ impl Observers {
         }
         let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
         attach_devices(&config.devices, datapath, &node_ips, &mut self.devices);
+        self.attach_pod_devices(&config.pod_devices, datapath);
         self.health_checks.update(&pipeline.model().health_checks()).await;
         Ok(())
+    }
+
+    /// Attaches the per-packet programs to the pod-facing devices when the
+    /// choice changed (a pod came or went); a device that fails is logged,
+    /// the others serve.
+    fn attach_pod_devices(&mut self, selection: &crate::pod_devices::PodDeviceSelection, datapath: &mut Datapath) {
+        let links = match crate::pod_devices::links() {
+            Ok(links) => links,
+            Err(err) => {
+                warn!(%err, "cannot list the node's devices; the pod-facing devices stay as they are");
+                return;
+            }
+        };
+        let external = self.devices.as_deref().unwrap_or_default();
+        let chosen = crate::pod_devices::resolve(selection, &links, external);
+        if self.pod_devices.as_ref() == Some(&chosen) {
+            return;
+        }
+        match datapath.attach_pod_devices(&chosen) {
+            Ok(results) => {
+                for r in &results {
+                    if let Err(err) = &r.result {
+                        error!(device = %r.device, %err, "cannot attach the per-packet programs: the pods' traffic passing there is translated only at their sockets");
+                    }
+                }
+                let before = self.pod_devices.as_deref().unwrap_or_default();
+                let added: Vec<&String> = chosen.iter().filter(|d| !before.contains(d)).collect();
+                let removed: Vec<&String> = before.iter().filter(|d| !chosen.contains(d)).collect();
+                info!(devices = chosen.len(), ?added, ?removed, "pod-facing devices: the pods' traffic to services is translated per packet there");
+                self.pod_devices = Some(chosen);
+            }
+            Err(err) => error!(%err, "cannot attach the per-packet programs to the pod-facing devices"),
+        }
     }
 }
 

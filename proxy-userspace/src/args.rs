@@ -255,6 +255,23 @@ impl OutsideHandoverMode {
     }
 }
 
+/// `--socket-lb`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum SocketLbMode {
+    #[default]
+    All,
+    HostNamespace,
+}
+
+impl From<SocketLbMode> for crate::datapath::loader::SocketLb {
+    fn from(mode: SocketLbMode) -> Self {
+        match mode {
+            SocketLbMode::All => Self::All,
+            SocketLbMode::HostNamespace => Self::HostNamespace,
+        }
+    }
+}
+
 /// `--nodeport-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 pub enum NodePortMode {
@@ -506,6 +523,23 @@ pub struct RunArgs {
     /// IP, and route to the clients). `hybrid`: DSR for TCP, SNAT for UDP.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortMode::Snat)]
     pub nodeport_mode: NodePortMode,
+    /// Which sockets the socket programs translate at connect()/sendmsg().
+    /// `all`: every socket in the --cgroup. `host-namespace`: only those in
+    /// the agent's own network namespace (the node's); pods' sockets keep
+    /// the service address and their packets are translated on the
+    /// pod-facing devices (--pod-devices), as a service mesh's sidecar
+    /// needs (its SO_ORIGINAL_DST must be the service, not a backend).
+    /// Default: the config file's socketLB, else all.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub socket_lb: Option<SocketLbMode>,
+    /// A device the pods' own traffic passes (the host side of a pod's
+    /// veth, a bridge holding pod routes): the per-packet programs
+    /// translate packets to services there (pods the socket programs do not
+    /// translate, VMs, meshes). Repeatable. `auto` (the default): every
+    /// veth and bridge that is not one of the --devices, followed as pods
+    /// come and go; `none`: no device.
+    #[arg(long = "pod-devices", value_name = "DEV", value_delimiter = ',')]
+    pub pod_devices: Vec<String>,
     /// Frontends whose connection counter is exported as its own series
     /// (ebpf_proxy_service_connections_total), at most; past it the
     /// frontends with the highest ids are left out and counted in

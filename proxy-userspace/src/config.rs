@@ -76,6 +76,10 @@ pub struct FileConfig {
     /// Devices the TC programs attach to (empty: found from the node's
     /// addresses and default route).
     pub devices: Vec<String>,
+    /// `socketLB`: which sockets the socket programs translate.
+    pub socket_lb: Option<crate::args::SocketLbMode>,
+    /// `podDevices`: the pod-facing devices (empty: `auto`).
+    pub pod_devices: Vec<String>,
     pub maglev_table_size: Option<usize>,
     pub ct_map_size: Option<u32>,
     pub max_service_series: Option<usize>,
@@ -118,6 +122,10 @@ struct Raw {
     bpf_log: Option<bool>,
     #[serde(default)]
     devices: Vec<String>,
+    #[serde(rename = "socketLB")]
+    socket_lb: Option<String>,
+    #[serde(default)]
+    pod_devices: Vec<String>,
     maglev_table_size: Option<usize>,
     ct_map_size: Option<u32>,
     max_service_series: Option<usize>,
@@ -202,6 +210,20 @@ fn check_values(cfg: &FileConfig) -> Result<(), (String, String)> {
     Ok(())
 }
 
+/// `socketLB` and `podDevices`: which of the pods' traffic is translated
+/// at the socket, and where the rest is translated per packet.
+fn pod_path(cfg: &mut FileConfig, socket_lb: Option<&str>, pod_devices: Vec<String>) -> Result<(), (String, String)> {
+    use clap::ValueEnum as _;
+    if let Some(mode) = socket_lb {
+        cfg.socket_lb = Some(
+            crate::args::SocketLbMode::from_str(mode, false)
+                .map_err(|_| ("socketLB".to_owned(), format!("{mode:?}: expected \"all\" or \"host-namespace\"")))?,
+        );
+    }
+    cfg.pod_devices = pod_devices;
+    Ok(())
+}
+
 /// Parses the file; an error is (field, message).
 pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     let raw: Raw = serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text))
@@ -234,6 +256,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         ..FileConfig::default()
     };
     check_values(&cfg)?;
+    pod_path(&mut cfg, raw.socket_lb.as_deref(), raw.pod_devices)?;
     if let Some(m) = raw.maglev_table_size {
         cfg.maglev_table_size =
             Some(crate::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);

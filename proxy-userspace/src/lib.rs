@@ -20,6 +20,7 @@ pub mod nodeport_addresses;
 pub mod paths;
 pub mod pin_rollback;
 pub mod pipeline;
+pub mod pod_devices;
 pub mod process_metrics;
 pub mod resize;
 pub mod rest_metrics;

@@ -30,7 +30,9 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// the `dsr_refused` counter and `ct_flags::DSR` (direct server return).
 /// 8: `BACKENDS` an array indexed by backend id (protocol 0: empty).
 /// 9: four backend ids to a `SERVICES` slots entry (`SLOTS_PER_ENTRY`).
-pub const MAP_LAYOUT_VERSION: u32 = 9;
+/// 10: a second set of `EXTERNAL_STATS` counters, for the pods' traffic
+/// translated per packet (`external_stat::POD_BASE`).
+pub const MAP_LAYOUT_VERSION: u32 = 10;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.
 pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";

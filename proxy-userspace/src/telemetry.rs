@@ -307,6 +307,17 @@ impl Telemetry {
                 ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
             }
         }
+        if let Some(Ok(stats)) = self.external_stats.as_ref().map(ExternalStats::read_pods) {
+            let mut m = out.encode_descriptor(
+                "ebpf_proxy_pod_packets",
+                "The pods' own traffic to services translated per packet on pod-facing devices (--socket-lb host-namespace, VMs, meshes): new flows translated, packets dropped by reason, counted in the kernel",
+                None,
+                MetricType::Counter,
+            )?;
+            for (result, n) in stats {
+                ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
+            }
+        }
         Ok(())
     }
 

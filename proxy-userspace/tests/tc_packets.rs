@@ -259,6 +259,7 @@ struct Node {
 
 impl Node {
     fn load(pin_dir: &Path, yaml: &str, ips: Vec<IpAddr>, ifindex: u32, ct_map_size: u32, mode: NodePortMode) -> Self {
+        let _ = tracing_subscriber::fmt().with_test_writer().try_init();
         let mut datapath = Datapath::load(&LoadOptions {
             pin_dir: pin_dir.to_owned(),
             // Not attached: the programs only run on crafted packets here.
@@ -272,6 +273,7 @@ impl Node {
             acceleration: Acceleration::Native,
             outside_handover: OutsideHandover::Off,
             nodeport_mode: mode,
+            socket_lb: ebpf_proxy::datapath::loader::SocketLb::All,
         })
         .unwrap();
         assert!(datapath.serves_external_traffic(), "the TC programs did not load");

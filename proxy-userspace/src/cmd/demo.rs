@@ -77,6 +77,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             acceleration: crate::datapath::acceleration::Acceleration::Disabled,
             outside_handover: crate::datapath::handover::OutsideHandover::Off,
             nodeport_mode: crate::datapath::loader::NodePortMode::Snat,
+            socket_lb: crate::datapath::loader::SocketLb::All,
         },
         socket_netns: vec![ns.path()],
         node_ips: Vec::new(),
@@ -89,6 +90,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         // The demo's clients are on the node: nothing is attached to the
         // machine's own devices.
         devices: crate::devices::DeviceSelection::Named(Vec::new()),
+        pod_devices: crate::pod_devices::PodDeviceSelection::Named(Vec::new()),
         max_service_series: crate::metrics::DEFAULT_MAX_SERVICE_SERIES,
         min_sync_period: agent::DEFAULT_MIN_SYNC_PERIOD,
         audit_interval: None,

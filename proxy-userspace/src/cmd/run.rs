@@ -104,6 +104,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             acceleration: args.nodeport_acceleration.into(),
             outside_handover: args.outside_handover.with_end(args.outside_handover_seconds),
             nodeport_mode: args.nodeport_mode.into(),
+            socket_lb: args.socket_lb.or(file.socket_lb).unwrap_or_default().into(),
         },
         socket_netns: flag_or_file(args.socket_netns, file.socket_netns),
         node_ips: flag_or_file(args.node_ip, file.node_ips),
@@ -120,6 +121,10 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
         ),
         health_timeout: Duration::from_secs(args.health_timeout.or(file.health_timeout_seconds).unwrap_or(60)),
         devices: crate::devices::DeviceSelection::from_names(flag_or_file(args.devices, file.devices)),
+        pod_devices: crate::pod_devices::PodDeviceSelection::from_names(flag_or_file(
+            args.pod_devices,
+            file.pod_devices,
+        )),
         max_service_series: args
             .max_service_series
             .or(file.max_service_series)

@@ -207,13 +207,24 @@ impl ExternalStats {
         Self::from_map(Map::PerCpuArray(data))
     }
 
-    /// Each counter by name (`external_stat::NAMES`), summed over CPUs.
+    /// Each counter of traffic from outside by name
+    /// (`external_stat::NAMES`), summed over CPUs.
     pub fn read(&self) -> io::Result<Vec<(&'static str, u64)>> {
+        self.read_from(0)
+    }
+
+    /// The same counters for the pods' own traffic, translated per packet
+    /// on pod-facing devices (`external_stat::POD_BASE`).
+    pub fn read_pods(&self) -> io::Result<Vec<(&'static str, u64)>> {
+        self.read_from(proxy_common::external_stat::POD_BASE)
+    }
+
+    fn read_from(&self, base: u32) -> io::Result<Vec<(&'static str, u64)>> {
         proxy_common::external_stat::NAMES
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                let index = u32::try_from(i).expect("a few counters");
+                let index = base + u32::try_from(i).expect("a few counters");
                 Ok((*name, self.map.get(&index, 0).map_err(io::Error::other)?.iter().sum()))
             })
             .collect()

@@ -9,7 +9,7 @@ use aya::{
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, CONNECTIONS_STRIDE, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, NODEPORT_MODE,
-    RevNat, RevNatId, ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
+    RevNat, RevNatId, SOCKET_LB_NETNS, ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
 };
 
 use super::{
@@ -82,6 +82,14 @@ pub(super) const TC_PROGRAMS: &[(&str, TcAttachType)] =
 /// Prefix of the pinned tcx links: `tc-DEVICE-ingress`, `tc-DEVICE-egress`.
 const TC_LINK_PREFIX: &str = "tc-";
 
+/// The TC programs of pod-facing devices (the pods' own traffic, per
+/// packet: `proxy-ebpf/src/pod.rs`) and the direction each attaches to.
+pub(super) const POD_PROGRAMS: &[(&str, TcAttachType)] =
+    &[("pod_ingress", TcAttachType::Ingress), ("pod_egress", TcAttachType::Egress)];
+
+/// Prefix of their pinned tcx links: `pod-DEVICE-ingress`, ...
+const POD_LINK_PREFIX: &str = "pod-";
+
 /// The XDP program (`--nodeport-acceleration`), in front of
 /// `nodeport_ingress`.
 pub(super) const XDP_PROGRAM: &str = "nodeport_xdp";
@@ -115,6 +123,51 @@ pub struct LoadOptions {
     /// `--nodeport-mode`: how traffic from outside reaches a backend on
     /// another node.
     pub nodeport_mode: NodePortMode,
+    /// `--socket-lb`: which sockets the socket programs translate.
+    pub socket_lb: SocketLb,
+}
+
+/// Which sockets the socket programs translate (`--socket-lb`); the rest
+/// of the pods' traffic is translated per packet on the pod-facing
+/// devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SocketLb {
+    /// Every socket in the cgroup, pods' included.
+    #[default]
+    All,
+    /// Only sockets in the agent's network namespace (the node's): a pod's
+    /// socket keeps the service address, as a service mesh's sidecar
+    /// needs (`SO_ORIGINAL_DST`).
+    HostNamespace,
+}
+
+impl SocketLb {
+    /// The flag's (and the config field's) value.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::HostNamespace => "host-namespace",
+        }
+    }
+
+    /// The value of the programs' `SOCKET_LB_NETNS` global: 0, or the
+    /// cookie of the agent's network namespace (read once: a process does
+    /// not change namespace).
+    fn global(self) -> Result<&'static u64, LoadError> {
+        static ALL: u64 = 0;
+        static OWN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        match self {
+            Self::All => Ok(&ALL),
+            Self::HostNamespace => {
+                if let Some(cookie) = OWN.get() {
+                    return Ok(cookie);
+                }
+                let cookie = super::sys::own_netns_cookie().map_err(|source| LoadError::NetnsCookie { source })?;
+                Ok(OWN.get_or_init(|| cookie))
+            }
+        }
+    }
 }
 
 /// How traffic from outside reaches a backend on another node (the
@@ -154,6 +207,8 @@ impl LoadOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    #[error("cannot read this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14) for --socket-lb host-namespace: {source}; use --socket-lb all on this kernel")]
+    NetnsCookie { source: std::io::Error },
     #[error("cannot load the eBPF object (pinned maps in {pin_dir}): {source}")]
     Load { pin_dir: String, source: Box<EbpfError> },
     #[error(
@@ -321,6 +376,7 @@ impl Datapath {
             .override_global(LOG_ENABLED, &BYTES[usize::from(u8::from(opts.bpf_log))], true)
             .override_global(MAGLEV_SIZE, maglev_size, true)
             .override_global(NODEPORT_MODE, &BYTES[usize::from(opts.nodeport_mode.value())], true)
+            .override_global(SOCKET_LB_NETNS, opts.socket_lb.global()?, true)
             .load(OBJECT)
             .map_err(|source| LoadError::Load {
                 pin_dir: opts.pin_dir.display().to_string(),
@@ -530,17 +586,39 @@ impl Datapath {
             results.push(DeviceAttach { device: device.clone(), result, xdp });
         }
         // Links of devices no longer listed (or no longer accelerated).
-        let entries = std::fs::read_dir(&links_dir)
-            .map_err(|source| LoadError::ListLinks { path: links_dir.display().to_string(), source })?;
-        for entry in entries.filter_map(Result::ok) {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if (name.starts_with(TC_LINK_PREFIX) || name.starts_with(XDP_LINK_PREFIX)) && !wanted.contains(&name) {
-                match std::fs::remove_file(entry.path()) {
-                    Ok(()) => tracing::info!(link = %name, "detached from a device no longer served"),
-                    Err(err) => tracing::warn!(link = %name, %err, "cannot unpin a link of a device no longer served"),
+        unpin_unwanted(&links_dir, &[TC_LINK_PREFIX, XDP_LINK_PREFIX], &wanted)?;
+        Ok(results)
+    }
+
+    /// Attaches the pod-facing TC programs to exactly `devices` (ingress and
+    /// egress of each) through links pinned under `PIN_DIR/links` (`pod-`);
+    /// links of devices no longer listed (a pod gone) are dropped. A device
+    /// that fails is reported and the others go on.
+    pub fn attach_pod_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
+        let links_dir = self.links_dir()?;
+        let mut results = Vec::new();
+        if !self.programs.loaded()?.tc {
+            return Ok(results);
+        }
+        let mut wanted = Vec::new();
+        for device in devices {
+            let mut result = Ok(());
+            for (name, direction) in POD_PROGRAMS {
+                let program: &mut SchedClassifier = program(&mut self.programs.loaded()?.ebpf, name)?;
+                let pin = links_dir.join(link_name(POD_LINK_PREFIX, device, *direction));
+                match links::attach_tc(program, name, device, *direction, &pin) {
+                    Ok(LinkOutcome::Updated) => {}
+                    Ok(outcome) => tracing::debug!(program = name, device = %device, ?outcome, "program attached"),
+                    Err(err) => {
+                        result = Err(err);
+                        break;
+                    }
                 }
             }
+            wanted.extend(POD_PROGRAMS.iter().map(|(_, dir)| link_name(POD_LINK_PREFIX, device, *dir)));
+            results.push(DeviceAttach { device: device.clone(), result, xdp: false });
         }
+        unpin_unwanted(&links_dir, &[POD_LINK_PREFIX], &wanted)?;
         Ok(results)
     }
 
@@ -628,8 +706,30 @@ where
 
 /// The pin name of the tcx link of `device` in `direction`.
 fn tc_link_name(device: &str, direction: TcAttachType) -> String {
+    link_name(TC_LINK_PREFIX, device, direction)
+}
+
+/// `PREFIXDEVICE-ingress` or `PREFIXDEVICE-egress`.
+fn link_name(prefix: &str, device: &str, direction: TcAttachType) -> String {
     let dir = if direction == TcAttachType::Ingress { "ingress" } else { "egress" };
-    format!("{TC_LINK_PREFIX}{device}-{dir}")
+    format!("{prefix}{device}-{dir}")
+}
+
+/// Unpins the links in `links_dir` named with one of `prefixes` and not
+/// `wanted` (their devices are no longer served, or gone).
+fn unpin_unwanted(links_dir: &Path, prefixes: &[&str], wanted: &[String]) -> Result<(), LoadError> {
+    let entries = std::fs::read_dir(links_dir)
+        .map_err(|source| LoadError::ListLinks { path: links_dir.display().to_string(), source })?;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if prefixes.iter().any(|p| name.starts_with(p)) && !wanted.contains(&name) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => tracing::info!(link = %name, "detached from a device no longer served"),
+                Err(err) => tracing::warn!(link = %name, %err, "cannot unpin a link of a device no longer served"),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The pin name of the XDP link of `device`.

@@ -19,7 +19,7 @@ mod map_error;
 pub mod maps;
 pub mod names;
 pub mod netfilter_flows;
-mod netlink;
+pub mod netlink;
 mod programs;
 pub mod reconcile;
 pub mod sessions;

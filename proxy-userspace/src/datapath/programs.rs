@@ -18,7 +18,7 @@ use aya::{
 
 use super::{
     acceleration::Acceleration,
-    loader::{LoadError, SOCK_PROGRAMS, TC_PROGRAMS, XDP_PROGRAM, program},
+    loader::{LoadError, POD_PROGRAMS, SOCK_PROGRAMS, TC_PROGRAMS, XDP_PROGRAM, program},
 };
 
 /// The object's programs, loaded into the kernel.
@@ -123,11 +123,11 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
     // Without the TC programs (an old kernel, a verifier that rejects
     // them) clients on the node are still served: say so and go on.
     let mut tc_loaded = true;
-    for (name, _) in TC_PROGRAMS {
+    for (name, _) in TC_PROGRAMS.iter().chain(POD_PROGRAMS) {
         let loaded = program::<SchedClassifier>(&mut ebpf, name)
             .and_then(|p| p.load().map_err(|source| LoadError::Program { name, source }));
         if let Err(err) = loaded {
-            tracing::error!(%err, "traffic from outside the node (NodePorts, LoadBalancer IPs, externalIPs) is not served: the TC programs cannot be loaded; clients on the node are still served");
+            tracing::error!(%err, "traffic from outside the node (NodePorts, LoadBalancer IPs, externalIPs) and the pods' traffic on pod-facing devices are not served: the TC programs cannot be loaded; sockets the socket programs translate are still served");
             tc_loaded = false;
             break;
         }

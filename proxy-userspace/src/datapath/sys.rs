@@ -2,7 +2,9 @@
 //! a link's info, swapping a link's program, element access to a map
 //! whose value size is known only at run time (the Maglev tables), and
 //! batch writes and reads. Numbers and layouts are those of `union
-//! bpf_attr` and `struct bpf_link_info` in linux/bpf.h.
+//! bpf_attr` and `struct bpf_link_info` in linux/bpf.h. Also the cookie
+//! of the agent's network namespace, which the programs compare sockets'
+//! with (`--socket-lb`).
 use std::{
     ffi::CString,
     io,
@@ -298,4 +300,37 @@ pub fn map_next_key(map: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) ->
         Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(false),
         Err(err) => Err(err),
     }
+}
+
+/// The cookie of this process's network namespace (`SO_NETNS_COOKIE` on a
+/// socket of it, Linux 5.14), which `bpf_get_netns_cookie` gives the
+/// programs for a socket there.
+pub fn own_netns_cookie() -> io::Result<u64> {
+    // SAFETY: plain socket(2); the fd is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let fd = if fd < 0 {
+        // A node without IPv6.
+        // SAFETY: as above.
+        unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }
+    } else {
+        fd
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut cookie = 0u64;
+    let mut len = libc::socklen_t::try_from(size_of::<u64>()).expect("8");
+    // SAFETY: getsockopt writes at most `len` bytes into `cookie`.
+    let ret = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(cookie) }
 }
