@@ -380,7 +380,9 @@ fn new_flow<F: Frame>(ctx: &F, pkt: &Packet, key: &ServiceKey, frontend: &Servic
     if snat {
         // The node's address on the way to the backend is the new source.
         match snat_address(ctx, pkt, flow) {
-            Way::Routed => flow.flags = if !F::FROM_POD && wants_dsr(pkt.proto) { ct_flags::DSR } else { ct_flags::SNAT },
+            Way::Routed => {
+                flow.flags = if !F::FROM_POD && wants_dsr(pkt.proto) { ct_flags::DSR } else { ct_flags::SNAT }
+            }
             // An endpoint at one of this node's own addresses without
             // `nodeName` (hostNetwork, or a hand-made EndpointSlice): the
             // routes say it is here, so it is delivered here like one

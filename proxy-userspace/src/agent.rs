@@ -217,7 +217,8 @@ async fn run_with(
             }
             () = pod_links.changed() => {
                 if observers.attached {
-                    observers.attach_pod_devices(&config.pod_devices, &mut datapath);
+                    let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
+                    observers.attach_pod_devices(&config.pod_devices, &mut datapath, &node_ips);
                 }
                 continue;
             }
@@ -429,7 +430,7 @@ impl Observers {
         }
         let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
         attach_devices(&config.devices, datapath, &node_ips, &mut self.devices);
-        self.attach_pod_devices(&config.pod_devices, datapath);
+        self.attach_pod_devices(&config.pod_devices, datapath, &node_ips);
         self.health_checks.update(&pipeline.model().health_checks()).await;
         Ok(())
     }
@@ -437,7 +438,12 @@ impl Observers {
     /// Attaches the per-packet programs to the pod-facing devices when the
     /// choice changed (a pod came or went); a device that fails is logged,
     /// the others serve.
-    fn attach_pod_devices(&mut self, selection: &crate::pod_devices::PodDeviceSelection, datapath: &mut Datapath) {
+    fn attach_pod_devices(
+        &mut self,
+        selection: &crate::pod_devices::PodDeviceSelection,
+        datapath: &mut Datapath,
+        node_ips: &[std::net::IpAddr],
+    ) {
         let links = match crate::pod_devices::links() {
             Ok(links) => links,
             Err(err) => {
@@ -445,8 +451,11 @@ impl Observers {
                 return;
             }
         };
-        let external = self.devices.as_deref().unwrap_or_default();
-        let chosen = crate::pod_devices::resolve(selection, &links, external);
+        // Never a device the node's own traffic leaves by (its addresses,
+        // the default route), even when --devices names none of them.
+        let mut external = devices::resolve(&DeviceSelection::Auto, node_ips).chosen;
+        external.extend(self.devices.iter().flatten().cloned());
+        let chosen = crate::pod_devices::resolve(selection, &links, &external);
         if self.pod_devices.as_ref() == Some(&chosen) {
             return;
         }
@@ -460,7 +469,12 @@ impl Observers {
                 let before = self.pod_devices.as_deref().unwrap_or_default();
                 let added: Vec<&String> = chosen.iter().filter(|d| !before.contains(d)).collect();
                 let removed: Vec<&String> = before.iter().filter(|d| !chosen.contains(d)).collect();
-                info!(devices = chosen.len(), ?added, ?removed, "pod-facing devices: the pods' traffic to services is translated per packet there");
+                info!(
+                    devices = chosen.len(),
+                    ?added,
+                    ?removed,
+                    "pod-facing devices: the pods' traffic to services is translated per packet there"
+                );
                 self.pod_devices = Some(chosen);
             }
             Err(err) => error!(%err, "cannot attach the per-packet programs to the pod-facing devices"),

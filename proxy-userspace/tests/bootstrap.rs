@@ -62,6 +62,8 @@ fn an_unreachable_in_cluster_api_server_is_explained_within_seconds() {
         "127.0.0.1:0",
         "--devices",
         "none",
+        "--pod-devices",
+        "none",
     ]
     .map(str::to_owned);
     let mut agent = AgentProcess::start_command(cmd, args).expect("start agent");

@@ -323,6 +323,20 @@ impl Node {
     fn stat(&self, name: &str) -> u64 {
         self.stats.read().unwrap().into_iter().find(|(n, _)| *n == name).unwrap().1
     }
+
+    /// The per-packet programs of a pod-facing device (here ext0): a
+    /// pod's packet arriving from it, and one leaving into it.
+    fn from_pod(&self, frame: &[u8]) -> (i32, Vec<u8>) {
+        self.run("pod_ingress", frame)
+    }
+
+    fn to_pod(&self, frame: &[u8]) -> (i32, Vec<u8>) {
+        self.run("pod_egress", frame)
+    }
+
+    fn pod_stat(&self, name: &str) -> u64 {
+        self.stats.read_pods().unwrap().into_iter().find(|(n, _)| *n == name).unwrap().1
+    }
 }
 
 #[test]
@@ -1257,4 +1271,80 @@ fn xdp_and_tc_agree_on_dsr_frames_and_xdp_leaves_the_options_to_tc() {
     }
     assert_eq!(by_xdp, ["its next segment"], "XDP sends on what needs no option; the rest goes to TC");
     assert_eq!(to_tc, 3, "the SYNs and the datagram, which need the option, went to TC");
+}
+
+/// The per-packet path for the pods' own traffic (`pod_ingress` and
+/// `pod_egress` on a pod-facing device): a ClusterIP, a NodePort on the
+/// node's address and a LoadBalancer IP reached from a pod get a backend
+/// with the pod's source kept (no SNAT: kube-proxy masquerades only
+/// traffic from outside the cluster CIDR and hairpin), and the replies
+/// the pod receives show the frontend again.
+#[test]
+fn a_pod_s_packets_to_services_are_translated_per_packet_and_replies_show_the_frontend() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
+        let pod = sa("10.244.1.9:41000");
+        for (frontend, backend) in [
+            ("10.96.0.40:80", "10.244.1.6:8080"),
+            ("172.30.0.11:30080", "10.244.1.5:8080"),
+            ("203.0.113.30:80", ""),
+            ("10.96.0.53:53", "10.244.2.7:5353"),
+        ] {
+            let frontend = sa(frontend);
+            let udp = frontend.port() == 53;
+            let flags = if udp { None } else { Some(SYN) };
+            let (action, out) = node.from_pod(&packet::frame(pod, frontend, flags, b""));
+            assert_eq!(action, OK, "{frontend}: the stack routes it on");
+            let seen = packet::parse(&out);
+            assert_eq!(seen.src, pod, "{frontend}: the pod's address is kept");
+            if backend.is_empty() {
+                assert!(seen.dst.ip().to_string().starts_with("10.244.2.2"), "{frontend}: {}", seen.dst);
+            } else {
+                assert_eq!(seen.dst, sa(backend), "{frontend}");
+            }
+            assert_eq!(seen.ttl, 64, "not forwarded by the program");
+            // Every later packet of the flow keeps its backend.
+            let (_, again) = node.from_pod(&packet::frame(pod, frontend, if udp { None } else { Some(ACK) }, b"x"));
+            assert_eq!(packet::parse(&again).dst, seen.dst, "{frontend}");
+            // The backend's reply enters the pod from the frontend.
+            let reply = packet::frame(seen.dst, pod, if udp { None } else { Some(SYN | ACK) }, b"y");
+            let (action, out) = node.to_pod(&reply);
+            assert_eq!(action, OK);
+            let back = packet::parse(&out);
+            assert_eq!((back.src, back.dst), (frontend, pod), "{frontend}: reverse NAT on the way into the pod");
+        }
+        assert_eq!(node.pod_stat("new_flow"), 4);
+        assert_eq!(node.stat("new_flow"), 0, "counted apart from traffic from outside");
+
+        // The same ClusterIP from another pod: its own flow.
+        let other = sa("10.244.1.10:41000");
+        let (_, out) = node.from_pod(&packet::frame(other, sa("10.96.0.40:80"), Some(SYN), b""));
+        assert_eq!(packet::parse(&out).src, other);
+        assert_eq!(node.pod_stat("new_flow"), 5);
+    });
+}
+
+/// What is not a service passes untouched both ways; a service without
+/// endpoints is answered at once (kube-proxy's REJECT in KUBE-SERVICES),
+/// counted as the pods'.
+#[test]
+fn a_pod_s_other_packets_pass_untouched_and_a_service_without_endpoints_is_rejected() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
+        let pod = sa("10.244.1.9:41000");
+        for dst in ["10.244.2.7:5353", "172.30.0.11:22", "8.8.8.8:443", "10.96.0.40:81"] {
+            let frame = packet::frame(pod, sa(dst), Some(SYN), b"");
+            assert_eq!(node.from_pod(&frame), (OK, frame.clone()), "{dst}");
+            let reply = packet::frame(sa(dst), pod, Some(SYN | ACK), b"");
+            assert_eq!(node.to_pod(&reply), (OK, reply.clone()), "{dst}");
+        }
+        let frame = packet::frame(pod, sa("10.96.0.50:80"), Some(SYN), b"");
+        let (action, out) = node.from_pod(&frame);
+        assert_eq!(action, REDIRECT, "sent back into the pod");
+        let rst = packet::parse(&out);
+        assert_eq!((rst.src, rst.dst), (sa("10.96.0.50:80"), pod));
+        assert_eq!(node.pod_stat("rejected"), 1);
+        assert_eq!(node.stat("rejected"), 0);
+        assert_eq!(node.pod_stat("new_flow"), 0);
+    });
 }

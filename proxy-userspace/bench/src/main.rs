@@ -141,6 +141,8 @@ impl Settings {
             "bench",
             "--devices",
             "none",
+            "--pod-devices",
+            "none",
             "--healthz-bind-address",
             "127.0.0.1:0",
             "--metrics-bind-address",

@@ -207,7 +207,9 @@ impl LoadOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot read this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14) for --socket-lb host-namespace: {source}; use --socket-lb all on this kernel")]
+    #[error(
+        "cannot read this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14) for --socket-lb host-namespace: {source}; use --socket-lb all on this kernel"
+    )]
     NetnsCookie { source: std::io::Error },
     #[error("cannot load the eBPF object (pinned maps in {pin_dir}): {source}")]
     Load { pin_dir: String, source: Box<EbpfError> },

@@ -13,6 +13,10 @@ what the application sees (reply sources, getpeername()).
       prints "listening" once it listens
   probe.py tcp-hold HOST PORT N INTERVAL      one connection: N lines sent,
       each echo checked ("echo pingI"), INTERVAL seconds apart
+  probe.py mesh-proxy HOST PORT MARK          a sidecar as Istio's: takes the
+      connections iptables REDIRECTs to HOST:PORT, prints "original DST" (its
+      SO_ORIGINAL_DST) for each, connects to DST with SO_MARK MARK (which
+      the REDIRECT rule skips) and relays both ways; prints "listening"
 
 Each reply prints as "PAYLOAD SOURCE"; a failing call prints "error ERRNO"
 and exits 1.
@@ -135,10 +139,61 @@ def tcp_hold(host, port, n, interval):
         sys.exit(1)
 
 
+def mesh_proxy(host, port, mark):
+    import struct
+    import threading
+
+    SO_ORIGINAL_DST = 80
+
+    def pipe(a, b):
+        try:
+            while True:
+                data = a.recv(4096)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                b.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def serve(conn):
+        raw = conn.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+        dport, = struct.unpack("!H", raw[2:4])
+        dst = socket.inet_ntoa(raw[4:8])
+        print("original %s:%d" % (dst, dport), flush=True)
+        up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        up.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+        up.settimeout(5)
+        try:
+            up.connect((dst, dport))
+        except OSError as e:
+            print("upstream-error", errno.errorcode.get(e.errno, str(e.errno)), flush=True)
+            conn.close()
+            return
+        up.settimeout(None)
+        threading.Thread(target=pipe, args=(up, conn), daemon=True).start()
+        pipe(conn, up)
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, port))
+    s.listen(64)
+    print("listening", flush=True)
+    while True:
+        conn, _ = s.accept()
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
 def main():
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "tcp-peer":
         tcp_peer(host, port)
+    elif mode == "mesh-proxy":
+        mesh_proxy(host, port, int(sys.argv[4], 0))
     elif mode == "tcp-echo-server":
         tcp_echo_server(host, port)
     elif mode == "tcp-hold":

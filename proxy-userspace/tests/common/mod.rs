@@ -183,6 +183,8 @@ impl Env {
             // attached to its devices (the multi-node tests attach to theirs).
             "--devices".into(),
             "none".into(),
+            "--pod-devices".into(),
+            "none".into(),
             // Its own socket for `ebpf-proxy explain`, never the machine's.
             "--explain-socket".into(),
             self.explain_socket().display().to_string(),
