@@ -111,6 +111,7 @@ pub mod map_sizes {
 pub mod proto {
     pub const TCP: u8 = 6;
     pub const UDP: u8 = 17;
+    pub const SCTP: u8 = 132;
 }
 
 /// `ServiceKey.scope` values.

@@ -27,7 +27,9 @@ const SNAT_TRIES: u32 = 64;
 
 #[inline(always)]
 fn lifetime_ns(protocol: u8, flags: u8) -> u64 {
-    let seconds = if protocol != proto::TCP {
+    // An SCTP association lives as long as a TCP connection (its
+    // heartbeats come every 30 s by default); its end is not tracked.
+    let seconds = if protocol == proto::UDP {
         ct_lifetime::UDP
     } else if flags & ct_flags::CLOSING != 0 {
         ct_lifetime::TCP_CLOSING

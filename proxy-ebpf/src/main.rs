@@ -9,6 +9,7 @@
 #![expect(clippy::inline_always, reason = "BPF: inlining is chosen per function, see above")]
 
 mod access;
+mod crc32c;
 mod ct;
 mod frame;
 mod maps;

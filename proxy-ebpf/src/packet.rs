@@ -1,5 +1,7 @@
 //! Packets on a TC or XDP hook (`Frame`): parse Ethernet + IPv4/IPv6 +
-//! TCP/UDP, and rewrite addresses and ports with their checksums.
+//! TCP/UDP/SCTP, and rewrite addresses and ports with their checksums
+//! (SCTP's CRC32c, which covers its ports but not the addresses, in
+//! `crc32c.rs`).
 //! Addresses are 16 bytes (IPv4 as IPv4-mapped IPv6) like everywhere else;
 //! ports in network byte order. Reads and writes go through the hook's
 //! byte helpers, so non-linear packets work and no bounds are left to the
@@ -138,7 +140,7 @@ impl Packet {
             }
             _ => return None,
         };
-        if proto != proto::TCP && proto != proto::UDP {
+        if proto != proto::TCP && proto != proto::UDP && proto != proto::SCTP {
             return None;
         }
         let ports = ctx.load::<[u8; 4]>(l4).ok()?;
@@ -207,15 +209,25 @@ impl Packet {
             self.rewrite_addr(ctx, end, &old_addr, addr)?;
         }
         if old_port != port {
-            let offset = self.l4 + if end == End::Src { 0 } else { 2 };
-            ctx.l4_csum_replace(self.l4_csum_offset(), u64::from(old_port), u64::from(port), 2 | self.l4_flags())?;
-            ctx.store(offset, &port)?;
+            self.rewrite_port(ctx, end, old_port, port)?;
         }
         match end {
             End::Src => (self.src, self.sport) = (*addr, port),
             End::Dst => (self.dst, self.dport) = (*addr, port),
         }
         Ok(())
+    }
+
+    /// Out of line, as `rewrite_addr`.
+    #[inline(never)]
+    fn rewrite_port<F: Frame>(&self, ctx: &F, end: End, old: u16, new: u16) -> Result<(), RewriteFailed> {
+        let offset = self.l4 + if end == End::Src { 0 } else { 2 };
+        if self.proto == proto::SCTP {
+            crate::crc32c::port_changed(ctx, self, end == End::Src, old ^ new)?;
+        } else {
+            ctx.l4_csum_replace(self.l4_csum_offset(), u64::from(old), u64::from(new), 2 | self.l4_flags())?;
+        }
+        ctx.store(offset, &new)
     }
 
     #[inline(never)]
@@ -226,7 +238,10 @@ impl Packet {
                 let (Some(old4), Some(new4)) = (as_v4(old), as_v4(new)) else { return Err(RewriteFailed) };
                 let (from, to) = (u64::from(u32::from_ne_bytes(old4)), u64::from(u32::from_ne_bytes(new4)));
                 let offset = self.l3() + if end == End::Src { 12 } else { 16 };
-                ctx.l4_csum_replace(l4_csum, from, to, BPF_F_PSEUDO_HDR | 4 | self.l4_flags())?;
+                // SCTP's checksum covers no pseudo-header.
+                if self.proto != proto::SCTP {
+                    ctx.l4_csum_replace(l4_csum, from, to, BPF_F_PSEUDO_HDR | 4 | self.l4_flags())?;
+                }
                 ctx.l3_csum_replace(self.l3() + 10, from, to, 4)?;
                 ctx.store(offset, &new4)
             }
@@ -234,12 +249,14 @@ impl Packet {
                 if as_v4(new).is_some() {
                     return Err(RewriteFailed);
                 }
-                let diff = csum_diff(&mut old.words(), &mut new.words());
-                if diff < 0 {
-                    return Err(RewriteFailed);
+                if self.proto != proto::SCTP {
+                    let diff = csum_diff(&mut old.words(), &mut new.words());
+                    if diff < 0 {
+                        return Err(RewriteFailed);
+                    }
+                    #[expect(clippy::cast_sign_loss, reason = "checked non-negative")]
+                    ctx.l4_csum_replace(l4_csum, 0, diff as u64, BPF_F_PSEUDO_HDR | self.l4_flags())?;
                 }
-                #[expect(clippy::cast_sign_loss, reason = "checked non-negative")]
-                ctx.l4_csum_replace(l4_csum, 0, diff as u64, BPF_F_PSEUDO_HDR | self.l4_flags())?;
                 let offset = self.l3() + if end == End::Src { 8 } else { 24 };
                 ctx.store(offset, new)
             }

@@ -38,7 +38,7 @@ pub struct Request {
     pub namespace: String,
     pub name: String,
     /// The entry: its address, port (a nodePort for NodePort entries) and
-    /// protocol (`TCP`, `UDP`).
+    /// protocol (`TCP`, `UDP`, `SCTP`).
     pub address: IpAddr,
     pub port: u16,
     pub protocol: String,
@@ -54,7 +54,8 @@ impl Request {
         let protocol = match self.protocol.to_ascii_uppercase().as_str() {
             "TCP" => Protocol::Tcp,
             "UDP" => Protocol::Udp,
-            other => return Err(format!("protocol {other:?}: expected TCP or UDP")),
+            "SCTP" => Protocol::Sctp,
+            other => return Err(format!("protocol {other:?}: expected TCP, UDP or SCTP")),
         };
         let scope = if self.external { Scope::External } else { Scope::All };
         Ok(FrontendKey { addr: self.address, port: self.port, protocol, scope })
@@ -352,7 +353,8 @@ mod tests {
         let short = r#"{"namespace":"ns","name":"web","address":"10.96.0.9","port":80,"protocol":"tcp"}"#;
         let parsed: Request = serde_json::from_str(short).unwrap();
         assert_eq!(parsed.key().unwrap(), FrontendKey::new("10.96.0.9".parse().unwrap(), 80, Protocol::Tcp));
-        assert!(Request { protocol: "SCTP".into(), ..request() }.key().is_err());
+        assert_eq!(Request { protocol: "sctp".into(), ..request() }.key().unwrap().protocol, Protocol::Sctp);
+        assert!(Request { protocol: "DCCP".into(), ..request() }.key().is_err());
         assert_eq!(Request { external: true, ..request() }.key().unwrap().scope, Scope::External, "the external entry");
 
         let explained = Answer::Explained(Explained {

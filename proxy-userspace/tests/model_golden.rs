@@ -32,8 +32,9 @@ fn real_apiserver_objects_translate_to_the_expected_table() {
 
     let skipped: Vec<String> = t.skipped.iter().map(|(o, r)| format!("{o}: {}", r.as_str())).collect();
     assert_eq!(skipped, vec!["Service shop/db: headless (clusterIP: None)", "Service shop/ext: type ExternalName",]);
-    let problems: Vec<String> = t.problems.iter().map(ToString::to_string).collect();
-    assert_eq!(problems, vec!["Service shop/sctp: spec.ports[0].protocol: SCTP is not proxied; this port is skipped"]);
+    // SCTP is served; shop/sctp has no EndpointSlice, so its frontend
+    // refuses (kube-proxy's REJECT).
+    assert!(t.problems.is_empty(), "{:?}", t.problems);
 }
 
 #[test]

@@ -43,12 +43,13 @@ pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `ADDR:PORT`, `[V6]:PORT`, optionally `/TCP` or `/UDP`.
+/// `ADDR:PORT`, `[V6]:PORT`, optionally `/TCP`, `/UDP` or `/SCTP`.
 pub(crate) fn parse_frontend(text: &str) -> anyhow::Result<(std::net::IpAddr, u16, Option<Protocol>)> {
     let (addr_port, proto) = match text.rsplit_once('/') {
         Some((a, "TCP" | "tcp")) => (a, Some(Protocol::Tcp)),
         Some((a, "UDP" | "udp")) => (a, Some(Protocol::Udp)),
-        Some(_) => bail!("{text}: the protocol after / must be TCP or UDP"),
+        Some((a, "SCTP" | "sctp")) => (a, Some(Protocol::Sctp)),
+        Some(_) => bail!("{text}: the protocol after / must be TCP, UDP or SCTP"),
         None => (text, None),
     };
     let sock: std::net::SocketAddr =
@@ -68,6 +69,7 @@ mod tests {
         let (a, p, proto) = parse_frontend("[fd00::1]:53").unwrap();
         assert_eq!((a.to_string(), p, proto), ("fd00::1".to_owned(), 53, None));
         assert!(parse_frontend("10.96.0.10").is_err());
-        assert!(parse_frontend("10.96.0.10:80/SCTP").is_err());
+        assert_eq!(parse_frontend("10.96.0.10:80/SCTP").unwrap().2, Some(Protocol::Sctp));
+        assert!(parse_frontend("10.96.0.10:80/DCCP").is_err());
     }
 }

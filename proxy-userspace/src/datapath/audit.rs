@@ -363,7 +363,7 @@ mod tests {
             "REVNAT 5 extra (id 60, id 61, id 62, ...); \
              SERVICES 1 missing, 5 extra (10.96.0.10:80/TCP, 10.96.0.11:80/TCP, 10.96.0.12:80/TCP, ...)"
         );
-        let raw = ServiceKey { proto: 132, ..codec::service_key(key(1), 0) };
+        let raw = ServiceKey { proto: 33, ..codec::service_key(key(1), 0) };
         assert!(service_key_name(&raw).starts_with("ServiceKey"), "a key the agent never writes is shown raw");
     }
 }

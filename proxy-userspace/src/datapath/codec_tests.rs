@@ -50,8 +50,8 @@ fn each_scope_protocol_state_and_locality_round_trips() {
 
 #[test]
 fn numbers_the_agent_never_writes_are_errors() {
-    // SCTP (132) is skipped by the model, so it never reaches the maps.
-    for n in [0, 1, 132, 255] {
+    // DCCP (33) is not a protocol of Services, so it never reaches the maps.
+    for n in [0, 1, 33, 255] {
         assert_eq!(protocol_of(n), Err(DecodeError::Protocol(n)));
     }
     for n in [2, 255] {

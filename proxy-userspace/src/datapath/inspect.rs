@@ -347,9 +347,9 @@ ID  FRONTEND           SERVICE                       TYPE       BACKENDS
         assert_eq!(all[0].backends[0].address, Some(Ipv4Addr::new(10, 244, 0, 1).into()));
         // A protocol the agent never writes shows as its number.
         let value = maps.state.services.remove(&key).unwrap();
-        maps.state.services.insert(proxy_common::ServiceKey { proto: 132, ..key }, value);
+        maps.state.services.insert(proxy_common::ServiceKey { proto: 33, ..key }, value);
         let all = frontends(&maps.state);
-        assert_eq!((all[0].protocol.as_str(), all[0].key()), ("132", None));
+        assert_eq!((all[0].protocol.as_str(), all[0].key()), ("33", None));
     }
 
     #[test]

@@ -602,16 +602,16 @@ fn recovery_removes_entries_the_agent_never_writes() {
     Reconciler::new().apply(&mut maps, &t);
     let master = codec::service_key(fk(1, 80, Protocol::Tcp), 0);
     let value = proxy_common::ServiceValue { count: 0, ..maps.state.services[&master] };
-    // SCTP (132) and a scope that does not exist: no reader of ours finds them.
-    let sctp = proxy_common::ServiceKey { proto: 132, ..master };
+    // DCCP (33) and a scope that does not exist: no reader of ours finds them.
+    let dccp = proxy_common::ServiceKey { proto: 33, ..master };
     let scope = proxy_common::ServiceKey { scope: 7, ..master };
-    maps.state.services.insert(sctp, value);
+    maps.state.services.insert(dccp, value);
     maps.state.services.insert(scope, value);
     let backend = maps.state.backends.values().next().copied().unwrap();
-    maps.state.backends.insert(900, proxy_common::Backend { proto: 132, ..backend });
+    maps.state.backends.insert(900, proxy_common::Backend { proto: 33, ..backend });
     let (mut r, recovery) = Reconciler::recover(&mut maps).unwrap();
     assert_eq!(recovery.stale_entries_removed, 3);
-    assert!(!maps.state.services.contains_key(&sctp) && !maps.state.services.contains_key(&scope));
+    assert!(!maps.state.services.contains_key(&dccp) && !maps.state.services.contains_key(&scope));
     assert!(!maps.state.backends.contains_key(&900));
     assert_eq!(r.apply(&mut maps, &t).writes, 0, "the rest is as it was");
     assert_exact(&maps, &t);

@@ -226,16 +226,13 @@ pub(super) fn slice_port(slice: &SliceSpec, port: &PortSpec, problems: &mut Vec<
 }
 
 fn protocol_matches(slice_proto: &str, protocol: Protocol) -> bool {
-    matches!((slice_proto, protocol), ("TCP", Protocol::Tcp) | ("UDP", Protocol::Udp))
+    matches!((slice_proto, protocol), ("TCP", Protocol::Tcp) | ("UDP", Protocol::Udp) | ("SCTP", Protocol::Sctp))
 }
 
 /// Slice ports no service port names, as warnings on the slice.
 pub fn unmatched_slice_ports(slice: &SliceSpec, ports: &[PortSpec], problems: &mut Vec<Problem>) {
     for (j, sp) in slice.ports.iter().enumerate() {
         let (name, proto) = (&*sp.name, &*sp.protocol);
-        if proto == "SCTP" {
-            continue;
-        }
         let matched = ports.iter().any(|p| p.name == name && protocol_matches(proto, p.protocol));
         if !matched {
             problems.push(Problem::warning(

@@ -99,14 +99,7 @@ pub fn service_frontends(svc: &ServiceSpec, problems: &mut Vec<Problem>) -> Resu
         let protocol = match &*port.protocol {
             "TCP" => Protocol::Tcp,
             "UDP" => Protocol::Udp,
-            "SCTP" => {
-                problems.push(Problem::warning(
-                    &object,
-                    field("protocol"),
-                    "SCTP is not proxied; this port is skipped",
-                ));
-                continue;
-            }
+            "SCTP" => Protocol::Sctp,
             other => {
                 problems.push(Problem::error(
                     &object,

@@ -35,6 +35,9 @@ pub const NODE_PORT_LOOPBACK: std::net::Ipv4Addr = std::net::Ipv4Addr::LOCALHOST
 pub enum Protocol {
     Tcp,
     Udp,
+    /// Served per packet only (the TC programs; the kernel runs no
+    /// socket-address hook of ours for SCTP sockets in a cgroup).
+    Sctp,
 }
 
 impl Protocol {
@@ -44,6 +47,7 @@ impl Protocol {
         match self {
             Self::Tcp => proxy_common::proto::TCP,
             Self::Udp => proxy_common::proto::UDP,
+            Self::Sctp => proxy_common::proto::SCTP,
         }
     }
 
@@ -52,6 +56,7 @@ impl Protocol {
         match n {
             proxy_common::proto::TCP => Some(Self::Tcp),
             proxy_common::proto::UDP => Some(Self::Udp),
+            proxy_common::proto::SCTP => Some(Self::Sctp),
             _ => None,
         }
     }
@@ -62,6 +67,7 @@ impl fmt::Display for Protocol {
         f.write_str(match self {
             Self::Tcp => "TCP",
             Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
         })
     }
 }

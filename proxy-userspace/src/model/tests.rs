@@ -94,14 +94,18 @@ fn skipped_kinds_are_not_programmed() {
     }
 }
 
+/// SCTP is served (per packet, as kube-proxy serves it); its slice ports
+/// match by name and protocol as TCP's and UDP's do. An unknown protocol
+/// is skipped with a problem.
 #[test]
-fn sctp_and_unknown_protocols_are_skipped_with_a_problem() {
+fn sctp_is_served_and_unknown_protocols_are_skipped_with_a_problem() {
     let svc = SVC.replace("protocol: UDP}", "protocol: SCTP}")
         + "---\napiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: ns}\nspec: {clusterIP: 10.96.0.2, ports: [{port: 1, protocol: QUIC}]}\n";
-    let (t, problems) = table(&svc);
-    assert_eq!(t, "10.96.0.1:80/TCP ns/s:http -> (none)\n");
+    let ports = "[{name: http, port: 8080, protocol: TCP}, {name: dns, port: 53, protocol: SCTP}, {name: dns, port: 5353, protocol: UDP}]";
+    let (t, problems) = table(&format!("{svc}{}", slice("a", ports, "[{addresses: [10.0.0.1]}]")));
+    assert_eq!(t, "10.96.0.1:53/SCTP ns/s:dns -> 10.0.0.1:53\n10.96.0.1:80/TCP ns/s:http -> 10.0.0.1:8080\n");
     assert_eq!(problems.len(), 2, "{problems:?}");
-    assert!(problems[0].contains("spec.ports[1].protocol: SCTP"), "{problems:?}");
+    assert!(problems[0].contains("dns\"/UDP matches no port"), "{problems:?}");
     assert!(problems[1].contains("Service ns/x: spec.ports[0].protocol"), "{problems:?}");
 }
 

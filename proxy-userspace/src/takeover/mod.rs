@@ -120,13 +120,14 @@ fn insert(table: &mut RuleTable, key: RuleKey, frontend: RuleFrontend) {
     }
 }
 
-/// A transport protocol as the rules write it (`tcp`, `udp`): `None` for
-/// one ebpf-proxy does not serve (SCTP), `Err` for anything else.
+/// A transport protocol as the rules write it (`tcp`, `udp`, `sctp`):
+/// `None` for one ebpf-proxy does not serve (none today: SCTP is served
+/// per packet), `Err` for anything else.
 fn protocol(text: &str) -> Result<Option<Protocol>, String> {
     match text.to_ascii_lowercase().as_str() {
         "tcp" | "6" => Ok(Some(Protocol::Tcp)),
         "udp" | "17" => Ok(Some(Protocol::Udp)),
-        "sctp" | "132" => Ok(None),
+        "sctp" | "132" => Ok(Some(Protocol::Sctp)),
         other => Err(format!("unknown protocol {other:?}")),
     }
 }

@@ -1,10 +1,14 @@
-//! Crafted Ethernet + IPv4/IPv6 + TCP/UDP frames for `BPF_PROG_TEST_RUN`,
-//! and a parser that checks every checksum of what comes back, computed
-//! from scratch.
+//! Crafted Ethernet + IPv4/IPv6 + TCP/UDP/SCTP frames for
+//! `BPF_PROG_TEST_RUN`, and a parser that checks every checksum of what
+//! comes back (SCTP's CRC32c too), computed from scratch.
 use std::net::{IpAddr, SocketAddr};
 
 pub const TCP: u8 = 6;
 pub const UDP: u8 = 17;
+pub const SCTP: u8 = 132;
+/// SCTP chunk types.
+pub const SCTP_INIT: u8 = 1;
+pub const SCTP_DATA: u8 = 0;
 pub const SYN: u8 = 0x02;
 pub const ACK: u8 = 0x10;
 pub const FIN: u8 = 0x01;
@@ -54,6 +58,40 @@ fn l4_checksum(src: IpAddr, dst: IpAddr, proto: u8, segment: &[u8]) -> u16 {
     fold(sum(acc, segment))
 }
 
+/// CRC32c (Castagnoli), as SCTP computes it over its packet with the
+/// checksum field 0 (RFC 9260 appendix A), bit by bit.
+#[must_use]
+pub fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for byte in data {
+        crc ^= u32::from(*byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82f6_3b78 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+/// An SCTP packet from `src` to `dst` with one chunk of `kind` (INIT or
+/// DATA) carrying `payload`, its CRC32c right. Verification tag 0 on an
+/// INIT, as RFC 9260 wants.
+pub fn sctp(src: SocketAddr, dst: SocketAddr, kind: u8, payload: &[u8]) -> Vec<u8> {
+    let mut l4 = Vec::new();
+    l4.extend_from_slice(&src.port().to_be_bytes());
+    l4.extend_from_slice(&dst.port().to_be_bytes());
+    let tag: u32 = if kind == SCTP_INIT { 0 } else { 0x0bad_cafe };
+    l4.extend_from_slice(&tag.to_be_bytes());
+    l4.extend_from_slice(&[0; 4]); // checksum
+    let chunk_len = u16::try_from(4 + payload.len()).unwrap();
+    l4.extend_from_slice(&[kind, if kind == SCTP_DATA { 0x03 } else { 0 }]);
+    l4.extend_from_slice(&chunk_len.to_be_bytes());
+    l4.extend_from_slice(payload);
+    l4.resize(l4.len().next_multiple_of(4), 0);
+    let crc = crc32c(&l4);
+    l4[8..12].copy_from_slice(&crc.to_le_bytes());
+    wrap(src.ip(), dst.ip(), SCTP, &l4)
+}
+
 /// A frame from `src` to `dst`: TCP with `flags`, or UDP (`tcp_flags`
 /// `None`) with a checksum unless `udp_zero_checksum`.
 pub fn frame(src: SocketAddr, dst: SocketAddr, tcp_flags: Option<u8>, payload: &[u8]) -> Vec<u8> {
@@ -92,8 +130,13 @@ fn build(src: SocketAddr, dst: SocketAddr, tcp_flags: Option<u8>, payload: &[u8]
         }
         l4[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
     }
+    wrap(src.ip(), dst.ip(), proto, &l4)
+}
+
+/// Ethernet and an IPv4 or IPv6 header around `l4`.
+fn wrap(src: IpAddr, dst: IpAddr, proto: u8, l4: &[u8]) -> Vec<u8> {
     let mut out = vec![0x02, 0, 0, 0, 0, 0x01, 0x02, 0, 0, 0, 0, 0x02];
-    match (src.ip(), dst.ip()) {
+    match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             out.extend_from_slice(&0x0800u16.to_be_bytes());
             let total = u16::try_from(20 + l4.len()).unwrap();
@@ -117,7 +160,7 @@ fn build(src: SocketAddr, dst: SocketAddr, tcp_flags: Option<u8>, payload: &[u8]
         }
         _ => panic!("mixed families"),
     }
-    out.extend_from_slice(&l4);
+    out.extend_from_slice(l4);
     out
 }
 
@@ -214,7 +257,12 @@ pub fn parse(frame: &[u8]) -> Seen {
     let csum_at = if proto == TCP { 16 } else { 6 };
     let field = u16::from_be_bytes([l4[csum_at], l4[csum_at + 1]]);
     let udp_checksum_zero = proto == UDP && field == 0;
-    if !udp_checksum_zero {
+    if proto == SCTP {
+        let mut zeroed = l4.to_vec();
+        zeroed[8..12].fill(0);
+        let stored = u32::from_le_bytes(l4[8..12].try_into().unwrap());
+        assert_eq!(stored, crc32c(&zeroed), "SCTP CRC32c is wrong: {frame:02x?}");
+    } else if !udp_checksum_zero {
         assert_eq!(l4_checksum(src, dst, proto, l4), 0, "{proto} checksum is wrong: {frame:02x?}");
     }
     let port = |at: usize| u16::from_be_bytes([l4[at], l4[at + 1]]);
