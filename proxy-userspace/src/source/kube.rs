@@ -278,8 +278,9 @@ async fn drive<K: Send + 'static>(
 }
 
 /// Polls one watch and sends its events to `events`. A failure is
-/// counted, logged once (`Reachability` logs when the watch is back) and
-/// retried after the delay `RetrySchedule` gives.
+/// counted, logged the first time and then as a reminder every 30 s
+/// (`Reachability`, which also logs when the watch is back) and retried
+/// after the delay `RetrySchedule` gives.
 async fn pump<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     kind: &'static str,
@@ -292,8 +293,16 @@ async fn pump<K>(
     while let Some(event) = stream.next().await {
         match event {
             Ok(event) => {
-                schedule.reset();
-                reachability.succeeded(kind);
+                // `Init` only says a list starts: the watcher sends it
+                // before the list request, also before each retry of a
+                // list that failed. Taken as a success, it started the
+                // schedule afresh (and logged the next failure as a first
+                // one) on every retry, so an unreachable server was tried
+                // at the first delay for ever.
+                if !matches!(event, watcher::Event::Init) {
+                    schedule.reset();
+                    reachability.succeeded(kind);
+                }
                 counters.events.fetch_add(1, Ordering::Relaxed);
                 if events.send(event).await.is_err() {
                     return;
@@ -306,6 +315,12 @@ async fn pump<K>(
                     counters.relists.fetch_add(1, Ordering::Relaxed);
                     info!(kind, %err, "watch position expired (410 Gone): listing everything again");
                 } else {
+                    if !reachability.is_failing(kind) {
+                        // The first failure since a request of this kind
+                        // succeeded (the request observer clears the mark,
+                        // also for a watch that succeeded with no event).
+                        schedule.reset();
+                    }
                     reachability.failed(kind, &err);
                     debug!(kind, %err, "watch still failing");
                 }
@@ -500,6 +515,59 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(Arc::strong_count(&held), 1, "the watch ended with its drive");
+    }
+
+    /// The real watch loop (kube-runtime's watcher, through `pump`)
+    /// against a loopback port that accepts every connection and closes it
+    /// at once, as a server that is not up yet: each list attempt is one
+    /// connection, and the attempts follow `RetrySchedule`'s unreachable
+    /// delays (0.1 s doubling to 1 s), not its first delay again and again.
+    /// The bound is what the schedule allows at the most jitter; a slow
+    /// machine makes fewer attempts, never more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreachable_server_is_retried_on_the_schedule_through_the_watch_loop() {
+        const WINDOW: Duration = Duration::from_secs(3);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let attempts = Arc::new(AtomicU64::new(0));
+        let accepted = attempts.clone();
+        let server = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::Relaxed);
+                drop(conn);
+            }
+        });
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let client = Client::try_from(config).unwrap();
+        let stream = watcher(Api::<Node>::all(client), watcher::Config::default());
+        let (events, mut received) = tokio::sync::mpsc::channel(16);
+        let counters = Arc::new(WatchCounters::default());
+        let reachability = Arc::new(Reachability::default());
+        let pump = tokio::spawn(pump(stream, "Node", events, counters.clone(), reachability.clone()));
+
+        tokio::time::sleep(WINDOW).await;
+        let made = attempts.load(Ordering::Relaxed);
+        pump.abort();
+        server.abort();
+
+        // The first attempt, and one after each delay that fits in the
+        // window when every delay is as short as the jitter makes it.
+        let mut schedule = RetrySchedule::default();
+        let (mut elapsed, mut most) = (Duration::ZERO, 1);
+        loop {
+            elapsed += schedule.next_delay(Failure::Unreachable, 1.0);
+            if elapsed > WINDOW {
+                break;
+            }
+            most += 1;
+        }
+        assert!(made >= 2, "the watch did not try again: {made} attempts");
+        assert!(made <= most, "{made} attempts in {WINDOW:?}; the schedule allows {most}");
+        assert!(counters.errors.load(Ordering::Relaxed) >= made - 1, "each attempt failed");
+        assert!(reachability.is_failing("Node"), "an attempt that failed is not a success");
+        while let Ok(event) = received.try_recv() {
+            assert!(matches!(event, watcher::Event::Init), "only list starts, no objects");
+        }
     }
 
     /// The order two watch tasks can send in: one saw every list complete,
