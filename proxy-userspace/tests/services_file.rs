@@ -3,7 +3,7 @@
 //! real curl clients in a test namespace.
 mod common;
 
-use std::time::Duration;
+use std::{fmt::Write as _, time::Duration};
 
 use common::{Env, web};
 
@@ -116,7 +116,10 @@ fn garbage_junk_and_truncation_fail_no_connection_and_log_little() {
     refused(mark);
     wait_healthz(503);
     let config_maps = |n: usize| -> String {
-        (0..n).map(|i| format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm-{i}}}\n")).collect()
+        (0..n).fold(String::new(), |mut out, i| {
+            let _ = write!(out, "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm-{i}}}\n");
+            out
+        })
     };
     let mark = env.agent().mark();
     env.write_services(&config_maps(100));

@@ -281,6 +281,31 @@ fn merge_cluster(cluster: &str, body: &str, delete: bool) -> String {
     out
 }
 
+/// A case whose source is a `file` takes no watch events or restarts.
+fn only_one_source(verb: &str, agent: Option<&Agent>) -> Result<(), String> {
+    let events = matches!(verb, "list" | "relist" | "apply" | "delete" | "restart" | "upgrade");
+    if events && agent.is_some_and(|a| a.source.file.is_some()) {
+        return Err(format!("`{verb}` after a `file`: the file is the case's source"));
+    }
+    Ok(())
+}
+
+/// A `file` section: the services file now holds `text`. The agent is made
+/// at the first one, on an empty list (which the file source replaces).
+fn write_file(
+    agent: &mut Option<Agent>,
+    settings: NodeSettings,
+    maps: &mut FakeMaps,
+    runtime: &tokio::runtime::Runtime,
+    text: &str,
+) -> Result<(), String> {
+    if agent.is_none() {
+        *agent = Some(Agent::new(settings, maps, String::new())?);
+    }
+    let agent = agent.as_mut().expect("made above");
+    runtime.block_on(agent.source.write_file(text))
+}
+
 fn run_case(path: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     let sections = sections(&text);
@@ -313,11 +338,7 @@ fn run_case(path: &Path) -> Result<(), String> {
             local_addrs: config.local_addrs.clone(),
             external_ips_local_only: config.external_ips_local_only,
         };
-        if matches!(verb, "list" | "relist" | "apply" | "delete" | "restart" | "upgrade")
-            && agent.as_ref().is_some_and(|a| a.source.file.is_some())
-        {
-            return Err(at(format!("`{verb}` after a `file`: the file is the case's source")));
-        }
+        only_one_source(verb, agent.as_ref()).map_err(at)?;
         match verb {
             "config" => config = serde_norway::from_str(&section.body).map_err(|e| at(e.to_string()))?,
             "list" | "relist" if agent.is_none() => {
@@ -334,13 +355,7 @@ fn run_case(path: &Path) -> Result<(), String> {
                 let objects = parse(&body).map_err(at)?;
                 if verb == "apply" { a.source.apply(objects) } else { a.source.delete(objects) }
             }
-            "file" => {
-                if agent.is_none() {
-                    agent = Some(Agent::new(settings(), &mut maps, String::new()).map_err(at)?);
-                }
-                let a = agent.as_mut().expect("made above");
-                runtime.block_on(a.source.write_file(&body)).map_err(at)?;
-            }
+            "file" => write_file(&mut agent, settings(), &mut maps, &runtime, &body).map_err(at)?,
             "fail" => maps.fail_at = Some(maps.ops + number()? - 1),
             "capacity" => maps.capacity = Some(number()?),
             "restart" | "upgrade" => {

@@ -370,7 +370,11 @@ mod tests {
     }
 
     fn config_maps(n: usize) -> String {
-        (0..n).map(|i| format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm-{i}}}\n")).collect()
+        use std::fmt::Write as _;
+        (0..n).fold(String::new(), |mut out, i| {
+            let _ = write!(out, "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm-{i}}}\n");
+            out
+        })
     }
 
     /// 20 KB of base64 is a YAML scalar: one object of no kind. Applied,
