@@ -414,52 +414,27 @@ mod tests {
     /// log nothing at info; new ones are summarised again.
     #[test]
     fn ten_thousand_rejections_log_a_handful_of_lines() {
-        use tracing_subscriber::fmt::MakeWriter;
-        #[derive(Clone, Default)]
-        struct Lines(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Lines {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        impl<'a> MakeWriter<'a> for Lines {
-            type Writer = Self;
-            fn make_writer(&'a self) -> Self {
-                self.clone()
-            }
-        }
-        let lines = Lines::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(lines.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        let count = || String::from_utf8_lossy(&lines.0.lock().unwrap()).lines().count();
+        let (log, _guard) = crate::source::log_capture::Captured::start();
+        let count = || log.lines();
         let dir = tempfile::tempdir().unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-        tracing::subscriber::with_default(subscriber, || {
-            let (mut source, seen) = source(&dir);
-            let broken = "---\napiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {ports: 3}\n";
-            let junk = config_maps(10_000) + &broken.repeat(3) + "---\n" + ONE_SERVICE;
-            let delivery = runtime.block_on(read(&mut source, &dir, &junk)).unwrap();
-            assert_eq!((services(&delivery), delivery.rejected), (1, 10_003));
-            assert_eq!(seen.lock().unwrap().len(), 10_003, "each rejection is still counted");
-            let first = count();
-            assert!(first <= 4, "{first} lines for 10,003 rejections");
-            let text = String::from_utf8_lossy(&lines.0.lock().unwrap()).into_owned();
-            assert!(text.contains("objects=10000") && text.contains("document 1 ConfigMap default/cm-0"), "{text}");
-            // The same junk, the Service changed: no new summary.
-            let again = junk.replace("name: a", "name: a2");
-            runtime.block_on(read(&mut source, &dir, &again)).unwrap();
-            assert_eq!(count(), first, "the same rejections were summarised again");
-            // Other junk is summarised.
-            runtime.block_on(read(&mut source, &dir, &(config_maps(2) + "---\n" + ONE_SERVICE))).unwrap();
-            assert_eq!(count(), first + 1);
-        });
+        let (mut source, seen) = source(&dir);
+        let broken = "---\napiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {ports: 3}\n";
+        let junk = config_maps(10_000) + &broken.repeat(3) + "---\n" + ONE_SERVICE;
+        let delivery = runtime.block_on(read(&mut source, &dir, &junk)).unwrap();
+        assert_eq!((services(&delivery), delivery.rejected), (1, 10_003));
+        assert_eq!(seen.lock().unwrap().len(), 10_003, "each rejection is still counted");
+        let first = count();
+        assert!(first <= 4, "{first} lines for 10,003 rejections");
+        let text = log.text();
+        assert!(text.contains("objects=10000") && text.contains("document 1 ConfigMap default/cm-0"), "{text}");
+        // The same junk, the Service changed: no new summary.
+        let again = junk.replace("name: a", "name: a2");
+        runtime.block_on(read(&mut source, &dir, &again)).unwrap();
+        assert_eq!(count(), first, "the same rejections were summarised again");
+        // Other junk is summarised.
+        runtime.block_on(read(&mut source, &dir, &(config_maps(2) + "---\n" + ONE_SERVICE))).unwrap();
+        assert_eq!(count(), first + 1);
     }
 
     /// A labelled Service is named once, not on every read of the file (as

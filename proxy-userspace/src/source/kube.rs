@@ -517,16 +517,13 @@ mod tests {
         assert_eq!(Arc::strong_count(&held), 1, "the watch ended with its drive");
     }
 
-    /// The real watch loop (kube-runtime's watcher, through `pump`)
-    /// against a loopback port that accepts every connection and closes it
-    /// at once, as a server that is not up yet: each list attempt is one
-    /// connection, and the attempts follow `RetrySchedule`'s unreachable
-    /// delays (0.1 s doubling to 1 s), not its first delay again and again.
-    /// The bound is what the schedule allows at the most jitter; a slow
-    /// machine makes fewer attempts, never more.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_unreachable_server_is_retried_on_the_schedule_through_the_watch_loop() {
-        const WINDOW: Duration = Duration::from_secs(3);
+    /// A loopback server that counts connections and answers each with
+    /// `answer` (nothing: the connection is closed at once, as a server
+    /// that is not up yet), and the real watch loop (kube-runtime's
+    /// watcher, through `pump`) of Nodes against it, for `window`: the
+    /// attempts made, the loop's failures, whether the watch counts as
+    /// failing at the end, and how each failure was classified.
+    async fn watch_against(answer: Option<&'static str>, window: Duration) -> (u64, u64, bool, Vec<Failure>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let attempts = Arc::new(AtomicU64::new(0));
@@ -534,39 +531,104 @@ mod tests {
         let server = tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
                 accepted.fetch_add(1, Ordering::Relaxed);
-                drop(conn);
+                if let Some(answer) = answer {
+                    tokio::spawn(answer_once(conn, answer));
+                }
             }
         });
         let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
-        let client = Client::try_from(config).unwrap();
-        let stream = watcher(Api::<Node>::all(client), watcher::Config::default());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let stream = watcher(Api::<Node>::all(Client::try_from(config).unwrap()), watcher::Config::default()).inspect(
+            move |event| {
+                if let Err(err) = event {
+                    record.lock().unwrap().push(Failure::of(err));
+                }
+            },
+        );
         let (events, mut received) = tokio::sync::mpsc::channel(16);
         let counters = Arc::new(WatchCounters::default());
         let reachability = Arc::new(Reachability::default());
         let pump = tokio::spawn(pump(stream, "Node", events, counters.clone(), reachability.clone()));
-
-        tokio::time::sleep(WINDOW).await;
+        tokio::time::sleep(window).await;
         let made = attempts.load(Ordering::Relaxed);
         pump.abort();
         server.abort();
+        while let Ok(event) = received.try_recv() {
+            assert!(matches!(event, watcher::Event::Init), "only list starts, no objects");
+        }
+        let seen = seen.lock().unwrap().clone();
+        (made, counters.errors.load(Ordering::Relaxed), reachability.is_failing("Node"), seen)
+    }
 
-        // The first attempt, and one after each delay that fits in the
-        // window when every delay is as short as the jitter makes it.
+    /// Reads a request's head (a GET has no body), writes `answer` (short
+    /// enough for the socket's buffer) and waits for the client to close.
+    async fn answer_once(conn: tokio::net::TcpStream, answer: &'static str) {
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut buf = [0; 4096];
+            if conn.readable().await.is_err() {
+                return;
+            }
+            match conn.try_read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+        let _ = conn.writable().await;
+        let _ = conn.try_write(answer.as_bytes());
+        loop {
+            if conn.readable().await.is_err() {
+                return;
+            }
+            match conn.try_read(&mut [0; 64]) {
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// The most attempts `RetrySchedule` allows for `failure` in `window`:
+    /// the first, and one after each delay that fits when the jitter makes
+    /// every delay as short as it can be.
+    fn most_attempts(failure: Failure, window: Duration) -> u64 {
         let mut schedule = RetrySchedule::default();
         let (mut elapsed, mut most) = (Duration::ZERO, 1);
         loop {
-            elapsed += schedule.next_delay(Failure::Unreachable, 1.0);
-            if elapsed > WINDOW {
-                break;
+            elapsed += schedule.next_delay(failure, 1.0);
+            if elapsed > window {
+                return most;
             }
             most += 1;
         }
-        assert!(made >= 2, "the watch did not try again: {made} attempts");
-        assert!(made <= most, "{made} attempts in {WINDOW:?}; the schedule allows {most}");
-        assert!(counters.errors.load(Ordering::Relaxed) >= made - 1, "each attempt failed");
-        assert!(reachability.is_failing("Node"), "an attempt that failed is not a success");
-        while let Ok(event) = received.try_recv() {
-            assert!(matches!(event, watcher::Event::Init), "only list starts, no objects");
+    }
+
+    /// The watch loop follows `RetrySchedule` for a server that is not up
+    /// (0.1 s doubling to 1 s) and for one answering 500 (client-go's 0.8 s
+    /// doubling to 30 s), each list attempt one connection: the schedule
+    /// is not started afresh by the watcher's `Init` before each retry.
+    /// The bound is what the schedule allows at the most jitter; a slow
+    /// machine makes fewer attempts, never more. Each watch logs its first
+    /// failure only (the next line would be the reminder, 30 s on).
+    #[tokio::test]
+    async fn failing_lists_are_retried_on_the_schedule_through_the_watch_loop() {
+        const WINDOW: Duration = Duration::from_secs(5);
+        const ERROR: &str = "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        // A current-thread runtime: the watches' tasks log on this thread.
+        let (log, _guard) = crate::source::log_capture::Captured::start();
+        let (down, answering) = tokio::join!(watch_against(None, WINDOW), watch_against(Some(ERROR), WINDOW));
+        assert_eq!(log.count("watch failed"), 2, "one line per watch:\n{}", log.text());
+        assert_eq!(log.count("watch still failing"), 0, "{}", log.text());
+        for ((made, errors, failing, seen), failure) in [(down, Failure::Unreachable), (answering, Failure::Answered)] {
+            assert!(seen.iter().all(|f| *f == failure), "{failure:?}: the server's failures were {seen:?}");
+            let most = most_attempts(failure, WINDOW);
+            assert!(made >= 2, "{failure:?}: the watch did not try again: {made} attempts");
+            assert!(made <= most, "{failure:?}: {made} attempts in {WINDOW:?}; the schedule allows {most}");
+            assert!(errors >= made - 1, "{failure:?}: {errors} failures of {made} attempts");
+            assert!(failing, "{failure:?}: an attempt that failed is not a success");
         }
     }
 
