@@ -112,12 +112,27 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
+/// The Kubernetes client logs an ERROR for every request that fails
+/// (`kube_client::client::builder`'s trace layer), about one a second per
+/// watch while the API server is unreachable. The watches log the first
+/// failure and a reminder every 30 s themselves (`source::reachability`),
+/// so the client's line is shown only when the log is at debug or finer.
+fn quiet_client_failures(filter: tracing_subscriber::EnvFilter) -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::filter::LevelFilter;
+    if filter.max_level_hint().is_some_and(|level| level >= LevelFilter::DEBUG) {
+        return filter;
+    }
+    filter.add_directive("kube_client::client::builder=off".parse().expect("a valid directive"))
+}
+
 /// Logs to stderr in `format`; `RUST_LOG` sets the level, else klog's
 /// `verbosity` (kube-proxy's `-v`, `logging.verbosity`), else info.
 fn init_logging(format: LogFormat, verbosity: Option<u32>) {
     let default = verbosity.map_or("info", args::level_for_verbosity);
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = quiet_client_failures(
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+    );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

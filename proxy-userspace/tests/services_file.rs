@@ -3,7 +3,7 @@
 //! real curl clients in a test namespace.
 mod common;
 
-use std::time::Duration;
+use std::{fmt::Write as _, time::Duration};
 
 use common::{Env, web};
 
@@ -71,6 +71,80 @@ fn every_rejection_is_counted_and_the_service_stays() {
         assert!(common::metric(&text, &name) >= 1.0, "{reason} not counted:\n{text}");
     }
     assert_eq!(env.requests("10.96.0.10", 5), vec!["backend-1"; 5], "the last good content still serves");
+}
+
+/// Issue 39: a user's bad days under a steady client. Garbage that parses
+/// as YAML (20 KB of base64, one scalar document), a file of only other
+/// kinds and a file truncated mid-write are each refused and fail no
+/// connection; the refusal is counted and, while it lasts, `/healthz`
+/// answers 503 (as for a file that is not YAML). A good Service beside
+/// 10,000 ConfigMaps is applied with a handful of log lines, not one per
+/// ConfigMap.
+#[test]
+fn garbage_junk_and_truncation_fail_no_connection_and_log_little() {
+    common::require_root!();
+    let mut env = Env::new(2);
+    env.write_services(&web(&[1, 2]));
+    let mut args = env.agent_args();
+    args.extend(["--health-timeout".to_owned(), "1".to_owned()]);
+    let agent = proxy_testkit::AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
+    let _ = agent.wait_applied(0);
+    env.agent = Some(agent);
+    let health = common::agent_address(env.agent(), "health");
+    let healthz = || common::http_get(&health, "/healthz").0;
+    let wait_healthz = |code: u16| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while healthz() != code && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(healthz(), code);
+    };
+    wait_healthz(200);
+    let client = env.steady_client();
+    let refused = |mark: usize| {
+        env.agent()
+            .wait_for(mark, Duration::from_secs(10), |r| {
+                proxy_testkit::field(r, "reason").and_then(|v| v.as_str()) == Some("no_usable_object")
+            })
+            .expect("the file was not refused");
+    };
+    std::thread::sleep(Duration::from_millis(300));
+
+    let garbage: String = (0..20_000).map(|i| if i % 77 == 76 { '\n' } else { char::from(b"QUJD"[i % 4]) }).collect();
+    let mark = env.agent().mark();
+    env.write_services(&garbage);
+    refused(mark);
+    wait_healthz(503);
+    let config_maps = |n: usize| -> String {
+        (0..n).fold(String::new(), |mut out, i| {
+            let _ = write!(out, "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm-{i}}}\n");
+            out
+        })
+    };
+    let mark = env.agent().mark();
+    env.write_services(&config_maps(100));
+    refused(mark);
+    assert!(env.agent().records().iter().all(|r| proxy_testkit::message(r) != Some("service frontend removed")));
+
+    // Truncated and written again within the settle time.
+    std::fs::File::create(env.services_file()).unwrap();
+    std::thread::sleep(Duration::from_millis(450));
+    let mark = env.agent().mark();
+    std::fs::write(env.services_file(), web(&[1, 2]) + &config_maps(10_000)).unwrap();
+    let applied = env.agent().wait_applied(mark);
+    assert_eq!(common::applied_frontends(&applied), 1);
+    let lines = env.agent().mark() - mark;
+    let logged: Vec<_> =
+        env.agent().records()[mark..].iter().filter_map(|r| proxy_testkit::message(r).map(str::to_owned)).collect();
+    assert!(lines <= 6, "{lines} lines for one file with 10,000 rejected objects: {logged:#?}");
+    wait_healthz(200);
+    common::check_steady_client(client, "while the file was garbage, junk or truncated");
+
+    let text = metrics(&env);
+    for (reason, least) in [("no_usable_object", 2.0), ("unknown_kind", 10_101.0), ("empty", 1.0)] {
+        let name = format!("ebpf_proxy_services_file_rejections_total{{reason=\"{reason}\"}}");
+        assert!(common::metric(&text, &name) >= least, "{reason} not counted:\n{text}");
+    }
 }
 
 /// Everything under the pin directory (two levels), sorted.

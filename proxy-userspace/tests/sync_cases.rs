@@ -19,6 +19,10 @@
 //!   in a file (relative to the case file), such as the captures of a real
 //!   API server in tests/fixtures/real-apiserver;
 //! - `apply` / `delete`: watch events for the objects below;
+//! - `file`: the services file now holds the text below (replaced by
+//!   rename, as the README asks) and the agent's own file source reads it
+//!   (`source::file_source`): a case that writes one has the file as its
+//!   source from then on (no `list`, `apply` or `restart` after);
 //! - `fail N`: the Nth write of the next sync fails (as the kernel can);
 //! - `capacity N`: every map takes at most N entries from now on;
 //! - `restart`: a new agent: it reads the maps back and lists everything;
@@ -44,16 +48,26 @@ use ebpf_proxy::{
     datapath::{Reconciler, ServiceMaps as _, fake_maps::FakeMaps, inspect},
     nodeport_addresses::NodePortAddresses,
     pipeline::{NodeSettings, Pipeline, Wake},
-    source::{ChangeSource, Delivery, file, store::ObjectStore},
+    source::{ChangeSource, Delivery, file, file_source::FileSource, store::ObjectStore},
 };
 use kube::runtime::watcher::Event;
 
-/// A source a test feeds with watch events.
+/// A source a test feeds with watch events, or, once a case writes a
+/// `file`, the services file source.
 #[derive(Default)]
 struct TestSource {
     store: ObjectStore,
     /// Objects that did not parse since the last delivery.
     rejected: u64,
+    file: Option<FileCase>,
+}
+
+/// The services file of a case and the agent's source reading it.
+struct FileCase {
+    source: FileSource,
+    dir: tempfile::TempDir,
+    /// The source saw the file change since its last read.
+    changed: bool,
 }
 
 impl ChangeSource for TestSource {
@@ -68,17 +82,49 @@ impl ChangeSource for TestSource {
     }
 
     fn snapshot(&mut self) -> Option<Delivery> {
+        if let Some(file) = &mut self.file {
+            // The file is the source: the empty list the case began with
+            // is not delivered.
+            let _ = self.store.take();
+            file.changed = false;
+            return file.source.snapshot();
+        }
         let mut delivery = self.store.take();
         delivery.rejected = std::mem::take(&mut self.rejected);
         Some(delivery)
     }
 
     fn everything(&mut self) -> Option<Delivery> {
-        Some(self.store.everything())
+        match &mut self.file {
+            Some(file) => file.source.everything(),
+            None => Some(self.store.everything()),
+        }
     }
 }
 
 impl TestSource {
+    /// Replaces the services file with `text` (by rename) and waits until
+    /// the file source sees the change.
+    async fn write_file(&mut self, text: &str) -> Result<(), String> {
+        if self.file.is_none() {
+            let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let source = FileSource::new(dir.path().join("services.yaml"));
+            self.file = Some(FileCase { source, dir, changed: false });
+        }
+        let file = self.file.as_mut().expect("made above");
+        let tmp = file.dir.path().join(".services.yaml.tmp");
+        std::fs::write(&tmp, text).map_err(|e| e.to_string())?;
+        std::fs::rename(&tmp, file.dir.path().join("services.yaml")).map_err(|e| e.to_string())?;
+        file.source.changed().await;
+        file.changed = true;
+        Ok(())
+    }
+
+    /// Something waits to be delivered.
+    fn has_pending(&self) -> bool {
+        self.store.has_pending() || self.file.as_ref().is_some_and(|f| f.changed)
+    }
+
     /// A complete list (or relist) of every kind: `objects`.
     fn list(&mut self, objects: file::Parsed) {
         self.rejected += objects.errors.len() as u64;
@@ -235,6 +281,31 @@ fn merge_cluster(cluster: &str, body: &str, delete: bool) -> String {
     out
 }
 
+/// A case whose source is a `file` takes no watch events or restarts.
+fn only_one_source(verb: &str, agent: Option<&Agent>) -> Result<(), String> {
+    let events = matches!(verb, "list" | "relist" | "apply" | "delete" | "restart" | "upgrade");
+    if events && agent.is_some_and(|a| a.source.file.is_some()) {
+        return Err(format!("`{verb}` after a `file`: the file is the case's source"));
+    }
+    Ok(())
+}
+
+/// A `file` section: the services file now holds `text`. The agent is made
+/// at the first one, on an empty list (which the file source replaces).
+fn write_file(
+    agent: &mut Option<Agent>,
+    settings: NodeSettings,
+    maps: &mut FakeMaps,
+    runtime: &tokio::runtime::Runtime,
+    text: &str,
+) -> Result<(), String> {
+    if agent.is_none() {
+        *agent = Some(Agent::new(settings, maps, String::new())?);
+    }
+    let agent = agent.as_mut().expect("made above");
+    runtime.block_on(agent.source.write_file(text))
+}
+
 fn run_case(path: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     let sections = sections(&text);
@@ -267,6 +338,7 @@ fn run_case(path: &Path) -> Result<(), String> {
             local_addrs: config.local_addrs.clone(),
             external_ips_local_only: config.external_ips_local_only,
         };
+        only_one_source(verb, agent.as_ref()).map_err(at)?;
         match verb {
             "config" => config = serde_norway::from_str(&section.body).map_err(|e| at(e.to_string()))?,
             "list" | "relist" if agent.is_none() => {
@@ -283,6 +355,7 @@ fn run_case(path: &Path) -> Result<(), String> {
                 let objects = parse(&body).map_err(at)?;
                 if verb == "apply" { a.source.apply(objects) } else { a.source.delete(objects) }
             }
+            "file" => write_file(&mut agent, settings(), &mut maps, &runtime, &body).map_err(at)?,
             "fail" => maps.fail_at = Some(maps.ops + number()? - 1),
             "capacity" => maps.capacity = Some(number()?),
             "restart" | "upgrade" => {
@@ -307,7 +380,7 @@ fn run_case(path: &Path) -> Result<(), String> {
             "tamper" => tamper(&mut maps),
             "maps" => {
                 let a = agent.as_mut().ok_or_else(|| at("no `list` before".into()))?;
-                if a.source.store.has_pending()
+                if a.source.has_pending()
                     && let Some(s) = runtime.block_on(a.pipeline.step(Wake::Changed, &mut a.source, &mut maps))
                 {
                     count(&mut synced, &s);

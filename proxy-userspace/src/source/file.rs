@@ -40,6 +40,10 @@ pub enum Rejection {
     YamlBomb,
     /// A file larger than `MAX_BYTES`.
     TooLarge,
+    /// A file with objects none of which is usable (each rejected for its
+    /// own reason): refused whole, as garbage that happens to parse as
+    /// YAML would otherwise remove every service.
+    NoUsableObject,
 }
 
 impl Rejection {
@@ -54,6 +58,7 @@ impl Rejection {
             Self::Duplicate => "duplicate",
             Self::YamlBomb => "yaml_bomb",
             Self::TooLarge => "too_large",
+            Self::NoUsableObject => "no_usable_object",
         }
     }
 }
@@ -149,6 +154,19 @@ impl Parsed {
             && slices.is_empty()
             && nodes.is_empty()
             && self.errors.is_empty()
+            && self.not_proxied.is_empty()
+    }
+
+    /// The file held objects but every one was rejected: nothing in it is
+    /// a Service, EndpointSlice or Node the agent can use, nor a Service
+    /// deliberately left out by label.
+    #[must_use]
+    pub fn nothing_usable(&self) -> bool {
+        let Objects { services, slices, nodes } = &self.objects;
+        !self.errors.is_empty()
+            && services.is_empty()
+            && slices.is_empty()
+            && nodes.is_empty()
             && self.not_proxied.is_empty()
     }
 }

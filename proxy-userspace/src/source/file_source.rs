@@ -4,7 +4,9 @@
 //!
 //! A file caught mid-write never costs a service: a read during which the
 //! file changed is thrown away and read again, a file that is not YAML
-//! keeps the last good content, and a file that holds nothing (`: > F`
+//! keeps the last good content, so does a file none of whose objects is
+//! usable (garbage that parses as YAML, only other kinds), and a file that
+//! holds nothing (`: > F`
 //! before the new content is written, as `kubectl get -o yaml > F` does) is
 //! applied only when it is still empty after `EMPTY_SETTLE`.
 use std::{
@@ -49,6 +51,9 @@ pub struct FileSource {
     /// Services left out by label in the last read, and the label: each is
     /// logged when it first is (or its label changes), not on every read.
     not_proxied: BTreeMap<String, &'static str>,
+    /// A digest of the last read's rejections: the same ones read again
+    /// (the file rewritten with the same junk) are not summarised again.
+    rejections_logged: Option<u64>,
 }
 
 impl FileSource {
@@ -62,6 +67,7 @@ impl FileSource {
             rejected: Arc::new(|_| {}),
             delivered: None,
             not_proxied: BTreeMap::new(),
+            rejections_logged: None,
         }
     }
 
@@ -80,6 +86,51 @@ impl FileSource {
         let new = new.collect();
         self.not_proxied = now;
         new
+    }
+
+    /// Logs the rejected objects of one read: one line per reason, with
+    /// the count and the first few objects (each object at debug), and at
+    /// debug only when the last read had the very same rejections. A file
+    /// of 100,000 ConfigMaps beside the services is one line, not 100,000
+    /// on every change.
+    fn log_rejections(&mut self, errors: &[file::ObjectError]) {
+        let digest = digest(errors);
+        let repeated = self.rejections_logged == Some(digest);
+        self.rejections_logged = Some(digest);
+        let mut by_reason: BTreeMap<&'static str, Vec<&file::ObjectError>> = BTreeMap::new();
+        for err in errors {
+            let (document, object, field, reason) = (err.document, &err.object, &err.field, err.rejection.as_str());
+            debug!(document, %object, %field, reason, "rejected object: {}", err.message);
+            by_reason.entry(reason).or_default().push(err);
+        }
+        for (reason, errs) in by_reason {
+            let objects = errs.len();
+            if repeated {
+                debug!(reason, objects, "the same objects rejected as in the last read");
+                continue;
+            }
+            let first = errs[0];
+            let examples: Vec<String> =
+                errs.iter().take(EXAMPLES).map(|e| format!("document {} {}", e.document, e.object)).collect();
+            let examples = examples.join(", ");
+            let path = self.path.display();
+            match first.rejection {
+                Rejection::Duplicate => warn!(
+                    %path, reason, objects, %examples, %first,
+                    "services file objects skipped: a second object of the same kind, namespace and name \
+                     (the first one is used; remove or rename the later ones; each at debug)"
+                ),
+                Rejection::UnknownKind => error!(
+                    %path, reason, objects, %examples, %first,
+                    "services file objects skipped: only v1/Service, discovery.k8s.io/v1/EndpointSlice \
+                     and v1/Node are read (remove the others from the file; each at debug)"
+                ),
+                _ => error!(
+                    %path, reason, objects, %examples, %first,
+                    "services file objects skipped: fix the field named in `first` (each at debug)"
+                ),
+            }
+        }
     }
 
     /// An empty read that has waited `EMPTY_SETTLE` and is due again.
@@ -149,13 +200,23 @@ impl ChangeSource for FileSource {
         }
         self.empty_since = None;
         for err in &parsed.errors {
-            let (document, object, field, reason) = (err.document, &err.object, &err.field, err.rejection.as_str());
-            if err.rejection == Rejection::Duplicate {
-                warn!(document, %object, reason, "duplicate object skipped: {}", err.message);
-            } else {
-                error!(document, %object, %field, reason, "rejected object: {}", err.message);
-            }
             (self.rejected)(err.rejection);
+        }
+        self.log_rejections(&parsed.errors);
+        if parsed.nothing_usable() {
+            // Garbage that parses as YAML (a base64 blob is a YAML scalar)
+            // or a file of other kinds only: applying it would remove
+            // every service, so it is refused like a file that is not YAML.
+            error!(
+                path = %self.path.display(),
+                objects = parsed.errors.len(),
+                reason = Rejection::NoUsableObject.as_str(),
+                "services file not applied: none of its objects is a usable v1/Service, \
+                 discovery.k8s.io/v1/EndpointSlice or v1/Node (see the rejections logged with it); \
+                 the last good content stays in effect"
+            );
+            (self.rejected)(Rejection::NoUsableObject);
+            return None;
         }
         log_not_proxied(&self.newly_not_proxied(&parsed.not_proxied));
         let mut delivery = Delivery::new(Snapshot::from(parsed.objects));
@@ -180,6 +241,19 @@ impl ChangeSource for FileSource {
             None => self.snapshot(),
         }
     }
+}
+
+/// Objects named in a rejection summary; the rest are at debug.
+const EXAMPLES: usize = 5;
+
+/// A digest of `errors`, to tell the same rejections read again.
+fn digest(errors: &[file::ObjectError]) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for err in errors {
+        (err.document, &err.object, &err.field, &err.message, err.rejection.as_str()).hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 /// One line per service newly left out by label; more than
@@ -282,6 +356,85 @@ mod tests {
         source.changed().await;
         assert!(source.snapshot().is_none());
         assert_eq!(*seen.lock().unwrap(), vec![Rejection::NotYaml]);
+    }
+
+    /// Writes `text` as the services file and reads it as the agent does.
+    async fn read(source: &mut FileSource, dir: &tempfile::TempDir, text: &str) -> Option<Delivery> {
+        // Atomic replace: a new inode, so the change is seen even when the
+        // length and mtime happen to match.
+        let tmp = dir.path().join(".services.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, dir.path().join("services.yaml")).unwrap();
+        source.changed().await;
+        source.snapshot()
+    }
+
+    fn config_maps(n: usize) -> String {
+        use std::fmt::Write as _;
+        (0..n).fold(String::new(), |mut out, i| {
+            let _ = write!(out, "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: cm-{i}}}\n");
+            out
+        })
+    }
+
+    /// 20 KB of base64 is a YAML scalar: one object of no kind. Applied,
+    /// it would remove every service; it is refused like a file that is
+    /// not YAML, and so is a file of only other kinds. What was delivered
+    /// stays (a node change translates it again).
+    #[tokio::test]
+    async fn a_file_with_no_usable_object_keeps_what_is_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut source, seen) = source(&dir);
+        assert_eq!(services(&read(&mut source, &dir, ONE_SERVICE).await.unwrap()), 1);
+        let garbage: String = (0..20_000).map(|i| char::from(b"QUJD"[i % 4])).collect();
+        assert!(read(&mut source, &dir, &garbage).await.is_none(), "garbage is not applied");
+        assert_eq!(*seen.lock().unwrap(), vec![Rejection::UnknownKind, Rejection::NoUsableObject]);
+        seen.lock().unwrap().clear();
+        assert!(read(&mut source, &dir, &config_maps(3)).await.is_none(), "other kinds only are not applied");
+        assert_eq!(seen.lock().unwrap().iter().filter(|r| **r == Rejection::NoUsableObject).count(), 1);
+        assert_eq!(services(&source.everything().unwrap()), 1, "the last delivery stays");
+        // A truncated file (no object at all) keeps its own rule.
+        assert!(read(&mut source, &dir, "").await.is_none());
+        assert_eq!(seen.lock().unwrap().last(), Some(&Rejection::Empty));
+    }
+
+    /// One usable object is enough: the Service is applied, the junk
+    /// beside it skipped and counted.
+    #[tokio::test]
+    async fn one_good_service_among_junk_is_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut source, seen) = source(&dir);
+        let delivery = read(&mut source, &dir, &(config_maps(50) + "---\n" + ONE_SERVICE)).await.unwrap();
+        assert_eq!((services(&delivery), delivery.rejected), (1, 50));
+        assert!(seen.lock().unwrap().iter().all(|r| *r == Rejection::UnknownKind));
+    }
+
+    /// 10,000 rejected objects log one line per reason, not one each; the
+    /// same rejections read again (the file rewritten with the same junk)
+    /// log nothing at info; new ones are summarised again.
+    #[test]
+    fn ten_thousand_rejections_log_a_handful_of_lines() {
+        let (log, _guard) = crate::source::log_capture::Captured::start();
+        let count = || log.lines();
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let (mut source, seen) = source(&dir);
+        let broken = "---\napiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {ports: 3}\n";
+        let junk = config_maps(10_000) + &broken.repeat(3) + "---\n" + ONE_SERVICE;
+        let delivery = runtime.block_on(read(&mut source, &dir, &junk)).unwrap();
+        assert_eq!((services(&delivery), delivery.rejected), (1, 10_003));
+        assert_eq!(seen.lock().unwrap().len(), 10_003, "each rejection is still counted");
+        let first = count();
+        assert!(first <= 4, "{first} lines for 10,003 rejections");
+        let text = log.text();
+        assert!(text.contains("objects=10000") && text.contains("document 1 ConfigMap default/cm-0"), "{text}");
+        // The same junk, the Service changed: no new summary.
+        let again = junk.replace("name: a", "name: a2");
+        runtime.block_on(read(&mut source, &dir, &again)).unwrap();
+        assert_eq!(count(), first, "the same rejections were summarised again");
+        // Other junk is summarised.
+        runtime.block_on(read(&mut source, &dir, &(config_maps(2) + "---\n" + ONE_SERVICE))).unwrap();
+        assert_eq!(count(), first + 1);
     }
 
     /// A labelled Service is named once, not on every read of the file (as

@@ -278,8 +278,9 @@ async fn drive<K: Send + 'static>(
 }
 
 /// Polls one watch and sends its events to `events`. A failure is
-/// counted, logged once (`Reachability` logs when the watch is back) and
-/// retried after the delay `RetrySchedule` gives.
+/// counted, logged the first time and then as a reminder every 30 s
+/// (`Reachability`, which also logs when the watch is back) and retried
+/// after the delay `RetrySchedule` gives.
 async fn pump<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     kind: &'static str,
@@ -292,8 +293,16 @@ async fn pump<K>(
     while let Some(event) = stream.next().await {
         match event {
             Ok(event) => {
-                schedule.reset();
-                reachability.succeeded(kind);
+                // `Init` only says a list starts: the watcher sends it
+                // before the list request, also before each retry of a
+                // list that failed. Taken as a success, it started the
+                // schedule afresh (and logged the next failure as a first
+                // one) on every retry, so an unreachable server was tried
+                // at the first delay for ever.
+                if !matches!(event, watcher::Event::Init) {
+                    schedule.reset();
+                    reachability.succeeded(kind);
+                }
                 counters.events.fetch_add(1, Ordering::Relaxed);
                 if events.send(event).await.is_err() {
                     return;
@@ -306,6 +315,12 @@ async fn pump<K>(
                     counters.relists.fetch_add(1, Ordering::Relaxed);
                     info!(kind, %err, "watch position expired (410 Gone): listing everything again");
                 } else {
+                    if !reachability.is_failing(kind) {
+                        // The first failure since a request of this kind
+                        // succeeded (the request observer clears the mark,
+                        // also for a watch that succeeded with no event).
+                        schedule.reset();
+                    }
                     reachability.failed(kind, &err);
                     debug!(kind, %err, "watch still failing");
                 }
@@ -500,6 +515,121 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(Arc::strong_count(&held), 1, "the watch ended with its drive");
+    }
+
+    /// A loopback server that counts connections and answers each with
+    /// `answer` (nothing: the connection is closed at once, as a server
+    /// that is not up yet), and the real watch loop (kube-runtime's
+    /// watcher, through `pump`) of Nodes against it, for `window`: the
+    /// attempts made, the loop's failures, whether the watch counts as
+    /// failing at the end, and how each failure was classified.
+    async fn watch_against(answer: Option<&'static str>, window: Duration) -> (u64, u64, bool, Vec<Failure>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let attempts = Arc::new(AtomicU64::new(0));
+        let accepted = attempts.clone();
+        let server = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::Relaxed);
+                if let Some(answer) = answer {
+                    tokio::spawn(answer_once(conn, answer));
+                }
+            }
+        });
+        let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let stream = watcher(Api::<Node>::all(Client::try_from(config).unwrap()), watcher::Config::default()).inspect(
+            move |event| {
+                if let Err(err) = event {
+                    record.lock().unwrap().push(Failure::of(err));
+                }
+            },
+        );
+        let (events, mut received) = tokio::sync::mpsc::channel(16);
+        let counters = Arc::new(WatchCounters::default());
+        let reachability = Arc::new(Reachability::default());
+        let pump = tokio::spawn(pump(stream, "Node", events, counters.clone(), reachability.clone()));
+        tokio::time::sleep(window).await;
+        let made = attempts.load(Ordering::Relaxed);
+        pump.abort();
+        server.abort();
+        while let Ok(event) = received.try_recv() {
+            assert!(matches!(event, watcher::Event::Init), "only list starts, no objects");
+        }
+        let seen = seen.lock().unwrap().clone();
+        (made, counters.errors.load(Ordering::Relaxed), reachability.is_failing("Node"), seen)
+    }
+
+    /// Reads a request's head (a GET has no body), writes `answer` (short
+    /// enough for the socket's buffer) and waits for the client to close.
+    async fn answer_once(conn: tokio::net::TcpStream, answer: &'static str) {
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut buf = [0; 4096];
+            if conn.readable().await.is_err() {
+                return;
+            }
+            match conn.try_read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+        let _ = conn.writable().await;
+        let _ = conn.try_write(answer.as_bytes());
+        loop {
+            if conn.readable().await.is_err() {
+                return;
+            }
+            match conn.try_read(&mut [0; 64]) {
+                Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// The most attempts `RetrySchedule` allows for `failure` in `window`:
+    /// the first, and one after each delay that fits when the jitter makes
+    /// every delay as short as it can be.
+    fn most_attempts(failure: Failure, window: Duration) -> u64 {
+        let mut schedule = RetrySchedule::default();
+        let (mut elapsed, mut most) = (Duration::ZERO, 1);
+        loop {
+            elapsed += schedule.next_delay(failure, 1.0);
+            if elapsed > window {
+                return most;
+            }
+            most += 1;
+        }
+    }
+
+    /// The watch loop follows `RetrySchedule` for a server that is not up
+    /// (0.1 s doubling to 1 s) and for one answering 500 (client-go's 0.8 s
+    /// doubling to 30 s), each list attempt one connection: the schedule
+    /// is not started afresh by the watcher's `Init` before each retry.
+    /// The bound is what the schedule allows at the most jitter; a slow
+    /// machine makes fewer attempts, never more. Each watch logs its first
+    /// failure only (the next line would be the reminder, 30 s on).
+    #[tokio::test]
+    async fn failing_lists_are_retried_on_the_schedule_through_the_watch_loop() {
+        const WINDOW: Duration = Duration::from_secs(5);
+        const ERROR: &str = "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        // A current-thread runtime: the watches' tasks log on this thread.
+        let (log, _guard) = crate::source::log_capture::Captured::start();
+        let (down, answering) = tokio::join!(watch_against(None, WINDOW), watch_against(Some(ERROR), WINDOW));
+        assert_eq!(log.count("watch failed"), 2, "one line per watch:\n{}", log.text());
+        assert_eq!(log.count("watch still failing"), 0, "{}", log.text());
+        for ((made, errors, failing, seen), failure) in [(down, Failure::Unreachable), (answering, Failure::Answered)] {
+            assert!(seen.iter().all(|f| *f == failure), "{failure:?}: the server's failures were {seen:?}");
+            let most = most_attempts(failure, WINDOW);
+            assert!(made >= 2, "{failure:?}: the watch did not try again: {made} attempts");
+            assert!(made <= most, "{failure:?}: {made} attempts in {WINDOW:?}; the schedule allows {most}");
+            assert!(errors >= made - 1, "{failure:?}: {errors} failures of {made} attempts");
+            assert!(failing, "{failure:?}: an attempt that failed is not a success");
+        }
     }
 
     /// The order two watch tasks can send in: one saw every list complete,

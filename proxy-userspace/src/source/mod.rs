@@ -8,6 +8,8 @@ pub mod file_source;
 pub mod kube;
 pub mod labels;
 pub mod lean;
+#[cfg(test)]
+pub(crate) mod log_capture;
 pub mod objects;
 pub mod placements;
 pub mod reachability;

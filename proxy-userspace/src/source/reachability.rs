@@ -9,7 +9,7 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use tracing::{info, warn};
@@ -19,29 +19,75 @@ use super::requests::{Observer, Outcome};
 /// The kinds the agent watches, by their resource name in API paths.
 const KINDS: &[(&str, &str)] = &[("services", "Service"), ("endpointslices", "EndpointSlice"), ("nodes", "Node")];
 
-/// Failing watches, by kind, with when they started failing.
+/// While a watch keeps failing, a reminder is logged at most this often,
+/// with the count of failures: the outage stays visible in the log without
+/// a line per attempt (about one a second, `super::retry`).
+pub const REMIND_EVERY: Duration = Duration::from_secs(30);
+
+/// A failing watch.
+#[derive(Debug, Clone, Copy)]
+struct Failing {
+    since: Instant,
+    /// Failures since `since`.
+    failures: u64,
+    /// When the last line about it was logged.
+    logged: Instant,
+}
+
+/// What `Reachability::failed_at` logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logged {
+    /// The first failure of the watch.
+    First,
+    /// A reminder, `REMIND_EVERY` after the last line.
+    Reminder,
+    /// Nothing (counted only).
+    Nothing,
+}
+
+/// Failing watches, by kind.
 #[derive(Debug, Default)]
 pub struct Reachability {
-    failing: Mutex<HashMap<&'static str, Instant>>,
+    failing: Mutex<HashMap<&'static str, Failing>>,
 }
 
 impl Reachability {
     /// A watch of `kind` failed: the first failure is logged (with
-    /// `error`), the rest only counted by the caller.
+    /// `error`), then a reminder at most every `REMIND_EVERY`.
     pub fn failed(&self, kind: &'static str, error: &dyn std::fmt::Display) {
+        self.failed_at(kind, error, Instant::now());
+    }
+
+    /// `failed` at `now`.
+    pub fn failed_at(&self, kind: &'static str, error: &dyn std::fmt::Display, now: Instant) -> Logged {
         let mut failing = self.failing.lock().expect("reachability lock");
-        if !failing.contains_key(kind) {
-            failing.insert(kind, Instant::now());
+        let Some(f) = failing.get_mut(kind) else {
+            failing.insert(kind, Failing { since: now, failures: 1, logged: now });
             warn!(kind, %error, "watch failed; retrying, the datapath keeps the last applied state");
+            return Logged::First;
+        };
+        f.failures += 1;
+        if now.saturating_duration_since(f.logged) < REMIND_EVERY {
+            return Logged::Nothing;
         }
+        f.logged = now;
+        let down_seconds = now.saturating_duration_since(f.since).as_secs_f64();
+        warn!(
+            kind,
+            %error,
+            failures = f.failures,
+            down_seconds,
+            "watch still failing; retrying, the datapath keeps the last applied state"
+        );
+        Logged::Reminder
     }
 
     /// A list or watch of `kind` succeeded: logs "watch is back" once
     /// after failures.
     pub fn succeeded(&self, kind: &str) {
-        let since = self.failing.lock().expect("reachability lock").remove(kind);
-        if let Some(since) = since {
-            info!(kind, down_seconds = since.elapsed().as_secs_f64(), "watch is back");
+        let failing = self.failing.lock().expect("reachability lock").remove(kind);
+        if let Some(Failing { since, failures, .. }) = failing {
+            info!(kind, down_seconds = since.elapsed().as_secs_f64(), failures, "watch is back");
         }
     }
 
@@ -114,5 +160,27 @@ mod tests {
         assert!(r.is_failing("Service"));
         r.succeeded("Service");
         assert!(!r.is_failing("Service"));
+    }
+
+    /// A watch failing about once a second for 100 s: its first failure
+    /// and then a reminder every 30 s are logged, not a line each; after a
+    /// success the next failure is a first one again.
+    #[test]
+    fn a_long_outage_logs_the_first_failure_and_a_reminder_every_30_seconds() {
+        use super::{Logged, REMIND_EVERY};
+        use std::time::{Duration, Instant};
+        let r = Reachability::default();
+        let start = Instant::now();
+        let logged: Vec<(u64, Logged)> = (0..=100)
+            .map(|s| (s, r.failed_at("Service", &"connection refused", start + Duration::from_secs(s))))
+            .filter(|(_, l)| *l != Logged::Nothing)
+            .collect();
+        assert_eq!(REMIND_EVERY, Duration::from_secs(30));
+        assert_eq!(
+            logged,
+            [(0, Logged::First), (30, Logged::Reminder), (60, Logged::Reminder), (90, Logged::Reminder)]
+        );
+        r.succeeded("Service");
+        assert_eq!(r.failed_at("Service", &"refused", start + Duration::from_secs(101)), Logged::First);
     }
 }
