@@ -16,6 +16,12 @@ pub const MAGLEV_SIZE: &str = "MAGLEV_SIZE";
 pub const CONNECTIONS_STRIDE: &str = "CONNECTIONS_STRIDE";
 /// Name of the eBPF global that holds `--nodeport-mode` (`nodeport_mode`).
 pub const NODEPORT_MODE: &str = "NODEPORT_MODE";
+/// Names of the eBPF globals that hold `--cluster-cidr`
+/// (`cluster_cidr`).
+pub const CLUSTER_CIDR_V4: &str = "CLUSTER_CIDR_V4";
+pub const CLUSTER_CIDR_V6: &str = "CLUSTER_CIDR_V6";
+/// Name of the eBPF global that is 1 when `--cluster-cidr` set either.
+pub const ROUTED_CLUSTER_IPS: &str = "ROUTED_CLUSTER_IPS";
 /// Name of the eBPF global that holds `--socket-lb host-namespace`'s
 /// network namespace cookie (0: every socket is translated).
 pub const SOCKET_LB_NETNS: &str = "SOCKET_LB_NETNS";
@@ -209,6 +215,70 @@ pub mod handover_mode {
     /// TCP packets without SYN of a flow the programs do not know (one
     /// netfilter set up before), go to the kernel untouched.
     pub const HANDOVER: u32 = 2;
+}
+
+/// The cluster's pod CIDRs (`--cluster-cidr`, kube-proxy's `clusterCIDR`),
+/// one per family, as the programs' `CLUSTER_CIDR_V4` and
+/// `CLUSTER_CIDR_V6` globals: each the network's words then the mask's
+/// (`Addr::words` order; IPv4 the last word only), all-zero mask: unset.
+/// With one set, packets routed to the node for a ClusterIP are translated
+/// too, with source NAT when their source is outside it (kube-proxy's
+/// `detectLocalMode: ClusterCIDR`).
+pub mod cluster_cidr {
+    use super::{Addr, as_v4};
+
+    /// The global of an IPv4 CIDR (`prefix` 1 to 32).
+    #[must_use]
+    pub const fn v4(network: [u8; 4], prefix: u8) -> [u32; 2] {
+        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+        let mask = u32::from_ne_bytes(mask.to_be_bytes());
+        [u32::from_ne_bytes(network) & mask, mask]
+    }
+
+    /// The global of an IPv6 CIDR (`prefix` 1 to 128).
+    #[must_use]
+    pub const fn v6(network: [u8; 16], prefix: u8) -> [u32; 8] {
+        let net = Addr(network).words();
+        let mut out = [0u32; 8];
+        let mut i = 0;
+        while i < 4 {
+            #[expect(clippy::cast_possible_truncation, reason = "i is below 4")]
+            let start = (i as u8) * 32;
+            let mask = if prefix >= start + 32 {
+                u32::MAX
+            } else if prefix <= start {
+                0
+            } else {
+                u32::MAX << (32 - (prefix - start))
+            };
+            let mask = u32::from_ne_bytes(mask.to_be_bytes());
+            out[i] = net[i] & mask;
+            out[4 + i] = mask;
+            i += 1;
+        }
+        out
+    }
+
+    /// Whether `addr`, IPv4(-mapped), is in the IPv4 CIDR `v4`.
+    #[must_use]
+    #[inline]
+    pub fn contains_v4(v4: [u32; 2], addr: &Addr) -> bool {
+        let [net, mask] = v4;
+        mask != 0 && as_v4(addr).is_some() && addr.words()[3] & mask == net
+    }
+
+    /// Whether `addr`, IPv6, is in the IPv6 CIDR `v6`.
+    #[must_use]
+    #[inline]
+    pub fn contains_v6(v6: [u32; 8], addr: &Addr) -> bool {
+        let a = addr.words();
+        let set = v6[4] | v6[5] | v6[6] | v6[7] != 0;
+        set && as_v4(addr).is_none()
+            && a[0] & v6[4] == v6[0]
+            && a[1] & v6[5] == v6[1]
+            && a[2] & v6[6] == v6[2]
+            && a[3] & v6[7] == v6[3]
+    }
 }
 
 /// The one value of the `OUTSIDE_HANDOVER` array.
@@ -775,6 +845,35 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Prefix matches at every length that splits a word, both families.
+    #[test]
+    fn cluster_cidrs_contain_their_addresses_only() {
+        use cluster_cidr::{contains_v4, contains_v6, v4, v6};
+        let six = |s: &str| s.parse::<core::net::Ipv6Addr>().unwrap().octets();
+        let (c4, c6) = (v4([10, 244, 0, 0], 16), v6(six("fd00:244::"), 48));
+        for (addr, inside) in [
+            (mapped_v4([10, 244, 3, 7]), true),
+            (mapped_v4([10, 245, 0, 1]), false),
+            (mapped_v4([192, 0, 2, 1]), false),
+            (Addr(six("fd00:244:0:9::1")), true),
+            (Addr(six("fd00:245::1")), false),
+        ] {
+            assert_eq!(contains_v4(c4, &addr) || contains_v6(c6, &addr), inside, "{addr:?}");
+        }
+        for prefix in [1, 4, 24, 31, 32] {
+            assert!(contains_v4(v4([10, 244, 3, 7], prefix), &mapped_v4([10, 244, 3, 7])), "/{prefix}");
+            assert!(!contains_v4(v4([10, 244, 3, 7], prefix), &mapped_v4([138, 244, 3, 6])), "/{prefix}");
+        }
+        for prefix in [1, 33, 64, 100, 128] {
+            let net = six("fd00:244:1:2:3:4:5:6");
+            assert!(contains_v6(v6(net, prefix), &Addr(net)), "/{prefix}");
+            assert!(!contains_v6(v6(net, prefix), &Addr(six("7d00:244:1:2:3:4:5:7"))), "/{prefix}");
+        }
+        assert!(!contains_v4([0, 0], &mapped_v4([10, 244, 3, 7])), "unset");
+        assert!(!contains_v6([0; 8], &Addr(six("fd00::1"))), "unset");
+        assert!(!contains_v6(c6, &mapped_v4([10, 244, 3, 7])), "an IPv4 address is never in the IPv6 CIDR");
+    }
 
     #[test]
     fn ipv4_mapped_round_trips() {

@@ -46,6 +46,17 @@ static CONNECTIONS_STRIDE: Global<u32> = Global::new(proxy_common::map_sizes::CO
 #[unsafe(no_mangle)]
 static NODEPORT_MODE: Global<u8> = Global::new(0);
 
+/// `--cluster-cidr`, set at load (read-only data, `proxy_common::
+/// cluster_cidr`): with a CIDR set, packets routed to the node for a
+/// ClusterIP are translated too.
+#[unsafe(no_mangle)]
+static CLUSTER_CIDR_V4: Global<[u32; 2]> = Global::new([0; 2]);
+#[unsafe(no_mangle)]
+static CLUSTER_CIDR_V6: Global<[u32; 8]> = Global::new([0; 8]);
+/// 1 when either is set.
+#[unsafe(no_mangle)]
+static ROUTED_CLUSTER_IPS: Global<u8> = Global::new(0);
+
 /// `--socket-lb host-namespace`: the cookie of the node's network
 /// namespace (the agent's), set at load (read-only data). The socket
 /// programs then translate only sockets of that namespace; the pods'

@@ -34,12 +34,12 @@
 //! The pods' own traffic on pod-facing devices takes the same steps
 //! (`Frame::FROM_POD`); `pod.rs` says where it differs.
 use proxy_common::{
-    Addr, CtValue, SLOTS_PER_ENTRY, ServiceKey, ServiceValue, backend_flags, ct_dir, ct_flags, external_stat,
-    flow_hash, handover_mode, maglev_index, nodeport_mode, proto, scope, service_flags,
+    Addr, CtValue, SLOTS_PER_ENTRY, ServiceKey, ServiceValue, backend_flags, cluster_cidr, ct_dir, ct_flags,
+    external_stat, flow_hash, handover_mode, maglev_index, nodeport_mode, proto, scope, service_flags,
 };
 
 use crate::{
-    MAGLEV_SIZE, NODEPORT_MODE,
+    CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS,
     access::{ROUTE_NOT_FORWARDED, Route, now_ns, route_status},
     ct,
     frame::{Frame, drop_packet},
@@ -334,14 +334,19 @@ fn forward<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue, dir: u8) -> i32 
 }
 
 /// The frontend traffic from outside reaches at the packet's destination:
-/// a NodePort, LoadBalancer IP or externalIP (not a ClusterIP), in its
-/// external scope when it has two; and whether the service has any
-/// endpoint (the scope `ALL` entry has every endpoint of the cluster).
+/// a NodePort, LoadBalancer IP or externalIP, in its external scope when
+/// it has two, or a ClusterIP routed to the node when the cluster's CIDR
+/// is known (`--cluster-cidr`, as kube-proxy serves them from PREROUTING);
+/// and whether the service has any endpoint (the scope `ALL` entry has
+/// every endpoint of the cluster).
 #[inline(always)]
 fn external_frontend(pkt: &Packet) -> Option<(ServiceKey, ServiceValue, bool)> {
     let mut key = ServiceKey::new(pkt.dst, pkt.dport, pkt.proto, 0);
     let frontend = service(&key)?;
     if frontend.flags & service_flags::EXTERNAL_KINDS == 0 {
+        if frontend.flags & service_flags::EXTERNAL_ONLY == 0 && cluster_cidr_known() {
+            return Some((key, frontend, frontend.count != 0));
+        }
         return None;
     }
     let has_endpoints = frontend.count != 0;
@@ -350,6 +355,30 @@ fn external_frontend(pkt: &Packet) -> Option<(ServiceKey, ServiceValue, bool)> {
         return Some((key, service(&key)?, has_endpoints));
     }
     Some((key, frontend, has_endpoints))
+}
+
+/// Whether `--cluster-cidr` gave a CIDR (one byte: read into a register,
+/// not onto the frame of `to_frontend`, whose stack is at the bound).
+#[inline(always)]
+fn cluster_cidr_known() -> bool {
+    ROUTED_CLUSTER_IPS.load() != 0
+}
+
+/// Whether a new flow to `backend` (`local`: on this node) takes source
+/// NAT (see `new_flow`). Out of line: the CIDRs are read onto its own
+/// frame, not onto the deepest chain's.
+#[inline(never)]
+fn needs_snat<F: Frame>(pkt: &Packet, frontend: &ServiceValue, backend: &CtValue, local: bool) -> bool {
+    if F::FROM_POD {
+        return backend.addr == pkt.src;
+    }
+    if frontend.flags & service_flags::EXTERNAL_KINDS == 0 {
+        // A ClusterIP routed here.
+        let v4 = CLUSTER_CIDR_V4.load();
+        return !cluster_cidr::contains_v4(v4, &pkt.src)
+            && !cluster_cidr::contains_v6(CLUSTER_CIDR_V6.load(), &pkt.src);
+    }
+    !local
 }
 
 /// `new_flow`: the flow was admitted.
@@ -375,13 +404,16 @@ fn new_flow<F: Frame>(ctx: &F, pkt: &Packet, key: &ServiceKey, frontend: &Servic
     // A pod's flow keeps its source (the stack routes it to the backend),
     // unless the backend is the pod itself (hairpin): then the node's
     // address towards it. Traffic from outside takes it whenever the
-    // backend is on another node, so that the replies come back here.
-    let snat = if F::FROM_POD { flow.addr == pkt.src } else { target.flags & backend_flags::LOCAL == 0 };
-    if snat {
+    // backend is on another node, so that the replies come back here; to
+    // a ClusterIP (routed here) whenever it comes from outside the
+    // cluster's CIDR, as kube-proxy masquerades it.
+    if needs_snat::<F>(pkt, frontend, flow, target.flags & backend_flags::LOCAL != 0) {
         // The node's address on the way to the backend is the new source.
         match snat_address(ctx, pkt, flow) {
             Way::Routed => {
-                flow.flags = if !F::FROM_POD && wants_dsr(pkt.proto) { ct_flags::DSR } else { ct_flags::SNAT }
+                let routed_cluster_ip = frontend.flags & service_flags::EXTERNAL_KINDS == 0;
+                let dsr = !F::FROM_POD && !routed_cluster_ip && wants_dsr(pkt.proto);
+                flow.flags = if dsr { ct_flags::DSR } else { ct_flags::SNAT };
             }
             // An endpoint at one of this node's own addresses without
             // `nodeName` (hostNetwork, or a hand-made EndpointSlice): the

@@ -71,6 +71,12 @@ pub struct KubeProxyArgs {
     /// and 127.0.0.1, followed as addresses come and go.
     #[arg(long, value_name = "CIDRS|primary", value_parser = parse_nodeport_addresses)]
     pub nodeport_addresses: Option<crate::nodeport_addresses::NodePortAddresses>,
+    /// The cluster's pod CIDRs, one per family, comma-separated (overrides
+    /// the config file's clusterCIDR): packets routed to this node for a
+    /// ClusterIP are translated, with source NAT when they come from
+    /// outside them.
+    #[arg(long = "cluster-cidr", value_name = "CIDRS", value_delimiter = ',', value_parser = parse_cidr)]
+    pub cluster_cidr: Vec<ipnet::IpNet>,
     /// klog's verbosity: 0-2 info, 3-4 debug, 5 and above trace (`RUST_LOG` wins).
     #[arg(short = 'v', long = "v", value_name = "LEVEL")]
     pub verbosity: Option<u32>,
@@ -90,6 +96,7 @@ impl KubeProxyArgs {
             && self.healthz_bind_address.is_none()
             && self.metrics_bind_address.is_none()
             && self.nodeport_addresses.is_none()
+            && self.cluster_cidr.is_empty()
             && self.verbosity.is_none()
             && !self.cleanup
     }
@@ -114,6 +121,7 @@ impl KubeProxyArgs {
             healthz_bind_address: self.healthz_bind_address,
             metrics_bind_address: self.metrics_bind_address,
             nodeport_addresses: self.nodeport_addresses,
+            cluster_cidr: self.cluster_cidr,
             ..from_env
         })
     }
@@ -130,10 +138,6 @@ const REFUSED_KUBE_PROXY_FLAGS: &[(&str, &str)] = &[
     ("ipvs-", "ebpf-proxy uses no IPVS; sync periods go in the --config file (minSyncPeriod, syncPeriod)"),
     ("nftables-", "ebpf-proxy writes no nftables rules; remove the flag"),
     ("masquerade-all", "ebpf-proxy does not masquerade pod traffic to services; remove the flag"),
-    (
-        "cluster-cidr",
-        "ebpf-proxy translates at connect() and on the devices and does not classify local traffic; remove the flag",
-    ),
     ("detect-local-mode", "ebpf-proxy does not classify local traffic; remove the flag"),
     ("pod-bridge-interface", "ebpf-proxy does not classify local traffic; remove the flag"),
     ("pod-interface-name-prefix", "ebpf-proxy does not classify local traffic; remove the flag"),
@@ -540,6 +544,15 @@ pub struct RunArgs {
     /// come and go; `none`: no device.
     #[arg(long = "pod-devices", value_name = "DEV", value_delimiter = ',')]
     pub pod_devices: Vec<String>,
+    /// The cluster's pod CIDRs, at most one per family, comma-separated
+    /// (kube-proxy's --cluster-cidr): packets routed to this node for a
+    /// ClusterIP (from a router, a VM, another node) are translated on the
+    /// --devices, with source NAT to this node's address when their source
+    /// is outside them (kube-proxy's detectLocalMode ClusterCIDR). Unset
+    /// (the default, and the config file's clusterCIDR unset): a ClusterIP
+    /// is not served to traffic arriving from outside.
+    #[arg(long = "cluster-cidr", value_name = "CIDRS", value_delimiter = ',', value_parser = parse_cidr)]
+    pub cluster_cidr: Vec<ipnet::IpNet>,
     /// Frontends whose connection counter is exported as its own series
     /// (ebpf_proxy_service_connections_total), at most; past it the
     /// frontends with the highest ids are left out and counted in
@@ -606,6 +619,13 @@ pub fn check_map_size(n: u32) -> Result<u32, String> {
 fn parse_nodeport_addresses(text: &str) -> Result<crate::nodeport_addresses::NodePortAddresses, String> {
     let values: Vec<&str> = text.split(',').collect();
     crate::nodeport_addresses::NodePortAddresses::parse(&values).map_err(|(_, e)| e.to_string())
+}
+
+fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
+    text.trim()
+        .parse::<ipnet::IpNet>()
+        .map(|n| n.trunc())
+        .map_err(|e| format!("{text:?}: {e} (expected a CIDR such as 10.244.0.0/16)"))
 }
 
 fn parse_maglev_size(text: &str) -> Result<usize, String> {
@@ -707,7 +727,8 @@ mod tests {
 
     #[test]
     fn kube_proxy_flags_that_do_not_apply_are_refused_with_the_reason() {
-        for flag in ["--proxy-mode=ipvs", "--iptables-sync-period=1s", "--masquerade-all", "--cluster-cidr=10.0.0.0/8"]
+        for flag in
+            ["--proxy-mode=ipvs", "--iptables-sync-period=1s", "--masquerade-all", "--detect-local-mode=NodeCIDR"]
         {
             let refusal = refused_kube_proxy_flag(&os(&["ebpf-proxy", "--config=c", flag])).expect(flag);
             assert!(refusal.contains(flag.split('=').next().unwrap()), "{refusal}");

@@ -50,7 +50,6 @@ const NOT_APPLICABLE: &[&str] = &[
     "udpIdleTimeout",
     "winkernel",
     "windows",
-    "clusterCIDR",
 ];
 
 /// The file, with every field optional (flags override it, defaults fill
@@ -80,6 +79,8 @@ pub struct FileConfig {
     pub socket_lb: Option<crate::args::SocketLbMode>,
     /// `podDevices`: the pod-facing devices (empty: `auto`).
     pub pod_devices: Vec<String>,
+    /// kube-proxy's `clusterCIDR` (comma-separated, one per family).
+    pub cluster_cidrs: Vec<IpNet>,
     pub maglev_table_size: Option<usize>,
     pub ct_map_size: Option<u32>,
     pub max_service_series: Option<usize>,
@@ -126,6 +127,8 @@ struct Raw {
     socket_lb: Option<String>,
     #[serde(default)]
     pod_devices: Vec<String>,
+    #[serde(rename = "clusterCIDR")]
+    cluster_cidr: Option<String>,
     maglev_table_size: Option<usize>,
     ct_map_size: Option<u32>,
     max_service_series: Option<usize>,
@@ -211,9 +214,22 @@ fn check_values(cfg: &FileConfig) -> Result<(), (String, String)> {
 }
 
 /// `socketLB` and `podDevices`: which of the pods' traffic is translated
-/// at the socket, and where the rest is translated per packet.
-fn pod_path(cfg: &mut FileConfig, socket_lb: Option<&str>, pod_devices: Vec<String>) -> Result<(), (String, String)> {
+/// at the socket, and where the rest is translated per packet;
+/// `clusterCIDR`: whether traffic routed to the node for a ClusterIP is.
+fn pod_path(
+    cfg: &mut FileConfig,
+    socket_lb: Option<&str>,
+    pod_devices: Vec<String>,
+    cluster_cidr: Option<&str>,
+) -> Result<(), (String, String)> {
     use clap::ValueEnum as _;
+    for cidr in cluster_cidr.unwrap_or_default().split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        let net: IpNet = cidr
+            .parse()
+            .map_err(|e| ("clusterCIDR".to_owned(), format!("{cidr:?}: {e} (expected CIDRs such as 10.244.0.0/16)")))?;
+        cfg.cluster_cidrs.push(net.trunc());
+    }
+    crate::datapath::loader::check_cluster_cidrs(&cfg.cluster_cidrs).map_err(|e| ("clusterCIDR".to_owned(), e))?;
     if let Some(mode) = socket_lb {
         cfg.socket_lb = Some(
             crate::args::SocketLbMode::from_str(mode, false)
@@ -256,7 +272,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         ..FileConfig::default()
     };
     check_values(&cfg)?;
-    pod_path(&mut cfg, raw.socket_lb.as_deref(), raw.pod_devices)?;
+    pod_path(&mut cfg, raw.socket_lb.as_deref(), raw.pod_devices, raw.cluster_cidr.as_deref())?;
     if let Some(m) = raw.maglev_table_size {
         cfg.maglev_table_size =
             Some(crate::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);

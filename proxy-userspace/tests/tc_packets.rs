@@ -233,14 +233,38 @@ impl Lab {
         mode: NodePortMode,
         f: impl FnOnce(&mut Node) -> T + Send + 'static,
     ) -> T {
+        self.with_node_full(yaml, node_ips, ct_map_size, mode, &[], f)
+    }
+
+    /// `with_node` with `--cluster-cidr` `cidrs`.
+    fn with_node_cidrs<T: Send + 'static>(
+        &self,
+        yaml: &'static str,
+        node_ips: &[&str],
+        cidrs: &[&str],
+        f: impl FnOnce(&mut Node) -> T + Send + 'static,
+    ) -> T {
+        self.with_node_full(yaml, node_ips, 4096, NodePortMode::Snat, cidrs, f)
+    }
+
+    fn with_node_full<T: Send + 'static>(
+        &self,
+        yaml: &'static str,
+        node_ips: &[&str],
+        ct_map_size: u32,
+        mode: NodePortMode,
+        cidrs: &[&str],
+        f: impl FnOnce(&mut Node) -> T + Send + 'static,
+    ) -> T {
         let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-tcpkt-fs")).unwrap();
         let pin_dir = bpffs.path().join("ebpf-proxy");
         let ips: Vec<IpAddr> = node_ips.iter().map(|ip| ip.parse().unwrap()).collect();
+        let cidrs: Vec<ipnet::IpNet> = cidrs.iter().map(|c| c.parse().unwrap()).collect();
         let ifindex = self.ifindex;
         let out = self
             .ns
             .run_inside(move || {
-                let mut node = Node::load(&pin_dir, yaml, ips, ifindex, ct_map_size, mode);
+                let mut node = Node::load(&pin_dir, yaml, ips, ifindex, (ct_map_size, mode), cidrs);
                 f(&mut node)
             })
             .expect("the test body panicked (see its message above)");
@@ -258,7 +282,14 @@ struct Node {
 }
 
 impl Node {
-    fn load(pin_dir: &Path, yaml: &str, ips: Vec<IpAddr>, ifindex: u32, ct_map_size: u32, mode: NodePortMode) -> Self {
+    fn load(
+        pin_dir: &Path,
+        yaml: &str,
+        ips: Vec<IpAddr>,
+        ifindex: u32,
+        (ct_map_size, mode): (u32, NodePortMode),
+        cluster_cidrs: Vec<ipnet::IpNet>,
+    ) -> Self {
         let _ = tracing_subscriber::fmt().with_test_writer().try_init();
         let mut datapath = Datapath::load(&LoadOptions {
             pin_dir: pin_dir.to_owned(),
@@ -274,6 +305,7 @@ impl Node {
             outside_handover: OutsideHandover::Off,
             nodeport_mode: mode,
             socket_lb: ebpf_proxy::datapath::loader::SocketLb::All,
+            cluster_cidrs,
         })
         .unwrap();
         assert!(datapath.serves_external_traffic(), "the TC programs did not load");
@@ -1411,5 +1443,44 @@ fn sctp_packets_are_translated_with_their_crc32c_kept_right() {
         }
         assert_eq!(node.stat("new_flow"), 2);
         assert_eq!(node.pod_stat("new_flow"), 2);
+    });
+}
+
+/// Packets routed to the node for a ClusterIP (kube-proxy serves them from
+/// PREROUTING): translated on the node's device once the cluster's CIDR is
+/// known, with source NAT for a source outside it (kube-proxy's
+/// detectLocalMode ClusterCIDR) and none for a pod's; left alone without
+/// `--cluster-cidr`.
+#[test]
+fn packets_routed_to_a_cluster_ip_are_translated_with_the_cluster_cidr() {
+    common::require_root!();
+    let lab = Lab::new();
+    lab.with_node_cidrs(SERVICES, &[NODE_IP], &["10.244.0.0/16"], |node| {
+        // From outside the cluster: source NAT, so the reply comes back here.
+        let client = sa("192.0.2.7:40000");
+        let (action, out) = node.ingress(&packet::frame(client, sa("10.96.0.30:80"), Some(SYN), b""));
+        assert_eq!(action, REDIRECT);
+        let seen = packet::parse(&out);
+        assert!(seen.dst.ip().to_string().starts_with("10.244.2.2"), "{}", seen.dst);
+        assert_eq!(seen.src.ip(), NODE_IP.parse::<IpAddr>().unwrap(), "masqueraded: the node's address");
+        let (action, out) = node.ingress(&packet::frame(seen.dst, seen.src, Some(SYN | ACK), b""));
+        assert_eq!(action, REDIRECT);
+        let back = packet::parse(&out);
+        assert_eq!((back.src, back.dst), (sa("10.96.0.30:80"), client), "the reply shows the ClusterIP");
+        // From a pod of the cluster (another node's): DNAT only.
+        let pod = sa("10.244.3.9:40000");
+        let (action, out) = node.ingress(&packet::frame(pod, sa("10.96.0.40:80"), Some(SYN), b""));
+        assert_eq!(action, OK);
+        let seen = packet::parse(&out);
+        assert_eq!((seen.src, seen.dst), (pod, sa("10.244.1.6:8080")));
+        assert_eq!(node.stat("new_flow"), 2);
+    });
+    lab.with_node(SERVICES, &[NODE_IP], |node| {
+        let frame = packet::frame(sa("192.0.2.7:40000"), sa("10.96.0.30:80"), Some(SYN), b"");
+        assert_eq!(
+            node.ingress(&frame),
+            (OK, frame.clone()),
+            "without --cluster-cidr a ClusterIP is not served from outside"
+        );
     });
 }

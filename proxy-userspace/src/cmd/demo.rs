@@ -78,6 +78,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             outside_handover: crate::datapath::handover::OutsideHandover::Off,
             nodeport_mode: crate::datapath::loader::NodePortMode::Snat,
             socket_lb: crate::datapath::loader::SocketLb::All,
+            cluster_cidrs: Vec::new(),
         },
         socket_netns: vec![ns.path()],
         node_ips: Vec::new(),

@@ -105,6 +105,12 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             outside_handover: args.outside_handover.with_end(args.outside_handover_seconds),
             nodeport_mode: args.nodeport_mode.into(),
             socket_lb: args.socket_lb.or(file.socket_lb).unwrap_or_default().into(),
+            cluster_cidrs: {
+                let cidrs = flag_or_file(args.cluster_cidr, file.cluster_cidrs);
+                crate::datapath::loader::check_cluster_cidrs(&cidrs)
+                    .map_err(|e| anyhow::anyhow!("--cluster-cidr: {e}"))?;
+                cidrs
+            },
         },
         socket_netns: flag_or_file(args.socket_netns, file.socket_netns),
         node_ips: flag_or_file(args.node_ip, file.node_ips),

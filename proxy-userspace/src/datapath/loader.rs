@@ -8,8 +8,9 @@ use aya::{
     programs::{CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType, Xdp},
 };
 use proxy_common::{
-    AffinityKey, AffinityValue, Backend, CONNECTIONS_STRIDE, CtKey, CtValue, LOG_ENABLED, MAGLEV_SIZE, NODEPORT_MODE,
-    RevNat, RevNatId, SOCKET_LB_NETNS, ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
+    AffinityKey, AffinityValue, Backend, CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, CONNECTIONS_STRIDE, CtKey, CtValue,
+    LOG_ENABLED, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS, RevNat, RevNatId, SOCKET_LB_NETNS, ServiceKey,
+    ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
 };
 
 use super::{
@@ -125,6 +126,63 @@ pub struct LoadOptions {
     pub nodeport_mode: NodePortMode,
     /// `--socket-lb`: which sockets the socket programs translate.
     pub socket_lb: SocketLb,
+    /// `--cluster-cidr`: at most one per family (`check_cluster_cidrs`);
+    /// with one, ClusterIPs are served to traffic routed to the node.
+    pub cluster_cidrs: Vec<ipnet::IpNet>,
+}
+
+/// The programs' globals that follow the agent's settings (not the maps'
+/// sizes).
+fn settings_globals<'l>(
+    loader: &'l mut EbpfLoader<'static>,
+    opts: &LoadOptions,
+) -> Result<&'l mut EbpfLoader<'static>, LoadError> {
+    Ok(loader
+        .override_global(LOG_ENABLED, &BYTES[usize::from(u8::from(opts.bpf_log))], true)
+        .override_global(NODEPORT_MODE, &BYTES[usize::from(opts.nodeport_mode.value())], true)
+        .override_global(SOCKET_LB_NETNS, opts.socket_lb.global()?, true)
+        .override_global(CLUSTER_CIDR_V4, cluster_cidr_globals(&opts.cluster_cidrs).0, true)
+        .override_global(CLUSTER_CIDR_V6, cluster_cidr_globals(&opts.cluster_cidrs).1, true)
+        .override_global(ROUTED_CLUSTER_IPS, &BYTES[usize::from(!opts.cluster_cidrs.is_empty())], true))
+}
+
+/// At most one CIDR per family, as the programs hold them, none of
+/// prefix 0 (every address: no cluster is that).
+pub fn check_cluster_cidrs(cidrs: &[ipnet::IpNet]) -> Result<(), String> {
+    if let Some(all) = cidrs.iter().find(|c| c.prefix_len() == 0) {
+        return Err(format!("{all} is every address, not a cluster's pod CIDR"));
+    }
+    for v4 in [true, false] {
+        let of: Vec<String> =
+            cidrs.iter().filter(|c| matches!(c, ipnet::IpNet::V4(_)) == v4).map(ToString::to_string).collect();
+        if of.len() > 1 {
+            return Err(format!("{} are of one family: give at most one CIDR per family", of.join(" and ")));
+        }
+    }
+    Ok(())
+}
+
+/// The programs' `CLUSTER_CIDR_V4` and `CLUSTER_CIDR_V6` globals for
+/// `cidrs` (checked), one `'static` copy per distinct value, as `interned`.
+fn cluster_cidr_globals(cidrs: &[ipnet::IpNet]) -> (&'static [u32; 2], &'static [u32; 8]) {
+    type Globals = ([u32; 2], [u32; 8]);
+    static SEEN: std::sync::Mutex<Vec<&'static Globals>> = std::sync::Mutex::new(Vec::new());
+    let mut value: Globals = ([0; 2], [0; 8]);
+    for cidr in cidrs {
+        match cidr {
+            ipnet::IpNet::V4(n) => value.0 = proxy_common::cluster_cidr::v4(n.network().octets(), n.prefix_len()),
+            ipnet::IpNet::V6(n) => value.1 = proxy_common::cluster_cidr::v6(n.network().octets(), n.prefix_len()),
+        }
+    }
+    let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let found = if let Some(found) = seen.iter().find(|v| ***v == value) {
+        found
+    } else {
+        let new: &'static Globals = Box::leak(Box::new(value));
+        seen.push(new);
+        new
+    };
+    (&found.0, &found.1)
 }
 
 /// Which sockets the socket programs translate (`--socket-lb`); the rest
@@ -366,7 +424,7 @@ impl Datapath {
         let backends_made = !maps_dir.join(map_names::BACKENDS).exists();
         let mut loader = LOADER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let carried = carry_sessions(&mut loader, &maps_dir, carry);
-        let mut ebpf = loader
+        loader
             .default_map_pin_directory(&maps_dir)
             .map_pin_path(map_names::MAGLEV, maglev_pin.clone())
             .map_max_entries(map_names::SERVICES, sizes.services)
@@ -375,15 +433,11 @@ impl Datapath {
             .map_max_entries(map_names::CONNECTIONS, counters_size)
             .override_global(CONNECTIONS_STRIDE, interned(stride), true)
             .map_max_entries(map_names::CT, opts.ct_map_size)
-            .override_global(LOG_ENABLED, &BYTES[usize::from(u8::from(opts.bpf_log))], true)
-            .override_global(MAGLEV_SIZE, maglev_size, true)
-            .override_global(NODEPORT_MODE, &BYTES[usize::from(opts.nodeport_mode.value())], true)
-            .override_global(SOCKET_LB_NETNS, opts.socket_lb.global()?, true)
-            .load(OBJECT)
-            .map_err(|source| LoadError::Load {
-                pin_dir: opts.pin_dir.display().to_string(),
-                source: Box::new(source),
-            })?;
+            .override_global(MAGLEV_SIZE, maglev_size, true);
+        let mut ebpf = settings_globals(&mut loader, opts)?.load(OBJECT).map_err(|source| LoadError::Load {
+            pin_dir: opts.pin_dir.display().to_string(),
+            source: Box::new(source),
+        })?;
         drop(loader);
 
         check_layout::<ServiceKey, ServiceValue>(&ebpf, &maps_dir, map_names::SERVICES)?;
