@@ -21,6 +21,7 @@ pub mod paths;
 pub mod pin_rollback;
 pub mod pipeline;
 pub mod process_metrics;
+pub mod reference;
 pub mod resize;
 pub mod rest_metrics;
 pub mod sandbox;
