@@ -284,9 +284,9 @@ fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Rec
 }
 
 /// Frees a sync's report; one of many changes (a relist that changed
-/// every frontend: 100,000 at 100,000 services, each listing backends,
-/// ~15 ms to free) on a thread of its own, so that the next change does not
-/// wait for it. (A start's new frontends are one list of keys.)
+/// every frontend, each listing backends, takes milliseconds to free) on
+/// a thread of its own, so that the next change does not wait for it. (A
+/// start's new frontends are one list of keys.)
 fn free_aside(synced: Synced) {
     const LARGE: usize = 1024;
     if synced.report.changes.len() >= LARGE {

@@ -48,8 +48,8 @@ pub fn after_sync(
     };
     // Before the first attach, `before_first_write` sized the maps for
     // this very table (the agent's loop plans every write before it):
-    // only a full map moves them (measuring it again sorted every backend
-    // once more, ~60 ms at 1,000,000).
+    // only a full map moves them (measuring it again would sort every
+    // backend once more).
     if (!whole_table || !attached) && full == Full::default() {
         return Ok(None);
     }
