@@ -46,10 +46,10 @@ fn families(text: &str) -> BTreeMap<String, Family> {
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
-            families.entry(name.to_owned()).or_default().help = help.to_owned();
+            help.clone_into(&mut families.entry(name.to_owned()).or_default().help);
         } else if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
-            families.entry(name.to_owned()).or_default().kind = kind.to_owned();
+            kind.clone_into(&mut families.entry(name.to_owned()).or_default().kind);
         } else if !line.starts_with('#') {
             let Some((sample, labels)) = line.split_once('{') else { continue };
             let Some(family) = family_of(&mut families, sample) else { continue };
