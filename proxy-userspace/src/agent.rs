@@ -164,8 +164,8 @@ async fn run_with(
     let due = config.take_over_from_kube_proxy.and_then(|ends_after| takeover_due(ends_after, metrics));
     // Loaded (not attached, nothing written) and, after a restart, the
     // pinned maps read back while the lists arrive (the watches run on the
-    // runtime's workers): at 100,000 services reading 2,300,000 entries
-    // took ~4 s, as long as the lists.
+    // runtime's workers): on a big cluster the read-back takes about as
+    // long as the lists.
     // Until the programs are attached (after the first write, which is when
     // they are verified on a fresh start), what this start pins is removed
     // when the run ends, by a failure or a stop: nothing uses it yet.

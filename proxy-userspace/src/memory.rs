@@ -72,8 +72,8 @@ pub fn settle() -> Result<(), ControlError> {
 
 /// Returns to the kernel now the pages freed and kept (see
 /// `JEMALLOC_CONF`): after something large is freed while they are kept
-/// (a restart's read-back of the pinned maps, ~130 MB at 100,000
-/// services), so that it does not add to the lists' peak.
+/// (a restart's read-back of the pinned maps), so that it does not add
+/// to the lists' peak.
 ///
 /// # Errors
 ///

@@ -87,8 +87,7 @@ pub fn after_sync(
 /// The sizes to move to before the first write, when the maps of
 /// `current` cannot hold the table `pipeline` translated (or are above
 /// their bound), with what the table needs: `None` keeps them. The need
-/// is counted once (a sorted list of every backend: ~20 MB and a sort at
-/// 1,000,000 backends).
+/// is counted once (a sorted list of every backend, and a sort).
 #[must_use]
 pub fn before_first_write_sizes(pipeline: &Pipeline, current: Sizes, bounds: Sizes) -> (Option<Sizes>, sizing::Demand) {
     let demand = sizing::demand(pipeline.model().table());

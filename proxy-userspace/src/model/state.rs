@@ -177,8 +177,8 @@ impl TableState {
 
     /// Rebuilds the maps from their entries in order, which packs every
     /// tree node full: entries inserted one by one in key order (as
-    /// `replace_all` does) leave each node about half empty, ~4 MB at
-    /// 10,000 services. Later updates insert into the packed nodes.
+    /// `replace_all` does) leave each node about half empty. Later updates
+    /// insert into the packed nodes.
     fn compact(&mut self) {
         self.services = std::mem::take(&mut self.services).into_iter().collect();
         self.claims = std::mem::take(&mut self.claims).into_iter().collect();

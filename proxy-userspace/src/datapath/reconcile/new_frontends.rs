@@ -77,8 +77,8 @@ impl Reconciler {
             if !chunk.is_empty() {
                 in_bulk = self.write_chunk(maps, desired, &chunk, wanted, &mut lists, report);
                 // Frontends inserted one by one in key order (a start's)
-                // leave each tree node about half empty: ~12 MB more at
-                // 100,000 by the last chunk, at the start's peak. Packed
+                // leave each tree node about half empty, at the start's
+                // peak by the last chunk. Packed
                 // each time the tree doubled, at most the last half is;
                 // not on the last chunk (`apply` packs it after the sync).
                 let more = updates.len() - done > CHUNK;
