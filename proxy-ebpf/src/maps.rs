@@ -47,8 +47,7 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::pinned
 /// no atomics, and CPUs share a cache line only at a region's edge. A
 /// plain array, not a per-CPU one:
 /// the kernel makes it in one allocation, where a per-CPU array allocates
-/// each element's per-CPU memory alone (~0.26 s at 262,144 elements, on
-/// the first sync's path).
+/// each element's per-CPU memory alone, on the first sync's path.
 #[map]
 pub static CONNECTIONS: Array<u64> = Array::pinned(map_sizes::CONNECTIONS, 0);
 

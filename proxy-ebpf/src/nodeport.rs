@@ -213,7 +213,7 @@ const DSR_SLOTS_SEARCHED: u16 = 32;
 /// packet's destination, a backend on this node, for this flow: a packet
 /// from outside cannot make the node answer from any frontend's address
 /// it likes (a NodePort's address is not checked, only its port: the
-/// programs do not know the other nodes' addresses; README, DSR).
+/// programs do not know the other nodes' addresses; docs/services.md, DSR).
 #[inline(never)]
 fn dsr_arrival<F: Frame>(ctx: &F, pkt: &Packet) -> i32 {
     let Ok(named) = pkt.dsr_addr(ctx) else { return drop_packet::<F>(external_stat::DSR_REFUSED) };

@@ -166,8 +166,8 @@ async fn run_with(
     let due = config.take_over_from_kube_proxy.and_then(|ends_after| takeover_due(ends_after, metrics));
     // Loaded (not attached, nothing written) and, after a restart, the
     // pinned maps read back while the lists arrive (the watches run on the
-    // runtime's workers): at 100,000 services reading 2,300,000 entries
-    // took ~4 s, as long as the lists.
+    // runtime's workers): on a big cluster the read-back takes about as
+    // long as the lists.
     // Until the programs are attached (after the first write, which is when
     // they are verified on a fresh start), what this start pins is removed
     // when the run ends, by a failure or a stop: nothing uses it yet.
@@ -286,9 +286,9 @@ fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Rec
 }
 
 /// Frees a sync's report; one of many changes (a relist that changed
-/// every frontend: 100,000 at 100,000 services, each listing backends,
-/// ~15 ms to free) on a thread of its own, so that the next change does not
-/// wait for it. (A start's new frontends are one list of keys.)
+/// every frontend, each listing backends, takes milliseconds to free) on
+/// a thread of its own, so that the next change does not wait for it. (A
+/// start's new frontends are one list of keys.)
 fn free_aside(synced: Synced) {
     const LARGE: usize = 1024;
     if synced.report.changes.len() >= LARGE {

@@ -352,7 +352,7 @@ pub enum ServiceCommand {
         #[arg(long, value_name = "NAMESPACE/NAME[:PORT]")]
         service: Option<String>,
     },
-    /// One frontend: ADDR:PORT, [IPv6]:PORT, optionally /TCP or /UDP.
+    /// One frontend: ADDR:PORT, `[IPv6]:PORT`, optionally /TCP or /UDP.
     Get { frontend: String },
 }
 
@@ -643,7 +643,7 @@ pub struct DemoArgs {
 
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
-    /// The frontend: ADDR:PORT, [IPv6]:PORT, optionally /TCP or /UDP.
+    /// The frontend: ADDR:PORT, `[IPv6]:PORT`, optionally /TCP or /UDP.
     pub frontend: String,
     /// A client, IP or IP:PORT: the backend it would get (from outside the
     /// node: the Maglev entry its flow hashes to, which needs its port) and,

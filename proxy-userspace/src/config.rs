@@ -31,7 +31,7 @@ pub enum ConfigError {
 }
 
 /// Fields of kube-proxy's configuration that do not apply to ebpf-proxy.
-const NOT_APPLICABLE: &[&str] = &[
+pub(crate) const NOT_APPLICABLE: &[&str] = &[
     "mode",
     "bindAddress",
     "bindAddressHardFail",

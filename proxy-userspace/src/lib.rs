@@ -22,6 +22,7 @@ pub mod pin_rollback;
 pub mod pipeline;
 pub mod pod_devices;
 pub mod process_metrics;
+pub mod reference;
 pub mod resize;
 pub mod rest_metrics;
 pub mod sandbox;

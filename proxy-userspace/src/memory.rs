@@ -5,21 +5,19 @@
 //! megabytes (list pages, API objects being made compact, the whole-table
 //! comparison) while the objects that live on are being made. glibc's
 //! malloc keeps what is freed between live objects in its heap, where
-//! `malloc_trim` can return only whole free pages: after a relist 55 MiB
-//! stayed free but scattered in 82,000 pieces, and the resident size stayed
-//! ~45 MiB above the steady one for good. jemalloc groups objects by size
-//! in page runs and returns a run's pages once they are free: measured with
-//! the control plane benchmark at 10,000 services (README, Performance),
-//! 94 MiB after the changes against 118 MiB with glibc (one heap, a fixed
-//! mmap threshold), 114-117 MiB at the relist's peak against 171 MiB, and
-//! 98-99 MiB after it against 162-165 MiB. tikv-jemallocator is the
+//! `malloc_trim` can return only whole free pages: after a relist the freed
+//! memory stays scattered in small pieces between live objects, and the
+//! resident size stays above the steady one for good. jemalloc groups
+//! objects by size in page runs and returns a run's pages once they are
+//! free, so a relist leaves little behind (the control plane benchmark's
+//! RSS after a relist, docs/performance.md). tikv-jemallocator is the
 //! maintained binding (TiKV's), with jemalloc's symbols prefixed so C code
 //! keeps glibc's malloc.
 
 /// jemalloc's settings (its `malloc_conf`, read at its first allocation):
-/// one arena, as the agent does little allocation in parallel (glibc's one
-/// heap measured the same way: objects of one list spread over several
-/// arenas cannot be returned together); one background thread; freed
+/// one arena, as the agent does little allocation in parallel (objects of
+/// one list spread over several arenas cannot be returned together); one
+/// background thread; freed
 /// pages not sent through the lazy `MADV_FREE` stage (`muzzy_decay_ms:0`),
 /// so the resident size drops when the memory is free, not when the kernel
 /// runs short.
@@ -28,14 +26,12 @@
 /// only until the initial lists are in, then returned at once (`settle`).
 /// The lists pass every page of JSON through freshly allocated buffers:
 /// returning each as soon as it was freed had the next one fault its pages
-/// in again and flush the other core's TLB. At 10,000 services the slices'
-/// list took 0.44 s against 0.29 s with freed pages kept (the start 0.96 s
-/// against 0.77 s); at 100,000 the lists took ~1 s less (README,
-/// Performance). Keeping them a second did no better. It costs ~5 MiB at the
-/// start's peak at 10,000 services and ~15 MiB at 100,000, reached while
-/// the lists arrive. Kept through the first sync as well, it added more:
-/// what the translation and the write free stayed resident beside what
-/// they build.
+/// in again and flush the other core's TLB, which made the lists slower. A
+/// tenth of a second is enough to reuse them (longer keeps more resident
+/// for no gain); the cost is a higher resident size while the lists
+/// arrive. Not kept through the first sync: what the translation and the
+/// write free would stay resident beside what they build, at the start's
+/// peak.
 pub const JEMALLOC_CONF: &[u8; 94] =
     b"narenas:1,background_thread:true,max_background_threads:1,dirty_decay_ms:100,muzzy_decay_ms:0\0";
 
@@ -76,8 +72,8 @@ pub fn settle() -> Result<(), ControlError> {
 
 /// Returns to the kernel now the pages freed and kept (see
 /// `JEMALLOC_CONF`): after something large is freed while they are kept
-/// (a restart's read-back of the pinned maps, ~130 MB at 100,000
-/// services), so that it does not add to the lists' peak.
+/// (a restart's read-back of the pinned maps), so that it does not add
+/// to the lists' peak.
 ///
 /// # Errors
 ///

@@ -48,8 +48,8 @@ pub fn after_sync(
     };
     // Before the first attach, `before_first_write` sized the maps for
     // this very table (the agent's loop plans every write before it):
-    // only a full map moves them (measuring it again sorted every backend
-    // once more, ~60 ms at 1,000,000).
+    // only a full map moves them (measuring it again would sort every
+    // backend once more).
     if (!whole_table || !attached) && full == Full::default() {
         return Ok(None);
     }
@@ -87,8 +87,7 @@ pub fn after_sync(
 /// The sizes to move to before the first write, when the maps of
 /// `current` cannot hold the table `pipeline` translated (or are above
 /// their bound), with what the table needs: `None` keeps them. The need
-/// is counted once (a sorted list of every backend: ~20 MB and a sort at
-/// 1,000,000 backends).
+/// is counted once (a sorted list of every backend, and a sort).
 #[must_use]
 pub fn before_first_write_sizes(pipeline: &Pipeline, current: Sizes, bounds: Sizes) -> (Option<Sizes>, sizing::Demand) {
     let demand = sizing::demand(pipeline.model().table());

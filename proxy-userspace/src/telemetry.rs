@@ -180,6 +180,21 @@ impl FrontendLabels {
     }
 }
 
+/// The counters read from kernel maps, named here so the metrics reference
+/// (`crate::reference`) lists them without a kernel: `(name, help)`.
+pub(crate) const EXTERNAL_PACKETS: (&str, &str) = (
+    "ebpf_proxy_external_packets",
+    "Traffic from outside the node: new flows translated, packets dropped by reason, and packets left to the kernel (taking over from kube-proxy), counted in the kernel",
+);
+pub(crate) const SERVICE_SERIES_OMITTED: (&str, &str) = (
+    "ebpf_proxy_service_series_omitted",
+    "Frontends whose ebpf_proxy_service_connections_total is not exported (past --max-service-series)",
+);
+pub(crate) const SERVICE_CONNECTIONS: (&str, &str) = (
+    "ebpf_proxy_service_connections",
+    "New connections (and first datagrams of unconnected UDP sockets) per frontend, counted in the kernel",
+);
+
 /// Encodes `Telemetry` at each scrape.
 #[derive(Debug)]
 pub struct Collector {
@@ -297,12 +312,8 @@ impl Telemetry {
         )?;
         gauge(out, "ebpf_proxy_devices", "Devices the TC programs serve traffic from outside on", count(self.devices))?;
         if let Some(Ok(stats)) = self.external_stats.as_ref().map(ExternalStats::read) {
-            let mut m = out.encode_descriptor(
-                "ebpf_proxy_external_packets",
-                "Traffic from outside the node: new flows translated, packets dropped by reason, and packets left to the kernel (taking over from kube-proxy), counted in the kernel",
-                None,
-                MetricType::Counter,
-            )?;
+            let (name, help) = EXTERNAL_PACKETS;
+            let mut m = out.encode_descriptor(name, help, None, MetricType::Counter)?;
             for (result, n) in stats {
                 ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
             }
@@ -326,21 +337,13 @@ impl Telemetry {
     fn connections(&self, out: &mut DescriptorEncoder, max_series: usize) -> std::fmt::Result {
         let Some(counters) = &self.counters else { return Ok(()) };
         let omitted = self.labels.len().saturating_sub(max_series);
-        gauge(
-            out,
-            "ebpf_proxy_service_series_omitted",
-            "Frontends whose ebpf_proxy_service_connections_total is not exported (past --max-service-series)",
-            count(omitted),
-        )?;
+        let (name, help) = SERVICE_SERIES_OMITTED;
+        gauge(out, name, help, count(omitted))?;
         if max_series == 0 {
             return Ok(());
         }
-        let mut m = out.encode_descriptor(
-            "ebpf_proxy_service_connections",
-            "New connections (and first datagrams of unconnected UDP sockets) per frontend, counted in the kernel",
-            None,
-            MetricType::Counter,
-        )?;
+        let (name, help) = SERVICE_CONNECTIONS;
+        let mut m = out.encode_descriptor(name, help, None, MetricType::Counter)?;
         let shown: Vec<_> = self.labels.iter().take(max_series).collect();
         let ids: Vec<RevNatId> = shown.iter().map(|(id, _, _)| *id).collect();
         for ((_, service, frontend), n) in shown.iter().zip(counters.read_all(&ids)) {

@@ -242,8 +242,8 @@ fn port_backends(s: &Svc, slices: &[Slice], (pname, udp): (u8, bool), node: u8, 
         .collect()
 }
 
-/// The reference: the Kubernetes rules the model follows (README, "What
-/// works now"), written out plainly.
+/// The reference: the Kubernetes rules the model follows
+/// (docs/services.md, "Endpoints and topology"), written out plainly.
 fn reference(services: &[Svc], slices: &[Slice], node: u8) -> ServiceTable {
     let mut order: Vec<&Svc> = services.iter().collect();
     order.sort_by_key(|s| (s.ns, s.name));

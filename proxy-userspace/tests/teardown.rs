@@ -45,6 +45,8 @@ fn the_demo_check_passes_and_cleans_up() {
         assert!(stdout.contains(b), "{stdout}");
     }
     assert!(stdout.contains("nsenter --net=/var/run/netns/ebpf-proxy-demo curl"), "{stdout}");
+    assert!(!stdout.contains("sudo"), "a root shell may have no sudo:\n{stdout}");
+    assert!(stdout.contains("The command above answered: backend-"), "the printed command works:\n{stdout}");
     assert_eq!(common::wait_sock_addr_programs(before), before);
     assert!(!Path::new("/var/run/netns/ebpf-proxy-demo").exists());
     assert!(!Path::new("/run/ebpf-proxy-demo").exists());

@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup | build | run | test`.
+//! Developer tasks: `cargo xtask setup | build | run | test | bench | docs`.
 //!
 //! Every task first runs `setup`, which installs what is missing (Debian
 //! packages, the nightly's rust-src, bpf-linker) and is quiet when nothing is.
@@ -44,8 +44,12 @@ enum Task {
         /// Only tests whose name contains this.
         filter: Option<String>,
     },
+    /// Write docs/reference/ (the command line, the config file, the
+    /// metrics) from the code; a unit test fails while they are stale.
+    Docs,
     /// Benchmark ebpf-proxy side by side with kube-proxy's datapaths
-    /// (release build, as root): results in target/bench/, see README.
+    /// (release build, as root): results in target/bench/, see
+    /// docs/performance.md.
     Bench {
         /// Small service counts and short runs (a few seconds).
         #[arg(long)]
@@ -87,6 +91,10 @@ fn main() -> anyhow::Result<()> {
                 quick_bench(&root)?;
             }
             Ok(())
+        }
+        Task::Docs => {
+            setup::run()?;
+            status(cargo().args(["run", "--quiet", "--package", "proxy-userspace", "--example", "reference_docs"]))
         }
         Task::Bench { quick, args } => {
             setup::run()?;
@@ -166,6 +174,9 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         status(cargo().args(["fmt", "--all", "--check"]))?;
         status(cargo().args(["clippy", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
         clippy_ebpf()?;
+        // The library's documentation builds without a warning (a broken
+        // intra-doc link is one).
+        status(cargo().args(["doc", "--no-deps", "--quiet"]).env("RUSTDOCFLAGS", "-D warnings"))?;
     }
     // The default members (the eBPF crate only builds for the bpf target).
     // --test-threads=1 keeps the kernel tests (namespaces, cgroups, attached

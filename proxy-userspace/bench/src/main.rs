@@ -9,6 +9,7 @@ mod net;
 mod nodeport_rules;
 mod outside;
 mod percentile;
+mod plot;
 mod relist;
 mod report;
 mod rules;
@@ -61,7 +62,7 @@ struct Cli {
     /// Single-endpoint changes to time.
     #[arg(long)]
     changes: Option<usize>,
-    /// Where to write results.json and results.md.
+    /// Where to write results.json, results.md and the plots (*.svg).
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
     /// The ebpf-proxy binary (default: next to this one).
@@ -89,6 +90,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Write the plots of a stored results.json (connections.svg,
+    /// start.svg, rss.svg) into the directory that holds it.
+    Plot { results: PathBuf },
     /// (Internal) the client workload, run inside a client namespace.
     #[command(hide = true)]
     Load {
@@ -185,6 +189,15 @@ fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&result)?);
         return Ok(());
     }
+    if let Some(Command::Plot { results }) = &cli.command {
+        let text = std::fs::read_to_string(results).with_context(|| format!("reading {}", results.display()))?;
+        let dir = results.parent().unwrap_or(std::path::Path::new("."));
+        for (name, svg) in plot::plots(&serde_json::from_str(&text)?) {
+            std::fs::write(dir.join(name), svg)?;
+            eprintln!("bench: wrote {}", dir.join(name).display());
+        }
+        return Ok(());
+    }
     anyhow::ensure!(
         nix::unistd::geteuid().is_root(),
         "the bench makes network namespaces and loads eBPF: run it as root"
@@ -245,7 +258,12 @@ fn main() -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&cli.out)?;
     let markdown = report.markdown();
-    std::fs::write(cli.out.join("results.json"), serde_json::to_string_pretty(&report)?)?;
+    let results = serde_json::to_value(&report)?;
+    std::fs::write(cli.out.join("results.json"), serde_json::to_string_pretty(&results)?)?;
+    // docs/performance.md shows these.
+    for (name, svg) in plot::plots(&results) {
+        std::fs::write(cli.out.join(name), svg)?;
+    }
     std::fs::write(cli.out.join("results.md"), &markdown)?;
     println!("{markdown}");
     eprintln!("bench: results in {}", cli.out.display());

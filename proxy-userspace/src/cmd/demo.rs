@@ -112,13 +112,21 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
     }
 
-    let outcome = spread_check(&ns, &cgroup, &backends);
+    let mut outcome = spread_check(&ns, &cgroup, &backends);
+    // No `sudo`: the demo runs as root, and a root shell (a container's, a
+    // Debian root login) often has no sudo; a user who is not root knows
+    // to add it.
     let try_cmd = format!(
-        "sudo sh -c 'echo $$ > {}; exec nsenter --net={} curl -s http://{CLUSTER_IP}/'",
+        "sh -c 'echo $$ > {}; exec nsenter --net={} curl -s http://{CLUSTER_IP}/'",
         cgroup.procs_file().display(),
         ns.path().display()
     );
-    say!("\nTry it yourself (a shell that joins the demo cgroup, then enters the demo namespace):\n\n  {try_cmd}\n");
+    say!(
+        "\nTry it yourself, as root (a shell that joins the demo cgroup, then enters the demo namespace):\n\n  {try_cmd}\n"
+    );
+    if args.check && outcome.is_ok() {
+        outcome = try_it(&try_cmd, &backends);
+    }
     say!(
         "Edit {} (add or remove an endpoint, change the port) and the agent applies only the difference.",
         services_file.display()
@@ -137,6 +145,22 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let _ = fs::remove_dir(base);
     say!("Demo removed: namespace, cgroup, bpffs and programs are gone.");
     outcome
+}
+
+/// Runs the command the demo prints, as printed, and checks that a backend
+/// answered it (`--check`), so the line shown is one that works.
+fn try_it(try_cmd: &str, backends: &[HttpBackend]) -> anyhow::Result<()> {
+    let out = std::process::Command::new("sh").args(["-c", try_cmd]).output().context("running sh")?;
+    let answer = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !backends.iter().any(|b| answer.trim() == b.name()) {
+        bail!(
+            "the printed command did not reach a backend ({}): {answer}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    say!("The command above answered: {}", answer.trim());
+    Ok(())
 }
 
 /// Sends `REQUESTS` requests through the ClusterIP with curl, from inside

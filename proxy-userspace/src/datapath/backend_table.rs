@@ -71,7 +71,7 @@ impl WantCounts {
 /// How many slots name a backend (it stays in `BACKENDS` while any does)
 /// and whether it is in the map, in one word that is never zero: so a
 /// missing record (`Option<Record>`) takes no room besides the record's 40
-/// bytes (with a flag of its own it took 48, 8 MB more at 1,000,000).
+/// bytes (a flag of its own would take a word more per backend).
 #[derive(Clone, Copy, Debug)]
 struct Uses(NonZeroU32);
 
@@ -170,13 +170,12 @@ impl BackendTable {
         &mut self.by_id[i]
     }
 
-    /// Room for `backends` backends in all, made at once: a start at
-    /// 1,000,000 backends otherwise grew the index ~20 times (each growth
-    /// hashing every address again, read from its record) and the records
-    /// ~50 times by an eighth (`slot`), ~0.5 s of the first sync. The
-    /// records get an eighth more, as `slot` grows them: made exactly,
-    /// the first new backend after the start moved all of them (48 MB at
-    /// 1,000,000, 33 ms of that one change).
+    /// Room for `backends` backends in all, made at once: a big start
+    /// otherwise grows the index many times (each growth hashing every
+    /// address again, read from its record) and the records many times by
+    /// an eighth (`slot`). The records get an eighth more, as `slot` grows
+    /// them: made exactly, the first new backend after the start would
+    /// move all of them, inside that one change.
     pub fn reserve_for(&mut self, backends: usize) {
         let Self { by_id, ids, hasher, .. } = self;
         ids.reserve(backends.saturating_sub(ids.len()), |id| record_addr(by_id, *id).map_or(0, |a| hasher.hash_one(a)));

@@ -137,8 +137,8 @@ impl ConnCounters {
     }
 
     /// Zeroes the counts of `ids`, in batches of 4,096 counters (a whole
-    /// table's frontends at a start: 100,000 writes one by one held the
-    /// sync loop ~0.1 s). An id past the end is skipped; where a batch
+    /// table's frontends at a start: one write each would hold the sync
+    /// loop, and the next change with it). An id past the end is skipped; where a batch
     /// stops its counters are zeroed one by one, each failure skipped, and
     /// on a kernel without batch writes (before 5.6) all are. The first
     /// error is returned.

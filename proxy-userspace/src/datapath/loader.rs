@@ -30,12 +30,13 @@ use crate::paths::{LINKS_SUBDIR, maps_dir};
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
 
 /// One loader for every load of the process. aya's `EbpfLoader::new`
-/// reads and parses the kernel's BTF (~15 MB of heap at once), which these
-/// programs do not use: they have no CO-RE relocation (a test below checks
-/// the object), so the parse is dropped as soon as it is made
-/// (`btf(None)`) and never made again. A move to bigger maps during the
-/// first sync, when the agent holds the whole table, made the agent's
-/// peak memory with it. Every setting is given again at each load.
+/// reads and parses the kernel's BTF (megabytes of heap at once), which
+/// these programs do not use: they have no CO-RE relocation (a test below
+/// checks the object), so the parse is dropped as soon as it is made
+/// (`btf(None)`) and never made again; otherwise a move to bigger maps
+/// during the first sync, when the agent holds the whole table, would add
+/// it to the agent's peak memory. Every setting is given again at each
+/// load.
 static LOADER: std::sync::LazyLock<std::sync::Mutex<EbpfLoader<'static>>> = std::sync::LazyLock::new(|| {
     let mut loader = EbpfLoader::new();
     loader.btf(None);
@@ -805,8 +806,8 @@ pub enum Sessions {
     New,
     /// All of the set pinned at this path, which holds none: it was made
     /// by this start and nothing was attached to it (a fresh start's move
-    /// before its first write). Made once, not twice: ~50 ms at 10,000
-    /// services, most of it the preallocated `CT`.
+    /// before its first write). Made once, not twice: making them is a
+    /// visible part of a start, most of it the preallocated `CT`.
     Unused(PathBuf),
     /// Of the set pinned at this path, in use, only `SOCK_REVNAT` (a
     /// connected UDP socket's service address and port, which names no

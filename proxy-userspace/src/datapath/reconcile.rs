@@ -190,8 +190,8 @@ pub struct Report {
     pub new_listed: bool,
     /// The new frontends of a sync that adds more, by key, in the order
     /// written: the desired table and the reconciler hold the rest. A
-    /// `Change` each held ~11 MB at 100,000 frontends at a start's peak
-    /// (and, listing their backends, ~25 MB more before that).
+    /// `Change` each would add to a start's peak what the table holds
+    /// already.
     pub added_unlisted: Vec<FrontendKey>,
     pub failures: Vec<Failure>,
     /// Map writes and deletes issued.
@@ -579,8 +579,8 @@ impl Reconciler {
             self.want(*key, frontend, ids, &mut report);
         }
         let keys: Vec<FrontendKey> = desired.keys().chain(self.frontends.keys()).copied().collect();
-        // The list of ids is not kept through the frontends' writes (4 MB
-        // at 1,000,000 backends, at a start's peak): the removal below goes
+        // The list of ids is not kept through the frontends' writes (it
+        // would be held at a start's peak): the removal below goes
         // over every id, also a second id of one address (left by a crash).
         self.upsert_backends(maps, &self.backends.primary_ids(), &mut report);
         self.apply_keys(maps, desired, keys, wanted, &mut report);
@@ -592,7 +592,7 @@ impl Reconciler {
 
     /// Rebuilds the frontends' tree in order, every node full (see
     /// `model::TableState::compact`): frontends inserted one by one in key
-    /// order leave each node about half empty, ~1.5 MB more at 10,000.
+    /// order leave each node about half empty.
     fn pack_frontends(&mut self) {
         self.frontends = std::mem::take(&mut self.frontends).into_iter().collect();
     }
@@ -742,8 +742,8 @@ impl Reconciler {
     /// of up to `CHUNK`, the new ones through `add_backends`; a new one
     /// that fails is forgotten (its id freed).
     fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, ids: &[u32], report: &mut Report) {
-        // A start's 1,000,000 backends are written a chunk at a time: the
-        // lists of the whole table's took ~36 MB at the agent's peak.
+        // A start's backends are written a chunk at a time: lists of the
+        // whole table's would be made at the agent's peak.
         const CHUNK: usize = 4096;
         let mut new: Vec<(u32, BackendValue)> = Vec::with_capacity(ids.len().min(CHUNK));
         let mut changed: Vec<(u32, BackendValue)> = Vec::new();

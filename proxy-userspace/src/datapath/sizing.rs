@@ -55,8 +55,8 @@ pub const MIN_SIZE: u32 = 4096;
 /// What `table` needs in the maps.
 #[must_use]
 pub fn demand(table: &ServiceTable) -> Demand {
-    // A sorted list rather than a hash set: one exact allocation (~2 MB
-    // at 100,000 backends against a set's ~4 MB while it grows), made
+    // A sorted list rather than a hash set: one exact allocation (about
+    // half what a set takes while it grows), made
     // between a start's translation and its first write, and after whole
     // table syncs, when the agent is at its largest.
     let services = table.values().map(|f| 1 + codec::slot_entries(f.backends.len())).sum();

@@ -177,8 +177,8 @@ impl TableState {
 
     /// Rebuilds the maps from their entries in order, which packs every
     /// tree node full: entries inserted one by one in key order (as
-    /// `replace_all` does) leave each node about half empty, ~4 MB at
-    /// 10,000 services. Later updates insert into the packed nodes.
+    /// `replace_all` does) leave each node about half empty. Later updates
+    /// insert into the packed nodes.
     fn compact(&mut self) {
         self.services = std::mem::take(&mut self.services).into_iter().collect();
         self.claims = std::mem::take(&mut self.claims).into_iter().collect();
@@ -360,7 +360,8 @@ fn diff_problems(old: Option<&[Problem]>, new: Option<&[Problem]>, delta: &mut D
 /// Inputs (services, and owners named only by slices) from which a
 /// start's translation takes a second thread: each service translates on
 /// its own (`translate_service` reads only its inputs and the node), and
-/// at 100,000 services one thread took ~0.35 s.
+/// on a big cluster it is a visible part of the first sync; below this, a
+/// thread costs more than it saves.
 const TRANSLATE_IN_TWO_FROM: usize = 2_000;
 
 /// `translate_service` of every input that has a service, in input order;

@@ -32,7 +32,7 @@ const POLL_INTERVAL: Duration = Duration::from_millis(200);
 const SETTLE: Duration = Duration::from_millis(50);
 /// A file read empty is applied (every service removed) only if it is still
 /// empty this long after: a writer that truncates and then writes has
-/// written by then. The README says so.
+/// written by then. docs/operations.md says so.
 pub const EMPTY_SETTLE: Duration = Duration::from_secs(1);
 
 /// Told of each rejection (the agent counts them in

@@ -42,10 +42,10 @@ pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_millis(20);
 /// reflector and kube-runtime ask for 500). A page is received and decoded
 /// whole before its objects are made compact, so it bounds what a list or
 /// relist holds beside the store (three pages at most, see `AHEAD`): with
-/// objects as large as a real API server's (managedFields, annotations)
-/// 500 took the relist's peak to ~1.23x the steady size at 10,000
-/// services (README, Performance); more requests of fewer objects cost the
-/// API server little (each continues the same snapshot).
+/// objects as large as a real API server's (managedFields, annotations),
+/// pages of 500 raise a relist's peak well above the steady size; more
+/// requests of fewer objects cost the API server little (each continues
+/// the same snapshot).
 pub const LIST_PAGE_SIZE: u32 = 100;
 
 /// Watch events and errors since start (each error is retried, see

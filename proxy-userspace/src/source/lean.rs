@@ -4,9 +4,8 @@
 //! real API server sends it carries besides (`managedFields`, whose
 //! `fieldsV1` would each be decoded into a tree of JSON values, kubectl's
 //! last-applied annotation, each endpoint's `targetRef`) is skipped by the
-//! JSON reader without being allocated. At 10,000 services that was most
-//! of the agent's time and allocations while the lists arrived (README,
-//! Performance).
+//! JSON reader without being allocated: decoding them was most of the
+//! agent's time and allocations while the lists arrived.
 //!
 //! A field `convert` starts to read must be decoded here too; the tests at
 //! the end decode the real API server's captures both ways and compare

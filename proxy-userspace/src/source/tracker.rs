@@ -10,8 +10,7 @@ use crate::model::ServiceId;
 /// The slices of each service, as the `kubernetes.io/service-name` label
 /// says. The service a slice named before is read from the slice the store
 /// held (the caller passes it), so the index keeps no map back from slice
-/// to service: at 10,000 services that map held ~1.6 MB of ids the store
-/// already has.
+/// to service, which would hold again ids the store already has.
 #[derive(Debug, Default)]
 pub struct SliceIndex {
     /// (A short list each: a service has a few slices.)

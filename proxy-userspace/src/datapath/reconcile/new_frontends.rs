@@ -77,8 +77,8 @@ impl Reconciler {
             if !chunk.is_empty() {
                 in_bulk = self.write_chunk(maps, desired, &chunk, wanted, &mut lists, report);
                 // Frontends inserted one by one in key order (a start's)
-                // leave each tree node about half empty: ~12 MB more at
-                // 100,000 by the last chunk, at the start's peak. Packed
+                // leave each tree node about half empty, at the start's
+                // peak by the last chunk. Packed
                 // each time the tree doubled, at most the last half is;
                 // not on the last chunk (`apply` packs it after the sync).
                 let more = updates.len() - done > CHUNK;
@@ -312,9 +312,9 @@ fn report_added(desired: &ServiceTable, s: &Staged, report: &mut Report) {
 
 /// The backend ids `want` reserved for the new frontends of a
 /// whole-table sync, each frontend's in slot order: what `stage` would
-/// otherwise look up again by address (~0.25 s of a start at 100,000
-/// services). One list for all, where a list each held ~3 MB more at that
-/// size: ~7 MB there (4 of ids, 3 of keys) until the bulk write is done.
+/// otherwise look up again by address, a large part of a big start. One
+/// list for all (a list each would hold more), kept only until the bulk
+/// write is done.
 #[derive(Debug, Default)]
 pub(super) struct WantedIds {
     /// Each frontend, in the order recorded, and where its ids start in
