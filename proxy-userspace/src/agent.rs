@@ -219,6 +219,8 @@ async fn run_with(
                 if observers.attached {
                     let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
                     observers.attach_pod_devices(&config.pod_devices, &mut datapath, &node_ips);
+                    telemetry.lock().expect("telemetry lock").pod_devices =
+                        observers.pod_devices.as_ref().map_or(0, Vec::len);
                 }
                 continue;
             }
@@ -256,6 +258,7 @@ async fn run_with(
         let sizes = datapath.sizes();
         let mut t = telemetry.lock().expect("telemetry lock");
         (t.services_map_size, t.backends_map_size) = (sizes.services, sizes.backends);
+        t.pod_devices = observers.pod_devices.as_ref().map_or(0, Vec::len);
         drop(t);
         applied.send_replace(snapshot);
         take_over(&mut takeover, Some(synced.report.failures.is_empty()), &pipeline, &mut datapath, metrics)?;

@@ -43,6 +43,8 @@ pub struct Telemetry {
     pub health_check_ports: usize,
     /// Devices the TC programs are attached to.
     pub devices: usize,
+    /// Pod-facing devices the per-packet programs are attached to.
+    pub pod_devices: usize,
     /// The counters' labels by rev-NAT id, written out at a scrape.
     pub labels: FrontendLabels,
     /// The Kubernetes watches' counters (kube mode only).
@@ -68,6 +70,7 @@ impl Telemetry {
             maglev_tables: 0,
             health_check_ports: 0,
             devices: 0,
+            pod_devices: 0,
             labels: FrontendLabels::default(),
             watch: None,
         }
@@ -185,6 +188,10 @@ impl FrontendLabels {
 pub(crate) const EXTERNAL_PACKETS: (&str, &str) = (
     "ebpf_proxy_external_packets",
     "Traffic from outside the node: new flows translated, packets dropped by reason, and packets left to the kernel (taking over from kube-proxy), counted in the kernel",
+);
+pub(crate) const POD_PACKETS: (&str, &str) = (
+    "ebpf_proxy_pod_packets",
+    "The pods' own traffic to services translated per packet on pod-facing devices (--socket-lb host-namespace, VMs, meshes): new flows translated, packets dropped by reason, counted in the kernel",
 );
 pub(crate) const SERVICE_SERIES_OMITTED: (&str, &str) = (
     "ebpf_proxy_service_series_omitted",
@@ -311,6 +318,12 @@ impl Telemetry {
             count(self.health_check_ports),
         )?;
         gauge(out, "ebpf_proxy_devices", "Devices the TC programs serve traffic from outside on", count(self.devices))?;
+        gauge(
+            out,
+            "ebpf_proxy_pod_devices",
+            "Pod-facing devices the per-packet programs serve the pods' own traffic on",
+            count(self.pod_devices),
+        )?;
         if let Some(Ok(stats)) = self.external_stats.as_ref().map(ExternalStats::read) {
             let (name, help) = EXTERNAL_PACKETS;
             let mut m = out.encode_descriptor(name, help, None, MetricType::Counter)?;
@@ -319,12 +332,8 @@ impl Telemetry {
             }
         }
         if let Some(Ok(stats)) = self.external_stats.as_ref().map(ExternalStats::read_pods) {
-            let mut m = out.encode_descriptor(
-                "ebpf_proxy_pod_packets",
-                "The pods' own traffic to services translated per packet on pod-facing devices (--socket-lb host-namespace, VMs, meshes): new flows translated, packets dropped by reason, counted in the kernel",
-                None,
-                MetricType::Counter,
-            )?;
+            let (name, help) = POD_PACKETS;
+            let mut m = out.encode_descriptor(name, help, None, MetricType::Counter)?;
             for (result, n) in stats {
                 ConstCounter::new(n).encode(m.encode_family(&[("result", result)])?)?;
             }

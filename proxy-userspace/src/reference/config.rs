@@ -18,6 +18,8 @@ const FIELD_NAMES: &[(&str, &str)] = &[
     ("health-timeout", "healthTimeoutSeconds"),
     ("nodeport-addresses", "nodePortAddresses"),
     ("audit-interval", "syncPeriod"),
+    ("socket-lb", "socketLB"),
+    ("cluster-cidr", "clusterCIDR"),
 ];
 
 /// kube-proxy's `KubeProxyConfiguration` fields (v1alpha1 and v1alpha2,
@@ -65,7 +67,11 @@ const KUBE_PROXY_FIELDS: &[(&str, &str, &str)] = &[
     ("linux", "{}", ""),
     ("detectLocalMode", "ClusterCIDR", ""),
     ("detectLocal", "{}", ""),
-    ("clusterCIDR", "10.244.0.0/16", ""),
+    (
+        "clusterCIDR",
+        "10.244.0.0/16",
+        "packets routed to the node for a ClusterIP are translated, masqueraded from outside it (`--cluster-cidr` wins)",
+    ),
     ("nodePortAddresses", "[10.0.0.0/8]", "which local addresses serve NodePorts (`--nodeport-addresses` wins)"),
     ("nodePortAddresses", "[primary]", "the node's first IP of each family"),
     ("nodeIPOverride", "[10.0.0.5]", ""),

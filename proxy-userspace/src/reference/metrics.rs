@@ -12,7 +12,7 @@ use crate::{
     health::Endpoint,
     metrics::{LatencyLabels, Metrics, RequestLabels, Server},
     source::kube::WatchCounters,
-    telemetry::{EXTERNAL_PACKETS, SERVICE_CONNECTIONS, SERVICE_SERIES_OMITTED, Telemetry},
+    telemetry::{EXTERNAL_PACKETS, POD_PACKETS, SERVICE_CONNECTIONS, SERVICE_SERIES_OMITTED, Telemetry},
 };
 
 /// One metric family as the exposition describes it.
@@ -79,8 +79,9 @@ pub fn metrics_markdown() -> String {
     let mut families = families(&exposition());
     // Encoded only once the programs' maps are loaded, which a unit test
     // has not: described from the names and help texts the collector uses.
-    let kernel: [((&str, &str), &str, &[&str]); 3] = [
+    let kernel: [((&str, &str), &str, &[&str]); 4] = [
         (EXTERNAL_PACKETS, "counter", &["result"]),
+        (POD_PACKETS, "counter", &["result"]),
         (SERVICE_CONNECTIONS, "counter", &["service", "frontend"]),
         (SERVICE_SERIES_OMITTED, "gauge", &[]),
     ];
@@ -104,9 +105,10 @@ pub fn metrics_markdown() -> String {
     let results = proxy_common::external_stat::NAMES.iter().map(|r| format!("`{r}`")).collect::<Vec<_>>();
     let _ = writeln!(
         out,
-        "\n`{}_total{{result}}` is one of {}. `{}_total` is one series per frontend, at most \
-         `--max-service-series` of them; `process_*` appear where `/proc` can be read.",
+        "\n`{}_total{{result}}` and `{}_total{{result}}` are each one of {}. `{}_total` is one series per \
+         frontend, at most `--max-service-series` of them; `process_*` appear where `/proc` can be read.",
         EXTERNAL_PACKETS.0,
+        POD_PACKETS.0,
         results.join(", "),
         SERVICE_CONNECTIONS.0
     );
