@@ -235,3 +235,30 @@ fn a_killed_and_restarted_agent_fails_no_pod_connection() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// IPv6: a pod reaches a service's IPv6 ClusterIP per packet, and its
+/// client sees the service as its peer.
+#[test]
+fn a_pod_reaches_an_ipv6_cluster_ip_per_packet() {
+    common::require_root!();
+    let mut topo = Topology::new(&[3]);
+    topo.enable_ipv6();
+    for k in [2, 3] {
+        let pod = topo.pod(1, k);
+        let addr: std::net::IpAddr = format!("fd00:244:1::1{k}").parse().unwrap();
+        let server = proxy_testkit::HttpBackend::start(&pod.ns, addr, 8080, &pod.name).expect("http backend");
+        topo.http.push(server);
+    }
+    topo.write_services(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {name: web6, namespace: t}\nspec:\n  clusterIP: fd00:96::10\n  \
+         clusterIPs: [\"fd00:96::10\"]\n  ipFamilies: [IPv6]\n  ports: [{name: p, port: 80, protocol: TCP}]\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web6-1, namespace: t, labels: \
+         {kubernetes.io/service-name: web6}}\naddressType: IPv6\nports: [{name: p, port: 8080, protocol: TCP}]\n\
+         endpoints:\n- {addresses: [\"fd00:244:1::12\"], nodeName: n1}\n- {addresses: [\"fd00:244:1::13\"], nodeName: n1}\n",
+    );
+    start(&mut topo, &["--socket-lb", "host-namespace"]);
+    let both: BTreeSet<String> = ["pod-1-2", "pod-1-3"].map(str::to_owned).into();
+    assert_eq!(answering(&topo, "http://[fd00:96::10]/", 24), both);
+    let (ok, lines) = probe_in_pod(&topo, 1, &["tcp-peer", "fd00:96::10", "80"]);
+    assert!(ok && lines == ["peer [fd00:96::10]:80"], "{lines:?}");
+}
