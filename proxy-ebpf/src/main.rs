@@ -12,6 +12,7 @@ mod access;
 mod crc32c;
 mod ct;
 mod frame;
+mod icmp;
 mod maps;
 mod nodeport;
 mod packet;

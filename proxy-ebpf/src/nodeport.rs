@@ -43,6 +43,7 @@ use crate::{
     access::{ROUTE_NOT_FORWARDED, Route, now_ns, route_status},
     ct,
     frame::{Frame, drop_packet},
+    icmp,
     maps::{backend, count_connection, maglev_entry, outside_handover_mode, service, source_allowed},
     packet::{End, Packet},
     pod,
@@ -79,6 +80,10 @@ pub fn ingress<F: Frame>(ctx: &F) -> i32 {
 pub fn egress<F: Frame>(ctx: &F) -> i32 {
     let mut pkt = Packet::empty();
     if !Packet::parse(ctx, &mut pkt) {
+        // Not TCP, UDP or SCTP: maybe an ICMP error about such a flow.
+        if icmp::translate_error(ctx).is_err() {
+            return drop_packet::<F>(external_stat::REWRITE_FAILED);
+        }
         return F::PASS;
     }
     // (Replies of source-NATed flows come back to this node's address and

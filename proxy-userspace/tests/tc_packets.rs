@@ -1484,3 +1484,50 @@ fn packets_routed_to_a_cluster_ip_are_translated_with_the_cluster_cidr() {
         );
     });
 }
+
+/// ICMP errors about a pod's translated flow, on their way into the pod:
+/// a router's "fragmentation needed" (IPv6 "packet too big") and a
+/// backend's "port unreachable" quote the packet as translated (to the
+/// backend); the pod's stack can match them to its socket only when they
+/// name the service again, so path MTU discovery works through it. The
+/// error's source becomes the service when the backend sent it; every
+/// checksum (ICMP, ICMPv6 with its pseudo-header, the quoted IPv4 header)
+/// stays right.
+#[test]
+fn icmp_errors_about_a_pod_s_flow_name_the_service_again() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP, NODE_IP6], |node| {
+        let router: IpAddr = "172.30.0.1".parse().unwrap();
+        let router6: IpAddr = "fd00:30::1".parse().unwrap();
+        for (pod, frontend, udp, sender) in [
+            (sa("10.244.1.9:41000"), sa("10.96.0.40:80"), false, Some(router)),
+            (sa("10.244.1.9:41001"), sa("10.96.0.53:53"), true, None),
+            (sa("[fd00:244:1::9]:41000"), sa("[fd00:96::10]:80"), false, Some(router6)),
+            (sa("[fd00:244:1::9]:41001"), sa("[fd00:96::10]:80"), false, None),
+        ] {
+            let flags = if udp { None } else { Some(SYN) };
+            let (_, out) = node.pod_ingress(&packet::frame(pod, frontend, flags, b"0123456789"));
+            let backend = packet::parse(&out).dst;
+            // From a router on the way, or (None) from the backend itself.
+            let from = sender.unwrap_or(backend.ip());
+            let kind = match (pod.is_ipv4(), sender.is_some()) {
+                (true, true) => (3, 4),
+                (true, false) => (3, 3),
+                (false, true) => (2, 0),
+                (false, false) => (1, 4),
+            };
+            let error = packet::icmp_error(from, pod.ip(), kind, &out);
+            let (action, back) = node.pod_egress(&error);
+            assert_eq!(action, OK);
+            let seen = packet::parse_icmp(&back);
+            assert_eq!(seen.kind, kind);
+            assert_eq!(packet::quoted_ends(&seen.quoted), (pod, frontend), "{kind:?} about {pod} -> {frontend}");
+            let want_sender = if sender.is_some() { from } else { frontend.ip() };
+            assert_eq!((seen.src, seen.dst), (want_sender, pod.ip()), "{kind:?}");
+        }
+        // An error about no flow of ours passes untouched.
+        let stray = packet::frame(sa("10.244.1.9:42000"), sa("10.244.2.99:80"), Some(SYN), b"");
+        let error = packet::icmp_error(router, "10.244.1.9".parse().unwrap(), (3, 4), &stray);
+        assert_eq!(node.pod_egress(&error), (OK, error.clone()));
+    });
+}

@@ -232,6 +232,41 @@ fn ip_parts(frame: &[u8]) -> (IpAddr, IpAddr, u8, u8, &[u8]) {
     }
 }
 
+/// An ICMP (ICMPv6) error of `kind` (type, code) from `sender` to `to`,
+/// quoting `frame`'s IP header and the first 8 bytes after it, as a router
+/// or a host sends one; its checksum right.
+#[must_use]
+pub fn icmp_error(sender: IpAddr, to: IpAddr, kind: (u8, u8), frame: &[u8]) -> Vec<u8> {
+    let ip = &frame[14..];
+    let header = if sender.is_ipv4() { usize::from(ip[0] & 0x0f) * 4 } else { 40 };
+    let mut icmp = vec![kind.0, kind.1, 0, 0];
+    // Unused, or the next hop's MTU (fragmentation needed, packet too big).
+    let mtu: u32 = if (sender.is_ipv4() && kind == (3, 4)) || (sender.is_ipv6() && kind.0 == 2) { 1400 } else { 0 };
+    icmp.extend_from_slice(&mtu.to_be_bytes());
+    icmp.extend_from_slice(&ip[..header + 8]);
+    let c = if sender.is_ipv4() { fold(sum(0, &icmp)) } else { l4_checksum(sender, to, 58, &icmp) };
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    wrap(sender, to, if sender.is_ipv4() { 1 } else { 58 }, &icmp)
+}
+
+/// The source and destination an ICMP error's quote names (`IcmpSeen::
+/// quoted`), panicking unless a quoted IPv4 header's checksum is right.
+#[must_use]
+pub fn quoted_ends(quoted: &[u8]) -> (SocketAddr, SocketAddr) {
+    let port = |at: usize| u16::from_be_bytes([quoted[at], quoted[at + 1]]);
+    if quoted[0] >> 4 == 4 {
+        let ihl = usize::from(quoted[0] & 0x0f) * 4;
+        assert_eq!(fold(sum(0, &quoted[..ihl])), 0, "quoted IPv4 header checksum is wrong: {quoted:02x?}");
+        let src = IpAddr::from(<[u8; 4]>::try_from(&quoted[12..16]).unwrap());
+        let dst = IpAddr::from(<[u8; 4]>::try_from(&quoted[16..20]).unwrap());
+        (SocketAddr::new(src, port(ihl)), SocketAddr::new(dst, port(ihl + 2)))
+    } else {
+        let src = IpAddr::from(<[u8; 16]>::try_from(&quoted[8..24]).unwrap());
+        let dst = IpAddr::from(<[u8; 16]>::try_from(&quoted[24..40]).unwrap());
+        (SocketAddr::new(src, port(40)), SocketAddr::new(dst, port(42)))
+    }
+}
+
 /// Parses an ICMP (IPv4) or ICMPv6 frame, panicking unless its checksums
 /// are right and it is exactly as long as its IP header says.
 #[must_use]
