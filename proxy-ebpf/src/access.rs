@@ -8,7 +8,7 @@ use aya_ebpf::{
         bpf_get_smp_processor_id, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh,
         bpf_set_retval, bpf_skb_adjust_room, bpf_skb_change_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
-    programs::{SockAddrContext, TcContext, XdpContext},
+    programs::{SockAddrContext, SockContext, TcContext, XdpContext},
 };
 use proxy_common::{Addr, as_v4, mapped_v4};
 
@@ -95,6 +95,14 @@ impl<'a> SockAddr<'a> {
 #[inline(always)]
 pub fn socket_cookie(ctx: &SockAddrContext) -> u64 {
     // SAFETY: valid for sock_addr programs (bpf_get_socket_cookie_sock_addr).
+    unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
+}
+
+/// The cookie of a `cgroup/sock_*` program's socket: the same value
+/// `socket_cookie` gives at connect and sendmsg.
+#[inline(always)]
+pub fn sock_cookie(ctx: &SockContext) -> u64 {
+    // SAFETY: valid for cgroup sock programs (bpf_get_socket_cookie_sock).
     unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
 }
 

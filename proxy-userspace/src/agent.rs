@@ -82,6 +82,9 @@ pub struct AgentConfig {
     pub take_over_from_kube_proxy: Option<Option<Duration>>,
     /// Where `ebpf-proxy explain` asks for the reasons (`None`: not served).
     pub explain_socket: Option<PathBuf>,
+    /// How services without the lb-algorithm annotation balance
+    /// (`--lb-algorithm`).
+    pub lb_algorithm: crate::model::LbAlgorithm,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -187,6 +190,7 @@ async fn run_with(
         node_port_addresses: config.node_port_addresses.clone(),
         local_addrs: crate::local_addrs::ips(local_addrs.current()),
         external_ips_local_only: config.external_ips_local_only,
+        lb_algorithm: config.lb_algorithm,
     };
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
     // SIGHUP: a drift audit now (installed once the maps are read, so an
@@ -204,9 +208,15 @@ async fn run_with(
         devices: None,
         attached: false,
     };
+    let mut sweep = tokio::time::interval(crate::datapath::active::SWEEP_INTERVAL);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let wake = tokio::select! {
             () = &mut shutdown => break,
+            _ = sweep.tick(), if observers.attached => {
+                sweep_ended_flows(&datapath);
+                continue;
+            }
             wake = pipeline.wait(&mut source) => wake,
             () = sleep_until(takeover.as_ref().and_then(crate::takeover::pending::Pending::retry_at)) => {
                 take_over(&mut takeover, None, &pipeline, &mut datapath, metrics)?;
@@ -281,6 +291,17 @@ fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Rec
         "read the pinned maps"
     );
     Ok(reconciler)
+}
+
+/// Takes back the active connections of flows from outside that ended
+/// unseen (docs/design.md, "Balancing by load"); a failure is logged and
+/// the next sweep tries again.
+fn sweep_ended_flows(datapath: &Datapath) {
+    match datapath.sweep_ended_flows() {
+        Ok(0) => {}
+        Ok(taken) => tracing::debug!(taken, "active connections of ended flows taken back"),
+        Err(err) => warn!(%err, "cannot take back the active connections of ended flows from outside"),
+    }
 }
 
 /// Frees a sync's report; one of many changes (a relist that changed
@@ -382,6 +403,13 @@ fn take_counters(datapath: &mut Datapath, telemetry: &Shared) {
     let mut t = telemetry.lock().expect("telemetry lock");
     t.counters = datapath.counters.take();
     t.external_stats = datapath.external_stats.take();
+    t.active = match datapath.maps.backends_fd() {
+        Ok(fd) => Some(crate::datapath::active::ActiveSeries::new(datapath.active.clone(), fd)),
+        Err(err) => {
+            warn!(%err, "ebpf_proxy_backend_active_connections is not exported");
+            None
+        }
+    };
 }
 
 /// What reacts to a sync, besides telemetry.
