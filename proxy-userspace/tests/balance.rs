@@ -150,6 +150,27 @@ fn tcp_connections_count_while_open() {
 }
 
 #[test]
+fn the_metrics_show_each_backends_active_connections() {
+    common::require_root!();
+    let mut env = Env::new(3);
+    env.write_services(&web(&[1, 2, 3]));
+    env.start_agent();
+    let holder = Holder::open(&env, "tcp", "10.96.0.10", 80, 7);
+    let counts = active(&env, "10.96.0.10:80/TCP");
+    let metrics = common::agent_address(env.agent(), "metrics");
+    let (status, text) = common::http_get(&metrics, "/metrics");
+    assert_eq!(status, 200);
+    for (backend, n) in &counts {
+        let series = format!("ebpf_proxy_backend_active_connections{{backend=\"{backend}/TCP\"}}");
+        #[expect(clippy::cast_precision_loss, reason = "a handful of connections")]
+        let expected = *n as f64;
+        assert!((common::metric(&text, &series) - expected).abs() < f64::EPSILON, "{series}: {n} in the maps");
+    }
+    assert!(common::metric(&text, "ebpf_proxy_backend_series_omitted").abs() < f64::EPSILON);
+    holder.close();
+}
+
+#[test]
 fn connected_and_unconnected_udp_sockets_count_while_open() {
     common::require_root!();
     let mut env = Env::new(3);

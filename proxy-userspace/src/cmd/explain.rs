@@ -335,7 +335,7 @@ fn text(e: &Explanation) -> String {
         for b in &f.backends {
             let addr =
                 b.address.map_or_else(|| format!("id {} (missing)", b.id), |a| SocketAddr::new(a, b.port).to_string());
-            let active = b.active_connections.map_or_else(String::new, |n| format!(", {n} active"));
+            let active = b.active_connections.map_or_else(String::new, |n| format!(", {n} connections"));
             let _ = writeln!(out, "    {addr}  {}{}{active}", b.state, if b.local { ", local" } else { "" });
         }
         if let Some(unused) = &entry.unused {

@@ -247,7 +247,7 @@ pub fn table(frontends: &[FrontendView]) -> String {
                 .map(|b| {
                     let mut state = if b.local { format!("{}, local", b.state) } else { b.state.to_owned() };
                     if let Some(n) = b.active_connections {
-                        let _ = write!(state, ", {n} active");
+                        let _ = write!(state, ", {n} connections");
                     }
                     match b.address {
                         Some(IpAddr::V6(a)) => format!("[{a}]:{} ({state})", b.port),
