@@ -213,7 +213,8 @@ async fn run_with(
     loop {
         let wake = tokio::select! {
             () = &mut shutdown => break,
-            _ = sweep.tick(), if observers.attached => {
+            // Only flows from outside need it: none without a device.
+            _ = sweep.tick(), if observers.devices.as_ref().is_some_and(|d| !d.is_empty()) => {
                 sweep_ended_flows(&datapath);
                 continue;
             }

@@ -205,7 +205,8 @@ fn a_removed_backends_count_goes_with_it() {
     let mut env = Env::new(3);
     env.write_services(&web(&[1, 2, 3]));
     env.start_agent();
-    let holder = Holder::open(&env, "tcp", "10.96.0.10", 80, 15);
+    // At random, backend 1 gets none of 30 once in ~190,000 runs.
+    let holder = Holder::open(&env, "tcp", "10.96.0.10", 80, 30);
     let before = active(&env, "10.96.0.10:80/TCP");
     let gone = format!("{}:8080", backend_ip(1));
     assert!(before[&gone] > 0, "no connection reached backend 1: {before:?}");

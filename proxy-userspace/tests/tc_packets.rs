@@ -560,6 +560,46 @@ fn flows_from_outside_count_while_their_entries_live() {
     });
 }
 
+/// `spread` with `lb-algorithm: least-connections` and only the backends
+/// `ips` of its four.
+fn spread_by_load(ips: &[&str]) -> String {
+    let all = ["10.244.2.21", "10.244.2.22", "10.244.2.23", "10.244.2.24"];
+    let mut yaml = SERVICES.replace(
+        "metadata: {name: spread, namespace: t}",
+        "metadata: {name: spread, namespace: t, annotations: {ebpf-proxy.io/lb-algorithm: least-connections}}",
+    );
+    for ip in all.iter().filter(|ip| !ips.contains(ip)) {
+        yaml = yaml.replace(&format!("- {{addresses: [\"{ip}\"], nodeName: n2}}\n"), "");
+    }
+    yaml
+}
+
+/// A `least-connections` frontend sends new flows from outside away from a
+/// backend holding many: ten flows open to backend .21 while it is alone,
+/// then none of 18 new ones with all four (each other backend stays below
+/// ten, so .21 always loses the comparison).
+#[test]
+fn least_connections_from_outside_avoids_a_loaded_backend() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let frontend = sa("203.0.113.30:80");
+        let open = |node: &Node, i: u16| -> SocketAddr {
+            let client = SocketAddr::new("192.0.2.9".parse().unwrap(), 43_000 + i);
+            let (action, out) = node.ingress(&packet::frame(client, frontend, Some(SYN), b""));
+            assert_eq!(action, REDIRECT);
+            packet::parse(&out).dst
+        };
+        node.apply(&spread_by_load(&["10.244.2.21"]));
+        for i in 0..10 {
+            assert_eq!(open(node, i), sa("10.244.2.21:8080"));
+        }
+        node.apply(&spread_by_load(&["10.244.2.21", "10.244.2.22", "10.244.2.23", "10.244.2.24"]));
+        let to: Vec<SocketAddr> = (10..28).map(|i| open(node, i)).collect();
+        assert!(!to.contains(&sa("10.244.2.21:8080")), "a new flow went to the loaded backend: {to:?}");
+        assert_eq!(active_connections(node), 28);
+    });
+}
+
 /// One NodePort service with one backend, on n2: every flow from outside
 /// is source-NATed to it, from `snat_ports` (4,536 ports).
 const BUSY: &str = r#"
