@@ -15,6 +15,7 @@ use tracing::{error, info, warn};
 use crate::{
     datapath::{
         ChangeKind, Reconciler, Report,
+        active::ActiveSeries,
         loader::{Datapath, LoadOptions},
         sock_destroy::{Removed, SocketDestroyer},
     },
@@ -404,8 +405,9 @@ fn take_counters(datapath: &mut Datapath, telemetry: &Shared) {
     let mut t = telemetry.lock().expect("telemetry lock");
     t.counters = datapath.counters.take();
     t.external_stats = datapath.external_stats.take();
-    t.active = match datapath.maps.backends_fd() {
-        Ok(fd) => Some(crate::datapath::active::ActiveSeries::new(datapath.active.clone(), fd)),
+    let series = datapath.maps.backends_fd().and_then(|fd| ActiveSeries::new(datapath.active.clone(), fd));
+    t.active = match series {
+        Ok(series) => Some(series),
         Err(err) => {
             warn!(%err, "ebpf_proxy_backend_active_connections is not exported");
             None

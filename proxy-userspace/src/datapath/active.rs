@@ -157,19 +157,21 @@ impl ActiveConns {
 /// each backend (`ebpf_proxy_backend_active_connections`).
 pub struct ActiveSeries {
     counts: std::sync::Arc<ActiveConns>,
-    backends: OwnedFd,
+    backends: aya::maps::Array<MapData, Backend>,
 }
 
 impl std::fmt::Debug for ActiveSeries {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ActiveSeries")
+        f.debug_struct("ActiveSeries").field("counts", &self.counts).finish_non_exhaustive()
     }
 }
 
 impl ActiveSeries {
-    #[must_use]
-    pub const fn new(counts: std::sync::Arc<ActiveConns>, backends: OwnedFd) -> Self {
-        Self { counts, backends }
+    /// The counts, with `backends`, a descriptor of this set's `BACKENDS`.
+    pub fn new(counts: std::sync::Arc<ActiveConns>, backends: OwnedFd) -> Result<Self, MapError> {
+        let aya = |source| MapError::Aya { map: MapName::Backends, source };
+        let backends = aya::maps::Array::try_from(Map::Array(MapData::from_fd(backends).map_err(aya)?)).map_err(aya)?;
+        Ok(Self { counts, backends })
     }
 
     /// `(ADDR:PORT/PROTO, active connections)` of the live backends with
@@ -179,23 +181,17 @@ impl ActiveSeries {
     pub fn series(&self, max: usize, live: usize) -> Vec<(String, u64)> {
         let want = max.min(live);
         let mut out = Vec::with_capacity(want);
-        let mut value = [0u8; size_of::<Backend>()];
-        let mut id = 1u32;
-        while out.len() < want && id < self.counts.len {
-            if let Ok(true) = super::sys::map_lookup(self.backends.as_fd(), &id.to_ne_bytes(), &mut value) {
-                let backend = Backend {
-                    addr: proxy_common::Addr(value[..16].try_into().expect("16 bytes")),
-                    port: u16::from_ne_bytes([value[16], value[17]]),
-                    proto: value[18],
-                    ..Backend::default()
-                };
-                if let Ok(protocol) = super::codec::protocol_of(backend.proto) {
-                    let (addr, port) = super::codec::endpoint_of(&backend.addr, backend.port);
-                    let name = std::net::SocketAddr::new(addr, port).to_string();
-                    out.push((format!("{name}/{protocol}"), self.counts.get(id)));
-                }
+        for id in 1..self.counts.len.min(self.backends.len()) {
+            if out.len() >= want {
+                break;
             }
-            id += 1;
+            let Ok(backend) = self.backends.get(&id, 0) else { continue };
+            // An empty entry (protocol 0) names no backend.
+            if let Ok(protocol) = super::codec::protocol_of(backend.proto) {
+                let (addr, port) = super::codec::endpoint_of(&backend.addr, backend.port);
+                let name = std::net::SocketAddr::new(addr, port).to_string();
+                out.push((format!("{name}/{protocol}"), self.counts.get(id)));
+            }
         }
         out
     }
