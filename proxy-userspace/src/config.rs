@@ -557,6 +557,12 @@ udpIdleTimeout: 250ms
         assert_eq!(parse("kind: Deployment\n").unwrap_err().0, "kind");
         assert_eq!(parse("maglevTableSize: 1000\n").unwrap_err().0, "maglevTableSize");
         assert_eq!(parse("maglevTableSize: 1021\ndevices: [eth0]\n").unwrap().maglev_table_size, Some(1021));
+        assert_eq!(
+            parse("lbAlgorithm: least-connections\n").unwrap().lb_algorithm,
+            Some(crate::model::LbAlgorithm::LeastConnections)
+        );
+        assert_eq!(parse("nodeName: n1\n").unwrap().lb_algorithm, None);
+        assert_eq!(parse("lbAlgorithm: fastest\n").unwrap_err().0, "lbAlgorithm");
     }
 
     #[test]
