@@ -176,9 +176,9 @@ fn points_back(other: &CtValue, key: &CtKey) -> bool {
 
 /// Records a new flow: the packet's tuple as it arrived (client to
 /// frontend) translates to `value`, counted as an active connection of
-/// its backend (`ct_flags::COUNTED`) once recorded. For a source-NATed flow a free port on
-/// the SNAT address is chosen and written to `value.nat_port`; `false` when
-/// none is free.
+/// its backend (`ct_flags::COUNTED`) once recorded. For a source-NATed
+/// flow a free port on the SNAT address is chosen and written to
+/// `value.nat_port`; `false` when none is free.
 #[inline(never)]
 pub fn create(pkt: &Packet, value: &mut CtValue) -> bool {
     value.last_seen_ns = now_ns();
