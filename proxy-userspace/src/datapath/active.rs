@@ -224,3 +224,47 @@ fn map_shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<NonNull<AtomicU64>> 
     }
     NonNull::new(ptr.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
 }
+
+#[cfg(test)]
+mod tests {
+    use proxy_common::{CtKey, CtValue, ct_dir, ct_flags, proto};
+
+    use super::ended_counted;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn key(protocol: u8) -> CtKey {
+        CtKey {
+            src: proxy_common::Addr::default(),
+            dst: proxy_common::Addr::default(),
+            sport: 1,
+            dport: 2,
+            proto: protocol,
+            dir: ct_dir::ORIGINAL,
+            pad: [0; 2],
+        }
+    }
+
+    /// The sweep takes back a counted entry past its lifetime (the
+    /// programs' `ct::live`, by protocol and closing state), and nothing
+    /// else.
+    #[test]
+    fn only_counted_entries_past_their_lifetime_have_ended() {
+        let at = |flags: u8, last_seen_s: u64| CtValue { flags, last_seen_ns: last_seen_s * SEC, ..CtValue::default() };
+        let now = 100_000 * SEC;
+        let counted = ct_flags::COUNTED;
+        let closing = ct_flags::COUNTED | ct_flags::CLOSING;
+        for (protocol, value, ended) in [
+            (proto::TCP, at(counted, 100_000 - 21_599), false),
+            (proto::TCP, at(counted, 100_000 - 21_600), true),
+            (proto::TCP, at(closing, 100_000 - 9), false),
+            (proto::TCP, at(closing, 100_000 - 10), true),
+            (proto::UDP, at(counted, 100_000 - 59), false),
+            (proto::UDP, at(counted, 100_000 - 60), true),
+            (proto::UDP, at(0, 0), false),
+            (proto::TCP, at(ct_flags::CLOSING, 0), false),
+        ] {
+            assert_eq!(ended_counted(&key(protocol), &value, now), ended, "{protocol} {value:?}");
+        }
+    }
+}
