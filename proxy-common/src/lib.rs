@@ -73,6 +73,10 @@ pub mod map_names {
     /// Userspace only (the programs never read it): the service port of
     /// each frontend, for `ebpf-proxy service` with the agent stopped.
     pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
+    /// Active connections per backend id (`ACTIVE_CONNS` in the programs).
+    pub const ACTIVE_CONNS: &str = "ACTIVE_CONNS";
+    /// The backend each translated socket is counted towards (`SockConn`).
+    pub const SOCK_CONN: &str = "SOCK_CONN";
 }
 
 /// The id of a frontend's reverse translation (`REVNAT`, `SERVICE_NAMES`,
@@ -111,6 +115,10 @@ pub mod map_sizes {
     pub const MAGLEV: u32 = 65_535;
     /// loadBalancerSourceRanges entries over all frontends.
     pub const SOURCE_RANGES: u32 = 16_384;
+    /// Sockets counted as active connections (`SockConn`), one per open
+    /// translated socket; allocated as used. A socket that finds it full
+    /// is translated but not counted (so never left counted either).
+    pub const SOCK_CONN: u32 = 131_072;
 }
 
 /// IP protocol numbers as they appear in `bpf_sock_addr.protocol`.
@@ -154,6 +162,14 @@ pub mod service_flags {
     pub const SOURCE_RANGES: u16 = 1 << 7;
     /// Any of the kinds traffic from outside the node may reach.
     pub const EXTERNAL_KINDS: u16 = NODE_PORT | LOAD_BALANCER | EXTERNAL_IP;
+    /// `lb-algorithm: least-connections`: a new connection goes to the
+    /// one of two backends picked at random with fewer active connections
+    /// (`ACTIVE_CONNS`).
+    pub const LEAST_CONNECTIONS: u16 = 1 << 8;
+    /// `lb-algorithm: maglev`, recorded so that the maps say what was
+    /// asked: served as the default is (the socket programs pick at
+    /// random, traffic from outside by the Maglev table).
+    pub const MAGLEV: u16 = 1 << 9;
 }
 
 /// `Backend.flags` bits.
@@ -198,6 +214,10 @@ pub mod ct_flags {
     /// the frontend in an option. On the backend's node (reply direction,
     /// made from that option): its replies leave from the frontend.
     pub const DSR: u8 = 1 << 6;
+    /// The flow counts as an active connection of its backend
+    /// (`ACTIVE_CONNS`); cleared by whoever takes the count back when the
+    /// flow ends. Only an original-direction entry.
+    pub const COUNTED: u8 = 1 << 7;
 }
 
 /// `OutsideHandover.mode`: how the programs on the node's devices (TC and
@@ -307,6 +327,21 @@ pub mod ct_lifetime {
     /// RFC 1122 4.2.2.13); the short grace here lets the last ACK, or a
     /// lost one's retransmitted FIN, reach the right client first.
     pub const TCP_PORT_AFTER_FINS: u64 = 2;
+
+    /// How long an entry of protocol `proto` with `ct_flags` `flags` lives
+    /// after its last use, in seconds.
+    #[must_use]
+    pub const fn of(proto: u8, flags: u8) -> u64 {
+        // An SCTP association lives as long as a TCP connection (its
+        // heartbeats come every 30 s by default); its end is not tracked.
+        if proto == super::proto::UDP {
+            UDP
+        } else if flags & super::ct_flags::CLOSING != 0 {
+            TCP_CLOSING
+        } else {
+            TCP
+        }
+    }
 }
 
 /// Source ports the TC programs use for source NAT towards backends on other
@@ -777,6 +812,20 @@ impl Default for ServiceName {
     }
 }
 
+/// Value of `SOCK_CONN`, keyed by a socket's cookie: the backend the
+/// socket is counted towards in `ACTIVE_CONNS`, with its address and port,
+/// so that the count is taken back only from that backend (an id freed and
+/// handed to another backend meanwhile is left alone).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockConn {
+    pub addr: Addr,
+    /// Network byte order.
+    pub port: u16,
+    pub pad: u16,
+    pub backend_id: u32,
+}
+
 /// Bits of a `SOURCE_RANGES` prefix taken by `rev_nat`.
 pub const SOURCE_RANGE_ID_BITS: u32 = 32;
 
@@ -796,6 +845,7 @@ const _: () = assert!(core::mem::size_of::<OutsideHandover>() == 16);
 const _: () = assert!(core::mem::size_of::<SourceRange>() == 20);
 const _: () = assert!(core::mem::size_of::<ServiceName>() == 144);
 const _: () = assert!(core::mem::size_of::<RevNatId>() == 4);
+const _: () = assert!(core::mem::size_of::<SockConn>() == 24);
 
 /// Conversions between the maps' 16-byte addresses and `std::net`.
 #[cfg(feature = "user")]
@@ -840,6 +890,7 @@ mod pod {
     unsafe impl aya::Pod for super::SourceRange {}
     unsafe impl aya::Pod for super::ServiceName {}
     unsafe impl aya::Pod for super::OutsideHandover {}
+    unsafe impl aya::Pod for super::SockConn {}
 }
 
 #[cfg(test)]

@@ -5,10 +5,10 @@ use aya_ebpf::{
     bindings::{bpf_fib_lookup, bpf_redir_neigh},
     helpers::generated::{
         bpf_csum_diff, bpf_fib_lookup as fib_lookup_helper, bpf_get_netns_cookie, bpf_get_prandom_u32,
-        bpf_get_smp_processor_id, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_neigh,
+        bpf_get_smp_processor_id, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_loop, bpf_redirect, bpf_redirect_neigh,
         bpf_set_retval, bpf_skb_adjust_room, bpf_skb_change_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
-    programs::{SockAddrContext, TcContext, XdpContext},
+    programs::{SockAddrContext, SockContext, TcContext, XdpContext},
 };
 use proxy_common::{Addr, as_v4, mapped_v4};
 
@@ -95,6 +95,14 @@ impl<'a> SockAddr<'a> {
 #[inline(always)]
 pub fn socket_cookie(ctx: &SockAddrContext) -> u64 {
     // SAFETY: valid for sock_addr programs (bpf_get_socket_cookie_sock_addr).
+    unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
+}
+
+/// The cookie of a `cgroup/sock_*` program's socket: the same value
+/// `socket_cookie` gives at connect and sendmsg.
+#[inline(always)]
+pub fn sock_cookie(ctx: &SockContext) -> u64 {
+    // SAFETY: valid for cgroup sock programs (bpf_get_socket_cookie_sock).
     unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
 }
 
@@ -376,4 +384,16 @@ pub fn redirect(route: &Route) -> i32 {
         }
     };
     redirect_neigh(route.ifindex, &mut nh)
+}
+
+/// Runs `step` `count` times on `state` (`bpf_loop`, Linux 5.17): the
+/// verifier checks `step` once, whatever `count`, where an unrolled or
+/// bounded loop is walked step by step at every call site.
+#[inline(always)]
+pub fn repeat<T>(count: u32, step: extern "C" fn(u64, *mut T) -> i64, state: &mut T) {
+    // SAFETY: `step` takes (index, the state pointer), as bpf_loop calls
+    // it; `state` outlives the call, which does not keep it.
+    unsafe {
+        bpf_loop(count, step as *mut core::ffi::c_void, core::ptr::from_mut(state).cast(), 0);
+    }
 }

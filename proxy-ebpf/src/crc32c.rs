@@ -9,6 +9,7 @@
 use proxy_common::proto;
 
 use crate::{
+    access::repeat,
     frame::Frame,
     packet::{Family, Packet, RewriteFailed},
 };
@@ -44,14 +45,14 @@ const fn powers(step: u32) -> [u32; 256] {
 const CHECKSUM: usize = 8;
 
 /// All ones when bit 0 of `bit` is set, else 0: a choice without a
-/// branch, so the verifier walks each step once.
+/// branch (a branch per bit doubles what the verifier explores).
 #[inline(always)]
 const fn mask(bit: u32) -> u32 {
     (bit & 1).wrapping_neg()
 }
 
-/// `a * b` modulo the polynomial (bit-reflected: bit 31 is `x^0`).
-#[inline(always)]
+/// `a * b` modulo the polynomial (bit-reflected: bit 31 is `x^0`), at
+/// compile time (the tables above).
 const fn mul(a: u32, mut b: u32) -> u32 {
     let mut product = 0;
     let mut i = 0;
@@ -63,11 +64,40 @@ const fn mul(a: u32, mut b: u32) -> u32 {
     product
 }
 
+/// A multiplication in progress, one bit of `a` a step (`mul_step`).
+#[repr(C)]
+struct Multiplication {
+    a: u32,
+    b: u32,
+    product: u32,
+}
+
+/// Step `i` of `a * b`: the verifier checks it once (`repeat`), where the
+/// 32 steps inline were walked at every call site of every program (over
+/// the million instructions it allows `nodeport_ingress`).
+extern "C" fn mul_step(i: u64, p: *mut Multiplication) -> i64 {
+    // SAFETY: `repeat` passes the `Multiplication` it was given.
+    let p = unsafe { &mut *p };
+    #[expect(clippy::cast_possible_truncation, reason = "below 32")]
+    let bit = 31u32.wrapping_sub(i as u32) & 31;
+    p.product ^= p.b & mask(p.a >> bit);
+    p.b = (p.b >> 1) ^ (POLY & mask(p.b));
+    0
+}
+
+/// `a * b` modulo the polynomial, in the programs.
+#[inline(always)]
+fn mul_run(a: u32, b: u32) -> u32 {
+    let mut p = Multiplication { a, b, product: 0 };
+    repeat(32, mul_step, &mut p);
+    p.product
+}
+
 /// `x^(8 * len)` modulo the polynomial.
 #[inline(always)]
 fn x_pow_bytes(len: u16) -> u32 {
     let [low, high] = len.to_le_bytes();
-    mul(LOW[usize::from(low)], HIGH[usize::from(high)])
+    mul_run(LOW[usize::from(low)], HIGH[usize::from(high)])
 }
 
 /// Updates the packet's SCTP checksum for its source (`src`) or
@@ -97,7 +127,7 @@ pub fn port_changed<F: Frame>(ctx: &F, pkt: &Packet, src: bool, xor: u16) -> Res
     // register takes them (little-endian).
     let b = xor.to_ne_bytes();
     let change = if src { [b[0], b[1], 0, 0] } else { [0, 0, b[0], b[1]] };
-    let delta = mul(x_pow_bytes(len), u32::from_le_bytes(change));
+    let delta = mul_run(x_pow_bytes(len), u32::from_le_bytes(change));
     // The checksum is stored as the CRC's little-endian bytes.
     let old: [u8; 4] = ctx.load(pkt.l4 + CHECKSUM)?;
     let new = (u32::from_le_bytes(old) ^ delta).to_le_bytes();

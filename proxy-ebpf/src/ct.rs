@@ -10,7 +10,7 @@ use proxy_common::{Addr, CtKey, CtValue, ct_dir, ct_flags, ct_lifetime, flow_has
 
 use crate::{
     access::now_ns,
-    maps::{ct_insert, ct_update},
+    maps::{count_flow, ct_insert, ct_update, uncount_active},
     packet::{Packet, TCP_FIN, TCP_RST},
 };
 
@@ -27,16 +27,7 @@ const SNAT_TRIES: u32 = 64;
 
 #[inline(always)]
 fn lifetime_ns(protocol: u8, flags: u8) -> u64 {
-    // An SCTP association lives as long as a TCP connection (its
-    // heartbeats come every 30 s by default); its end is not tracked.
-    let seconds = if protocol == proto::UDP {
-        ct_lifetime::UDP
-    } else if flags & ct_flags::CLOSING != 0 {
-        ct_lifetime::TCP_CLOSING
-    } else {
-        ct_lifetime::TCP
-    };
-    seconds * NS_PER_SEC
+    ct_lifetime::of(protocol, flags) * NS_PER_SEC
 }
 
 #[inline(always)]
@@ -87,6 +78,15 @@ pub fn lookup(pkt: &Packet, dir: u8, out: &mut CtValue) -> bool {
     let mut touch_other = false;
     let found = ct_update(key, |entry| {
         if !live(entry, key.proto, now) {
+            // A counted flow that ended unseen: its count is taken back
+            // here, once (the agent's sweep takes back those no packet
+            // comes back for: docs/design.md, "Balancing by load"). In
+            // place: a copy of the entry would grow the frame of every
+            // caller, on the programs' deepest call chains.
+            if entry.flags & ct_flags::COUNTED != 0 {
+                entry.flags &= !ct_flags::COUNTED;
+                uncount_active(entry.backend_id, &entry.addr, entry.port);
+            }
             return false;
         }
         if entry.flags & closing != closing {
@@ -106,6 +106,19 @@ pub fn lookup(pkt: &Packet, dir: u8, out: &mut CtValue) -> bool {
         update_other(key, out, closing, now);
     }
     found
+}
+
+/// The flow whose original entry has `key` ends before its entry expires
+/// (a new flow takes over its tuple: a SYN on a closing one, one whose
+/// backend went): its active connection is taken back, once.
+#[inline(never)]
+fn end_count(key: &CtKey) {
+    ct_update(key, |entry| {
+        if entry.flags & ct_flags::COUNTED != 0 {
+            entry.flags &= !ct_flags::COUNTED;
+            uncount_active(entry.backend_id, &entry.addr, entry.port);
+        }
+    });
 }
 
 /// Marks the packet's flow (unless it has an entry already) as
@@ -162,12 +175,18 @@ fn points_back(other: &CtValue, key: &CtKey) -> bool {
 }
 
 /// Records a new flow: the packet's tuple as it arrived (client to
-/// frontend) translates to `value`. For a source-NATed flow a free port on
-/// the SNAT address is chosen and written to `value.nat_port`; `false` when
-/// none is free.
+/// frontend) translates to `value`, counted as an active connection of
+/// its backend (`ct_flags::COUNTED`) once recorded. For a source-NATed
+/// flow a free port on the SNAT address is chosen and written to
+/// `value.nat_port`; `false` when none is free.
 #[inline(never)]
 pub fn create(pkt: &Packet, value: &mut CtValue) -> bool {
     value.last_seen_ns = now_ns();
+    // Counted here, not in `nodeport::new_flow`, whose frame is on the
+    // programs' deepest call chain (docs/design.md, "Balancing by load").
+    let key = &pkt.ct_key(ct_dir::ORIGINAL);
+    end_count(key);
+    value.flags |= ct_flags::COUNTED;
     if value.flags & ct_flags::SNAT == 0 {
         if !insert_reply(pkt, value) {
             return false;
@@ -179,7 +198,11 @@ pub fn create(pkt: &Packet, value: &mut CtValue) -> bool {
         }
         value.nat_port = port;
     }
-    ct_insert(&pkt.ct_key(ct_dir::ORIGINAL), value, false)
+    let created = ct_insert(key, value, false);
+    if created {
+        count_flow(value.backend_id);
+    }
+    created
 }
 
 /// The reply entry of a new flow: from the backend back to the frontend

@@ -3,12 +3,20 @@
 //! (map lookups and in-place updates), nowhere else.
 #![no_std]
 #![no_main]
+// The bpf target has atomic adds (BPF_ATOMIC) but no compare-and-swap
+// before cpu v3, so core's atomic types lack `fetch_add` there: the active
+// connection counts (`maps.rs`) call the intrinsic behind it.
+// (Only there: the workspace's clippy and tests build this crate for the
+// host on stable, where `AtomicU64` has it.)
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", expect(internal_features, reason = "core_intrinsics, for atomic_xadd (see above)"))]
 // Every small function is inlined on purpose: a BPF-to-BPF call costs
 // stack and verifier work, and the big steps are `#[inline(never)]`
 // instead (each is verified once).
 #![expect(clippy::inline_always, reason = "BPF: inlining is chosen per function, see above")]
 
 mod access;
+mod balance;
 mod crc32c;
 mod ct;
 mod frame;
@@ -23,8 +31,8 @@ mod xdp;
 
 use aya_ebpf::{
     Global,
-    macros::{cgroup_sock_addr, classifier, xdp},
-    programs::{SockAddrContext, TcContext, XdpContext},
+    macros::{cgroup_sock, cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, SockContext, TcContext, XdpContext},
 };
 
 /// Set to 1 by the agent's `--bpf-log`. It is read-only data, frozen at load,
@@ -125,6 +133,16 @@ pub fn getpeername4(ctx: SockAddrContext) -> i32 {
 #[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     sock::restore(&ctx, Family::V6)
+}
+
+/// A socket of the cgroup is released: the active connection it counted
+/// (`ACTIVE_CONNS`) is taken back. Runs for every socket, however it ends
+/// (close, exit, SIGKILL).
+#[cgroup_sock(sock_release)]
+#[expect(clippy::needless_pass_by_value, reason = "aya\'s program macros hand the context by value")]
+pub fn sock_release(ctx: SockContext) -> i32 {
+    sock::release(&ctx);
+    1
 }
 
 /// Traffic from outside arriving on a node device: NodePorts, LoadBalancer

@@ -5,13 +5,14 @@
 //! code): lookups copy the value out, in-place updates go through
 //! `ct_update`.
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_EXIST, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST},
     macros::map,
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, CtKey, CtValue, OutsideHandover, RevNat, RevNatId, SOURCE_RANGE_ID_BITS,
-    ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, SourceRange, external_stat, map_sizes,
+    ServiceKey, ServiceValue, SockBackendKey, SockConn, SockRevNat, SockRevNatKey, SourceRange, external_stat,
+    map_sizes,
 };
 
 /// Entries are allocated as they are written (BPF_F_NO_PREALLOC): the
@@ -77,6 +78,23 @@ pub static EXTERNAL_STATS: PerCpuArray<u64> = PerCpuArray::pinned(external_stat:
 #[map]
 static OUTSIDE_HANDOVER: Array<OutsideHandover> = Array::pinned(1, 0);
 
+/// Active connections per backend id (docs/design.md, "Balancing by
+/// load"): sockets counted while open (`SOCK_CONN`), flows from outside
+/// while their `CT` entry lives (`ct_flags::COUNTED`). Sized like
+/// `BACKENDS` by the agent. Mmapable: the agent takes back the counts of
+/// flows whose entries expired unseen with an atomic subtraction on the
+/// same memory, never a read-modify-write through the syscall that could
+/// lose a program's increment.
+#[map]
+pub static ACTIVE_CONNS: Array<u64> = Array::pinned(map_sizes::BACKENDS, BPF_F_MMAPABLE);
+
+/// The backend each open translated socket is counted towards, by socket
+/// cookie; `sock_release` takes the count back. Not an LRU: an evicted
+/// entry would leave its count up for good; when it is full a socket is
+/// translated uncounted instead.
+#[map]
+pub static SOCK_CONN: HashMap<u64, SockConn> = HashMap::pinned(map_sizes::SOCK_CONN, BPF_F_NO_PREALLOC);
+
 /// The handover mode now in force (`handover_mode`): `HANDOVER` past its
 /// end counts as `OFF`.
 #[inline(always)]
@@ -134,6 +152,116 @@ pub fn count_connection(rev_nat: RevNatId) {
         // that interrupts a socket program there (softirq) can at worst
         // make one increment of the two count once.
         unsafe { *counter += 1 };
+    }
+}
+
+/// Backend `id`'s active connections.
+#[inline(always)]
+pub fn active_connections(id: u32) -> u64 {
+    ACTIVE_CONNS.get(id).copied().unwrap_or(0)
+}
+
+/// Adds `n` (wrapping) to `*ptr` atomically; the result is unused, so on
+/// the bpf target it is one atomic add (BPF_ATOMIC `BPF_ADD`, cpu v1).
+/// The bpf target has no compare-and-swap before cpu v3, so core's
+/// `AtomicU64` offers no `fetch_add` there: the intrinsic behind it is
+/// called instead.
+///
+/// # Safety
+/// `ptr` is a valid, aligned `u64` that others change only atomically.
+#[inline(always)]
+unsafe fn atomic_add(ptr: *mut u64, n: u64) {
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: as the caller promises.
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(ptr, n);
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    // SAFETY: as the caller promises.
+    unsafe {
+        core::sync::atomic::AtomicU64::from_ptr(ptr).fetch_add(n, core::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Counts one more active connection of backend `id`.
+#[inline(always)]
+fn count_active(id: u32) {
+    if let Some(ptr) = ACTIVE_CONNS.get_ptr_mut(id) {
+        // SAFETY: an aligned u64 inside the array's value memory, valid
+        // while the program runs; other CPUs and the agent only change it
+        // atomically.
+        unsafe { atomic_add(ptr, 1) };
+    }
+}
+
+/// Takes back one active connection of backend `id`, if the backend at
+/// that id is still the one at `addr`:`port` (an id freed and handed out
+/// again has its count cleared: docs/design.md, "Balancing by load"),
+/// never below zero.
+#[inline(always)]
+pub fn uncount_active(id: u32, addr: &proxy_common::Addr, port: u16) {
+    // Compared in place, not copied out: callers sit on deep call chains.
+    let Some(b) = BACKENDS.get(id) else { return };
+    if b.proto == 0 || b.addr != *addr || b.port != port {
+        return;
+    }
+    if let Some(ptr) = ACTIVE_CONNS.get_ptr_mut(id) {
+        // SAFETY: as in `count_active`. Read, then subtract: two takers
+        // of the last count at once could both pass the test, but each
+        // count has one taker (whoever deletes its memo or clears its
+        // flag), so only a stale one could race (docs/design.md).
+        unsafe {
+            // A volatile load: an aligned word is read whole, and BPF before
+            // cpu v3 has no atomic load instruction to select.
+            if ptr.read_volatile() != 0 {
+                atomic_add(ptr, u64::MAX);
+            }
+        }
+    }
+}
+
+/// Counts a new flow from outside towards its backend.
+#[inline(always)]
+pub fn count_flow(backend_id: u32) {
+    count_active(backend_id);
+}
+
+/// Counts the socket `cookie` towards backend `id` at `target` (one count
+/// per socket: a socket translated again, a UDP socket that connects
+/// elsewhere or sends to another service, moves its count). Counted only
+/// when the memo is written, so that `sock_release` takes back exactly
+/// what was counted. The maps take the key and value by reference here:
+/// moved in by value (as clippy would have them), they are copied onto
+/// the frame of `connect6`, which then passes the verifier's stack bound.
+#[inline(always)]
+#[expect(clippy::needless_borrows_for_generic_args, reason = "see above")]
+pub fn count_socket(cookie: u64, id: u32, target: &Backend) {
+    let conn = SockConn { addr: target.addr, port: target.port, pad: 0, backend_id: id };
+    // SAFETY: as for the lookups below.
+    if let Some(old) = unsafe { SOCK_CONN.get(&cookie) }.copied() {
+        if old == conn {
+            return;
+        }
+        if SOCK_CONN.insert(&cookie, &conn, u64::from(BPF_EXIST)).is_ok() {
+            count_active(id);
+            uncount_active(old.backend_id, &old.addr, old.port);
+        }
+        return;
+    }
+    if SOCK_CONN.insert(&cookie, &conn, u64::from(BPF_NOEXIST)).is_ok() {
+        count_active(id);
+    }
+}
+
+/// The socket `cookie` is released: its count, if any, is taken back by
+/// whoever deletes its memo (once).
+#[inline(always)]
+#[expect(clippy::needless_borrows_for_generic_args, reason = "as in `count_socket`")]
+pub fn uncount_socket(cookie: u64) {
+    // SAFETY: as for the lookups below.
+    let Some(conn) = (unsafe { SOCK_CONN.get(&cookie) }).copied() else { return };
+    if SOCK_CONN.remove(&cookie).is_ok() {
+        uncount_active(conn.backend_id, &conn.addr, conn.port);
     }
 }
 

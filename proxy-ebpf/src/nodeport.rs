@@ -41,7 +41,7 @@ use proxy_common::{
 use crate::{
     CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS,
     access::{ROUTE_NOT_FORWARDED, Route, now_ns, route_status},
-    ct,
+    balance, ct,
     frame::{Frame, drop_packet},
     icmp,
     maps::{backend, count_connection, maglev_entry, outside_handover_mode, service, source_allowed},
@@ -401,8 +401,7 @@ fn new_flow<F: Frame>(ctx: &F, pkt: &Packet, key: &ServiceKey, frontend: &Servic
         // No (local) endpoint: dropped, as kube-proxy drops it.
         return external_stat::NO_BACKEND;
     }
-    let backend_id =
-        if F::FROM_POD { pod::pick_backend(pkt, key, frontend) } else { pick_backend(pkt, pkt.dport, key, frontend) };
+    let backend_id = choose_backend::<F>(pkt, key, frontend);
     let Some(target) = backend(backend_id) else { return external_stat::NO_BACKEND };
     *flow =
         CtValue { addr: target.addr, port: target.port, rev_nat: frontend.rev_nat, backend_id, ..CtValue::default() };
@@ -461,6 +460,33 @@ fn snat_address<F: Frame>(ctx: &F, pkt: &Packet, flow: &mut CtValue) -> Way {
         ROUTE_NOT_FORWARDED => Way::Here,
         _ => Way::Unroutable,
     }
+}
+
+/// The backend id of a new flow (0: none). Out of line, one call in
+/// `new_flow`, whose frame is on the deepest call chain.
+#[inline(never)]
+fn choose_backend<F: Frame>(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
+    if F::FROM_POD {
+        // As the socket programs choose (`balance`), affinity first.
+        pod::pick_backend(pkt, key, frontend)
+    } else if frontend.flags & service_flags::LEAST_CONNECTIONS != 0 && !wants_dsr(pkt.proto) {
+        // By load. Not with DSR: the backend's node accepts a DSR flow
+        // only to the backend the frontend's Maglev table picks for it
+        // (or one in its first slots, `dsr_backend`).
+        least_loaded(key, frontend)
+    } else {
+        pick_backend(pkt, pkt.dport, key, frontend)
+    }
+}
+
+/// The backend id of a new flow to a `least-connections` frontend
+/// (`balance::least_connections`); 0 when none. Out of line, so that
+/// `new_flow`'s frame (on the deepest call chain, to the source NAT
+/// port's search) does not hold its key and lookups.
+#[inline(never)]
+fn least_loaded(key: &ServiceKey, frontend: &ServiceValue) -> u32 {
+    let mut slots = *key;
+    balance::least_connections(&mut slots, frontend).unwrap_or(0)
 }
 
 /// The backend id of a new flow of `pkt` to frontend port `port` (the

@@ -12,9 +12,10 @@
 //!   the socket programs look it up): ClusterIPs, externalIPs,
 //!   LoadBalancer IPs and NodePorts on the node's addresses; an
 //!   externalIP left to its real owner (`EXTERNAL_ONLY`) is passed;
-//! - the backend is chosen as the socket programs choose it: a random
-//!   slot, or the client's affine backend (`sessionAffinity: ClientIP`,
-//!   the client named by its address, not its network namespace);
+//! - the backend is chosen as the socket programs choose it: the client's
+//!   affine backend (`sessionAffinity: ClientIP`, the client named by its
+//!   address, not its network namespace), else by the frontend's
+//!   algorithm (`balance.rs`: a random slot, or least connections);
 //! - no source NAT, so backends see the pod's address, except for hairpin
 //!   (a pod reaching itself through its service): its packets would come
 //!   back with its own address as source, which its stack drops as
@@ -26,7 +27,7 @@
 use proxy_common::{Addr, AffinityKey, AffinityValue, ServiceKey, ServiceValue, service_flags};
 
 use crate::{
-    access::{now_ns, random_u32},
+    access::now_ns,
     maps::{affinity, backend, remember_affinity, service},
     packet::Packet,
 };
@@ -73,14 +74,12 @@ pub fn pick_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> 
     id
 }
 
-/// The backend id in a random slot of the frontend; 0 when none.
+/// The backend id for a new flow by the frontend's algorithm (a random
+/// slot, or the less loaded of two: `balance`); 0 when none.
 #[inline(always)]
 fn random_slot(key: &ServiceKey, frontend: &ServiceValue) -> u32 {
-    // `checked_rem`: a plain `%` carries a panic path the verifier refuses.
-    let Some(index) = random_u32().checked_rem(u32::from(frontend.count)) else { return 0 };
-    #[expect(clippy::cast_possible_truncation, reason = "below count, a u16")]
-    let index = index as u16;
-    service(&key.slots_of(index)).map_or(0, |v| v.slot_id(index))
+    let mut slots = *key;
+    crate::balance::choose(&mut slots, frontend).unwrap_or(0)
 }
 
 /// A client's name in `AFFINITY` for the per-packet path: its address,

@@ -4,20 +4,20 @@
 //! getpeername). One code path for both families: addresses are 16 bytes,
 //! IPv4 as IPv4-mapped IPv6, so an IPv6 socket dialling `::ffff:a.b.c.d`
 //! finds the IPv4 service too.
-use aya_ebpf::programs::SockAddrContext;
+use aya_ebpf::programs::{SockAddrContext, SockContext};
 use aya_log_ebpf::debug;
 use proxy_common::{
-    Addr, AffinityKey, AffinityValue, Backend, SLOTS_PER_ENTRY, ServiceKey, ServiceValue, SockBackendKey, SockRevNat,
-    SockRevNatKey, as_v4, proto, service_flags,
+    Addr, AffinityKey, AffinityValue, Backend, ServiceKey, ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey,
+    as_v4, proto, service_flags,
 };
 
 use crate::{
     SOCKET_LB_NETNS,
-    access::{Family, SockAddr, netns_cookie, now_ns, random_u32, set_syscall_error, socket_cookie},
+    access::{Family, SockAddr, netns_cookie, now_ns, set_syscall_error, sock_cookie, socket_cookie},
     log_enabled,
     maps::{
-        affinity, backend, count_connection, remember_affinity, remember_sock_backend, remember_sock_revnat, service,
-        sock_backend, sock_revnat,
+        affinity, backend, count_connection, count_socket, remember_affinity, remember_sock_backend,
+        remember_sock_revnat, service, sock_backend, sock_revnat, uncount_socket,
     },
 };
 
@@ -40,8 +40,7 @@ pub enum Hook {
 /// Translates the destination of a connect or an unconnected send.
 #[inline(always)]
 pub fn translate(ctx: &SockAddrContext, hook: Hook, family: Family) -> i32 {
-    let only_netns = SOCKET_LB_NETNS.load();
-    if only_netns != 0 && netns_cookie(ctx) != only_netns {
+    if outside_socket_lb(ctx) {
         // `--socket-lb host-namespace`: a pod's socket keeps the service
         // address; its packets are translated on the pod-facing device.
         return ALLOW;
@@ -83,6 +82,7 @@ pub fn translate(ctx: &SockAddrContext, hook: Hook, family: Family) -> i32 {
     if !reused {
         // A new connection, or the first datagram of an unconnected socket.
         count_connection(frontend.rev_nat);
+        count_socket(cookie, backend_id, &target);
     }
     if hook == Hook::Sendmsg {
         remember_sock_backend(&sticky, backend_id);
@@ -93,6 +93,15 @@ pub fn translate(ctx: &SockAddrContext, hook: Hook, family: Family) -> i32 {
         log_translation(ctx, &addr, port, &target.addr, target.port);
     }
     ALLOW
+}
+
+/// Whether the socket is outside what the socket programs translate
+/// (`--socket-lb host-namespace`: sockets of other network namespaces).
+/// Out of line: `translate`'s frame is near the verifier's stack bound.
+#[inline(never)]
+fn outside_socket_lb(ctx: &SockAddrContext) -> bool {
+    let only_netns = SOCKET_LB_NETNS.load();
+    only_netns != 0 && netns_cookie(ctx) != only_netns
 }
 
 /// Logs `SERVICE -> BACKEND`, IPv4 as IPv4 (not as IPv4-mapped IPv6).
@@ -107,7 +116,9 @@ fn log_translation(ctx: &SockAddrContext, from: &Addr, from_port: u16, to: &Addr
 }
 
 /// The backend for this socket: the one an unconnected UDP socket already
-/// uses, else the client's affine one, else a random slot. A remembered
+/// uses, else the client's affine one, else one picked by the frontend's
+/// algorithm (`balance::choose`: a random slot, or the less loaded of
+/// two). A remembered
 /// backend that is gone (the agent purges such memos right after a sync,
 /// this covers the moment between) is passed over. The flag tells whether
 /// the socket's remembered backend was reused.
@@ -145,18 +156,21 @@ fn choose_backend(
     Some((id, b, false))
 }
 
-/// The backend id in a random slot of the frontend.
+/// The backend id for a new connection: by the frontend's algorithm
+/// (`balance::choose`).
 #[inline(always)]
 fn random_slot(key: &mut ServiceKey, frontend: &ServiceValue) -> Option<u32> {
-    #[expect(clippy::cast_possible_truncation, reason = "the remainder is below count, a u16")]
-    let index = (random_u32() % u32::from(frontend.count)) as u16;
-    // The entry holding backend `index` (`ServiceKey::slots_of`, in place:
-    // the key stays one copy on the stack).
-    key.slot = index / SLOTS_PER_ENTRY + 1;
-    // Backends 0..count are written before slot 0 announces count, so this
-    // misses only if the agent broke that order; then leave the destination
-    // alone (it has no route and fails on its own).
-    Some(service(key)?.slot_id(index))
+    // A miss (the agent broke the write order) leaves the destination
+    // alone: it has no route and fails on its own.
+    crate::balance::choose(key, frontend)
+}
+
+/// A socket is released (closed, or its process killed): the active
+/// connection it counted, if any, is taken back (`cgroup/sock_release`
+/// runs for every socket of the cgroup, whatever ends it).
+#[inline(always)]
+pub fn release(ctx: &SockContext) {
+    uncount_socket(sock_cookie(ctx));
 }
 
 /// Shows the service address where the socket sees its peer: the source of

@@ -15,6 +15,7 @@ use tracing::{error, info, warn};
 use crate::{
     datapath::{
         ChangeKind, Reconciler, Report,
+        active::ActiveSeries,
         loader::{Datapath, LoadOptions},
         sock_destroy::{Removed, SocketDestroyer},
     },
@@ -84,6 +85,9 @@ pub struct AgentConfig {
     pub take_over_from_kube_proxy: Option<Option<Duration>>,
     /// Where `ebpf-proxy explain` asks for the reasons (`None`: not served).
     pub explain_socket: Option<PathBuf>,
+    /// How services without the lb-algorithm annotation balance
+    /// (`--lb-algorithm`).
+    pub lb_algorithm: crate::model::LbAlgorithm,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -190,6 +194,7 @@ async fn run_with(
         node_port_addresses: config.node_port_addresses.clone(),
         local_addrs: crate::local_addrs::ips(local_addrs.current()),
         external_ips_local_only: config.external_ips_local_only,
+        lb_algorithm: config.lb_algorithm,
     };
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
     // SIGHUP: a drift audit now (installed once the maps are read, so an
@@ -199,9 +204,16 @@ async fn run_with(
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let (_explain_server, mut explain_requests) = crate::explain_socket::start(config.explain_socket.as_deref());
     let mut observers = Observers::new(config, telemetry);
+    let mut sweep = tokio::time::interval(crate::datapath::active::SWEEP_INTERVAL);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let wake = tokio::select! {
             () = &mut shutdown => break,
+            // Only flows from outside need it: none without a device.
+            _ = sweep.tick(), if observers.devices.as_ref().is_some_and(|d| !d.is_empty()) => {
+                sweep_ended_flows(&datapath);
+                continue;
+            }
             wake = pipeline.wait(&mut source) => wake,
             () = sleep_until(takeover.as_ref().and_then(crate::takeover::pending::Pending::retry_at)) => {
                 take_over(&mut takeover, None, &pipeline, &mut datapath, metrics)?;
@@ -216,12 +228,7 @@ async fn run_with(
                 continue;
             }
             () = pod_links.changed() => {
-                if observers.attached {
-                    let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
-                    observers.attach_pod_devices(&config.pod_devices, &mut datapath, &node_ips);
-                    telemetry.lock().expect("telemetry lock").pod_devices =
-                        observers.pod_devices.as_ref().map_or(0, Vec::len);
-                }
+                observers.links_changed(config, &mut datapath, &pipeline, telemetry);
                 continue;
             }
             addrs = local_addrs.changed() => {
@@ -286,6 +293,17 @@ fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Rec
         "read the pinned maps"
     );
     Ok(reconciler)
+}
+
+/// Takes back the active connections of flows from outside that ended
+/// unseen (docs/design.md, "Balancing by load"); a failure is logged and
+/// the next sweep tries again.
+fn sweep_ended_flows(datapath: &Datapath) {
+    match datapath.sweep_ended_flows() {
+        Ok(0) => {}
+        Ok(taken) => tracing::debug!(taken, "active connections of ended flows taken back"),
+        Err(err) => warn!(%err, "cannot take back the active connections of ended flows from outside"),
+    }
 }
 
 /// Frees a sync's report; one of many changes (a relist that changed
@@ -387,6 +405,14 @@ fn take_counters(datapath: &mut Datapath, telemetry: &Shared) {
     let mut t = telemetry.lock().expect("telemetry lock");
     t.counters = datapath.counters.take();
     t.external_stats = datapath.external_stats.take();
+    let series = datapath.maps.backends_fd().and_then(|fd| ActiveSeries::new(datapath.active.clone(), fd));
+    t.active = match series {
+        Ok(series) => Some(series),
+        Err(err) => {
+            warn!(%err, "ebpf_proxy_backend_active_connections is not exported");
+            None
+        }
+    };
 }
 
 /// What reacts to a sync, besides telemetry.
@@ -436,6 +462,22 @@ impl Observers {
         self.attach_pod_devices(&config.pod_devices, datapath, &node_ips);
         self.health_checks.update(&pipeline.model().health_checks()).await;
         Ok(())
+    }
+
+    /// A link came, went or changed: the pod-facing devices are chosen
+    /// again (once the programs are attached).
+    fn links_changed(
+        &mut self,
+        config: &AgentConfig,
+        datapath: &mut Datapath,
+        pipeline: &Pipeline,
+        telemetry: &Shared,
+    ) {
+        if self.attached {
+            let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
+            self.attach_pod_devices(&config.pod_devices, datapath, &node_ips);
+            telemetry.lock().expect("telemetry lock").pod_devices = self.pod_devices.as_ref().map_or(0, Vec::len);
+        }
     }
 
     /// Attaches the per-packet programs to the pod-facing devices when the

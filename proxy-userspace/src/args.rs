@@ -595,6 +595,36 @@ pub struct RunArgs {
     /// /run/ebpf-proxy/agent.sock.
     #[arg(long, value_name = "PATH", env = "EBPF_PROXY_EXPLAIN_SOCKET")]
     pub explain_socket: Option<PathBuf>,
+    /// How a service picks a backend for each new connection unless its
+    /// annotation ebpf-proxy.io/lb-algorithm says otherwise. `random`: a
+    /// backend at random (traffic from outside: by the Maglev table), as
+    /// kube-proxy does. `least-connections`: of two backends picked at
+    /// random, the one with fewer active connections (open sockets on this
+    /// node and flows from outside it serves; traffic from outside with
+    /// --nodeport-mode dsr, or hybrid for TCP, keeps the Maglev table).
+    /// `maglev`: as random (Cilium's name). Default: the config file's
+    /// lbAlgorithm, else random.
+    #[arg(long, value_enum, value_name = "ALGORITHM")]
+    pub lb_algorithm: Option<LbAlgorithm>,
+}
+
+/// `--lb-algorithm` (`crate::model::LbAlgorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum LbAlgorithm {
+    #[default]
+    Random,
+    LeastConnections,
+    Maglev,
+}
+
+impl From<LbAlgorithm> for crate::model::LbAlgorithm {
+    fn from(algorithm: LbAlgorithm) -> Self {
+        match algorithm {
+            LbAlgorithm::Random => Self::Random,
+            LbAlgorithm::LeastConnections => Self::LeastConnections,
+            LbAlgorithm::Maglev => Self::Maglev,
+        }
+    }
 }
 
 fn parse_audit_interval(text: &str) -> Result<std::time::Duration, String> {
@@ -707,6 +737,20 @@ mod tests {
             "one or the other"
         );
         assert!(cli.check().is_ok());
+    }
+
+    #[test]
+    fn lb_algorithm_names_are_the_annotations() {
+        for algorithm in crate::model::LbAlgorithm::ALL {
+            let parsed = Cli::try_parse_from(["ebpf-proxy", "run", "--lb-algorithm", algorithm.as_str()]);
+            match parsed.map(|c| c.command) {
+                Ok(Some(Command::Run(r))) => {
+                    assert_eq!(r.lb_algorithm.map(crate::model::LbAlgorithm::from), Some(algorithm));
+                }
+                other => panic!("{algorithm}: {other:?}"),
+            }
+        }
+        assert!(Cli::try_parse_from(["ebpf-proxy", "run", "--lb-algorithm", "round-robin"]).is_err());
     }
 
     #[test]

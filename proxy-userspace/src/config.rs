@@ -84,6 +84,8 @@ pub struct FileConfig {
     pub maglev_table_size: Option<usize>,
     pub ct_map_size: Option<u32>,
     pub max_service_series: Option<usize>,
+    /// `--lb-algorithm`: how services without the annotation balance.
+    pub lb_algorithm: Option<crate::model::LbAlgorithm>,
     /// The API server to dial instead of the one the in-cluster config or
     /// the kubeconfig names (`HOST:PORT`).
     pub api_server_endpoint: Option<String>,
@@ -133,6 +135,7 @@ struct Raw {
     ct_map_size: Option<u32>,
     max_service_series: Option<usize>,
     api_server_endpoint: Option<String>,
+    lb_algorithm: Option<String>,
     // kube-proxy's
     healthz_bind_address: Option<String>,
     metrics_bind_address: Option<String>,
@@ -240,6 +243,14 @@ fn pod_path(
     Ok(())
 }
 
+/// `lbAlgorithm`: one of `--lb-algorithm`'s values.
+fn lb_algorithm(value: &str) -> Result<crate::model::LbAlgorithm, (String, String)> {
+    crate::model::LbAlgorithm::parse(value).ok_or_else(|| {
+        let known: Vec<&str> = crate::model::LbAlgorithm::ALL.iter().map(|a| a.as_str()).collect();
+        ("lbAlgorithm".to_owned(), format!("{value:?}: expected one of {}", known.join(", ")))
+    })
+}
+
 /// Parses the file; an error is (field, message).
 pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     let raw: Raw = serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text))
@@ -273,6 +284,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     };
     check_values(&cfg)?;
     pod_path(&mut cfg, raw.socket_lb.as_deref(), raw.pod_devices, raw.cluster_cidr.as_deref())?;
+    cfg.lb_algorithm = raw.lb_algorithm.as_deref().map(lb_algorithm).transpose()?;
     if let Some(m) = raw.maglev_table_size {
         cfg.maglev_table_size =
             Some(crate::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
@@ -584,6 +596,12 @@ udpIdleTimeout: 250ms
         assert_eq!(parse("kind: Deployment\n").unwrap_err().0, "kind");
         assert_eq!(parse("maglevTableSize: 1000\n").unwrap_err().0, "maglevTableSize");
         assert_eq!(parse("maglevTableSize: 1021\ndevices: [eth0]\n").unwrap().maglev_table_size, Some(1021));
+        assert_eq!(
+            parse("lbAlgorithm: least-connections\n").unwrap().lb_algorithm,
+            Some(crate::model::LbAlgorithm::LeastConnections)
+        );
+        assert_eq!(parse("nodeName: n1\n").unwrap().lb_algorithm, None);
+        assert_eq!(parse("lbAlgorithm: fastest\n").unwrap_err().0, "lbAlgorithm");
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub struct NodeSettings {
     pub local_addrs: Vec<IpAddr>,
     /// `--external-ips-local-only` (`NodeContext::external_ips_local_only`).
     pub external_ips_local_only: bool,
+    /// `--lb-algorithm` (`NodeContext::lb_algorithm`).
+    pub lb_algorithm: crate::model::LbAlgorithm,
 }
 
 /// Counters since start.
@@ -381,6 +383,7 @@ impl Pipeline {
         let serving = nodeport_addresses::serving(&settings.node_port_addresses, &settings.local_addrs, &node.node_ips);
         (node.node_port_ips, node.node_port_loopback) = (serving.addrs, serving.loopback);
         node.external_ips_local_only = settings.external_ips_local_only;
+        node.lb_algorithm = settings.lb_algorithm;
         let before = self.node.as_ref();
         if before.map(|b| &b.node_ips) != Some(&node.node_ips) {
             info!(node = %settings.node_name, addresses = ?node.node_ips, "node addresses (externalIPs, devices)");

@@ -47,6 +47,8 @@ pub struct Telemetry {
     pub pod_devices: usize,
     /// The counters' labels by rev-NAT id, written out at a scrape.
     pub labels: FrontendLabels,
+    /// Active connections per backend (once loaded).
+    pub active: Option<crate::datapath::active::ActiveSeries>,
     /// The Kubernetes watches' counters (kube mode only).
     pub watch: Option<Arc<WatchCounters>>,
 }
@@ -72,6 +74,7 @@ impl Telemetry {
             devices: 0,
             pod_devices: 0,
             labels: FrontendLabels::default(),
+            active: None,
             watch: None,
         }
     }
@@ -257,7 +260,8 @@ impl prometheus_client::collector::Collector for Collector {
                 watch.relists.load(Relaxed),
             )?;
         }
-        t.connections(&mut out, self.max_service_series)
+        t.connections(&mut out, self.max_service_series)?;
+        t.active_connections(&mut out, self.max_service_series)
     }
 }
 
@@ -361,6 +365,35 @@ impl Telemetry {
                 let labels = [("service", service.as_str()), ("frontend", frontend.as_str())];
                 ConstCounter::new(n).encode(m.encode_family(&labels)?)?;
             }
+        }
+        Ok(())
+    }
+}
+
+impl Telemetry {
+    /// Active connections of the backends with the lowest ids, at most
+    /// `max_series` (the bound of the per-frontend series); how many were
+    /// left out.
+    fn active_connections(&self, out: &mut DescriptorEncoder, max_series: usize) -> std::fmt::Result {
+        let Some(active) = &self.active else { return Ok(()) };
+        gauge(
+            out,
+            "ebpf_proxy_backend_series_omitted",
+            "Backends whose ebpf_proxy_backend_active_connections is not exported (past --max-service-series)",
+            count(self.backends.saturating_sub(max_series)),
+        )?;
+        if max_series == 0 {
+            return Ok(());
+        }
+        let mut m = out.encode_descriptor(
+            "ebpf_proxy_backend_active_connections",
+            "Active connections per backend, counted in the kernel: sockets on this node translated to it and still open, and flows from outside it serves (docs/design.md, Balancing by load)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (backend, n) in active.series(max_series, self.backends) {
+            let labels = [("backend", backend.as_str())];
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)).encode(m.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -20,7 +20,7 @@ fn service_cmd(env: &Env, args: &[&str]) -> (bool, String) {
 
 const EXPECTED: &str = "\
 ID  FRONTEND          SERVICE  TYPE                  BACKENDS
-1   10.96.0.10:80/TCP  test/web:http  ClusterIP             10.244.0.11:8080 (active, local), 10.244.0.12:8080 (active, local)
+1   10.96.0.10:80/TCP  test/web:http  ClusterIP             10.244.0.11:8080 (active, local, 0 connections), 10.244.0.12:8080 (active, local, 0 connections)
 2   10.96.0.11:80/TCP  test/sticky:http  ClusterIP affinity=60s  (none: connections are refused)
 3   10.96.0.11:443/TCP  test/sticky:https  ClusterIP affinity=60s  (none: connections are refused)
 ";

@@ -46,6 +46,7 @@ use std::{
 
 use ebpf_proxy::{
     datapath::{Reconciler, ServiceMaps as _, fake_maps::FakeMaps, inspect},
+    model::LbAlgorithm,
     nodeport_addresses::NodePortAddresses,
     pipeline::{NodeSettings, Pipeline, Wake},
     source::{ChangeSource, Delivery, file, file_source::FileSource, store::ObjectStore},
@@ -208,6 +209,27 @@ struct CaseConfig {
     /// `--external-ips-local-only`.
     #[serde(default)]
     external_ips_local_only: bool,
+    /// `--lb-algorithm` (default `random`).
+    #[serde(default)]
+    lb_algorithm: Option<String>,
+}
+
+impl CaseConfig {
+    /// The agent's settings this configuration gives.
+    fn settings(&self) -> NodeSettings {
+        NodeSettings {
+            node_name: self.node.clone().unwrap_or_else(|| "node-a".to_owned()),
+            node_ips: self.node_ips.clone(),
+            node_port_addresses: NodePortAddresses::parse(&self.node_port_addresses).expect("nodePortAddresses"),
+            local_addrs: self.local_addrs.clone(),
+            external_ips_local_only: self.external_ips_local_only,
+            lb_algorithm: self
+                .lb_algorithm
+                .as_deref()
+                .map(|a| LbAlgorithm::parse(a).expect("lbAlgorithm"))
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// The agent of a case: a pipeline over the test source and the maps.
@@ -331,13 +353,7 @@ fn run_case(path: &Path) -> Result<(), String> {
         let number = || -> Result<usize, String> {
             words.clone().next().and_then(|n| n.parse().ok()).ok_or_else(|| at(format!("`{verb} N` needs a number")))
         };
-        let settings = || NodeSettings {
-            node_name: config.node.clone().unwrap_or_else(|| "node-a".to_owned()),
-            node_ips: config.node_ips.clone(),
-            node_port_addresses: NodePortAddresses::parse(&config.node_port_addresses).expect("nodePortAddresses"),
-            local_addrs: config.local_addrs.clone(),
-            external_ips_local_only: config.external_ips_local_only,
-        };
+        let settings = || config.settings();
         only_one_source(verb, agent.as_ref()).map_err(at)?;
         match verb {
             "config" => config = serde_norway::from_str(&section.body).map_err(|e| at(e.to_string()))?,

@@ -547,6 +547,107 @@ fn a_flow_keeps_its_backend_when_another_is_added_and_a_closed_one_starts_afresh
     });
 }
 
+/// Active connections of every backend (`ACTIVE_CONNS`).
+fn active_connections(node: &Node) -> u64 {
+    (0..4096).map(|id| node.datapath.active.get(id)).sum()
+}
+
+/// Makes every `CT` entry a closed flow's (`CLOSING`, 10 s to live)
+/// unused since the clock started: expired (a TCP flow's open lifetime,
+/// 6 h, may be longer than the machine has been up).
+fn age_ct(node: &Node) {
+    use proxy_common::{CtKey, CtValue};
+    let path = node.datapath.maps_dir().join(proxy_common::map_names::CT);
+    let data = aya::maps::MapData::from_pin(&path).unwrap();
+    let mut ct: aya::maps::HashMap<_, CtKey, CtValue> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap();
+    let entries: Vec<(CtKey, CtValue)> = ct.iter().map(Result::unwrap).collect();
+    for (key, value) in entries {
+        let flags = value.flags | proxy_common::ct_flags::CLOSING;
+        ct.insert(key, CtValue { last_seen_ns: 1, flags, ..value }, 0).unwrap();
+    }
+}
+
+/// A new flow from outside counts as an active connection of its backend
+/// once, for as long as its entry lives: more packets count nothing, a new
+/// connection on a closing flow's tuple ends the old one's count, and an
+/// expired entry's count is taken back once, by the first packet that
+/// finds it or else by the agent's sweep.
+#[test]
+fn flows_from_outside_count_while_their_entries_live() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let frontend = sa("203.0.113.30:80");
+        let send = |node: &Node, client: SocketAddr, flags: u8| {
+            let (action, _) = node.ingress(&packet::frame(client, frontend, Some(flags), b""));
+            assert_eq!(action, REDIRECT);
+        };
+        assert_eq!(active_connections(node), 0);
+        let clients: Vec<SocketAddr> =
+            (0..20).map(|i| SocketAddr::new("192.0.2.8".parse().unwrap(), 42_000 + i)).collect();
+        for c in &clients {
+            send(node, *c, SYN);
+        }
+        assert_eq!(active_connections(node), 20, "one count per new flow");
+        for c in &clients {
+            send(node, *c, ACK);
+        }
+        assert_eq!(active_connections(node), 20, "packets of known flows counted again");
+        send(node, clients[0], FIN | ACK);
+        send(node, clients[0], SYN);
+        assert_eq!(active_connections(node), 20, "a new connection on a closing tuple");
+        age_ct(node);
+        // A new connection on an expired flow's tuple: the old count is
+        // taken back, the new one counted.
+        send(node, clients[1], SYN);
+        assert_eq!(active_connections(node), 20);
+        assert_eq!(node.datapath.sweep_ended_flows().unwrap(), 19, "the sweep took back the others");
+        assert_eq!(active_connections(node), 1, "only the renewed flow is live");
+        assert_eq!(node.datapath.sweep_ended_flows().unwrap(), 0, "a count taken back twice");
+        assert_eq!(active_connections(node), 1);
+    });
+}
+
+/// `spread` with `lb-algorithm: least-connections` and only the backends
+/// `ips` of its four.
+fn spread_by_load(ips: &[&str]) -> String {
+    let all = ["10.244.2.21", "10.244.2.22", "10.244.2.23", "10.244.2.24"];
+    let mut yaml = SERVICES.replace(
+        "metadata: {name: spread, namespace: t}",
+        "metadata: {name: spread, namespace: t, annotations: {ebpf-proxy.io/lb-algorithm: least-connections}}",
+    );
+    for ip in all.iter().filter(|ip| !ips.contains(ip)) {
+        yaml = yaml.replace(&format!("- {{addresses: [\"{ip}\"], nodeName: n2}}\n"), "");
+    }
+    yaml
+}
+
+/// A `least-connections` frontend sends new flows from outside away from a
+/// backend holding many: ten flows open to backend .21 while it is alone,
+/// then none of 18 new ones with all four (each other backend stays below
+/// ten, so .21 always loses the comparison).
+#[test]
+fn least_connections_from_outside_avoids_a_loaded_backend() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let frontend = sa("203.0.113.30:80");
+        let open = |node: &Node, i: u16| -> SocketAddr {
+            let client = SocketAddr::new("192.0.2.9".parse().unwrap(), 43_000 + i);
+            let (action, out) = node.ingress(&packet::frame(client, frontend, Some(SYN), b""));
+            assert_eq!(action, REDIRECT);
+            packet::parse(&out).dst
+        };
+        node.apply(&spread_by_load(&["10.244.2.21"]));
+        for i in 0..10 {
+            assert_eq!(open(node, i), sa("10.244.2.21:8080"));
+        }
+        node.apply(&spread_by_load(&["10.244.2.21", "10.244.2.22", "10.244.2.23", "10.244.2.24"]));
+        let to: Vec<SocketAddr> = (10..28).map(|i| open(node, i)).collect();
+        assert!(!to.contains(&sa("10.244.2.21:8080")), "a new flow went to the loaded backend: {to:?}");
+        assert_eq!(active_connections(node), 28);
+    });
+}
+
 /// One NodePort service with one backend, on n2: every flow from outside
 /// is source-NATed to it, from `snat_ports` (4,536 ports).
 const BUSY: &str = r#"

@@ -24,6 +24,9 @@ pub enum Mode {
     /// One kept connection per thread, `BULK_CHUNK` bytes sent and echoed
     /// back per operation: throughput (and each chunk's round trip).
     Bulk,
+    /// A new connection per request, the whole request timed (connect to
+    /// reply): what a client of a slow backend waits (`balance.rs`).
+    Request,
 }
 
 impl Mode {
@@ -33,6 +36,7 @@ impl Mode {
             Self::Short => "short",
             Self::Keep => "keep",
             Self::Bulk => "bulk",
+            Self::Request => "request",
         }
     }
 }
@@ -66,7 +70,8 @@ pub fn run(targets: &Path, mode: Mode, seconds: f64, threads: usize) -> anyhow::
             .map(|t| {
                 let targets = &targets;
                 scope.spawn(move || match mode {
-                    Mode::Short => short(targets, deadline, seed(t)),
+                    Mode::Short => short(targets, deadline, seed(t), false),
+                    Mode::Request => short(targets, deadline, seed(t), true),
                     Mode::Keep => keep(targets, deadline, seed(t), &PAYLOAD),
                     Mode::Bulk => keep(targets, deadline, seed(t), &vec![b'x'; BULK_CHUNK]),
                 })
@@ -129,7 +134,9 @@ fn close_now(stream: &TcpStream) {
     }
 }
 
-fn short(targets: &[SocketAddr], deadline: Instant, mut rng: u64) -> (u64, u64, Vec<u32>) {
+/// A new connection per request; `whole`: the sample is the whole request,
+/// else the connect alone.
+fn short(targets: &[SocketAddr], deadline: Instant, mut rng: u64, whole: bool) -> (u64, u64, Vec<u32>) {
     let (mut ops, mut errors, mut samples) = (0, 0, Vec::with_capacity(1 << 16));
     while Instant::now() < deadline {
         let target = targets[next(&mut rng, targets.len())];
@@ -138,10 +145,16 @@ fn short(targets: &[SocketAddr], deadline: Instant, mut rng: u64) -> (u64, u64, 
             errors += 1;
             continue;
         };
-        samples.push(micros(t0.elapsed()));
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        if !whole {
+            samples.push(micros(t0.elapsed()));
+        }
+        // A queue at a slow backend can hold a request for long.
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(if whole { 10 } else { 1 })));
         let _ = stream.set_nodelay(true);
         if request(&mut stream, &PAYLOAD, &mut [0u8; PAYLOAD.len()]).is_ok() {
+            if whole {
+                samples.push(micros(t0.elapsed()));
+            }
             ops += 1;
         } else {
             errors += 1;

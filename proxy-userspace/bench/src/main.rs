@@ -2,6 +2,7 @@
 //! datapaths (iptables on iptables-nft and iptables-legacy, nftables; IPVS
 //! where the kernel has it) and the direct path, in the bench's own network
 //! namespaces; and the agent's control plane. Run by `cargo xtask bench`.
+mod balance;
 mod control;
 mod datapath;
 mod load;
@@ -86,6 +87,15 @@ struct Cli {
     /// Only the outside path (no ClusterIP datapath, no control plane).
     #[arg(long)]
     outside_only: bool,
+    /// Only balancing by load: a service of three backends, one ten times
+    /// slower, through lb-algorithm random, least-connections and
+    /// kube-proxy's iptables mode; and the cost of the choice with equal
+    /// backends.
+    #[arg(long)]
+    balance_only: bool,
+    /// Leave out balancing by load.
+    #[arg(long)]
+    no_balance: bool,
 }
 
 #[derive(Subcommand)]
@@ -240,17 +250,23 @@ fn main() -> anyhow::Result<()> {
         outside: Vec::new(),
         rule_loads: Vec::new(),
         control: Vec::new(),
+        balance: Vec::new(),
         unavailable: vec![ipvs_missing()],
     };
-    // --outside-only: neither the ClusterIP comparison nor the control plane.
-    let (sizes, control_sizes) = if cli.outside_only { (Vec::new(), Vec::new()) } else { (sizes, control_sizes) };
+    // --outside-only, --balance-only: neither the ClusterIP comparison
+    // nor the control plane.
+    let (sizes, control_sizes) =
+        if cli.outside_only || cli.balance_only { (Vec::new(), Vec::new()) } else { (sizes, control_sizes) };
+    if !(cli.no_balance || cli.control_only || cli.outside_only) {
+        report.balance = balance::run(&settings).context("the balancing bench")?;
+    }
     for n in sizes.into_iter().filter(|_| !cli.control_only) {
         let run = datapath::run(&settings, n).with_context(|| format!("the datapath bench at {n} services"))?;
         report.datapath.extend(run.rows);
         report.rule_loads.extend(run.loads);
         report.unavailable.extend(run.too_slow);
     }
-    if !cli.control_only {
+    if !(cli.control_only || cli.balance_only) {
         outside::run_all(&settings, cli.outside_services, cli.outside_variants.as_deref(), &mut report)?;
     }
     for n in control_sizes {

@@ -55,6 +55,8 @@ pub struct Report {
     pub rule_loads: Vec<RuleLoad>,
     /// The control plane, one per service count measured.
     pub control: Vec<Control>,
+    /// Balancing by load (`balance.rs`).
+    pub balance: Vec<super::balance::BalanceRow>,
     /// Variants that could not run here, and why.
     pub unavailable: Vec<String>,
 }
@@ -78,6 +80,7 @@ impl Report {
             "The outside path (a client outside -> an entry node's NodePort -> backends on another node). ",
             "direct (routed through the entry node)",
         );
+        super::balance::markdown(&mut out, &self.balance);
         if !self.rule_loads.is_empty() {
             let _ = writeln!(out, "Loading the service set (10 endpoints per service):\n");
             let _ = writeln!(out, "| services | tool | seconds |\n|---:|---|---:|");

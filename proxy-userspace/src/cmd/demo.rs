@@ -96,6 +96,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         min_sync_period: agent::DEFAULT_MIN_SYNC_PERIOD,
         audit_interval: None,
         explain_socket: None,
+        lb_algorithm: crate::model::LbAlgorithm::Random,
     };
     let (applied_tx, mut applied_rx) = watch::channel(Applied::default());
     let (stop_tx, stop_rx) = oneshot::channel::<()>();

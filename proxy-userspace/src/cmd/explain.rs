@@ -17,6 +17,7 @@ use crate::{
     args::{ExplainArgs, OutputFormat},
     datapath::{
         KernelMaps, ServiceMaps as _,
+        active::ActiveConns,
         inspect::{self, BackendView, FrontendView},
     },
     explain_socket::{self, Answer, Request},
@@ -106,12 +107,16 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     let dump = KernelMaps::open_pinned(&dir)
         .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?
         .dump()?;
-    let frontends: Vec<FrontendView> = inspect::frontends(&dump)
+    let mut frontends: Vec<FrontendView> = inspect::frontends(&dump)
         .into_iter()
         .filter(|f| {
             f.key().is_some_and(|k| k.addr == addr && k.port == port && protocol.is_none_or(|p| p == k.protocol))
         })
         .collect();
+    // Maps pinned by a build before the counts have none: shown without.
+    if let Ok(active) = ActiveConns::open_pinned(&dir.join(proxy_common::map_names::ACTIVE_CONNS)) {
+        inspect::with_active(&mut frontends, |id| active.get(id));
+    }
     if frontends.is_empty() {
         bail!("no frontend {} in the maps: it is not a service address this node translates", args.frontend);
     }
@@ -262,16 +267,23 @@ fn client_view(
         how: String::new(),
         affinity: None,
     };
+    let least = frontends[0].lb_algorithm == crate::model::LbAlgorithm::LeastConnections.as_str();
+    let pick =
+        if least { "of two backends at random the one with fewer active connections" } else { "a backend at random" };
     let local = match frontends[0].affinity_timeout {
         Some(t) => format!(
-            "from this node: a backend at random at connect, then kept {t}s per client network namespace (ClientIP affinity; not applied to traffic from outside, which Maglev keeps on one backend per flow)"
+            "from this node: {pick} at connect, then kept {t}s per client network namespace (ClientIP affinity; not applied to traffic from outside, which Maglev keeps on one backend per flow)"
         ),
-        None => "from this node: a backend at random per connection".to_owned(),
+        None => format!("from this node: {pick} per connection"),
     };
     view.how = if outside.maglev_table.is_none() {
         format!("{local}; traffic from outside is not served at this frontend")
     } else if !admitted {
         format!("{local}; from outside: dropped, the source ranges do not admit {ip}")
+    } else if least {
+        format!(
+            "{local}; from outside: {pick} per new flow (kept by connection tracking; the Maglev entry instead with --nodeport-mode dsr, or hybrid for TCP)"
+        )
     } else if let Some(port) = port {
         match inspect::maglev_pick(dump, outside, SocketAddr::new(ip, port)) {
             Some((entry, backend)) => {
@@ -299,6 +311,7 @@ fn text(e: &Explanation) -> String {
         let _ = writeln!(out, "  type           {}", f.kind);
         let affinity = f.affinity_timeout.map_or_else(|| "none".to_owned(), |t| format!("ClientIP, {t}s"));
         let _ = writeln!(out, "  affinity       {affinity}");
+        let _ = writeln!(out, "  lb algorithm   {}", f.lb_algorithm);
         let reach = match (f.reach.contains(&"outside-only"), f.reach.contains(&"two-scopes"), f.maglev_table) {
             (true, _, _) => "traffic from outside only",
             (_, true, _) => "local clients; traffic from outside uses the external entry (this node's endpoints)",
@@ -322,7 +335,8 @@ fn text(e: &Explanation) -> String {
         for b in &f.backends {
             let addr =
                 b.address.map_or_else(|| format!("id {} (missing)", b.id), |a| SocketAddr::new(a, b.port).to_string());
-            let _ = writeln!(out, "    {addr}  {}{}", b.state, if b.local { ", local" } else { "" });
+            let active = b.active_connections.map_or_else(String::new, |n| format!(", {n} connections"));
+            let _ = writeln!(out, "    {addr}  {}{}{active}", b.state, if b.local { ", local" } else { "" });
         }
         if let Some(unused) = &entry.unused {
             let _ = writeln!(out, "  not used       {}", if unused.is_empty() { "none" } else { "" });
@@ -406,6 +420,7 @@ mod tests {
             port: 8080,
             state: "active",
             local: false,
+            active_connections: None,
         };
         assert!(agrees(&explained, &[backend(1), backend(2)]));
         assert!(!agrees(&explained, &[backend(1)]));

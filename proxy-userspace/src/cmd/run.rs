@@ -143,6 +143,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
         )
         .filter(|d| !d.is_zero()),
         external_ips_local_only: args.external_ips_local_only,
+        lb_algorithm: args.lb_algorithm.map(Into::into).or(file.lb_algorithm).unwrap_or_default(),
         take_over_from_kube_proxy: args.take_over_from_kube_proxy.then_some(
             (args.outside_handover_seconds != 0).then(|| Duration::from_secs(args.outside_handover_seconds)),
         ),

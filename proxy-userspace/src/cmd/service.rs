@@ -4,7 +4,7 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     args::{OutputFormat, ServiceArgs, ServiceCommand},
-    datapath::{KernelMaps, ServiceMaps as _, inspect},
+    datapath::{KernelMaps, ServiceMaps as _, active::ActiveConns, inspect},
     model::Protocol,
 };
 
@@ -13,7 +13,11 @@ pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {
         .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?;
     let maps = KernelMaps::open_pinned(&dir)
         .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?;
-    let all = inspect::frontends(&maps.dump()?);
+    let mut all = inspect::frontends(&maps.dump()?);
+    // Maps pinned by a build before the counts have none: shown without.
+    if let Ok(active) = ActiveConns::open_pinned(&dir.join(proxy_common::map_names::ACTIVE_CONNS)) {
+        inspect::with_active(&mut all, |id| active.get(id));
+    }
     let shown = match &args.command {
         ServiceCommand::List { service: None } => all,
         ServiceCommand::List { service: Some(filter) } => {

@@ -21,7 +21,9 @@ use proxy_common::{
     scope, service_flags,
 };
 
-use crate::model::{BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServicePort};
+use crate::model::{
+    BackendState, Frontend, FrontendKey, FrontendKind, LbAlgorithm, Protocol, Reach, Scope, ServicePort,
+};
 
 /// Bytes of a map the agent never writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -30,6 +32,8 @@ pub enum DecodeError {
     Protocol(u8),
     #[error("unknown frontend scope {0} (the agent writes only 0 and 1)")]
     Scope(u8),
+    #[error("frontend flags {0:#06x} name more than one load-balancing algorithm")]
+    Algorithm(u16),
     #[error("frontend flags {0:#06x} name more than one kind")]
     Kind(u16),
     #[error("unknown frontend flag bits {0:#06x}")]
@@ -173,7 +177,9 @@ const KNOWN_FLAGS: u16 = service_flags::CLUSTER_IP
     | service_flags::EXTERNAL_KINDS
     | service_flags::TWO_SCOPES
     | service_flags::EXTERNAL_ONLY
-    | service_flags::SOURCE_RANGES;
+    | service_flags::SOURCE_RANGES
+    | service_flags::LEAST_CONNECTIONS
+    | service_flags::MAGLEV;
 
 /// Slot 0's `flags`, bit by bit.
 #[expect(clippy::struct_excessive_bools, reason = "each bool mirrors one independent flag bit of the map")]
@@ -188,6 +194,8 @@ pub struct FrontendFlags {
     pub two_scopes: bool,
     /// loadBalancerSourceRanges restrict traffic from outside.
     pub source_ranges: bool,
+    /// How a new connection picks its backend.
+    pub algorithm: LbAlgorithm,
 }
 
 impl FrontendFlags {
@@ -202,6 +210,7 @@ impl FrontendFlags {
             outside_only: all && frontend.reach == Reach::Outside,
             two_scopes: all && twin_written,
             source_ranges: frontend.source_ranges.is_some(),
+            algorithm: frontend.lb_algorithm,
         }
     }
 
@@ -212,6 +221,7 @@ impl FrontendFlags {
             | bit(self.outside_only, service_flags::EXTERNAL_ONLY)
             | bit(self.two_scopes, service_flags::TWO_SCOPES)
             | bit(self.source_ranges, service_flags::SOURCE_RANGES)
+            | algorithm_flag(self.algorithm)
     }
 
     /// The flags of `bits`: at most one kind bit, no unknown bit. The
@@ -235,7 +245,23 @@ impl FrontendFlags {
             outside_only: bits & service_flags::EXTERNAL_ONLY != 0,
             two_scopes: bits & service_flags::TWO_SCOPES != 0,
             source_ranges: bits & service_flags::SOURCE_RANGES != 0,
+            algorithm: match bits & (service_flags::LEAST_CONNECTIONS | service_flags::MAGLEV) {
+                0 => LbAlgorithm::Random,
+                service_flags::LEAST_CONNECTIONS => LbAlgorithm::LeastConnections,
+                service_flags::MAGLEV => LbAlgorithm::Maglev,
+                _ => return Err(DecodeError::Algorithm(bits)),
+            },
         })
+    }
+}
+
+/// The algorithm bit of slot 0's flags (none for `Random`).
+#[must_use]
+pub const fn algorithm_flag(algorithm: LbAlgorithm) -> u16 {
+    match algorithm {
+        LbAlgorithm::Random => 0,
+        LbAlgorithm::LeastConnections => service_flags::LEAST_CONNECTIONS,
+        LbAlgorithm::Maglev => service_flags::MAGLEV,
     }
 }
 

@@ -9,7 +9,7 @@ use proxy_common::{
 };
 
 use super::*;
-use crate::model::{Backend, Frontend, FrontendKind};
+use crate::model::{Backend, Frontend, FrontendKind, LbAlgorithm};
 
 const KINDS: [(FrontendKind, u16); 4] = [
     (FrontendKind::ClusterIp, service_flags::CLUSTER_IP),
@@ -65,8 +65,10 @@ fn numbers_the_agent_never_writes_are_errors() {
     assert_eq!(FrontendFlags::decode(0).map(|f| f.kind), Ok(FrontendKind::ClusterIp), "no kind");
     let two = service_flags::CLUSTER_IP | service_flags::NODE_PORT;
     assert_eq!(FrontendFlags::decode(two), Err(DecodeError::Kind(two)), "two kinds");
-    let unknown = service_flags::CLUSTER_IP | 1 << 8;
-    assert_eq!(FrontendFlags::decode(unknown), Err(DecodeError::FrontendFlags(1 << 8)));
+    let unknown = service_flags::CLUSTER_IP | 1 << 10;
+    assert_eq!(FrontendFlags::decode(unknown), Err(DecodeError::FrontendFlags(1 << 10)));
+    let both = service_flags::LEAST_CONNECTIONS | service_flags::MAGLEV;
+    assert_eq!(FrontendFlags::decode(both), Err(DecodeError::Algorithm(both)), "two algorithms");
 }
 
 #[test]
@@ -81,20 +83,22 @@ fn every_flag_word_decodes_without_panic_and_known_ones_round_trip() {
             decoded += 1;
         }
     }
-    // Four kinds and no kind, times the four other bits each set or not.
-    assert_eq!(decoded, 5 * 16);
+    // Four kinds and no kind, times the four other bits each set or not,
+    // times three algorithms.
+    assert_eq!(decoded, 5 * 16 * 3);
 }
 
 #[test]
 fn every_frontend_flags_value_round_trips() {
     for (kind, _) in KINDS {
-        for bits in 0..16u8 {
+        for (bits, algorithm) in (0..16u8).flat_map(|b| LbAlgorithm::ALL.map(|a| (b, a))) {
             let flags = FrontendFlags {
                 kind,
                 affinity: bits & 1 != 0,
                 outside_only: bits & 2 != 0,
                 two_scopes: bits & 4 != 0,
                 source_ranges: bits & 8 != 0,
+                algorithm,
             };
             assert_eq!(FrontendFlags::decode(flags.encode()), Ok(flags));
             assert_eq!(says_two_scopes(flags.encode()), flags.two_scopes);
@@ -119,7 +123,8 @@ fn only_scope_all_entries_say_outside_only_or_two_scopes() {
             affinity: true,
             outside_only: true,
             two_scopes: true,
-            source_ranges: true
+            source_ranges: true,
+            algorithm: LbAlgorithm::Random,
         }
     );
     let external = FrontendFlags::of(key.with_scope(Scope::External), &frontend, true);

@@ -49,6 +49,9 @@ pub struct FrontendView {
     /// Id of the Maglev table traffic from outside picks backends in.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub maglev_table: Option<u16>,
+    /// How a new connection picks its backend (`random`,
+    /// `least-connections`, `maglev`; `unknown` with unknown flags).
+    pub lb_algorithm: &'static str,
     pub backends: Vec<BackendView>,
 }
 
@@ -63,6 +66,10 @@ pub struct BackendView {
     pub state: &'static str,
     /// On this node: traffic from outside reaches it without source NAT.
     pub local: bool,
+    /// Its active connections, as the programs count them (open sockets
+    /// and live flows from outside; `with_active`). Absent when not read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub active_connections: Option<u64>,
 }
 
 impl FrontendView {
@@ -131,7 +138,7 @@ impl std::str::FromStr for ServiceFilter {
 /// The view of the backend slot `id` names (`None`: not in the map).
 fn backend_view(id: u32, value: Option<&proxy_common::Backend>) -> BackendView {
     let Some(value) = value else {
-        return BackendView { id, address: None, port: 0, state: "missing", local: false };
+        return BackendView { id, address: None, port: 0, state: "missing", local: false, active_connections: None };
     };
     let (address, port) = codec::endpoint_of(&value.addr, value.port);
     let address = Some(address);
@@ -145,8 +152,9 @@ fn backend_view(id: u32, value: Option<&proxy_common::Backend>) -> BackendView {
                 BackendState::Terminating => "terminating",
             },
             local: b.local,
+            active_connections: None,
         },
-        Err(_) => BackendView { id, address, port, state: "unknown", local: false },
+        Err(_) => BackendView { id, address, port, state: "unknown", local: false, active_connections: None },
     }
 }
 
@@ -192,12 +200,23 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
                         .collect()
                 }),
                 maglev_table: (master.maglev != 0).then_some(master.maglev),
+                lb_algorithm: flags.map_or("unknown", |f| f.algorithm.as_str()),
                 backends,
             }
         })
         .collect();
     out.sort_by_key(|f| f.id);
     out
+}
+
+/// Fills in each present backend's active connections from `active`
+/// (`ACTIVE_CONNS`, by backend id).
+pub fn with_active(frontends: &mut [FrontendView], active: impl Fn(u32) -> u64) {
+    for b in frontends.iter_mut().flat_map(|f| f.backends.iter_mut()) {
+        if b.address.is_some() {
+            b.active_connections = Some(active(b.id));
+        }
+    }
 }
 
 /// The frontends as an aligned text table.
@@ -219,11 +238,17 @@ pub fn table(frontends: &[FrontendView]) -> String {
             if let Some(t) = f.affinity_timeout {
                 let _ = write!(kind, " affinity={t}s");
             }
+            if f.lb_algorithm != "random" {
+                let _ = write!(kind, " lb={}", f.lb_algorithm);
+            }
             let backends: Vec<String> = f
                 .backends
                 .iter()
                 .map(|b| {
-                    let state = if b.local { format!("{}, local", b.state) } else { b.state.to_owned() };
+                    let mut state = if b.local { format!("{}, local", b.state) } else { b.state.to_owned() };
+                    if let Some(n) = b.active_connections {
+                        let _ = write!(state, ", {n} connections");
+                    }
                     match b.address {
                         Some(IpAddr::V6(a)) => format!("[{a}]:{} ({state})", b.port),
                         Some(a) => format!("{a}:{} ({state})", b.port),

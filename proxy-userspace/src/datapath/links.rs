@@ -11,7 +11,7 @@
 use std::{fs::File, io, os::fd::AsFd as _, os::unix::fs::MetadataExt as _, path::Path};
 
 use aya::programs::{
-    CgroupAttachMode, CgroupSockAddr, LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
+    CgroupAttachMode, CgroupSock, CgroupSockAddr, LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
     links::FdLink, tc::TcAttachOptions,
 };
 
@@ -56,10 +56,45 @@ const LINK_TYPE_XDP: u32 = 6;
 const TCX_INGRESS: u64 = 46;
 const TCX_EGRESS: u64 = 47;
 
+/// A cgroup program the agent pins a link of: the socket-address hooks
+/// (`CgroupSockAddr`) and `sock_release` (`CgroupSock`), which aya types
+/// apart but attach alike.
+pub trait CgroupProgram {
+    fn program_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError>;
+    /// Attaches to `cgroup` and hands the link over as a pinnable one.
+    fn attach_link(&mut self, cgroup: &File) -> Result<Result<FdLink, aya::programs::links::LinkError>, ProgramError>;
+}
+
+impl CgroupProgram for CgroupSockAddr {
+    fn program_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError> {
+        self.fd()
+    }
+
+    fn attach_link(&mut self, cgroup: &File) -> Result<Result<FdLink, aya::programs::links::LinkError>, ProgramError> {
+        // Through a bpf_link (kernel 5.7+) the kernel takes no attach flags,
+        // and links always coexist with other programs on the cgroup (a
+        // CNI's, say): `Single` is what passes flags 0.
+        let id = self.attach(cgroup, CgroupAttachMode::Single)?;
+        Ok(FdLink::try_from(self.take_link(id)?))
+    }
+}
+
+impl CgroupProgram for CgroupSock {
+    fn program_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError> {
+        self.fd()
+    }
+
+    fn attach_link(&mut self, cgroup: &File) -> Result<Result<FdLink, aya::programs::links::LinkError>, ProgramError> {
+        // As for `CgroupSockAddr`.
+        let id = self.attach(cgroup, CgroupAttachMode::Single)?;
+        Ok(FdLink::try_from(self.take_link(id)?))
+    }
+}
+
 /// Attaches `program` (loaded) to `cgroup_path` through the link pinned at
 /// `pin`: updates it when it is on that cgroup, else makes a new one.
 pub fn attach_cgroup(
-    program: &mut CgroupSockAddr,
+    program: &mut impl CgroupProgram,
     name: &'static str,
     cgroup_path: &Path,
     pin: &Path,
@@ -69,20 +104,16 @@ pub fn attach_cgroup(
     let cgroup_id = std::fs::metadata(cgroup_path)
         .map_err(|source| LinkError::Cgroup { path: cgroup_path.display().to_string(), source })?
         .ino();
-    let prog = program.fd().map_err(attach_err)?.as_fd().try_clone_to_owned().map_err(|source| LinkError::Syscall {
-        path: pin.display().to_string(),
-        op: "dup",
-        source,
-    })?;
+    let prog = program
+        .program_fd()
+        .map_err(attach_err)?
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| LinkError::Syscall { path: pin.display().to_string(), op: "dup", source })?;
     attach_pinned(prog.as_fd(), name, (LINK_TYPE_CGROUP, cgroup_id), pin, || {
         let cgroup = File::open(cgroup_path)
             .map_err(|source| LinkError::Cgroup { path: cgroup_path.display().to_string(), source })?;
-        // Through a bpf_link (kernel 5.7+) the kernel takes no attach flags,
-        // and links always coexist with other programs on the cgroup (a
-        // CNI's, say): `Single` is what passes flags 0.
-        let id = program.attach(&cgroup, CgroupAttachMode::Single).map_err(attach_err)?;
-        let link = program.take_link(id).map_err(attach_err)?;
-        FdLink::try_from(link).map_err(|source| LinkError::Convert { name, source })
+        program.attach_link(&cgroup).map_err(attach_err)?.map_err(|source| LinkError::Convert { name, source })
     })
 }
 

@@ -5,16 +5,17 @@ use std::path::{Path, PathBuf};
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{Map, MapError as AyaMapError},
-    programs::{CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType, Xdp},
+    programs::{CgroupSock, CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType, Xdp},
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, CONNECTIONS_STRIDE, CtKey, CtValue,
     LOG_ENABLED, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS, RevNat, RevNatId, SOCKET_LB_NETNS, ServiceKey,
-    ServiceValue, SockBackendKey, SockRevNat, SockRevNatKey, map_names,
+    ServiceValue, SockBackendKey, SockConn, SockRevNat, SockRevNatKey, map_names,
 };
 
 use super::{
     acceleration::{Acceleration, DeviceXdp},
+    active::ActiveConns,
     counters::{ConnCounters, ExternalStats},
     handover::{HandoverMap, OutsideHandover},
     links::{self, LinkError, LinkOutcome},
@@ -76,6 +77,10 @@ static MAGLEV_SIZES: [u32; crate::maglev::SIZES.len()] = {
 /// The cgroup socket-address programs, by their function names.
 pub(super) const SOCK_PROGRAMS: &[&str] =
     &["connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6", "getpeername4", "getpeername6"];
+
+/// The `cgroup/sock_release` program: takes back a released socket's
+/// active connection (`ACTIVE_CONNS`).
+pub(super) const SOCK_RELEASE_PROGRAM: &str = "sock_release";
 
 /// The TC programs and the direction each attaches to on a device.
 pub(super) const TC_PROGRAMS: &[(&str, TcAttachType)] =
@@ -344,6 +349,9 @@ pub struct Datapath {
     pub counters: Option<ConnCounters>,
     /// Taken by the agent for the metrics endpoint.
     pub external_stats: Option<ExternalStats>,
+    /// `ACTIVE_CONNS`, mapped (shared with `maps`, which clears a count
+    /// with its backend).
+    pub active: std::sync::Arc<ActiveConns>,
     /// `OUTSIDE_HANDOVER`: see `set_outside_handover`.
     handover: HandoverMap,
     /// `--nodeport-acceleration`.
@@ -434,6 +442,7 @@ impl Datapath {
             .map_max_entries(map_names::CONNECTIONS, counters_size)
             .override_global(CONNECTIONS_STRIDE, interned(stride), true)
             .map_max_entries(map_names::CT, opts.ct_map_size)
+            .map_max_entries(map_names::ACTIVE_CONNS, sizes.backends)
             .override_global(MAGLEV_SIZE, maglev_size, true);
         let mut ebpf = settings_globals(&mut loader, opts)?.load(OBJECT).map_err(|source| LoadError::Load {
             pin_dir: opts.pin_dir.display().to_string(),
@@ -441,13 +450,7 @@ impl Datapath {
         })?;
         drop(loader);
 
-        check_layout::<ServiceKey, ServiceValue>(&ebpf, &maps_dir, map_names::SERVICES)?;
-        check_layout::<u32, Backend>(&ebpf, &maps_dir, map_names::BACKENDS)?;
-        check_layout::<RevNatId, RevNat>(&ebpf, &maps_dir, map_names::REVNAT)?;
-        check_layout::<SockRevNatKey, SockRevNat>(&ebpf, &maps_dir, map_names::SOCK_REVNAT)?;
-        check_layout::<SockBackendKey, u32>(&ebpf, &maps_dir, map_names::SOCK_BACKEND)?;
-        check_layout::<AffinityKey, AffinityValue>(&ebpf, &maps_dir, map_names::AFFINITY)?;
-        check_layout::<CtKey, CtValue>(&ebpf, &maps_dir, map_names::CT)?;
+        check_layouts(&ebpf, &maps_dir)?;
 
         if opts.bpf_log {
             start_bpf_log(&mut ebpf);
@@ -487,6 +490,8 @@ impl Datapath {
             sessions_carried = ?carried,
             "datapath loaded"
         );
+        let active = std::sync::Arc::new(ActiveConns::from_map(take(&mut ebpf, map_names::ACTIVE_CONNS)?)?);
+        maps.set_active(active.clone());
         let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?, counters_made)?;
         let external_stats = ExternalStats::from_map(take(&mut ebpf, map_names::EXTERNAL_STATS)?)?;
         let mut handover = HandoverMap::from_map(take(&mut ebpf, map_names::OUTSIDE_HANDOVER)?)?;
@@ -503,6 +508,7 @@ impl Datapath {
             sessions,
             counters: Some(counters),
             external_stats: Some(external_stats),
+            active,
             handover,
             acceleration: opts.acceleration,
             sizes,
@@ -562,6 +568,17 @@ impl Datapath {
         self.handover.set_raw(other.handover.raw()?)
     }
 
+    /// Takes back the active connections of flows from outside whose `CT`
+    /// entries ended unseen (`ActiveConns::sweep_ended_flows`); how many.
+    pub fn sweep_ended_flows(&self) -> Result<usize, MapError> {
+        let maps = &self.maps;
+        self.active.sweep_ended_flows(
+            self.sessions.ct_fd(),
+            |id| maps.backend_value(id),
+            super::handover::monotonic_ns(),
+        )
+    }
+
     /// Starts loading the programs on a thread of their own (see
     /// `super::programs`), to attach them later: beside the first write
     /// into maps just made, beside the read of maps a previous agent
@@ -600,6 +617,10 @@ impl Datapath {
             let outcome = links::attach_cgroup(program, name, &self.cgroup, &links_dir.join(name))?;
             tracing::info!(program = name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         }
+        let release: &mut CgroupSock = program(&mut loaded.ebpf, SOCK_RELEASE_PROGRAM)?;
+        let outcome =
+            links::attach_cgroup(release, SOCK_RELEASE_PROGRAM, &self.cgroup, &links_dir.join(SOCK_RELEASE_PROGRAM))?;
+        tracing::info!(program = SOCK_RELEASE_PROGRAM, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         remove_other_layouts(&self.pin_dir, &self.maps_dir());
         Ok(())
     }
@@ -885,6 +906,19 @@ fn interned(value: u32) -> &'static u32 {
     let new: &'static u32 = Box::leak(Box::new(value));
     seen.push(new);
     new
+}
+
+/// `check_layout` of every map with a fixed layout.
+fn check_layouts(ebpf: &Ebpf, maps_dir: &Path) -> Result<(), LoadError> {
+    check_layout::<ServiceKey, ServiceValue>(ebpf, maps_dir, map_names::SERVICES)?;
+    check_layout::<u32, Backend>(ebpf, maps_dir, map_names::BACKENDS)?;
+    check_layout::<RevNatId, RevNat>(ebpf, maps_dir, map_names::REVNAT)?;
+    check_layout::<SockRevNatKey, SockRevNat>(ebpf, maps_dir, map_names::SOCK_REVNAT)?;
+    check_layout::<SockBackendKey, u32>(ebpf, maps_dir, map_names::SOCK_BACKEND)?;
+    check_layout::<AffinityKey, AffinityValue>(ebpf, maps_dir, map_names::AFFINITY)?;
+    check_layout::<CtKey, CtValue>(ebpf, maps_dir, map_names::CT)?;
+    check_layout::<u32, u64>(ebpf, maps_dir, map_names::ACTIVE_CONNS)?;
+    check_layout::<u64, SockConn>(ebpf, maps_dir, map_names::SOCK_CONN)
 }
 
 /// Fails when a map reused from a pin has another key or value size than

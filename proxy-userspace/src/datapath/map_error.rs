@@ -15,6 +15,7 @@ pub enum MapName {
     Maglev,
     SourceRanges,
     Names,
+    ActiveConns,
 }
 
 impl MapName {
@@ -27,6 +28,7 @@ impl MapName {
             Self::Maglev => map_names::MAGLEV,
             Self::SourceRanges => map_names::SOURCE_RANGES,
             Self::Names => map_names::SERVICE_NAMES,
+            Self::ActiveConns => map_names::ACTIVE_CONNS,
         }
     }
 }

@@ -166,6 +166,8 @@ pub struct KernelMaps {
     maglev: MaglevMap,
     source_ranges: LpmTrie<MapData, SourceRange, u8>,
     names: HashMap<MapData, RevNatId, ServiceName>,
+    /// `ACTIVE_CONNS`: a backend's count goes with its id (`set_active`).
+    active: Option<std::sync::Arc<super::active::ActiveConns>>,
 }
 
 /// The LPM key of a source range of frontend `rev_nat`.
@@ -208,6 +210,7 @@ impl KernelMaps {
                 .map_err(|source| MapError::Aya { map: MapName::SourceRanges, source })?,
             maglev,
             names,
+            active: None,
         })
     }
 
@@ -231,6 +234,32 @@ impl KernelMaps {
 }
 
 impl KernelMaps {
+    /// The active connection counts of this set's backends: cleared when a
+    /// backend is removed and when its id is handed to a new backend, so a
+    /// count never outlives its backend (docs/design.md, "Balancing by
+    /// load").
+    pub fn set_active(&mut self, active: std::sync::Arc<super::active::ActiveConns>) {
+        self.active = Some(active);
+    }
+
+    /// A second descriptor of `BACKENDS`, for readers beside the
+    /// reconciler (the metrics endpoint).
+    pub fn backends_fd(&self) -> Result<OwnedFd, MapError> {
+        self.backends_fd.try_clone().map_err(|source| MapError::Syscall { map: MapName::Backends, op: "dup", source })
+    }
+
+    /// What `BACKENDS` holds at `id` (`None`: empty or past the array).
+    #[must_use]
+    pub fn backend_value(&self, id: u32) -> Option<BackendValue> {
+        self.backends.get(&id, 0).ok().filter(|b| b.proto != 0)
+    }
+
+    fn clear_active(&self, ids: impl Iterator<Item = u32>) {
+        if let Some(active) = &self.active {
+            ids.for_each(|id| active.clear(id));
+        }
+    }
+
     /// Says the backends' array was made just now (so holds nothing).
     pub fn backends_made_empty(&mut self) {
         self.backends_fresh_from = 0;
@@ -602,6 +631,10 @@ impl ServiceMaps for KernelMaps {
             .map(|(n, (id, value))| (n, (*id, emptied(value))))
             .unzip();
         self.backends_written(entries.iter().map(|(id, _)| *id));
+        // A new backend's count starts at 0, whatever its id counted before
+        // (a removal clears it too; this covers a count a reader added in
+        // between).
+        self.clear_active(at.iter().map(|n| entries[*n].0));
         // Up to the first that fails in the first step, written whole.
         let failed = self.write_backend_entries(&empty).err().map(|(i, error)| (at[i], error));
         let upto = failed.as_ref().map_or(entries.len(), |(n, _)| *n);
@@ -616,7 +649,9 @@ impl ServiceMaps for KernelMaps {
         if id >= self.backends.len() {
             return Ok(());
         }
-        self.backends.set(id, emptied(held), 0).map_err(|e| update_error(MapName::Backends, e))
+        self.backends.set(id, emptied(held), 0).map_err(|e| update_error(MapName::Backends, e))?;
+        self.clear_active(std::iter::once(id));
+        Ok(())
     }
 
     fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError> {

@@ -1,6 +1,7 @@
 //! Everything that touches the kernel: loading and attaching the programs,
 //! and keeping the maps equal to the desired table. Only this module knows aya.
 pub mod acceleration;
+pub mod active;
 pub mod affinity;
 pub mod audit;
 mod backend_table;

@@ -13,12 +13,12 @@ use std::thread::JoinHandle;
 
 use aya::{
     Ebpf,
-    programs::{CgroupSockAddr, SchedClassifier, Xdp},
+    programs::{CgroupSock, CgroupSockAddr, SchedClassifier, Xdp},
 };
 
 use super::{
     acceleration::Acceleration,
-    loader::{LoadError, POD_PROGRAMS, SOCK_PROGRAMS, TC_PROGRAMS, XDP_PROGRAM, program},
+    loader::{LoadError, POD_PROGRAMS, SOCK_PROGRAMS, SOCK_RELEASE_PROGRAM, TC_PROGRAMS, XDP_PROGRAM, program},
 };
 
 /// The object's programs, loaded into the kernel.
@@ -120,6 +120,8 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
         let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
         program.load().map_err(|source| LoadError::Program { name, source })?;
     }
+    let release: &mut CgroupSock = program(&mut ebpf, SOCK_RELEASE_PROGRAM)?;
+    release.load().map_err(|source| LoadError::Program { name: SOCK_RELEASE_PROGRAM, source })?;
     // Without the TC programs (an old kernel, a verifier that rejects
     // them) clients on the node are still served: say so and go on.
     let mut tc_loaded = true;

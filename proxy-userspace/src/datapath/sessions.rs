@@ -22,6 +22,8 @@ pub struct SessionMaps {
     sock_backend: BpfHashMap<MapData, SockBackendKey, u32>,
     sock_revnat: BpfHashMap<MapData, SockRevNatKey, SockRevNat>,
     ct: BpfHashMap<MapData, CtKey, CtValue>,
+    /// `CT` again, for batch reads and lookup-and-delete (which aya lacks).
+    ct_fd: std::os::fd::OwnedFd,
 }
 
 /// `BPF_NOEXIST` (linux/bpf.h): insert only a new key.
@@ -33,12 +35,30 @@ fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
 
 impl SessionMaps {
     pub fn from_maps(affinity: Map, sock_backend: Map, sock_revnat: Map, ct: Map) -> Result<Self, MapError> {
+        let ct_fd = match &ct {
+            Map::LruHashMap(data) | Map::HashMap(data) => {
+                use std::os::fd::AsFd as _;
+                data.fd().as_fd().try_clone_to_owned().map_err(|e| MapError::Session {
+                    map: "CT",
+                    source: AyaMapError::SyscallError(aya::sys::SyscallError { call: "dup", io_error: e }),
+                })?
+            }
+            _ => return Err(MapError::Session { map: "CT", source: AyaMapError::InvalidMapType { map_type: 0 } }),
+        };
         Ok(Self {
+            ct_fd,
             affinity: BpfHashMap::try_from(affinity).map_err(aya_err("AFFINITY"))?,
             sock_backend: BpfHashMap::try_from(sock_backend).map_err(aya_err("SOCK_BACKEND"))?,
             sock_revnat: BpfHashMap::try_from(sock_revnat).map_err(aya_err("SOCK_REVNAT"))?,
             ct: BpfHashMap::try_from(ct).map_err(aya_err("CT"))?,
         })
+    }
+
+    /// `CT`, for `ActiveConns::sweep_ended_flows`.
+    #[must_use]
+    pub fn ct_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd as _;
+        self.ct_fd.as_fd()
     }
 
     /// The frontend a socket asked for, if the programs translated it to

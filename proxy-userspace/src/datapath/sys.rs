@@ -22,6 +22,7 @@ const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_LINK_UPDATE: libc::c_long = 29;
@@ -276,6 +277,33 @@ pub fn read_map_where<K: aya::Pod, V: aya::Pod>(
             Err(err) if token.is_none() && err.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
             Err(err) => return Err(err),
         }
+    }
+}
+
+/// Deletes `key` and returns the value it held, in one call (hash maps,
+/// kernel 5.14+): what is returned is exactly what was deleted, so a
+/// concurrent writer's new value is never lost unseen. `None`: no such key.
+pub fn map_lookup_and_delete<K: aya::Pod, V: aya::Pod + Default>(
+    map: BorrowedFd<'_>,
+    key: &K,
+) -> io::Result<Option<V>> {
+    let mut value = V::default();
+    let mut attr = [fd_u64(map), std::ptr::from_ref(key) as u64, std::ptr::from_mut(&mut value) as u64, 0];
+    match bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut attr) {
+        Ok(_) => Ok(Some(value)),
+        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// Inserts `value` under `key` unless the key exists (`BPF_NOEXIST`);
+/// an existing key is success (its value is kept).
+pub fn map_insert_new<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>, key: &K, value: &V) -> io::Result<()> {
+    const BPF_NOEXIST: u64 = 1;
+    let mut attr = [fd_u64(map), std::ptr::from_ref(key) as u64, std::ptr::from_ref(value) as u64, BPF_NOEXIST];
+    match bpf(BPF_MAP_UPDATE_ELEM, &mut attr) {
+        Err(err) if err.raw_os_error() != Some(libc::EEXIST) => Err(err),
+        _ => Ok(()),
     }
 }
 

@@ -2,8 +2,8 @@
 use std::net::IpAddr;
 
 use super::{
-    ObjectRef, Problem, Protocol,
-    input::{ServiceSpec, ServiceType},
+    LB_ALGORITHM_ANNOTATION, LbAlgorithm, ObjectRef, Problem, Protocol,
+    input::{LbAnnotation, ServiceSpec, ServiceType},
 };
 
 /// Why a service is not programmed at all (not an error).
@@ -67,6 +67,9 @@ pub struct ServiceFrontends {
     pub source_ranges: Option<Vec<ipnet::IpNet>>,
     /// `spec.healthCheckNodePort` (LoadBalancer, externalTrafficPolicy: Local).
     pub health_check_node_port: Option<u16>,
+    /// The `ebpf-proxy.io/lb-algorithm` annotation (`None`: unset, or a
+    /// value it does not name, reported: the node's default).
+    pub lb_algorithm: Option<LbAlgorithm>,
 }
 
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`.
@@ -137,6 +140,7 @@ pub fn service_frontends(svc: &ServiceSpec, problems: &mut Vec<Problem>) -> Resu
         ports.push(PortSpec { name, port: number, protocol, node_port });
     }
     let affinity_timeout = affinity_timeout(svc, &object, problems);
+    let lb_algorithm = lb_algorithm(svc, &object, problems);
     let (lb_ips, external_ips) = external_addresses(svc, &object, problems);
     let is_load_balancer = svc.service_type == ServiceType::LoadBalancer;
     let source_ranges = if is_load_balancer { source_ranges(svc, &object, problems) } else { None };
@@ -153,7 +157,26 @@ pub fn service_frontends(svc: &ServiceSpec, problems: &mut Vec<Problem>) -> Resu
         external_local: svc.external_local,
         source_ranges,
         health_check_node_port,
+        lb_algorithm,
     })
+}
+
+/// The `ebpf-proxy.io/lb-algorithm` annotation; a value it does not name
+/// is reported (once, as every problem) and the node's default is used.
+fn lb_algorithm(svc: &ServiceSpec, object: &ObjectRef, problems: &mut Vec<Problem>) -> Option<LbAlgorithm> {
+    match svc.lb_algorithm {
+        LbAnnotation::Unset => None,
+        LbAnnotation::Set(algorithm) => Some(algorithm),
+        LbAnnotation::Unknown => {
+            let known: Vec<&str> = LbAlgorithm::ALL.iter().map(|a| a.as_str()).collect();
+            problems.push(Problem::warning(
+                object,
+                format!("metadata.annotations[{LB_ALGORITHM_ANNOTATION}]"),
+                format!("names no algorithm (expected {}); the node's --lb-algorithm is used", known.join(", ")),
+            ));
+            None
+        }
+    }
 }
 
 /// `sessionAffinity: ClientIP`: the timeout in seconds (the default when

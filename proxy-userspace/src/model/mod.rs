@@ -19,8 +19,8 @@ use std::{collections::BTreeMap, fmt, net::IpAddr};
 pub use endpoints::Selection;
 pub use frontends::SkipReason;
 pub use input::{
-    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, Placement, PlacementData, ServicePortSpec,
-    ServiceSpec, ServiceType, SlicePortSpec, SliceSpec,
+    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, LbAnnotation, Placement, PlacementData,
+    ServicePortSpec, ServiceSpec, ServiceType, SlicePortSpec, SliceSpec,
 };
 pub use problem::{DEFAULT_NAMESPACE, ObjectRef, Problem, Severity, UNNAMED};
 pub use state::{Delta, ServiceId, ServiceInput, SliceId, TableState};
@@ -134,6 +134,53 @@ pub struct Backend {
     /// The endpoint runs on this node (its `nodeName`): traffic from
     /// outside reaches it without source NAT.
     pub local: bool,
+}
+
+/// How a frontend picks a backend for a new connection: the annotation
+/// `ebpf-proxy.io/lb-algorithm` (`LB_ALGORITHM_ANNOTATION`), else the
+/// node's `--lb-algorithm`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LbAlgorithm {
+    /// A backend at random (traffic from outside: by the Maglev table, so
+    /// that every node picks alike). What kube-proxy does.
+    #[default]
+    Random,
+    /// The one of two backends picked at random with fewer active
+    /// connections (counted in the kernel).
+    LeastConnections,
+    /// As `Random` (Cilium's name for how it balances traffic from
+    /// outside, which is what this proxy does for it anyway).
+    Maglev,
+}
+
+/// The annotation that chooses a service's `LbAlgorithm`.
+pub const LB_ALGORITHM_ANNOTATION: &str = "ebpf-proxy.io/lb-algorithm";
+
+impl LbAlgorithm {
+    /// Every value, in the order the help lists them.
+    pub const ALL: [Self; 3] = [Self::Random, Self::LeastConnections, Self::Maglev];
+
+    /// The value as the annotation and `--lb-algorithm` write it.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Random => "random",
+            Self::LeastConnections => "least-connections",
+            Self::Maglev => "maglev",
+        }
+    }
+
+    /// The algorithm a value names (exactly as written).
+    #[must_use]
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.as_str() == value)
+    }
+}
+
+impl fmt::Display for LbAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// How clients reach a frontend.
@@ -271,13 +318,23 @@ pub struct Frontend {
     /// loadBalancerSourceRanges: traffic from outside is accepted only from
     /// these (`None`: from anywhere; `Some(empty)`: from nowhere).
     pub source_ranges: Option<Vec<ipnet::IpNet>>,
+    /// How a new connection picks its backend.
+    pub lb_algorithm: LbAlgorithm,
 }
 
 impl Frontend {
     /// A ClusterIP-like entry for local clients with these backends.
     #[must_use]
     pub fn new(service_port: ServicePort, kind: FrontendKind, backends: Vec<Backend>) -> Self {
-        Self { service_port, backends, affinity_timeout: None, kind, reach: Reach::LocalClients, source_ranges: None }
+        Self {
+            service_port,
+            backends,
+            affinity_timeout: None,
+            kind,
+            reach: Reach::LocalClients,
+            source_ranges: None,
+            lb_algorithm: LbAlgorithm::Random,
+        }
     }
 }
 
@@ -307,6 +364,9 @@ pub fn render(table: &ServiceTable) -> String {
         }
         if let Some(t) = frontend.affinity_timeout {
             let _ = write!(out, " affinity={t}s");
+        }
+        if frontend.lb_algorithm != LbAlgorithm::Random {
+            let _ = write!(out, " lb={}", frontend.lb_algorithm);
         }
         out.push_str(" ->");
         if frontend.backends.is_empty() {

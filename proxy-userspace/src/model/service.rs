@@ -115,6 +115,7 @@ pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeCo
                     .source_ranges
                     .clone()
                     .filter(|_| from_outside && planned.kind != FrontendKind::ExternalIp),
+                lb_algorithm: svc_frontends.lb_algorithm.unwrap_or(node.lb_algorithm),
             };
             if let Some(first) = claims.iter().find(|c| c.key == key) {
                 let served_by =

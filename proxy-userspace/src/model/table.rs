@@ -31,6 +31,9 @@ pub struct NodeContext {
     /// when it is one of `node_ips` (a mitigation of CVE-2020-8554);
     /// otherwise every externalIP, as kube-proxy does.
     pub external_ips_local_only: bool,
+    /// How a service without the lb-algorithm annotation balances
+    /// (`--lb-algorithm`).
+    pub lb_algorithm: super::LbAlgorithm,
 }
 
 /// The Node label that names its zone.
@@ -64,6 +67,7 @@ impl NodeContext {
             zone: None,
             max_backends: usize::from(u16::MAX),
             external_ips_local_only: false,
+            lb_algorithm: super::LbAlgorithm::Random,
         }
     }
 

@@ -13,8 +13,8 @@ use k8s_openapi::{
 
 use super::stored_slice::SliceId;
 use crate::model::{
-    Address, AddressType, DEFAULT_NAMESPACE, EndpointHints, EndpointSpec, IngressSpec, ServiceId, ServicePortSpec,
-    ServiceSpec, ServiceType, SlicePortSpec, SliceSpec, UNNAMED,
+    Address, AddressType, DEFAULT_NAMESPACE, EndpointHints, EndpointSpec, IngressSpec, LB_ALGORITHM_ANNOTATION,
+    LbAlgorithm, LbAnnotation, ServiceId, ServicePortSpec, ServiceSpec, ServiceType, SlicePortSpec, SliceSpec, UNNAMED,
 };
 
 /// Label naming the service a slice belongs to.
@@ -68,6 +68,10 @@ impl From<&Service> for ServiceSpec {
             out.source_ranges = boxed(spec.load_balancer_source_ranges.as_deref());
             out.health_check_node_port = spec.health_check_node_port;
         }
+        out.lb_algorithm = match meta.annotations.as_ref().and_then(|a| a.get(LB_ALGORITHM_ANNOTATION)) {
+            None => LbAnnotation::Unset,
+            Some(value) => LbAlgorithm::parse(value).map_or(LbAnnotation::Unknown, LbAnnotation::Set),
+        };
         let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
         out.lb_ingress = ingress
             .into_iter()
@@ -153,6 +157,23 @@ mod tests {
         let service: Service = serde_norway::from_str(service).expect("a Service");
         let slice: EndpointSlice = serde_norway::from_str(slice).expect("an EndpointSlice");
         (vec![ServiceSpec::from(&service)], vec![SliceSpec::from(&slice)])
+    }
+
+    #[test]
+    fn the_lb_algorithm_annotation_is_read_exactly_as_written() {
+        for (written, read) in [
+            (None, LbAnnotation::Unset),
+            (Some("random"), LbAnnotation::Set(LbAlgorithm::Random)),
+            (Some("least-connections"), LbAnnotation::Set(LbAlgorithm::LeastConnections)),
+            (Some("maglev"), LbAnnotation::Set(LbAlgorithm::Maglev)),
+            (Some("Least-Connections"), LbAnnotation::Unknown),
+            (Some(""), LbAnnotation::Unknown),
+        ] {
+            let mut svc = Service::default();
+            svc.metadata.annotations =
+                written.map(|v| [(LB_ALGORITHM_ANNOTATION.to_owned(), v.to_owned())].into_iter().collect());
+            assert_eq!(ServiceSpec::from(&svc).lb_algorithm, read, "{written:?}");
+        }
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub struct LeanSlice(pub Box<EndpointSlice>);
 
 /// The metadata `convert` and the store read: namespace, name, labels,
 /// resourceVersion, and of the annotations only the EndpointSlice
-/// controller's trigger time.
+/// controller's trigger time and `ebpf-proxy.io/lb-algorithm`.
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct Meta {
@@ -46,7 +46,7 @@ struct Meta {
     namespace: Option<String>,
     resource_version: Option<String>,
     labels: Option<BTreeMap<String, String>>,
-    #[serde(default, deserialize_with = "trigger_time_only")]
+    #[serde(default, deserialize_with = "kept_annotations")]
     annotations: Option<BTreeMap<String, String>>,
 }
 
@@ -63,9 +63,10 @@ impl From<Meta> for ObjectMeta {
     }
 }
 
-/// The annotations, of which only the trigger time is kept: the others
-/// (kubectl's last-applied configuration among them) are skipped unread.
-fn trigger_time_only<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+/// The annotations, of which only the trigger time (a slice's) and the
+/// lb-algorithm (a service's) are kept: the others (kubectl's last-applied
+/// configuration among them) are skipped unread.
+fn kept_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error> {
     struct Visitor;
     impl<'de> serde::de::Visitor<'de> for Visitor {
         type Value = Option<BTreeMap<String, String>>;
@@ -78,8 +79,9 @@ fn trigger_time_only<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<
         fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut kept = None;
             while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                if key == TRIGGER_TIME_ANNOTATION {
-                    kept = Some(BTreeMap::from([(key.into_owned(), map.next_value::<String>()?)]));
+                if key == TRIGGER_TIME_ANNOTATION || key == crate::model::LB_ALGORITHM_ANNOTATION {
+                    let value = map.next_value::<String>()?;
+                    kept.get_or_insert_with(BTreeMap::new).insert(key.into_owned(), value);
                 } else {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -298,5 +300,18 @@ mod tests {
         let svc: LeanService = serde_json::from_str(r#"{"metadata":{"name":"a","annotations":null}}"#).unwrap();
         assert_eq!(svc.0.metadata.annotations, None);
         assert_eq!(svc.0.spec, None);
+    }
+
+    /// A Service's lb-algorithm annotation is kept, its others are not.
+    #[test]
+    fn a_services_lb_algorithm_annotation_is_kept() {
+        let svc: LeanService = serde_json::from_str(
+            r#"{"metadata":{"name":"a","annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{}",
+                "ebpf-proxy.io/lb-algorithm":"least-connections"}}}"#,
+        )
+        .unwrap();
+        let kept = svc.0.metadata.annotations.unwrap();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(kept[crate::model::LB_ALGORITHM_ANNOTATION], "least-connections");
     }
 }

@@ -17,6 +17,10 @@ what the application sees (reply sources, getpeername()).
       connections iptables REDIRECTs to HOST:PORT, prints "original DST" (its
       SO_ORIGINAL_DST) for each, connects to DST with SO_MARK MARK (which
       the REDIRECT rule skips) and relays both ways; prints "listening"
+  probe.py open-many KIND HOST PORT N         N sockets of KIND (tcp: connected;
+      udp-connect: connected, one datagram answered; udp-sendto: one
+      datagram sent and answered each), kept open: prints "open N", then
+      closes them all when standard input ends
 
 Each reply prints as "PAYLOAD SOURCE"; a failing call prints "error ERRNO"
 and exits 1.
@@ -188,7 +192,35 @@ def mesh_proxy(host, port, mark):
         threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
 
+def open_many(kind, host, port, n):
+    held = []
+    try:
+        for i in range(n):
+            s = socket.socket(family(host), socket.SOCK_STREAM if kind == "tcp" else socket.SOCK_DGRAM)
+            s.settimeout(2)
+            held.append(s)
+            if kind == "tcp":
+                s.connect((host, port))
+                continue
+            if kind == "udp-connect":
+                s.connect((host, port))
+                s.send(b"ping%d" % i)
+            else:
+                s.sendto(b"ping%d" % i, (host, port))
+            s.recvfrom(2048)
+    except OSError as e:
+        fail(e)
+    print("open", len(held), flush=True)
+    sys.stdin.read()
+    for s in held:
+        s.close()
+    print("closed", flush=True)
+
+
 def main():
+    if sys.argv[1] == "open-many":
+        open_many(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        return
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "tcp-peer":
         tcp_peer(host, port)
