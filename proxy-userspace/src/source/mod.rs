@@ -10,6 +10,7 @@ pub mod labels;
 pub mod lean;
 pub mod objects;
 pub mod placements;
+pub mod protobuf;
 pub mod reachability;
 pub mod requests;
 pub mod retry;
