@@ -122,7 +122,7 @@ pub async fn run(
             let reachability = Arc::new(Reachability::default());
             let requests = vec![reachability.observer(), crate::rest_metrics::observer(telemetries.metrics.clone())];
             let (client, endpoint) = crate::source::kube::client(options, requests).await?;
-            let kube = KubeSource::start(&client, endpoint, &config.node_name, reachability)
+            let kube = KubeSource::start(&client, endpoint, &config.node_name, reachability, options.content_type)
                 .with_min_sync_period(config.min_sync_period);
             telemetries.telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
             run_with(kube, &config, &telemetries, applied, shutdown).await

@@ -8,6 +8,7 @@ pub mod file_source;
 pub mod kube;
 pub mod labels;
 pub mod lean;
+pub mod listwatch;
 pub mod objects;
 pub mod placements;
 pub mod protobuf;

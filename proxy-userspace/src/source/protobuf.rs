@@ -370,7 +370,10 @@ impl Decode for LeanSlice {
 #[derive(Debug)]
 pub enum Listed<K> {
     /// The list's resourceVersion and continue token.
-    Meta { resource_version: Option<String>, continue_token: Option<String> },
+    Meta {
+        resource_version: Option<String>,
+        continue_token: Option<String>,
+    },
     Item(K),
 }
 
@@ -503,7 +506,7 @@ pub enum Watched<K> {
     /// `ADDED`, `MODIFIED`, `DELETED` or `BOOKMARK`, and its object.
     Object(String, K),
     /// `ERROR`, and the Status it carries.
-    Error(kube::core::Status),
+    Error(Box<kube::core::Status>),
 }
 
 /// The length of the next frame of a protobuf watch stream that starts
@@ -524,7 +527,7 @@ pub fn watch_event<K: Decode>(frame: &[u8]) -> Result<Watched<K>, DecodeError> {
     let raw = unwrap(&event.object.and_then(|o| o.raw).unwrap_or_default())?;
     let kind = event.type_.unwrap_or_default();
     if kind == "ERROR" {
-        return Ok(Watched::Error(status_of(&raw)?));
+        return Ok(Watched::Error(Box::new(status_of(&raw)?)));
     }
     Ok(Watched::Object(kind, K::from_protobuf(&raw)?))
 }
