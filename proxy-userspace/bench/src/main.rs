@@ -129,10 +129,19 @@ impl Settings {
         bpffs: &std::path::Path,
         filter: &str,
     ) -> std::io::Result<proxy_testkit::AgentProcess> {
+        self.start_agent_with(&source, cgroup, bpffs, filter)
+    }
+
+    /// `start_agent` with `source` and further flags.
+    pub fn start_agent_with(
+        &self,
+        source: &[&str],
+        cgroup: &std::path::Path,
+        bpffs: &std::path::Path,
+        filter: &str,
+    ) -> std::io::Result<proxy_testkit::AgentProcess> {
         let (cgroup, pins) = (cgroup.display().to_string(), bpffs.join("ebpf-proxy").display().to_string());
-        let args = [
-            source[0],
-            source[1],
+        let common = [
             "--cgroup",
             &cgroup,
             "--bpffs-dir",
@@ -146,6 +155,7 @@ impl Settings {
             "--metrics-bind-address",
             "127.0.0.1:0",
         ];
+        let args: Vec<&str> = source.iter().chain(&common).copied().collect();
         if self.agent_log {
             proxy_testkit::AgentProcess::start_with_filter(&self.agent, args, filter)
         } else {

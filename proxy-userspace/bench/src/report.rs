@@ -124,6 +124,19 @@ impl Report {
                 c.agent_restart_seconds, c.agent_restart_writes
             );
             let _ = writeln!(out, "| agent peak RSS after its restart | {:.1} MiB |", c.agent_restart_peak_rss_mib);
+            let mib = |bytes: u64| {
+                #[expect(clippy::cast_precision_loss, reason = "bytes far below 2^52")]
+                let bytes = bytes as f64;
+                bytes / f64::from(1 << 20)
+            };
+            let _ = writeln!(out, "| bytes of the start's lists, protobuf | {:.1} MiB |", mib(c.start_list_bytes));
+            let _ = writeln!(
+                out,
+                "| a start asking for JSON: to every map written, peak RSS, bytes of its lists | {:.2} s, {:.1} MiB, {:.1} MiB |",
+                c.json_cold_start_seconds,
+                c.json_peak_rss_mib,
+                mib(c.json_start_list_bytes)
+            );
         }
         if !self.unavailable.is_empty() {
             let _ = writeln!(out, "\nNot measured here: {}.", self.unavailable.join("; "));
