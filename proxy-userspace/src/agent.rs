@@ -420,8 +420,12 @@ impl Observers {
 
 /// The message of the one log record each sync ends with (fields:
 /// `generation`, `frontends`, `backends`, `writes`, `failures`,
-/// `latency_us`, ...): an interface, which tests, the benchmark and
-/// operators' scripts wait for by this constant, never by its text.
+/// `latency_us`, and for a sync that wrote EndpointSlice changes
+/// `triggers`, `programming_min_us` and `programming_max_us`: their count
+/// and the shortest and longest time from a change's
+/// last-change-trigger-time to its maps written): an interface, which
+/// tests, the benchmark and operators' scripts wait for by this constant,
+/// never by its text.
 pub const APPLIED: &str = "service table applied";
 
 /// What a sync applied, logged in one line with its latency, the time from
@@ -443,9 +447,17 @@ fn applied_snapshot(source: &str, pipeline: &Pipeline, synced: &Synced) -> Appli
         failures = snapshot.failures,
         objects_rejected = pipeline.stats().objects_rejected,
         latency_us = u64::try_from(synced.latency.as_micros()).unwrap_or(u64::MAX),
+        triggers = (!synced.programming_seconds.is_empty()).then_some(synced.programming_seconds.len()),
+        programming_min_us = micros(synced.programming_seconds.iter().copied().reduce(f64::min)),
+        programming_max_us = micros(synced.programming_seconds.iter().copied().reduce(f64::max)),
         "{APPLIED}"
     );
     snapshot
+}
+
+/// Seconds as whole microseconds.
+fn micros(seconds: Option<f64>) -> Option<u64> {
+    seconds.map(|s| u64::try_from(std::time::Duration::from_secs_f64(s.max(0.0)).as_micros()).unwrap_or(u64::MAX))
 }
 
 /// Attaches the TC programs to the devices traffic from outside arrives

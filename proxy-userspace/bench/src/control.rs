@@ -60,6 +60,8 @@ pub struct Control {
     pub json_cold_start_seconds: f64,
     pub json_peak_rss_mib: f64,
     pub json_start_list_bytes: u64,
+    /// EndpointSlice churn at each rate (`churn`).
+    pub churn: Vec<crate::churn::Churn>,
 }
 
 fn percentile(values: &mut [f64], p: f64) -> f64 {
@@ -131,6 +133,10 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         agent.wait_for(mark, Duration::from_secs(30), is_applied).map_err(anyhow::Error::msg)?;
     }
     let (peak_rss_mib, rss_mib) = rss(agent.pid());
+    let mut churn = Vec::new();
+    for rate in &settings.churn_rates {
+        churn.push(crate::churn::run(&server, &agent, n, *rate, settings.churn_seconds)?);
+    }
     let restarts = crate::relist::run(&mut server, &agent, n)?;
     drop(agent);
     // A restart of the agent (an upgrade, a crash): the maps stay pinned,
@@ -173,6 +179,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         json_cold_start_seconds,
         json_peak_rss_mib,
         json_start_list_bytes,
+        churn,
     })
 }
 
@@ -183,6 +190,14 @@ const FILTER: &str = "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info,ebpf_p
 /// Bytes of the Service and EndpointSlice lists `agent` has read in
 /// `encoding` (its `ebpf_proxy_api_received_bytes_total`).
 fn list_bytes(agent: &proxy_testkit::AgentProcess, encoding: &str) -> anyhow::Result<u64> {
+    let series = format!("ebpf_proxy_api_received_bytes_total{{request=\"list\",encoding=\"{encoding}\"}}");
+    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a byte count")]
+    Ok(metric(agent, &series)? as u64)
+}
+
+/// The value of `series` (a metric's name and labels) in `agent`'s
+/// /metrics.
+pub fn metric(agent: &proxy_testkit::AgentProcess, series: &str) -> anyhow::Result<f64> {
     use std::io::{Read as _, Write as _};
     let served = agent
         .wait_for(0, Duration::from_secs(10), |r| message(r) == Some("serving metrics"))
@@ -193,16 +208,10 @@ fn list_bytes(agent: &proxy_testkit::AgentProcess, encoding: &str) -> anyhow::Re
     write!(conn, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
     let mut text = String::new();
     conn.read_to_string(&mut text)?;
-    let series = format!("ebpf_proxy_api_received_bytes_total{{request=\"list\",encoding=\"{encoding}\"}} ");
     text.lines()
-        .find_map(|l| l.strip_prefix(&series))
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| {
-            #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a byte count")]
-            let bytes = v as u64;
-            bytes
-        })
-        .with_context(|| format!("no {series}in the agent's metrics"))
+        .with_context(|| format!("no {series} in the agent's metrics"))
 }
 
 /// The `latency_us` of an "applied" record, in milliseconds.
