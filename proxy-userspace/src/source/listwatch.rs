@@ -271,12 +271,7 @@ impl ListWatch {
             }
             ListFrom::Quorum => params.limit = Some(QUORUM_PAGE_SIZE),
         }
-        let fail = |error: kube::Error| {
-            // client-go: a version the server cannot serve from its cache
-            // (compacted away, or ahead of this server) is read from etcd.
-            let next = if expired(&error) || too_large(&error) { ListFrom::Quorum } else { from.clone() };
-            ListFailed { error, next }
-        };
+        let fail = |error: kube::Error| ListFailed { next: after_failure(from, &error), error };
         let request =
             kube::core::Request::new(&self.url).list(&params).map_err(|e| fail(kube::Error::BuildRequest(e)))?;
         let (body, protobuf) = self.send(request).await.map_err(fail)?;
@@ -369,6 +364,13 @@ struct ListFailed {
 }
 
 const GONE: u16 = 410;
+
+/// Where a list that failed with `error` is read from next. client-go: a
+/// version the server cannot serve (compacted away, or ahead of this
+/// server's cache) is read from etcd; other failures try the same again.
+fn after_failure(from: &ListFrom, error: &kube::Error) -> ListFrom {
+    if expired(error) || too_large(error) { ListFrom::Quorum } else { from.clone() }
+}
 
 fn expired(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == GONE)
@@ -586,6 +588,20 @@ mod tests {
                 assert!(buf.is_empty());
             }
         }
+    }
+
+    #[test]
+    fn a_version_the_cache_cannot_serve_is_read_from_etcd() {
+        let answer = |code: u16, message: &str| {
+            kube::Error::Api(Box::new(kube::core::Status { code, message: message.into(), ..Default::default() }))
+        };
+        let relist = ListFrom::NotOlderThan("42".into());
+        assert_eq!(after_failure(&relist, &answer(410, "too old resource version")), ListFrom::Quorum);
+        assert_eq!(after_failure(&relist, &answer(504, "Too large resource version")), ListFrom::Quorum);
+        assert_eq!(after_failure(&relist, &answer(500, "etcdserver: leader changed")), relist);
+        let refused = kube::Error::ReadEvents(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(after_failure(&ListFrom::Cache, &refused), ListFrom::Cache);
+        assert_eq!(after_failure(&ListFrom::Quorum, &answer(410, "continue token expired")), ListFrom::Quorum);
     }
 
     #[test]
