@@ -459,6 +459,10 @@ mod list_watch {
             // The server goes away; what the watch saw is compacted away
             // meanwhile: 410 Gone, and a relist.
             server.stop();
+            // The watch breaks first: a change written before would still
+            // reach it through its closing connection.
+            let broke = async { while events.next().await.expect("the stream goes on").is_ok() {} };
+            tokio::time::timeout(guard, broke).await.expect("the watch broke");
             server.put(slice_object(many, "10.0.0.1"));
             server.compact();
             // (The server's own runtime cannot be entered from this one.)
@@ -487,6 +491,28 @@ mod list_watch {
                 panic!("an update")
             };
             assert_eq!(address(&changed), "10.0.0.3");
+        });
+    }
+
+    /// Until the API server answers, a list is an error alone, never an
+    /// `Init` between errors (each event starts the watch's retry delays
+    /// afresh, `source::retry`, so they would never grow).
+    #[test]
+    fn a_list_nobody_answers_is_an_error_alone() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&format!("http://127.0.0.1:{port}"))).unwrap();
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let options =
+                ebpf_proxy::source::kube::ClientOptions { kubeconfig: Some(kubeconfig.clone()), ..Default::default() };
+            let (client, _) = ebpf_proxy::source::kube::client(&options, Vec::new()).await.unwrap();
+            let lw = ListWatch::new(client, SLICES, None, ContentType::Protobuf, Arc::new(ApiBytes::default()));
+            let mut events: std::pin::Pin<&mut Events> = pin!(lw.stream::<LeanSlice>());
+            for _ in 0..3 {
+                let next = tokio::time::timeout(Duration::from_secs(30), events.next()).await.expect("an answer");
+                assert!(matches!(next, Some(Err(Error::InitialListFailed(_)))), "{next:?}");
+            }
         });
     }
 }

@@ -119,9 +119,9 @@ pub struct ListWatch {
 }
 
 enum Phase<K> {
-    /// A list to start (`Init` first).
+    /// A list to start (`Init` once its first page is answered).
     List(ListFrom),
-    /// A page of it to ask for.
+    /// A further page of it to ask for.
     Page { from: ListFrom, continue_token: Option<String>, version: Option<String> },
     /// A page coming in.
     Listing {
@@ -162,9 +162,16 @@ impl ListWatch {
     async fn step<K: Decode>(&self, mut phase: Phase<K>) -> (Result<Event<K>, watcher::Error>, Phase<K>) {
         loop {
             phase = match phase {
-                Phase::List(from) => {
-                    return (Ok(Event::Init), Phase::Page { from, continue_token: None, version: None });
-                }
+                // `Init` only once the server answers: a list that fails
+                // before is an error alone, so the retries back off
+                // (`super::retry` starts afresh at every event).
+                Phase::List(from) => match self.list_page(&from, None).await {
+                    Ok(items) => {
+                        let listing = Phase::Listing { from, items, continue_token: None, version: None };
+                        return (Ok(Event::Init), listing);
+                    }
+                    Err(err) => return (Err(watcher::Error::InitialListFailed(err.error)), Phase::List(err.next)),
+                },
                 Phase::Page { from, continue_token, version } => {
                     match self.list_page(&from, continue_token.as_deref()).await {
                         Ok(items) => Phase::Listing { from, items, continue_token: None, version },
