@@ -128,7 +128,7 @@ pub async fn run(
             let reachability = Arc::new(Reachability::default());
             let requests = vec![reachability.observer(), crate::rest_metrics::observer(telemetries.metrics.clone())];
             let (client, endpoint) = crate::source::kube::client(options, requests).await?;
-            let kube = KubeSource::start(&client, endpoint, &config.node_name, reachability)
+            let kube = KubeSource::start(&client, endpoint, &config.node_name, reachability, options.content_type)
                 .with_min_sync_period(config.min_sync_period);
             telemetries.telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
             run_with(kube, &config, &telemetries, applied, shutdown).await
@@ -529,8 +529,12 @@ impl Observers {
 
 /// The message of the one log record each sync ends with (fields:
 /// `generation`, `frontends`, `backends`, `writes`, `failures`,
-/// `latency_us`, ...): an interface, which tests, the benchmark and
-/// operators' scripts wait for by this constant, never by its text.
+/// `latency_us`, and for a sync that wrote EndpointSlice changes
+/// `triggers`, `programming_min_us` and `programming_max_us`: their count
+/// and the shortest and longest time from a change's
+/// last-change-trigger-time to its maps written): an interface, which
+/// tests, the benchmark and operators' scripts wait for by this constant,
+/// never by its text.
 pub const APPLIED: &str = "service table applied";
 
 /// What a sync applied, logged in one line with its latency, the time from
@@ -552,9 +556,17 @@ fn applied_snapshot(source: &str, pipeline: &Pipeline, synced: &Synced) -> Appli
         failures = snapshot.failures,
         objects_rejected = pipeline.stats().objects_rejected,
         latency_us = u64::try_from(synced.latency.as_micros()).unwrap_or(u64::MAX),
+        triggers = (!synced.programming_seconds.is_empty()).then_some(synced.programming_seconds.len()),
+        programming_min_us = micros(synced.programming_seconds.iter().copied().reduce(f64::min)),
+        programming_max_us = micros(synced.programming_seconds.iter().copied().reduce(f64::max)),
         "{APPLIED}"
     );
     snapshot
+}
+
+/// Seconds as whole microseconds.
+fn micros(seconds: Option<f64>) -> Option<u64> {
+    seconds.map(|s| u64::try_from(std::time::Duration::from_secs_f64(s.max(0.0)).as_micros()).unwrap_or(u64::MAX))
 }
 
 /// Attaches the TC programs to the devices traffic from outside arrives

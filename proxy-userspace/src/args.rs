@@ -144,7 +144,10 @@ const REFUSED_KUBE_PROXY_FLAGS: &[(&str, &str)] = &[
     ("conntrack-", "ebpf-proxy does not tune netfilter conntrack; remove the flag"),
     ("kube-api-qps", "ebpf-proxy has no client-side rate limiter; remove the flag"),
     ("kube-api-burst", "ebpf-proxy has no client-side rate limiter; remove the flag"),
-    ("kube-api-content-type", "ebpf-proxy speaks JSON to the API server; remove the flag"),
+    (
+        "kube-api-content-type",
+        "ebpf-proxy asks for protobuf, as kube-proxy does by default; give the flag to `ebpf-proxy run`",
+    ),
     ("bind-address", "use --healthz-bind-address and --metrics-bind-address (and --node-ip with `run`)"),
     ("oom-score-adj", "set the pod's resources instead; remove the flag"),
     ("proxy-port-range", "ebpf-proxy proxies no ports in userspace; remove the flag"),
@@ -177,6 +180,16 @@ pub fn refused_kube_proxy_flag(args: &[std::ffi::OsString]) -> Option<String> {
         }
     }
     None
+}
+
+/// `--kube-api-content-type`: kube-proxy's two values.
+fn parse_content_type(value: &str) -> Result<crate::source::listwatch::ContentType, String> {
+    use crate::source::listwatch::ContentType;
+    match value {
+        "application/vnd.kubernetes.protobuf" => Ok(ContentType::Protobuf),
+        "application/json" => Ok(ContentType::Json),
+        _ => Err("give application/vnd.kubernetes.protobuf or application/json".to_owned()),
+    }
 }
 
 /// `HOST:PORT` (an IPv6 host in brackets), or a URL `https://HOST:PORT`;
@@ -405,6 +418,16 @@ pub struct RunArgs {
     /// e.g. 192.168.0.10:6443.
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_endpoint)]
     pub api_server_endpoint: Option<String>,
+    /// What Services and EndpointSlices are asked of the API server in
+    /// (kube-proxy's flag): protobuf, as kube-proxy and client-go ask
+    /// (JSON is still read from a server that answers with it), or JSON.
+    #[arg(
+        long,
+        value_name = "TYPE",
+        default_value = "application/vnd.kubernetes.protobuf",
+        value_parser = parse_content_type
+    )]
+    pub kube_api_content_type: crate::source::listwatch::ContentType,
     /// cgroup v2 directory to attach the socket programs to (they act on
     /// every process in it and below). Default: the root of the cgroup2
     /// hierarchy, mounted at /run/ebpf-proxy/cgroup2 if none is.

@@ -259,6 +259,22 @@ impl prometheus_client::collector::Collector for Collector {
                 "Full relists after a watch position expired (410 Gone)",
                 watch.relists.load(Relaxed),
             )?;
+            let bytes = &watch.bytes;
+            let mut m = out.encode_descriptor(
+                "ebpf_proxy_api_received_bytes",
+                "Bytes of the API server's Service and EndpointSlice list and watch bodies, by request and encoding",
+                None,
+                MetricType::Counter,
+            )?;
+            for (request, encoding, n) in [
+                ("list", "protobuf", &bytes.list_protobuf),
+                ("list", "json", &bytes.list_json),
+                ("watch", "protobuf", &bytes.watch_protobuf),
+                ("watch", "json", &bytes.watch_json),
+            ] {
+                ConstCounter::new(n.load(Relaxed))
+                    .encode(m.encode_family(&[("request", request), ("encoding", encoding)])?)?;
+            }
         }
         t.connections(&mut out, self.max_service_series)?;
         t.active_connections(&mut out, self.max_service_series)

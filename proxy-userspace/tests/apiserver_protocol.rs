@@ -1,6 +1,8 @@
 //! The test API server answers in the shapes a real kube-apiserver does:
 //! its list pages, watch events and 410 bodies are compared with the
-//! captures in tests/fixtures/real-apiserver.
+//! captures in tests/fixtures/real-apiserver, its protobuf with those in
+//! tests/fixtures/real-apiserver-protobuf. The agent's lists and watches
+//! (`source::listwatch`) are run against it at the end.
 mod common;
 
 use std::{collections::BTreeSet, path::Path};
@@ -199,5 +201,318 @@ fn objects_are_served_as_large_as_a_real_server_serves_them() {
         eprintln!("{name}: served {ours} bytes, captured {real}");
         let ratio = f64::from(u32::try_from(*ours).unwrap()) / f64::from(u32::try_from(*real).unwrap());
         assert!((0.85..=1.15).contains(&ratio), "{name}: served {ours} bytes, the real server {real} ({ratio:.2}×)");
+    }
+}
+
+fn protobuf_fixture(name: &str) -> Vec<u8> {
+    std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/real-apiserver-protobuf").join(name))
+        .expect("fixture")
+}
+
+/// A protobuf varint at the start of `b`, and its length.
+fn varint(b: &[u8]) -> (u64, usize) {
+    let mut value = 0;
+    for (i, byte) in b.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if *byte < 0x80 {
+            return (value, i + 1);
+        }
+    }
+    panic!("a varint");
+}
+
+/// The length-delimited fields numbered `tag` of message `b`, as bytes
+/// (the other fields skipped).
+fn fields(b: &[u8], tag: u64) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < b.len() {
+        let (key, n) = varint(&b[at..]);
+        at += n;
+        match key & 7 {
+            0 => at += varint(&b[at..]).1,
+            2 => {
+                let (len, n) = varint(&b[at..]);
+                let field = &b[at + n..at + n + usize::try_from(len).unwrap()];
+                if key >> 3 == tag {
+                    out.push(field);
+                }
+                at += n + field.len();
+            }
+            wire => panic!("wire type {wire}"),
+        }
+    }
+    out
+}
+
+/// The items of a protobuf list body: `k8s\0`, Unknown's raw (2), the
+/// list's items (2).
+fn protobuf_items(body: &[u8]) -> Vec<&[u8]> {
+    let unknown = body.strip_prefix(b"k8s\0").expect("the protobuf envelope");
+    fields(fields(unknown, 2)[0], 2)
+}
+
+/// The test server's protobuf for each object a real kube-apiserver sent
+/// is the real protobuf but for the empty strings and zeros Go writes and
+/// JSON leaves out: the same size within 10%, and the agent decodes the
+/// two alike.
+#[test]
+fn protobuf_objects_are_encoded_as_a_real_server_encodes_them() {
+    use ebpf_proxy::source::{
+        lean::{LeanService, LeanSlice},
+        protobuf::Decode,
+    };
+    use proxy_testkit::apiserver::{Kind, protobuf};
+    for (kind, name) in [(Kind::Service, "services-list"), (Kind::EndpointSlice, "endpointslices-list")] {
+        let real_pb = protobuf_fixture(&format!("{name}.pb"));
+        let real_json: Value = serde_json::from_slice(&protobuf_fixture(&format!("{name}.json"))).unwrap();
+        let real_items = protobuf_items(&real_pb);
+        let json_items = real_json["items"].as_array().unwrap();
+        assert_eq!(real_items.len(), json_items.len());
+        for (real, json) in real_items.iter().zip(json_items) {
+            let ours = protobuf::item(kind, json);
+            let ratio = f64::from(u32::try_from(ours.len()).unwrap()) / f64::from(u32::try_from(real.len()).unwrap());
+            let what = &json["metadata"]["name"];
+            assert!(
+                (0.9..=1.0).contains(&ratio),
+                "{what}: {} bytes, the real server's {} ({ratio:.3}×)",
+                ours.len(),
+                real.len()
+            );
+            if kind == Kind::Service {
+                assert_eq!(
+                    LeanService::from_protobuf(&ours).unwrap(),
+                    LeanService::from_protobuf(real).unwrap(),
+                    "{what}"
+                );
+            } else {
+                assert_eq!(LeanSlice::from_protobuf(&ours).unwrap(), LeanSlice::from_protobuf(real).unwrap(), "{what}");
+            }
+        }
+    }
+}
+
+fn get_as(server: &TestApiServer, path_and_query: &str, accept: &str) -> (u16, String, Vec<u8>) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-o", "-", "-D", "/dev/stderr", "--max-time", "3", "-H", &format!("accept: {accept}")])
+        .arg(format!("{}{path_and_query}", server.url()))
+        .output()
+        .expect("curl");
+    let headers = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    let code = headers.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("a status line");
+    let content_type = headers.lines().find_map(|l| l.strip_prefix("content-type: ")).unwrap_or_default();
+    (code, content_type.trim().to_owned(), out.stdout)
+}
+
+const PROTOBUF_FIRST: &str = "application/vnd.kubernetes.protobuf, application/json";
+
+fn slice_object(i: usize, address: &str) -> Value {
+    serde_json::json!({
+        "kind": "EndpointSlice",
+        "metadata": {"name": format!("s{i}"), "namespace": "ns", "labels": {"kubernetes.io/service-name": "svc"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [address], "conditions": {"ready": true}, "nodeName": "n1"}],
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+    })
+}
+
+/// As kube-apiserver: a list with a resourceVersion comes from the watch
+/// cache whole (`limit` ignored), one without is paged; protobuf when
+/// asked for, as the real envelope has it; an expired continue token's
+/// 410 in protobuf too.
+#[test]
+fn lists_are_paged_only_from_etcd_and_served_in_protobuf_when_asked() {
+    let server = TestApiServer::start();
+    for i in 0..7 {
+        server.put(slice_object(i, "10.0.0.1"));
+    }
+    let path = "/apis/discovery.k8s.io/v1/endpointslices";
+    let (code, content_type, body) = get_as(&server, &format!("{path}?limit=3&resourceVersion=0"), PROTOBUF_FIRST);
+    assert_eq!((code, content_type.as_str()), (200, "application/vnd.kubernetes.protobuf"));
+    let real = protobuf_fixture("endpointslices-list.pb");
+    let unknown = |b: &[u8]| fields(b.strip_prefix(b"k8s\0").unwrap(), 1)[0].to_vec();
+    assert_eq!(unknown(&body), unknown(&real), "the typeMeta: discovery.k8s.io/v1, EndpointSliceList");
+    assert_eq!(protobuf_items(&body).len(), 7, "the whole list from the cache");
+    let mut decoded = 0;
+    ebpf_proxy::source::protobuf::read_list::<ebpf_proxy::source::lean::LeanSlice>(&body[..], |listed| {
+        decoded += usize::from(matches!(listed, ebpf_proxy::source::protobuf::Listed::Item(_)));
+        assert!(decoded < 100, "runs on");
+        true
+    })
+    .unwrap();
+    assert_eq!(decoded, 7, "the agent reads it");
+    let (_, _, page) = get_as(&server, &format!("{path}?limit=3"), PROTOBUF_FIRST);
+    assert_eq!(protobuf_items(&page).len(), 3, "a page from etcd");
+    let (code, content_type, json) = get_as(&server, &format!("{path}?limit=3"), "application/json");
+    assert_eq!((code, content_type.as_str()), (200, "application/json"));
+    let json: Value = serde_json::from_slice(&json).unwrap();
+    assert_eq!(json["items"].as_array().unwrap().len(), 3);
+    let token = json["metadata"]["continue"].as_str().unwrap().to_owned();
+    server.put(slice_object(8, "10.0.0.1"));
+    server.compact();
+    let (code, content_type, body) = get_as(&server, &format!("{path}?limit=3&continue={token}"), PROTOBUF_FIRST);
+    assert_eq!((code, content_type.as_str()), (410, "application/vnd.kubernetes.protobuf"));
+    let status = ebpf_proxy::source::protobuf::status(&body).unwrap();
+    assert_eq!((status.code, status.reason.as_str()), (410, "Expired"));
+    // Nodes are answered in JSON, which the client accepts besides.
+    server.put(serde_json::json!({"kind": "Node", "metadata": {"name": "n1"}}));
+    assert_eq!(get_as(&server, "/api/v1/nodes", PROTOBUF_FIRST).1, "application/json");
+}
+
+mod list_watch {
+    use std::{pin::pin, sync::Arc, time::Duration};
+
+    use ebpf_proxy::source::{
+        lean::LeanSlice,
+        listwatch::{ApiBytes, ContentType, ListWatch},
+    };
+    use futures::{Stream, StreamExt as _};
+    use kube::runtime::watcher::{Error, Event};
+    use proxy_testkit::{apiserver::TestApiServer, kubeconfig_yaml};
+
+    use super::slice_object;
+
+    const SLICES: &str = "/apis/discovery.k8s.io/v1/endpointslices";
+
+    type Events = dyn Stream<Item = Result<Event<LeanSlice>, Error>> + Send;
+
+    fn address(slice: &LeanSlice) -> String {
+        slice.0.endpoints.as_ref().unwrap()[0].addresses[0].clone()
+    }
+
+    /// The events up to the end of the next list: the names listed, and
+    /// the errors before.
+    async fn next_list(events: &mut std::pin::Pin<&mut Events>) -> (Vec<String>, Vec<Error>) {
+        let (mut names, mut errors) = (Vec::new(), Vec::new());
+        loop {
+            match events.next().await.expect("the stream goes on") {
+                Ok(Event::Init) => names.clear(),
+                Ok(Event::InitApply(slice)) => names.push(slice.0.metadata.name.clone().unwrap()),
+                Ok(Event::InitDone) => return (names, errors),
+                Ok(_) => {}
+                Err(err) => {
+                    errors.push(err);
+                    assert!(errors.len() < 50, "failing again and again: {errors:?}");
+                    // As the watch tasks do (`source::retry`), a little.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// The next change a watch brings.
+    async fn next_change(events: &mut std::pin::Pin<&mut Events>) -> Event<LeanSlice> {
+        loop {
+            if let Ok(event @ (Event::Apply(_) | Event::Delete(_))) = events.next().await.expect("the stream goes on") {
+                return event;
+            }
+        }
+    }
+
+    fn lists(server: &TestApiServer) -> Vec<proxy_testkit::apiserver::Logged> {
+        server.requests().into_iter().filter(|r| r.path == SLICES && !r.watch).collect()
+    }
+
+    /// The agent's lists and watches against the test server: the first
+    /// list from the watch cache in one protobuf response, changes through
+    /// a protobuf watch, a relist after 410 Gone from the cache at no older
+    /// than what was seen, and JSON from a server that answers in it.
+    #[test]
+    fn lists_come_from_the_watch_cache_in_protobuf_and_json_is_still_read() {
+        let mut server = TestApiServer::start();
+        let many = usize::try_from(ebpf_proxy::source::listwatch::QUORUM_PAGE_SIZE).unwrap() * 2 + 17;
+        for i in 0..many {
+            server.put(slice_object(i, "10.0.0.1"));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&server.url())).unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let options =
+                ebpf_proxy::source::kube::ClientOptions { kubeconfig: Some(kubeconfig.clone()), ..Default::default() };
+            let (client, _) = ebpf_proxy::source::kube::client(&options, Vec::new()).await.unwrap();
+            let bytes = Arc::new(ApiBytes::default());
+            let lw = ListWatch::new(client.clone(), SLICES, None, ContentType::Protobuf, bytes.clone());
+            let mut events: std::pin::Pin<&mut Events> = pin!(lw.stream::<LeanSlice>());
+            let guard = Duration::from_mins(1);
+
+            let (names, errors) = tokio::time::timeout(guard, next_list(&mut events)).await.expect("listed");
+            assert!(errors.is_empty(), "{errors:?}");
+            assert_eq!(names.len(), many);
+            let first = lists(&server);
+            assert_eq!(first.len(), 1, "one request: {first:?}");
+            assert!(first[0].query.contains("resourceVersion=0"), "{first:?}");
+            assert!(first[0].accept.starts_with("application/vnd.kubernetes.protobuf"), "{first:?}");
+            let listed = bytes.list_protobuf.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(listed > 0);
+            assert_eq!(bytes.list_json.load(std::sync::atomic::Ordering::Relaxed), 0);
+
+            server.put(slice_object(3, "10.0.0.2"));
+            let Event::Apply(changed) = tokio::time::timeout(guard, next_change(&mut events)).await.expect("a change")
+            else {
+                panic!("an update")
+            };
+            assert_eq!((changed.0.metadata.name.as_deref(), address(&changed).as_str()), (Some("s3"), "10.0.0.2"));
+            assert!(bytes.watch_protobuf.load(std::sync::atomic::Ordering::Relaxed) > 0);
+
+            // The server goes away; what the watch saw is compacted away
+            // meanwhile: 410 Gone, and a relist.
+            server.stop();
+            // The watch breaks first: a change written before would still
+            // reach it through its closing connection.
+            let broke = async { while events.next().await.expect("the stream goes on").is_ok() {} };
+            tokio::time::timeout(guard, broke).await.expect("the watch broke");
+            server.put(slice_object(many, "10.0.0.1"));
+            server.compact();
+            // (The server's own runtime cannot be entered from this one.)
+            std::thread::scope(|s| s.spawn(|| server.start_again()).join().unwrap());
+            let (names, errors) = tokio::time::timeout(guard, next_list(&mut events)).await.expect("relisted");
+            assert_eq!(names.len(), many + 1);
+            assert!(
+                errors.iter().any(|e| matches!(e, Error::WatchError(s) if s.code == 410)),
+                "a watch from a compacted version: {errors:?}"
+            );
+            let relist = lists(&server).pop().unwrap();
+            assert!(relist.query.contains("resourceVersionMatch=NotOlderThan"), "{relist:?}");
+            assert!(!relist.query.contains("limit="), "the cache, whole: {relist:?}");
+            assert!(!relist.query.contains("resourceVersion=0"), "{relist:?}");
+
+            // A server that answers in JSON only.
+            server.serve_json_only();
+            let lw = ListWatch::new(client, SLICES, None, ContentType::Protobuf, bytes.clone());
+            let mut events: std::pin::Pin<&mut Events> = pin!(lw.stream::<LeanSlice>());
+            let (names, _) = tokio::time::timeout(guard, next_list(&mut events)).await.expect("listed in JSON");
+            assert_eq!(names.len(), many + 1);
+            assert!(bytes.list_json.load(std::sync::atomic::Ordering::Relaxed) > 0);
+            server.put(slice_object(5, "10.0.0.3"));
+            let Event::Apply(changed) = tokio::time::timeout(guard, next_change(&mut events)).await.expect("a change")
+            else {
+                panic!("an update")
+            };
+            assert_eq!(address(&changed), "10.0.0.3");
+        });
+    }
+
+    /// Until the API server answers, a list is an error alone, never an
+    /// `Init` between errors (each event starts the watch's retry delays
+    /// afresh, `source::retry`, so they would never grow).
+    #[test]
+    fn a_list_nobody_answers_is_an_error_alone() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&format!("http://127.0.0.1:{port}"))).unwrap();
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let options =
+                ebpf_proxy::source::kube::ClientOptions { kubeconfig: Some(kubeconfig.clone()), ..Default::default() };
+            let (client, _) = ebpf_proxy::source::kube::client(&options, Vec::new()).await.unwrap();
+            let lw = ListWatch::new(client, SLICES, None, ContentType::Protobuf, Arc::new(ApiBytes::default()));
+            let mut events: std::pin::Pin<&mut Events> = pin!(lw.stream::<LeanSlice>());
+            for _ in 0..3 {
+                let next = tokio::time::timeout(Duration::from_secs(30), events.next()).await.expect("an answer");
+                assert!(matches!(next, Some(Err(Error::InitialListFailed(_)))), "{next:?}");
+            }
+        });
     }
 }

@@ -350,15 +350,15 @@ fn a_change_of_the_nodes_zone_translates_every_service_again() {
     assert_eq!(env.requests(&ip, 10), vec!["backend-2"; 10]);
 }
 
-/// The agent lists Services and EndpointSlices in pages of
-/// `LIST_PAGE_SIZE` (a `continue` token per page, as client-go's
-/// reflector pages by 500): with more objects than two pages every one of
-/// them arrives, and the last listed is served.
+/// The agent lists Services and EndpointSlices from the API server's
+/// watch cache, in one response however long (`source::listwatch`), and
+/// reads it as it arrives: with more objects than two pages of a quorum
+/// list every one of them arrives, and the last listed is served.
 #[test]
 fn lists_longer_than_a_page_arrive_whole() {
     common::require_root!();
     let (mut env, cluster, _) = setup(1, 1..=1);
-    let more = usize::try_from(ebpf_proxy::source::kube::LIST_PAGE_SIZE).unwrap() * 2 + 17;
+    let more = usize::try_from(ebpf_proxy::source::listwatch::QUORUM_PAGE_SIZE).unwrap() * 2 + 17;
     let mut last = String::new();
     for i in 0..more {
         let name = format!("paged-{i}");

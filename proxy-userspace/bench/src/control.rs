@@ -51,6 +51,17 @@ pub struct Control {
     pub agent_restart_writes: u64,
     /// Peak resident memory of the restarted agent (at its first sync).
     pub agent_restart_peak_rss_mib: f64,
+    /// Bytes of the Service and EndpointSlice lists the cold start read
+    /// (protobuf, from the watch cache).
+    pub start_list_bytes: u64,
+    /// A cold start asking for JSON (`--kube-api-content-type
+    /// application/json`, on maps of its own): start to every map written,
+    /// its peak RSS, and the bytes of its lists.
+    pub json_cold_start_seconds: f64,
+    pub json_peak_rss_mib: f64,
+    pub json_start_list_bytes: u64,
+    /// EndpointSlice churn at each rate (`churn`).
+    pub churn: Vec<crate::churn::Churn>,
 }
 
 fn percentile(values: &mut [f64], p: f64) -> f64 {
@@ -83,18 +94,20 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     std::fs::write(&kubeconfig, kubeconfig_yaml(&server.url()))?;
     let cgroup = TestCgroup::create(&unique_name("ebpf-proxy-bench-cp"))?;
     let bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-bench-cp"))?;
-    let start = || -> anyhow::Result<(proxy_testkit::AgentProcess, serde_json::Value, f64)> {
+    let kubeconfig = kubeconfig.display().to_string();
+    let start_on = |cgroup: &TestCgroup,
+                    bpffs: &BpfFs,
+                    flags: &[&str]|
+     -> anyhow::Result<(proxy_testkit::AgentProcess, serde_json::Value, f64)> {
         let started = Instant::now();
-        let agent = settings.start_agent(
-            ["--kubeconfig", &kubeconfig.display().to_string()],
-            cgroup.path(),
-            bpffs.path(),
-            "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info",
-        )?;
+        let source: Vec<&str> = ["--kubeconfig", &kubeconfig].into_iter().chain(flags.iter().copied()).collect();
+        let agent = settings.start_agent_with(&source, cgroup.path(), bpffs.path(), FILTER)?;
         let first = first_applied(&agent, "the agent")?;
         Ok((agent, first, started.elapsed().as_secs_f64()))
     };
+    let start = || start_on(&cgroup, &bpffs, &[]);
     let (agent, first, cold_start_seconds) = start()?;
+    let start_list_bytes = list_bytes(&agent, "protobuf")?;
     let first_sync_seconds = latency_ms(&first) / 1000.0;
 
     let mut at_agent = Vec::new();
@@ -120,6 +133,10 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         agent.wait_for(mark, Duration::from_secs(30), is_applied).map_err(anyhow::Error::msg)?;
     }
     let (peak_rss_mib, rss_mib) = rss(agent.pid());
+    let mut churn = Vec::new();
+    for rate in &settings.churn_rates {
+        churn.push(crate::churn::run(&server, &agent, n, *rate, settings.churn_seconds)?);
+    }
     let restarts = crate::relist::run(&mut server, &agent, n)?;
     drop(agent);
     // A restart of the agent (an upgrade, a crash): the maps stay pinned,
@@ -129,6 +146,15 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         .and_then(serde_json::Value::as_u64)
         .with_context(|| format!("an applied record without its writes: {first}"))?;
     let agent_restart_peak_rss_mib = rss(agent.pid()).0;
+    drop(agent);
+    // The same start in JSON, on a cgroup and pins of its own (a cold
+    // start, not a restart).
+    let json_cgroup = TestCgroup::create(&unique_name("ebpf-proxy-bench-json"))?;
+    let json_bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-bench-json"))?;
+    let (agent, _, json_cold_start_seconds) =
+        start_on(&json_cgroup, &json_bpffs, &["--kube-api-content-type", "application/json"])?;
+    let json_start_list_bytes = list_bytes(&agent, "json")?;
+    let json_peak_rss_mib = rss(agent.pid()).0;
     drop(agent);
     Ok(Control {
         services: n,
@@ -149,7 +175,43 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         agent_restart_seconds,
         agent_restart_writes,
         agent_restart_peak_rss_mib,
+        start_list_bytes,
+        json_cold_start_seconds,
+        json_peak_rss_mib,
+        json_start_list_bytes,
+        churn,
     })
+}
+
+/// What the bench's agents log: their syncs and lists, and where they
+/// serve their metrics.
+const FILTER: &str = "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info,ebpf_proxy::serve=info";
+
+/// Bytes of the Service and EndpointSlice lists `agent` has read in
+/// `encoding` (its `ebpf_proxy_api_received_bytes_total`).
+fn list_bytes(agent: &proxy_testkit::AgentProcess, encoding: &str) -> anyhow::Result<u64> {
+    let series = format!("ebpf_proxy_api_received_bytes_total{{request=\"list\",encoding=\"{encoding}\"}}");
+    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "a byte count")]
+    Ok(metric(agent, &series)? as u64)
+}
+
+/// The value of `series` (a metric's name and labels) in `agent`'s
+/// /metrics.
+pub fn metric(agent: &proxy_testkit::AgentProcess, series: &str) -> anyhow::Result<f64> {
+    use std::io::{Read as _, Write as _};
+    let served = agent
+        .wait_for(0, Duration::from_secs(10), |r| message(r) == Some("serving metrics"))
+        .map_err(anyhow::Error::msg)?;
+    let address = field(&served, "address").and_then(serde_json::Value::as_str).context("no metrics address")?;
+    let mut conn = std::net::TcpStream::connect(address)?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(conn, "GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .with_context(|| format!("no {series} in the agent's metrics"))
 }
 
 /// The `latency_us` of an "applied" record, in milliseconds.

@@ -3,6 +3,7 @@
 //! where the kernel has it) and the direct path, in the bench's own network
 //! namespaces; and the agent's control plane. Run by `cargo xtask bench`.
 mod balance;
+mod churn;
 mod control;
 mod datapath;
 mod load;
@@ -63,6 +64,14 @@ struct Cli {
     /// Single-endpoint changes to time.
     #[arg(long)]
     changes: Option<usize>,
+    /// EndpointSlice updates per second of the churn runs (each for
+    /// --churn-seconds, at every control-plane count; default 1000 and
+    /// 5000, 200 with --quick).
+    #[arg(long, value_delimiter = ',')]
+    churn_rates: Option<Vec<u32>>,
+    /// Seconds of each churn run (default 30; 2 with --quick).
+    #[arg(long)]
+    churn_seconds: Option<f64>,
     /// Where to write results.json, results.md and the plots (*.svg).
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
@@ -129,6 +138,10 @@ pub struct Settings {
     pub variants: Vec<net::Variant>,
     /// Seconds a kube-proxy rule set may take to load.
     pub rule_load_limit: f64,
+    /// EndpointSlice updates per second of the churn runs, and their
+    /// length.
+    pub churn_rates: Vec<u32>,
+    pub churn_seconds: f64,
 }
 
 impl Settings {
@@ -143,10 +156,19 @@ impl Settings {
         bpffs: &std::path::Path,
         filter: &str,
     ) -> std::io::Result<proxy_testkit::AgentProcess> {
+        self.start_agent_with(&source, cgroup, bpffs, filter)
+    }
+
+    /// `start_agent` with `source` and further flags.
+    pub fn start_agent_with(
+        &self,
+        source: &[&str],
+        cgroup: &std::path::Path,
+        bpffs: &std::path::Path,
+        filter: &str,
+    ) -> std::io::Result<proxy_testkit::AgentProcess> {
         let (cgroup, pins) = (cgroup.display().to_string(), bpffs.join("ebpf-proxy").display().to_string());
-        let args = [
-            source[0],
-            source[1],
+        let common = [
             "--cgroup",
             &cgroup,
             "--bpffs-dir",
@@ -162,6 +184,7 @@ impl Settings {
             "--metrics-bind-address",
             "127.0.0.1:0",
         ];
+        let args: Vec<&str> = source.iter().chain(&common).copied().collect();
         if self.agent_log {
             proxy_testkit::AgentProcess::start_with_filter(&self.agent, args, filter)
         } else {
@@ -239,6 +262,8 @@ fn main() -> anyhow::Result<()> {
             net::Variant::ALL.into_iter().filter(|v| *v == net::Variant::Direct || chosen.contains(v)).collect()
         },
         rule_load_limit: cli.rule_load_limit,
+        churn_rates: cli.churn_rates.unwrap_or_else(|| if quick { vec![200] } else { vec![1000, 5000] }),
+        churn_seconds: cli.churn_seconds.unwrap_or(if quick { 2.0 } else { 30.0 }),
     };
     let mut report = report::Report {
         machine: report::Machine::this(),

@@ -96,13 +96,13 @@ pub fn run(server: &mut TestApiServer, agent: &AgentProcess, n: u32) -> anyhow::
 
 /// The highest `VmRSS` of a process, sampled every 10 ms on a thread
 /// (its `VmHWM` is already at the cold start's peak).
-struct PeakRss {
+pub struct PeakRss {
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<f64>,
 }
 
 impl PeakRss {
-    fn start(pid: u32) -> Self {
+    pub fn start(pid: u32) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -116,7 +116,7 @@ impl PeakRss {
         Self { stop, thread }
     }
 
-    fn stop(self) -> f64 {
+    pub fn stop(self) -> f64 {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.join().unwrap_or(0.0)
     }

@@ -89,44 +89,7 @@ impl Report {
             }
         }
         for c in &self.control {
-            let _ = writeln!(
-                out,
-                "\nControl plane, {} services x 10 endpoints from the API server (the repo's list/watch test server):\n",
-                c.services
-            );
-            let _ = writeln!(out, "| measure | value |\n|---|---:|");
-            let _ = writeln!(out, "| start to every map written | {:.2} s |", c.cold_start_seconds);
-            let _ = writeln!(out, "| of which the first sync | {:.2} s |", c.first_sync_seconds);
-            let _ = writeln!(
-                out,
-                "| one endpoint change, at the agent, p50 / p99 ({} changes) | {:.2} / {:.2} ms |",
-                c.changes, c.change_p50_ms, c.change_p99_ms
-            );
-            let _ = writeln!(
-                out,
-                "| one endpoint change, API write to maps written, p50 / p99 | {:.2} / {:.2} ms |",
-                c.change_end_to_end_p50_ms, c.change_end_to_end_p99_ms
-            );
-            let _ = writeln!(out, "| agent peak RSS | {:.1} MiB |", c.peak_rss_mib);
-            let _ = writeln!(out, "| agent RSS after the changes | {:.1} MiB |", c.rss_mib);
-            let _ = writeln!(
-                out,
-                "| API server restart: serving again to first sync applied | {:.2} s |",
-                c.resync_after_restart_seconds
-            );
-            let _ = writeln!(
-                out,
-                "| restart after a compaction (410 Gone): serving again to the sync after the relists | {:.2} s |",
-                c.relist_seconds
-            );
-            let _ = writeln!(out, "| agent peak RSS during the relist | {:.1} MiB |", c.relist_peak_rss_mib);
-            let _ = writeln!(out, "| agent RSS after the relist | {:.1} MiB |", c.rss_after_relist_mib);
-            let _ = writeln!(
-                out,
-                "| agent restart (maps pinned): start to every map written | {:.2} s ({} writes) |",
-                c.agent_restart_seconds, c.agent_restart_writes
-            );
-            let _ = writeln!(out, "| agent peak RSS after its restart | {:.1} MiB |", c.agent_restart_peak_rss_mib);
+            control_table(&mut out, c);
         }
         if !self.unavailable.is_empty() {
             let _ = writeln!(out, "\nNot measured here: {}.", self.unavailable.join("; "));
@@ -200,5 +163,72 @@ fn rate(mode: &str, ops_per_second: f64) -> String {
         format!("{:.0} MiB/s", ops_per_second * chunk / f64::from(1 << 20))
     } else {
         format!("{ops_per_second:.0}/s")
+    }
+}
+
+/// The control plane's table at one service count.
+fn control_table(out: &mut String, c: &Control) {
+    let _ = writeln!(
+        out,
+        "\nControl plane, {} services x 10 endpoints from the API server (the repo's list/watch test server):\n",
+        c.services
+    );
+    let _ = writeln!(out, "| measure | value |\n|---|---:|");
+    let _ = writeln!(out, "| start to every map written | {:.2} s |", c.cold_start_seconds);
+    let _ = writeln!(out, "| of which the first sync | {:.2} s |", c.first_sync_seconds);
+    let _ = writeln!(
+        out,
+        "| one endpoint change, at the agent, p50 / p99 ({} changes) | {:.2} / {:.2} ms |",
+        c.changes, c.change_p50_ms, c.change_p99_ms
+    );
+    let _ = writeln!(
+        out,
+        "| one endpoint change, API write to maps written, p50 / p99 | {:.2} / {:.2} ms |",
+        c.change_end_to_end_p50_ms, c.change_end_to_end_p99_ms
+    );
+    let _ = writeln!(out, "| agent peak RSS | {:.1} MiB |", c.peak_rss_mib);
+    let _ = writeln!(out, "| agent RSS after the changes | {:.1} MiB |", c.rss_mib);
+    let _ = writeln!(
+        out,
+        "| API server restart: serving again to first sync applied | {:.2} s |",
+        c.resync_after_restart_seconds
+    );
+    let _ = writeln!(
+        out,
+        "| restart after a compaction (410 Gone): serving again to the sync after the relists | {:.2} s |",
+        c.relist_seconds
+    );
+    let _ = writeln!(out, "| agent peak RSS during the relist | {:.1} MiB |", c.relist_peak_rss_mib);
+    let _ = writeln!(out, "| agent RSS after the relist | {:.1} MiB |", c.rss_after_relist_mib);
+    let _ = writeln!(
+        out,
+        "| agent restart (maps pinned): start to every map written | {:.2} s ({} writes) |",
+        c.agent_restart_seconds, c.agent_restart_writes
+    );
+    let _ = writeln!(out, "| agent peak RSS after its restart | {:.1} MiB |", c.agent_restart_peak_rss_mib);
+    let mib = |bytes: u64| {
+        #[expect(clippy::cast_precision_loss, reason = "bytes far below 2^52")]
+        let bytes = bytes as f64;
+        bytes / f64::from(1 << 20)
+    };
+    let _ = writeln!(out, "| bytes of the start's lists, protobuf | {:.1} MiB |", mib(c.start_list_bytes));
+    let _ = writeln!(
+        out,
+        "| a start asking for JSON: to every map written, peak RSS, bytes of its lists | {:.2} s, {:.1} MiB, {:.1} MiB |",
+        c.json_cold_start_seconds,
+        c.json_peak_rss_mib,
+        mib(c.json_start_list_bytes)
+    );
+    for churn in &c.churn {
+        let _ = writeln!(
+            out,
+            "| churn at {}/s ({:.0}/s written, {} updates, {} syncs): API write to maps written p50 / p99 / max | {:.2} / {:.2} / {:.2} ms |",
+            churn.rate, churn.achieved_rate, churn.updates, churn.syncs, churn.p50_ms, churn.p99_ms, churn.max_ms
+        );
+        let _ = writeln!(
+            out,
+            "| churn at {}/s: agent CPU, peak RSS, RSS after, watch errors, updates not applied | {:.2} cores, {:.1} MiB, {:.1} MiB, {}, {} |",
+            churn.rate, churn.agent_cpu_cores, churn.peak_rss_mib, churn.rss_mib, churn.watch_errors, churn.unapplied
+        );
     }
 }

@@ -77,6 +77,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
         None => agent::SourceConfig::Kube(crate::source::kube::ClientOptions {
             kubeconfig,
             api_server_endpoint: args.api_server_endpoint.or(file.api_server_endpoint),
+            content_type: args.kube_api_content_type,
         }),
     };
     let cgroup = match args.cgroup.or(file.cgroup) {

@@ -1,7 +1,10 @@
 //! The Kubernetes API as a source: watches over `v1/Service` and
 //! `discovery.k8s.io/v1/EndpointSlice` cluster-wide (never the legacy
-//! Endpoints), and this node's Node. kube-runtime's watcher lists, watches,
-//! re-lists after a 410 and reconnects with backoff; the store
+//! Endpoints), and this node's Node. The Services and EndpointSlices are
+//! listed and watched as client-go's reflectors do, in protobuf, lists
+//! from the API server's watch cache (`super::listwatch`); the Node (one
+//! object) through kube-runtime's watcher. Each re-lists after a 410 and
+//! reconnects with backoff (`super::retry`); the store
 //! (`super::store`) takes a re-list in place, so a reconnect never shows an
 //! empty cluster. While the API server is away the store keeps the last
 //! state, and so does the datapath.
@@ -29,6 +32,7 @@ pub use super::bootstrap::{ApiEndpoint, Origin};
 use super::{
     ChangeSource, Delivery,
     lean::{self, LeanService, LeanSlice},
+    listwatch::{ApiBytes, ContentType, ListWatch},
     reachability::Reachability,
     requests::{ObserveLayer, Observer},
     retry::{Failure, RetrySchedule},
@@ -38,16 +42,6 @@ use super::{
 /// Syncs start at most this often unless configured otherwise.
 pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_millis(20);
 
-/// Objects per page of a Service or EndpointSlice list (client-go's
-/// reflector and kube-runtime ask for 500). A page is received and decoded
-/// whole before its objects are made compact, so it bounds what a list or
-/// relist holds beside the store (three pages at most, see `AHEAD`): with
-/// objects as large as a real API server's (managedFields, annotations),
-/// pages of 500 raise a relist's peak well above the steady size; more
-/// requests of fewer objects cost the API server little (each continues
-/// the same snapshot).
-pub const LIST_PAGE_SIZE: u32 = 100;
-
 /// Watch events and errors since start (each error is retried, see
 /// `super::retry`).
 #[derive(Debug, Default)]
@@ -56,6 +50,8 @@ pub struct WatchCounters {
     pub events: AtomicU64,
     /// Full relists after a watch position expired (410 Gone).
     pub relists: AtomicU64,
+    /// Bytes of the Service and EndpointSlice lists and watches.
+    pub bytes: Arc<ApiBytes>,
 }
 
 pub struct KubeSource {
@@ -126,11 +122,17 @@ impl ChangeSource for KubeSource {
 }
 
 impl KubeSource {
-    /// Starts the watches: all Services and EndpointSlices, and the Node
-    /// named `node_name`; `reachability` is the one `client` was built
-    /// with.
+    /// Starts the watches: all Services and EndpointSlices (asked for in
+    /// `content_type`), and the Node named `node_name`; `reachability` is
+    /// the one `client` was built with.
     #[must_use]
-    pub fn start(client: &Client, endpoint: ApiEndpoint, node_name: &str, reachability: Arc<Reachability>) -> Self {
+    pub fn start(
+        client: &Client,
+        endpoint: ApiEndpoint,
+        node_name: &str,
+        reachability: Arc<Reachability>,
+        content_type: ContentType,
+    ) -> Self {
         let changed = Arc::new(Notify::new());
         let counters = Arc::new(WatchCounters::default());
         let store = Arc::new(Mutex::new(ObjectStore::default()));
@@ -139,14 +141,18 @@ impl KubeSource {
         // model's form as it arrives (`convert`); the Node is slimmed.
         // kube-proxy's selector: Services of another proxy and headless
         // ones never leave the API server.
-        let svc_config = watcher::Config::default().labels(&super::labels::selector()).page_size(LIST_PAGE_SIZE);
         // Decoded lean: only what the store converts, and boxed until the
-        // store takes it (`super::lean`).
-        let svc_stream = watcher(Api::<LeanService>::all(client.clone()), svc_config)
+        // store takes it (`super::lean`, `super::protobuf`).
+        let list_watch = |url: &str, labels: Option<String>| {
+            ListWatch::new(client.clone(), url, labels, content_type, counters.bytes.clone())
+        };
+        let svc_url = Api::<LeanService>::all(client.clone()).resource_url().to_owned();
+        let svc_stream = list_watch(&svc_url, Some(super::labels::selector()))
+            .stream::<LeanService>()
             .map_ok(|event| lean::unwrap_event(event, |s| s.0));
-        let eps_config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
-        let eps_stream = watcher(Api::<LeanSlice>::all(client.clone()), eps_config)
-            .map_ok(|event| lean::unwrap_event(event, |s| s.0));
+        let eps_url = Api::<LeanSlice>::all(client.clone()).resource_url().to_owned();
+        let eps_stream =
+            list_watch(&eps_url, None).stream::<LeanSlice>().map_ok(|event| lean::unwrap_event(event, |s| s.0));
         let node_config = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
         let node_stream = watcher(Api::<Node>::all(client.clone()), node_config);
         let feed = Feed { store: store.clone(), changed: changed.clone(), listed: Arc::new(listed_tx) };
@@ -244,12 +250,12 @@ impl Drop for KubeSource {
 }
 
 /// Events a watch hands over at most at once, and holds ready for the
-/// store beside those: a page, so that the next page is asked for and
-/// decoded while the store takes this one (a list of 100,000 objects is a
-/// thousand pages, each waited for in turn). Beside the store a list then
-/// holds at most three pages of decoded objects: the page the watcher
-/// decodes and hands out, one waiting, and the batch the store takes.
-const AHEAD: usize = LIST_PAGE_SIZE as usize;
+/// store beside those, so that the list goes on being read and decoded
+/// while the store takes a batch. Beside the store a list then holds a few
+/// hundred decoded objects: those the list's decoder holds ready
+/// (`super::listwatch`), those waiting here, and the batch the store
+/// takes.
+const AHEAD: usize = 100;
 
 /// Follows one watch, handing its events to `handle` as they come, all
 /// that are there at once (up to `AHEAD`; `handle` takes them all). The
@@ -404,6 +410,9 @@ pub struct ClientOptions {
     /// `HOST:PORT` dialled instead of the configured server (the
     /// credentials and CA are kept).
     pub api_server_endpoint: Option<String>,
+    /// `--kube-api-content-type`: what Services and EndpointSlices are
+    /// asked for in.
+    pub content_type: ContentType,
 }
 
 /// The one place the Kubernetes client is built: from `--kubeconfig` when

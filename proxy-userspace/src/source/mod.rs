@@ -8,10 +8,12 @@ pub mod file_source;
 pub mod kube;
 pub mod labels;
 pub mod lean;
+pub mod listwatch;
 #[cfg(test)]
 pub(crate) mod log_capture;
 pub mod objects;
 pub mod placements;
+pub mod protobuf;
 pub mod reachability;
 pub mod requests;
 pub mod retry;

@@ -45,6 +45,7 @@ impl Cluster {
                 &ebpf_proxy::source::kube::ClientOptions {
                     kubeconfig: Some(kubeconfig.clone()),
                     api_server_endpoint: None,
+                    content_type: ebpf_proxy::source::listwatch::ContentType::default(),
                 },
                 Vec::new(),
             ))
