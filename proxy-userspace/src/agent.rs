@@ -394,8 +394,10 @@ fn resize(
     synced.report.failures = written.failures;
     synced.report.writes += written.writes;
     synced.whole_table = true;
-    // The new programs' TC links are swapped in by `observe`.
+    // The new programs' TC links (the node's devices and the pod-facing
+    // ones) are swapped in by `observe`.
     observers.devices = None;
+    observers.pod_devices = None;
     take_counters(datapath, telemetry);
     Ok(())
 }

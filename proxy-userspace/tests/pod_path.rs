@@ -262,3 +262,29 @@ fn a_pod_reaches_an_ipv6_cluster_ip_per_packet() {
     let (ok, lines) = probe_in_pod(&topo, 1, &["tcp-peer", "fd00:96::10", "80"]);
     assert!(ok && lines == ["peer [fd00:96::10]:80"], "{lines:?}");
 }
+
+/// A table that outgrows the maps moves the agent to bigger ones (a new
+/// set of programs): the pod-facing devices take the new programs too, so
+/// a service added with the move is reached per packet at once.
+#[test]
+fn pod_devices_follow_a_move_to_bigger_maps() {
+    common::require_root!();
+    let topo = node_with_pods(&["--socket-lb", "host-namespace"]);
+    let mut yaml = cluster_ip("web", WEB, (80, 8080, "TCP"), &[2, 3]);
+    // Enough services to outgrow the maps the start sized for three.
+    for i in 0..3000u32 {
+        let ip = format!("10.97.{}.{}", i / 250, i % 250 + 1);
+        yaml += &cluster_ip(&format!("filler-{i}"), &ip, (80, 8080, "TCP"), &[2]);
+    }
+    yaml += &cluster_ip("late", "10.96.0.99", (80, 8080, "TCP"), &[3]);
+    let agent = topo.agents[0].as_ref().unwrap();
+    let mark = agent.mark();
+    topo.write_services(&yaml);
+    let agent = topo.agents[0].as_ref().unwrap();
+    agent
+        .wait_for(mark, Duration::from_mins(1), |r| message(r).is_some_and(|m| m.starts_with("pod-facing devices")))
+        .expect("the pod-facing devices were not attached again after the move");
+    let _ = agent.wait_applied(mark);
+    let (ok, body) = topo.curl_from_pod(1, 1, "http://10.96.0.99/");
+    assert!(ok && body.trim() == "pod-1-3", "a service added with the move is not reached from a pod: {body}");
+}
