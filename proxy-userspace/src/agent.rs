@@ -461,7 +461,11 @@ impl Observers {
         }
         let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
         attach_devices(&config.devices, datapath, &node_ips, &mut self.devices);
-        self.attach_pod_devices(&config.pod_devices, datapath, &node_ips);
+        // Once here; then at each link or address change (`links_changed`),
+        // not at every sync: a device dump costs a netlink round trip.
+        if self.pod_devices.is_none() {
+            self.attach_pod_devices(&config.pod_devices, datapath, &node_ips);
+        }
         self.health_checks.update(&pipeline.model().health_checks()).await;
         Ok(())
     }

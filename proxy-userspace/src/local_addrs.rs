@@ -92,7 +92,8 @@ impl Watch {
     /// `POLL_PERIOD`.
     #[must_use]
     pub fn start() -> Self {
-        let socket = subscribe()
+        let groups = (libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+        let socket = subscribe(groups)
             .inspect_err(|err| {
                 warn!(%err, period_s = POLL_PERIOD.as_secs(), "cannot subscribe to address changes (netlink); reading the node's addresses periodically instead");
             })
@@ -146,15 +147,15 @@ impl Watch {
     }
 }
 
-/// A netlink route socket in the IPv4 and IPv6 address groups.
-fn subscribe() -> std::io::Result<AsyncFd<OwnedFd>> {
+/// A netlink route socket in the notification `groups` (`RTMGRP_*`),
+/// read by `wait_and_drain` (also `crate::pod_devices`' link watch).
+pub(crate) fn subscribe(groups: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
     let fd = socket(
         AddressFamily::Netlink,
         SockType::Raw,
         SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
         SockProtocol::NetlinkRoute,
     )?;
-    let groups = (libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
     bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
     // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open
     // and the same for as long as it is registered.
@@ -162,7 +163,7 @@ fn subscribe() -> std::io::Result<AsyncFd<OwnedFd>> {
 }
 
 /// Waits for a notification, then reads every one queued.
-async fn wait_and_drain(socket: &AsyncFd<OwnedFd>) -> std::io::Result<()> {
+pub(crate) async fn wait_and_drain(socket: &AsyncFd<OwnedFd>) -> std::io::Result<()> {
     loop {
         let mut guard = socket.readable().await?;
         match drain(socket) {
@@ -176,7 +177,7 @@ async fn wait_and_drain(socket: &AsyncFd<OwnedFd>) -> std::io::Result<()> {
 /// Reads the queued notifications: how many. A queue that overflowed
 /// (`ENOBUFS`: notifications were lost) counts as one: the addresses are
 /// read again anyway.
-fn drain(socket: &AsyncFd<OwnedFd>) -> std::io::Result<usize> {
+pub(crate) fn drain(socket: &AsyncFd<OwnedFd>) -> std::io::Result<usize> {
     let mut buf = [0u8; 8192];
     let mut n = 0;
     loop {

@@ -3,19 +3,18 @@
 //! `--pod-devices`, or by default (`auto`) every veth (the host side of a
 //! pod's interface, a bridge's port) and every bridge (holding pod routes,
 //! or a VM's tap) that is not a device traffic from outside arrives on.
-//! Pods come and go, so the choice is made again whenever a link appears
-//! or goes (`Watch`, a netlink subscription to the link group).
-use std::{
-    io,
-    os::fd::{AsRawFd as _, OwnedFd},
-    time::Duration,
-};
+//! Pods come and go, so the choice is made again whenever a link or an
+//! address changes (`Watch`, a netlink subscription to those groups), not
+//! at every sync.
+use std::{io, os::fd::OwnedFd, time::Duration};
 
-use nix::sys::socket::{AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType, bind, socket};
 use tokio::io::unix::AsyncFd;
 use tracing::warn;
 
-use crate::datapath::netlink::{self, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, Netlink};
+use crate::{
+    datapath::netlink::{self, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, Netlink},
+    local_addrs,
+};
 
 /// Which devices face pods.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,22 +142,24 @@ fn c_string(data: &[u8]) -> String {
 
 /// Without a subscription, how often the devices are read again.
 const POLL_PERIOD: Duration = Duration::from_secs(5);
-/// Link notifications this soon after one are read as one change (a veth
-/// pair made, renamed, moved into a pod's namespace and set up).
+/// Notifications this soon after one are read as one change (a veth pair
+/// made, renamed, moved into a pod's namespace, set up and addressed).
 const SETTLE: Duration = Duration::from_millis(50);
 
-/// Follows the node's links: `changed` resolves when one appeared, went or
-/// changed (then the selection is resolved again).
+/// Follows the node's links and addresses (which decide what is an
+/// external device): `changed` resolves when one appeared, went or
+/// changed, and the selection is resolved again.
 pub struct Watch {
     socket: Option<AsyncFd<OwnedFd>>,
 }
 
 impl Watch {
-    /// Subscribes to the link group; without it, `changed` resolves every
-    /// `POLL_PERIOD`.
+    /// Subscribes to the link and address groups; without them, `changed`
+    /// resolves every `POLL_PERIOD`.
     #[must_use]
     pub fn start() -> Self {
-        let socket = subscribe()
+        let groups = (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
+        let socket = local_addrs::subscribe(groups)
             .inspect_err(|err| {
                 warn!(%err, period_s = POLL_PERIOD.as_secs(), "cannot subscribe to link changes (netlink); reading the pod-facing devices periodically instead");
             })
@@ -166,64 +167,20 @@ impl Watch {
         Self { socket }
     }
 
-    /// Resolves after a link change (or a poll period). Cancel-safe: a
+    /// Resolves after a change (or a poll period). Cancel-safe: a
     /// notification left unread resolves the next call.
     pub async fn changed(&mut self) {
         if let Some(socket) = &self.socket {
-            if let Err(err) = wait(socket).await {
+            if let Err(err) = local_addrs::wait_and_drain(socket).await {
                 warn!(%err, "link change notifications failed; reading the pod-facing devices periodically instead");
                 self.socket = None;
             }
             tokio::time::sleep(SETTLE).await;
             if let Some(socket) = &self.socket {
-                let _ = drain(socket);
+                let _ = local_addrs::drain(socket);
             }
         } else {
             tokio::time::sleep(POLL_PERIOD).await;
-        }
-    }
-}
-
-/// A netlink route socket in the link group.
-fn subscribe() -> io::Result<AsyncFd<OwnedFd>> {
-    let fd = socket(
-        AddressFamily::Netlink,
-        SockType::Raw,
-        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-        SockProtocol::NetlinkRoute,
-    )?;
-    let groups = u32::try_from(libc::RTMGRP_LINK).expect("a positive bit mask");
-    bind(fd.as_raw_fd(), &NetlinkAddr::new(0, groups))?;
-    // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open
-    // and the same for as long as it is registered.
-    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(io::Error::from)
-}
-
-/// Waits until a notification is queued (left queued: `drain` reads it).
-async fn wait(socket: &AsyncFd<OwnedFd>) -> io::Result<()> {
-    loop {
-        let mut guard = socket.readable().await?;
-        if drain(socket)? > 0 {
-            return Ok(());
-        }
-        guard.clear_ready();
-    }
-}
-
-/// Reads the queued notifications: how many (a queue that overflowed
-/// counts as one: the devices are read again anyway).
-fn drain(socket: &AsyncFd<OwnedFd>) -> io::Result<usize> {
-    use nix::{
-        errno::Errno,
-        sys::socket::{MsgFlags, recv},
-    };
-    let mut buf = [0u8; 8192];
-    let mut n = 0;
-    loop {
-        match recv(socket.get_ref().as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
-            Err(Errno::EAGAIN) => return Ok(n),
-            Ok(_) | Err(Errno::ENOBUFS | Errno::EINTR) => n += 1,
-            Err(err) => return Err(err.into()),
         }
     }
 }
