@@ -639,23 +639,7 @@ impl Datapath {
         }
         let mut wanted = Vec::new();
         for device in devices {
-            let mut result = Ok(());
-            for (name, direction) in TC_PROGRAMS {
-                let program: &mut SchedClassifier = program(&mut self.programs.loaded()?.ebpf, name)?;
-                let pin = links_dir.join(tc_link_name(device, *direction));
-                match links::attach_tc(program, name, device, *direction, &pin) {
-                    Ok(outcome) => {
-                        if outcome != LinkOutcome::Updated {
-                            tracing::info!(program = name, device = %device, ?outcome, "program attached");
-                        }
-                    }
-                    Err(err) => {
-                        result = Err(err);
-                        break;
-                    }
-                }
-            }
-            wanted.extend(TC_PROGRAMS.iter().map(|(_, dir)| tc_link_name(device, *dir)));
+            let result = self.attach_tc_programs(TC_PROGRAMS, TC_LINK_PREFIX, device, &links_dir, &mut wanted)?;
             // XDP only in front of TC: what it passes up must be served.
             let xdp = result.is_ok() && self.attach_xdp(device, &links_dir.join(xdp_link_name(device)))?;
             if xdp {
@@ -680,24 +664,40 @@ impl Datapath {
         }
         let mut wanted = Vec::new();
         for device in devices {
-            let mut result = Ok(());
-            for (name, direction) in POD_PROGRAMS {
-                let program: &mut SchedClassifier = program(&mut self.programs.loaded()?.ebpf, name)?;
-                let pin = links_dir.join(link_name(POD_LINK_PREFIX, device, *direction));
-                match links::attach_tc(program, name, device, *direction, &pin) {
-                    Ok(LinkOutcome::Updated) => {}
-                    Ok(outcome) => tracing::debug!(program = name, device = %device, ?outcome, "program attached"),
-                    Err(err) => {
-                        result = Err(err);
-                        break;
-                    }
-                }
-            }
-            wanted.extend(POD_PROGRAMS.iter().map(|(_, dir)| link_name(POD_LINK_PREFIX, device, *dir)));
+            let result = self.attach_tc_programs(POD_PROGRAMS, POD_LINK_PREFIX, device, &links_dir, &mut wanted)?;
             results.push(DeviceAttach { device: device.clone(), result, xdp: false });
         }
         unpin_unwanted(&links_dir, &[POD_LINK_PREFIX], &wanted)?;
         Ok(results)
+    }
+
+    /// Attaches `programs` to `device` through links pinned as
+    /// `PREFIXDEVICE-DIRECTION` in `links_dir` (their names added to
+    /// `wanted`): the first that fails ends it (the inner `Err`). Each new
+    /// attachment is logged at info for a node device, at debug for a
+    /// pod-facing one (pods come and go; the caller sums them up).
+    fn attach_tc_programs(
+        &mut self,
+        programs: &[(&'static str, TcAttachType)],
+        prefix: &str,
+        device: &str,
+        links_dir: &Path,
+        wanted: &mut Vec<String>,
+    ) -> Result<Result<(), LinkError>, LoadError> {
+        wanted.extend(programs.iter().map(|(_, dir)| link_name(prefix, device, *dir)));
+        for (name, direction) in programs {
+            let program: &mut SchedClassifier = program(&mut self.programs.loaded()?.ebpf, name)?;
+            let pin = links_dir.join(link_name(prefix, device, *direction));
+            match links::attach_tc(program, name, device, *direction, &pin) {
+                Ok(LinkOutcome::Updated) => {}
+                Ok(outcome) if prefix == TC_LINK_PREFIX => {
+                    tracing::info!(program = name, device = %device, ?outcome, "program attached");
+                }
+                Ok(outcome) => tracing::debug!(program = name, device = %device, ?outcome, "program attached"),
+                Err(err) => return Ok(Err(err)),
+            }
+        }
+        Ok(Ok(()))
     }
 
     /// Attaches the XDP program to `device` through the link pinned at
@@ -782,12 +782,7 @@ where
         .map_err(|source| LoadError::Program { name, source })
 }
 
-/// The pin name of the tcx link of `device` in `direction`.
-fn tc_link_name(device: &str, direction: TcAttachType) -> String {
-    link_name(TC_LINK_PREFIX, device, direction)
-}
-
-/// `PREFIXDEVICE-ingress` or `PREFIXDEVICE-egress`.
+/// The pin name of a tcx link: `PREFIXDEVICE-ingress` or `PREFIXDEVICE-egress`.
 fn link_name(prefix: &str, device: &str, direction: TcAttachType) -> String {
     let dir = if direction == TcAttachType::Ingress { "ingress" } else { "egress" };
     format!("{prefix}{device}-{dir}")
