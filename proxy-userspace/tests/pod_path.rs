@@ -90,12 +90,31 @@ fn answering(topo: &Topology, url: &str, n: usize) -> BTreeSet<String> {
         .collect()
 }
 
+/// `ebpf_proxy_pod_packets_total{result="new_flow"}` of node 1's agent,
+/// read from its /metrics (in the node's namespace).
+fn pod_new_flows(topo: &Topology) -> u64 {
+    let agent = topo.agents[0].as_ref().unwrap();
+    let record = agent
+        .wait_for(0, Duration::from_secs(10), |r| message(r).is_some_and(|m| m.starts_with("serving metrics")))
+        .expect("the agent serves no metrics");
+    let address = proxy_testkit::field(&record, "address").and_then(|a| a.as_str()).unwrap().to_owned();
+    let out = topo.node(1).command("curl").args(["-sS", &format!("http://{address}/metrics")]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("ebpf_proxy_pod_packets_total{result=\"new_flow\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pod new_flow counter in /metrics:\n{text}"))
+}
+
 #[test]
 fn a_pod_reaches_tcp_and_udp_cluster_ips_per_packet_and_sees_the_service_address() {
     common::require_root!();
     let topo = node_with_pods(&["--socket-lb", "host-namespace"]);
     let both: BTreeSet<String> = ["pod-1-2", "pod-1-3"].map(str::to_owned).into();
     assert_eq!(answering(&topo, &format!("http://{WEB}/"), 24), both, "every backend gets new flows");
+    // Translated on the pod-facing device, not at the socket: the per-packet
+    // programs counted the 24 connections.
+    assert!(pod_new_flows(&topo) >= 24, "the per-packet path did not count the pod's flows");
 
     // getpeername() in the pod: the ClusterIP (the socket was never
     // translated; the packets were, both ways).
