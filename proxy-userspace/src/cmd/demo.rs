@@ -109,7 +109,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             bail!("the agent stopped before applying the services file");
         }
         res = tokio::time::timeout(Duration::from_secs(15), applied_rx.wait_for(|a| a.generation >= 1)) => {
-            res.context("the agent did not apply the services file within 15 s")??;
+            if res.context("the agent did not apply the services file within 15 s")?.is_err() {
+                // The agent ended (and dropped its sender) first: its error
+                // says why.
+                agent.await??;
+                bail!("the agent stopped before applying the services file");
+            }
         }
     }
 
