@@ -85,7 +85,10 @@ fn serve(
 
 fn answer(mut stream: TcpStream, body: &str) {
     let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    // Long enough for a test to hold an idle connection across agent
+    // restarts (each waits for the kernel's verifier, over a second for
+    // the TC programs): the connection is the test's to close.
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
     let mut request = Vec::new();
     let mut buf = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 16 * 1024 {
