@@ -101,8 +101,6 @@ def tcp_peer(host, port):
 
 
 def tcp_echo_server(host, port):
-    import threading
-
     def serve(conn):
         with conn:
             while True:
@@ -110,6 +108,14 @@ def tcp_echo_server(host, port):
                 if not data:
                     return
                 conn.sendall(data)
+
+    serve_forever(host, port, serve)
+
+
+def serve_forever(host, port, serve):
+    """Listens on HOST:PORT, prints "listening", and runs serve(conn) on a
+    thread of its own for every connection."""
+    import threading
 
     s = socket.socket(family(host), socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -182,14 +188,7 @@ def mesh_proxy(host, port, mark):
         threading.Thread(target=pipe, args=(up, conn), daemon=True).start()
         pipe(conn, up)
 
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((host, port))
-    s.listen(64)
-    print("listening", flush=True)
-    while True:
-        conn, _ = s.accept()
-        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+    serve_forever(host, port, serve)
 
 
 def open_many(kind, host, port, n):
