@@ -442,14 +442,20 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
         &(service("web", "NodePort", &[("http", 80, 30080, "TCP")], "", &[])
             + &endpoints("web", ("http", 8080, "TCP"), &[(1, 1), (2, 1)])),
     );
-    topo.start_agents();
     let sched_cls = || {
         aya::programs::loaded_programs()
             .filter_map(Result::ok)
             .filter(|p| p.program_type() as u32 == 3) // BPF_PROG_TYPE_SCHED_CLS
             .count()
     };
+    let before = sched_cls();
+    topo.start_agents();
     let with_agents = sched_cls();
+    // Each agent loads the same TC programs: for its external devices
+    // (nodeport_ingress, nodeport_egress) and its pod-facing ones
+    // (pod_ingress, pod_egress).
+    let per_node = (with_agents - before) / 2;
+    assert!(per_node >= 2, "{before} TC programs before the agents, {with_agents} with them");
 
     // A steady stream of connections from outside through node 1 while
     // its agent stops (its pinned programs, maps and flows stay) and a new
@@ -508,10 +514,10 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while sched_cls() != with_agents - 2 && std::time::Instant::now() < deadline {
+    while sched_cls() != with_agents - per_node && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert_eq!(sched_cls(), with_agents - 2, "node 1's two TC programs are still loaded");
+    assert_eq!(sched_cls(), with_agents - per_node, "node 1's TC programs are still loaded");
     let (ok, _) = topo.curl_from(CLIENT, &format!("http://{}/", on_node(1, 30080)));
     assert!(!ok, "node 1 still translates after cleanup");
     assert_eq!(topo.requests(&on_node(2, 30080), 5).len(), 5, "node 2 is unaffected");
