@@ -6,12 +6,10 @@
 //! polynomial, two multiplications however long the packet is (zlib's
 //! `crc32_combine` does the same). Addresses are not covered:
 //! SCTP's checksum has no pseudo-header.
-use proxy_common::proto;
-
 use crate::{
     access::repeat,
     frame::Frame,
-    packet::{Family, Packet, RewriteFailed},
+    packet::{ETH_HLEN, Family, RewriteFailed},
 };
 
 /// CRC32c's polynomial, bit-reflected.
@@ -100,26 +98,34 @@ fn x_pow_bytes(len: u16) -> u32 {
     mul_run(LOW[usize::from(low)], HIGH[usize::from(high)])
 }
 
-/// Updates the packet's SCTP checksum for its source (`src`) or
-/// destination port changing by `xor` (old ^ new, network order).
-#[inline(never)]
-pub fn port_changed<F: Frame>(ctx: &F, pkt: &Packet, src: bool, xor: u16) -> Result<(), RewriteFailed> {
-    if pkt.proto != proto::SCTP {
+/// Updates the SCTP checksum of a packet (its SCTP header at `l4`) for
+/// its source (`src`) or destination port changing by `xor` (old ^ new,
+/// network order).
+#[inline(always)]
+pub fn port_changed<F: Frame + ?Sized>(
+    ctx: &F,
+    family: Family,
+    l4: usize,
+    src: bool,
+    xor: u16,
+) -> Result<(), RewriteFailed> {
+    let l3 = ETH_HLEN;
+    if l4 < l3 + 20 {
         return Err(RewriteFailed);
     }
     // The SCTP packet's length: what the IP header says is after it.
-    let len = match pkt.family {
+    let len = match family {
         Family::V4 => {
-            let total = u16::from_be(ctx.load::<u16>(pkt.l3() + 2)?);
+            let total = u16::from_be(ctx.load::<u16>(l3 + 2)?);
             #[expect(clippy::cast_possible_truncation, reason = "an IPv4 header is at most 60 bytes")]
-            let header = (pkt.l4 - pkt.l3()) as u16;
+            let header = (l4 - l3) as u16;
             total.checked_sub(header).ok_or(RewriteFailed)?
         }
         Family::V6 => {
             // The payload length counts extension headers (DSR's) too.
-            let payload = u16::from_be(ctx.load::<u16>(pkt.l3() + 4)?);
+            let payload = u16::from_be(ctx.load::<u16>(l3 + 4)?);
             #[expect(clippy::cast_possible_truncation, reason = "one extension header of 24 bytes at most")]
-            let extensions = (pkt.l4 - pkt.l3() - 40) as u16;
+            let extensions = l4.checked_sub(l3 + 40).ok_or(RewriteFailed)? as u16;
             payload.checked_sub(extensions).ok_or(RewriteFailed)?
         }
     };
@@ -129,7 +135,7 @@ pub fn port_changed<F: Frame>(ctx: &F, pkt: &Packet, src: bool, xor: u16) -> Res
     let change = if src { [b[0], b[1], 0, 0] } else { [0, 0, b[0], b[1]] };
     let delta = mul_run(x_pow_bytes(len), u32::from_le_bytes(change));
     // The checksum is stored as the CRC's little-endian bytes.
-    let old: [u8; 4] = ctx.load(pkt.l4 + CHECKSUM)?;
+    let old: [u8; 4] = ctx.load(l4 + CHECKSUM)?;
     let new = (u32::from_le_bytes(old) ^ delta).to_le_bytes();
-    ctx.store(pkt.l4 + CHECKSUM, &new)
+    ctx.store(l4 + CHECKSUM, &new)
 }

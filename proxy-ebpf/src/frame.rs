@@ -8,12 +8,12 @@
 use crate::{
     access::{Route, adjust_room_net, redirect, skb_ifindex},
     maps::count_external,
-    packet::{Packet, RewriteFailed},
+    packet::{Packet, PortRewrite, RewriteFailed},
     reject,
 };
 use aya_ebpf::{
     EbpfContext,
-    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    bindings::{__sk_buff, TC_ACT_OK, TC_ACT_SHOT},
     programs::TcContext,
 };
 use core::ffi::c_void;
@@ -52,6 +52,11 @@ pub trait Frame: EbpfContext {
     /// Updates the TCP or UDP checksum at `offset`, as the kernel's
     /// `bpf_l4_csum_replace` (`flags`: its size and flags above).
     fn l4_csum_replace(&self, offset: usize, from: u64, to: u64, flags: u64) -> Result<(), RewriteFailed>;
+    /// Rewrites a port with the checksum that covers it.
+    #[inline(always)]
+    fn rewrite_port(&self, at: PortRewrite) -> Result<(), RewriteFailed> {
+        at.apply(self)
+    }
     /// Makes `len` bytes of room right after the fixed IP header (for a
     /// DSR option): TC can (`bpf_skb_adjust_room`); XDP does not, and
     /// leaves packets that need it to TC (`GROWS`).
@@ -138,6 +143,12 @@ impl<const POD: bool> Frame for Tc<POD> {
         self.0.l4_csum_replace(offset, from, to, flags).map_err(|_| RewriteFailed)
     }
 
+    /// Out of line, in a global function (`tc_rewrite_port`).
+    #[inline(always)]
+    fn rewrite_port(&self, at: PortRewrite) -> Result<(), RewriteFailed> {
+        if tc_rewrite_port(self.0.skb.skb, at.pack()) == 0 { Ok(()) } else { Err(RewriteFailed) }
+    }
+
     #[inline(always)]
     fn ifindex(&self) -> u32 {
         skb_ifindex(&self.0)
@@ -162,6 +173,23 @@ impl<const POD: bool> Frame for Tc<POD> {
     fn unfinished(&self, stat: u32) -> i32 {
         Self::count(stat);
         TC_ACT_SHOT
+    }
+}
+
+/// A port rewrite (`PortRewrite::apply`) of a TC program's packet, as a
+/// global function (exported by the link, `build.rs`): the verifier
+/// checks a global function once, alone, with only its arguments' types
+/// known, and its callers go on from an unknown result. A static function
+/// is walked again at every call site with the caller's state, and SCTP's
+/// CRC update behind every port rewrite doubled what the verifier walked
+/// in `nodeport_ingress` and `pod_ingress` (docs/performance.md).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn tc_rewrite_port(skb: *mut __sk_buff, at: u64) -> i64 {
+    let ctx = Tc::<false>(TcContext::new(skb));
+    match PortRewrite::unpack(at).apply(&ctx) {
+        Ok(()) => 0,
+        Err(RewriteFailed) => -1,
     }
 }
 

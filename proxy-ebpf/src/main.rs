@@ -12,7 +12,9 @@
 #![cfg_attr(target_arch = "bpf", expect(internal_features, reason = "core_intrinsics, for atomic_xadd (see above)"))]
 // Every small function is inlined on purpose: a BPF-to-BPF call costs
 // stack and verifier work, and the big steps are `#[inline(never)]`
-// instead (each is verified once).
+// instead (each its own frame, which keeps the stack within the
+// verifier's bound; the verifier still walks a static function at every
+// call site, a global one once: `frame::tc_rewrite_port`).
 #![expect(clippy::inline_always, reason = "BPF: inlining is chosen per function, see above")]
 
 mod access;

@@ -39,6 +39,75 @@ pub enum End {
     Dst,
 }
 
+/// Offset of the TCP or UDP checksum.
+#[inline(always)]
+fn l4_csum_offset(proto: u8, l4: usize) -> usize {
+    if proto == proto::TCP { l4 + 16 } else { l4 + 6 }
+}
+
+/// L4 checksum flags: a UDP checksum of 0 (IPv4: none) stays 0.
+#[inline(always)]
+fn l4_flags(proto: u8) -> u64 {
+    if proto == proto::UDP { BPF_F_MARK_MANGLED_0 } else { 0 }
+}
+
+/// A port of a packet rewritten, with the checksum that covers it
+/// (TCP's or UDP's, or SCTP's CRC32c). It fits in one scalar (`pack`), so
+/// that TC's programs can pass it to a global function
+/// (`frame::tc_rewrite_port`), which the verifier checks once, where a
+/// static one is walked again at every call site with the caller's state.
+#[derive(Clone, Copy)]
+pub struct PortRewrite {
+    /// Offset of the TCP, UDP or SCTP header.
+    pub l4: u16,
+    pub proto: u8,
+    pub v6: bool,
+    /// The source port, else the destination port.
+    pub src: bool,
+    /// The port before and after (network order).
+    pub old: u16,
+    pub new: u16,
+}
+
+impl PortRewrite {
+    #[inline(always)]
+    pub fn pack(self) -> u64 {
+        u64::from(self.l4)
+            | u64::from(self.proto) << 16
+            | u64::from(self.v6) << 24
+            | u64::from(self.src) << 25
+            | u64::from(self.old) << 32
+            | u64::from(self.new) << 48
+    }
+
+    #[inline(always)]
+    #[expect(clippy::cast_possible_truncation, reason = "each field is cut out of where `pack` put it")]
+    pub fn unpack(v: u64) -> Self {
+        Self {
+            l4: v as u16,
+            proto: (v >> 16) as u8,
+            v6: v >> 24 & 1 == 1,
+            src: v >> 25 & 1 == 1,
+            old: (v >> 32) as u16,
+            new: (v >> 48) as u16,
+        }
+    }
+
+    /// Writes the new port and updates the checksum.
+    #[inline(always)]
+    pub fn apply<F: Frame + ?Sized>(self, ctx: &F) -> Result<(), RewriteFailed> {
+        let l4 = usize::from(self.l4);
+        if self.proto == proto::SCTP {
+            let family = if self.v6 { Family::V6 } else { Family::V4 };
+            crate::crc32c::port_changed(ctx, family, l4, self.src, self.old ^ self.new)?;
+        } else {
+            let (from, to) = (u64::from(self.old), u64::from(self.new));
+            ctx.l4_csum_replace(l4_csum_offset(self.proto, l4), from, to, 2 | l4_flags(self.proto))?;
+        }
+        ctx.store(l4 + if self.src { 0 } else { 2 }, &self.new)
+    }
+}
+
 /// A TCP or UDP packet, as parsed.
 pub struct Packet {
     pub family: Family,
@@ -188,12 +257,11 @@ impl Packet {
     }
 
     fn l4_csum_offset(&self) -> usize {
-        if self.proto == proto::TCP { self.l4 + 16 } else { self.l4 + 6 }
+        l4_csum_offset(self.proto, self.l4)
     }
 
-    /// L4 checksum flags: a UDP checksum of 0 (IPv4: none) stays 0.
     fn l4_flags(&self) -> u64 {
-        if self.proto == proto::UDP { BPF_F_MARK_MANGLED_0 } else { 0 }
+        l4_flags(self.proto)
     }
 
     /// Rewrites the source or destination address and port. The address
@@ -218,16 +286,22 @@ impl Packet {
         Ok(())
     }
 
-    /// Out of line, as `rewrite_addr`.
+    /// Through the hook (`Frame::rewrite_port`): TC's programs run it out
+    /// of line, where the verifier checks it once. Out of line here too:
+    /// packing it inlined grew the frame of `nodeport::forward`, on the
+    /// deepest chain the verifier bounds (512 bytes).
     #[inline(never)]
     fn rewrite_port<F: Frame>(&self, ctx: &F, end: End, old: u16, new: u16) -> Result<(), RewriteFailed> {
-        let offset = self.l4 + if end == End::Src { 0 } else { 2 };
-        if self.proto == proto::SCTP {
-            crate::crc32c::port_changed(ctx, self, end == End::Src, old ^ new)?;
-        } else {
-            ctx.l4_csum_replace(self.l4_csum_offset(), u64::from(old), u64::from(new), 2 | self.l4_flags())?;
-        }
-        ctx.store(offset, &new)
+        #[expect(clippy::cast_possible_truncation, reason = "headers end within the first 100 bytes")]
+        let l4 = self.l4 as u16;
+        ctx.rewrite_port(PortRewrite {
+            l4,
+            proto: self.proto,
+            v6: self.family == Family::V6,
+            src: end == End::Src,
+            old,
+            new,
+        })
     }
 
     #[inline(never)]

@@ -116,6 +116,7 @@ impl Drop for Loading {
 /// failure leaves traffic from outside unserved, with an error logged) and
 /// the XDP program when `acceleration` wants it.
 fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError> {
+    let started = std::time::Instant::now();
     for name in SOCK_PROGRAMS {
         let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
         program.load().map_err(|source| LoadError::Program { name, source })?;
@@ -135,6 +136,9 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
         }
     }
     let xdp_loaded = tc_loaded && acceleration.wants_xdp() && load_xdp(&mut ebpf, acceleration)?;
+    // Most of it is the verifier's (docs/performance.md, "The verifier's
+    // work at each start").
+    tracing::info!(tc = tc_loaded, xdp = xdp_loaded, ms = started.elapsed().as_millis(), "programs loaded");
     Ok(Loaded { ebpf, tc: tc_loaded, xdp: xdp_loaded })
 }
 
