@@ -90,6 +90,22 @@ fn answering(topo: &Topology, url: &str, n: usize) -> BTreeSet<String> {
         .collect()
 }
 
+/// `ebpf-proxy ARGS --bpffs-dir PINS -o json` on node 1, parsed.
+fn agent_json(topo: &Topology, args: &[&str]) -> serde_json::Value {
+    let node = topo.node(1);
+    let out = node.command(common::AGENT).args(args).arg("--bpffs-dir").arg(&node.pin_dir).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The paths `explain` gives for connections from pod (1, 1) to `web`.
+fn pod_paths(topo: &Topology) -> Vec<String> {
+    let from = pod_ip(1, 1).to_string();
+    let explained = agent_json(topo, &["explain", &format!("{WEB}:80"), "--from", &from, "-o", "json"]);
+    let paths = explained["from"]["paths"].as_array().unwrap_or_else(|| panic!("no paths: {explained}"));
+    paths.iter().map(|p| p["path"].as_str().unwrap().to_owned()).collect()
+}
+
 /// `ebpf_proxy_pod_packets_total{result="new_flow"}` of node 1's agent,
 /// read from its /metrics (in the node's namespace).
 fn pod_new_flows(topo: &Topology) -> u64 {
@@ -208,6 +224,13 @@ fn a_sidecar_reads_the_service_as_its_original_destination() {
     assert!(ok, "the request through the sidecar failed");
     assert!(body.trim() == "pod-1-2" || body.trim() == "pod-1-3", "{body}");
     assert_eq!(lines.next().unwrap().unwrap(), format!("original {WEB}:80"), "the sidecar must see the service");
+    // `status` and `explain` read the same from the kernel: the node's
+    // sockets at the socket, the pod's per packet on its devices.
+    let status = agent_json(&topo, &["status", "-o", "json"]);
+    assert_eq!(status["paths"]["socket_lb"], "host-namespace", "{status}");
+    assert!(status["paths"]["socket_lb_netns_cookie"].as_u64().is_some_and(|c| c != 0), "{status}");
+    assert!(!status["paths"]["pod_devices"].as_array().unwrap().is_empty(), "{status}");
+    assert_eq!(pod_paths(&topo), ["per-packet"], "the pod's connections are translated per packet");
 
     // Today's default, recorded: the socket programs translate the pod's
     // connect() before netfilter's OUTPUT hook, so the sidecar's original
@@ -221,6 +244,8 @@ fn a_sidecar_reads_the_service_as_its_original_destination() {
         original == format!("original {}:8080", pod_ip(1, 2)) || original == format!("original {}:8080", pod_ip(1, 3)),
         "with --socket-lb all the sidecar sees a backend: {original}"
     );
+    assert_eq!(agent_json(&topo, &["status", "-o", "json"])["paths"]["socket_lb"], "all");
+    assert_eq!(pod_paths(&topo), ["socket"], "with --socket-lb all the pod's sockets are translated");
 }
 
 /// An agent killed (SIGKILL) and started again while a pod opens a new

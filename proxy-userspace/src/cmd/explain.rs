@@ -19,6 +19,7 @@ use crate::{
         KernelMaps, ServiceMaps as _,
         active::ActiveConns,
         inspect::{self, BackendView, FrontendView},
+        socket_lb_pins,
     },
     explain_socket::{self, Answer, Request},
     model::explain::{EndpointUse, Explained},
@@ -82,6 +83,23 @@ struct ClientView {
     /// programs key a client by its namespace).
     #[serde(skip_serializing_if = "Option::is_none")]
     affinity: Option<Vec<AffinityView>>,
+    /// Where the client's connections are translated, per network
+    /// namespace on this node that holds its address (none: it is not on
+    /// this node); unset when the attached programs cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paths: Option<Vec<PathView>>,
+}
+
+/// Where connections from one client namespace are translated.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+struct PathView {
+    /// A file naming the client's network namespace.
+    netns: std::path::PathBuf,
+    /// `socket` (at connect()/sendmsg()), `per-packet` (on the pod-facing
+    /// devices) or `none`.
+    path: &'static str,
+    /// Why, in words.
+    why: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -121,16 +139,26 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         bail!("no frontend {} in the maps: it is not a service address this node translates", args.frontend);
     }
     let mut affinity_unknown = None;
+    let mut paths_unknown = None;
     let from = client.map(|(ip, port)| {
         let mut view = client_view(&dump, &frontends, ip, port);
         match affinity_views(&dir, &frontends[0], ip) {
             Ok(views) => view.affinity = views,
             Err(err) => affinity_unknown = Some(format!("the affinity entry of {ip}: {err}")),
         }
+        match socket_lb_pins::read(&args.bpffs_dir) {
+            Ok(seen) => {
+                let devices = socket_lb_pins::pod_devices(&args.bpffs_dir);
+                let namespaces = crate::client_netns::holding(ip);
+                view.paths = Some(namespaces.iter().map(|n| path_view(seen, &devices, n)).collect());
+            }
+            Err(err) => paths_unknown = Some(format!("where connections from {ip} are translated: {err}")),
+        }
         view
     });
     let (frontends, mut unknown) = ask_agent(&args.agent_socket, frontends);
     unknown.extend(affinity_unknown);
+    unknown.extend(paths_unknown);
     let explanation = Explanation { frontends, from, unknown };
     match args.output {
         OutputFormat::Table => print!("{}", text(&explanation)),
@@ -244,6 +272,35 @@ fn affinity_views(
     Ok(Some(views))
 }
 
+/// Where connections from the client namespace `netns` are translated,
+/// with the socket programs run as `seen` and per-packet programs on the
+/// pod-facing `devices`.
+fn path_view(seen: socket_lb_pins::Seen, devices: &[String], netns: &crate::client_netns::ClientNetns) -> PathView {
+    let mode = seen.mode().as_str();
+    let (path, why) = if seen.translates_socket_of(netns.cookie) {
+        (
+            "socket",
+            format!("its processes in the agent's cgroup are translated at connect()/sendmsg() (--socket-lb {mode})"),
+        )
+    } else if devices.is_empty() {
+        (
+            "none",
+            format!(
+                "its sockets keep the service address (--socket-lb {mode}: only the node's namespace) and no pod-facing device is attached"
+            ),
+        )
+    } else {
+        (
+            "per-packet",
+            format!(
+                "its sockets keep the service address (--socket-lb {mode}: only the node's namespace); its packets are translated on the pod-facing devices ({})",
+                devices.join(" ")
+            ),
+        )
+    };
+    PathView { netns: netns.path.clone(), path, why }
+}
+
 /// The backend `client` gets: from outside, the Maglev entry of the entry
 /// traffic from outside uses (the external twin when there is one).
 fn client_view(
@@ -266,6 +323,7 @@ fn client_view(
         backend: None,
         how: String::new(),
         affinity: None,
+        paths: None,
     };
     let least = frontends[0].lb_algorithm == crate::model::LbAlgorithm::LeastConnections.as_str();
     let pick =
@@ -357,6 +415,21 @@ fn text(e: &Explanation) -> String {
         let who = c.port.map_or_else(|| c.client.to_string(), |p| SocketAddr::new(c.client, p).to_string());
         let _ = writeln!(out, "from {who}");
         let _ = writeln!(out, "  {}", c.how);
+        match c.paths.as_deref() {
+            None => {}
+            Some([]) => {
+                let _ = writeln!(
+                    out,
+                    "  path           none on this node: no network namespace here holds {} (from outside, see above)",
+                    c.client
+                );
+            }
+            Some(paths) => {
+                for p in paths {
+                    let _ = writeln!(out, "  path           {} (netns {}): {}", p.path, p.netns.display(), p.why);
+                }
+            }
+        }
         if let Some(b) = &c.backend {
             let addr =
                 b.address.map_or_else(|| format!("id {} (missing)", b.id), |a| SocketAddr::new(a, b.port).to_string());
@@ -399,7 +472,8 @@ fn text(e: &Explanation) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{BackendView, EndpointUse, Explained, agrees, parse_client};
+    use super::{BackendView, EndpointUse, Explained, agrees, parse_client, path_view};
+    use crate::{client_netns::ClientNetns, datapath::socket_lb_pins::Seen};
     use crate::model::explain::Unused;
 
     /// The agent's used endpoints against the maps' backends: the same
@@ -425,6 +499,28 @@ mod tests {
         assert!(agrees(&explained, &[backend(1), backend(2)]));
         assert!(!agrees(&explained, &[backend(1)]));
         assert!(!agrees(&explained, &[backend(1), backend(2), backend(3)]));
+    }
+
+    /// Which path a client namespace takes: (mode, pod-facing devices,
+    /// the namespace's cookie) -> path. The node's namespace has cookie 1.
+    #[test]
+    fn a_client_namespace_takes_the_socket_or_the_per_packet_path() {
+        let cases: &[(Seen, &[&str], u64, &str)] = &[
+            (Seen::All, &[], 1, "socket"),
+            (Seen::All, &["cni0"], 9, "socket"),
+            (Seen::HostNamespace { netns_cookie: 1 }, &["cni0"], 1, "socket"),
+            (Seen::HostNamespace { netns_cookie: 1 }, &["cni0", "veth1"], 9, "per-packet"),
+            (Seen::HostNamespace { netns_cookie: 1 }, &[], 9, "none"),
+        ];
+        for (seen, devices, cookie, want) in cases {
+            let devices: Vec<String> = devices.iter().map(|d| (*d).to_owned()).collect();
+            let netns = ClientNetns { path: "/run/netns/pod".into(), cookie: *cookie };
+            let view = path_view(*seen, &devices, &netns);
+            assert_eq!(view.path, *want, "{seen:?} {devices:?} cookie {cookie}: {}", view.why);
+            if *want == "per-packet" {
+                assert!(view.why.contains("cni0 veth1"), "{}", view.why);
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,8 @@ use serde::Serialize;
 use crate::{
     args::{OutputFormat, StatusArgs},
     datapath::{
-        KernelMaps, ServiceMaps as _, counters::ExternalStats, handover::HandoverMap, inspect, links, links::LinkTarget,
+        KernelMaps, ServiceMaps as _, counters::ExternalStats, handover::HandoverMap, inspect, links,
+        links::LinkTarget, socket_lb_pins,
     },
     paths::LINKS_SUBDIR,
 };
@@ -25,8 +26,61 @@ pub struct Status {
     pub pinned: bool,
     /// The pinned links, by name; none: translation is off.
     pub programs: Vec<Program>,
+    /// Which path the pods' traffic to services takes; none without
+    /// attached programs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paths: Option<Paths>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub maps: Option<Maps>,
+}
+
+/// Where clients' connections to services are translated: at the socket
+/// (`--socket-lb`, as the attached programs run it) or per packet on the
+/// pod-facing devices.
+#[derive(Debug, Serialize)]
+pub struct Paths {
+    /// `all` or `host-namespace`; none when it cannot be read (`error`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_lb: Option<&'static str>,
+    /// `host-namespace`: the cookie of the one network namespace whose
+    /// sockets are translated (the node's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_lb_netns_cookie: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_lb_error: Option<String>,
+    /// The pod-facing devices, where packets no translated socket sent are
+    /// translated.
+    pub pod_devices: Vec<String>,
+}
+
+impl Paths {
+    fn read(pin_dir: &Path) -> Self {
+        let pod_devices = socket_lb_pins::pod_devices(pin_dir);
+        let mut paths = Self { socket_lb: None, socket_lb_netns_cookie: None, socket_lb_error: None, pod_devices };
+        match socket_lb_pins::read(pin_dir) {
+            Ok(seen) => {
+                paths.socket_lb = Some(seen.mode().as_str());
+                if let socket_lb_pins::Seen::HostNamespace { netns_cookie } = seen {
+                    paths.socket_lb_netns_cookie = Some(netns_cookie);
+                }
+            }
+            Err(err) => paths.socket_lb_error = Some(err.to_string()),
+        }
+        paths
+    }
+
+    fn text(&self, out: &mut String) {
+        let sockets = match (self.socket_lb, self.socket_lb_netns_cookie) {
+            (Some("all"), _) => "every socket in the cgroup (--socket-lb all)".to_owned(),
+            (Some(_), Some(cookie)) => format!(
+                "only sockets of the node's network namespace (cookie {cookie}, --socket-lb host-namespace); pods' sockets keep the service address"
+            ),
+            _ => format!("unknown: {}", self.socket_lb_error.as_deref().unwrap_or("?")),
+        };
+        let _ = writeln!(out, "translated at the socket: {sockets}");
+        let devices = if self.pod_devices.is_empty() { "none".to_owned() } else { self.pod_devices.join(" ") };
+        let _ = writeln!(out, "translated per packet (pod-facing devices): {devices}");
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -90,7 +144,8 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
 
 /// Reads the status of the datapath pinned in `dir`.
 pub fn read(dir: &Path) -> anyhow::Result<Status> {
-    let mut status = Status { pin_directory: dir.to_owned(), pinned: dir.exists(), programs: Vec::new(), maps: None };
+    let mut status =
+        Status { pin_directory: dir.to_owned(), pinned: dir.exists(), programs: Vec::new(), paths: None, maps: None };
     if !status.pinned {
         return Ok(status);
     }
@@ -117,6 +172,9 @@ pub fn read(dir: &Path) -> anyhow::Result<Status> {
             Err(err) => Program { name, link_id: None, program_id: None, target: None, error: Some(err.to_string()) },
         };
         status.programs.push(program);
+    }
+    if !status.programs.is_empty() {
+        status.paths = Some(Paths::read(dir));
     }
     let maps_dir = crate::paths::current_maps_dir(dir).context("no pinned maps")?;
     let maps = KernelMaps::open_pinned(&maps_dir).context("reading the pinned maps")?;
@@ -177,6 +235,9 @@ pub fn text(status: &Status) -> String {
             (error, ..) => writeln!(out, "  {:<24} unreadable: {}", p.name, error.as_deref().unwrap_or("?")),
         };
     }
+    if let Some(paths) = &status.paths {
+        paths.text(&mut out);
+    }
     if let Some(m) = &status.maps {
         let _ = writeln!(
             out,
@@ -214,7 +275,7 @@ pub fn text(status: &Status) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Maps, Program, Status, text};
+    use super::{Maps, Paths, Program, Status, text};
 
     fn status() -> Status {
         Status {
@@ -230,6 +291,12 @@ mod tests {
                 },
                 Program { name: "tc-eth0-ingress".into(), error: Some("gone".into()), ..none() },
             ],
+            paths: Some(Paths {
+                socket_lb: Some("host-namespace"),
+                socket_lb_netns_cookie: Some(4096),
+                socket_lb_error: None,
+                pod_devices: vec!["cni0".into(), "veth1".into()],
+            }),
             maps: Some(Maps {
                 frontends: 3,
                 frontends_without_backends: 1,
@@ -262,6 +329,8 @@ pin directory: /sys/fs/bpf/ebpf-proxy
 programs (attached through pinned links):
   connect4                 link 7      program 42     cgroup id 1
   tc-eth0-ingress          unreadable: gone
+translated at the socket: only sockets of the node's network namespace (cookie 4096, --socket-lb host-namespace); pods' sockets keep the service address
+translated per packet (pod-facing devices): cni0 veth1
 frontends: 3 (1 without backends), backend slots: 4
 map SERVICES: 7 of 4096 entries, map BACKENDS: 3 of 8192 entries
 Maglev tables: 1 of 16381 entries, source ranges: 0
@@ -275,11 +344,14 @@ outside handover: defer
         assert_eq!(json["maps"]["frontends_without_backends"], 1);
         assert_eq!(json["maps"]["external_traffic"]["new_flow"], 5);
         assert_eq!(json["maps"]["outside_handover"], "defer");
+        assert_eq!(json["paths"]["socket_lb"], "host-namespace");
+        assert_eq!(json["paths"]["socket_lb_netns_cookie"], 4096);
+        assert_eq!(json["paths"]["pod_devices"][1], "veth1");
     }
 
     #[test]
     fn nothing_pinned_says_so() {
-        let s = Status { pin_directory: "/x".into(), pinned: false, programs: Vec::new(), maps: None };
+        let s = Status { pin_directory: "/x".into(), pinned: false, programs: Vec::new(), paths: None, maps: None };
         assert_eq!(text(&s), "no datapath: nothing is pinned in /x\n");
         assert_eq!(serde_json::to_value(&s).unwrap()["pinned"], false);
     }

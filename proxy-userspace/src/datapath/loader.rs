@@ -30,6 +30,11 @@ use crate::paths::{LINKS_SUBDIR, maps_dir};
 /// The eBPF object, built by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
 
+/// The eBPF object this build loads.
+pub(super) const fn object() -> &'static [u8] {
+    OBJECT
+}
+
 /// One loader for every load of the process. aya's `EbpfLoader::new`
 /// reads and parses the kernel's BTF (megabytes of heap at once), which
 /// these programs do not use: they have no CO-RE relocation (a test below
@@ -95,7 +100,7 @@ pub(super) const POD_PROGRAMS: &[(&str, TcAttachType)] =
     &[("pod_ingress", TcAttachType::Ingress), ("pod_egress", TcAttachType::Egress)];
 
 /// Prefix of their pinned tcx links: `pod-DEVICE-ingress`, ...
-const POD_LINK_PREFIX: &str = "pod-";
+pub const POD_LINK_PREFIX: &str = "pod-";
 
 /// The XDP program (`--nodeport-acceleration`), in front of
 /// `nodeport_ingress`.

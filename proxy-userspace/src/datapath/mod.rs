@@ -26,6 +26,7 @@ pub mod reconcile;
 pub mod sessions;
 pub mod sizing;
 pub mod sock_destroy;
+pub mod socket_lb_pins;
 mod sys;
 pub use sys::read_hash_map;
 
