@@ -205,13 +205,14 @@ async fn run_with(
     let (_explain_server, mut explain_requests) = crate::explain_socket::start(config.explain_socket.as_deref());
     let mut observers = Observers::new(config, telemetry);
     let mut sweep = tokio::time::interval(crate::datapath::active::SWEEP_INTERVAL);
+    let mut ct_fill = crate::ct_fill::CtFill::new(crate::datapath::possible_cpus());
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let wake = tokio::select! {
             () = &mut shutdown => break,
-            // Only flows from outside need it: none without a device.
-            _ = sweep.tick(), if observers.devices.as_ref().is_some_and(|d| !d.is_empty()) => {
-                sweep_ended_flows(&datapath);
+            // Only flows tracked per packet need it: none without a device.
+            _ = sweep.tick(), if observers.tracks_flows() => {
+                sweep_ended_flows(&datapath, &mut ct_fill, metrics);
                 continue;
             }
             wake = pipeline.wait(&mut source) => wake,
@@ -298,11 +299,45 @@ fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Rec
 /// Takes back the active connections of flows from outside that ended
 /// unseen (docs/design.md, "Balancing by load"); a failure is logged and
 /// the next sweep tries again.
-fn sweep_ended_flows(datapath: &Datapath) {
-    match datapath.sweep_ended_flows() {
-        Ok(0) => {}
-        Ok(taken) => tracing::debug!(taken, "active connections of ended flows taken back"),
-        Err(err) => warn!(%err, "cannot take back the active connections of ended flows from outside"),
+///
+/// The sweep reads all of `CT`, so it also counts its entries
+/// (`crate::ct_fill`): exported, and a warning when the map is nearly full.
+fn sweep_ended_flows(datapath: &Datapath, fill: &mut crate::ct_fill::CtFill, metrics: &Metrics) {
+    let sweep = match datapath.sweep_ended_flows() {
+        Ok(sweep) => sweep,
+        Err(err) => {
+            warn!(%err, "cannot take back the active connections of ended flows from outside");
+            return;
+        }
+    };
+    if sweep.taken > 0 {
+        tracing::debug!(taken = sweep.taken, "active connections of ended flows taken back");
+    }
+    let entries = u64::try_from(sweep.ct_entries).unwrap_or(u64::MAX);
+    metrics.ct_entries.set(i64::try_from(entries).unwrap_or(i64::MAX));
+    let capacity = match datapath.ct_capacity() {
+        Ok(capacity) => u64::from(capacity),
+        Err(err) => {
+            warn!(%err, "cannot read the size of the connection-tracking map");
+            return;
+        }
+    };
+    metrics.ct_capacity.set(i64::try_from(capacity).unwrap_or(i64::MAX));
+    match fill.observe(entries, capacity) {
+        Some(crate::ct_fill::Change::NearlyFull { percent, mark }) => warn!(
+            entries,
+            capacity,
+            percent,
+            mark,
+            code = "ConntrackNearlyFull",
+            fix =
+                "raise --ct-map-size (config ctMapSize); the agent moves the flows to the larger map at its next start",
+            "the connection-tracking map (CT) is nearly full: past the mark the kernel's LRU may evict the least recently used entry for each new flow, a live flow's too"
+        ),
+        Some(crate::ct_fill::Change::Relieved { percent }) => {
+            info!(entries, capacity, percent, "the connection-tracking map (CT) is no longer nearly full");
+        }
+        None => {}
     }
 }
 
@@ -430,6 +465,13 @@ struct Observers {
 }
 
 impl Observers {
+    /// Whether per-packet programs are attached anywhere (the node's
+    /// devices or pod-facing ones), so `CT` holds flows.
+    fn tracks_flows(&self) -> bool {
+        let any = |d: &Option<Vec<String>>| d.as_ref().is_some_and(|d| !d.is_empty());
+        any(&self.devices) || any(&self.pod_devices)
+    }
+
     fn new(config: &AgentConfig, telemetry: &Shared) -> Self {
         Self {
             health_checks: HealthCheckServers::new({

@@ -5,6 +5,7 @@ pub mod args;
 pub mod client_netns;
 pub mod cmd;
 pub mod config;
+pub mod ct_fill;
 pub mod datapath;
 pub mod devices;
 pub mod explain_socket;

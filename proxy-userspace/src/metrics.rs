@@ -112,6 +112,10 @@ pub struct Metrics {
     /// rules and the desired table found by the last check (-1: no check
     /// yet or it failed; 0 once the rules are removed or none were found).
     pub takeover_differences: Gauge,
+    /// Entries of the connection-tracking map at the last sweep, and the
+    /// most it holds (`crate::ct_fill`).
+    pub ct_entries: Gauge,
+    pub ct_capacity: Gauge,
     /// Service ports with a Local traffic policy and no endpoint on this
     /// node, by policy.
     no_local_endpoints: Family<TrafficPolicyLabels, Gauge>,
@@ -127,6 +131,19 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    fn register_conntrack(&mut self) {
+        self.registry.register(
+            "ebpf_proxy_ct_entries",
+            "Entries of the connection-tracking map (CT, two per flow translated per packet) at the last count (every 10 s)",
+            self.ct_entries.clone(),
+        );
+        self.registry.register(
+            "ebpf_proxy_ct_capacity",
+            "The most entries the connection-tracking map holds (--ct-map-size); near it the LRU evicts the least recently used",
+            self.ct_capacity.clone(),
+        );
+    }
+
     /// The registry, with `telemetry`'s metrics read at each scrape.
     #[must_use]
     pub fn new(telemetry: Shared, max_service_series: usize) -> Self {
@@ -148,6 +165,8 @@ impl Metrics {
             service_changes_pending: Gauge::default(),
             endpoint_changes_pending: Gauge::default(),
             takeover_differences: Gauge::default(),
+            ct_entries: Gauge::default(),
+            ct_capacity: Gauge::default(),
             no_local_endpoints: Family::default(),
             healthz: Family::default(),
             livez: Family::default(),
@@ -162,6 +181,7 @@ impl Metrics {
     }
 
     fn register(mut self, telemetry: Shared) -> Self {
+        self.register_conntrack();
         let r = &mut self.registry;
         r.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",

@@ -106,20 +106,28 @@ fn pod_paths(topo: &Topology) -> Vec<String> {
     paths.iter().map(|p| p["path"].as_str().unwrap().to_owned()).collect()
 }
 
-/// `ebpf_proxy_pod_packets_total{result="new_flow"}` of node 1's agent,
-/// read from its /metrics (in the node's namespace).
-fn pod_new_flows(topo: &Topology) -> u64 {
+/// Node 1's agent's /metrics (read in the node's namespace).
+fn metrics(topo: &Topology) -> String {
     let agent = topo.agents[0].as_ref().unwrap();
     let record = agent
         .wait_for(0, Duration::from_secs(10), |r| message(r).is_some_and(|m| m.starts_with("serving metrics")))
         .expect("the agent serves no metrics");
     let address = proxy_testkit::field(&record, "address").and_then(|a| a.as_str()).unwrap().to_owned();
     let out = topo.node(1).command("curl").args(["-sS", &format!("http://{address}/metrics")]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The value of the series `name` (with its labels) in `text`.
+fn series(text: &str, name: &str) -> u64 {
     text.lines()
-        .find_map(|l| l.strip_prefix("ebpf_proxy_pod_packets_total{result=\"new_flow\"} "))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|n| n.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no pod new_flow counter in /metrics:\n{text}"))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{text}"))
+}
+
+/// `ebpf_proxy_pod_packets_total{result="new_flow"}` of node 1's agent.
+fn pod_new_flows(topo: &Topology) -> u64 {
+    series(&metrics(topo), "ebpf_proxy_pod_packets_total{result=\"new_flow\"}")
 }
 
 #[test]
@@ -331,4 +339,41 @@ fn pod_devices_follow_a_move_to_bigger_maps() {
     let _ = agent.wait_applied(mark);
     let (ok, body) = topo.curl_from_pod(1, 1, "http://10.96.0.99/");
     assert!(ok && body.trim() == "pod-1-3", "a service added with the move is not reached from a pod: {body}");
+}
+
+/// The conntrack map filling up is seen before the LRU evicts live flows
+/// (an LRU map gives no sign of its own): the agent counts the entries at
+/// its sweep, exports them beside the map's size, and warns once with a
+/// code and a fix. 480 UDP flows from a pod (two entries each) in a map
+/// of 1,024, whose LRU starts evicting before it holds 960 (src/ct_fill.rs).
+#[test]
+fn a_nearly_full_conntrack_map_is_counted_and_warned_about() {
+    common::require_root!();
+    let topo = node_with_pods(&["--socket-lb", "host-namespace", "--ct-map-size", "1024"]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+    let mut held = spawn_in(&topo.pod(1, 1).ns, Some(&topo.node(1).cgroup), "/usr/bin/python3")
+        .unwrap()
+        .arg(script)
+        .args(["open-many", "udp", DNS, "53", "480"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(held.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "open 480", "every flow got its answer");
+    let agent = topo.agents[0].as_ref().unwrap();
+    // The sweep runs every 10 s.
+    let warned = agent
+        .wait_for(0, Duration::from_secs(25), |r| {
+            proxy_testkit::field(r, "code").and_then(|c| c.as_str()) == Some("ConntrackNearlyFull")
+        })
+        .unwrap_or_else(|e| panic!("no warning that the conntrack map is nearly full ({e}):\n{}", metrics(&topo)));
+    let field = |name: &str| proxy_testkit::field(&warned, name).and_then(serde_json::Value::as_u64).unwrap();
+    assert_eq!(field("capacity"), 1024, "{warned}");
+    assert!(field("entries") >= field("mark") && field("mark") >= 512, "{warned}");
+    let text = metrics(&topo);
+    assert_eq!(series(&text, "ebpf_proxy_ct_capacity"), 1024);
+    assert!(series(&text, "ebpf_proxy_ct_entries") >= field("mark"), "{text}");
+    drop(held.stdin.take());
+    let _ = held.wait();
 }

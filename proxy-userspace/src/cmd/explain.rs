@@ -412,57 +412,7 @@ fn text(e: &Explanation) -> String {
         }
     }
     if let Some(c) = &e.from {
-        let who = c.port.map_or_else(|| c.client.to_string(), |p| SocketAddr::new(c.client, p).to_string());
-        let _ = writeln!(out, "from {who}");
-        let _ = writeln!(out, "  {}", c.how);
-        match c.paths.as_deref() {
-            None => {}
-            Some([]) => {
-                let _ = writeln!(
-                    out,
-                    "  path           none on this node: no network namespace here holds {} (from outside, see above)",
-                    c.client
-                );
-            }
-            Some(paths) => {
-                for p in paths {
-                    let _ = writeln!(out, "  path           {} (netns {}): {}", p.path, p.netns.display(), p.why);
-                }
-            }
-        }
-        if let Some(b) = &c.backend {
-            let addr =
-                b.address.map_or_else(|| format!("id {} (missing)", b.id), |a| SocketAddr::new(a, b.port).to_string());
-            let _ = writeln!(out, "  backend {addr}");
-        }
-        match c.affinity.as_deref() {
-            None => {}
-            Some([]) => {
-                let _ = writeln!(
-                    out,
-                    "  affinity entry none for a network namespace on this node holding {} (its next connection picks a backend)",
-                    c.client
-                );
-            }
-            Some(entries) => {
-                for a in entries {
-                    let backend = a.backend.as_ref().and_then(|b| b.address.map(|ip| SocketAddr::new(ip, b.port)));
-                    let backend = backend
-                        .map_or_else(|| format!("id {} (no longer a backend here)", a.backend_id), |b| b.to_string());
-                    let expiry = if a.expires_in_seconds == 0 {
-                        "expired".to_owned()
-                    } else {
-                        format!("expires in {}s", a.expires_in_seconds)
-                    };
-                    let _ = writeln!(
-                        out,
-                        "  affinity entry {backend} (netns {}), last used {}s ago, {expiry}",
-                        a.netns.display(),
-                        a.idle_seconds
-                    );
-                }
-            }
-        }
+        client_text(c, &mut out);
     }
     for u in &e.unknown {
         let _ = writeln!(out, "not known: {u}");
@@ -470,11 +420,67 @@ fn text(e: &Explanation) -> String {
     out
 }
 
+/// What `--from` adds, as text.
+fn client_text(c: &ClientView, out: &mut String) {
+    use std::fmt::Write as _;
+    let who = c.port.map_or_else(|| c.client.to_string(), |p| SocketAddr::new(c.client, p).to_string());
+    let _ = writeln!(out, "from {who}");
+    let _ = writeln!(out, "  {}", c.how);
+    match c.paths.as_deref() {
+        None => {}
+        Some([]) => {
+            let _ = writeln!(
+                out,
+                "  path           none on this node: no network namespace here holds {} (from outside, see above)",
+                c.client
+            );
+        }
+        Some(paths) => {
+            for p in paths {
+                let _ = writeln!(out, "  path           {} (netns {}): {}", p.path, p.netns.display(), p.why);
+            }
+        }
+    }
+    if let Some(b) = &c.backend {
+        let addr =
+            b.address.map_or_else(|| format!("id {} (missing)", b.id), |a| SocketAddr::new(a, b.port).to_string());
+        let _ = writeln!(out, "  backend {addr}");
+    }
+    match c.affinity.as_deref() {
+        None => {}
+        Some([]) => {
+            let _ = writeln!(
+                out,
+                "  affinity entry none for a network namespace on this node holding {} (its next connection picks a backend)",
+                c.client
+            );
+        }
+        Some(entries) => {
+            for a in entries {
+                let backend = a.backend.as_ref().and_then(|b| b.address.map(|ip| SocketAddr::new(ip, b.port)));
+                let backend = backend
+                    .map_or_else(|| format!("id {} (no longer a backend here)", a.backend_id), |b| b.to_string());
+                let expiry = if a.expires_in_seconds == 0 {
+                    "expired".to_owned()
+                } else {
+                    format!("expires in {}s", a.expires_in_seconds)
+                };
+                let _ = writeln!(
+                    out,
+                    "  affinity entry {backend} (netns {}), last used {}s ago, {expiry}",
+                    a.netns.display(),
+                    a.idle_seconds
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{BackendView, EndpointUse, Explained, agrees, parse_client, path_view};
-    use crate::{client_netns::ClientNetns, datapath::socket_lb_pins::Seen};
     use crate::model::explain::Unused;
+    use crate::{client_netns::ClientNetns, datapath::socket_lb_pins::Seen};
 
     /// The agent's used endpoints against the maps' backends: the same
     /// addresses and ports in any order agree; one more or less does not.

@@ -118,17 +118,19 @@ impl ActiveConns {
     /// the flag when they meet the expired entry first), never by both.
     /// `backend` reads `BACKENDS`: a count is taken back only from the
     /// backend the flow went to. An entry found renewed meanwhile (a new
-    /// flow on the tuple) is put back. Returns how many were taken back.
+    /// flow on the tuple) is put back. Returns how many were taken back,
+    /// and how many entries `CT` held (`crate::ct_fill`).
     pub fn sweep_ended_flows(
         &self,
         ct: BorrowedFd<'_>,
         backend: impl Fn(u32) -> Option<Backend>,
         now_ns: u64,
-    ) -> Result<usize, MapError> {
+    ) -> Result<Sweep, MapError> {
         let Some(entries) = super::sys::read_hash_map::<CtKey, CtValue>(ct, 1024).map_err(|e| syscall("read CT", e))?
         else {
-            return Ok(0);
+            return Ok(Sweep::default());
         };
+        let ct_entries = entries.len();
         let mut taken = 0;
         for (key, value) in entries {
             if key.dir != ct_dir::ORIGINAL || !ended_counted(&key, &value, now_ns) {
@@ -149,8 +151,17 @@ impl ActiveConns {
                 taken += 1;
             }
         }
-        Ok(taken)
+        Ok(Sweep { taken, ct_entries })
     }
+}
+
+/// What a sweep did and saw.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Sweep {
+    /// Active connections taken back.
+    pub taken: usize,
+    /// Entries `CT` held when it was read.
+    pub ct_entries: usize,
 }
 
 /// What the metrics endpoint reads: the counts, and `BACKENDS` to name

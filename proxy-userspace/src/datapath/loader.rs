@@ -574,14 +574,23 @@ impl Datapath {
     }
 
     /// Takes back the active connections of flows from outside whose `CT`
-    /// entries ended unseen (`ActiveConns::sweep_ended_flows`); how many.
-    pub fn sweep_ended_flows(&self) -> Result<usize, MapError> {
+    /// entries ended unseen (`ActiveConns::sweep_ended_flows`).
+    pub fn sweep_ended_flows(&self) -> Result<super::active::Sweep, MapError> {
         let maps = &self.maps;
         self.active.sweep_ended_flows(
             self.sessions.ct_fd(),
             |id| maps.backend_value(id),
             super::handover::monotonic_ns(),
         )
+    }
+
+    /// The most entries `CT` holds.
+    pub fn ct_capacity(&self) -> Result<u32, MapError> {
+        super::sys::map_max_entries(self.sessions.ct_fd()).map_err(|source| MapError::Syscall {
+            map: super::map_error::MapName::Ct,
+            op: "read the size of",
+            source,
+        })
     }
 
     /// Starts loading the programs on a thread of their own (see

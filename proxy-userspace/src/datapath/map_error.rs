@@ -16,6 +16,7 @@ pub enum MapName {
     SourceRanges,
     Names,
     ActiveConns,
+    Ct,
 }
 
 impl MapName {
@@ -29,6 +30,7 @@ impl MapName {
             Self::SourceRanges => map_names::SOURCE_RANGES,
             Self::Names => map_names::SERVICE_NAMES,
             Self::ActiveConns => map_names::ACTIVE_CONNS,
+            Self::Ct => map_names::CT,
         }
     }
 }

@@ -138,7 +138,12 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
     let xdp_loaded = tc_loaded && acceleration.wants_xdp() && load_xdp(&mut ebpf, acceleration)?;
     // Most of it is the verifier's (docs/performance.md, "The verifier's
     // work at each start").
-    tracing::info!(tc = tc_loaded, xdp = xdp_loaded, ms = started.elapsed().as_millis(), "programs loaded");
+    tracing::info!(
+        tc = tc_loaded,
+        xdp = xdp_loaded,
+        ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "programs loaded"
+    );
     Ok(Loaded { ebpf, tc: tc_loaded, xdp: xdp_loaded })
 }
 

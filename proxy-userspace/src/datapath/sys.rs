@@ -91,6 +91,16 @@ fn map_kv_sizes(map: BorrowedFd<'_>) -> io::Result<(usize, usize)> {
     Ok(((info[1] as u32) as usize, ((info[1] >> 32) as u32) as usize))
 }
 
+/// The most entries `map` holds (`max_entries` of `bpf_map_info`).
+pub fn map_max_entries(map: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut info = [0u64; 3];
+    let info_len = size_of_val(&info) as u64;
+    let mut attr = [fd_u64(map) | (info_len << 32), info.as_mut_ptr() as u64, 0, 0];
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    #[expect(clippy::cast_possible_truncation, reason = "the low u32 of the word")]
+    Ok(info[2] as u32)
+}
+
 /// Makes `link` run `prog` instead of its current program, atomically.
 pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
     // { __u32 link_fd; __u32 new_prog_fd; __u32 flags; __u32 old_prog_fd; }
