@@ -506,8 +506,10 @@ pub struct RunArgs {
     /// fresh set of maps (connection tracking starts afresh). Default: 16381.
     #[arg(long, value_name = "N", value_parser = parse_maglev_size)]
     pub maglev_table_size: Option<usize>,
-    /// Entries of the connection-tracking map of traffic from outside (two
-    /// per flow, LRU, allocated at start), 1 to 16777216. Default: 262144.
+    /// Entries of the connection-tracking map of the flows translated per
+    /// packet (two per flow, LRU, allocated at start; a restart with
+    /// another size copies the flows into a new map), 1 to 16777216.
+    /// Default: 262144.
     #[arg(long, value_name = "N", value_parser = map_size())]
     pub ct_map_size: Option<u32>,
     /// XDP in front of the TC programs on the --devices, for traffic from

@@ -377,3 +377,52 @@ fn a_nearly_full_conntrack_map_is_counted_and_warned_about() {
     drop(held.stdin.take());
     let _ = held.wait();
 }
+
+/// `--ct-map-size` raised across a restart: the pinned map is replaced by
+/// one of the new size (aya alone would reuse the pin as it is) and its
+/// flows are copied over, so a flow held across the restart goes on to its
+/// backend (src/datapath/ct_resize.rs).
+#[test]
+fn a_larger_ct_map_size_takes_effect_at_a_restart_and_keeps_the_flows() {
+    common::require_root!();
+    let mut topo = node_with_pods(&["--socket-lb", "host-namespace", "--ct-map-size", "1024"]);
+    // One connected UDP socket, a datagram every 50 ms for 3 s: one flow,
+    // one backend, as long as its entries live.
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+    let client = spawn_in(&topo.pod(1, 1).ns, Some(&topo.node(1).cgroup), "/usr/bin/python3")
+        .unwrap()
+        .arg(script)
+        .args(["udp-connect-loop", DNS, "53", "60", "0.05"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    topo.stop_agent(1);
+    start(&mut topo, &["--socket-lb", "host-namespace", "--ct-map-size", "2048"]);
+    let agent = topo.agents[0].as_ref().unwrap();
+    let resized = agent
+        .wait_for(0, Duration::from_secs(5), |r| {
+            message(r).is_some_and(|m| m.starts_with("conntrack map (CT) resized"))
+        })
+        .expect("the conntrack map was not resized");
+    let field = |name: &str| proxy_testkit::field(&resized, name).and_then(serde_json::Value::as_u64).unwrap();
+    assert_eq!((field("from"), field("to")), (1024, 2048), "{resized}");
+    assert!(field("flows_entries_copied") >= 2, "the held flow's entries: {resized}");
+    let out = client.wait_with_output().unwrap();
+    // `pod-1-2:ping7 10.96.0.53:53`: the backend, and the service as the
+    // reply's source.
+    let backends: Vec<String> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| l.split(':').next().unwrap_or(l).to_owned()).collect();
+    assert_eq!(backends.len(), 60, "{backends:?}");
+    assert!(
+        backends.iter().all(|b| *b == backends[0] && b.starts_with("pod-1-")),
+        "one flow, one backend: {backends:?}"
+    );
+    // The kernel's map is the new size.
+    let capacity = || series(&metrics(&topo), "ebpf_proxy_ct_capacity");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while capacity() != 2048 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(capacity(), 2048);
+}

@@ -17,6 +17,7 @@ use super::{
     acceleration::{Acceleration, DeviceXdp},
     active::ActiveConns,
     counters::{ConnCounters, ExternalStats},
+    ct_resize::CtResize,
     handover::{HandoverMap, OutsideHandover},
     links::{self, LinkError, LinkOutcome},
     maglev_map::MaglevMap,
@@ -301,6 +302,10 @@ pub enum LoadError {
     Link(#[from] LinkError),
     #[error("cannot create {path}: {source}")]
     Dir { path: String, source: std::io::Error },
+    #[error(
+        "cannot replace the conntrack map pinned at {path} with one of the --ct-map-size asked for ({source}); start with its size, or remove the pin (its flows are lost)"
+    )]
+    CtResize { path: String, source: std::io::Error },
     #[error("cannot pin {path}: {source}")]
     Pin { path: String, source: aya::pin::PinError },
     #[error("cannot read map {name}: {source}")]
@@ -422,38 +427,22 @@ impl Datapath {
         // we know: it is made (or found) here and the programs take the pin.
         let maglev_pin = maps_dir.join(map_names::MAGLEV);
         let maglev = MaglevMap::open_or_create(&maglev_pin, opts.maglev_size)?;
-        let at = crate::maglev::SIZES
-            .iter()
-            .position(|m| *m == opts.maglev_size)
-            .ok_or(crate::maglev::BadSize(opts.maglev_size))?;
-        let maglev_size = &MAGLEV_SIZES[at];
-        // Indexed by frontend id, 1..=frontends (id 0 is never used), in a
-        // region per CPU.
-        let stride = sizes.frontends.saturating_add(1);
-        let cpus = super::counters::possible_cpus().map_err(|source| LoadError::Cpus { source })?;
-        let counters_size = stride.checked_mul(cpus).ok_or(LoadError::TooManyCounters { stride, cpus })?;
         // A counters map the load makes (none pinned) holds only zeros.
         let counters_made = !maps_dir.join(map_names::CONNECTIONS).exists();
         // Nor does a backends array it makes hold anything.
         let backends_made = !maps_dir.join(map_names::BACKENDS).exists();
-        let mut loader = LOADER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let carried = carry_sessions(&mut loader, &maps_dir, carry);
-        loader
-            .default_map_pin_directory(&maps_dir)
-            .map_pin_path(map_names::MAGLEV, maglev_pin.clone())
-            .map_max_entries(map_names::SERVICES, sizes.services)
-            .map_max_entries(map_names::BACKENDS, sizes.backends)
-            .map_max_entries(map_names::REVNAT, sizes.frontends)
-            .map_max_entries(map_names::CONNECTIONS, counters_size)
-            .override_global(CONNECTIONS_STRIDE, interned(stride), true)
-            .map_max_entries(map_names::CT, opts.ct_map_size)
-            .map_max_entries(map_names::ACTIVE_CONNS, sizes.backends)
-            .override_global(MAGLEV_SIZE, maglev_size, true);
-        let mut ebpf = settings_globals(&mut loader, opts)?.load(OBJECT).map_err(|source| LoadError::Load {
-            pin_dir: opts.pin_dir.display().to_string(),
-            source: Box::new(source),
-        })?;
-        drop(loader);
+        let (ct_pin, _) = session_pin(&maps_dir, carry, map_names::CT);
+        let ct_resize = CtResize::set_aside(&ct_pin, opts.ct_map_size)
+            .map_err(|source| LoadError::CtResize { path: ct_pin.display().to_string(), source })?;
+        let (mut ebpf, carried) = match load_object(opts, sizes, &maps_dir, &maglev_pin, carry) {
+            Ok(loaded) => loaded,
+            Err(err) => {
+                if let Some(resize) = ct_resize {
+                    resize.undo();
+                }
+                return Err(err);
+            }
+        };
 
         check_layouts(&ebpf, &maps_dir)?;
 
@@ -487,6 +476,12 @@ impl Datapath {
             session(map_names::SOCK_REVNAT)?,
             session(map_names::CT)?,
         )?;
+        if let Some(resize) = ct_resize {
+            // The flows are lost, not the start.
+            if let Err(err) = resize.finish(sessions.ct_fd()) {
+                tracing::warn!(%err, "cannot copy the conntrack map's entries into the resized one; flows from outside may be balanced anew");
+            }
+        }
         tracing::info!(
             maps = %maps_dir.display(),
             services_map_size = sizes.services,
@@ -859,25 +854,71 @@ impl Sessions {
     }
 }
 
+/// Loads the object with its maps pinned in `maps_dir` (Maglev's at
+/// `maglev_pin`, made by the caller; the session maps `carry` takes over
+/// where they are) and sized by `sizes` and `opts`; the names of the
+/// session maps carried.
+fn load_object(
+    opts: &LoadOptions,
+    sizes: Sizes,
+    maps_dir: &Path,
+    maglev_pin: &Path,
+    carry: &Sessions,
+) -> Result<(Ebpf, Vec<&'static str>), LoadError> {
+    let at = crate::maglev::SIZES
+        .iter()
+        .position(|m| *m == opts.maglev_size)
+        .ok_or(crate::maglev::BadSize(opts.maglev_size))?;
+    let maglev_size = &MAGLEV_SIZES[at];
+    // Indexed by frontend id, 1..=frontends (id 0 is never used), in a
+    // region per CPU.
+    let stride = sizes.frontends.saturating_add(1);
+    let cpus = super::counters::possible_cpus().map_err(|source| LoadError::Cpus { source })?;
+    let counters_size = stride.checked_mul(cpus).ok_or(LoadError::TooManyCounters { stride, cpus })?;
+    let mut loader = LOADER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let carried = carry_sessions(&mut loader, maps_dir, carry);
+    loader
+        .default_map_pin_directory(maps_dir)
+        .map_pin_path(map_names::MAGLEV, maglev_pin.to_owned())
+        .map_max_entries(map_names::SERVICES, sizes.services)
+        .map_max_entries(map_names::BACKENDS, sizes.backends)
+        .map_max_entries(map_names::REVNAT, sizes.frontends)
+        .map_max_entries(map_names::CONNECTIONS, counters_size)
+        .override_global(CONNECTIONS_STRIDE, interned(stride), true)
+        .map_max_entries(map_names::CT, opts.ct_map_size)
+        .map_max_entries(map_names::ACTIVE_CONNS, sizes.backends)
+        .override_global(MAGLEV_SIZE, maglev_size, true);
+    let ebpf = settings_globals(&mut loader, opts)?
+        .load(OBJECT)
+        .map_err(|source| LoadError::Load { pin_dir: opts.pin_dir.display().to_string(), source: Box::new(source) })?;
+    Ok((ebpf, carried))
+}
+
 /// Points the loader at the session maps `sessions` takes over, pinned in
 /// the set it replaces (unless `maps_dir` has its own: a set found
 /// pinned), and every other session map at `maps_dir`: the one loader
 /// keeps what it was told. The names taken over.
 fn carry_sessions(loader: &mut EbpfLoader<'static>, maps_dir: &Path, sessions: &Sessions) -> Vec<&'static str> {
-    let (names, from) = sessions.carried();
     let mut carried = Vec::new();
     for name in SESSION_MAPS {
-        let own = maps_dir.join(name);
-        let path = match from.map(|from| from.join(name)) {
-            Some(theirs) if names.contains(&name) && theirs.exists() && !own.exists() => {
-                carried.push(name);
-                theirs
-            }
-            _ => own,
-        };
+        let (path, theirs) = session_pin(maps_dir, sessions, name);
+        if theirs {
+            carried.push(name);
+        }
         loader.map_pin_path(name, path);
     }
     carried
+}
+
+/// Where session map `name` is pinned for a set in `maps_dir`: in the set
+/// `sessions` takes it over from (true), or in its own.
+fn session_pin(maps_dir: &Path, sessions: &Sessions, name: &'static str) -> (PathBuf, bool) {
+    let (names, from) = sessions.carried();
+    let own = maps_dir.join(name);
+    match from.map(|from| from.join(name)) {
+        Some(theirs) if names.contains(&name) && theirs.exists() && !own.exists() => (theirs, true),
+        _ => (own, false),
+    }
 }
 
 /// Unpins maps of other layouts than `current` (and of the unversioned

@@ -7,6 +7,7 @@ pub mod audit;
 mod backend_table;
 pub mod codec;
 pub mod counters;
+mod ct_resize;
 pub mod failures;
 pub mod fake_maps;
 pub mod handover;

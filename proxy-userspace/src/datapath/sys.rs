@@ -20,6 +20,7 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
@@ -50,6 +51,14 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let fd = i32::try_from(fd).map_err(io::Error::other)?;
     // SAFETY: the kernel just returned this fd to us; nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Pins the object `fd` at `path` (another pin of an object: bpffs has no
+/// rename).
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let path = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let mut attr = [path.as_ptr() as u64, fd_u64(fd), 0, 0];
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
 }
 
 /// A link as `BPF_OBJ_GET_INFO_BY_FD` reports it.
