@@ -12,6 +12,7 @@ mod nodeport_rules;
 mod outside;
 mod percentile;
 mod plot;
+mod pods;
 mod relist;
 mod report;
 mod rules;
@@ -96,6 +97,19 @@ struct Cli {
     /// Only the outside path (no ClusterIP datapath, no control plane).
     #[arg(long)]
     outside_only: bool,
+    /// Service counts of the pods' path, ClusterIP services reached from a
+    /// pod's namespace through its node (default 1, 1000 and 10000; 100
+    /// with --quick).
+    #[arg(long, value_delimiter = ',')]
+    pod_services: Option<Vec<u32>>,
+    /// Only these pods'-path variants (direct is always measured);
+    /// default: all.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pod_variants: Option<Vec<pods::Variant>>,
+    /// Only the pods' path (per packet against the socket, kube-proxy and
+    /// direct).
+    #[arg(long)]
+    pods_only: bool,
     /// Only balancing by load: a service of three backends, one ten times
     /// slower, through lb-algorithm random, least-connections and
     /// kube-proxy's iptables mode; and the cost of the choice with equal
@@ -273,6 +287,7 @@ fn main() -> anyhow::Result<()> {
         client_threads: settings.threads,
         datapath: Vec::new(),
         outside: Vec::new(),
+        pods: Vec::new(),
         rule_loads: Vec::new(),
         control: Vec::new(),
         balance: Vec::new(),
@@ -280,9 +295,9 @@ fn main() -> anyhow::Result<()> {
     };
     // --outside-only, --balance-only: neither the ClusterIP comparison
     // nor the control plane.
-    let (sizes, control_sizes) =
-        if cli.outside_only || cli.balance_only { (Vec::new(), Vec::new()) } else { (sizes, control_sizes) };
-    if !(cli.no_balance || cli.control_only || cli.outside_only) {
+    let only = cli.outside_only || cli.balance_only || cli.pods_only;
+    let (sizes, control_sizes) = if only { (Vec::new(), Vec::new()) } else { (sizes, control_sizes) };
+    if !(cli.no_balance || cli.control_only || cli.outside_only || cli.pods_only) {
         report.balance = balance::run(&settings).context("the balancing bench")?;
     }
     for n in sizes.into_iter().filter(|_| !cli.control_only) {
@@ -291,8 +306,11 @@ fn main() -> anyhow::Result<()> {
         report.rule_loads.extend(run.loads);
         report.unavailable.extend(run.too_slow);
     }
-    if !(cli.control_only || cli.balance_only) {
+    if !(cli.control_only || cli.balance_only || cli.pods_only) {
         outside::run_all(&settings, cli.outside_services, cli.outside_variants.as_deref(), &mut report)?;
+    }
+    if !(cli.control_only || cli.balance_only || cli.outside_only) {
+        pods::run_all(&settings, cli.pod_services, cli.pod_variants.as_deref(), &mut report)?;
     }
     for n in control_sizes {
         report.control.push(control::run(&settings, n).context("the control-plane bench")?);

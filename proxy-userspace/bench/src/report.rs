@@ -52,6 +52,8 @@ pub struct Report {
     pub datapath: Vec<Row>,
     /// The outside path (NodePort), `outside.rs`.
     pub outside: Vec<Row>,
+    /// The pods' path (ClusterIP from a pod's namespace), `pods.rs`.
+    pub pods: Vec<Row>,
     pub rule_loads: Vec<RuleLoad>,
     /// The control plane, one per service count measured.
     pub control: Vec<Control>,
@@ -79,6 +81,12 @@ impl Report {
             &self.outside,
             "The outside path (a client outside -> an entry node's NodePort -> backends on another node). ",
             "direct (routed through the entry node)",
+        );
+        datapath_tables(
+            &mut out,
+            &self.pods,
+            "The pods' path (a client in a pod's namespace -> its node -> backends on another node; ebpf-proxy per packet with --socket-lb host-namespace, at the socket with all). ",
+            "direct (routed through the node)",
         );
         super::balance::markdown(&mut out, &self.balance);
         if !self.rule_loads.is_empty() {
