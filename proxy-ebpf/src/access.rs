@@ -6,7 +6,8 @@ use aya_ebpf::{
     helpers::generated::{
         bpf_csum_diff, bpf_fib_lookup as fib_lookup_helper, bpf_get_netns_cookie, bpf_get_prandom_u32,
         bpf_get_smp_processor_id, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_loop, bpf_redirect, bpf_redirect_neigh,
-        bpf_set_retval, bpf_skb_adjust_room, bpf_skb_change_tail, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
+        bpf_set_retval, bpf_sk_lookup_udp, bpf_sk_release, bpf_skb_adjust_room, bpf_skb_change_tail,
+        bpf_skc_lookup_tcp, bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     programs::{SockAddrContext, SockContext, TcContext, XdpContext},
 };
@@ -112,6 +113,53 @@ pub fn sock_cookie(ctx: &SockContext) -> u64 {
 pub fn netns_cookie(ctx: &SockAddrContext) -> u64 {
     // SAFETY: valid for sock_addr programs (5.7+).
     unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
+}
+
+/// `BPF_F_CURRENT_NETNS`: look sockets up in the packet's namespace.
+const CURRENT_NETNS: u64 = u64::MAX;
+/// `TCP_LISTEN` (include/net/tcp_states.h).
+const TCP_LISTEN: u32 = 10;
+
+/// Whether a socket of this network namespace owns the TCP or UDP flow of
+/// a packet arriving from `(src, sport)` to `(dst, dport)` (ports in
+/// network order): an established (or closing) TCP socket, or a connected
+/// UDP socket, whose local end is the packet's destination. A listener or
+/// an unconnected UDP socket does not own a flow: a service's port wins
+/// over them, as kube-proxy's DNAT in PREROUTING does.
+#[inline(always)]
+pub fn local_socket_owns(ctx: &impl EbpfContext, tcp: bool, src: &Addr, sport: u16, dst: &Addr, dport: u16) -> bool {
+    // `struct bpf_sock_tuple`: IPv4's 12 bytes or IPv6's 36.
+    let mut tuple = [0u8; 36];
+    let size = if let (Some(s), Some(d)) = (as_v4(src), as_v4(dst)) {
+        tuple[..4].copy_from_slice(&s);
+        tuple[4..8].copy_from_slice(&d);
+        tuple[8..10].copy_from_slice(&sport.to_ne_bytes());
+        tuple[10..12].copy_from_slice(&dport.to_ne_bytes());
+        12
+    } else {
+        tuple[..16].copy_from_slice(&src.0);
+        tuple[16..32].copy_from_slice(&dst.0);
+        tuple[32..34].copy_from_slice(&sport.to_ne_bytes());
+        tuple[34..36].copy_from_slice(&dport.to_ne_bytes());
+        36
+    };
+    // SAFETY: the tuple is initialised stack memory of the size given; a
+    // socket found is read through the pointer the helper returned and
+    // released before it goes out of scope, as the verifier demands.
+    unsafe {
+        // Two calls, not one through a pointer: BPF has no indirect call.
+        let sk = if tcp {
+            bpf_skc_lookup_tcp(ctx.as_ptr(), tuple.as_mut_ptr().cast(), size, CURRENT_NETNS, 0)
+        } else {
+            bpf_sk_lookup_udp(ctx.as_ptr(), tuple.as_mut_ptr().cast(), size, CURRENT_NETNS, 0)
+        };
+        if sk.is_null() {
+            return false;
+        }
+        let owns = if tcp { (*sk).state != TCP_LISTEN } else { (*sk).dst_port != 0 };
+        bpf_sk_release(sk.cast());
+        owns
+    }
 }
 
 /// Monotonic time in nanoseconds.

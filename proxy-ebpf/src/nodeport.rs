@@ -40,7 +40,7 @@ use proxy_common::{
 
 use crate::{
     CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS,
-    access::{ROUTE_NOT_FORWARDED, Route, now_ns, route_status},
+    access::{ROUTE_NOT_FORWARDED, Route, local_socket_owns, now_ns, route_status},
     balance, ct,
     frame::{Frame, drop_packet},
     icmp,
@@ -124,6 +124,9 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
     if !found && netfilter_serves(pkt, frontend.rev_nat) {
         return ctx.left_to_kernel();
     }
+    if !found && !F::FROM_POD && node_owns_flow(ctx, pkt) {
+        return F::PASS;
+    }
     // A flow whose backend is gone picks another.
     let known = found && backend(flow.backend_id).is_some();
     if !known {
@@ -146,6 +149,18 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
         return to_local_backend(ctx, pkt, &flow);
     }
     forward(ctx, pkt, &flow, ct_dir::ORIGINAL)
+}
+
+/// Whether a packet to a frontend, of a flow without an entry in `CT`, is
+/// for a connection the node itself opened: a reply to a local port that
+/// is also a NodePort (the node's ephemeral ports may reach into the range
+/// when `ip_local_port_range` is wide). kube-proxy's conntrack finds such
+/// a reply in the node's own flow, so DNAT never sees it; here the
+/// socket's own lookup answers. Out of line: the tuple is on its own frame.
+#[inline(never)]
+fn node_owns_flow<F: Frame>(ctx: &F, pkt: &Packet) -> bool {
+    (pkt.proto == proto::TCP || pkt.proto == proto::UDP)
+        && local_socket_owns(ctx, pkt.proto == proto::TCP, &pkt.src, pkt.sport, &pkt.dst, pkt.dport)
 }
 
 /// Whether a packet to a frontend of a flow without an entry in `CT` is

@@ -638,7 +638,10 @@ fn attach_devices(
             "no device holds this node's addresses or a default route: traffic from outside is not served (set --devices)"
         );
     }
-    match datapath.attach_devices(&resolved.chosen) {
+    // Each device's kind: where XDP is worth it (a veth's is not).
+    let links = crate::pod_devices::links().unwrap_or_default();
+    let kind = |device: &str| links.iter().find(|l| l.name == device).map(|l| l.kind.clone()).unwrap_or_default();
+    match datapath.attach_devices(&resolved.chosen, kind) {
         Ok(results) => {
             for r in &results {
                 if let Err(err) = &r.result {

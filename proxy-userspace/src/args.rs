@@ -519,7 +519,7 @@ pub struct RunArgs {
     /// link-layer address is unknown) passes to the TC programs. `native`:
     /// a device whose driver has no native XDP is an error (logged; TC
     /// alone serves it); `best-effort`: such a device is served by TC
-    /// alone, with a warning.
+    /// alone, with a warning, and so is a veth, where XDP is slower than TC.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortAcceleration::Disabled)]
     pub nodeport_acceleration: NodePortAcceleration,
     /// Sharing traffic from outside with a kube-proxy still running on the

@@ -862,8 +862,20 @@ fn logged_about(topo: &Topology, device: &str, level: &str) -> bool {
         .is_ok()
 }
 
+/// Whether node 1's agent logged a message starting with `start` about
+/// `device`.
+fn logged_that(topo: &Topology, device: &str, start: &str) -> bool {
+    let agent = topo.agents[0].as_ref().unwrap();
+    agent
+        .wait_for(0, std::time::Duration::from_secs(10), |r| {
+            proxy_testkit::field(r, "device").and_then(|d| d.as_str()) == Some(device)
+                && proxy_testkit::message(r).is_some_and(|m| m.starts_with(start))
+        })
+        .is_ok()
+}
+
 #[test]
-fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_error_with_native() {
+fn best_effort_takes_xdp_only_where_it_pays_and_native_says_where_it_fails_or_costs() {
     common::require_root!();
     let mut topo = Topology::new(&[1]);
     topo.http_on(1, 1);
@@ -872,22 +884,28 @@ fn a_device_without_native_xdp_is_served_by_tc_alone_with_best_effort_and_is_an_
             + &endpoints("here", ("http", 8080, "TCP"), &[(1, 1)])),
     );
     // cni0, a bridge, has no native XDP (bridges have no XDP driver hook);
-    // eth0, a veth, has.
+    // eth0, a veth, has, but XDP there is slower than TC alone
+    // (docs/performance.md, "The outside path"): best-effort leaves both
+    // to TC, and says why.
     let devices = ["--devices", "eth0,cni0"];
     topo.start_agent_with(1, &[&["--nodeport-acceleration", "best-effort"][..], &devices[..]].concat());
     assert!(logged_about(&topo, "cni0", "WARN"), "best-effort warns about cni0");
-    assert!(eth0_has_xdp(&topo, 1), "eth0 accelerated");
+    assert!(logged_that(&topo, "eth0", "--nodeport-acceleration=best-effort: no XDP"), "best-effort says why not eth0");
+    assert!(!eth0_has_xdp(&topo, 1), "a veth is left to TC with best-effort");
     let links: BTreeSet<String> = std::fs::read_dir(topo.node(1).pin_dir.join("links"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(links.contains("tc-cni0-ingress") && !links.contains("xdp-cni0"), "{links:?}");
-    assert!(links.contains("xdp-eth0"), "{links:?}");
+    assert!(links.contains("tc-eth0-ingress") && !links.contains("xdp-eth0"), "{links:?}");
+    assert_eq!(topo.requests(&on_node(1, 30088), 3), vec!["pod-1-1"; 3], "TC serves it");
 
-    // native: the same device is an error (TC still serves it).
+    // native: cni0 is an error (TC still serves it), eth0 accelerated with
+    // a warning that it is slower there.
     topo.stop_agent(1);
     topo.start_agent_with(1, &[&["--nodeport-acceleration", "native"][..], &devices[..]].concat());
     assert!(logged_about(&topo, "cni0", "ERROR"), "native fails cni0");
+    assert!(logged_that(&topo, "eth0", "--nodeport-acceleration=native on a device where XDP is slower"));
     // The error costs nothing else: eth0 still accelerated, cni0 still
     // served by TC, the NodePort still answered.
     let links: BTreeSet<String> = std::fs::read_dir(topo.node(1).pin_dir.join("links"))
@@ -1143,4 +1161,43 @@ fn hybrid_mode_returns_tcp_directly_and_source_nats_udp() {
     }
     let one = eth0_since(&topo, 1, one);
     assert!(one[2] >= 2 * count, "node 1 sent {} packets: the replies must pass it", one[2]);
+}
+
+/// The node's own connections from a local port that is also a NodePort:
+/// their replies arrive at the node's address and that port, and must reach
+/// the node's socket, not a backend (kube-proxy's conntrack finds them in
+/// the node's own flow before its DNAT; here the programs look the socket
+/// up). A node's ephemeral ports reach into the NodePort range when
+/// `ip_local_port_range` is widened. Outside clients still reach the
+/// NodePort.
+#[test]
+fn replies_to_the_node_s_own_connections_from_a_node_port_reach_the_node() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(2, 1);
+    topo.udp_on(2, 1);
+    topo.tcp_echo_on(2, 1, 7000);
+    topo.write_services(
+        &(service("web", "NodePort", &[("http", 80, 30090, "TCP"), ("dns", 53, 30090, "UDP")], "", &[])
+            + &endpoints("web", ("http", 8080, "TCP"), &[(2, 1)])
+            + &endpoints("web", ("dns", 5353, "UDP"), &[(2, 1)])),
+    );
+    topo.start_agents();
+    let peer = common::topology::pod_ip(2, 1).to_string();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+    let on_node1 = |args: &[&str]| {
+        let out = topo.node(1).command("/usr/bin/python3").arg(&script).args(args).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect::<Vec<_>>())
+    };
+    // TCP from node 1's port 30090 to pod-2-1's echo server.
+    let (ok, lines) = on_node1(&["tcp-echo-from", &peer, "7000", "30090"]);
+    assert!(ok && lines == ["echo ping"], "the node's own TCP connection from port 30090: {lines:?}");
+    // Connected UDP from node 1's port 30090 to pod-2-1's echo server.
+    let (ok, lines) = on_node1(&["udp-connect", &peer, "5353", "3", "0", "30090"]);
+    assert!(ok, "the node's own UDP flow from port 30090: {lines:?}");
+    assert!(lines.iter().filter(|l| l.starts_with("pod-2-1:")).count() == 3, "{lines:?}");
+    // The NodePort still serves clients outside, on both protocols.
+    assert_eq!(topo.requests(&on_node(1, 30090), 3), vec!["pod-2-1"; 3]);
+    let (ok, lines) = topo.probe(&["udp-connect", &node_ip(1).to_string(), "30090", "2"]);
+    assert!(ok && lines.iter().filter(|l| l.starts_with("pod-2-1:")).count() == 2, "{lines:?}");
 }

@@ -16,6 +16,32 @@ pub enum Acceleration {
     BestEffort,
 }
 
+/// Kinds of device (`IFLA_INFO_KIND`) where XDP was measured slower than
+/// the TC programs alone: a veth runs native XDP, but an XDP program there
+/// takes GRO and the page reuse of its peer away, and bulk transfers ran at
+/// 0.16x direct against TC's 0.97x (docs/performance.md, "The outside
+/// path"). `best-effort` leaves them to TC; `native` warns.
+const XDP_SLOWER_THAN_TC: &[&str] = &["veth"];
+
+/// Whether XDP on a device of `kind` costs more than it saves.
+#[must_use]
+pub fn xdp_slower_than_tc(kind: &str) -> bool {
+    XDP_SLOWER_THAN_TC.contains(&kind)
+}
+
+/// Whether to try XDP on a device of `kind` (`Acceleration::plan`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Not asked for.
+    No,
+    /// Tried.
+    Try,
+    /// Tried, with a warning that it is slower there (`native`).
+    TrySlower,
+    /// Left to TC, which is faster there (`best-effort`).
+    TcFaster,
+}
+
 /// What a device gets (`Acceleration::on_device`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceXdp {
@@ -36,6 +62,17 @@ impl Acceleration {
         !matches!(self, Self::Disabled)
     }
 
+    /// Whether to try XDP on a device of `kind` (empty: a physical one).
+    #[must_use]
+    pub fn plan(self, kind: &str) -> Plan {
+        match (self, xdp_slower_than_tc(kind)) {
+            (Self::Disabled, _) => Plan::No,
+            (Self::Native | Self::BestEffort, false) => Plan::Try,
+            (Self::Native, true) => Plan::TrySlower,
+            (Self::BestEffort, true) => Plan::TcFaster,
+        }
+    }
+
     /// What a device gets when its XDP attach `attached` (true) or the
     /// device has no native XDP (false; with `Disabled` nothing is tried).
     #[must_use]
@@ -51,7 +88,25 @@ impl Acceleration {
 
 #[cfg(test)]
 mod tests {
-    use super::{Acceleration::*, DeviceXdp};
+    use super::{Acceleration::*, DeviceXdp, Plan};
+
+    /// `best-effort` never picks XDP where it is slower than TC (a veth);
+    /// `native` tries it everywhere, and warns there.
+    #[test]
+    fn best_effort_leaves_veths_to_tc() {
+        for (acceleration, kind, plan) in [
+            (Disabled, "", Plan::No),
+            (Disabled, "veth", Plan::No),
+            (Native, "", Plan::Try),
+            (Native, "veth", Plan::TrySlower),
+            (Native, "bridge", Plan::Try),
+            (BestEffort, "", Plan::Try),
+            (BestEffort, "veth", Plan::TcFaster),
+            (BestEffort, "vxlan", Plan::Try),
+        ] {
+            assert_eq!(acceleration.plan(kind), plan, "{acceleration:?} on {kind:?}");
+        }
+    }
 
     /// Cilium's `loadBalancer.acceleration` semantics: `native` insists,
     /// `best-effort` takes XDP where the driver has it.

@@ -14,7 +14,7 @@ use proxy_common::{
 };
 
 use super::{
-    acceleration::{Acceleration, DeviceXdp},
+    acceleration::{Acceleration, DeviceXdp, Plan},
     active::ActiveConns,
     counters::{ConnCounters, ExternalStats},
     ct_resize::CtResize,
@@ -640,7 +640,14 @@ impl Datapath {
     /// `PIN_DIR/links`: taken over where they exist, made where not; links
     /// on devices no longer listed (or no longer accelerated) are dropped.
     /// A device that fails is reported and the others go on.
-    pub fn attach_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
+    ///
+    /// `kind`: each device's kind (`IFLA_INFO_KIND`, empty for a physical
+    /// one), which decides where XDP is worth it (`Acceleration::plan`).
+    pub fn attach_devices(
+        &mut self,
+        devices: &[String],
+        kind: impl Fn(&str) -> String,
+    ) -> Result<Vec<DeviceAttach>, LoadError> {
         let links_dir = self.links_dir()?;
         let mut results = Vec::new();
         if !self.programs.loaded()?.tc {
@@ -650,7 +657,8 @@ impl Datapath {
         for device in devices {
             let result = self.attach_tc_programs(TC_PROGRAMS, TC_LINK_PREFIX, device, &links_dir, &mut wanted)?;
             // XDP only in front of TC: what it passes up must be served.
-            let xdp = result.is_ok() && self.attach_xdp(device, &links_dir.join(xdp_link_name(device)))?;
+            let xdp =
+                result.is_ok() && self.attach_xdp(device, &kind(device), &links_dir.join(xdp_link_name(device)))?;
             if xdp {
                 wanted.push(xdp_link_name(device));
             }
@@ -713,10 +721,27 @@ impl Datapath {
     /// `pin` when the acceleration asks for it; whether it runs there. A
     /// device without native XDP is logged: an error for `native`, a
     /// warning for `best-effort`; the TC programs serve it either way.
-    fn attach_xdp(&mut self, device: &str, pin: &Path) -> Result<bool, LoadError> {
+    fn attach_xdp(&mut self, device: &str, kind: &str, pin: &Path) -> Result<bool, LoadError> {
         let loaded = self.programs.loaded()?;
         if !loaded.xdp {
             return Ok(false);
+        }
+        match self.acceleration.plan(kind) {
+            Plan::No => return Ok(false),
+            Plan::TcFaster => {
+                tracing::info!(
+                    device,
+                    kind,
+                    "--nodeport-acceleration=best-effort: no XDP on this device, where it is slower than the TC programs alone; TC serves it"
+                );
+                return Ok(false);
+            }
+            Plan::TrySlower => tracing::warn!(
+                device,
+                kind,
+                "--nodeport-acceleration=native on a device where XDP is slower than the TC programs alone (docs/services.md, XDP); best-effort would leave it to TC"
+            ),
+            Plan::Try => {}
         }
         let program: &mut Xdp = program(&mut loaded.ebpf, XDP_PROGRAM)?;
         let attached = match links::attach_xdp(program, XDP_PROGRAM, device, pin) {

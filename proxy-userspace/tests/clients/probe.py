@@ -100,6 +100,21 @@ def tcp_peer(host, port):
         fail(e)
 
 
+def tcp_echo_from(host, port, srcport):
+    """Connects to an echo server from local port SRCPORT, sends a line and
+    prints what came back."""
+    try:
+        s = socket.socket(family(host), socket.SOCK_STREAM)
+        s.settimeout(2)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", srcport))
+        s.connect((host, port))
+        s.sendall(b"ping\n")
+        print("echo", s.makefile("rb").readline().decode().strip(), flush=True)
+    except OSError as e:
+        fail(e)
+
+
 def tcp_echo_server(host, port):
     def serve(conn):
         with conn:
@@ -225,6 +240,8 @@ def main():
         tcp_peer(host, port)
     elif mode == "mesh-proxy":
         mesh_proxy(host, port, int(sys.argv[4], 0))
+    elif mode == "tcp-echo-from":
+        tcp_echo_from(host, port, int(sys.argv[4]))
     elif mode == "tcp-echo-server":
         tcp_echo_server(host, port)
     elif mode == "tcp-hold":
