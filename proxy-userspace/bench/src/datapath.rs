@@ -163,6 +163,44 @@ pub fn write_targets(path: &Path, lines: impl Iterator<Item = String>) -> std::i
     std::fs::write(path, text)
 }
 
+/// A kube-proxy variant's rule loader: tool, arguments, its name in the
+/// load table, and the rule file.
+pub struct Loader<'a> {
+    pub tool: &'static str,
+    pub args: &'static [&'static str],
+    pub label: &'static str,
+    pub file: &'a Path,
+}
+
+/// Loads the rules of each variant of `variants` that has a `loader`, in
+/// its namespace (`ns`), for `n` services of the bench part `part`;
+/// variants whose rules do not load within the limit are taken out of
+/// `variants`. The load times, and why each left-out variant is.
+pub fn load_kube_proxy_rules<'a, V: Copy + PartialEq>(
+    settings: &Settings,
+    n: u32,
+    part: &str,
+    variants: &mut Vec<V>,
+    name: impl Fn(V) -> &'static str,
+    loader: impl Fn(V) -> Option<Loader<'a>>,
+    ns: impl Fn(V) -> &'a NetNs,
+) -> anyhow::Result<(Vec<RuleLoad>, Vec<String>)> {
+    let (mut loads, mut left_out) = (Vec::new(), Vec::new());
+    for variant in variants.clone() {
+        let Some(Loader { tool, args, label, file }) = loader(variant) else { continue };
+        eprintln!("bench: {part}, {n} services: loading {tool}");
+        let what = [tool, &format!("{} ({part})", name(variant))];
+        match load_within_limit(settings, ns(variant), what, args, file, n)? {
+            Ok(seconds) => loads.push(RuleLoad { services: n, tool: label, seconds }),
+            Err(note) => {
+                left_out.push(note);
+                variants.retain(|v| *v != variant);
+            }
+        }
+    }
+    Ok((loads, left_out))
+}
+
 /// Loads `file` with `tool` (`what[0]`) for variant `what[1]` within
 /// `settings.rule_load_limit`: the seconds it took, or (`Err`) why the
 /// variant is left out at `n` services.

@@ -291,25 +291,22 @@ pub fn run(settings: &Settings, n: u32, variants: &[Variant]) -> anyhow::Result<
     let _servers = Servers::start(&net.backends).context("starting the backends")?;
     let dir = tempfile::tempdir()?;
 
-    let mut loads = Vec::new();
-    let mut left_out = Vec::new();
     let iptables = dir.path().join("iptables.rules");
     std::fs::write(&iptables, nodeport_rules::iptables(n))?;
     let nft = dir.path().join("nftables.rules");
     std::fs::write(&nft, nodeport_rules::nftables(n))?;
-    for variant in variants.clone() {
-        let Some((tool, args, label)) = variant.loader() else { continue };
-        let file = if variant == Variant::Nftables { &nft } else { &iptables };
-        eprintln!("bench: outside, {n} services: loading {tool}");
-        let what = [tool, &format!("{} (the outside path)", variant.name())];
-        match datapath::load_within_limit(settings, &net.entries[net.index(variant)], what, args, file, n)? {
-            Ok(seconds) => loads.push(RuleLoad { services: n, tool: label, seconds }),
-            Err(note) => {
-                left_out.push(note);
-                variants.retain(|v| *v != variant);
-            }
-        }
-    }
+    let (mut loads, left_out) = datapath::load_kube_proxy_rules(
+        settings,
+        n,
+        "the outside path",
+        &mut variants,
+        Variant::name,
+        |v| {
+            let (tool, args, label) = v.loader()?;
+            Some(datapath::Loader { tool, args, label, file: if v == Variant::Nftables { &nft } else { &iptables } })
+        },
+        |v| &net.entries[net.index(v)],
+    )?;
 
     // ebpf-proxy: an agent per variant on its entry node (and, for DSR,
     // one on its backend node too), each with its own cgroup and pins.

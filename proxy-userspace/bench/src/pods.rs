@@ -216,25 +216,22 @@ pub fn run(settings: &Settings, n: u32, variants: &[Variant]) -> anyhow::Result<
     let _servers = Servers::start(&net.backends).context("starting the backends")?;
     let dir = tempfile::tempdir()?;
 
-    let mut loads = Vec::new();
-    let mut left_out = Vec::new();
     let iptables = dir.path().join("iptables.rules");
     std::fs::write(&iptables, rules::iptables(n))?;
     let nft = dir.path().join("nftables.rules");
     std::fs::write(&nft, rules::nftables(n))?;
-    for variant in variants.clone() {
-        let Some((tool, args, label)) = variant.loader() else { continue };
-        let file = if variant == Variant::Nftables { &nft } else { &iptables };
-        eprintln!("bench: pods, {n} services: loading {tool}");
-        let what = [tool, &format!("{} (the pods' path)", variant.name())];
-        match datapath::load_within_limit(settings, &net.nodes[net.index(variant)], what, args, file, n)? {
-            Ok(seconds) => loads.push(RuleLoad { services: n, tool: label, seconds }),
-            Err(note) => {
-                left_out.push(note);
-                variants.retain(|v| *v != variant);
-            }
-        }
-    }
+    let (mut loads, left_out) = datapath::load_kube_proxy_rules(
+        settings,
+        n,
+        "the pods' path",
+        &mut variants,
+        Variant::name,
+        |v| {
+            let (tool, args, label) = v.loader()?;
+            Some(datapath::Loader { tool, args, label, file: if v == Variant::Nftables { &nft } else { &iptables } })
+        },
+        |v| &net.nodes[net.index(v)],
+    )?;
 
     // ebpf-proxy: an agent per variant on its node, each with its own
     // cgroup (the pod's client runs in it) and pins.

@@ -92,22 +92,25 @@ pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
 /// The key and value sizes of `map` (`struct bpf_map_info { u32 type, id,
 /// key_size, value_size, ... }`).
 fn map_kv_sizes(map: BorrowedFd<'_>) -> io::Result<(usize, usize)> {
-    let mut info = [0u64; 2];
-    let info_len = size_of_val(&info) as u64;
-    let mut attr = [fd_u64(map) | (info_len << 32), info.as_mut_ptr() as u64, 0, 0];
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let info = map_info(map)?;
     #[expect(clippy::cast_possible_truncation, reason = "u32 fields packed in a u64 word")]
     Ok(((info[1] as u32) as usize, ((info[1] >> 32) as u32) as usize))
 }
 
-/// The most entries `map` holds (`max_entries` of `bpf_map_info`).
-pub fn map_max_entries(map: BorrowedFd<'_>) -> io::Result<u32> {
+/// The first words of `bpf_map_info`: type and id; key and value sizes;
+/// `max_entries` and flags.
+fn map_info(map: BorrowedFd<'_>) -> io::Result<[u64; 3]> {
     let mut info = [0u64; 3];
     let info_len = size_of_val(&info) as u64;
     let mut attr = [fd_u64(map) | (info_len << 32), info.as_mut_ptr() as u64, 0, 0];
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok(info)
+}
+
+/// The most entries `map` holds (`max_entries` of `bpf_map_info`).
+pub fn map_max_entries(map: BorrowedFd<'_>) -> io::Result<u32> {
     #[expect(clippy::cast_possible_truncation, reason = "the low u32 of the word")]
-    Ok(info[2] as u32)
+    Ok(map_info(map)?[2] as u32)
 }
 
 /// Makes `link` run `prog` instead of its current program, atomically.
