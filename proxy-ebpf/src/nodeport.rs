@@ -35,7 +35,7 @@
 //! (`Frame::FROM_POD`); `pod.rs` says where it differs.
 use proxy_common::{
     Addr, CtValue, SLOTS_PER_ENTRY, ServiceKey, ServiceValue, backend_flags, cluster_cidr, ct_dir, ct_flags,
-    external_stat, flow_hash, handover_mode, maglev_index, nodeport_mode, proto, scope, service_flags,
+    external_stat, flow_hash, handover_mode, maglev_index, nodeport_mode, proto, scope, service_flags, snat_ports,
 };
 
 use crate::{
@@ -99,9 +99,15 @@ pub fn egress<F: Frame>(ctx: &F) -> i32 {
 }
 
 /// A backend on another node answers a flow this node source-NATed: back
-/// to the client, from the frontend.
+/// to the client, from the frontend. Such a reply comes to a port of
+/// `snat_ports` (`ct::snat_port`): every other packet arriving (the node's
+/// own traffic, replies to pods' flows and to local backends' clients)
+/// skips the conntrack lookup.
 #[inline(never)]
 fn reply_to_client<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
+    if u16::from_be(pkt.dport) < snat_ports::MIN {
+        return NOT_A_REPLY;
+    }
     let mut flow = CtValue::default();
     if !ct::lookup(pkt, ct_dir::REPLY, &mut flow) || flow.flags & ct_flags::SNAT == 0 {
         return NOT_A_REPLY;
