@@ -30,6 +30,10 @@ pub enum ReadError {
     NoRodata,
     #[error("this build's eBPF object has no {} symbol", proxy_common::SOCKET_LB_NETNS)]
     NoSymbol,
+    #[error(
+        "the attached programs are another build's (their .rodata is {theirs} bytes, this build's {ours}): ask that build's ebpf-proxy"
+    )]
+    OtherBuild { theirs: usize, ours: usize },
 }
 
 /// The mode the programs run with: `HostNamespace` with the cookie of the
@@ -71,13 +75,18 @@ pub fn read(pin_dir: &Path) -> Result<Seen, ReadError> {
         .filter_map(Result::ok)
         .find(|p| p.id() == program_id)
         .ok_or(ReadError::NoProgram(program_id))?;
-    let (offset, size) = symbol_in_rodata(super::loader::object(), proxy_common::SOCKET_LB_NETNS)?;
+    let (offset, section) = symbol_in_rodata(super::loader::object(), proxy_common::SOCKET_LB_NETNS)?;
     let map_ids = program.map_ids().map_err(|e| ReadError::Maps(e.to_string()))?.unwrap_or_default();
     for id in map_ids {
         let Ok(info) = MapInfo::from_id(id) else { continue };
         let value_size = info.value_size() as usize;
-        if !info.name_as_str().is_some_and(|n| n.ends_with(".rodata")) || value_size < offset + size {
+        if !info.name_as_str().is_some_and(|n| n.ends_with(".rodata")) {
             continue;
+        }
+        // Another build's globals may sit elsewhere: its section would
+        // rarely be the same size.
+        if value_size != section {
+            return Err(ReadError::OtherBuild { theirs: value_size, ours: section });
         }
         let fd = info.fd().map_err(|e| ReadError::Maps(e.to_string()))?;
         let mut value = vec![0u8; value_size];
@@ -111,7 +120,8 @@ pub fn pod_devices(pin_dir: &Path) -> Vec<String> {
     devices
 }
 
-/// Offset and size of the 8-byte global `name` in the object's `.rodata`.
+/// Offset of the 8-byte global `name` in the object's `.rodata`, and the
+/// section's size.
 fn symbol_in_rodata(elf: &[u8], name: &str) -> Result<(usize, usize), ReadError> {
     let file = object::File::parse(elf).map_err(|_| ReadError::NoSymbol)?;
     let symbol = file.symbols().find(|s| s.name() == Ok(name)).ok_or(ReadError::NoSymbol)?;
@@ -121,7 +131,11 @@ fn symbol_in_rodata(elf: &[u8], name: &str) -> Result<(usize, usize), ReadError>
     }
     // A relocatable object: a symbol's value is its offset in its section.
     let offset = usize::try_from(symbol.address()).map_err(|_| ReadError::NoSymbol)?;
-    Ok((offset, 8))
+    let size = usize::try_from(section.size()).map_err(|_| ReadError::NoSymbol)?;
+    if offset + 8 > size {
+        return Err(ReadError::NoSymbol);
+    }
+    Ok((offset, size))
 }
 
 #[cfg(test)]
@@ -133,8 +147,10 @@ mod tests {
     /// it cannot tell).
     #[test]
     fn the_object_holds_the_global_in_rodata() {
-        let (offset, size) = symbol_in_rodata(super::super::loader::object(), proxy_common::SOCKET_LB_NETNS).unwrap();
-        assert_eq!((offset % 8, size), (0, 8));
+        let (offset, section) =
+            symbol_in_rodata(super::super::loader::object(), proxy_common::SOCKET_LB_NETNS).unwrap();
+        assert_eq!(offset % 8, 0);
+        assert!(offset + 8 <= section, "{offset} in {section} bytes");
         assert!(matches!(symbol_in_rodata(super::super::loader::object(), "NO_SUCH_GLOBAL"), Err(ReadError::NoSymbol)));
     }
 
