@@ -205,7 +205,10 @@ async fn run_with(
     let (_explain_server, mut explain_requests) = crate::explain_socket::start(config.explain_socket.as_deref());
     let mut observers = Observers::new(config, telemetry);
     let mut sweep = tokio::time::interval(crate::datapath::active::SWEEP_INTERVAL);
-    let mut ct_fill = crate::ct_fill::CtFill::new(crate::datapath::possible_cpus());
+    // The CPUs the kernel's LRU keeps free entries for (1 when unreadable:
+    // the mark is then at its highest).
+    let cpus = crate::datapath::counters::possible_cpus().map_or(1, u64::from);
+    let mut ct_fill = crate::ct_fill::CtFill::new(cpus);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let wake = tokio::select! {

@@ -163,33 +163,38 @@ pub fn write_targets(path: &Path, lines: impl Iterator<Item = String>) -> std::i
     std::fs::write(path, text)
 }
 
-/// A kube-proxy variant's rule loader: tool, arguments, its name in the
-/// load table, and the rule file.
-pub struct Loader<'a> {
-    pub tool: &'static str,
-    pub args: &'static [&'static str],
-    pub label: &'static str,
-    pub file: &'a Path,
+/// A lane's variant of the outside or pods' path (`outside.rs`, `pods.rs`).
+pub trait LaneVariant: Copy + PartialEq {
+    fn name(self) -> &'static str;
+    /// A kube-proxy variant's rule loader: tool (`nft` takes the nftables
+    /// rules, the others the iptables ones), arguments, and its name in the
+    /// load table.
+    fn loader(self) -> Option<(&'static str, &'static [&'static str], &'static str)>;
 }
 
-/// Loads the rules of each variant of `variants` that has a `loader`, in
-/// its namespace (`ns`), for `n` services of the bench part `part`;
+/// Writes kube-proxy's rules for `n` services of the bench part `part`
+/// (`rules`: iptables-restore and nft input) into `dir` and loads them for
+/// each kube-proxy variant of `variants`, in its namespace (`ns`);
 /// variants whose rules do not load within the limit are taken out of
 /// `variants`. The load times, and why each left-out variant is.
-pub fn load_kube_proxy_rules<'a, V: Copy + PartialEq>(
+pub fn load_kube_proxy_rules<'a, V: LaneVariant>(
     settings: &Settings,
-    n: u32,
-    part: &str,
+    (n, part): (u32, &str),
+    dir: &Path,
+    rules: [String; 2],
     variants: &mut Vec<V>,
-    name: impl Fn(V) -> &'static str,
-    loader: impl Fn(V) -> Option<Loader<'a>>,
     ns: impl Fn(V) -> &'a NetNs,
 ) -> anyhow::Result<(Vec<RuleLoad>, Vec<String>)> {
+    let [iptables_rules, nft_rules] = rules;
+    let (iptables, nft) = (dir.join("iptables.rules"), dir.join("nftables.rules"));
+    std::fs::write(&iptables, iptables_rules)?;
+    std::fs::write(&nft, nft_rules)?;
     let (mut loads, mut left_out) = (Vec::new(), Vec::new());
     for variant in variants.clone() {
-        let Some(Loader { tool, args, label, file }) = loader(variant) else { continue };
+        let Some((tool, args, label)) = variant.loader() else { continue };
+        let file = if tool == "nft" { &nft } else { &iptables };
         eprintln!("bench: {part}, {n} services: loading {tool}");
-        let what = [tool, &format!("{} ({part})", name(variant))];
+        let what = [tool, &format!("{} ({part})", variant.name())];
         match load_within_limit(settings, ns(variant), what, args, file, n)? {
             Ok(seconds) => loads.push(RuleLoad { services: n, tool: label, seconds }),
             Err(note) => {

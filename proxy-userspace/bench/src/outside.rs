@@ -291,20 +291,12 @@ pub fn run(settings: &Settings, n: u32, variants: &[Variant]) -> anyhow::Result<
     let _servers = Servers::start(&net.backends).context("starting the backends")?;
     let dir = tempfile::tempdir()?;
 
-    let iptables = dir.path().join("iptables.rules");
-    std::fs::write(&iptables, nodeport_rules::iptables(n))?;
-    let nft = dir.path().join("nftables.rules");
-    std::fs::write(&nft, nodeport_rules::nftables(n))?;
     let (mut loads, left_out) = datapath::load_kube_proxy_rules(
         settings,
-        n,
-        "the outside path",
+        (n, "the outside path"),
+        dir.path(),
+        [nodeport_rules::iptables(n), nodeport_rules::nftables(n)],
         &mut variants,
-        Variant::name,
-        |v| {
-            let (tool, args, label) = v.loader()?;
-            Some(datapath::Loader { tool, args, label, file: if v == Variant::Nftables { &nft } else { &iptables } })
-        },
         |v| &net.entries[net.index(v)],
     )?;
 
@@ -439,6 +431,16 @@ fn start_agent(
         .map_err(anyhow::Error::msg)
         .with_context(|| format!("ebpf-proxy on {node} did not attach its TC programs"))?;
     Ok(agent)
+}
+
+impl datapath::LaneVariant for Variant {
+    fn name(self) -> &'static str {
+        Self::name(self)
+    }
+
+    fn loader(self) -> Option<(&'static str, &'static [&'static str], &'static str)> {
+        Self::loader(self)
+    }
 }
 
 #[cfg(test)]

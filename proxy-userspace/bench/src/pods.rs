@@ -216,20 +216,12 @@ pub fn run(settings: &Settings, n: u32, variants: &[Variant]) -> anyhow::Result<
     let _servers = Servers::start(&net.backends).context("starting the backends")?;
     let dir = tempfile::tempdir()?;
 
-    let iptables = dir.path().join("iptables.rules");
-    std::fs::write(&iptables, rules::iptables(n))?;
-    let nft = dir.path().join("nftables.rules");
-    std::fs::write(&nft, rules::nftables(n))?;
     let (mut loads, left_out) = datapath::load_kube_proxy_rules(
         settings,
-        n,
-        "the pods' path",
+        (n, "the pods' path"),
+        dir.path(),
+        [rules::iptables(n), rules::nftables(n)],
         &mut variants,
-        Variant::name,
-        |v| {
-            let (tool, args, label) = v.loader()?;
-            Some(datapath::Loader { tool, args, label, file: if v == Variant::Nftables { &nft } else { &iptables } })
-        },
         |v| &net.nodes[net.index(v)],
     )?;
 
@@ -348,6 +340,16 @@ fn start_agent(
         .map_err(anyhow::Error::msg)
         .context("ebpf-proxy did not attach its programs to the pod-facing device")?;
     Ok(agent)
+}
+
+impl datapath::LaneVariant for Variant {
+    fn name(self) -> &'static str {
+        Self::name(self)
+    }
+
+    fn loader(self) -> Option<(&'static str, &'static [&'static str], &'static str)> {
+        Self::loader(self)
+    }
 }
 
 #[cfg(test)]

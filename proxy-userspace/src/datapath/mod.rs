@@ -32,12 +32,6 @@ mod sys;
 pub use sys::read_hash_map;
 
 pub use maps::{KernelMaps, MapError, ServiceMaps};
-
-/// The CPUs the kernel keeps per-CPU map state for (1 when unreadable).
-#[must_use]
-pub fn possible_cpus() -> u64 {
-    aya::util::nr_cpus().map_or(1, |n| u64::try_from(n).unwrap_or(u64::MAX))
-}
 pub use reconcile::{Change, ChangeKind, Reconciler, Report};
 
 #[cfg(test)]
