@@ -10,7 +10,7 @@ use proxy_common::{Addr, CtKey, CtValue, ct_dir, ct_flags, ct_lifetime, flow_has
 
 use crate::{
     access::now_ns,
-    maps::{count_flow, ct_insert, ct_update, uncount_active},
+    maps::{count_flow, ct_entry, ct_insert, ct_update, uncount_active},
     packet::{Packet, TCP_FIN, TCP_RST},
 };
 
@@ -66,46 +66,58 @@ fn closing_flags(pkt: &Packet, dir: u8) -> u8 {
     flags
 }
 
-/// Copies the live entry of the packet's flow in direction `dir` (its key
-/// is the packet as it is) to `out`, refreshed for this packet (last use,
-/// and the closing flags of a TCP FIN or RST, on both directions' entries);
-/// false when there is none.
+/// The live entry of the packet's flow in direction `dir` (its key is
+/// the packet as it is), refreshed for this packet (last use, and the
+/// closing flags of a TCP FIN or RST, on both directions' entries); `None`
+/// when there is none. Returned, not written into a caller's zeroed
+/// value: zeroing is a byte-wise `memset` loop on BPF.
 #[inline(never)]
-pub fn lookup(pkt: &Packet, dir: u8, out: &mut CtValue) -> bool {
+pub fn lookup(pkt: &Packet, dir: u8) -> Option<CtValue> {
     let key = &pkt.ct_key(dir);
+    let entry = ct_entry(key)?;
     let now = now_ns();
+    if !live(entry, key.proto, now) {
+        // A counted flow that ended unseen: its count is taken back here,
+        // once (the agent's sweep takes back those no packet comes back
+        // for: docs/design.md, "Balancing by load").
+        if entry.flags & ct_flags::COUNTED != 0 {
+            entry.flags &= !ct_flags::COUNTED;
+            uncount_active(entry.backend_id, &entry.addr, entry.port);
+        }
+        return None;
+    }
     let closing = closing_flags(pkt, dir);
     let mut touch_other = false;
-    let found = ct_update(key, |entry| {
-        if !live(entry, key.proto, now) {
-            // A counted flow that ended unseen: its count is taken back
-            // here, once (the agent's sweep takes back those no packet
-            // comes back for: docs/design.md, "Balancing by load"). In
-            // place: a copy of the entry would grow the frame of every
-            // caller, on the programs' deepest call chains.
-            if entry.flags & ct_flags::COUNTED != 0 {
-                entry.flags &= !ct_flags::COUNTED;
-                uncount_active(entry.backend_id, &entry.addr, entry.port);
-            }
-            return false;
-        }
-        if entry.flags & closing != closing {
-            entry.flags |= closing;
-            entry.last_seen_ns = now;
-            touch_other = true;
-        } else if now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
-            entry.last_seen_ns = now;
-            touch_other = true;
-        }
-        *out = *entry;
-        true
-    })
-    .unwrap_or(false);
-    // A flow left to netfilter has no other entry here.
-    if touch_other && out.flags & ct_flags::KERNEL == 0 {
-        update_other(key, out, closing, now);
+    if entry.flags & closing != closing {
+        entry.flags |= closing;
+        entry.last_seen_ns = now;
+        touch_other = true;
+    } else if now.saturating_sub(entry.last_seen_ns) > REFRESH_NS {
+        entry.last_seen_ns = now;
+        touch_other = true;
     }
-    found
+    // A flow left to netfilter has no other entry here.
+    if touch_other && entry.flags & ct_flags::KERNEL == 0 {
+        update_other(key, entry, closing, now);
+    }
+    // Copied straight into the caller's slot: a copy on this frame would
+    // grow the programs' deepest call chains.
+    Some(*entry)
+}
+
+/// `lookup` into `out`, for a caller that holds its flow in one slot,
+/// found or new (`nodeport::to_frontend`, whose frame is on the deepest
+/// chain); false when there is none. Out of line: the found entry is
+/// held on this frame, not on the caller's.
+#[inline(never)]
+pub fn lookup_into(pkt: &Packet, dir: u8, out: &mut CtValue) -> bool {
+    match lookup(pkt, dir) {
+        Some(found) => {
+            *out = found;
+            true
+        }
+        None => false,
+    }
 }
 
 /// The flow whose original entry has `key` ends before its entry expires
@@ -148,8 +160,9 @@ fn other_key(key: &CtKey, entry: &CtValue) -> CtKey {
 /// meanwhile) and gives it this one's new closing `flags`. Only if it is
 /// still this flow's: a closed flow's reply entry may since have been
 /// taken by a new flow on the same SNAT port (`holds_port`), which a late
-/// packet of the old flow must not close.
-#[inline(always)]
+/// packet of the old flow must not close. Out of line: the other key is
+/// on its own frame, not on `lookup`'s, which is on the deepest chains.
+#[inline(never)]
 fn update_other(key: &CtKey, entry: &CtValue, flags: u8, now: u64) {
     ct_update(&other_key(key, entry), |other| {
         if points_back(other, key) {

@@ -321,6 +321,17 @@ pub fn ct_update<R>(key: &CtKey, f: impl FnOnce(&mut CtValue) -> R) -> Option<R>
     Some(f(unsafe { &mut *ptr }))
 }
 
+/// The `CT` entry of `key`, to read and refresh in place; `None` when
+/// there is none. It must not be kept past the program's run.
+#[inline(always)]
+pub fn ct_entry(key: &CtKey) -> Option<&'static mut CtValue> {
+    let ptr = CT.get_ptr_mut(key)?;
+    // SAFETY: a pointer into the map's value, valid while the program runs
+    // (the callers drop it before they return); concurrent writers (other
+    // CPUs) only store whole integers.
+    Some(unsafe { &mut *ptr })
+}
+
 /// Inserts a `CT` entry; `only_new` fails if the key exists (BPF_NOEXIST).
 #[inline(always)]
 pub fn ct_insert(key: &CtKey, value: &CtValue, only_new: bool) -> bool {

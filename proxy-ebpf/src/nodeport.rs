@@ -50,27 +50,27 @@ use crate::{
 };
 
 /// Why a packet is dropped: an `external_stat` index.
-type Drop = u32;
+type DropReason = u32;
 
 /// `reply_to_client`: the packet is not a reply of a source-NATed flow.
 const NOT_A_REPLY: i32 = -1;
 
 #[inline(always)]
 pub fn ingress<F: Frame>(ctx: &F) -> i32 {
-    let mut pkt = Packet::empty();
-    if !Packet::parse(ctx, &mut pkt) {
-        return F::PASS;
-    }
+    // Used in place: moved out of the `Option`, the packet would take a
+    // second slot on this frame, at the root of every call chain.
+    let mut parsed = Packet::parse(ctx);
+    let Some(pkt) = parsed.as_mut() else { return F::PASS };
     if pkt.dsr_port != 0 {
         // A pod's packet with a DSR option is not a DSR arrival: only the
         // node's devices receive those.
-        return if F::FROM_POD { F::PASS } else { dsr_arrival(ctx, &pkt) };
+        return if F::FROM_POD { F::PASS } else { dsr_arrival(ctx, pkt) };
     }
-    let action = reply_to_client(ctx, &mut pkt);
+    let action = reply_to_client(ctx, pkt);
     if action != NOT_A_REPLY {
         return action;
     }
-    to_frontend(ctx, &mut pkt)
+    to_frontend(ctx, pkt)
 }
 
 /// Egress (TC only): on a node device, a reply of a backend on this node
@@ -78,18 +78,17 @@ pub fn ingress<F: Frame>(ctx: &F) -> i32 {
 /// from its backend, wherever that is: it gets the frontend as source.
 #[inline(always)]
 pub fn egress<F: Frame>(ctx: &F) -> i32 {
-    let mut pkt = Packet::empty();
-    if !Packet::parse(ctx, &mut pkt) {
+    let mut parsed = Packet::parse(ctx);
+    let Some(pkt) = parsed.as_mut() else {
         // Not TCP, UDP or SCTP: maybe an ICMP error about such a flow.
         if icmp::translate_error(ctx).is_err() {
             return drop_packet::<F>(external_stat::REWRITE_FAILED);
         }
         return F::PASS;
-    }
+    };
     // (Replies of source-NATed flows come back to this node's address and
     // are handled at ingress.)
-    let mut entry = CtValue::default();
-    if ct::lookup(&pkt, ct_dir::REPLY, &mut entry)
+    if let Some(entry) = ct::lookup(pkt, ct_dir::REPLY).as_ref()
         && entry.flags & ct_flags::SNAT == 0
         && pkt.rewrite(ctx, End::Src, &entry.addr, entry.port).is_err()
     {
@@ -108,11 +107,14 @@ fn reply_to_client<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
     if u16::from_be(pkt.dport) < snat_ports::MIN {
         return NOT_A_REPLY;
     }
-    let mut flow = CtValue::default();
-    if !ct::lookup(pkt, ct_dir::REPLY, &mut flow) || flow.flags & ct_flags::SNAT == 0 {
+    // Used in place (no `filter`, which copies): the frame is on the
+    // programs' deepest chain.
+    let found = ct::lookup(pkt, ct_dir::REPLY);
+    let Some(flow) = found.as_ref() else { return NOT_A_REPLY };
+    if flow.flags & ct_flags::SNAT == 0 {
         return NOT_A_REPLY;
     }
-    forward(ctx, pkt, &flow, ct_dir::REPLY)
+    forward(ctx, pkt, flow, ct_dir::REPLY)
 }
 
 /// A packet to a frontend (or not, then it is left alone): to its flow's
@@ -123,7 +125,8 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
     let Some((key, frontend, has_endpoints)) = found else { return F::PASS };
     let mut flow = CtValue::default();
     // A new connection on the tuple of a closing one starts afresh.
-    let found = ct::lookup(pkt, ct_dir::ORIGINAL, &mut flow) && !(pkt.is_syn() && flow.flags & ct_flags::CLOSING != 0);
+    let found =
+        ct::lookup_into(pkt, ct_dir::ORIGINAL, &mut flow) && !(pkt.is_syn() && flow.flags & ct_flags::CLOSING != 0);
     if found && flow.flags & ct_flags::KERNEL != 0 {
         return ctx.left_to_kernel();
     }
@@ -329,7 +332,7 @@ fn to_local_backend<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> i32 
 }
 
 #[inline(always)]
-fn rewrite<F: Frame>(ctx: &F, pkt: &mut Packet, end: End, addr: &Addr, port: u16) -> Result<(), Drop> {
+fn rewrite<F: Frame>(ctx: &F, pkt: &mut Packet, end: End, addr: &Addr, port: u16) -> Result<(), DropReason> {
     pkt.rewrite(ctx, end, addr, port).map_err(|_| external_stat::REWRITE_FAILED)
 }
 
@@ -408,13 +411,19 @@ fn needs_snat<F: Frame>(pkt: &Packet, frontend: &ServiceValue, backend: &CtValue
 }
 
 /// `new_flow`: the flow was admitted.
-const ADMITTED: Drop = u32::MAX;
+const ADMITTED: DropReason = u32::MAX;
 
 /// Admits a new flow into `flow`: checks the source ranges, picks a backend
 /// and records the flow (with source NAT when the backend is elsewhere).
 /// Returns `ADMITTED`, or why the packet is dropped.
 #[inline(never)]
-fn new_flow<F: Frame>(ctx: &F, pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue, flow: &mut CtValue) -> Drop {
+fn new_flow<F: Frame>(
+    ctx: &F,
+    pkt: &Packet,
+    key: &ServiceKey,
+    frontend: &ServiceValue,
+    flow: &mut CtValue,
+) -> DropReason {
     if frontend.flags & service_flags::SOURCE_RANGES != 0 && !source_allowed(frontend.rev_nat, &pkt.src) {
         return external_stat::SOURCE_DENIED;
     }

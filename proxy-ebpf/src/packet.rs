@@ -110,7 +110,11 @@ impl PortRewrite {
 
 /// A TCP or UDP packet, as parsed.
 pub struct Packet {
-    pub family: Family,
+    /// The IP version, 4 or 6 (`family()`). A plain integer, not a
+    /// `Family`: an enum's spare values would become the niche of
+    /// `Option<Packet>` (`parse`), whose BTF the kernel refuses (a union
+    /// member at an offset).
+    pub ip_version: u8,
     /// Offset of the TCP or UDP header.
     pub l4: usize,
     pub proto: u8,
@@ -128,44 +132,91 @@ pub struct Packet {
 }
 
 impl Packet {
-    /// Reads the packet's IP and TCP/UDP headers into `out`, and a DSR
-    /// option if it carries one; false for anything else (other protocols,
-    /// IPv4 fragments, IPv6 extension headers but DSR's), which is then
-    /// left alone. Out of line, so its temporaries
-    /// are off the stack by the time the translation runs.
+    /// Reads the packet's IP and TCP/UDP headers, and a DSR option if it
+    /// carries one; `None` for anything else (other protocols, IPv4
+    /// fragments, IPv6 extension headers but DSR's), which is then left
+    /// alone. Out of line, so its temporaries are off the stack by the
+    /// time the translation runs. It returns the packet rather than
+    /// filling one the caller zeroed: zeroing a struct is a byte-wise
+    /// `memset` loop on BPF, paid on every packet.
     #[inline(never)]
-    pub fn parse<F: Frame>(ctx: &F, out: &mut Self) -> bool {
-        match Self::read(ctx) {
-            Some(p) => {
-                *out = p;
-                true
-            }
-            None => false,
-        }
+    pub fn parse<F: Frame>(ctx: &F) -> Option<Self> {
+        Self::read(ctx)
     }
 
-    /// An empty packet, to `parse` into.
-    #[inline(always)]
-    pub const fn empty() -> Self {
-        Self {
-            family: Family::V4,
-            l4: 0,
-            proto: 0,
-            src: Addr([0; 16]),
-            dst: Addr([0; 16]),
-            sport: 0,
-            dport: 0,
-            tcp_flags: 0,
-            dsr_port: 0,
-        }
-    }
-
+    /// The plain packets (an IPv4 header without options, an IPv6 header
+    /// without extension headers, TCP or UDP), read in one helper call
+    /// (`read_plain`), else field by field (`read_fields`). Each reader on
+    /// its own frame: their buffers together would put `parse` past the
+    /// verifier's stack bound for the chain below the program.
     #[inline(always)]
     fn read<F: Frame>(ctx: &F) -> Option<Self> {
+        if let Some(pkt) = Self::read_plain(ctx) {
+            return Some(pkt);
+        }
+        Self::read_fields(ctx)
+    }
+
+    /// A plain TCP or UDP packet from one copy of its first bytes (up to
+    /// TCP's flags): one helper call where `read_fields` makes eight,
+    /// and every packet of every program pays for the parse. `None` for
+    /// anything else, which `read_fields` then reads (IPv4 options, a DSR
+    /// option, fragments, SCTP, a packet shorter than the copy).
+    #[inline(never)]
+    fn read_plain<F: Frame>(ctx: &F) -> Option<Self> {
+        const V4: usize = ETH_HLEN + 20;
+        const V6: usize = ETH_HLEN + 40;
+        let head = ctx.load::<[u8; V4 + 14]>(0).ok()?;
+        let (ip_version, l4, proto, src, dst, ports, flags) = match u16::from_be_bytes([head[12], head[13]]) {
+            ETH_P_IP => {
+                // Version 4, 20 bytes of header, not a fragment.
+                if head[ETH_HLEN] != 0x45 || u16::from_be_bytes([head[ETH_HLEN + 6], head[ETH_HLEN + 7]]) & 0x3fff != 0
+                {
+                    return None;
+                }
+                let at = |i: usize| [head[i], head[i + 1], head[i + 2], head[i + 3]];
+                let l4 = [head[V4], head[V4 + 1], head[V4 + 2], head[V4 + 3]];
+                (
+                    4,
+                    V4,
+                    head[ETH_HLEN + 9],
+                    mapped_v4(at(ETH_HLEN + 12)),
+                    mapped_v4(at(ETH_HLEN + 16)),
+                    l4,
+                    head[V4 + 13],
+                )
+            }
+            ETH_P_IPV6 => {
+                let h = ctx.load::<[u8; V6 + 14]>(0).ok()?;
+                let src = Addr(core::array::from_fn(|i| h[ETH_HLEN + 8 + i]));
+                let dst = Addr(core::array::from_fn(|i| h[ETH_HLEN + 24 + i]));
+                let l4 = [h[V6], h[V6 + 1], h[V6 + 2], h[V6 + 3]];
+                (6, V6, h[ETH_HLEN + 6], src, dst, l4, h[V6 + 13])
+            }
+            _ => return None,
+        };
+        if proto != proto::TCP && proto != proto::UDP {
+            return None;
+        }
+        Some(Self {
+            ip_version,
+            l4,
+            proto,
+            src,
+            dst,
+            sport: u16::from_ne_bytes([ports[0], ports[1]]),
+            dport: u16::from_ne_bytes([ports[2], ports[3]]),
+            tcp_flags: if proto == proto::TCP { flags } else { 0 },
+            dsr_port: 0,
+        })
+    }
+
+    #[inline(never)]
+    fn read_fields<F: Frame>(ctx: &F) -> Option<Self> {
         let ethertype = u16::from_be(ctx.load::<u16>(12).ok()?);
         let l3 = ETH_HLEN;
         let mut dsr_port = 0;
-        let (family, l4, proto, src, dst) = match ethertype {
+        let (ip_version, l4, proto, src, dst) = match ethertype {
             ETH_P_IP => {
                 let version_ihl = ctx.load::<u8>(l3).ok()?;
                 let ihl = usize::from(version_ihl & 0x0f) * 4;
@@ -187,7 +238,7 @@ impl Packet {
                 let proto = ctx.load::<u8>(l3 + 9).ok()?;
                 let src = mapped_v4(ctx.load::<[u8; 4]>(l3 + 12).ok()?);
                 let dst = mapped_v4(ctx.load::<[u8; 4]>(l3 + 16).ok()?);
-                (Family::V4, l3 + ihl, proto, src, dst)
+                (4, l3 + ihl, proto, src, dst)
             }
             ETH_P_IPV6 => {
                 let mut proto = ctx.load::<u8>(l3 + 6).ok()?;
@@ -205,7 +256,7 @@ impl Packet {
                     proto = head[0];
                     l4 += usize::from(dsr_option::V6_HDR_LEN);
                 }
-                (Family::V6, l4, proto, src, dst)
+                (6, l4, proto, src, dst)
             }
             _ => return None,
         };
@@ -215,7 +266,7 @@ impl Packet {
         let ports = ctx.load::<[u8; 4]>(l4).ok()?;
         let tcp_flags = if proto == proto::TCP { ctx.load::<u8>(l4 + 13).ok()? } else { 0 };
         Some(Self {
-            family,
+            ip_version,
             l4,
             proto,
             src,
@@ -225,6 +276,11 @@ impl Packet {
             tcp_flags,
             dsr_port,
         })
+    }
+
+    #[inline(always)]
+    pub fn family(&self) -> Family {
+        if self.ip_version == 6 { Family::V6 } else { Family::V4 }
     }
 
     /// Offset of the IP header: right after the Ethernet header (not a
@@ -297,7 +353,7 @@ impl Packet {
         ctx.rewrite_port(PortRewrite {
             l4,
             proto: self.proto,
-            v6: self.family == Family::V6,
+            v6: self.ip_version == 6,
             src: end == End::Src,
             old,
             new,
@@ -307,7 +363,7 @@ impl Packet {
     #[inline(never)]
     fn rewrite_addr<F: Frame>(&self, ctx: &F, end: End, old: &Addr, new: &Addr) -> Result<(), RewriteFailed> {
         let l4_csum = self.l4_csum_offset();
-        match self.family {
+        match self.family() {
             Family::V4 => {
                 let (Some(old4), Some(new4)) = (as_v4(old), as_v4(new)) else { return Err(RewriteFailed) };
                 let (from, to) = (u64::from(u32::from_ne_bytes(old4)), u64::from(u32::from_ne_bytes(new4)));
@@ -341,7 +397,7 @@ impl Packet {
     /// itself; fails when it would reach 0.
     #[inline(always)]
     pub fn decrement_ttl<F: Frame>(&self, ctx: &F) -> Result<(), RewriteFailed> {
-        match self.family {
+        match self.family() {
             Family::V4 => {
                 // TTL and protocol form one 16-bit word of the checksum.
                 let old = ctx.load::<[u8; 2]>(self.l3() + 8)?;
@@ -368,7 +424,7 @@ impl Packet {
     /// Destination Options header's first 4 bytes.
     #[inline(always)]
     pub fn dsr_addr<F: Frame>(&self, ctx: &F) -> Result<Addr, RewriteFailed> {
-        match self.family {
+        match self.family() {
             Family::V4 => Ok(mapped_v4(ctx.load::<[u8; 4]>(self.l3() + 24)?)),
             Family::V6 => ctx.load::<Addr>(self.l3() + 44),
         }
@@ -383,7 +439,7 @@ impl Packet {
     #[inline(never)]
     pub fn add_dsr_option<F: Frame>(&mut self, ctx: &F) -> Result<(), RewriteFailed> {
         let port = self.dport;
-        match self.family {
+        match self.family() {
             Family::V4 => {
                 let Some(a) = as_v4(&self.dst) else { return Err(RewriteFailed) };
                 let head = ctx.load::<[u8; 4]>(self.l3())?;

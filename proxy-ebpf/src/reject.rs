@@ -46,7 +46,7 @@ pub fn reject(ctx: &TcContext, pkt: &Packet, stats: u32) -> i32 {
     if !take_token() {
         return drop_packet(stats + external_stat::REJECT_LIMITED);
     }
-    let built = match (pkt.family, pkt.proto == proto::TCP) {
+    let built = match (pkt.family(), pkt.proto == proto::TCP) {
         (Family::V4, true) => reset_v4(ctx, pkt),
         (Family::V6, true) => reset_v6(ctx, pkt),
         (Family::V4, false) => unreachable_v4(ctx, pkt),

@@ -442,20 +442,7 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
         &(service("web", "NodePort", &[("http", 80, 30080, "TCP")], "", &[])
             + &endpoints("web", ("http", 8080, "TCP"), &[(1, 1), (2, 1)])),
     );
-    let sched_cls = || {
-        aya::programs::loaded_programs()
-            .filter_map(Result::ok)
-            .filter(|p| p.program_type() as u32 == 3) // BPF_PROG_TYPE_SCHED_CLS
-            .count()
-    };
-    let before = sched_cls();
     topo.start_agents();
-    let with_agents = sched_cls();
-    // Each agent loads the same TC programs: for its external devices
-    // (nodeport_ingress, nodeport_egress) and its pod-facing ones
-    // (pod_ingress, pod_egress).
-    let per_node = (with_agents - before) / 2;
-    assert!(per_node >= 2, "{before} TC programs before the agents, {with_agents} with them");
 
     // A steady stream of connections from outside through node 1 while
     // its agent stops (its pinned programs, maps and flows stay) and a new
@@ -502,7 +489,22 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
     let local: Vec<bool> = node_port["backends"].as_array().unwrap().iter().map(|b| b["local"] == true).collect();
     assert_eq!(local, vec![true, false], "pod-1-1 is node 1's, pod-2-1 is not: {node_port}");
 
-    // `ebpf-proxy cleanup` on node 1: its TC programs detach.
+    // `ebpf-proxy cleanup` on node 1: its TC programs detach and unload.
+    // Node 1's own programs, by id (the links it pinned): other tests load
+    // TC programs at the same time, so a count of all of them would race.
+    let node1_tc_programs: std::collections::BTreeSet<u32> = std::fs::read_dir(topo.node(1).pin_dir.join("links"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name().to_string_lossy().starts_with("tc-") || e.file_name().to_string_lossy().starts_with("pod-")
+        })
+        .filter_map(|e| ebpf_proxy::datapath::links::pinned_link_info(&e.path()).ok())
+        .map(|info| info.program_id)
+        .collect();
+    assert!(node1_tc_programs.len() >= 2, "node 1's TC links: {node1_tc_programs:?}");
+    let still_loaded = || {
+        aya::programs::loaded_programs().filter_map(Result::ok).filter(|p| node1_tc_programs.contains(&p.id())).count()
+    };
     topo.stop_agent(1);
     let out = topo
         .node(1)
@@ -514,10 +516,10 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while sched_cls() != with_agents - per_node && std::time::Instant::now() < deadline {
+    while still_loaded() != 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    assert_eq!(sched_cls(), with_agents - per_node, "node 1's TC programs are still loaded");
+    assert_eq!(still_loaded(), 0, "node 1's TC programs are still loaded: {node1_tc_programs:?}");
     let (ok, _) = topo.curl_from(CLIENT, &format!("http://{}/", on_node(1, 30080)));
     assert!(!ok, "node 1 still translates after cleanup");
     assert_eq!(topo.requests(&on_node(2, 30080), 5).len(), 5, "node 2 is unaffected");
