@@ -133,12 +133,17 @@ fn end_count(key: &CtKey) {
     });
 }
 
-/// Marks the packet's flow (unless it has an entry already) as
-/// netfilter's: its packets go to the kernel untouched (`ct_flags::KERNEL`).
+/// Marks the packet's flow as netfilter's: its packets go to the kernel
+/// untouched (`ct_flags::KERNEL`). The caller found no live flow of ours
+/// on the tuple, or a closing one a SYN reopens: that one is replaced
+/// (its active connection taken back), or the new connection's SYN would
+/// go to netfilter and its later segments to the old flow's backend.
 #[inline(never)]
 pub fn leave_to_kernel(pkt: &Packet, rev_nat: u32) {
+    let key = &pkt.ct_key(ct_dir::ORIGINAL);
+    end_count(key);
     let entry = CtValue { rev_nat, flags: ct_flags::KERNEL, last_seen_ns: now_ns(), ..CtValue::default() };
-    ct_insert(&pkt.ct_key(ct_dir::ORIGINAL), &entry, true);
+    ct_insert(key, &entry, false);
 }
 
 /// The key of the other direction of the flow whose entry is `entry`.

@@ -1133,6 +1133,29 @@ fn defer_leaves_frontends_to_the_kernel_and_its_flows_stay_there_in_handover() {
     });
 }
 
+/// In `defer`, a SYN reusing the tuple of a closing flow of ours (a client
+/// that opens a connection again from the same port) starts a connection
+/// netfilter serves, all of it: not its SYN alone while its later segments
+/// follow the old flow's entry to the old backend.
+#[test]
+fn in_defer_a_syn_reusing_a_closing_flows_tuple_goes_to_the_kernel_with_its_segments() {
+    common::require_root!();
+    Lab::new().with_node(SERVICES, &[NODE_IP], |node| {
+        let (client, frontend) = (sa("192.0.2.7:40000"), sa("172.30.0.11:30080"));
+        let (action, out) = node.ingress(&packet::frame(client, frontend, Some(SYN), b""));
+        assert_eq!((action, packet::parse(&out).dst), (OK, sa("10.244.1.5:8080")), "ours before the takeover");
+        let fin = packet::frame(client, frontend, Some(FIN | ACK), b"");
+        assert_eq!(node.ingress(&fin).0, OK);
+
+        node.datapath.set_outside_handover(OutsideHandover::Defer).unwrap();
+        let syn = packet::frame(client, frontend, Some(SYN), b"");
+        assert_eq!(node.ingress(&syn), (OK, syn.clone()), "the new connection's SYN goes to netfilter");
+        let data = packet::frame(client, frontend, Some(ACK), b"GET /");
+        assert_eq!(node.ingress(&data), (OK, data.clone()), "and so do its later segments");
+        assert_eq!(node.stat("left_to_kernel"), 2);
+    });
+}
+
 /// In `handover`, a TCP segment without SYN of a connection the programs
 /// never saw (one kube-proxy's DNAT set up before their time, idle while
 /// deferring) goes to the kernel, whose conntrack holds its translation;
