@@ -391,8 +391,12 @@ pub mod external_stat {
     /// Dropped: a packet carrying a DSR option that names no frontend
     /// with this node's backend at its destination (`dsr_option`).
     pub const DSR_REFUSED: u32 = 11;
+    /// Dropped: a UDP datagram of a DSR flow that its DSR option would make
+    /// larger than the route's MTU (the device would drop it where nothing
+    /// counts it).
+    pub const DSR_TOO_BIG: u32 = 12;
     /// Number of counters of one path.
-    pub const COUNT: u32 = 12;
+    pub const COUNT: u32 = 13;
     /// The pods' own traffic, translated per packet on pod-facing devices
     /// (`--socket-lb host-namespace`, VMs, meshes), is counted in a second
     /// set of the same counters from here (`POD_BASE + NEW_FLOW`, ...).
@@ -413,6 +417,7 @@ pub mod external_stat {
         "xdp_to_tc",
         "left_to_kernel",
         "dsr_refused",
+        "dsr_too_big",
     ];
 }
 

@@ -315,6 +315,10 @@ pub struct Route {
     pub proto: u8,
     /// In: ask for the source address the route prefers (`src`).
     pub want_src: bool,
+    /// In: the packet's IP length as it will leave, checked against the
+    /// route's MTU (`ROUTE_FRAG_NEEDED`); 0: the kernel checks the packet
+    /// as it is now.
+    pub tot_len: u16,
     pub sport: u16,
     pub dport: u16,
     pub src: Addr,
@@ -334,6 +338,7 @@ impl Route {
         Self {
             proto,
             want_src: false,
+            tot_len: 0,
             sport,
             dport,
             src: *src,
@@ -344,6 +349,10 @@ impl Route {
         }
     }
 }
+
+/// `bpf_fib_lookup`'s answer for a packet longer than the route's MTU
+/// (`BPF_FIB_LKUP_RET_FRAG_NEEDED`, linux/bpf.h).
+pub const ROUTE_FRAG_NEEDED: i64 = 8;
 
 /// `bpf_fib_lookup`'s answer for a destination that is not forwarded: a
 /// local address of the node (among others: linux/bpf.h,
@@ -368,7 +377,7 @@ pub fn route_status<F: Frame>(ctx: &F, r: &mut Route) -> i64 {
         l4_protocol: r.proto,
         sport: r.sport,
         dport: r.dport,
-        __bindgen_anon_1: TotLen { tot_len: 0 },
+        __bindgen_anon_1: TotLen { tot_len: r.tot_len },
         ifindex: ctx.ifindex(),
         __bindgen_anon_2: Tos { flowinfo: 0 },
         __bindgen_anon_3: Src { ipv6_src: [0; 4] },

@@ -40,7 +40,7 @@ use proxy_common::{
 
 use crate::{
     CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS,
-    access::{ROUTE_NOT_FORWARDED, Route, local_socket_owns, now_ns, route_status},
+    access::{ROUTE_FRAG_NEEDED, ROUTE_NOT_FORWARDED, Route, local_socket_owns, now_ns, route_status},
     balance, ct,
     frame::{Frame, drop_packet},
     icmp,
@@ -211,8 +211,15 @@ fn forward_dsr<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> i32 {
         return ctx.unfinished(external_stat::REWRITE_FAILED);
     }
     let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &flow.addr, flow.port);
-    if route_status(ctx, &mut to) != 0 || !ctx.can_send(&to) {
-        return ctx.unfinished(external_stat::NO_ROUTE);
+    if with_option && pkt.proto == proto::UDP {
+        // A datagram the option makes too long for the route would be
+        // dropped by the device, unseen; the count says why.
+        to.tot_len = pkt.ip_len_with_dsr_option(ctx).unwrap_or(0);
+    }
+    match route_status(ctx, &mut to) {
+        0 if ctx.can_send(&to) => {}
+        ROUTE_FRAG_NEEDED if to.tot_len != 0 => return drop_packet::<F>(external_stat::DSR_TOO_BIG),
+        _ => return ctx.unfinished(external_stat::NO_ROUTE),
     }
     // The option first, while the destination is still the frontend.
     if with_option && pkt.add_dsr_option(ctx).is_err() {

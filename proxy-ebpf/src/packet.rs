@@ -419,6 +419,19 @@ impl Packet {
         }
     }
 
+    /// The packet's IP length (header and payload) once a DSR option is
+    /// added (`add_dsr_option`).
+    #[inline(always)]
+    pub fn ip_len_with_dsr_option<F: Frame>(&self, ctx: &F) -> Result<u16, RewriteFailed> {
+        let (len, added) = match self.family() {
+            Family::V4 => (u16::from_be(ctx.load::<u16>(self.l3() + 2)?), u16::from(dsr_option::V4_LEN)),
+            Family::V6 => {
+                (u16::from_be(ctx.load::<u16>(self.l3() + 4)?).saturating_add(40), u16::from(dsr_option::V6_HDR_LEN))
+            }
+        };
+        Ok(len.saturating_add(added))
+    }
+
     /// The frontend address of the packet's DSR option (`dsr_port` is not
     /// 0): IPv4 after the option's type, length and port; IPv6 after the
     /// Destination Options header's first 4 bytes.

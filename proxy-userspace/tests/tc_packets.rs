@@ -1248,6 +1248,26 @@ fn to_spread(seen: &Seen) -> bool {
     seen.dst.port() == 8080 && ["10.244.2.21", "10.244.2.22", "10.244.2.23", "10.244.2.24"].contains(&ip.as_str())
 }
 
+/// A UDP datagram that fills the MTU (1,472 bytes of payload on a
+/// 1,500-byte link) has no room for the DSR option: it is dropped and
+/// counted (`dsr_too_big`), where the device used to drop it unseen; one
+/// with room still goes by DSR.
+#[test]
+fn a_dsr_datagram_the_option_would_make_too_long_is_dropped_and_counted() {
+    common::require_root!();
+    Lab::new().with_node_mode(dsr_services(), &[NODE_IP, NODE_IP6], NodePortMode::Dsr, |node| {
+        let (client, frontend) = (sa("198.51.100.20:5000"), sa("203.0.113.53:53"));
+        let full = packet::frame(client, frontend, None, &[7u8; 1472]);
+        assert_eq!(node.ingress(&full).0, SHOT, "1,500 bytes and the option do not fit a 1,500-byte MTU");
+        assert_eq!(node.stat("dsr_too_big"), 1);
+        let (action, out) = node.ingress(&packet::frame(client, frontend, None, &[7u8; 1464]));
+        assert_eq!(action, REDIRECT, "with 8 bytes to spare it goes by DSR");
+        assert_eq!(packet::dsr_option(&out), Some(frontend));
+        assert_eq!(out.len(), 14 + 1500);
+        assert_eq!(node.stat("dsr_too_big"), 1);
+    });
+}
+
 #[test]
 fn dsr_forwards_with_the_client_s_source_and_the_frontend_in_an_option_on_syns_and_datagrams() {
     common::require_root!();
