@@ -198,17 +198,8 @@ impl Packet {
         if proto != proto::TCP && proto != proto::UDP {
             return None;
         }
-        Some(Self {
-            ip_version,
-            l4,
-            proto,
-            src,
-            dst,
-            sport: u16::from_ne_bytes([ports[0], ports[1]]),
-            dport: u16::from_ne_bytes([ports[2], ports[3]]),
-            tcp_flags: if proto == proto::TCP { flags } else { 0 },
-            dsr_port: 0,
-        })
+        let tcp_flags = if proto == proto::TCP { flags } else { 0 };
+        Some(Self::from_parts((ip_version, l4, proto), src, dst, ports, tcp_flags, 0))
     }
 
     #[inline(never)]
@@ -265,7 +256,22 @@ impl Packet {
         }
         let ports = ctx.load::<[u8; 4]>(l4).ok()?;
         let tcp_flags = if proto == proto::TCP { ctx.load::<u8>(l4 + 13).ok()? } else { 0 };
-        Some(Self {
+        Some(Self::from_parts((ip_version, l4, proto), src, dst, ports, tcp_flags, dsr_port))
+    }
+
+    /// A parsed packet: `(ip_version, l4, proto)`, its addresses, the
+    /// first four bytes of its L4 header (the ports), TCP flags and the
+    /// DSR option's port.
+    #[inline(always)]
+    fn from_parts(
+        (ip_version, l4, proto): (u8, usize, u8),
+        src: Addr,
+        dst: Addr,
+        ports: [u8; 4],
+        tcp_flags: u8,
+        dsr_port: u16,
+    ) -> Self {
+        Self {
             ip_version,
             l4,
             proto,
@@ -275,7 +281,7 @@ impl Packet {
             dport: u16::from_ne_bytes([ports[2], ports[3]]),
             tcp_flags,
             dsr_port,
-        })
+        }
     }
 
     #[inline(always)]
