@@ -70,7 +70,7 @@ pub struct KubeProxyArgs {
     /// family, no 127.0.0.1). Default: every local address of every device
     /// and 127.0.0.1, followed as addresses come and go.
     #[arg(long, value_name = "CIDRS|primary", value_parser = parse_nodeport_addresses)]
-    pub nodeport_addresses: Option<crate::nodeport_addresses::NodePortAddresses>,
+    pub nodeport_addresses: Option<crate::node::nodeport_addresses::NodePortAddresses>,
     /// The cluster's pod CIDRs, one per family, comma-separated (overrides
     /// the config file's clusterCIDR): packets routed to this node for a
     /// ClusterIP are translated, with source NAT when they come from
@@ -459,7 +459,7 @@ pub struct RunArgs {
     /// family, no 127.0.0.1). Default: every local address of every device
     /// and 127.0.0.1, followed as addresses come and go.
     #[arg(long, value_name = "CIDRS|primary", value_parser = parse_nodeport_addresses)]
-    pub nodeport_addresses: Option<crate::nodeport_addresses::NodePortAddresses>,
+    pub nodeport_addresses: Option<crate::node::nodeport_addresses::NodePortAddresses>,
     /// When a backend leaves a UDP service, sockets still connected to it
     /// through the service are destroyed (their owners get an error and
     /// reconnect to a live backend): in the agent's network namespace, and
@@ -671,9 +671,9 @@ pub fn check_map_size(n: u32) -> Result<u32, String> {
     if (1..=MAX_MAP_SIZE).contains(&n) { Ok(n) } else { Err(format!("{n} is not in 1..={MAX_MAP_SIZE}")) }
 }
 
-fn parse_nodeport_addresses(text: &str) -> Result<crate::nodeport_addresses::NodePortAddresses, String> {
+fn parse_nodeport_addresses(text: &str) -> Result<crate::node::nodeport_addresses::NodePortAddresses, String> {
     let values: Vec<&str> = text.split(',').collect();
-    crate::nodeport_addresses::NodePortAddresses::parse(&values).map_err(|(_, e)| e.to_string())
+    crate::node::nodeport_addresses::NodePortAddresses::parse(&values).map_err(|(_, e)| e.to_string())
 }
 
 fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
@@ -685,7 +685,7 @@ fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
 
 fn parse_maglev_size(text: &str) -> Result<usize, String> {
     let n: usize = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
-    crate::maglev::check_size(n).map_err(|e| e.to_string())
+    crate::reconcile::maglev::check_size(n).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]

@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use crate::{args::LogFormat, nodeport_addresses::NodePortAddresses};
+use crate::{args::LogFormat, node::nodeport_addresses::NodePortAddresses};
 
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -63,7 +63,7 @@ pub struct FileConfig {
     pub node_name: Option<String>,
     pub node_ips: Vec<IpAddr>,
     /// kube-proxy's nodePortAddresses: which local addresses serve
-    /// NodePorts (`crate::nodeport_addresses`).
+    /// NodePorts (`crate::node::nodeport_addresses`).
     pub node_port_addresses: Option<NodePortAddresses>,
     pub socket_netns: Vec<PathBuf>,
     pub healthz_bind_address: Option<SocketAddr>,
@@ -287,7 +287,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     cfg.lb_algorithm = raw.lb_algorithm.as_deref().map(lb_algorithm).transpose()?;
     if let Some(m) = raw.maglev_table_size {
         cfg.maglev_table_size =
-            Some(crate::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
+            Some(crate::reconcile::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
     }
     for (i, ip) in raw.node_ips.iter().enumerate() {
         cfg.node_ips.push(ip.parse().map_err(|_| (format!("nodeIPs[{i}]"), format!("{ip:?} is not an IP address")))?);

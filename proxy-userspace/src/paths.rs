@@ -1,7 +1,7 @@
 //! Filesystem locations the agent uses, in one place.
 use std::path::{Path, PathBuf};
 
-use crate::datapath::sizing::Sizes;
+use crate::reconcile::sizing::Sizes;
 
 /// Where bpffs is mounted by convention.
 pub const BPFFS_ROOT: &str = "/sys/fs/bpf";

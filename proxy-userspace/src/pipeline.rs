@@ -16,12 +16,12 @@ use std::{
 use tracing::{debug, error, info, warn};
 
 use crate::{
-    datapath::{
+    model::{self, Delta, NodeContext, ServiceInput, Severity, TableState},
+    node::nodeport_addresses::{self, NodePortAddresses},
+    reconcile::{
         ChangeKind, Reconciler, Report, ServiceMaps,
         audit::{self, Audit, Drift},
     },
-    model::{self, Delta, NodeContext, ServiceInput, Severity, TableState},
-    nodeport_addresses::{self, NodePortAddresses},
     source::{ChangeSource, Delivery, Snapshot},
 };
 
@@ -34,7 +34,7 @@ pub struct NodeSettings {
     /// kube-proxy's nodePortAddresses: which addresses serve NodePorts.
     pub node_port_addresses: NodePortAddresses,
     /// The node's local addresses (every device's; see
-    /// `crate::local_addrs`), for `node_port_addresses`.
+    /// `crate::node::local_addrs`), for `node_port_addresses`.
     pub local_addrs: Vec<IpAddr>,
     /// `--external-ips-local-only` (`NodeContext::external_ips_local_only`).
     pub external_ips_local_only: bool,
@@ -197,7 +197,7 @@ impl Pipeline {
     /// Reads what woke it and translates it into the model (`model()`),
     /// writing nothing yet: `None` when there is nothing to write. Between
     /// this and `write`, the agent may move to maps sized for the model's
-    /// table (see `crate::resize::before_first_write`).
+    /// table (see `crate::agent::resize::before_first_write`).
     pub async fn translate(
         &mut self,
         wake: Wake,
@@ -255,7 +255,7 @@ impl Pipeline {
     }
 
     /// Makes room in the reconciler for `backends` distinct backends (a
-    /// whole table about to be written: `datapath::sizing::Demand`).
+    /// whole table about to be written: `reconcile::sizing::Demand`).
     pub fn reserve_backends(&mut self, backends: usize) {
         self.reconciler.reserve_backends(backends);
     }
@@ -268,7 +268,7 @@ impl Pipeline {
         self.reconciler = reconciler;
     }
 
-    /// Moves to other maps (a set of other sizes, see `datapath::sizing`):
+    /// Moves to other maps (a set of other sizes, see `reconcile::sizing`):
     /// `reconciler` was recovered from them, and the whole table is
     /// written there now. The caller swaps the programs over afterwards.
     pub fn move_to(&mut self, reconciler: Reconciler, maps: &mut impl ServiceMaps) -> Report {
@@ -540,7 +540,7 @@ pub const MAP_WRITES_FAILED: &str =
 
 /// A sync that changes more frontends than this (a first start, a relist)
 /// logs a summary at info and each change at debug.
-const LOG_EACH_CHANGE_UP_TO: usize = crate::datapath::reconcile::LIST_NEW_FRONTENDS_UP_TO;
+const LOG_EACH_CHANGE_UP_TO: usize = crate::reconcile::LIST_NEW_FRONTENDS_UP_TO;
 
 /// Logs what a sync changed (`reconciler`: what it wrote); `read` is the
 /// time spent reading and translating, `took` the time spent writing the
@@ -585,7 +585,7 @@ fn log_report(report: &Report, reconciler: &Reconciler, (read, took): (Duration,
     }
     if let Some(first) = report.failures.first() {
         // One line per sync, however many writes failed.
-        let summary = crate::datapath::failures::summarise(&report.failures);
+        let summary = crate::reconcile::failures::summarise(&report.failures);
         warn!(
             failures = report.failures.len(),
             per_map = ?summary.per_map,

@@ -9,7 +9,7 @@ use std::{
 };
 
 use common::{Env, backend_ip, service, slice, web};
-use ebpf_proxy::{pipeline::MAP_WRITES_FAILED, resize::RESIZING};
+use ebpf_proxy::{agent::resize::RESIZING, pipeline::MAP_WRITES_FAILED};
 use proxy_testkit::{AgentProcess, field, message};
 
 /// `web` and `n` more one-port services (10.97.x.y) with backend 1 each:
@@ -221,7 +221,7 @@ fn a_map_filling_in_a_two_thread_write_leaves_only_whole_frontends() {
     let dirs = maps_dirs(&env);
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     let maps = ebpf_proxy::datapath::KernelMaps::open_pinned(&env.pin_dir().join(&dirs[0])).unwrap();
-    let dump = ebpf_proxy::datapath::ServiceMaps::dump(&maps).unwrap();
+    let dump = ebpf_proxy::reconcile::ServiceMaps::dump(&maps).unwrap();
     let masters: Vec<_> = dump.services.iter().filter(|(k, _)| k.slot == 0).collect();
     for (key, master) in &masters {
         for index in 0..master.count {

@@ -4,8 +4,9 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     args::{OutputFormat, ServiceArgs, ServiceCommand},
-    datapath::{KernelMaps, ServiceMaps as _, active::ActiveConns, inspect},
+    datapath::{KernelMaps, active::ActiveConns},
     model::Protocol,
+    reconcile::{ServiceMaps as _, inspect},
 };
 
 pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {

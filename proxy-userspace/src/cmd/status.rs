@@ -11,11 +11,9 @@ use serde::Serialize;
 
 use crate::{
     args::{OutputFormat, StatusArgs},
-    datapath::{
-        KernelMaps, ServiceMaps as _, counters::ExternalStats, handover::HandoverMap, inspect, links,
-        links::LinkTarget, socket_lb_pins,
-    },
+    datapath::{KernelMaps, counters::ExternalStats, handover::HandoverMap, links, links::LinkTarget, socket_lb_pins},
     paths::LINKS_SUBDIR,
+    reconcile::{ServiceMaps as _, inspect},
 };
 
 /// What `status` shows; the text is made from it, so both say the same.

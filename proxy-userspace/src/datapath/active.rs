@@ -119,7 +119,7 @@ impl ActiveConns {
     /// `backend` reads `BACKENDS`: a count is taken back only from the
     /// backend the flow went to. An entry found renewed meanwhile (a new
     /// flow on the tuple) is put back. Returns how many were taken back,
-    /// and how many entries `CT` held (`crate::ct_fill`).
+    /// and how many entries `CT` held (`crate::observe::ct_fill`).
     pub fn sweep_ended_flows(
         &self,
         ct: BorrowedFd<'_>,
@@ -198,8 +198,8 @@ impl ActiveSeries {
             }
             let Ok(backend) = self.backends.get(&id, 0) else { continue };
             // An empty entry (protocol 0) names no backend.
-            if let Ok(protocol) = super::codec::protocol_of(backend.proto) {
-                let (addr, port) = super::codec::endpoint_of(&backend.addr, backend.port);
+            if let Ok(protocol) = crate::reconcile::codec::protocol_of(backend.proto) {
+                let (addr, port) = crate::reconcile::codec::endpoint_of(&backend.addr, backend.port);
                 let name = std::net::SocketAddr::new(addr, port).to_string();
                 out.push((format!("{name}/{protocol}"), self.counts.get(id)));
             }

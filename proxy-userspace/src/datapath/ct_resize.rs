@@ -1,7 +1,7 @@
 //! `--ct-map-size` changed across a restart. A pinned map is reused as it
 //! is (aya opens the pin and ignores the size asked for), so without this
 //! a larger `CT` would only come with a new set of maps, and an operator
-//! raising the size after `ConntrackNearlyFull` (`crate::ct_fill`) would
+//! raising the size after `ConntrackNearlyFull` (`crate::observe::ct_fill`) would
 //! see nothing change. Before the load, a pinned `CT` of another size is
 //! moved aside (its pin renamed, in the same directory), so the load makes
 //! one of the size asked for; after the load its entries are copied over

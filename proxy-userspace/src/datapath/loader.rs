@@ -24,9 +24,11 @@ use super::{
     maps::{KernelMaps, MapError},
     programs::Programs,
     sessions::SessionMaps,
-    sizing::{self, Sizes},
 };
-use crate::paths::{LINKS_SUBDIR, maps_dir};
+use crate::{
+    paths::{LINKS_SUBDIR, maps_dir},
+    reconcile::sizing::{self, Sizes},
+};
 
 /// The eBPF object, built by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
@@ -65,15 +67,15 @@ static BYTES: [u8; 256] = {
     all
 };
 
-/// The Maglev table sizes accepted (`crate::maglev::SIZES`), as the
+/// The Maglev table sizes accepted (`crate::reconcile::maglev::SIZES`), as the
 /// programs' `MAGLEV_SIZE` global takes them (see `BYTES`).
-static MAGLEV_SIZES: [u32; crate::maglev::SIZES.len()] = {
-    let mut all = [0u32; crate::maglev::SIZES.len()];
+static MAGLEV_SIZES: [u32; crate::reconcile::maglev::SIZES.len()] = {
+    let mut all = [0u32; crate::reconcile::maglev::SIZES.len()];
     let mut i = 0;
     while i < all.len() {
         #[expect(clippy::cast_possible_truncation, reason = "the sizes are below 2^17")]
         {
-            all[i] = crate::maglev::SIZES[i] as u32;
+            all[i] = crate::reconcile::maglev::SIZES[i] as u32;
         }
         i += 1;
     }
@@ -320,7 +322,7 @@ pub enum LoadError {
     )]
     XdpLoad { source: ProgramError },
     #[error(transparent)]
-    MaglevSize(#[from] crate::maglev::BadSize),
+    MaglevSize(#[from] crate::reconcile::maglev::BadSize),
     #[error("cannot start the thread that loads the programs: {source}")]
     Thread { source: std::io::Error },
     #[error("the programs failed to load (the error was logged and returned before)")]
@@ -394,7 +396,7 @@ impl Datapath {
     /// The programs start loading (on a thread) at once when the maps were
     /// pinned, beside the read of what they hold; with new small maps they
     /// wait for the first write, which usually goes to bigger maps made
-    /// then (`crate::resize::before_first_write`): a load now would be
+    /// then (`crate::agent::resize::before_first_write`): a load now would be
     /// thrown away, and would take a core from the lists meanwhile. (A
     /// restart whose pinned maps turn out too small, or above a lowered
     /// bound, does load them twice: the first load is waited for and
@@ -582,7 +584,7 @@ impl Datapath {
     /// The most entries `CT` holds.
     pub fn ct_capacity(&self) -> Result<u32, MapError> {
         super::sys::map_max_entries(self.sessions.ct_fd()).map_err(|source| MapError::Syscall {
-            map: super::map_error::MapName::Ct,
+            map: super::maps::MapName::Ct,
             op: "read the size of",
             source,
         })
@@ -890,10 +892,10 @@ fn load_object(
     maglev_pin: &Path,
     carry: &Sessions,
 ) -> Result<(Ebpf, Vec<&'static str>), LoadError> {
-    let at = crate::maglev::SIZES
+    let at = crate::reconcile::maglev::SIZES
         .iter()
         .position(|m| *m == opts.maglev_size)
-        .ok_or(crate::maglev::BadSize(opts.maglev_size))?;
+        .ok_or(crate::reconcile::maglev::BadSize(opts.maglev_size))?;
     let maglev_size = &MAGLEV_SIZES[at];
     // Indexed by frontend id, 1..=frontends (id 0 is never used), in a
     // region per CPU.

@@ -8,7 +8,7 @@ use aya::maps::MapData;
 use proxy_common::map_sizes;
 
 use super::{
-    map_error::{MapError, MapName},
+    maps::{MapError, MapName},
     sys,
 };
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use aya::maps::{HashMap, Map, MapData};
 use proxy_common::{RevNatId, ServiceName, map_names};
 
-use super::map_error::{MapError, MapName};
+use super::maps::{MapError, MapName};
 
 /// `BPF_MAP_TYPE_HASH` and `BPF_F_NO_PREALLOC` (linux/bpf.h).
 const BPF_MAP_TYPE_HASH: u32 = 1;

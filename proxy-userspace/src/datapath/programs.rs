@@ -3,7 +3,7 @@
 //!
 //! The verifier takes a noticeable part of a start for the whole object,
 //! and a start would do it once more when it moves to maps sized for the
-//! cluster (`crate::resize`). The programs are needed only to attach
+//! cluster (`crate::agent::resize`). The programs are needed only to attach
 //! them, after the first write: so the load runs beside that write (and,
 //! after a restart, beside the read of the pinned maps) instead of before
 //! it. A failure is logged when it happens and returned where the programs

@@ -14,8 +14,9 @@ use proxy_common::{
     AffinityKey, AffinityValue, CtKey, CtValue, RevNatId, SockBackendKey, SockRevNat, SockRevNatKey, ct_flags, proto,
 };
 
-use super::{codec, maps::MapError};
+use super::maps::MapError;
 use crate::model::{FrontendKey, Protocol};
+use crate::reconcile::{Liveness, codec};
 
 pub struct SessionMaps {
     affinity: BpfHashMap<MapData, AffinityKey, AffinityValue>,
@@ -143,15 +144,6 @@ impl SessionMaps {
         }
         Ok(stale_affinity.len() + stale_sockets.len() + stale_flows.len())
     }
-}
-
-/// Which backends serve which frontends now (the reconciler knows).
-pub trait Liveness {
-    /// Whether backend `id` is in a live slot of `frontend`.
-    fn serves(&self, frontend: &FrontendKey, id: u32) -> bool;
-    /// The backend ids in live slots of the frontends with these rev-NAT
-    /// ids (an id missing from the answer serves nothing).
-    fn by_rev_nat(&self, rev_nats: &HashSet<RevNatId>) -> HashMap<RevNatId, HashSet<u32>>;
 }
 
 /// A key the LRU dropped meanwhile is as good as deleted.

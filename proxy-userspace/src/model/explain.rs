@@ -5,7 +5,7 @@
 //! be used are exactly the backends the model programs.
 //!
 //! `explain_entry` is what the agent answers `ebpf-proxy explain` with
-//! (`crate::explain_socket`): one frontend entry of a service, from the
+//! (`crate::observe::explain_socket`): one frontend entry of a service, from the
 //! service, its slices and the node the model last translated for.
 use std::{collections::BTreeMap, net::IpAddr};
 

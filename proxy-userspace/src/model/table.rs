@@ -18,7 +18,7 @@ pub struct NodeContext {
     /// externalIPs clients on the node reach through the service).
     pub node_ips: Vec<IpAddr>,
     /// The node addresses NodePorts are served on (besides 127.0.0.1), by
-    /// `crate::nodeport_addresses::serving` (here, all of `node_ips`).
+    /// `crate::node::nodeport_addresses::serving` (here, all of `node_ips`).
     pub node_port_ips: Vec<IpAddr>,
     /// NodePorts are served on 127.0.0.1 too (nodePortAddresses admits
     /// 127.0.0.0/8).

@@ -8,11 +8,13 @@ use std::{
 };
 
 use crate::{
-    datapath::audit::{Drift, MapDrift},
-    health::Endpoint,
-    metrics::{LatencyLabels, Metrics, RequestLabels, Server},
+    observe::{
+        health::Endpoint,
+        metrics::{LatencyLabels, Metrics, RequestLabels, Server},
+        telemetry::{EXTERNAL_PACKETS, POD_PACKETS, SERVICE_CONNECTIONS, SERVICE_SERIES_OMITTED, Telemetry},
+    },
+    reconcile::audit::{Drift, MapDrift},
     source::kube::WatchCounters,
-    telemetry::{EXTERNAL_PACKETS, POD_PACKETS, SERVICE_CONNECTIONS, SERVICE_SERIES_OMITTED, Telemetry},
 };
 
 /// One metric family as the exposition describes it.

@@ -12,7 +12,7 @@ pub struct TestCgroup {
 impl TestCgroup {
     /// Creates `NAME` under the cgroup2 root.
     pub fn create(name: &str) -> io::Result<Self> {
-        let root = crate::fs::cgroup2_root().map_err(io::Error::other)?;
+        let root = crate::node::fs::cgroup2_root().map_err(io::Error::other)?;
         let path = root.join(name);
         if path.exists() {
             remove(&path);

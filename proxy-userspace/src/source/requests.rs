@@ -2,7 +2,7 @@
 //! its HTTP service hands each request's outcome (method, path, status or
 //! no answer, time to the response headers) to observers. The watches'
 //! "watch is back" log (`super::reachability`) and client-go's
-//! `rest_client_*` metrics (`crate::rest_metrics`) are two of them.
+//! `rest_client_*` metrics (`crate::observe::rest_metrics`) are two of them.
 use std::{
     future::Future,
     pin::Pin,

@@ -10,8 +10,8 @@ use anyhow::Context as _;
 use super::{Outcome, RETRY, Takeover, log_outcome};
 use crate::{
     datapath::{handover::OutsideHandover, loader::Datapath},
-    metrics::Metrics,
     model::ServiceTable,
+    observe::metrics::Metrics,
 };
 
 pub struct Pending {

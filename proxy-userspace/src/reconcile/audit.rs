@@ -14,9 +14,8 @@ use proxy_common::RevNatId;
 use std::{collections::BTreeMap, fmt};
 
 use super::{
-    codec,
+    Reconciler, Recovery, codec,
     maps::{Dump, MapError, MapName, ServiceMaps},
-    reconcile::{Reconciler, Recovery},
 };
 
 /// The message of the one log record (at warn) of an audit that found the
@@ -187,10 +186,10 @@ mod tests {
 
     use super::*;
     use crate::{
-        datapath::fake_maps::FakeMaps,
         model::{
             Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, ServicePort, ServiceTable,
         },
+        reconcile::fake_maps::FakeMaps,
     };
 
     fn key(last: u8) -> FrontendKey {

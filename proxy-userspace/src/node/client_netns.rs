@@ -58,7 +58,7 @@ fn candidates() -> Vec<PathBuf> {
 
 /// Whether an interface of the current thread's namespace has `ip`.
 fn has_address(ip: IpAddr) -> io::Result<bool> {
-    Ok(crate::local_addrs::try_read().map_err(io::Error::from)?.iter().any(|a| a.ip == ip))
+    Ok(crate::node::local_addrs::try_read().map_err(io::Error::from)?.iter().any(|a| a.ip == ip))
 }
 
 /// The cookie of the current thread's network namespace.

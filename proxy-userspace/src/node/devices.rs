@@ -80,7 +80,7 @@ fn links() -> Vec<(String, u16)> {
 
 /// Devices holding one of `ips`.
 fn holding(ips: &[IpAddr]) -> Vec<String> {
-    crate::local_addrs::read().into_iter().filter(|a| ips.contains(&a.ip)).map(|a| a.device).collect()
+    crate::node::local_addrs::read().into_iter().filter(|a| ips.contains(&a.ip)).map(|a| a.device).collect()
 }
 
 /// Devices of the IPv4 and IPv6 default routes (`/proc/net/route`,

@@ -16,8 +16,8 @@ use proxy_common::map_names::{BACKENDS, MAGLEV, REVNAT, SERVICE_NAMES, SERVICES,
 
 use crate::{
     datapath::counters::{ConnCounters, ExternalStats},
-    health::ProxyHealth,
     model::{FrontendKey, ServicePort},
+    observe::health::ProxyHealth,
     pipeline::Stats,
     source::kube::WatchCounters,
 };
@@ -435,8 +435,8 @@ fn gauge(out: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> std
 mod tests {
     use super::*;
     use crate::{
-        metrics::Metrics,
         model::{FrontendKey, Protocol, ServicePort},
+        observe::metrics::Metrics,
     };
 
     fn frontend(last: u8) -> FrontendKey {

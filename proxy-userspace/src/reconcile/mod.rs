@@ -25,13 +25,29 @@ use std::{
 use ipnet::IpNet;
 use proxy_common::{Backend as BackendValue, RevNatId, ServiceKey, ServiceName, ServiceValue};
 
-pub use super::codec::BackendAddr;
-use super::{
+pub mod audit;
+mod backend_table;
+pub mod codec;
+pub mod failures;
+pub mod fake_maps;
+mod ids;
+pub mod inspect;
+pub mod maglev;
+mod maglev_tables;
+mod map_error;
+pub mod maps;
+pub mod sizing;
+
+#[cfg(test)]
+mod tests;
+
+pub use self::codec::BackendAddr;
+pub use self::maps::{Dump, MapError, MapName, ServiceMaps};
+use self::{
     backend_table::{BackendTable, Wanted},
-    codec::{self, FrontendFlags},
+    codec::FrontendFlags,
     ids::IdPool,
     maglev_tables::MaglevTables,
-    maps::{Dump, MapError, ServiceMaps},
 };
 use crate::model::{Frontend, FrontendKey, Scope, ServicePort, ServiceTable};
 
@@ -495,7 +511,7 @@ impl Reconciler {
     }
 
     /// Makes room at once for a table of `backends` distinct backends
-    /// (`datapath::sizing::Demand`), before writing it whole.
+    /// (`reconcile::sizing::Demand`), before writing it whole.
     pub fn reserve_backends(&mut self, backends: usize) {
         self.backends.reserve_for(backends);
     }
@@ -642,7 +658,7 @@ impl Reconciler {
     fn want(&mut self, key: FrontendKey, frontend: &Frontend, ids: &mut Vec<u32>, report: &mut Report) {
         for (addr, way) in wanted_of(key, frontend) {
             let Some(id) = self.backends.reserve(addr) else {
-                let error = MapError::Full { map: super::maps::MapName::Backends };
+                let error = MapError::Full { map: MapName::Backends };
                 let subject = format!("backend {addr}/{}", addr.protocol);
                 if !report.failures.iter().any(|f| f.subject == subject) {
                     report.failures.push(Failure { subject, error });
@@ -814,7 +830,7 @@ impl Reconciler {
         let writes_before = report.writes;
 
         if fe.rev_nat == 0 {
-            fe.rev_nat = self.rev_nat_pool.allocate().ok_or(MapError::Full { map: super::maps::MapName::RevNat })?;
+            fe.rev_nat = self.rev_nat_pool.allocate().ok_or(MapError::Full { map: MapName::RevNat })?;
         }
         if !fe.rev_nat_written {
             report.writes += 1;
@@ -978,7 +994,16 @@ impl Reconciler {
     }
 }
 
-impl super::sessions::Liveness for Reconciler {
+/// Which backends serve which frontends now (the reconciler knows).
+pub trait Liveness {
+    /// Whether backend `id` is in a live slot of `frontend`.
+    fn serves(&self, frontend: &FrontendKey, id: u32) -> bool;
+    /// The backend ids in live slots of the frontends with these rev-NAT
+    /// ids (an id missing from the answer serves nothing).
+    fn by_rev_nat(&self, rev_nats: &HashSet<RevNatId>) -> HashMap<RevNatId, HashSet<u32>>;
+}
+
+impl Liveness for Reconciler {
     fn serves(&self, frontend: &FrontendKey, id: u32) -> bool {
         self.frontends.get(frontend).is_some_and(|f| f.live_slots().contains(&id))
     }

@@ -1,6 +1,6 @@
 //! Which of the node's addresses serve NodePorts: kube-proxy's
 //! `nodePortAddresses` (`--nodeport-addresses`) applied to the node's
-//! local addresses (`crate::local_addrs`) and its node IPs. Pure: the
+//! local addresses (`crate::node::local_addrs`) and its node IPs. Pure: the
 //! caller reads the addresses.
 use std::{fmt, net::IpAddr};
 

@@ -16,7 +16,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{health::Endpoint, telemetry::Shared};
+use super::{health::Endpoint, telemetry::Shared};
 
 /// The content type of `encode`'s text.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -113,7 +113,7 @@ pub struct Metrics {
     /// yet or it failed; 0 once the rules are removed or none were found).
     pub takeover_differences: Gauge,
     /// Entries of the connection-tracking map at the last sweep, and the
-    /// most it holds (`crate::ct_fill`).
+    /// most it holds (`crate::observe::ct_fill`).
     pub ct_entries: Gauge,
     pub ct_capacity: Gauge,
     /// Service ports with a Local traffic policy and no endpoint on this
@@ -270,11 +270,11 @@ impl Metrics {
             "Time from a request to the Kubernetes API to its response headers, by verb and host",
             self.request_duration.clone(),
         );
-        r.register_collector(Box::new(crate::telemetry::Collector {
+        r.register_collector(Box::new(crate::observe::telemetry::Collector {
             telemetry,
             max_service_series: self.max_service_series,
         }));
-        r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
+        r.register_collector(Box::new(crate::observe::process_metrics::ProcessCollector));
         self
     }
 
@@ -313,7 +313,7 @@ impl Metrics {
     }
 
     /// Counts what a drift audit found differing, map by map.
-    pub fn drift_repaired(&self, drift: &crate::datapath::audit::Drift) {
+    pub fn drift_repaired(&self, drift: &crate::reconcile::audit::Drift) {
         for (map, d) in &drift.maps {
             self.drift.get_or_create(&MapLabels { map }).inc_by(d.total() as u64);
         }
@@ -336,7 +336,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::telemetry::Telemetry;
+    use crate::observe::telemetry::Telemetry;
 
     /// kube-proxy's metrics that mean something here, as kube-proxy names
     /// them (the sample names a scrape shows).

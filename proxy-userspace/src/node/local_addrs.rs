@@ -148,7 +148,7 @@ impl Watch {
 }
 
 /// A netlink route socket in the notification `groups` (`RTMGRP_*`),
-/// read by `wait_and_drain` (also `crate::pod_devices`' link watch).
+/// read by `wait_and_drain` (also `crate::node::pod_devices`' link watch).
 pub(crate) fn subscribe(groups: u32) -> std::io::Result<AsyncFd<OwnedFd>> {
     let fd = socket(
         AddressFamily::Netlink,

@@ -271,7 +271,7 @@ impl ServiceMaps for FakeMaps {
     }
 
     fn maglev_size(&self) -> usize {
-        if self.maglev_size == 0 { crate::maglev::SIZES[0] } else { self.maglev_size }
+        if self.maglev_size == 0 { crate::reconcile::maglev::SIZES[0] } else { self.maglev_size }
     }
 
     fn set_maglev(&mut self, id: u16, table: &[u32]) -> Result<(), MapError> {

@@ -53,7 +53,7 @@ pub fn identity(b: &BackendAddr) -> Vec<u8> {
 #[must_use]
 pub fn build(list: &[u32], addrs: &BTreeMap<u32, BackendAddr>, size: usize) -> Option<Vec<u32>> {
     let identities: Vec<Vec<u8>> = list.iter().map(|id| addrs.get(id).map(identity)).collect::<Option<_>>()?;
-    Some(crate::maglev::table(&identities, size).into_iter().map(|i| list[i as usize]).collect())
+    Some(crate::reconcile::maglev::table(&identities, size).into_iter().map(|i| list[i as usize]).collect())
 }
 
 impl MaglevTables {

@@ -24,7 +24,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use crate::{
+use super::{
     health::Endpoint,
     metrics::{Metrics, Server},
     telemetry::Shared,
@@ -248,7 +248,7 @@ pub fn health(addr: SocketAddr, telemetry: Shared, metrics: Arc<Metrics>, timeou
 pub fn metrics(addr: SocketAddr, metrics: Arc<Metrics>) -> JoinHandle<()> {
     let registry = metrics.clone();
     let handler: Handler = Arc::new(move |path| match path {
-        "/metrics" => Reply::new(StatusCode::OK, crate::metrics::CONTENT_TYPE, registry.encode()),
+        "/metrics" => Reply::new(StatusCode::OK, crate::observe::metrics::CONTENT_TYPE, registry.encode()),
         "/proxyMode" => Reply::new(StatusCode::OK, "text/plain", "ebpf".to_owned()),
         _ => Reply::not_found(),
     });

@@ -3,7 +3,7 @@
 //! service per retry.
 use std::collections::BTreeMap;
 
-use super::{maps::MapError, reconcile::Failure};
+use super::{Failure, maps::MapError};
 
 /// Subjects named in the summary, at most.
 pub const FIRST: usize = 5;
@@ -38,7 +38,7 @@ pub fn summarise(failures: &[Failure]) -> Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::maps::MapName;
+    use crate::reconcile::maps::MapName;
 
     #[test]
     fn counts_per_map_and_names_the_first_few() {

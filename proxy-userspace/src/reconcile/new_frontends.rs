@@ -29,7 +29,7 @@ use super::{
 };
 use proxy_common::{RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue};
 
-use crate::datapath::maps::Batch;
+use super::maps::Batch;
 
 /// Frontends per chunk (their slots: ~3,000 entries at 10 backends); in
 /// unit tests fewer, so that a few hundred frontends span chunks.
@@ -467,10 +467,10 @@ mod tests {
 
     #[test]
     fn a_full_map_decides_over_another_failure() {
-        let full = || Some(MapError::Full { map: crate::datapath::maps::MapName::Services });
+        let full = || Some(MapError::Full { map: super::super::MapName::Services });
         let other = || {
             let source = std::io::Error::other("injected");
-            Some(MapError::Syscall { map: crate::datapath::maps::MapName::Names, op: "test", source })
+            Some(MapError::Syscall { map: super::super::MapName::Names, op: "test", source })
         };
         assert!(matches!(either(other(), full()), Some(MapError::Full { .. })));
         assert!(matches!(either(full(), other()), Some(MapError::Full { .. })));

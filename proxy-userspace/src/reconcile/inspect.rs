@@ -310,8 +310,8 @@ mod tests {
 
     use super::{ServiceFilter, frontends, table};
     use crate::{
-        datapath::{Reconciler, fake_maps::FakeMaps},
         model::{Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, ServicePort, ServiceTable},
+        reconcile::{Reconciler, fake_maps::FakeMaps},
     };
 
     fn maps_with(entries: &[(u8, u16, ServicePort)]) -> FakeMaps {

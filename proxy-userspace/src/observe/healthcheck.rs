@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::{
     model::{HealthCheck, ObjectRef},
-    serve::{self, Reply},
+    observe::serve::{self, Reply},
 };
 
 /// Whether the proxy itself is healthy (kube-proxy's

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::{
-    metrics::{LatencyLabels, Metrics, RequestLabels},
+    observe::metrics::{LatencyLabels, Metrics, RequestLabels},
     source::requests::{Observer, Outcome},
 };
 
@@ -38,7 +38,7 @@ mod tests {
     use tower::{Layer as _, Service};
 
     use super::*;
-    use crate::{source::requests::ObserveLayer, telemetry::Telemetry};
+    use crate::{observe::telemetry::Telemetry, source::requests::ObserveLayer};
 
     /// A service answering each request with the status its path names.
     #[derive(Clone)]

@@ -1,7 +1,7 @@
 //! Maps that grow with the cluster: after a sync, when the services or
 //! backends map cannot hold the table (or refused a write as full), or is
 //! bigger than its bound (a lowered flag), the agent moves to a set of
-//! maps of the size `datapath::sizing` plans, the way a layout upgrade
+//! maps of the size `reconcile::sizing` plans, the way a layout upgrade
 //! does: the new set is filled beside the old one, the programs are
 //! swapped into the pinned links atomically, and the old set is unpinned.
 //! No moment exists where a service the old maps held is missing.
@@ -14,13 +14,13 @@ use proxy_common::map_names;
 use tracing::info;
 
 use crate::{
-    datapath::{
+    datapath::loader::{Datapath, LoadOptions},
+    pipeline::Pipeline,
+    reconcile::{
         Reconciler, Report,
         failures::summarise,
-        loader::{Datapath, LoadOptions},
         sizing::{self, Full, Sizes},
     },
-    pipeline::Pipeline,
 };
 
 /// Moves `datapath` to maps of other sizes when the plan says so; the

@@ -6,11 +6,11 @@ use std::{
 };
 
 use super::{
+    BackendAddr, ChangeKind, Reconciler,
     codec::{self, FrontendFlags},
     fake_maps::{FakeMaps, TwoLists},
     maglev_tables::identity,
     maps::{Dump, MapError},
-    reconcile::{BackendAddr, ChangeKind, Reconciler},
 };
 use crate::model::{
     Backend, BackendState, Frontend, FrontendKey, FrontendKind, Protocol, Reach, Scope, ServicePort, ServiceTable,
@@ -122,7 +122,7 @@ fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
 fn maglev_of(backends: &[Backend], protocol: Protocol, size: usize) -> Vec<(IpAddr, u16)> {
     let ids: Vec<Vec<u8>> =
         backends.iter().map(|b| identity(&BackendAddr { addr: b.addr, port: b.port, protocol })).collect();
-    crate::maglev::table(&ids, size)
+    crate::reconcile::maglev::table(&ids, size)
         .into_iter()
         .map(|i| (backends[i as usize].addr, backends[i as usize].port))
         .collect()
@@ -248,7 +248,7 @@ fn add_update_remove() {
 /// frontend new lists it.
 #[test]
 fn a_large_sync_reports_new_frontends_by_key() {
-    use super::reconcile::LIST_NEW_FRONTENDS_UP_TO;
+    use super::LIST_NEW_FRONTENDS_UP_TO;
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::new();
     let small = table(&[(fk(1, 80, Protocol::Tcp), vec![be(1, 8080), be(2, 8080)])]);
@@ -289,7 +289,7 @@ fn a_large_sync_reports_new_frontends_by_key() {
 /// does, and the frontends it did not touch stay as they were.
 #[test]
 fn a_change_that_adds_many_frontends_reports_them_by_key() {
-    use super::reconcile::LIST_NEW_FRONTENDS_UP_TO;
+    use super::LIST_NEW_FRONTENDS_UP_TO;
     let entries: Vec<(FrontendKey, Vec<Backend>)> =
         (1..=10).map(|n| (fk(n, 80, Protocol::Tcp), vec![be(n, 8080)])).collect();
     let mut maps = FakeMaps::default();
@@ -342,7 +342,7 @@ fn start_table(frontends: u16) -> ServiceTable {
 
 /// The frontends a report names, and whether it names each as added
 /// (those of a start: by key, `Report::added_unlisted`).
-fn reported(report: &super::reconcile::Report) -> (BTreeSet<FrontendKey>, bool) {
+fn reported(report: &super::Report) -> (BTreeSet<FrontendKey>, bool) {
     let named = report.changes.iter().map(|c| c.frontend).chain(report.added_unlisted.iter().copied());
     (named.collect(), report.changes.is_empty())
 }
@@ -919,7 +919,7 @@ fn recovery_reuses_maglev_tables_and_ranges() {
 fn liveness_answers_what_the_slots_hold() {
     use std::collections::HashSet;
 
-    use super::sessions::Liveness;
+    use super::Liveness;
 
     let mut maps = FakeMaps::default();
     let mut r = Reconciler::new();

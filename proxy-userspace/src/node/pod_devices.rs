@@ -13,7 +13,7 @@ use tracing::warn;
 
 use crate::{
     datapath::netlink::{self, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, Netlink},
-    local_addrs,
+    node::local_addrs,
 };
 
 /// Which devices face pods.

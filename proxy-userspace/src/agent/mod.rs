@@ -13,21 +13,24 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::{
+    agent::pin_rollback::PinRollback,
     datapath::{
-        ChangeKind, Reconciler, Report,
         active::ActiveSeries,
         loader::{Datapath, LoadOptions},
         sock_destroy::{Removed, SocketDestroyer},
     },
-    devices::{self, DeviceSelection},
-    healthcheck::HealthCheckServers,
-    metrics::Metrics,
     model::Protocol,
-    pin_rollback::PinRollback,
+    node::devices::{self, DeviceSelection},
+    observe::{
+        explain_socket,
+        healthcheck::HealthCheckServers,
+        metrics::Metrics,
+        serve,
+        telemetry::{Shared, Telemetry},
+    },
     pipeline::{NodeSettings, Pipeline, Synced, Wake},
-    serve,
+    reconcile::{ChangeKind, Reconciler, Report},
     source::{ChangeSource, file_source::FileSource, kube::KubeSource, reachability::Reachability},
-    telemetry::{Shared, Telemetry},
 };
 
 /// Where the Services and EndpointSlices come from.
@@ -41,6 +44,9 @@ pub enum SourceConfig {
 
 /// Syncs start at most this often unless configured (`AgentConfig::
 /// min_sync_period`).
+pub mod pin_rollback;
+pub mod resize;
+
 pub use crate::source::kube::DEFAULT_MIN_SYNC_PERIOD;
 
 #[derive(Debug, Clone)]
@@ -55,7 +61,7 @@ pub struct AgentConfig {
     pub node_ips: Vec<std::net::IpAddr>,
     /// kube-proxy's nodePortAddresses: which of the node's local
     /// addresses serve NodePorts (followed as they change).
-    pub node_port_addresses: crate::nodeport_addresses::NodePortAddresses,
+    pub node_port_addresses: crate::node::nodeport_addresses::NodePortAddresses,
     /// Where to serve /healthz and /livez (None: not served).
     pub health_bind: Option<std::net::SocketAddr>,
     /// Where to serve /metrics and /proxyMode (None: not served).
@@ -65,7 +71,7 @@ pub struct AgentConfig {
     /// Devices the TC programs attach to (traffic from outside).
     pub devices: DeviceSelection,
     /// Devices the per-packet programs attach to (the pods' own traffic).
-    pub pod_devices: crate::pod_devices::PodDeviceSelection,
+    pub pod_devices: crate::node::pod_devices::PodDeviceSelection,
     /// Frontends whose connection counter is exported as its own series,
     /// at most (0: none).
     pub max_service_series: usize,
@@ -114,8 +120,8 @@ pub async fn run(
     // The first sync is a pending change until it is applied.
     telemetry.lock().expect("telemetry lock").health.queued(Instant::now());
     let _servers = start_servers(&config, &telemetry, &metrics);
-    crate::fs::ensure_bpffs_dir(&config.load.pin_dir)?;
-    crate::fs::check_cgroup2(&config.load.cgroup)?;
+    crate::node::fs::ensure_bpffs_dir(&config.load.pin_dir)?;
+    crate::node::fs::check_cgroup2(&config.load.cgroup)?;
     let telemetries = Telemetries { telemetry, metrics };
     match &config.source {
         SourceConfig::File(path) => {
@@ -126,7 +132,8 @@ pub async fn run(
         }
         SourceConfig::Kube(options) => {
             let reachability = Arc::new(Reachability::default());
-            let requests = vec![reachability.observer(), crate::rest_metrics::observer(telemetries.metrics.clone())];
+            let requests =
+                vec![reachability.observer(), crate::observe::rest_metrics::observer(telemetries.metrics.clone())];
             let (client, endpoint) = crate::source::kube::client(options, requests).await?;
             let kube = KubeSource::start(&client, endpoint, &config.node_name, reachability, options.content_type)
                 .with_min_sync_period(config.min_sync_period);
@@ -182,17 +189,17 @@ async fn run_with(
         ready = source.ready() => ready?,
     }
     // The lists' churn is over (see `memory::JEMALLOC_CONF`).
-    if let Err(error) = crate::memory::settle() {
+    if let Err(error) = crate::observe::memory::settle() {
         warn!(%error, "freed memory stays resident a moment before it is returned");
     }
     // Subscribed before the first read, so no change in between is missed.
-    let mut local_addrs = crate::local_addrs::Watch::start();
-    let mut pod_links = crate::pod_devices::Watch::start();
+    let mut local_addrs = crate::node::local_addrs::Watch::start();
+    let mut pod_links = crate::node::pod_devices::Watch::start();
     let settings = NodeSettings {
         node_name: config.node_name.clone(),
         node_ips: config.node_ips.clone(),
         node_port_addresses: config.node_port_addresses.clone(),
-        local_addrs: crate::local_addrs::ips(local_addrs.current()),
+        local_addrs: crate::node::local_addrs::ips(local_addrs.current()),
         external_ips_local_only: config.external_ips_local_only,
         lb_algorithm: config.lb_algorithm,
     };
@@ -202,13 +209,13 @@ async fn run_with(
     let mut takeover =
         due.map(|(takeover, ends_after)| crate::takeover::pending::Pending::start(takeover, ends_after, metrics));
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-    let (_explain_server, mut explain_requests) = crate::explain_socket::start(config.explain_socket.as_deref());
+    let (_explain_server, mut explain_requests) = explain_socket::start(config.explain_socket.as_deref());
     let mut observers = Observers::new(config, telemetry);
     let mut sweep = tokio::time::interval(crate::datapath::active::SWEEP_INTERVAL);
     // The CPUs the kernel's LRU keeps free entries for (1 when unreadable:
     // the mark is then at its highest).
     let cpus = crate::datapath::counters::possible_cpus().map_or(1, u64::from);
-    let mut ct_fill = crate::ct_fill::CtFill::new(cpus);
+    let mut ct_fill = crate::observe::ct_fill::CtFill::new(cpus);
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let wake = tokio::select! {
@@ -228,7 +235,7 @@ async fn run_with(
                 Wake::Resync
             }
             asked = explain_requests.next() => {
-                crate::explain_socket::reply(asked, &source, pipeline.node());
+                explain_socket::reply(asked, &source, pipeline.node());
                 continue;
             }
             () = pod_links.changed() => {
@@ -236,7 +243,7 @@ async fn run_with(
                 continue;
             }
             addrs = local_addrs.changed() => {
-                if !pipeline.set_local_addresses(crate::local_addrs::ips(&addrs)) {
+                if !pipeline.set_local_addresses(crate::node::local_addrs::ips(&addrs)) {
                     continue;
                 }
                 Wake::NodeAddresses
@@ -251,7 +258,7 @@ async fn run_with(
         if !observers.attached {
             // Every write before the first attach is planned here, which
             // `resize::after_sync` counts on (it does not measure again).
-            if crate::resize::before_first_write(&mut datapath, &mut pipeline, &config.load)? {
+            if crate::agent::resize::before_first_write(&mut datapath, &mut pipeline, &config.load)? {
                 take_counters(&mut datapath, telemetry);
             }
             // Loaded beside the write, attached after it.
@@ -287,7 +294,7 @@ async fn run_with(
 /// peak (`memory::purge`).
 fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Reconciler> {
     let (reconciler, recovery) = Reconciler::recover(maps)?;
-    if let Err(error) = crate::memory::purge() {
+    if let Err(error) = crate::observe::memory::purge() {
         warn!(%error, "freed memory stays resident a moment before it is returned");
     }
     info!(
@@ -304,8 +311,8 @@ fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Rec
 /// the next sweep tries again.
 ///
 /// The sweep reads all of `CT`, so it also counts its entries
-/// (`crate::ct_fill`): exported, and a warning when the map is nearly full.
-fn sweep_ended_flows(datapath: &Datapath, fill: &mut crate::ct_fill::CtFill, metrics: &Metrics) {
+/// (`crate::observe::ct_fill`): exported, and a warning when the map is nearly full.
+fn sweep_ended_flows(datapath: &Datapath, fill: &mut crate::observe::ct_fill::CtFill, metrics: &Metrics) {
     let sweep = match datapath.sweep_ended_flows() {
         Ok(sweep) => sweep,
         Err(err) => {
@@ -327,7 +334,7 @@ fn sweep_ended_flows(datapath: &Datapath, fill: &mut crate::ct_fill::CtFill, met
     };
     metrics.ct_capacity.set(i64::try_from(capacity).unwrap_or(i64::MAX));
     match fill.observe(entries, capacity) {
-        Some(crate::ct_fill::Change::NearlyFull { percent, mark }) => warn!(
+        Some(crate::observe::ct_fill::Change::NearlyFull { percent, mark }) => warn!(
             entries,
             capacity,
             percent,
@@ -337,7 +344,7 @@ fn sweep_ended_flows(datapath: &Datapath, fill: &mut crate::ct_fill::CtFill, met
                 "raise --ct-map-size (config ctMapSize); the agent moves the flows to the larger map at its next start",
             "the connection-tracking map (CT) is nearly full: past the mark the kernel's LRU may evict the least recently used entry for each new flow, a live flow's too"
         ),
-        Some(crate::ct_fill::Change::Relieved { percent }) => {
+        Some(crate::observe::ct_fill::Change::Relieved { percent }) => {
             info!(entries, capacity, percent, "the connection-tracking map (CT) is no longer nearly full");
         }
         None => {}
@@ -407,7 +414,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Moves to maps of other sizes when the table needs it (see
-/// `crate::resize`): the sync's failures become those of writing the new
+/// `crate::agent::resize`): the sync's failures become those of writing the new
 /// set, its frontends are all reported again (their ids are new), and the
 /// new programs' counters and TC links take over.
 fn resize(
@@ -418,7 +425,7 @@ fn resize(
     config: &AgentConfig,
     telemetry: &Shared,
 ) -> anyhow::Result<()> {
-    let Some(written) = crate::resize::after_sync(
+    let Some(written) = crate::agent::resize::after_sync(
         datapath,
         pipeline,
         &config.load,
@@ -536,11 +543,11 @@ impl Observers {
     /// the others serve.
     fn attach_pod_devices(
         &mut self,
-        selection: &crate::pod_devices::PodDeviceSelection,
+        selection: &crate::node::pod_devices::PodDeviceSelection,
         datapath: &mut Datapath,
         node_ips: &[std::net::IpAddr],
     ) {
-        let links = match crate::pod_devices::links() {
+        let links = match crate::node::pod_devices::links() {
             Ok(links) => links,
             Err(err) => {
                 warn!(%err, "cannot list the node's devices; the pod-facing devices stay as they are");
@@ -551,7 +558,7 @@ impl Observers {
         // the default route), even when --devices names none of them.
         let mut external = devices::resolve(&DeviceSelection::Auto, node_ips).chosen;
         external.extend(self.devices.iter().flatten().cloned());
-        let chosen = crate::pod_devices::resolve(selection, &links, &external);
+        let chosen = crate::node::pod_devices::resolve(selection, &links, &external);
         if self.pod_devices.as_ref() == Some(&chosen) {
             return;
         }
@@ -642,7 +649,7 @@ fn attach_devices(
         );
     }
     // Each device's kind: where XDP is worth it (a veth's is not).
-    let links = crate::pod_devices::links().unwrap_or_default();
+    let links = crate::node::pod_devices::links().unwrap_or_default();
     let kind = |device: &str| links.iter().find(|l| l.name == device).map(|l| l.kind.clone()).unwrap_or_default();
     match datapath.attach_devices(&resolved.chosen, kind) {
         Ok(results) => {
@@ -743,7 +750,7 @@ fn publish(
     } else {
         t.health.failed();
     }
-    let summary = crate::datapath::failures::summarise(&report.failures);
+    let summary = crate::reconcile::failures::summarise(&report.failures);
     for (map, n) in summary.full {
         *t.map_full.entry(map).or_default() += n as u64;
     }
