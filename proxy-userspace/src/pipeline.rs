@@ -47,12 +47,12 @@ pub struct NodeSettings {
 pub struct Stats {
     pub objects_rejected: u64,
     pub problems: u64,
-    pub map_write_failures: u64,
+    pub(crate) map_write_failures: u64,
 }
 
 /// How often the drift audit runs unless configured (`--audit-interval`,
 /// syncPeriod).
-pub const DEFAULT_AUDIT_INTERVAL: Duration = Duration::from_mins(5);
+pub(crate) const DEFAULT_AUDIT_INTERVAL: Duration = Duration::from_mins(5);
 
 /// Why the pipeline woke up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,19 +77,19 @@ pub struct Synced {
     pub report: Report,
     /// The whole table was compared (first sync, relist, new node context,
     /// after a failure), not only what changed.
-    pub whole_table: bool,
+    pub(crate) whole_table: bool,
     /// From the change reaching the agent to its maps written.
-    pub latency: Duration,
+    pub(crate) latency: Duration,
     /// Time spent writing the maps.
-    pub took: Duration,
+    pub(crate) took: Duration,
     /// Syncs so far (the first is 1).
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// For each EndpointSlice change this sync wrote (when it wrote all it
     /// tried): seconds from its last-change-trigger-time to now.
-    pub programming_seconds: Vec<f64>,
+    pub(crate) programming_seconds: Vec<f64>,
     /// A drift audit ran: how the maps differed from the desired table
     /// (empty: not at all).
-    pub drift: Option<Drift>,
+    pub(crate) drift: Option<Drift>,
 }
 
 pub struct Pipeline {
@@ -137,7 +137,7 @@ impl Pipeline {
     /// and compares the whole table with them, so an entry anyone else
     /// changed is put right (kube-proxy's syncPeriod).
     #[must_use]
-    pub fn with_audit_interval(mut self, period: Option<Duration>) -> Self {
+    pub(crate) fn with_audit_interval(mut self, period: Option<Duration>) -> Self {
         self.audit_interval = period;
         self.resync_at = period.map(|p| Instant::now() + p);
         self
@@ -149,7 +149,7 @@ impl Pipeline {
     }
 
     #[must_use]
-    pub const fn model(&self) -> &TableState {
+    pub(crate) const fn model(&self) -> &TableState {
         &self.model
     }
 
@@ -160,20 +160,20 @@ impl Pipeline {
 
     /// The node context of the last translation (`None`: nothing read yet).
     #[must_use]
-    pub const fn node(&self) -> Option<&NodeContext> {
+    pub(crate) const fn node(&self) -> Option<&NodeContext> {
         self.node.as_ref()
     }
 
     /// Whether this node is eligible for traffic from load balancers (see
     /// `model::node_eligible`).
     #[must_use]
-    pub const fn node_eligible(&self) -> bool {
+    pub(crate) const fn node_eligible(&self) -> bool {
         self.node_eligible
     }
 
     /// Resolves when the source has something new, or when failed writes
     /// are due to be tried again.
-    pub async fn wait(&self, source: &mut impl ChangeSource) -> Wake {
+    pub(crate) async fn wait(&self, source: &mut impl ChangeSource) -> Wake {
         tokio::select! {
             () = source.changed() => Wake::Changed,
             () = sleep_until(self.retry_at) => Wake::Retry,
@@ -271,7 +271,7 @@ impl Pipeline {
     /// Moves to other maps (a set of other sizes, see `reconcile::sizing`):
     /// `reconciler` was recovered from them, and the whole table is
     /// written there now. The caller swaps the programs over afterwards.
-    pub fn move_to(&mut self, reconciler: Reconciler, maps: &mut impl ServiceMaps) -> Report {
+    pub(crate) fn move_to(&mut self, reconciler: Reconciler, maps: &mut impl ServiceMaps) -> Report {
         self.write_through(reconciler);
         let started = Instant::now();
         let report = self.reconciler.sync(maps, self.model.table(), None);

@@ -35,7 +35,7 @@ use crate::{
 
 /// Where the Services and EndpointSlices come from.
 #[derive(Debug, Clone)]
-pub enum SourceConfig {
+pub(crate) enum SourceConfig {
     /// A services file, re-read when it changes.
     File(PathBuf),
     /// The Kubernetes API.
@@ -44,72 +44,76 @@ pub enum SourceConfig {
 
 /// Syncs start at most this often unless configured (`AgentConfig::
 /// min_sync_period`).
-pub mod pin_rollback;
+pub(crate) mod pin_rollback;
 pub mod resize;
 
-pub use crate::source::kube::DEFAULT_MIN_SYNC_PERIOD;
+pub(crate) use crate::source::kube::DEFAULT_MIN_SYNC_PERIOD;
 
 #[derive(Debug, Clone)]
-pub struct AgentConfig {
-    pub source: SourceConfig,
-    pub node_name: String,
-    pub load: LoadOptions,
+pub(crate) struct AgentConfig {
+    pub(crate) source: SourceConfig,
+    pub(crate) node_name: String,
+    pub(crate) load: LoadOptions,
     /// Network namespaces (files, or directories of them) whose sockets of
     /// removed backends are destroyed, besides the agent's own.
-    pub socket_netns: Vec<PathBuf>,
+    pub(crate) socket_netns: Vec<PathBuf>,
     /// This node's addresses; empty: those of its Node object.
-    pub node_ips: Vec<std::net::IpAddr>,
+    pub(crate) node_ips: Vec<std::net::IpAddr>,
     /// kube-proxy's nodePortAddresses: which of the node's local
     /// addresses serve NodePorts (followed as they change).
-    pub node_port_addresses: crate::node::nodeport_addresses::NodePortAddresses,
+    pub(crate) node_port_addresses: crate::node::nodeport_addresses::NodePortAddresses,
     /// Where to serve /healthz and /livez (None: not served).
-    pub health_bind: Option<std::net::SocketAddr>,
+    pub(crate) health_bind: Option<std::net::SocketAddr>,
     /// Where to serve /metrics and /proxyMode (None: not served).
-    pub metrics_bind: Option<std::net::SocketAddr>,
+    pub(crate) metrics_bind: Option<std::net::SocketAddr>,
     /// Health turns 503 when a change waits longer than this unapplied.
-    pub health_timeout: Duration,
+    pub(crate) health_timeout: Duration,
     /// Devices the TC programs attach to (traffic from outside).
-    pub devices: DeviceSelection,
+    pub(crate) devices: DeviceSelection,
     /// Devices the per-packet programs attach to (the pods' own traffic).
-    pub pod_devices: crate::node::pod_devices::PodDeviceSelection,
+    pub(crate) pod_devices: crate::node::pod_devices::PodDeviceSelection,
     /// Frontends whose connection counter is exported as its own series,
     /// at most (0: none).
-    pub max_service_series: usize,
+    pub(crate) max_service_series: usize,
     /// Syncs start at most this often (kube-proxy's minSyncPeriod).
-    pub min_sync_period: Duration,
+    pub(crate) min_sync_period: Duration,
     /// The drift audit's interval: every this often (and on SIGHUP), the
     /// maps are read back from the kernel and the whole table compared with
     /// them, so an entry changed by anyone else is put right and counted
     /// (kube-proxy's syncPeriod); `None`: only on SIGHUP.
-    pub audit_interval: Option<Duration>,
+    pub(crate) audit_interval: Option<Duration>,
     /// Clients on the node reach only this node's externalIPs through the
     /// service (`--external-ips-local-only`).
-    pub external_ips_local_only: bool,
+    pub(crate) external_ips_local_only: bool,
     /// Take over from kube-proxy's rules (`crate::takeover`): `Some`, with
     /// when the handover of traffic from outside ends (`None`: at the next
     /// start).
-    pub take_over_from_kube_proxy: Option<Option<Duration>>,
+    #[allow(
+        clippy::option_option,
+        reason = "no takeover, or one whose handover ends at the next start or after a time"
+    )]
+    pub(crate) take_over_from_kube_proxy: Option<Option<Duration>>,
     /// Where `ebpf-proxy explain` asks for the reasons (`None`: not served).
-    pub explain_socket: Option<PathBuf>,
+    pub(crate) explain_socket: Option<PathBuf>,
     /// How services without the lb-algorithm annotation balance
     /// (`--lb-algorithm`).
-    pub lb_algorithm: crate::model::LbAlgorithm,
+    pub(crate) lb_algorithm: crate::model::LbAlgorithm,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// Number of syncs so far (the first is 1).
-    pub generation: u64,
-    pub frontends: usize,
-    pub backends: usize,
+    pub(crate) generation: u64,
+    pub(crate) frontends: usize,
+    pub(crate) backends: usize,
     /// Writes that failed in the last sync (they are retried).
-    pub failures: usize,
+    pub(crate) failures: usize,
 }
 
 /// Runs until `shutdown` resolves. The datapath stays in place afterwards
 /// (pinned links and maps), translating with the last table applied.
-pub async fn run(
+pub(crate) async fn run(
     config: AgentConfig,
     applied: watch::Sender<Applied>,
     shutdown: impl std::future::Future<Output = ()>,

@@ -11,7 +11,7 @@ use std::{
 /// in them) at one moment; dropped before `keep`, it removes what came
 /// after.
 #[derive(Debug)]
-pub struct PinRollback {
+pub(crate) struct PinRollback {
     before: HashSet<PathBuf>,
     dir: PathBuf,
     kept: bool,
@@ -20,12 +20,12 @@ pub struct PinRollback {
 impl PinRollback {
     /// Notes what is in `dir` now.
     #[must_use]
-    pub fn take(dir: &Path) -> Self {
+    pub(crate) fn take(dir: &Path) -> Self {
         Self { before: entries(dir).into_iter().collect(), dir: dir.to_owned(), kept: false }
     }
 
     /// What was pinned since `take` stays (the programs are attached).
-    pub const fn keep(&mut self) {
+    pub(crate) const fn keep(&mut self) {
         self.kept = true;
     }
 

@@ -31,7 +31,7 @@ use crate::{
 /// more. When the programs are `attached` already the new ones take over
 /// at once (the TC programs' links are left to the caller); otherwise the
 /// first `attach` does it.
-pub fn after_sync(
+pub(crate) fn after_sync(
     datapath: &mut Datapath,
     pipeline: &mut Pipeline,
     opts: &LoadOptions,
@@ -99,7 +99,7 @@ pub fn before_first_write_sizes(pipeline: &Pipeline, current: Sizes, bounds: Siz
 /// it; the write that follows fills them, and the first `attach` swaps the
 /// programs over. Whether it moved. Either way the reconciler makes room
 /// for the table's backends at once.
-pub fn before_first_write(
+pub(crate) fn before_first_write(
     datapath: &mut Datapath,
     pipeline: &mut Pipeline,
     opts: &LoadOptions,

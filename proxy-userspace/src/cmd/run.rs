@@ -169,7 +169,7 @@ fn flag_or_file<T>(flag: Vec<T>, file: Vec<T>) -> Vec<T> {
 /// is called, not when the future is first polled: a signal while the
 /// agent loads and reads its maps, before it waits on the future, is kept
 /// for it.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");

@@ -19,7 +19,7 @@ use super::sys::{self, LINK_TYPE_CGROUP, LINK_TYPE_TCX};
 
 /// What `attach_cgroup` / `attach_tc` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkOutcome {
+pub(crate) enum LinkOutcome {
     /// A new link was made and pinned.
     Attached,
     /// A pinned link on the same target now runs the new program.
@@ -59,7 +59,7 @@ const TCX_EGRESS: u64 = 47;
 /// A cgroup program the agent pins a link of: the socket-address hooks
 /// (`CgroupSockAddr`) and `sock_release` (`CgroupSock`), which aya types
 /// apart but attach alike.
-pub trait CgroupProgram {
+pub(crate) trait CgroupProgram {
     fn program_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError>;
     /// Attaches to `cgroup` and hands the link over as a pinnable one.
     fn attach_link(&mut self, cgroup: &File) -> Result<Result<FdLink, aya::programs::links::LinkError>, ProgramError>;
@@ -93,7 +93,7 @@ impl CgroupProgram for CgroupSock {
 
 /// Attaches `program` (loaded) to `cgroup_path` through the link pinned at
 /// `pin`: updates it when it is on that cgroup, else makes a new one.
-pub fn attach_cgroup(
+pub(crate) fn attach_cgroup(
     program: &mut impl CgroupProgram,
     name: &'static str,
     cgroup_path: &Path,
@@ -121,7 +121,7 @@ pub fn attach_cgroup(
 /// through a tcx link (kernel 6.6+) pinned at `pin`: updates it when it is
 /// on that device and direction, else makes a new one. tcx links run
 /// beside other programs on the device (a CNI's), appended after them.
-pub fn attach_tc(
+pub(crate) fn attach_tc(
     program: &mut SchedClassifier,
     name: &'static str,
     device: &str,
@@ -151,7 +151,12 @@ pub fn attach_tc(
 /// device, else makes a new one. A device whose driver has no native XDP
 /// gives `NoNativeXdp` (never the generic mode, which would be slower than
 /// TC alone).
-pub fn attach_xdp(program: &mut Xdp, name: &'static str, device: &str, pin: &Path) -> Result<LinkOutcome, LinkError> {
+pub(crate) fn attach_xdp(
+    program: &mut Xdp,
+    name: &'static str,
+    device: &str,
+    pin: &Path,
+) -> Result<LinkOutcome, LinkError> {
     let target = format!("{device} XDP");
     let attach_err = |source| LinkError::Attach { name, target: target.clone(), source };
     let ifindex = nix::net::if_::if_nametoindex(device)

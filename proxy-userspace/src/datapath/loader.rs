@@ -103,7 +103,7 @@ pub(super) const POD_PROGRAMS: &[(&str, TcAttachType)] =
     &[("pod_ingress", TcAttachType::Ingress), ("pod_egress", TcAttachType::Egress)];
 
 /// Prefix of their pinned tcx links: `pod-DEVICE-ingress`, ...
-pub const POD_LINK_PREFIX: &str = "pod-";
+pub(crate) const POD_LINK_PREFIX: &str = "pod-";
 
 /// The XDP program (`--nodeport-acceleration`), in front of
 /// `nodeport_ingress`.
@@ -162,7 +162,7 @@ fn settings_globals<'l>(
 
 /// At most one CIDR per family, as the programs hold them, none of
 /// prefix 0 (every address: no cluster is that).
-pub fn check_cluster_cidrs(cidrs: &[ipnet::IpNet]) -> Result<(), String> {
+pub(crate) fn check_cluster_cidrs(cidrs: &[ipnet::IpNet]) -> Result<(), String> {
     if let Some(all) = cidrs.iter().find(|c| c.prefix_len() == 0) {
         return Err(format!("{all} is every address, not a cluster's pod CIDR"));
     }
@@ -216,7 +216,7 @@ pub enum SocketLb {
 impl SocketLb {
     /// The flag's (and the config field's) value.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::All => "all",
             Self::HostNamespace => "host-namespace",
@@ -259,7 +259,7 @@ pub enum NodePortMode {
 impl NodePortMode {
     /// The value of the programs' `NODEPORT_MODE` global.
     #[must_use]
-    pub const fn value(self) -> u8 {
+    pub(crate) const fn value(self) -> u8 {
         match self {
             Self::Snat => proxy_common::nodeport_mode::SNAT,
             Self::Dsr => proxy_common::nodeport_mode::DSR,
@@ -272,7 +272,7 @@ impl LoadOptions {
     /// The size flags, as the bounds of `sizing` (frontends by the
     /// services bound: each takes a `SERVICES` entry).
     #[must_use]
-    pub const fn bounds(&self) -> Sizes {
+    pub(crate) const fn bounds(&self) -> Sizes {
         Sizes { services: self.services_map_size, backends: self.backends_map_size, frontends: self.services_map_size }
     }
 }
@@ -330,7 +330,7 @@ pub enum LoadError {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum MarkFlowsError {
+pub(crate) enum MarkFlowsError {
     #[error(transparent)]
     Dump(#[from] super::netfilter_flows::DumpError),
     #[error(transparent)]
@@ -356,9 +356,9 @@ pub struct Datapath {
     pin_dir: PathBuf,
     cgroup: PathBuf,
     pub maps: KernelMaps,
-    pub sessions: SessionMaps,
+    pub(crate) sessions: SessionMaps,
     /// Taken by the agent for the metrics endpoint.
-    pub counters: Option<ConnCounters>,
+    pub(crate) counters: Option<ConnCounters>,
     /// Taken by the agent for the metrics endpoint.
     pub external_stats: Option<ExternalStats>,
     /// `ACTIVE_CONNS`, mapped (shared with `maps`, which clears a count
@@ -378,12 +378,12 @@ pub struct Datapath {
 
 /// What `attach_devices` did on one device.
 #[derive(Debug)]
-pub struct DeviceAttach {
-    pub device: String,
+pub(crate) struct DeviceAttach {
+    pub(crate) device: String,
     /// The TC programs' attach.
-    pub result: Result<(), LinkError>,
+    pub(crate) result: Result<(), LinkError>,
     /// Whether the XDP program runs there (in front of TC).
-    pub xdp: bool,
+    pub(crate) xdp: bool,
 }
 
 impl Datapath {
@@ -421,7 +421,7 @@ impl Datapath {
     /// `attach`) says. Nothing is attached yet: see `attach`.
     ///
     /// `carry`: which session maps it takes over from the set it replaces.
-    pub fn load_sized(opts: &LoadOptions, sizes: Sizes, carry: &Sessions) -> Result<Self, LoadError> {
+    pub(crate) fn load_sized(opts: &LoadOptions, sizes: Sizes, carry: &Sessions) -> Result<Self, LoadError> {
         let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size, sizes);
         std::fs::create_dir_all(&maps_dir)
             .map_err(|source| LoadError::Dir { path: maps_dir.display().to_string(), source })?;
@@ -546,7 +546,7 @@ impl Datapath {
     /// starts after the dump is seen by the programs, one before it is in
     /// the dump. Returns how many flows were marked (those the programs
     /// already saw keep their entry).
-    pub fn mark_netfilter_flows(&mut self) -> Result<usize, MarkFlowsError> {
+    pub(crate) fn mark_netfilter_flows(&mut self) -> Result<usize, MarkFlowsError> {
         let flows = super::netfilter_flows::dump()?;
         let marked = self.sessions.mark_netfilter_flows(&flows, super::handover::monotonic_ns())?;
         tracing::info!(dnat_flows = flows.len(), marked, "netfilter's flows marked for the handover");
@@ -556,7 +556,7 @@ impl Datapath {
     /// `mark_netfilter_flows` where the TC programs are loaded, a failure
     /// logged as a warning (`why`: what an unmarked flow risks): the agent's
     /// callers go on without the marks.
-    pub fn mark_netfilter_flows_or_warn(&mut self, why: &str) {
+    pub(crate) fn mark_netfilter_flows_or_warn(&mut self, why: &str) {
         if self.serves_external_traffic()
             && let Err(err) = self.mark_netfilter_flows()
         {
@@ -566,7 +566,7 @@ impl Datapath {
 
     /// Gives `self`'s programs the handover mode of `other` (a set of maps
     /// being replaced), a handover's end included.
-    pub fn copy_outside_handover(&mut self, other: &Self) -> Result<(), MapError> {
+    pub(crate) fn copy_outside_handover(&mut self, other: &Self) -> Result<(), MapError> {
         self.handover.set_raw(other.handover.raw()?)
     }
 
@@ -582,7 +582,7 @@ impl Datapath {
     }
 
     /// The most entries `CT` holds.
-    pub fn ct_capacity(&self) -> Result<u32, MapError> {
+    pub(crate) fn ct_capacity(&self) -> Result<u32, MapError> {
         super::sys::map_max_entries(self.sessions.ct_fd()).map_err(|source| MapError::Syscall {
             map: super::maps::MapName::Ct,
             op: "read the size of",
@@ -594,13 +594,13 @@ impl Datapath {
     /// `super::programs`), to attach them later: beside the first write
     /// into maps just made, beside the read of maps a previous agent
     /// pinned. Attaching starts the load when nothing did.
-    pub fn start_loading_programs(&mut self) -> Result<(), LoadError> {
+    pub(crate) fn start_loading_programs(&mut self) -> Result<(), LoadError> {
         self.programs.start()
     }
 
     /// Sizes of the services and backends maps this datapath writes.
     #[must_use]
-    pub const fn sizes(&self) -> Sizes {
+    pub(crate) const fn sizes(&self) -> Sizes {
         self.sizes
     }
 
@@ -612,14 +612,14 @@ impl Datapath {
 
     /// Which session maps a set replacing this one takes over.
     #[must_use]
-    pub fn sessions_to_carry(&self) -> Sessions {
+    pub(crate) fn sessions_to_carry(&self) -> Sessions {
         if self.unused { Sessions::Unused(self.maps_dir()) } else { Sessions::Live(self.maps_dir()) }
     }
 
     /// Attaches the programs through the pinned links (swapping them into
     /// links a previous agent left), then unpins maps of other layouts,
     /// which the programs no longer use.
-    pub fn attach(&mut self) -> Result<(), LoadError> {
+    pub(crate) fn attach(&mut self) -> Result<(), LoadError> {
         self.unused = false;
         let links_dir = self.links_dir()?;
         let loaded = self.programs.loaded()?;
@@ -645,7 +645,7 @@ impl Datapath {
     ///
     /// `kind`: each device's kind (`IFLA_INFO_KIND`, empty for a physical
     /// one), which decides where XDP is worth it (`Acceleration::plan`).
-    pub fn attach_devices(
+    pub(crate) fn attach_devices(
         &mut self,
         devices: &[String],
         kind: impl Fn(&str) -> String,
@@ -675,7 +675,7 @@ impl Datapath {
     /// egress of each) through links pinned under `PIN_DIR/links` (`pod-`);
     /// links of devices no longer listed (a pod gone) are dropped. A device
     /// that fails is reported and the others go on.
-    pub fn attach_pod_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
+    pub(crate) fn attach_pod_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
         let links_dir = self.links_dir()?;
         let mut results = Vec::new();
         if !self.programs.loaded()?.tc {
@@ -853,7 +853,7 @@ const SESSION_MAPS: [&str; 4] = [map_names::AFFINITY, map_names::SOCK_BACKEND, m
 /// Which session maps a set of maps being made takes over from the set it
 /// replaces (`load_sized`).
 #[derive(Clone, Debug)]
-pub enum Sessions {
+pub(crate) enum Sessions {
     /// All made anew (or found pinned with the set).
     New,
     /// All of the set pinned at this path, which holds none: it was made

@@ -15,7 +15,7 @@ use proxy_common::{
 };
 
 use super::maglev_map::MaglevMap;
-pub use crate::reconcile::maps::{Batch, Dump, MapError, MapName, ServiceMaps};
+pub(crate) use crate::reconcile::maps::{Batch, Dump, MapError, MapName, ServiceMaps};
 use crate::reconcile::maps::{lane_len, one_by_one};
 
 /// The maps in the kernel, through aya (and raw batch writes, which aya
@@ -62,7 +62,7 @@ fn source_range_of(key: &LpmKey<SourceRange>) -> Option<(RevNatId, IpNet)> {
 impl KernelMaps {
     /// Takes the maps out of a loaded object, with the Maglev and names
     /// maps the loader made.
-    pub fn from_maps(
+    pub(crate) fn from_maps(
         services: Map,
         backends: Map,
         rev_nat: Map,
@@ -116,19 +116,19 @@ impl KernelMaps {
     /// backend is removed and when its id is handed to a new backend, so a
     /// count never outlives its backend (docs/design.md, "Balancing by
     /// load").
-    pub fn set_active(&mut self, active: std::sync::Arc<super::active::ActiveConns>) {
+    pub(crate) fn set_active(&mut self, active: std::sync::Arc<super::active::ActiveConns>) {
         self.active = Some(active);
     }
 
     /// A second descriptor of `BACKENDS`, for readers beside the
     /// reconciler (the metrics endpoint).
-    pub fn backends_fd(&self) -> Result<OwnedFd, MapError> {
+    pub(crate) fn backends_fd(&self) -> Result<OwnedFd, MapError> {
         self.backends_fd.try_clone().map_err(|source| MapError::Syscall { map: MapName::Backends, op: "dup", source })
     }
 
     /// What `BACKENDS` holds at `id` (`None`: empty or past the array).
     #[must_use]
-    pub fn backend_value(&self, id: u32) -> Option<BackendValue> {
+    pub(crate) fn backend_value(&self, id: u32) -> Option<BackendValue> {
         self.backends.get(&id, 0).ok().filter(|b| b.proto != 0)
     }
 
@@ -139,7 +139,7 @@ impl KernelMaps {
     }
 
     /// Says the backends' array was made just now (so holds nothing).
-    pub fn backends_made_empty(&mut self) {
+    pub(crate) fn backends_made_empty(&mut self) {
         self.backends_fresh_from = 0;
     }
 
@@ -223,7 +223,7 @@ impl KernelMaps {
 
     /// `max_entries` of the services and backends maps, as the kernel
     /// reports them.
-    pub fn sizes(&self) -> Result<(u32, u32), MapError> {
+    pub(crate) fn sizes(&self) -> Result<(u32, u32), MapError> {
         let size = |fd: &OwnedFd, map: MapName| {
             let fd = fd.try_clone().map_err(|source| MapError::Syscall { map, op: "dup", source })?;
             MapData::from_fd(fd)

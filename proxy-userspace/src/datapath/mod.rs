@@ -4,21 +4,21 @@
 //! maps through the `ServiceMaps` trait `maps::KernelMaps` implements.
 pub mod acceleration;
 pub mod active;
-pub mod affinity;
+pub(crate) mod affinity;
 pub mod counters;
 mod ct_resize;
 pub mod handover;
 pub mod links;
 pub mod loader;
 mod maglev_map;
-pub mod maps;
-pub mod names;
-pub mod netfilter_flows;
-pub mod netlink;
+pub(crate) mod maps;
+pub(crate) mod names;
+pub(crate) mod netfilter_flows;
+pub(crate) mod netlink;
 mod programs;
-pub mod sessions;
-pub mod sock_destroy;
-pub mod socket_lb_pins;
+pub(crate) mod sessions;
+pub(crate) mod sock_destroy;
+pub(crate) mod socket_lb_pins;
 mod sys;
 pub use sys::read_hash_map;
 

@@ -66,7 +66,7 @@ impl TableState {
 
     /// The table, without the state around it (a one-off translation).
     #[must_use]
-    pub fn into_table(self) -> ServiceTable {
+    pub(crate) fn into_table(self) -> ServiceTable {
         self.table
     }
 

@@ -19,17 +19,17 @@ const NAMED_NETNS_DIRS: [&str; 2] = ["/run/netns", "/var/run/netns"];
 
 /// A network namespace that holds the client's address.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClientNetns {
+pub(crate) struct ClientNetns {
     /// A file that names it (`/proc/PID/ns/net` or `/run/netns/NAME`).
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Its cookie (`SO_NETNS_COOKIE`), the client's key in `AFFINITY`.
-    pub cookie: u64,
+    pub(crate) cookie: u64,
 }
 
 /// The namespaces with `ip` on one of their interfaces (pods never share an
 /// address, but test namespaces and hosts with private networks may).
 #[must_use]
-pub fn holding(ip: IpAddr) -> Vec<ClientNetns> {
+pub(crate) fn holding(ip: IpAddr) -> Vec<ClientNetns> {
     candidates()
         .into_iter()
         .filter_map(|path| {

@@ -10,7 +10,7 @@ const ARPHRD_ETHER: u16 = 1;
 
 /// Which devices to attach to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeviceSelection {
+pub(crate) enum DeviceSelection {
     /// Those holding the node's addresses and the default routes.
     Auto,
     /// These (empty: none, traffic from outside is not served).
@@ -21,7 +21,7 @@ impl DeviceSelection {
     /// From `--devices` (or the config file): nothing given is `Auto`, the
     /// single word `none` is an empty list.
     #[must_use]
-    pub fn from_names(names: Vec<String>) -> Self {
+    pub(crate) fn from_names(names: Vec<String>) -> Self {
         match names.as_slice() {
             [] => Self::Auto,
             [only] if only == "none" => Self::Named(Vec::new()),
@@ -33,9 +33,9 @@ impl DeviceSelection {
 /// The devices to attach to, and the ones left out (not Ethernet, or not
 /// found) with the reason.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Devices {
-    pub chosen: Vec<String>,
-    pub skipped: Vec<(String, &'static str)>,
+pub(crate) struct Devices {
+    pub(crate) chosen: Vec<String>,
+    pub(crate) skipped: Vec<(String, &'static str)>,
 }
 
 /// Resolves `selection` in this network namespace.
@@ -45,7 +45,7 @@ pub struct Devices {
 /// pods' own (the socket programs translate it), and a second NIC
 /// carrying traffic from outside is named with `--devices`.
 #[must_use]
-pub fn resolve(selection: &DeviceSelection, node_ips: &[IpAddr]) -> Devices {
+pub(crate) fn resolve(selection: &DeviceSelection, node_ips: &[IpAddr]) -> Devices {
     let links = links();
     let candidates: BTreeSet<String> = match selection {
         DeviceSelection::Named(names) => names.iter().cloned().collect(),

@@ -15,7 +15,7 @@ use crate::paths::{BPFFS_ROOT, MOUNTS, OWN_CGROUP2_MOUNT};
 const BPF_FS_MAGIC: FsType = FsType(0xcafe_4a11);
 
 #[derive(Debug, thiserror::Error)]
-pub enum FsError {
+pub(crate) enum FsError {
     #[error(
         "{path} is not on a bpf filesystem; mount one there with `mount -t bpf bpf {path}` or pick another --bpffs-dir"
     )]
@@ -39,7 +39,7 @@ fn fs_type(path: &Path) -> Option<FsType> {
 
 /// Makes sure `dir` exists on a bpffs. When `dir` lies under `/sys/fs/bpf`
 /// and nothing is mounted there, bpffs is mounted at `/sys/fs/bpf`.
-pub fn ensure_bpffs_dir(dir: &Path) -> Result<(), FsError> {
+pub(crate) fn ensure_bpffs_dir(dir: &Path) -> Result<(), FsError> {
     let root = Path::new(BPFFS_ROOT);
     if dir.starts_with(root) && fs_type(root) != Some(BPF_FS_MAGIC) {
         fs::create_dir_all(root).map_err(io_err("cannot create", root))?;
@@ -59,7 +59,7 @@ pub fn ensure_bpffs_dir(dir: &Path) -> Result<(), FsError> {
 
 /// The root of the cgroup2 hierarchy: the first cgroup2 mount, or one the
 /// agent mounts at `/run/ebpf-proxy/cgroup2` when there is none.
-pub fn cgroup2_root() -> Result<PathBuf, FsError> {
+pub(crate) fn cgroup2_root() -> Result<PathBuf, FsError> {
     let mounts = fs::read_to_string(MOUNTS).map_err(io_err("cannot read", Path::new(MOUNTS)))?;
     if let Some(path) = mounts.lines().find_map(|line| {
         let mut fields = line.split_whitespace();
@@ -80,7 +80,7 @@ pub fn cgroup2_root() -> Result<PathBuf, FsError> {
 }
 
 /// Checks that `path` is a directory of a cgroup2 hierarchy.
-pub fn check_cgroup2(path: &Path) -> Result<(), FsError> {
+pub(crate) fn check_cgroup2(path: &Path) -> Result<(), FsError> {
     if fs_type(path) == Some(CGROUP2_SUPER_MAGIC) {
         Ok(())
     } else {

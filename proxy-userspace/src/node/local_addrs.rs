@@ -21,15 +21,15 @@ use tracing::warn;
 
 /// A local address and the device holding it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct LocalAddr {
-    pub device: String,
-    pub ip: IpAddr,
+pub(crate) struct LocalAddr {
+    pub(crate) device: String,
+    pub(crate) ip: IpAddr,
 }
 
 /// Every address of every device in this network namespace (empty when
 /// they cannot be read).
 #[must_use]
-pub fn read() -> Vec<LocalAddr> {
+pub(crate) fn read() -> Vec<LocalAddr> {
     try_read().unwrap_or_default()
 }
 
@@ -37,7 +37,7 @@ pub fn read() -> Vec<LocalAddr> {
 ///
 /// # Errors
 /// When getifaddrs fails (out of descriptors or memory).
-pub fn try_read() -> nix::Result<Vec<LocalAddr>> {
+pub(crate) fn try_read() -> nix::Result<Vec<LocalAddr>> {
     let addrs = getifaddrs()?;
     let mut out: Vec<LocalAddr> = addrs
         .filter_map(|a| {
@@ -57,7 +57,7 @@ pub fn try_read() -> nix::Result<Vec<LocalAddr>> {
 
 /// The addresses alone, sorted.
 #[must_use]
-pub fn ips(addrs: &[LocalAddr]) -> Vec<IpAddr> {
+pub(crate) fn ips(addrs: &[LocalAddr]) -> Vec<IpAddr> {
     let mut ips: Vec<IpAddr> = addrs.iter().map(|a| a.ip).collect();
     ips.sort_unstable();
     ips.dedup();
@@ -66,7 +66,7 @@ pub fn ips(addrs: &[LocalAddr]) -> Vec<IpAddr> {
 
 /// How often the addresses are read again when the netlink subscription
 /// cannot be made (a kernel or sandbox without it).
-pub const POLL_PERIOD: Duration = Duration::from_secs(5);
+pub(crate) const POLL_PERIOD: Duration = Duration::from_secs(5);
 
 /// Notifications arriving this soon after one are read as one change (an
 /// address added with its routes, a device going down with all its
@@ -75,7 +75,7 @@ const SETTLE: Duration = Duration::from_millis(50);
 
 /// Follows the local addresses: `changed` resolves with them when they
 /// differ from the last ones it returned (or read at the start).
-pub struct Watch {
+pub(crate) struct Watch {
     socket: Option<AsyncFd<OwnedFd>>,
     last: Vec<LocalAddr>,
     /// A notification was taken and the addresses not read since: when
@@ -91,7 +91,7 @@ impl Watch {
     /// is missed). Without a subscription, `changed` re-reads every
     /// `POLL_PERIOD`.
     #[must_use]
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let groups = (libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
         let socket = subscribe(groups)
             .inspect_err(|err| {
@@ -103,13 +103,13 @@ impl Watch {
 
     /// The addresses as last returned (or read at the start).
     #[must_use]
-    pub fn current(&self) -> &[LocalAddr] {
+    pub(crate) fn current(&self) -> &[LocalAddr] {
         &self.last
     }
 
     /// Resolves with the addresses once they changed. Cancel-safe: a call
     /// dropped before it resolves loses no change.
-    pub async fn changed(&mut self) -> Vec<LocalAddr> {
+    pub(crate) async fn changed(&mut self) -> Vec<LocalAddr> {
         loop {
             let read_at = if let Some(at) = self.pending {
                 at

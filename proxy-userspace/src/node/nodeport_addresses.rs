@@ -23,7 +23,7 @@ pub enum NodePortAddresses {
 
 /// The keyword for the primary node IPs (kube-proxy's
 /// `NodePortAddressesPrimary`).
-pub const PRIMARY: &str = "primary";
+pub(crate) const PRIMARY: &str = "primary";
 
 /// A `nodePortAddresses` value that is neither CIDRs nor `primary` alone.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -72,11 +72,11 @@ impl fmt::Display for NodePortAddresses {
 
 /// The addresses that serve NodePorts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Serving {
+pub(crate) struct Serving {
     /// Node addresses (never a loopback one), sorted.
-    pub addrs: Vec<IpAddr>,
+    pub(crate) addrs: Vec<IpAddr>,
     /// 127.0.0.1 serves NodePorts too (IPv4 only).
-    pub loopback: bool,
+    pub(crate) loopback: bool,
 }
 
 /// The addresses that serve NodePorts, from the node's `local` addresses
@@ -95,7 +95,7 @@ pub struct Serving {
 /// never does (kube-proxy cannot either). IPv6 link-local addresses never
 /// serve: they name a link, not the node, and every veth has one.
 #[must_use]
-pub fn serving(setting: &NodePortAddresses, local: &[IpAddr], node_ips: &[IpAddr]) -> Serving {
+pub(crate) fn serving(setting: &NodePortAddresses, local: &[IpAddr], node_ips: &[IpAddr]) -> Serving {
     let mut candidates: Vec<IpAddr> = local.iter().chain(node_ips).copied().filter(|ip| usable(*ip)).collect();
     candidates.sort_unstable();
     candidates.dedup();

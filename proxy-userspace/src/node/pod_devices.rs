@@ -18,7 +18,7 @@ use crate::{
 
 /// Which devices face pods.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PodDeviceSelection {
+pub(crate) enum PodDeviceSelection {
     /// Every veth and bridge that is not an external device.
     Auto,
     /// These (empty: none, the pods' traffic is translated only at their
@@ -30,7 +30,7 @@ impl PodDeviceSelection {
     /// From `--pod-devices` (or the config file): nothing given, or the
     /// word `auto`, is `Auto`; the word `none` is an empty list.
     #[must_use]
-    pub fn from_names(names: Vec<String>) -> Self {
+    pub(crate) fn from_names(names: Vec<String>) -> Self {
         match names.as_slice() {
             [] => Self::Auto,
             [only] if only == "auto" => Self::Auto,
@@ -43,15 +43,15 @@ impl PodDeviceSelection {
 /// A device of this network namespace and its kind (`IFLA_INFO_KIND`:
 /// "veth", "bridge", ...; empty for a physical device).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Link {
-    pub name: String,
-    pub kind: String,
+pub(crate) struct Link {
+    pub(crate) name: String,
+    pub(crate) kind: String,
 }
 
 /// The devices of `selection` among `links`, sorted; `external`: the
 /// devices the outside path serves, never also pod-facing in `Auto`.
 #[must_use]
-pub fn resolve(selection: &PodDeviceSelection, links: &[Link], external: &[String]) -> Vec<String> {
+pub(crate) fn resolve(selection: &PodDeviceSelection, links: &[Link], external: &[String]) -> Vec<String> {
     let mut chosen: Vec<String> = match selection {
         PodDeviceSelection::Auto => links
             .iter()
@@ -81,7 +81,7 @@ const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// Every device of this network namespace with its kind (one
 /// `RTM_GETLINK` dump).
-pub fn links() -> io::Result<Vec<Link>> {
+pub(crate) fn links() -> io::Result<Vec<Link>> {
     let socket = Netlink::open(libc::NETLINK_ROUTE)?;
     let mut request = [0u8; IFINFOMSG_LEN];
     request[0] = u8::try_from(libc::AF_UNSPEC).expect("0");
@@ -149,7 +149,7 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// Follows the node's links and addresses (which decide what is an
 /// external device): `changed` resolves when one appeared, went or
 /// changed, and the selection is resolved again.
-pub struct Watch {
+pub(crate) struct Watch {
     socket: Option<AsyncFd<OwnedFd>>,
 }
 
@@ -157,7 +157,7 @@ impl Watch {
     /// Subscribes to the link and address groups; without them, `changed`
     /// resolves every `POLL_PERIOD`.
     #[must_use]
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let groups = (libc::RTMGRP_LINK | libc::RTMGRP_IPV4_IFADDR | libc::RTMGRP_IPV6_IFADDR) as u32;
         let socket = local_addrs::subscribe(groups)
             .inspect_err(|err| {
@@ -169,7 +169,7 @@ impl Watch {
 
     /// Resolves after a change (or a poll period). Cancel-safe: a
     /// notification left unread resolves the next call.
-    pub async fn changed(&mut self) {
+    pub(crate) async fn changed(&mut self) {
         if let Some(socket) = &self.socket {
             if let Err(err) = local_addrs::wait_and_drain(socket).await {
                 warn!(%err, "link change notifications failed; reading the pod-facing devices periodically instead");

@@ -13,17 +13,17 @@
 //! does not repeat the warning at every sweep.
 
 /// The most the mark is, in percent of the capacity.
-pub const WARN_PERCENT: u64 = 90;
+pub(crate) const WARN_PERCENT: u64 = 90;
 /// The least: where the entries set aside per CPU are most of a small map.
-pub const WARN_PERCENT_MIN: u64 = 50;
+pub(crate) const WARN_PERCENT_MIN: u64 = 50;
 /// How far below the mark (percent of the capacity) a warning is over.
-pub const CLEAR_BELOW_PERCENT: u64 = 10;
+pub(crate) const CLEAR_BELOW_PERCENT: u64 = 10;
 /// Free entries each CPU's LRU list may hold (`LOCAL_FREE_TARGET`).
-pub const PER_CPU_FREE: u64 = 128;
+pub(crate) const PER_CPU_FREE: u64 = 128;
 
 /// What changed at one count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// The entries passed the mark (`mark` entries).
     NearlyFull { percent: u64, mark: u64 },
     /// They came back well below it.
@@ -32,21 +32,21 @@ pub enum Change {
 
 /// Whether the warning is in force, for a machine of `cpus` CPUs.
 #[derive(Debug)]
-pub struct CtFill {
+pub(crate) struct CtFill {
     cpus: u64,
     warned: bool,
 }
 
 impl CtFill {
     #[must_use]
-    pub const fn new(cpus: u64) -> Self {
+    pub(crate) const fn new(cpus: u64) -> Self {
         Self { cpus, warned: false }
     }
 
     /// Where a map of `capacity` entries may start evicting: below what
     /// the CPUs can set aside, within `WARN_PERCENT_MIN`..=`WARN_PERCENT`.
     #[must_use]
-    pub fn mark(&self, capacity: u64) -> u64 {
+    pub(crate) fn mark(&self, capacity: u64) -> u64 {
         let percent = |p: u64| u64::try_from(u128::from(capacity) * u128::from(p) / 100).unwrap_or(u64::MAX);
         capacity
             .saturating_sub(self.cpus.saturating_mul(PER_CPU_FREE))
@@ -54,7 +54,7 @@ impl CtFill {
     }
 
     /// Takes a count of `entries` in a map of `capacity`; what to log.
-    pub fn observe(&mut self, entries: u64, capacity: u64) -> Option<Change> {
+    pub(crate) fn observe(&mut self, entries: u64, capacity: u64) -> Option<Change> {
         if capacity == 0 {
             return None;
         }

@@ -34,18 +34,18 @@ use crate::{
 
 /// What `ebpf-proxy explain` asks: one frontend entry of a service.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Request {
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct Request {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
     /// The entry: its address, port (a nodePort for NodePort entries) and
     /// protocol (`TCP`, `UDP`, `SCTP`).
-    pub address: IpAddr,
-    pub port: u16,
-    pub protocol: String,
+    pub(crate) address: IpAddr,
+    pub(crate) port: u16,
+    pub(crate) protocol: String,
     /// The `external` entry (traffic from outside, externalTrafficPolicy:
     /// Local) rather than the one every client uses.
     #[serde(default)]
-    pub external: bool,
+    pub(crate) external: bool,
 }
 
 impl Request {
@@ -65,7 +65,7 @@ impl Request {
 /// The agent's answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "kebab-case")]
-pub enum Answer {
+pub(crate) enum Answer {
     /// Every endpoint of the entry's service port, with its verdict.
     Explained(Explained),
     /// The agent cannot tell, and why.
@@ -73,7 +73,7 @@ pub enum Answer {
 }
 
 /// A request and where its answer goes.
-pub type Asked = (Request, oneshot::Sender<Answer>);
+pub(crate) type Asked = (Request, oneshot::Sender<Answer>);
 
 /// The longest request line read.
 const MAX_REQUEST: usize = 4096;
@@ -83,7 +83,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Answers `request` from `source`'s objects and the node the model last
 /// translated for (`None`: nothing translated yet).
-pub fn answer(request: &Request, source: &impl ChangeSource, node: Option<&NodeContext>) -> Answer {
+pub(crate) fn answer(request: &Request, source: &impl ChangeSource, node: Option<&NodeContext>) -> Answer {
     let not = |reason: String| Answer::NotExplained { reason };
     let key = match request.key() {
         Ok(key) => key,
@@ -107,17 +107,17 @@ pub fn answer(request: &Request, source: &impl ChangeSource, node: Option<&NodeC
 }
 
 /// Answers `asked` (see [`answer`]); a client that has gone is ignored.
-pub fn reply(asked: Asked, source: &impl ChangeSource, node: Option<&NodeContext>) {
+pub(crate) fn reply(asked: Asked, source: &impl ChangeSource, node: Option<&NodeContext>) {
     let (request, reply) = asked;
     let _ = reply.send(answer(&request, source, node));
 }
 
 /// The requests the server received (none ever when it is not serving).
-pub struct Requests(Option<mpsc::Receiver<Asked>>);
+pub(crate) struct Requests(Option<mpsc::Receiver<Asked>>);
 
 impl Requests {
     /// The next request; never resolves when the server does not serve.
-    pub async fn next(&mut self) -> Asked {
+    pub(crate) async fn next(&mut self) -> Asked {
         match &mut self.0 {
             Some(rx) => match rx.recv().await {
                 Some(asked) => asked,
@@ -129,7 +129,7 @@ impl Requests {
 }
 
 /// The serving socket: removed (if it is still this one) when dropped.
-pub struct ExplainServer {
+pub(crate) struct ExplainServer {
     path: PathBuf,
     /// The socket file's device and inode.
     file: (u64, u64),
@@ -149,7 +149,7 @@ impl Drop for ExplainServer {
 
 /// Why the socket cannot be served.
 #[derive(Debug, thiserror::Error)]
-pub enum ServeError {
+pub(crate) enum ServeError {
     #[error("{path}: another process answers on it (a second agent?); give this one --explain-socket PATH or none")]
     InUse { path: PathBuf },
     #[error("{path}: a file that is not a socket is in the way; remove it or give --explain-socket another PATH")]
@@ -160,7 +160,7 @@ pub enum ServeError {
 
 /// Serves `path` when given (the agent goes on without it when it cannot:
 /// explain then says the agent is not reachable).
-pub fn start(path: Option<&Path>) -> (Option<ExplainServer>, Requests) {
+pub(crate) fn start(path: Option<&Path>) -> (Option<ExplainServer>, Requests) {
     let Some(path) = path else { return (None, Requests(None)) };
     match serve(path) {
         Ok((server, requests)) => {
@@ -176,7 +176,7 @@ pub fn start(path: Option<&Path>) -> (Option<ExplainServer>, Requests) {
 
 /// Binds `path` with mode 0600 (a socket left by an agent that is gone is
 /// replaced) and serves it in the background.
-pub fn serve(path: &Path) -> Result<(ExplainServer, Requests), ServeError> {
+pub(crate) fn serve(path: &Path) -> Result<(ExplainServer, Requests), ServeError> {
     let io_err = |source| ServeError::Io { path: path.to_owned(), source };
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
@@ -291,7 +291,7 @@ async fn ask_loop(request: Request, tx: &mpsc::Sender<Asked>) -> Answer {
 
 /// Why the agent could not be asked.
 #[derive(Debug, thiserror::Error)]
-pub enum AskError {
+pub(crate) enum AskError {
     #[error(
         "{path} does not exist: the agent is not running, or runs with another --explain-socket (give --agent-socket)"
     )]
@@ -307,7 +307,7 @@ pub enum AskError {
 }
 
 /// Asks the agent at `path` (blocking; for the command line).
-pub fn ask(path: &Path, request: &Request) -> Result<Answer, AskError> {
+pub(crate) fn ask(path: &Path, request: &Request) -> Result<Answer, AskError> {
     let err = |source: io::Error| match source.kind() {
         io::ErrorKind::NotFound => AskError::Missing { path: path.to_owned() },
         io::ErrorKind::ConnectionRefused => AskError::Refused { path: path.to_owned() },

@@ -14,32 +14,32 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     Healthz,
     Livez,
 }
 
 /// What the health endpoints answer.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
-    pub status: u16,
-    pub body: Value,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) body: Value,
 }
 
 /// The state the rules read; the agent updates it.
 #[derive(Debug, Clone)]
-pub struct ProxyHealth {
+pub(crate) struct ProxyHealth {
     /// When the last sync that wrote everything finished (`None`: none
     /// yet).
-    pub last_updated: Option<SystemTime>,
+    pub(crate) last_updated: Option<SystemTime>,
     /// A sync has run (also one whose writes failed).
-    pub synced: bool,
+    pub(crate) synced: bool,
     /// A change seen but not yet applied since this instant.
-    pub pending_since: Option<Instant>,
+    pub(crate) pending_since: Option<Instant>,
     /// The Node says this node should get traffic. True until its Node
     /// object says otherwise (as kube-proxy assumed before it read its
     /// Node; the file source has none).
-    pub node_eligible: bool,
+    pub(crate) node_eligible: bool,
 }
 
 impl Default for ProxyHealth {
@@ -50,12 +50,12 @@ impl Default for ProxyHealth {
 
 impl ProxyHealth {
     /// A change arrived (kept from the first one until it is applied).
-    pub fn queued(&mut self, now: Instant) {
+    pub(crate) fn queued(&mut self, now: Instant) {
         self.pending_since.get_or_insert(now);
     }
 
     /// Everything seen so far is applied.
-    pub fn updated(&mut self, wall: SystemTime) {
+    pub(crate) fn updated(&mut self, wall: SystemTime) {
         self.pending_since = None;
         self.last_updated = Some(wall);
         self.synced = true;
@@ -65,7 +65,7 @@ impl ProxyHealth {
     /// `lastUpdated` stays), so the proxy turns unhealthy once the failure
     /// is older than the timeout, as kube-proxy's does when its syncs fail
     /// (it calls `Updated` only after a successful sync).
-    pub fn failed(&mut self) {
+    pub(crate) fn failed(&mut self) {
         self.synced = true;
     }
 
@@ -73,14 +73,14 @@ impl ProxyHealth {
     /// `timeout` without being applied (what `/livez` and the
     /// healthCheckNodePorts' `serviceProxyHealthy` report).
     #[must_use]
-    pub fn healthy(&self, now: Instant, timeout: Duration) -> bool {
+    pub(crate) fn healthy(&self, now: Instant, timeout: Duration) -> bool {
         self.pending_since.is_none_or(|since| now.duration_since(since) < timeout)
     }
 
     /// The answer of `endpoint` at `now` (`wall`: the same instant as wall
     /// clock time).
     #[must_use]
-    pub fn answer(&self, endpoint: Endpoint, now: Instant, wall: SystemTime, timeout: Duration) -> Answer {
+    pub(crate) fn answer(&self, endpoint: Endpoint, now: Instant, wall: SystemTime, timeout: Duration) -> Answer {
         let proxier_healthy = self.healthy(now, timeout);
         let ok = match endpoint {
             Endpoint::Livez => proxier_healthy,

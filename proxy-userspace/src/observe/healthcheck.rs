@@ -20,7 +20,7 @@ use crate::{
 
 /// Whether the proxy itself is healthy (kube-proxy's
 /// `serviceProxyHealthy`; when it is not, every port answers 503).
-pub type ProxyHealthy = Arc<dyn Fn() -> bool + Send + Sync>;
+pub(crate) type ProxyHealthy = Arc<dyn Fn() -> bool + Send + Sync>;
 
 struct Server {
     state: Arc<Mutex<(ObjectRef, usize)>>,
@@ -29,32 +29,27 @@ struct Server {
 
 /// The servers, one per port, kept equal to the health checks of the last
 /// translation.
-pub struct HealthCheckServers {
+pub(crate) struct HealthCheckServers {
     servers: BTreeMap<u16, Server>,
     proxy_healthy: ProxyHealthy,
 }
 
 impl HealthCheckServers {
     #[must_use]
-    pub fn new(proxy_healthy: ProxyHealthy) -> Self {
+    pub(crate) fn new(proxy_healthy: ProxyHealthy) -> Self {
         Self { servers: BTreeMap::new(), proxy_healthy }
     }
 
     /// Ports being served.
     #[must_use]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.servers.len()
-    }
-
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.servers.is_empty()
     }
 
     /// Serves exactly `checks`: new ports are opened, gone ones closed,
     /// counts updated. A port that cannot be opened is logged (and tried
     /// again on the next update); the others are served.
-    pub async fn update(&mut self, checks: &[HealthCheck]) {
+    pub(crate) async fn update(&mut self, checks: &[HealthCheck]) {
         self.servers.retain(|port, server| {
             let keep = checks.iter().any(|c| c.port == *port);
             if !keep {

@@ -38,7 +38,7 @@ pub const JEMALLOC_CONF: &[u8; 94] =
 /// jemalloc refused a setting or command.
 #[derive(Debug, thiserror::Error)]
 #[error("jemalloc's {name} failed (mallctl returned {code}); freed memory is returned to the kernel a moment late")]
-pub struct ControlError {
+pub(crate) struct ControlError {
     name: String,
     code: i32,
 }
@@ -52,7 +52,7 @@ pub struct ControlError {
 ///
 /// When jemalloc refuses the setting (it does not, unless built without
 /// its control interface).
-pub fn settle() -> Result<(), ControlError> {
+pub(crate) fn settle() -> Result<(), ControlError> {
     // Arenas made from now on.
     let made_later = control::<(), isize>(c"arenas.dirty_decay_ms", None, Some(0));
     // Each arena index there can be; an index never initialised answers
@@ -79,7 +79,7 @@ pub fn settle() -> Result<(), ControlError> {
 ///
 /// When jemalloc refuses (it does not, unless built without its control
 /// interface).
-pub fn purge() -> Result<(), ControlError> {
+pub(crate) fn purge() -> Result<(), ControlError> {
     // `MALLCTL_ARENAS_ALL`, 4096: every arena, as this command takes it.
     control::<(), ()>(c"arena.4096.purge", None, None)
 }

@@ -19,65 +19,65 @@ use prometheus_client::{
 use super::{health::Endpoint, telemetry::Shared};
 
 /// The content type of `encode`'s text.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Per-frontend series (`ebpf_proxy_service_connections_total`) exported
 /// at most, by default.
-pub const DEFAULT_MAX_SERVICE_SERIES: usize = 1000;
+pub(crate) const DEFAULT_MAX_SERVICE_SERIES: usize = 1000;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CodeLabels {
-    pub code: String,
+pub(crate) struct CodeLabels {
+    pub(crate) code: String,
 }
 
 /// `internal` or `external` (kube-proxy's `traffic_policy` label).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct TrafficPolicyLabels {
-    pub traffic_policy: &'static str,
+pub(crate) struct TrafficPolicyLabels {
+    pub(crate) traffic_policy: &'static str,
 }
 
 /// A map of the datapath (`SERVICES`, `BACKENDS`, ...).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MapLabels {
-    pub map: &'static str,
+pub(crate) struct MapLabels {
+    pub(crate) map: &'static str,
 }
 
 /// Why the services file, or an object in it, was rejected.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
+pub(crate) struct ReasonLabels {
+    pub(crate) reason: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ServerLabels {
-    pub server: &'static str,
+pub(crate) struct ServerLabels {
+    pub(crate) server: &'static str,
 }
 
 /// client-go's `rest_client_requests_total` labels.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    pub code: String,
-    pub method: String,
-    pub host: String,
+pub(crate) struct RequestLabels {
+    pub(crate) code: String,
+    pub(crate) method: String,
+    pub(crate) host: String,
 }
 
 /// client-go's `rest_client_request_duration_seconds` labels.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LatencyLabels {
-    pub verb: String,
-    pub host: String,
+pub(crate) struct LatencyLabels {
+    pub(crate) verb: String,
+    pub(crate) host: String,
 }
 
 /// The agent's HTTP servers, as a label.
 #[derive(Debug, Clone, Copy)]
-pub enum Server {
+pub(crate) enum Server {
     Health,
     Metrics,
 }
 
 /// A histogram of client-go's request latency buckets.
 #[derive(Debug, Clone, Copy)]
-pub struct RequestBuckets;
+pub(crate) struct RequestBuckets;
 
 impl MetricConstructor<Histogram> for RequestBuckets {
     fn new_metric(&self) -> Histogram {
@@ -86,36 +86,36 @@ impl MetricConstructor<Histogram> for RequestBuckets {
 }
 
 /// A float gauge (seconds since the epoch).
-pub type Seconds = Gauge<f64, AtomicU64>;
+pub(crate) type Seconds = Gauge<f64, AtomicU64>;
 
 /// Every metric the agent updates as things happen.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     /// Time to apply one sync to the maps (kube-proxy's buckets: 1 ms
     /// doubling to 16 s), and the same split by whole-table and partial
     /// syncs.
-    pub sync_duration: Histogram,
-    pub sync_full_duration: Histogram,
-    pub sync_partial_duration: Histogram,
+    pub(crate) sync_duration: Histogram,
+    pub(crate) sync_full_duration: Histogram,
+    pub(crate) sync_partial_duration: Histogram,
     /// From an EndpointSlice's last-change-trigger-time to its map write.
-    pub network_programming: Histogram,
-    pub last_sync: Seconds,
-    pub last_queued: Seconds,
+    pub(crate) network_programming: Histogram,
+    pub(crate) last_sync: Seconds,
+    pub(crate) last_queued: Seconds,
     /// Frontends added or removed / whose backends changed.
-    pub service_changes: Counter,
-    pub endpoint_changes: Counter,
+    pub(crate) service_changes: Counter,
+    pub(crate) endpoint_changes: Counter,
     /// Services and EndpointSlices read but not yet in the maps.
-    pub service_changes_pending: Gauge,
-    pub endpoint_changes_pending: Gauge,
+    pub(crate) service_changes_pending: Gauge,
+    pub(crate) endpoint_changes_pending: Gauge,
     /// `--take-over-from-kube-proxy`: differences between kube-proxy's
     /// rules and the desired table found by the last check (-1: no check
     /// yet or it failed; 0 once the rules are removed or none were found).
-    pub takeover_differences: Gauge,
+    pub(crate) takeover_differences: Gauge,
     /// Entries of the connection-tracking map at the last sweep, and the
     /// most it holds (`crate::observe::ct_fill`).
-    pub ct_entries: Gauge,
-    pub ct_capacity: Gauge,
+    pub(crate) ct_entries: Gauge,
+    pub(crate) ct_capacity: Gauge,
     /// Service ports with a Local traffic policy and no endpoint on this
     /// node, by policy.
     no_local_endpoints: Family<TrafficPolicyLabels, Gauge>,
@@ -125,8 +125,8 @@ pub struct Metrics {
     /// Map entries the drift audit found changed by something else, by map.
     drift: Family<MapLabels, Counter>,
     file_rejections: Family<ReasonLabels, Counter>,
-    pub requests: Family<RequestLabels, Counter>,
-    pub request_duration: Family<LatencyLabels, Histogram, RequestBuckets>,
+    pub(crate) requests: Family<RequestLabels, Counter>,
+    pub(crate) request_duration: Family<LatencyLabels, Histogram, RequestBuckets>,
     max_service_series: usize,
 }
 
@@ -146,7 +146,7 @@ impl Metrics {
 
     /// The registry, with `telemetry`'s metrics read at each scrape.
     #[must_use]
-    pub fn new(telemetry: Shared, max_service_series: usize) -> Self {
+    pub(crate) fn new(telemetry: Shared, max_service_series: usize) -> Self {
         let sync_buckets = || Histogram::new(exponential_buckets(0.001, 2.0, 15));
         let mut network_buckets = vec![0.25, 0.5];
         network_buckets.extend((1..=59).map(f64::from));
@@ -280,13 +280,13 @@ impl Metrics {
 
     /// The OpenMetrics text of every metric.
     #[must_use]
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
 
-    pub fn health_answered(&self, endpoint: Endpoint, status: u16) {
+    pub(crate) fn health_answered(&self, endpoint: Endpoint, status: u16) {
         let family = match endpoint {
             Endpoint::Healthz => &self.healthz,
             Endpoint::Livez => &self.livez,
@@ -296,7 +296,7 @@ impl Metrics {
 
     /// Service ports with a Local internal / external traffic policy and no
     /// endpoint on this node, after the last sync.
-    pub fn set_no_local_endpoints(&self, internal: usize, external: usize) {
+    pub(crate) fn set_no_local_endpoints(&self, internal: usize, external: usize) {
         for (traffic_policy, n) in [("internal", internal), ("external", external)] {
             self.no_local_endpoints
                 .get_or_create(&TrafficPolicyLabels { traffic_policy })
@@ -304,7 +304,7 @@ impl Metrics {
         }
     }
 
-    pub fn bind_failed(&self, server: Server) {
+    pub(crate) fn bind_failed(&self, server: Server) {
         let server = match server {
             Server::Health => "health",
             Server::Metrics => "metrics",
@@ -313,21 +313,15 @@ impl Metrics {
     }
 
     /// Counts what a drift audit found differing, map by map.
-    pub fn drift_repaired(&self, drift: &crate::reconcile::audit::Drift) {
+    pub(crate) fn drift_repaired(&self, drift: &crate::reconcile::audit::Drift) {
         for (map, d) in &drift.maps {
             self.drift.get_or_create(&MapLabels { map }).inc_by(d.total() as u64);
         }
     }
 
     /// The services file, or an object in it, was rejected for `reason`.
-    pub fn file_rejected(&self, reason: &'static str) {
+    pub(crate) fn file_rejected(&self, reason: &'static str) {
         self.file_rejections.get_or_create(&ReasonLabels { reason }).inc();
-    }
-
-    /// The bound on per-frontend series (0: none exported).
-    #[must_use]
-    pub fn max_service_series(&self) -> usize {
-        self.max_service_series
     }
 }
 

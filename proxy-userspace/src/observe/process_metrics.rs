@@ -7,13 +7,13 @@ use prometheus_client::{
 
 /// This process's numbers from /proc.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ProcessStats {
-    pub cpu_seconds: f64,
-    pub resident_bytes: f64,
-    pub virtual_bytes: f64,
-    pub start_time_seconds: f64,
-    pub open_fds: f64,
-    pub max_fds: f64,
+pub(crate) struct ProcessStats {
+    pub(crate) cpu_seconds: f64,
+    pub(crate) resident_bytes: f64,
+    pub(crate) virtual_bytes: f64,
+    pub(crate) start_time_seconds: f64,
+    pub(crate) open_fds: f64,
+    pub(crate) max_fds: f64,
 }
 
 /// The fields of `/proc/PID/stat` this needs, in clock ticks and pages:
@@ -38,7 +38,7 @@ fn as_f64(n: u64) -> f64 {
 
 /// Reads this process's numbers (`None`: /proc is not readable).
 #[must_use]
-pub fn read() -> Option<ProcessStats> {
+pub(crate) fn read() -> Option<ProcessStats> {
     let (cpu_ticks, start_ticks, vsize, rss_pages) = parse_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
     let boot = boot_time(&std::fs::read_to_string("/proc/stat").ok()?)?;
     // SAFETY: sysconf only reads a configuration value.
@@ -59,7 +59,7 @@ pub fn read() -> Option<ProcessStats> {
 
 /// Encodes `read()` at each scrape.
 #[derive(Debug)]
-pub struct ProcessCollector;
+pub(crate) struct ProcessCollector;
 
 impl prometheus_client::collector::Collector for ProcessCollector {
     fn encode(&self, mut out: DescriptorEncoder) -> std::fmt::Result {

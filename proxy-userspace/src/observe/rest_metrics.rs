@@ -13,7 +13,7 @@ use crate::{
 /// An observer of the Kubernetes client's requests (see
 /// `crate::source::requests`) that counts and times them in `metrics`.
 #[must_use]
-pub fn observer(metrics: Arc<Metrics>) -> Observer {
+pub(crate) fn observer(metrics: Arc<Metrics>) -> Observer {
     Arc::new(move |o: &Outcome| {
         // client-go labels a request that got no answer "<error>".
         let code = o.status.map_or_else(|| "<error>".to_owned(), |s| s.to_string());

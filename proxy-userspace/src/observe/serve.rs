@@ -31,16 +31,16 @@ use super::{
 };
 
 /// An answer: status, content type, body, and extra headers.
-pub struct Reply {
-    pub status: StatusCode,
-    pub content_type: &'static str,
-    pub body: String,
-    pub headers: Vec<(&'static str, String)>,
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) content_type: &'static str,
+    pub(crate) body: String,
+    pub(crate) headers: Vec<(&'static str, String)>,
 }
 
 impl Reply {
     #[must_use]
-    pub fn new(status: StatusCode, content_type: &'static str, body: String) -> Self {
+    pub(crate) fn new(status: StatusCode, content_type: &'static str, body: String) -> Self {
         Self { status, content_type, body, headers: Vec::new() }
     }
 
@@ -50,7 +50,7 @@ impl Reply {
 }
 
 /// Server tasks, aborted when dropped (when the agent stops).
-pub struct Servers(pub Vec<JoinHandle<()>>);
+pub(crate) struct Servers(pub(crate) Vec<JoinHandle<()>>);
 
 impl Drop for Servers {
     fn drop(&mut self) {
@@ -61,12 +61,12 @@ impl Drop for Servers {
 }
 
 /// Answers a request for a path.
-pub type Handler = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
+pub(crate) type Handler = Arc<dyn Fn(&str) -> Reply + Send + Sync>;
 
 /// A doubling delay between `min` and `max`, back to `min` after a
 /// success.
 #[derive(Debug, Clone, Copy)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     min: Duration,
     max: Duration,
     next: Duration,
@@ -74,24 +74,24 @@ pub struct Backoff {
 
 impl Backoff {
     #[must_use]
-    pub const fn new(min: Duration, max: Duration) -> Self {
+    pub(crate) const fn new(min: Duration, max: Duration) -> Self {
         Self { min, max, next: min }
     }
 
     /// The delay after one more failure.
-    pub fn fail(&mut self) -> Duration {
+    pub(crate) fn fail(&mut self) -> Duration {
         let delay = self.next;
         self.next = (delay * 2).min(self.max);
         delay
     }
 
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.min;
     }
 
     /// Whether the last call was a success (or there was none).
     #[must_use]
-    pub fn at_start(&self) -> bool {
+    pub(crate) fn at_start(&self) -> bool {
         self.next == self.min
     }
 }
@@ -99,14 +99,14 @@ impl Backoff {
 /// After a failed accept (EMFILE, ENFILE, ENOBUFS: the process or the
 /// system is out of something), wait 5 ms doubling to 1 s, as Go's
 /// net/http server (and so kube-proxy) does, instead of spinning.
-pub const ACCEPT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
+pub(crate) const ACCEPT_BACKOFF: Backoff = Backoff::new(Duration::from_millis(5), Duration::from_secs(1));
 /// A port that cannot be bound is tried again 0.5 s doubling to 5 s later
 /// (kube-proxy retries its servers every 5 s).
-pub const BIND_BACKOFF: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
+pub(crate) const BIND_BACKOFF: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(5));
 
 /// Accepts with `accept` forever, handing each connection to `serve`; an
 /// error waits out `backoff` before the next accept.
-pub async fn accept_loop<S, F>(
+pub(crate) async fn accept_loop<S, F>(
     what: &str,
     mut backoff: Backoff,
     mut accept: impl FnMut() -> F,
@@ -135,7 +135,7 @@ pub async fn accept_loop<S, F>(
 }
 
 /// Serves `handler` on `listener` until the task is aborted.
-pub fn spawn(what: &'static str, listener: TcpListener, handler: Handler) -> JoinHandle<()> {
+pub(crate) fn spawn(what: &'static str, listener: TcpListener, handler: Handler) -> JoinHandle<()> {
     tokio::spawn(async move {
         let accept = || async { listener.accept().await.map(|(stream, _)| stream) };
         accept_loop(what, ACCEPT_BACKOFF, accept, |stream| serve_connection(what, stream, handler.clone())).await;
@@ -164,7 +164,7 @@ fn serve_connection(what: &'static str, stream: TcpStream, handler: Handler) {
 /// every address of both families: `[::]` with IPv6-only off, so an
 /// IPv6-only node serves too (kube-proxy binds `[::]` there), else
 /// `0.0.0.0` where the node has no IPv6.
-pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     if addr.ip().is_unspecified() {
         let any6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, addr.port()));
         match bind(any6, true) {
@@ -220,7 +220,7 @@ fn serve(
 
 /// `/healthz` and `/livez`, kube-proxy's rules and JSON (see `health`).
 #[must_use]
-pub fn health(addr: SocketAddr, telemetry: Shared, metrics: Arc<Metrics>, timeout: Duration) -> JoinHandle<()> {
+pub(crate) fn health(addr: SocketAddr, telemetry: Shared, metrics: Arc<Metrics>, timeout: Duration) -> JoinHandle<()> {
     let counts = metrics.clone();
     let handler: Handler = Arc::new(move |path| {
         let endpoint = match path {
@@ -245,7 +245,7 @@ pub fn health(addr: SocketAddr, telemetry: Shared, metrics: Arc<Metrics>, timeou
 
 /// `/metrics` (OpenMetrics text) and `/proxyMode` (`ebpf`).
 #[must_use]
-pub fn metrics(addr: SocketAddr, metrics: Arc<Metrics>) -> JoinHandle<()> {
+pub(crate) fn metrics(addr: SocketAddr, metrics: Arc<Metrics>) -> JoinHandle<()> {
     let registry = metrics.clone();
     let handler: Handler = Arc::new(move |path| match path {
         "/metrics" => Reply::new(StatusCode::OK, crate::observe::metrics::CONTENT_TYPE, registry.encode()),

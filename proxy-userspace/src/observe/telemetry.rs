@@ -24,36 +24,36 @@ use crate::{
 
 #[derive(Debug)]
 pub struct Telemetry {
-    pub stats: Stats,
+    pub(crate) stats: Stats,
     /// What `/healthz` and `/livez` answer from.
-    pub health: ProxyHealth,
-    pub frontends: usize,
-    pub backends: usize,
-    pub service_entries: usize,
+    pub(crate) health: ProxyHealth,
+    pub(crate) frontends: usize,
+    pub(crate) backends: usize,
+    pub(crate) service_entries: usize,
     /// Sizes of the maps in use (they grow with the table).
-    pub services_map_size: u32,
-    pub backends_map_size: u32,
+    pub(crate) services_map_size: u32,
+    pub(crate) backends_map_size: u32,
     /// Writes a full map refused, per map name, since start.
-    pub map_full: BTreeMap<&'static str, u64>,
+    pub(crate) map_full: BTreeMap<&'static str, u64>,
     /// The kernel's per-frontend connection counters (once loaded).
     pub counters: Option<ConnCounters>,
     /// What the TC programs did with traffic from outside (once loaded).
-    pub external_stats: Option<ExternalStats>,
-    pub maglev_tables: usize,
-    pub health_check_ports: usize,
+    pub(crate) external_stats: Option<ExternalStats>,
+    pub(crate) maglev_tables: usize,
+    pub(crate) health_check_ports: usize,
     /// Devices the TC programs are attached to.
-    pub devices: usize,
+    pub(crate) devices: usize,
     /// Pod-facing devices the per-packet programs are attached to.
-    pub pod_devices: usize,
+    pub(crate) pod_devices: usize,
     /// The counters' labels by rev-NAT id, written out at a scrape.
-    pub labels: FrontendLabels,
+    pub(crate) labels: FrontendLabels,
     /// Active connections per backend (once loaded).
-    pub active: Option<crate::datapath::active::ActiveSeries>,
+    pub(crate) active: Option<crate::datapath::active::ActiveSeries>,
     /// The Kubernetes watches' counters (kube mode only).
-    pub watch: Option<Arc<WatchCounters>>,
+    pub(crate) watch: Option<Arc<WatchCounters>>,
 }
 
-pub type Shared = Arc<Mutex<Telemetry>>;
+pub(crate) type Shared = Arc<Mutex<Telemetry>>;
 
 impl Telemetry {
     #[must_use]
@@ -134,7 +134,7 @@ impl Telemetry {
 /// out lowest first (`datapath::ids`), so a `Vec` indexed by id is as long
 /// as the most frontends held at once, and cheaper than a tree.
 #[derive(Debug, Default)]
-pub struct FrontendLabels {
+pub(crate) struct FrontendLabels {
     by_id: Vec<Option<(ServicePort, FrontendKey)>>,
     len: usize,
 }
@@ -142,17 +142,18 @@ pub struct FrontendLabels {
 impl FrontendLabels {
     /// Frontends labelled.
     #[must_use]
-    pub const fn len(&self) -> usize {
+    pub(crate) const fn len(&self) -> usize {
         self.len
     }
 
+    #[cfg(test)]
     #[must_use]
-    pub const fn is_empty(&self) -> bool {
+    pub(crate) const fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// `(id, service port, frontend)`, lowest id first.
-    pub fn iter(&self) -> impl Iterator<Item = (RevNatId, &ServicePort, &FrontendKey)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (RevNatId, &ServicePort, &FrontendKey)> {
         self.by_id.iter().enumerate().filter_map(|(id, l)| {
             let (service, frontend) = l.as_ref()?;
             Some((RevNatId::try_from(id).expect("ids are rev-NAT ids"), service, frontend))
@@ -207,10 +208,10 @@ pub(crate) const SERVICE_CONNECTIONS: (&str, &str) = (
 
 /// Encodes `Telemetry` at each scrape.
 #[derive(Debug)]
-pub struct Collector {
-    pub telemetry: Shared,
+pub(crate) struct Collector {
+    pub(crate) telemetry: Shared,
     /// Per-frontend connection series exported at most (0: none).
-    pub max_service_series: usize,
+    pub(crate) max_service_series: usize,
 }
 
 impl prometheus_client::collector::Collector for Collector {

@@ -28,23 +28,23 @@ const KEYS_SHOWN: usize = 3;
 
 /// How one map differed from the desired table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MapDrift {
+pub(crate) struct MapDrift {
     /// Entries the desired table has and the map lacked (deleted behind
     /// the agent's back): the audit wrote them.
-    pub missing: usize,
+    pub(crate) missing: usize,
     /// Entries the map held and the desired table does not: the audit
     /// deleted them.
-    pub extra: usize,
+    pub(crate) extra: usize,
     /// Entries with another value: the audit rewrote them.
-    pub changed: usize,
+    pub(crate) changed: usize,
     /// The first few keys that differed, for the log.
-    pub keys: Vec<String>,
+    pub(crate) keys: Vec<String>,
 }
 
 impl MapDrift {
     /// Entries that differed.
     #[must_use]
-    pub const fn total(&self) -> usize {
+    pub(crate) const fn total(&self) -> usize {
         self.missing + self.extra + self.changed
     }
 }
@@ -52,19 +52,19 @@ impl MapDrift {
 /// How the maps differed from the desired table, by map (maps that did not
 /// differ are left out).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Drift {
-    pub maps: BTreeMap<&'static str, MapDrift>,
+pub(crate) struct Drift {
+    pub(crate) maps: BTreeMap<&'static str, MapDrift>,
 }
 
 impl Drift {
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.maps.is_empty()
     }
 
     /// Entries that differed, in every map.
     #[must_use]
-    pub fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.maps.values().map(MapDrift::total).sum()
     }
 
@@ -97,7 +97,7 @@ impl fmt::Display for Drift {
 /// How `before` (the maps as found) differed from `after` (the maps once
 /// repaired, equal to the desired table), map by map.
 #[must_use]
-pub fn diff(before: &Dump, after: &Dump) -> Drift {
+pub(crate) fn diff(before: &Dump, after: &Dump) -> Drift {
     let mut drift = Drift::default();
     drift.add(MapName::Services, diff_map(&before.services, &after.services, service_key_name));
     drift.add(MapName::Backends, diff_map(&before.backends, &after.backends, |id| format!("id {id}")));
@@ -158,7 +158,7 @@ fn service_key_name(key: &proxy_common::ServiceKey) -> String {
 
 /// An audit under way: the maps as it found them.
 #[derive(Debug)]
-pub struct Audit {
+pub(crate) struct Audit {
     before: Dump,
 }
 
@@ -166,14 +166,14 @@ impl Audit {
     /// Reads the maps, and a reconciler rebuilt from them (unreachable
     /// entries already removed): the caller writes the whole desired table
     /// through it, then calls `finish`.
-    pub fn start(maps: &mut impl ServiceMaps) -> Result<(Self, Reconciler, Recovery), MapError> {
+    pub(crate) fn start(maps: &mut impl ServiceMaps) -> Result<(Self, Reconciler, Recovery), MapError> {
         let before = maps.dump()?;
         let (reconciler, recovery) = Reconciler::recover(maps)?;
         Ok((Self { before }, reconciler, recovery))
     }
 
     /// What the repair changed since `start`: the drift.
-    pub fn finish(self, maps: &impl ServiceMaps) -> Result<Drift, MapError> {
+    pub(crate) fn finish(self, maps: &impl ServiceMaps) -> Result<Drift, MapError> {
         Ok(diff(&self.before, &maps.dump()?))
     }
 }

@@ -26,9 +26,9 @@ const MAX_ID: u32 = 1 << 24;
 /// A backend as one frontend of the table wants it: its state, and whether
 /// it is on this node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Wanted {
-    pub state: BackendState,
-    pub local: bool,
+pub(crate) struct Wanted {
+    pub(crate) state: BackendState,
+    pub(crate) local: bool,
 }
 
 /// How many frontends of the desired table want a backend: in all, as
@@ -118,7 +118,7 @@ impl Record {
 }
 
 #[derive(Debug, Default)]
-pub struct BackendTable {
+pub(crate) struct BackendTable {
     by_id: Vec<Option<Record>>,
     /// The id of each address (the lowest, should the maps hold two),
     /// written or reserved.
@@ -132,7 +132,7 @@ pub struct BackendTable {
 impl BackendTable {
     /// The backends found in the map; returns the ids to delete: those of
     /// no backend (an unknown protocol, id 0 or too large).
-    pub fn recover(found: &BTreeMap<u32, BackendValue>) -> (Self, Vec<u32>) {
+    pub(crate) fn recover(found: &BTreeMap<u32, BackendValue>) -> (Self, Vec<u32>) {
         let mut this = Self::default();
         let mut stale = Vec::new();
         for (id, value) in found {
@@ -176,7 +176,7 @@ impl BackendTable {
     /// an eighth (`slot`). The records get an eighth more, as `slot` grows
     /// them: made exactly, the first new backend after the start would
     /// move all of them, inside that one change.
-    pub fn reserve_for(&mut self, backends: usize) {
+    pub(crate) fn reserve_for(&mut self, backends: usize) {
         let Self { by_id, ids, hasher, .. } = self;
         ids.reserve(backends.saturating_sub(ids.len()), |id| record_addr(by_id, *id).map_or(0, |a| hasher.hash_one(a)));
         // Ids start at 1.
@@ -205,44 +205,44 @@ impl BackendTable {
     }
 
     /// Number of backends in the map.
-    pub const fn len(&self) -> usize {
+    pub(crate) const fn len(&self) -> usize {
         self.written
     }
 
     /// Every id with a record, in order.
-    pub fn all_ids(&self) -> Vec<u32> {
+    pub(crate) fn all_ids(&self) -> Vec<u32> {
         self.ids_in_use().collect()
     }
 
     /// The id each address is known by (written or reserved), in order.
-    pub fn primary_ids(&self) -> Vec<u32> {
+    pub(crate) fn primary_ids(&self) -> Vec<u32> {
         let mut ids: Vec<u32> = self.ids.iter().copied().collect();
         ids.sort_unstable();
         ids
     }
 
     /// The id of `addr` in the map (`None`: not written).
-    pub fn id(&self, addr: &BackendAddr) -> Option<u32> {
+    pub(crate) fn id(&self, addr: &BackendAddr) -> Option<u32> {
         self.lookup(addr).filter(|id| self.is_written(*id))
     }
 
     /// Whether backend `id` is in the map.
-    pub fn is_written(&self, id: u32) -> bool {
+    pub(crate) fn is_written(&self, id: u32) -> bool {
         self.get(id).is_some_and(Record::written)
     }
 
     /// The value the map holds at `id` (`None`: not written).
-    pub fn held(&self, id: u32) -> Option<BackendValue> {
+    pub(crate) fn held(&self, id: u32) -> Option<BackendValue> {
         self.get(id).filter(|r| r.written()).map(|r| r.value)
     }
 
     /// The address of backend `id` (`None`: no such backend).
-    pub fn addr(&self, id: u32) -> Option<BackendAddr> {
+    pub(crate) fn addr(&self, id: u32) -> Option<BackendAddr> {
         codec::backend_addr(&self.get(id)?.value).ok()
     }
 
     /// Every written backend's address, by id (recovery's Maglev check).
-    pub fn addrs(&self) -> BTreeMap<u32, BackendAddr> {
+    pub(crate) fn addrs(&self) -> BTreeMap<u32, BackendAddr> {
         self.ids_in_use()
             .filter(|id| self.get(*id).is_some_and(Record::written))
             .filter_map(|id| Some((id, self.addr(id)?)))
@@ -251,7 +251,7 @@ impl BackendTable {
 
     /// The id of `addr`, reserving a free one when it has none (`None`:
     /// every id is taken).
-    pub fn reserve(&mut self, addr: BackendAddr) -> Option<u32> {
+    pub(crate) fn reserve(&mut self, addr: BackendAddr) -> Option<u32> {
         if let Some(id) = self.lookup(&addr) {
             return Some(id);
         }
@@ -264,7 +264,7 @@ impl BackendTable {
 
     /// A frontend of the desired table wants backend `id` (`wanted`: a
     /// frontend no longer does).
-    pub fn want(&mut self, id: u32, way: Wanted, wanted: bool) {
+    pub(crate) fn want(&mut self, id: u32, way: Wanted, wanted: bool) {
         if let Some(r) = self.get_mut(id) {
             if wanted {
                 r.wants.add(way);
@@ -275,7 +275,7 @@ impl BackendTable {
     }
 
     /// Forgets every frontend's wants (before counting the table anew).
-    pub fn clear_wants(&mut self) {
+    pub(crate) fn clear_wants(&mut self) {
         for r in self.by_id.iter_mut().flatten() {
             r.wants = WantCounts::default();
         }
@@ -283,7 +283,7 @@ impl BackendTable {
 
     /// The value the desired table wants at `id` when it differs from the
     /// map's, and whether the id is new to the map.
-    pub fn to_write(&self, id: u32) -> Option<(BackendValue, bool)> {
+    pub(crate) fn to_write(&self, id: u32) -> Option<(BackendValue, bool)> {
         let r = self.get(id)?;
         let best = r.wants.best()?;
         let addr = codec::backend_addr(&r.value).ok()?;
@@ -292,7 +292,7 @@ impl BackendTable {
     }
 
     /// `value` is in the map at `id`.
-    pub fn written(&mut self, id: u32, value: BackendValue) {
+    pub(crate) fn written(&mut self, id: u32, value: BackendValue) {
         let Some(r) = self.get_mut(id) else { return };
         let new = !r.written();
         r.value = value;
@@ -303,14 +303,14 @@ impl BackendTable {
     /// Whether `id` can go: no slot names it and the desired table does not
     /// want it there; `Some(true)` when it must be deleted from the map
     /// first (else it was never written).
-    pub fn unused(&self, id: u32) -> Option<bool> {
+    pub(crate) fn unused(&self, id: u32) -> Option<bool> {
         let r = self.get(id)?;
         (r.uses.slots() == 0 && r.wants.is_empty()).then_some(r.written())
     }
 
     /// Drops the record of `id` (deleted from the map, or never written)
     /// and frees the id.
-    pub fn forget(&mut self, id: u32) {
+    pub(crate) fn forget(&mut self, id: u32) {
         if let Some(addr) = record_addr(&self.by_id, id)
             && let Ok(entry) = self.ids.find_entry(self.hasher.hash_one(addr), |x| *x == id)
         {
@@ -325,7 +325,7 @@ impl BackendTable {
 
     /// One more slot names `id` (one the map lacks, found on recovery,
     /// gets a record so that the id is not handed out while named).
-    pub fn add_slot(&mut self, id: u32) {
+    pub(crate) fn add_slot(&mut self, id: u32) {
         if id == 0 || id >= MAX_ID {
             return;
         }
@@ -334,7 +334,7 @@ impl BackendTable {
     }
 
     /// One slot fewer names `id`.
-    pub fn remove_slot(&mut self, id: u32) {
+    pub(crate) fn remove_slot(&mut self, id: u32) {
         if let Some(r) = self.get_mut(id) {
             r.uses = Uses::of(r.written(), r.uses.slots().saturating_sub(1));
         }
@@ -342,7 +342,7 @@ impl BackendTable {
 
     /// Takes ids found named by slots into the pool's used ids (recovery,
     /// after the slots were read).
-    pub fn reserve_recovered(&mut self) {
+    pub(crate) fn reserve_recovered(&mut self) {
         self.pool = IdPool::with_used(self.ids_in_use());
     }
 }

@@ -47,9 +47,9 @@ pub enum DecodeError {
 /// A backend as the maps know it: address, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BackendAddr {
-    pub addr: IpAddr,
+    pub(crate) addr: IpAddr,
     pub port: u16,
-    pub protocol: Protocol,
+    pub(crate) protocol: Protocol,
 }
 
 impl fmt::Display for BackendAddr {
@@ -65,9 +65,9 @@ impl fmt::Display for BackendAddr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BackendEntry {
     pub addr: BackendAddr,
-    pub state: BackendState,
+    pub(crate) state: BackendState,
     /// The endpoint runs on this node.
-    pub local: bool,
+    pub(crate) local: bool,
 }
 
 /// An address and a network-order port of the maps, as the model has them.
@@ -78,12 +78,12 @@ pub fn endpoint_of(addr: &Addr, port: u16) -> (IpAddr, u16) {
 
 /// The IP protocol number of `protocol` (the model's own mapping).
 #[must_use]
-pub const fn protocol_number(protocol: Protocol) -> u8 {
+pub(crate) const fn protocol_number(protocol: Protocol) -> u8 {
     protocol.number()
 }
 
 /// The protocol of an IP protocol number.
-pub const fn protocol_of(number: u8) -> Result<Protocol, DecodeError> {
+pub(crate) const fn protocol_of(number: u8) -> Result<Protocol, DecodeError> {
     match Protocol::from_number(number) {
         Some(p) => Ok(p),
         None => Err(DecodeError::Protocol(number)),
@@ -92,7 +92,7 @@ pub const fn protocol_of(number: u8) -> Result<Protocol, DecodeError> {
 
 /// `ServiceKey.scope` of a scope.
 #[must_use]
-pub const fn scope_number(s: Scope) -> u8 {
+pub(crate) const fn scope_number(s: Scope) -> u8 {
     match s {
         Scope::All => scope::ALL,
         Scope::External => scope::EXTERNAL,
@@ -100,7 +100,7 @@ pub const fn scope_number(s: Scope) -> u8 {
 }
 
 /// The scope of a `ServiceKey.scope`.
-pub const fn scope_of(number: u8) -> Result<Scope, DecodeError> {
+pub(crate) const fn scope_of(number: u8) -> Result<Scope, DecodeError> {
     match number {
         scope::ALL => Ok(Scope::All),
         scope::EXTERNAL => Ok(Scope::External),
@@ -118,25 +118,25 @@ pub fn service_key(key: FrontendKey, slot: u16) -> ServiceKey {
 }
 
 /// Backend slots per `SERVICES` entry (`proxy_common::SLOTS_PER_ENTRY`).
-pub const SLOTS_PER_ENTRY: usize = proxy_common::SLOTS_PER_ENTRY as usize;
+pub(crate) const SLOTS_PER_ENTRY: usize = proxy_common::SLOTS_PER_ENTRY as usize;
 
 /// How many slots entries `slots` backends take.
 #[must_use]
-pub const fn slot_entries(slots: usize) -> usize {
+pub(crate) const fn slot_entries(slots: usize) -> usize {
     slots.div_ceil(SLOTS_PER_ENTRY)
 }
 
 /// The `SERVICES` key of slots entry `entry` (0-based: it holds slots
 /// `entry * SLOTS_PER_ENTRY ..`, counted from 0) of frontend `key`.
 #[must_use]
-pub fn slots_key(key: FrontendKey, entry: usize) -> ServiceKey {
+pub(crate) fn slots_key(key: FrontendKey, entry: usize) -> ServiceKey {
     service_key(key, u16::try_from(entry + 1).expect("the model caps backends at u16::MAX"))
 }
 
 /// Slots entry `entry` of a frontend whose backend ids are `ids`, in slot
 /// order: the ids from `entry * SLOTS_PER_ENTRY` on, 0 past the end.
 #[must_use]
-pub fn slots_value(ids: &[u32], entry: usize) -> ServiceValue {
+pub(crate) fn slots_value(ids: &[u32], entry: usize) -> ServiceValue {
     let mut words = [0; SLOTS_PER_ENTRY];
     for (word, id) in words.iter_mut().zip(ids.iter().skip(entry * SLOTS_PER_ENTRY)) {
         *word = *id;
@@ -148,21 +148,27 @@ pub fn slots_value(ids: &[u32], entry: usize) -> ServiceValue {
 /// id, flags (`FrontendFlags::encode`), Maglev table (0: none) and
 /// affinity timeout.
 #[must_use]
-pub fn master_value(frontend: &Frontend, count: usize, rev_nat: RevNatId, flags: u16, maglev: u16) -> ServiceValue {
+pub(crate) fn master_value(
+    frontend: &Frontend,
+    count: usize,
+    rev_nat: RevNatId,
+    flags: u16,
+    maglev: u16,
+) -> ServiceValue {
     let count = u16::try_from(count).expect("the model caps backends at u16::MAX");
     ServiceValue::frontend(count, rev_nat, flags, maglev, frontend.affinity_timeout.unwrap_or(0))
 }
 
 /// The frontend and slot a `SERVICES` key names (0: slot 0; `n`: slots
 /// entry `n - 1`).
-pub fn frontend_of(key: &ServiceKey) -> Result<(FrontendKey, u16), DecodeError> {
+pub(crate) fn frontend_of(key: &ServiceKey) -> Result<(FrontendKey, u16), DecodeError> {
     let (addr, port) = endpoint_of(&key.addr, key.port);
     Ok((FrontendKey { addr, port, protocol: protocol_of(key.proto)?, scope: scope_of(key.scope)? }, key.slot))
 }
 
 /// The kind bit of slot 0's flags.
 #[must_use]
-pub const fn kind_flag(kind: FrontendKind) -> u16 {
+pub(crate) const fn kind_flag(kind: FrontendKind) -> u16 {
     match kind {
         FrontendKind::ClusterIp => service_flags::CLUSTER_IP,
         FrontendKind::NodePort => service_flags::NODE_PORT,
@@ -184,25 +190,25 @@ const KNOWN_FLAGS: u16 = service_flags::CLUSTER_IP
 /// Slot 0's `flags`, bit by bit.
 #[expect(clippy::struct_excessive_bools, reason = "each bool mirrors one independent flag bit of the map")]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct FrontendFlags {
-    pub kind: FrontendKind,
+pub(crate) struct FrontendFlags {
+    pub(crate) kind: FrontendKind,
     /// sessionAffinity: ClientIP.
-    pub affinity: bool,
+    pub(crate) affinity: bool,
     /// Only traffic from outside the node uses the entry.
-    pub outside_only: bool,
+    pub(crate) outside_only: bool,
     /// Traffic from outside uses the scope `External` twin.
-    pub two_scopes: bool,
+    pub(crate) two_scopes: bool,
     /// loadBalancerSourceRanges restrict traffic from outside.
-    pub source_ranges: bool,
+    pub(crate) source_ranges: bool,
     /// How a new connection picks its backend.
-    pub algorithm: LbAlgorithm,
+    pub(crate) algorithm: LbAlgorithm,
 }
 
 impl FrontendFlags {
     /// The flags of `frontend` at `key`: `EXTERNAL_ONLY` and `TWO_SCOPES`
     /// only on scope `All` entries, `TWO_SCOPES` once the twin is written.
     #[must_use]
-    pub fn of(key: FrontendKey, frontend: &Frontend, twin_written: bool) -> Self {
+    pub(crate) fn of(key: FrontendKey, frontend: &Frontend, twin_written: bool) -> Self {
         let all = key.scope == Scope::All;
         Self {
             kind: frontend.kind,
@@ -215,7 +221,7 @@ impl FrontendFlags {
     }
 
     #[must_use]
-    pub const fn encode(self) -> u16 {
+    pub(crate) const fn encode(self) -> u16 {
         kind_flag(self.kind)
             | bit(self.affinity, service_flags::AFFINITY)
             | bit(self.outside_only, service_flags::EXTERNAL_ONLY)
@@ -228,7 +234,7 @@ impl FrontendFlags {
     /// programs never read `CLUSTER_IP`: an entry without a kind bit is
     /// served as a ClusterIP is (to clients on the node only), so it reads
     /// as one (and is written back with the bit).
-    pub const fn decode(bits: u16) -> Result<Self, DecodeError> {
+    pub(crate) const fn decode(bits: u16) -> Result<Self, DecodeError> {
         if bits & !KNOWN_FLAGS != 0 {
             return Err(DecodeError::FrontendFlags(bits & !KNOWN_FLAGS));
         }
@@ -257,7 +263,7 @@ impl FrontendFlags {
 
 /// The algorithm bit of slot 0's flags (none for `Random`).
 #[must_use]
-pub const fn algorithm_flag(algorithm: LbAlgorithm) -> u16 {
+pub(crate) const fn algorithm_flag(algorithm: LbAlgorithm) -> u16 {
     match algorithm {
         LbAlgorithm::Random => 0,
         LbAlgorithm::LeastConnections => service_flags::LEAST_CONNECTIONS,
@@ -273,13 +279,13 @@ const fn bit(set: bool, flag: u16) -> u16 {
 /// Whether slot 0's `bits` send traffic from outside to the external twin
 /// (read alone: the kernel programs test this bit whatever the others are).
 #[must_use]
-pub const fn says_two_scopes(bits: u16) -> bool {
+pub(crate) const fn says_two_scopes(bits: u16) -> bool {
     bits & service_flags::TWO_SCOPES != 0
 }
 
 /// `Backend.state` of a state.
 #[must_use]
-pub const fn state_number(state: BackendState) -> u8 {
+pub(crate) const fn state_number(state: BackendState) -> u8 {
     match state {
         BackendState::Active => backend_state::ACTIVE,
         BackendState::Terminating => backend_state::TERMINATING,
@@ -287,7 +293,7 @@ pub const fn state_number(state: BackendState) -> u8 {
 }
 
 /// The state of a `Backend.state`.
-pub const fn state_of(number: u8) -> Result<BackendState, DecodeError> {
+pub(crate) const fn state_of(number: u8) -> Result<BackendState, DecodeError> {
     match number {
         backend_state::ACTIVE => Ok(BackendState::Active),
         backend_state::TERMINATING => Ok(BackendState::Terminating),
@@ -297,12 +303,12 @@ pub const fn state_of(number: u8) -> Result<BackendState, DecodeError> {
 
 /// `Backend.flags` of a backend that is (or is not) on this node.
 #[must_use]
-pub const fn local_flags(local: bool) -> u8 {
+pub(crate) const fn local_flags(local: bool) -> u8 {
     if local { backend_flags::LOCAL } else { 0 }
 }
 
 /// Whether `Backend.flags` say the backend is on this node.
-pub const fn local_of(flags: u8) -> Result<bool, DecodeError> {
+pub(crate) const fn local_of(flags: u8) -> Result<bool, DecodeError> {
     if flags & !backend_flags::LOCAL != 0 {
         return Err(DecodeError::BackendFlags(flags));
     }
@@ -324,7 +330,7 @@ pub fn backend_value(entry: BackendEntry) -> BackendValue {
 
 /// Which backend a `BACKENDS` value is (its state and flags unread: what
 /// recovery needs to find it again).
-pub fn backend_addr(value: &BackendValue) -> Result<BackendAddr, DecodeError> {
+pub(crate) fn backend_addr(value: &BackendValue) -> Result<BackendAddr, DecodeError> {
     let (addr, port) = endpoint_of(&value.addr, value.port);
     Ok(BackendAddr { addr, port, protocol: protocol_of(value.proto)? })
 }
@@ -341,28 +347,29 @@ pub fn rev_nat_value(key: FrontendKey) -> RevNat {
     RevNat { addr: encode_addr(key.addr), port: key.port.to_be(), pad: 0 }
 }
 
+#[cfg(test)]
 /// The address and port of a `REVNAT` value.
 #[must_use]
-pub fn rev_nat_of(value: &RevNat) -> (IpAddr, u16) {
+pub(crate) fn rev_nat_of(value: &RevNat) -> (IpAddr, u16) {
     endpoint_of(&value.addr, value.port)
 }
 
 /// The `SOCK_REVNAT` key of socket `cookie` translated to a backend.
 #[must_use]
-pub fn sock_revnat_key(cookie: u64, backend: IpAddr, port: u16) -> SockRevNatKey {
+pub(crate) fn sock_revnat_key(cookie: u64, backend: IpAddr, port: u16) -> SockRevNatKey {
     SockRevNatKey { cookie, addr: encode_addr(backend), port: port.to_be(), pad: [0; 6] }
 }
 
 /// The frontend a `SOCK_REVNAT` value names, for a socket of `protocol`
 /// (the value does not hold it: the socket does).
 #[must_use]
-pub fn sock_revnat_frontend(value: &SockRevNat, protocol: Protocol) -> FrontendKey {
+pub(crate) fn sock_revnat_frontend(value: &SockRevNat, protocol: Protocol) -> FrontendKey {
     let (addr, port) = endpoint_of(&value.addr, value.port);
     FrontendKey::new(addr, port, protocol)
 }
 
 /// The frontend a `SOCK_BACKEND` key names.
-pub fn sock_backend_frontend(key: &SockBackendKey) -> Result<FrontendKey, DecodeError> {
+pub(crate) fn sock_backend_frontend(key: &SockBackendKey) -> Result<FrontendKey, DecodeError> {
     let (addr, port) = endpoint_of(&key.addr, key.port);
     Ok(FrontendKey::new(addr, port, protocol_of(key.proto)?))
 }
@@ -370,7 +377,7 @@ pub fn sock_backend_frontend(key: &SockBackendKey) -> Result<FrontendKey, Decode
 /// The LPM prefix length and key of source range `net` of frontend
 /// `rev_nat` (an IPv4 network sits below the 96 bits of `::ffff:0:0/96`).
 #[must_use]
-pub fn source_range(rev_nat: RevNatId, net: IpNet) -> (u32, SourceRange) {
+pub(crate) fn source_range(rev_nat: RevNatId, net: IpNet) -> (u32, SourceRange) {
     let (addr, bits) = match net {
         IpNet::V4(n) => (encode_addr(IpAddr::V4(n.network())), 96 + u32::from(n.prefix_len())),
         IpNet::V6(n) => (encode_addr(IpAddr::V6(n.network())), u32::from(n.prefix_len())),
@@ -381,7 +388,7 @@ pub fn source_range(rev_nat: RevNatId, net: IpNet) -> (u32, SourceRange) {
 /// The frontend and network of an LPM key (`None`: a prefix the agent
 /// never writes).
 #[must_use]
-pub fn source_range_of(prefix_len: u32, key: &SourceRange) -> Option<(RevNatId, IpNet)> {
+pub(crate) fn source_range_of(prefix_len: u32, key: &SourceRange) -> Option<(RevNatId, IpNet)> {
     let bits = prefix_len.checked_sub(SOURCE_RANGE_ID_BITS)?;
     let net = match decode_addr(&key.addr) {
         IpAddr::V4(a) => IpNet::new(IpAddr::V4(a), u8::try_from(bits.checked_sub(96)?).ok()?).ok()?,
@@ -410,13 +417,13 @@ fn text(field: &[u8]) -> String {
 /// The `SERVICE_NAMES` value of a service port (longer parts than
 /// Kubernetes allows are cut).
 #[must_use]
-pub fn service_name(port: &ServicePort) -> ServiceName {
+pub(crate) fn service_name(port: &ServicePort) -> ServiceName {
     ServiceName { namespace: field(port.namespace()), name: field(port.name()), port: field(port.port()) }
 }
 
 /// The service port a `SERVICE_NAMES` value names.
 #[must_use]
-pub fn service_port_of(name: &ServiceName) -> ServicePort {
+pub(crate) fn service_port_of(name: &ServiceName) -> ServicePort {
     ServicePort::new(text(&name.namespace), text(&name.name), text(&name.port))
 }
 

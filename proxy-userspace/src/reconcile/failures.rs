@@ -6,21 +6,21 @@ use std::collections::BTreeMap;
 use super::{Failure, maps::MapError};
 
 /// Subjects named in the summary, at most.
-pub const FIRST: usize = 5;
+pub(crate) const FIRST: usize = 5;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Failed writes per map name.
-    pub per_map: BTreeMap<&'static str, usize>,
+    pub(crate) per_map: BTreeMap<&'static str, usize>,
     /// Of those, the writes a full map refused, per map name.
-    pub full: BTreeMap<&'static str, usize>,
+    pub(crate) full: BTreeMap<&'static str, usize>,
     /// The first `FIRST` subjects (services, backends).
-    pub first: Vec<String>,
+    pub(crate) first: Vec<String>,
 }
 
 /// Summarises `failures`.
 #[must_use]
-pub fn summarise(failures: &[Failure]) -> Summary {
+pub(crate) fn summarise(failures: &[Failure]) -> Summary {
     let mut summary = Summary::default();
     for f in failures {
         let map = f.error.map_name();

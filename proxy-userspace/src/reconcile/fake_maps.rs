@@ -47,7 +47,8 @@ pub enum TwoLists {
 }
 
 impl TwoLists {
-    pub const ALL: [Self; 3] = [Self::InOrder, Self::SecondFirst, Self::Alternating];
+    #[cfg(test)]
+    pub(crate) const ALL: [Self; 3] = [Self::InOrder, Self::SecondFirst, Self::Alternating];
 
     /// Writes `lists` through `one` in this order, each list up to its
     /// first failure: what each wrote, counted in its own items.
@@ -129,7 +130,7 @@ impl FakeMaps {
     /// unwritten slot, a slot naming a missing backend, no rev-NAT entry, a
     /// Maglev table that is missing or names a missing backend, or a
     /// `TWO_SCOPES` flag without the external twin.
-    pub fn check_reader_view(&self) {
+    pub(crate) fn check_reader_view(&self) {
         for (key, master) in self.state.services.iter().filter(|(k, _)| k.slot == 0) {
             assert!(self.state.rev_nat.contains_key(&master.rev_nat), "rev-NAT {} of {key:?} missing", master.rev_nat);
             if master.maglev != 0 {

@@ -2,12 +2,12 @@
 //! id reused only after it was released (its map entry deleted).
 use std::collections::BTreeSet;
 
-pub trait Id: Copy + Ord + TryFrom<u64> + Into<u64> {}
+pub(crate) trait Id: Copy + Ord + TryFrom<u64> + Into<u64> {}
 impl Id for u16 {}
 impl Id for u32 {}
 
 #[derive(Debug)]
-pub struct IdPool<T> {
+pub(crate) struct IdPool<T> {
     /// Every id below `next` that is free.
     free: BTreeSet<T>,
     /// The lowest id never handed out.
@@ -22,7 +22,7 @@ impl<T: Id> Default for IdPool<T> {
 
 impl<T: Id> IdPool<T> {
     /// A pool where `used` are taken (ids found in the maps after a restart).
-    pub fn with_used(used: impl IntoIterator<Item = T>) -> Self {
+    pub(crate) fn with_used(used: impl IntoIterator<Item = T>) -> Self {
         let used: BTreeSet<u64> = used.into_iter().map(Into::into).filter(|id| *id != 0).collect();
         let next = used.last().map_or(1, |max| max + 1);
         let free = (1..next).filter(|id| !used.contains(id)).filter_map(|id| T::try_from(id).ok()).collect();
@@ -30,7 +30,7 @@ impl<T: Id> IdPool<T> {
     }
 
     /// The lowest free id, or `None` when every id of `T` is taken.
-    pub fn allocate(&mut self) -> Option<T> {
+    pub(crate) fn allocate(&mut self) -> Option<T> {
         if let Some(id) = self.free.pop_first() {
             return Some(id);
         }
@@ -39,7 +39,7 @@ impl<T: Id> IdPool<T> {
         Some(id)
     }
 
-    pub fn release(&mut self, id: T) {
+    pub(crate) fn release(&mut self, id: T) {
         if id.into() != 0 && id.into() < self.next {
             self.free.insert(id);
         }

@@ -15,57 +15,57 @@ use crate::model::{BackendState, FrontendKey, Protocol, Scope};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FrontendView {
     /// The frontend's rev-NAT id.
-    pub id: RevNatId,
+    pub(crate) id: RevNatId,
     pub address: IpAddr,
-    pub port: u16,
-    pub protocol: String,
+    pub(crate) port: u16,
+    pub(crate) protocol: String,
     /// The Service's namespace (absent: the agent wrote no name for it).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// The Service's name.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// The service port's name (empty for an unnamed port).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub port_name: Option<String>,
+    pub(crate) port_name: Option<String>,
     /// ClusterIP, NodePort, LoadBalancer or ExternalIP (`unknown`: flags
     /// the agent never writes; nothing else is read from them then).
     #[serde(rename = "type")]
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// ClientIP affinity timeout in seconds, when set.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub affinity_timeout: Option<u32>,
+    pub(crate) affinity_timeout: Option<u32>,
     /// `external`: the twin traffic from outside uses (externalTrafficPolicy:
     /// Local); absent for the entry every client uses.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub scope: Option<&'static str>,
+    pub(crate) scope: Option<&'static str>,
     /// `outside-only` (local clients are not translated), `two-scopes`
     /// (traffic from outside uses the external twin).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub reach: Vec<&'static str>,
+    pub(crate) reach: Vec<&'static str>,
     /// loadBalancerSourceRanges (traffic from outside); `Some([])` admits none.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub source_ranges: Option<Vec<String>>,
+    pub(crate) source_ranges: Option<Vec<String>>,
     /// Id of the Maglev table traffic from outside picks backends in.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub maglev_table: Option<u16>,
     /// How a new connection picks its backend (`random`,
     /// `least-connections`, `maglev`; `unknown` with unknown flags).
-    pub lb_algorithm: &'static str,
+    pub(crate) lb_algorithm: &'static str,
     pub backends: Vec<BackendView>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BackendView {
-    pub id: u32,
+    pub(crate) id: u32,
     /// `None` when the slot names a backend id that is not in the map.
     pub address: Option<IpAddr>,
     pub port: u16,
     /// active, terminating, missing, or unknown (a state or flags the
     /// agent never writes).
-    pub state: &'static str,
+    pub(crate) state: &'static str,
     /// On this node: traffic from outside reaches it without source NAT.
-    pub local: bool,
+    pub(crate) local: bool,
     /// Its active connections, as the programs count them (open sockets
     /// and live flows from outside; `with_active`). Absent when not read.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -87,7 +87,7 @@ impl FrontendView {
     /// `namespace/name:port` (`namespace/name` for an unnamed port), or
     /// `-` when the maps hold no name for it.
     #[must_use]
-    pub fn service_text(&self) -> String {
+    pub(crate) fn service_text(&self) -> String {
         match (&self.namespace, &self.name, self.port_name.as_deref()) {
             (Some(ns), Some(name), None | Some("")) => format!("{ns}/{name}"),
             (Some(ns), Some(name), Some(port)) => format!("{ns}/{name}:{port}"),
@@ -98,7 +98,7 @@ impl FrontendView {
     /// Whether it comes from `filter`: a service (`namespace/name`) or one
     /// of its ports (`namespace/name:port`).
     #[must_use]
-    pub fn is_of(&self, filter: &ServiceFilter) -> bool {
+    pub(crate) fn is_of(&self, filter: &ServiceFilter) -> bool {
         self.namespace.as_deref() == Some(filter.namespace.as_str())
             && self.name.as_deref() == Some(filter.name.as_str())
             && filter.port.as_ref().is_none_or(|p| self.port_name.as_ref() == Some(p))
@@ -107,16 +107,16 @@ impl FrontendView {
 
 /// `--service NAMESPACE/NAME[:PORT]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceFilter {
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct ServiceFilter {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
     /// One port's name (`Some("")`: the unnamed port).
-    pub port: Option<String>,
+    pub(crate) port: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0:?} is not NAMESPACE/NAME or NAMESPACE/NAME:PORT-NAME (e.g. kube-system/kube-dns:dns)")]
-pub struct BadServiceFilter(String);
+pub(crate) struct BadServiceFilter(String);
 
 impl std::str::FromStr for ServiceFilter {
     type Err = BadServiceFilter;
@@ -281,7 +281,11 @@ pub fn table(frontends: &[FrontendView]) -> String {
 /// the frontend has no Maglev table (it is not served to traffic from
 /// outside) or the table is not in `dump`.
 #[must_use]
-pub fn maglev_pick(dump: &Dump, frontend: &FrontendView, client: std::net::SocketAddr) -> Option<(u32, BackendView)> {
+pub(crate) fn maglev_pick(
+    dump: &Dump,
+    frontend: &FrontendView,
+    client: std::net::SocketAddr,
+) -> Option<(u32, BackendView)> {
     let table = dump.maglev.get(&frontend.maglev_table?)?;
     let protocol = frontend.key()?.protocol;
     let hash = proxy_common::flow_hash(
@@ -298,7 +302,7 @@ pub fn maglev_pick(dump: &Dump, frontend: &FrontendView, client: std::net::Socke
 /// Whether `frontend`'s source ranges admit `client` (`true` when it has
 /// none: every source is admitted).
 #[must_use]
-pub fn admits(frontend: &FrontendView, client: IpAddr) -> bool {
+pub(crate) fn admits(frontend: &FrontendView, client: IpAddr) -> bool {
     frontend.source_ranges.as_ref().is_none_or(|ranges| {
         ranges.iter().filter_map(|r| r.parse::<ipnet::IpNet>().ok()).any(|net| net.contains(&client))
     })

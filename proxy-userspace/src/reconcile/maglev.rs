@@ -10,7 +10,7 @@
 //! seeds), not taken from `std`, whose hasher may change between releases.
 
 /// Table sizes accepted (primes, as Cilium accepts).
-pub const SIZES: &[usize] = &[251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131_071];
+pub(crate) const SIZES: &[usize] = &[251, 509, 1021, 2039, 4093, 8191, 16381, 32749, 65521, 131_071];
 /// The default table size.
 pub const DEFAULT_SIZE: usize = 16_381;
 
@@ -19,7 +19,7 @@ pub const DEFAULT_SIZE: usize = 16_381;
 pub struct BadSize(pub usize);
 
 /// Checks a configured table size.
-pub fn check_size(m: usize) -> Result<usize, BadSize> {
+pub(crate) fn check_size(m: usize) -> Result<usize, BadSize> {
     if SIZES.contains(&m) { Ok(m) } else { Err(BadSize(m)) }
 }
 
@@ -40,7 +40,7 @@ const SEED_SKIP: u64 = 0x6c62_272e_07bb_0142;
 /// index into `backends` of the backend for flows hashing to `i`. Empty when
 /// there are no backends. `m` must be a prime (see `check_size`).
 #[must_use]
-pub fn table(backends: &[Vec<u8>], m: usize) -> Vec<u32> {
+pub(crate) fn table(backends: &[Vec<u8>], m: usize) -> Vec<u32> {
     let n = backends.len();
     if n == 0 {
         return Vec::new();

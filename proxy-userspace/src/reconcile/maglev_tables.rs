@@ -14,7 +14,7 @@ use super::{
 };
 
 #[derive(Debug, Default)]
-pub struct MaglevTables {
+pub(crate) struct MaglevTables {
     /// Table id by the backend ids (slot order) it was built from.
     by_list: HashMap<Vec<u32>, u16>,
     tables: BTreeMap<u16, Table>,
@@ -40,7 +40,7 @@ struct Table {
 /// on every node (its address, port and protocol, not its local id), so
 /// every node builds the same table and a flow picks the same backend.
 #[must_use]
-pub fn identity(b: &BackendAddr) -> Vec<u8> {
+pub(crate) fn identity(b: &BackendAddr) -> Vec<u8> {
     let mut out = proxy_common::net::encode(b.addr).0.to_vec();
     out.extend_from_slice(&b.port.to_be_bytes());
     out.push(b.protocol.number());
@@ -51,7 +51,7 @@ pub fn identity(b: &BackendAddr) -> Vec<u8> {
 /// in `addrs`): entry `i` holds the id of the backend flows hashing to `i`
 /// go to.
 #[must_use]
-pub fn build(list: &[u32], addrs: &BTreeMap<u32, BackendAddr>, size: usize) -> Option<Vec<u32>> {
+pub(crate) fn build(list: &[u32], addrs: &BTreeMap<u32, BackendAddr>, size: usize) -> Option<Vec<u32>> {
     let identities: Vec<Vec<u8>> = list.iter().map(|id| addrs.get(id).map(identity)).collect::<Option<_>>()?;
     Some(crate::reconcile::maglev::table(&identities, size).into_iter().map(|i| list[i as usize]).collect())
 }
@@ -60,7 +60,7 @@ impl MaglevTables {
     /// The tables found in the maps. `lists` names, per table id, the
     /// backend list of a frontend whose slot 0 names it: a table built from
     /// that list can be reused by frontends with the same list.
-    pub fn recover(
+    pub(crate) fn recover(
         found: &BTreeMap<u16, Vec<u32>>,
         lists: &BTreeMap<u16, Vec<u32>>,
         addrs: &BTreeMap<u32, BackendAddr>,
@@ -89,7 +89,7 @@ impl MaglevTables {
     }
 
     /// A slot 0 that named table `old` now names `new` (0: none).
-    pub fn master_changed(&mut self, old: u16, new: u16) {
+    pub(crate) fn master_changed(&mut self, old: u16, new: u16) {
         if old == new {
             return;
         }
@@ -110,12 +110,12 @@ impl MaglevTables {
 
     /// Whether some table holds backend `id`.
     #[must_use]
-    pub fn holds_backend(&self, id: u32) -> bool {
+    pub(crate) fn holds_backend(&self, id: u32) -> bool {
         self.backends.contains_key(&id)
     }
 
     /// The id of the table for `list`, written first if there is none.
-    pub fn get_or_write(
+    pub(crate) fn get_or_write(
         &mut self,
         maps: &mut impl ServiceMaps,
         list: &[u32],
@@ -141,7 +141,7 @@ impl MaglevTables {
 
     /// Deletes the tables no slot 0 names; failures are returned (the table
     /// stays, and is deleted by a later call).
-    pub fn remove_unused(&mut self, maps: &mut impl ServiceMaps, writes: &mut usize) -> Vec<(u16, MapError)> {
+    pub(crate) fn remove_unused(&mut self, maps: &mut impl ServiceMaps, writes: &mut usize) -> Vec<(u16, MapError)> {
         let mut failures = Vec::new();
         for id in std::mem::take(&mut self.unused) {
             *writes += 1;
@@ -173,7 +173,7 @@ impl MaglevTables {
 
     /// Number of tables.
     #[must_use]
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.tables.len()
     }
 }

@@ -21,7 +21,7 @@ pub enum MapName {
 
 impl MapName {
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Services => map_names::SERVICES,
             Self::Backends => map_names::BACKENDS,
@@ -44,7 +44,7 @@ impl std::fmt::Display for MapName {
 impl MapError {
     /// The map the operation was on, by its name.
     #[must_use]
-    pub const fn map_name(&self) -> &'static str {
+    pub(crate) const fn map_name(&self) -> &'static str {
         match self {
             Self::Full { map } | Self::Syscall { map, .. } | Self::Aya { map, .. } => map.as_str(),
             Self::Session { map, .. } => map,

@@ -35,17 +35,12 @@ pub enum Batch<'a> {
 
 impl Batch<'_> {
     #[must_use]
-    pub const fn len(&self) -> usize {
+    pub(crate) const fn len(&self) -> usize {
         match self {
             Self::Services(entries) => entries.len(),
             Self::RevNats(entries) => entries.len(),
             Self::Names(entries) => entries.len(),
         }
-    }
-
-    #[must_use]
-    pub const fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     pub(crate) const fn map(&self) -> MapName {

@@ -28,20 +28,20 @@ use proxy_common::{Backend as BackendValue, RevNatId, ServiceKey, ServiceName, S
 pub mod audit;
 mod backend_table;
 pub mod codec;
-pub mod failures;
+pub(crate) mod failures;
 pub mod fake_maps;
 mod ids;
 pub mod inspect;
 pub mod maglev;
 mod maglev_tables;
 mod map_error;
-pub mod maps;
+pub(crate) mod maps;
 pub mod sizing;
 
 #[cfg(test)]
 mod tests;
 
-pub use self::codec::BackendAddr;
+pub(crate) use self::codec::BackendAddr;
 pub use self::maps::{Dump, MapError, MapName, ServiceMaps};
 use self::{
     backend_table::{BackendTable, Wanted},
@@ -139,16 +139,16 @@ impl AppliedFrontend {
 
 /// What happened to one frontend, for the logs and the observers.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Change {
-    pub service_port: ServicePort,
-    pub frontend: FrontendKey,
+pub(crate) struct Change {
+    pub(crate) service_port: ServicePort,
+    pub(crate) frontend: FrontendKey,
     /// The frontend's rev-NAT id, which it keeps while it exists (a
     /// removed one: the id it had; 0: it never had one).
-    pub rev_nat: RevNatId,
-    pub kind: ChangeKind,
-    pub backends: usize,
-    pub added: Vec<BackendAddr>,
-    pub removed: Vec<BackendAddr>,
+    pub(crate) rev_nat: RevNatId,
+    pub(crate) kind: ChangeKind,
+    pub(crate) backends: usize,
+    pub(crate) added: Vec<BackendAddr>,
+    pub(crate) removed: Vec<BackendAddr>,
 }
 
 impl Change {
@@ -175,7 +175,7 @@ impl Change {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChangeKind {
+pub(crate) enum ChangeKind {
     Added,
     Updated,
     Removed,
@@ -185,14 +185,14 @@ pub enum ChangeKind {
 #[derive(Debug)]
 pub struct Failure {
     /// The frontend or backend the write was for.
-    pub subject: String,
-    pub error: MapError,
+    pub(crate) subject: String,
+    pub(crate) error: MapError,
 }
 
 /// A sync that adds more frontends than this reports them by key only
 /// (`Report::added_unlisted`); the pipeline logs each change of a sync of
 /// at most this many changes at info.
-pub const LIST_NEW_FRONTENDS_UP_TO: usize = 64;
+pub(crate) const LIST_NEW_FRONTENDS_UP_TO: usize = 64;
 
 /// The outcome of one `apply`.
 #[derive(Debug, Default)]
@@ -200,33 +200,34 @@ pub struct Report {
     /// Each frontend changed, with what changed; in a sync that adds more
     /// than `LIST_NEW_FRONTENDS_UP_TO` frontends (a start) the new ones
     /// are in `added_unlisted` instead.
-    pub changes: Vec<Change>,
+    pub(crate) changes: Vec<Change>,
     /// Whether new frontends are in `changes`, each with its backends
     /// (`added`): in a sync that adds at most `LIST_NEW_FRONTENDS_UP_TO`.
-    pub new_listed: bool,
+    pub(crate) new_listed: bool,
     /// The new frontends of a sync that adds more, by key, in the order
     /// written: the desired table and the reconciler hold the rest. A
     /// `Change` each would add to a start's peak what the table holds
     /// already.
-    pub added_unlisted: Vec<FrontendKey>,
+    pub(crate) added_unlisted: Vec<FrontendKey>,
     pub failures: Vec<Failure>,
     /// Map writes and deletes issued.
     pub writes: usize,
-    pub backends_added: usize,
-    pub backends_removed: usize,
+    pub(crate) backends_added: usize,
+    pub(crate) backends_removed: usize,
 }
 
 impl Report {
     /// How many frontends changed this way, listed in `changes` or not.
     #[must_use]
-    pub fn count(&self, kind: ChangeKind) -> usize {
+    pub(crate) fn count(&self, kind: ChangeKind) -> usize {
         let unlisted = if kind == ChangeKind::Added { self.added_unlisted.len() } else { 0 };
         self.changes.iter().filter(|c| c.kind == kind).count() + unlisted
     }
 
+    #[cfg(test)]
     /// How many frontends changed, listed in `changes` or not.
     #[must_use]
-    pub const fn changed(&self) -> usize {
+    pub(crate) const fn changed(&self) -> usize {
         self.changes.len() + self.added_unlisted.len()
     }
 
@@ -244,9 +245,9 @@ impl Report {
 /// What `recover` found in the maps and removed as unreachable.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Recovery {
-    pub frontends: usize,
-    pub backends: usize,
-    pub stale_entries_removed: usize,
+    pub(crate) frontends: usize,
+    pub(crate) backends: usize,
+    pub(crate) stale_entries_removed: usize,
 }
 
 #[derive(Debug, Default)]
@@ -297,20 +298,20 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// keep failing; the sync after a failure compares the whole table, since a
 /// failed write may have left any of the frontends it touched behind.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct RetryBackoff {
+pub(crate) struct RetryBackoff {
     /// The delay before the next retry (`None`: the last sync wrote all).
     delay: Option<Duration>,
 }
 
 impl RetryBackoff {
     /// Records the outcome of a sync.
-    pub fn record(&mut self, failed: bool) {
+    pub(crate) fn record(&mut self, failed: bool) {
         self.delay = failed.then(|| self.delay.map_or(RETRY_MIN, |d| (d * 2).min(RETRY_MAX)));
     }
 
     /// How long to wait before the next retry; `None`: nothing to retry.
     #[must_use]
-    pub const fn delay(&self) -> Option<Duration> {
+    pub(crate) const fn delay(&self) -> Option<Duration> {
         self.delay
     }
 }
@@ -381,9 +382,10 @@ fn entry_slots(entry: usize, len: usize) -> std::ops::Range<usize> {
 }
 
 impl Reconciler {
+    #[cfg(test)]
     /// A reconciler for empty maps.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -501,7 +503,7 @@ impl Reconciler {
     /// Entries of the services map in use: slot 0 and the slots of each
     /// frontend.
     #[must_use]
-    pub const fn service_entries(&self) -> usize {
+    pub(crate) const fn service_entries(&self) -> usize {
         self.counts.entries
     }
 
@@ -512,31 +514,32 @@ impl Reconciler {
 
     /// Makes room at once for a table of `backends` distinct backends
     /// (`reconcile::sizing::Demand`), before writing it whole.
-    pub fn reserve_backends(&mut self, backends: usize) {
+    pub(crate) fn reserve_backends(&mut self, backends: usize) {
         self.backends.reserve_for(backends);
     }
 
     /// Number of backends in the maps.
     #[must_use]
-    pub fn backend_count(&self) -> usize {
+    pub(crate) fn backend_count(&self) -> usize {
         self.backends.len()
     }
 
     /// Every frontend's rev-NAT id, with its key and service port.
-    pub fn frontend_ids(&self) -> impl Iterator<Item = (RevNatId, FrontendKey, ServicePort)> + '_ {
+    pub(crate) fn frontend_ids(&self) -> impl Iterator<Item = (RevNatId, FrontendKey, ServicePort)> + '_ {
         self.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k, f.service_port.clone()))
     }
 
     /// The service port of frontend `key` and how many backends it
     /// serves.
     #[must_use]
-    pub fn describe(&self, key: &FrontendKey) -> Option<(&ServicePort, usize)> {
+    pub(crate) fn describe(&self, key: &FrontendKey) -> Option<(&ServicePort, usize)> {
         self.frontends.get(key).map(|f| (&f.service_port, f.live_slots().len()))
     }
 
     /// The rev-NAT id of frontend `key`, once it has one.
+    #[cfg(test)]
     #[must_use]
-    pub fn frontend_id(&self, key: &FrontendKey) -> Option<RevNatId> {
+    pub(crate) fn frontend_id(&self, key: &FrontendKey) -> Option<RevNatId> {
         self.frontends.get(key).map(|f| f.rev_nat).filter(|id| *id != 0)
     }
 
@@ -548,7 +551,7 @@ impl Reconciler {
 
     /// Number of Maglev tables in the maps.
     #[must_use]
-    pub fn maglev_tables(&self) -> usize {
+    pub(crate) fn maglev_tables(&self) -> usize {
         self.maglev.count()
     }
 
@@ -556,7 +559,7 @@ impl Reconciler {
     /// compared when given, unless the last sync failed a write (then, as
     /// with `None`, the whole table is). Owns the retry policy: after a
     /// failed write `retry_delay` says when to call again.
-    pub fn sync(
+    pub(crate) fn sync(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
@@ -572,7 +575,7 @@ impl Reconciler {
 
     /// When failed writes are to be tried again (`None`: none failed).
     #[must_use]
-    pub const fn retry_delay(&self) -> Option<Duration> {
+    pub(crate) const fn retry_delay(&self) -> Option<Duration> {
         self.retry.delay()
     }
 
@@ -617,7 +620,7 @@ impl Reconciler {
     /// applied only at `changed`: the work is proportional to those
     /// frontends, not to the table. (Before any full `apply`, or after a
     /// sync that failed a write, it is one.)
-    pub fn apply_changes(
+    pub(crate) fn apply_changes(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
@@ -995,7 +998,7 @@ impl Reconciler {
 }
 
 /// Which backends serve which frontends now (the reconciler knows).
-pub trait Liveness {
+pub(crate) trait Liveness {
     /// Whether backend `id` is in a live slot of `frontend`.
     fn serves(&self, frontend: &FrontendKey, id: u32) -> bool;
     /// The backend ids in live slots of the frontends with these rev-NAT

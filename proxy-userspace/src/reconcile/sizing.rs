@@ -12,12 +12,12 @@ use crate::model::ServiceTable;
 pub struct Demand {
     /// `SERVICES` entries: slot 0 of each frontend plus its slots entries
     /// (four backend slots to an entry).
-    pub services: usize,
+    pub(crate) services: usize,
     /// `BACKENDS` entries: one per distinct backend (address, port, protocol).
     pub backends: usize,
     /// Frontends: one rev-NAT id each (`REVNAT`, `SERVICE_NAMES` entries,
     /// and `CONNECTIONS` indexes below the highest id).
-    pub frontends: usize,
+    pub(crate) frontends: usize,
 }
 
 /// Sizes (`max_entries`) of the sized maps.
@@ -32,11 +32,11 @@ pub struct Sizes {
 
 /// Which maps refused a write because they were full.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Full {
-    pub services: bool,
-    pub backends: bool,
+pub(crate) struct Full {
+    pub(crate) services: bool,
+    pub(crate) backends: bool,
     /// `REVNAT` or `SERVICE_NAMES`.
-    pub frontends: bool,
+    pub(crate) frontends: bool,
 }
 
 /// The bounds when no flag sets them: room for 1,000,000 backends, also
@@ -54,7 +54,7 @@ pub const MIN_SIZE: u32 = 4096;
 
 /// What `table` needs in the maps.
 #[must_use]
-pub fn demand(table: &ServiceTable) -> Demand {
+pub(crate) fn demand(table: &ServiceTable) -> Demand {
     // A sorted list rather than a hash set: one exact allocation (about
     // half what a set takes while it grows), made
     // between a start's translation and its first write, and after whole
@@ -84,14 +84,14 @@ const fn backend_slots(demand: Demand) -> usize {
 /// (the kernel rounds a hash map's buckets so anyway), at least `MIN_SIZE`,
 /// at most `bound`.
 #[must_use]
-pub fn size_for(needed: usize, bound: u32) -> u32 {
+pub(crate) fn size_for(needed: usize, bound: u32) -> u32 {
     let doubled = u32::try_from(needed.saturating_mul(2)).unwrap_or(u32::MAX);
     doubled.max(MIN_SIZE).checked_next_power_of_two().unwrap_or(u32::MAX).min(bound)
 }
 
 /// The sizes of a new map set for `demand` under `bounds`.
 #[must_use]
-pub fn wanted(demand: Demand, bounds: Sizes) -> Sizes {
+pub(crate) fn wanted(demand: Demand, bounds: Sizes) -> Sizes {
     Sizes {
         services: size_for(demand.services, bounds.services),
         backends: size_for(backend_slots(demand), bounds.backends),
@@ -106,7 +106,7 @@ pub fn wanted(demand: Demand, bounds: Sizes) -> Sizes {
 /// (also when the bound stops a map from growing: the writes that do not
 /// fit are reported).
 #[must_use]
-pub fn plan(current: Sizes, demand: Demand, full: Full, bounds: Sizes) -> Option<Sizes> {
+pub(crate) fn plan(current: Sizes, demand: Demand, full: Full, bounds: Sizes) -> Option<Sizes> {
     let one = |current: u32, needed: usize, full: bool, bound: u32| {
         if current > bound {
             return size_for(needed, bound);

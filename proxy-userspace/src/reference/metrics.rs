@@ -77,7 +77,7 @@ fn family_of<'a>(families: &'a mut BTreeMap<String, Family>, sample: &str) -> Op
 
 /// The metrics reference.
 #[must_use]
-pub fn metrics_markdown() -> String {
+pub(crate) fn metrics_markdown() -> String {
     let mut families = families(&exposition());
     // Encoded only once the programs' maps are loaded, which a unit test
     // has not: described from the names and help texts the collector uses.

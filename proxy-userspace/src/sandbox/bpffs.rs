@@ -15,7 +15,7 @@ impl BpfFs {
     /// Mounts a new bpffs at `path` (created if missing).
     /// A bpffs already mounted there (left by a killed run) is unmounted
     /// first.
-    pub fn mount_at(path: &Path) -> io::Result<Self> {
+    pub(crate) fn mount_at(path: &Path) -> io::Result<Self> {
         fs::create_dir_all(path)?;
         while nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == 0xcafe_4a11) {
             umount2(path, MntFlags::MNT_DETACH).map_err(io::Error::from)?;

@@ -28,7 +28,7 @@ impl TestCgroup {
 
     /// `cgroup.procs`, written to move a process in.
     #[must_use]
-    pub fn procs_file(&self) -> PathBuf {
+    pub(crate) fn procs_file(&self) -> PathBuf {
         self.path.join("cgroup.procs")
     }
 }

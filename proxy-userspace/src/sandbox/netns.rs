@@ -54,7 +54,7 @@ impl NetNs {
     }
 
     /// Opens the namespace, for `setns`.
-    pub fn open(&self) -> io::Result<File> {
+    pub(crate) fn open(&self) -> io::Result<File> {
         File::open(self.path())
     }
 

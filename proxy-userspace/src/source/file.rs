@@ -22,7 +22,7 @@ use super::Objects;
 /// Why the file, or one object of it, was not applied: the `reason` label
 /// of `ebpf_proxy_services_file_rejections_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     /// The file cannot be read (missing, no permission).
     Unreadable,
     /// The file is not YAML.
@@ -48,7 +48,7 @@ pub enum Rejection {
 
 impl Rejection {
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Unreadable => "unreadable",
             Self::NotYaml => "not_yaml",
@@ -82,7 +82,7 @@ pub enum FileError {
 
 impl FileError {
     #[must_use]
-    pub const fn rejection(&self) -> Rejection {
+    pub(crate) const fn rejection(&self) -> Rejection {
         match self {
             Self::Read { .. } => Rejection::Unreadable,
             Self::Yaml { .. } => Rejection::NotYaml,
@@ -96,13 +96,13 @@ impl FileError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectError {
     /// 1-based index of the YAML document in the stream.
-    pub document: usize,
+    pub(crate) document: usize,
     /// `Kind namespace/name` where the object says so.
-    pub object: String,
+    pub(crate) object: String,
     /// Path of the offending field, `.` when the object as a whole is wrong.
-    pub field: String,
-    pub message: String,
-    pub rejection: Rejection,
+    pub(crate) field: String,
+    pub(crate) message: String,
+    pub(crate) rejection: Rejection,
 }
 
 impl std::fmt::Display for ObjectError {
@@ -148,7 +148,7 @@ impl Parsed {
     /// The file held no object at all, good or bad (empty, only comments or
     /// `---`).
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         let Objects { services, slices, nodes } = &self.objects;
         services.is_empty()
             && slices.is_empty()
@@ -161,7 +161,7 @@ impl Parsed {
     /// a Service, EndpointSlice or Node the agent can use, nor a Service
     /// deliberately left out by label.
     #[must_use]
-    pub fn nothing_usable(&self) -> bool {
+    pub(crate) fn nothing_usable(&self) -> bool {
         let Objects { services, slices, nodes } = &self.objects;
         !self.errors.is_empty()
             && services.is_empty()
@@ -180,10 +180,10 @@ pub fn load(path: &Path) -> Result<Parsed, FileError> {
 /// Services with 10 endpoints each as `kubectl get -o yaml` prints them
 /// (managedFields included). A larger file is refused whole, so a runaway
 /// writer cannot make the agent hold it in memory.
-pub const MAX_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_BYTES: u64 = 256 << 20;
 
 /// Reads and parses `path`, refusing it when it is larger than `max` bytes.
-pub fn load_at_most(path: &Path, max: u64) -> Result<Parsed, FileError> {
+pub(crate) fn load_at_most(path: &Path, max: u64) -> Result<Parsed, FileError> {
     use std::io::Read as _;
     let read = |source| FileError::Read { path: path.into(), source };
     let file = fs::File::open(path).map_err(read)?;
@@ -324,7 +324,7 @@ fn typed<T: DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
 
 /// Identity of the file's content on disk, to notice changes cheaply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     modified: Option<SystemTime>,
     len: u64,
     inode: u64,
@@ -332,7 +332,7 @@ pub struct Stamp {
 
 /// The file's stamp, or `None` when it cannot be read.
 #[must_use]
-pub fn stamp(path: &Path) -> Option<Stamp> {
+pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt as _;
     let meta = fs::metadata(path).ok()?;
     Some(Stamp { modified: meta.modified().ok(), len: meta.len(), inode: meta.ino() })

@@ -83,7 +83,7 @@ pub struct ApiBytes {
     pub list_protobuf: AtomicU64,
     pub list_json: AtomicU64,
     pub watch_protobuf: AtomicU64,
-    pub watch_json: AtomicU64,
+    pub(crate) watch_json: AtomicU64,
 }
 
 impl ApiBytes {

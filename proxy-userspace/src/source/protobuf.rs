@@ -40,7 +40,7 @@ use super::{
 
 /// The protobuf media type, as `Accept` asks for it and `Content-Type`
 /// names it (a watch adds `;stream=watch`).
-pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+pub(crate) const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 
 /// What every protobuf body starts with.
 const MAGIC: &[u8; 4] = b"k8s\0";
@@ -502,7 +502,7 @@ struct RawExtension {
 
 /// A watch event as the watch reads it.
 #[derive(Debug)]
-pub enum Watched<K> {
+pub(crate) enum Watched<K> {
     /// `ADDED`, `MODIFIED`, `DELETED` or `BOOKMARK`, and its object.
     Object(String, K),
     /// `ERROR`, and the Status it carries.
@@ -512,7 +512,7 @@ pub enum Watched<K> {
 /// The length of the next frame of a protobuf watch stream that starts
 /// `buf`, once `buf` holds all of it.
 #[must_use]
-pub fn frame_len(buf: &[u8]) -> Option<usize> {
+pub(crate) fn frame_len(buf: &[u8]) -> Option<usize> {
     let head: [u8; 4] = buf.get(..4)?.try_into().ok()?;
     let len = usize::try_from(u32::from_be_bytes(head)).ok()?;
     (buf.len() >= 4 + len).then_some(4 + len)
@@ -522,7 +522,7 @@ pub fn frame_len(buf: &[u8]) -> Option<usize> {
 ///
 /// # Errors
 /// The frame is not a protobuf watch event.
-pub fn watch_event<K: Decode>(frame: &[u8]) -> Result<Watched<K>, DecodeError> {
+pub(crate) fn watch_event<K: Decode>(frame: &[u8]) -> Result<Watched<K>, DecodeError> {
     let event = WatchEvent::decode(frame.get(4..).unwrap_or_default())?;
     let raw = unwrap(&event.object.and_then(|o| o.raw).unwrap_or_default())?;
     let kind = event.type_.unwrap_or_default();

@@ -9,8 +9,8 @@
 //! handover of traffic from outside to the programs). See docs/design.md.
 mod compare;
 pub mod iptables;
-pub mod nftables;
-pub mod pending;
+pub(crate) mod nftables;
+pub(crate) mod pending;
 mod read;
 mod remove;
 mod step;
@@ -22,9 +22,9 @@ use std::{
 };
 
 pub use compare::{Difference, compare};
-pub use read::{Rules, Tools, read_rules};
+pub(crate) use read::{Tools, read_rules};
 pub use remove::{KEEPER, Removed, keep_conntrack, keeper, remove_rules};
-pub use step::{Outcome, RETRY, Takeover, log as log_outcome};
+pub(crate) use step::{Outcome, RETRY, Takeover, log as log_outcome};
 
 use crate::model::Protocol;
 
@@ -37,7 +37,7 @@ pub enum Family {
 
 impl Family {
     #[must_use]
-    pub const fn of(addr: IpAddr) -> Self {
+    pub(crate) const fn of(addr: IpAddr) -> Self {
         match addr {
             IpAddr::V4(_) => Self::V4,
             IpAddr::V6(_) => Self::V6,
@@ -47,7 +47,7 @@ impl Family {
 
 /// Where a frontend of kube-proxy's rules is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Place {
+pub(crate) enum Place {
     /// One address: a ClusterIP, an externalIP, a LoadBalancer IP.
     Address(IpAddr),
     /// A nodePort: on the node's addresses of this family (kube-proxy's
@@ -59,9 +59,9 @@ pub enum Place {
 /// A frontend of kube-proxy's rules: where, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleKey {
-    pub place: Place,
-    pub port: u16,
-    pub protocol: Protocol,
+    pub(crate) place: Place,
+    pub(crate) port: u16,
+    pub(crate) protocol: Protocol,
 }
 
 impl fmt::Display for RuleKey {
@@ -77,7 +77,7 @@ impl fmt::Display for RuleKey {
 
 /// What kind of frontend a rule serves, as far as the rules tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RuleKind {
+pub(crate) enum RuleKind {
     ClusterIp,
     NodePort,
     ExternalIp,
@@ -95,9 +95,9 @@ pub enum RuleKind {
 /// the node itself) and the local one together.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleFrontend {
-    pub kind: RuleKind,
+    pub(crate) kind: RuleKind,
     /// `namespace/name:port` when a comment or a chain name says it.
-    pub service: Option<String>,
+    pub(crate) service: Option<String>,
     pub backends: BTreeSet<SocketAddr>,
 }
 
