@@ -6,7 +6,7 @@ use ebpf_proxy::{
 
 use std::process::ExitCode;
 
-/// jemalloc for every Rust allocation: see memory.rs.
+/// jemalloc for every Rust allocation: see observe/memory.rs.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

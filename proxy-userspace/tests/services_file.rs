@@ -184,7 +184,7 @@ fn a_failed_start_leaves_no_pins_behind() {
     assert!(!env.pin_dir().exists(), "a refused flag made the pin directory");
 
     // Where a fresh start pins its maps: the smallest size (see
-    // datapath/sizing.rs).
+    // reconcile/sizing.rs).
     let min = ebpf_proxy::reconcile::sizing::MIN_SIZE;
     let min = ebpf_proxy::reconcile::sizing::Sizes { services: min, backends: min, frontends: min };
     let maps = ebpf_proxy::paths::maps_dir(&env.pin_dir(), 16381, min);

@@ -266,7 +266,7 @@ const BATCH: usize = 4096;
 /// Most bytes of keys, or of values, one batch write carries: the two lists
 /// `write_batches` copies batches into stay within what the allocator
 /// keeps per thread for reuse (jemalloc's `tcache_max`, 32 KiB). Larger
-/// lists were handed back to the kernel as each write ended (memory.rs)
+/// lists were handed back to the kernel as each write ended (observe/memory.rs)
 /// and faulted in again by the next: ~16,000 page faults of a 100,000
 /// start's ~130,000 during its first sync. (The second writer of
 /// `write_batches_two` and `write_lanes` is a new thread each time, whose

@@ -98,7 +98,7 @@ impl Telemetry {
     /// Frontend `frontend`, of rev-NAT id `id` (0: none), now has `service`
     /// as its label (`None`: it is gone); a counter that passes to a new
     /// frontend starts from zero. A frontend keeps its id while it exists
-    /// (`datapath::reconcile`), so a gone one's id says where its labels are.
+    /// (`crate::reconcile`), so a gone one's id says where its labels are.
     pub fn set_frontend(&mut self, frontend: FrontendKey, id: RevNatId, service: Option<&ServicePort>) {
         if id == 0 {
             return;

@@ -1,7 +1,7 @@
 //! New frontends written in bulk: a start writes 100,000 of them, and one
 //! at a time each took four system calls (its rev-NAT entry, its slots,
 //! its slot 0, its name). Here a chunk of them takes a batch write per map
-//! (in pieces of at most 32 KiB: `datapath/maps.rs`), in the order a reader
+//! (in pieces of at most 32 KiB: `crate::datapath::maps`), in the order a reader
 //! needs: every rev-NAT entry and slot of the chunk before any of its
 //! slots 0, so no reader finds a slot 0 whose count reaches a slot not
 //! written yet (docs/design.md, "Write order"). That takes two steps, each
@@ -353,7 +353,7 @@ impl WantedIds {
 /// The lists of entries a chunk's batch writes are made in, kept from one
 /// chunk to the next: made anew, the slots' (~160 KiB at 10 backends a
 /// frontend, with the slots 0) and the names' (~150 KiB) were handed back
-/// to the kernel after each chunk (memory.rs) and faulted in again by the
+/// to the kernel after each chunk (observe/memory.rs) and faulted in again by the
 /// next.
 #[derive(Default)]
 struct ChunkLists {

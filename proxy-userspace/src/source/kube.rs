@@ -277,7 +277,7 @@ async fn drive<K: Send + 'static>(
             list.follow(kind, event);
         }
         // The relist's freed pages go back to the kernel by themselves
-        // (the allocator's background thread: memory.rs).
+        // (the allocator's background thread: observe/memory.rs).
         handle(&mut events);
         events.clear();
     }
