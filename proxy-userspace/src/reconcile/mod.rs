@@ -814,6 +814,11 @@ impl Reconciler {
         }
     }
 
+    /// Writes the difference between what frontend `key` holds and what
+    /// `frontend` wants, in the reader-safe order (see the module's doc):
+    /// the rev-NAT entry and new source ranges, the slots entries that
+    /// change, the Maglev table, slot 0 (the switch-over), then what slot 0
+    /// no longer counts.
     fn update_frontend(
         &mut self,
         maps: &mut impl ServiceMaps,
@@ -827,11 +832,40 @@ impl Reconciler {
         // (A new frontend begun in bulk may have its slot 0 already.)
         let before: Vec<u32> =
             self.frontends.get(&key).filter(|_| !new).map(|f| f.live_slots().to_vec()).unwrap_or_default();
+        self.set_wanted(key, frontend);
+        let writes_before = report.writes;
+        self.write_rev_nat(maps, key, report)?;
+        let ranges: BTreeSet<IpNet> = frontend.source_ranges.iter().flatten().copied().collect();
+        self.add_source_ranges(maps, key, &ranges, report)?;
+        let list: Vec<u32> = targets.iter().map(|(_, id)| *id).collect();
+        self.write_changed_slots(maps, key, &list, report)?;
+        let maglev = self.write_maglev_table(maps, key, frontend, targets, report);
+        self.switch_slot_zero(maps, key, frontend, (flags, maglev), targets.len(), report)?;
+        self.drop_slots_past_count(maps, key, targets.len(), report)?;
+        self.remove_old_source_ranges(maps, key, &ranges, report)?;
+        self.frontends.get_mut(&key).expect("inserted above").write_name(maps, key, report);
+        if report.writes > writes_before {
+            self.record_update(key, frontend, existed, &before, targets, report);
+        }
+        Ok(())
+    }
+
+    /// Records what `frontend` wants of frontend `key` (added when new).
+    fn set_wanted(&mut self, key: FrontendKey, frontend: &Frontend) {
         let fe = self.frontends.entry(key).or_insert_with(|| AppliedFrontend::new(frontend.service_port.clone()));
         fe.set_service_port(&frontend.service_port);
         fe.set_wanted(key, frontend);
-        let writes_before = report.writes;
+    }
 
+    /// Gives frontend `key` a rev-NAT id if it has none, and writes its
+    /// rev-NAT entry if not written yet.
+    fn write_rev_nat(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        key: FrontendKey,
+        report: &mut Report,
+    ) -> Result<(), MapError> {
+        let fe = self.frontends.get_mut(&key).expect("inserted above");
         if fe.rev_nat == 0 {
             fe.rev_nat = self.rev_nat_pool.allocate().ok_or(MapError::Full { map: MapName::RevNat })?;
         }
@@ -840,20 +874,43 @@ impl Reconciler {
             maps.set_rev_nat(fe.rev_nat, &codec::rev_nat_value(key))?;
             fe.rev_nat_written = true;
         }
-        let ranges: BTreeSet<IpNet> = frontend.source_ranges.iter().flatten().copied().collect();
+        Ok(())
+    }
+
+    /// Adds the source ranges of `ranges` frontend `key` does not hold yet.
+    fn add_source_ranges(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        key: FrontendKey,
+        ranges: &BTreeSet<IpNet>,
+        report: &mut Report,
+    ) -> Result<(), MapError> {
+        let fe = self.frontends.get_mut(&key).expect("inserted above");
         for net in ranges.difference(&fe.ranges.clone()) {
             report.writes += 1;
             maps.set_source_range(fe.rev_nat, *net)?;
             fe.ranges.insert(*net);
         }
+        Ok(())
+    }
+
+    /// Writes the slots entries of frontend `key` whose backends differ
+    /// from `list`, slot 0 untouched: a reader still counts the old slots.
+    fn write_changed_slots(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        key: FrontendKey,
+        list: &[u32],
+        report: &mut Report,
+    ) -> Result<(), MapError> {
+        let fe = self.frontends.get_mut(&key).expect("inserted above");
         // The slots entries that change, in one batch (in order, so the
         // entries before a failed one are the ones written).
-        let list: Vec<u32> = targets.iter().map(|(_, id)| *id).collect();
         let changed: Vec<usize> = (0..codec::slot_entries(list.len()))
             .filter(|e| entry_slots(*e, list.len()).any(|i| fe.slots.get(i) != Some(&list[i])))
             .collect();
         let entries: Vec<(ServiceKey, ServiceValue)> =
-            changed.iter().map(|e| (codec::slots_key(key, *e), entry_before_switch(&list, &fe.slots, *e))).collect();
+            changed.iter().map(|e| (codec::slots_key(key, *e), entry_before_switch(list, &fe.slots, *e))).collect();
         report.writes += entries.len();
         let (written, failed) = match maps.set_services(&entries) {
             Ok(()) => (changed.len(), None),
@@ -867,36 +924,69 @@ impl Reconciler {
                 set_slot(&mut fe.slots, &mut self.backends, i, list[i]);
             }
         }
-        if let Some(error) = failed {
-            return Err(error);
-        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// The Maglev table traffic from outside picks a backend of frontend
+    /// `key` in (0: none; a table that could not be written is reported).
+    fn write_maglev_table(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        key: FrontendKey,
+        frontend: &Frontend,
+        targets: &[(BackendAddr, u32)],
+        report: &mut Report,
+    ) -> u16 {
         // Traffic from outside picks its backend in a Maglev table; without
         // one (it could not be written) it hashes over the slots.
-        let maglev = if frontend.reach.from_outside() && !list.is_empty() {
-            let addrs: BTreeMap<u32, BackendAddr> = targets.iter().map(|(a, id)| (*id, *a)).collect();
-            match self.maglev.get_or_write(maps, &list, &addrs, &mut report.writes) {
-                Ok(id) => id,
-                Err(error) => {
-                    report
-                        .failures
-                        .push(Failure { subject: format!("{} {key} Maglev table", frontend.service_port), error });
-                    0
-                }
+        if !frontend.reach.from_outside() || targets.is_empty() {
+            return 0;
+        }
+        let list: Vec<u32> = targets.iter().map(|(_, id)| *id).collect();
+        let addrs: BTreeMap<u32, BackendAddr> = targets.iter().map(|(a, id)| (*id, *a)).collect();
+        match self.maglev.get_or_write(maps, &list, &addrs, &mut report.writes) {
+            Ok(id) => id,
+            Err(error) => {
+                report
+                    .failures
+                    .push(Failure { subject: format!("{} {key} Maglev table", frontend.service_port), error });
+                0
             }
-        } else {
-            0
-        };
+        }
+    }
+
+    /// Writes slot 0 of frontend `key` with the new count, flags and
+    /// Maglev table when it differs: the switch-over a reader sees at once.
+    fn switch_slot_zero(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        key: FrontendKey,
+        frontend: &Frontend,
+        (flags, maglev): (u16, u16),
+        count: usize,
+        report: &mut Report,
+    ) -> Result<(), MapError> {
         let fe = self.frontends.get_mut(&key).expect("inserted above");
-        let master = codec::master_value(frontend, targets.len(), fe.rev_nat, flags, maglev);
+        let master = codec::master_value(frontend, count, fe.rev_nat, flags, maglev);
         if fe.master != Some(master) {
             report.writes += 1;
             maps.set_service(&codec::service_key(key, 0), &master)?;
             self.maglev.master_changed(fe.master.map_or(0, |m| m.maglev), master.maglev);
             fe.master = Some(master);
         }
-        // Slot 0 counts no slot past `count` now: the entries past it go,
-        // and the last one's slots past it are cleared.
-        let count = targets.len();
+        Ok(())
+    }
+
+    /// Deletes the slots entries of frontend `key` past `count`, which
+    /// slot 0 no longer counts, and clears the last one's slots past it.
+    fn drop_slots_past_count(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        key: FrontendKey,
+        count: usize,
+        report: &mut Report,
+    ) -> Result<(), MapError> {
+        let fe = self.frontends.get_mut(&key).expect("inserted above");
         remove_slot_entries(maps, key, &mut fe.slots, &mut self.backends, count, &mut report.writes)?;
         if fe.slots.len() > count {
             let entry = codec::slot_entries(count) - 1;
@@ -904,24 +994,47 @@ impl Reconciler {
             maps.set_service(&codec::slots_key(key, entry), &codec::slots_value(&fe.slots[..count], entry))?;
             truncate_slots(&mut fe.slots, &mut self.backends, count);
         }
-        for net in fe.ranges.clone().difference(&ranges) {
+        Ok(())
+    }
+
+    /// Removes the source ranges frontend `key` holds that `ranges` no
+    /// longer lists.
+    fn remove_old_source_ranges(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        key: FrontendKey,
+        ranges: &BTreeSet<IpNet>,
+        report: &mut Report,
+    ) -> Result<(), MapError> {
+        let fe = self.frontends.get_mut(&key).expect("inserted above");
+        for net in fe.ranges.clone().difference(ranges) {
             report.writes += 1;
             maps.remove_source_range(fe.rev_nat, *net)?;
             fe.ranges.remove(net);
         }
-        fe.write_name(maps, key, report);
-        if report.writes > writes_before {
-            let rev_nat = self.frontends[&key].rev_nat;
-            let backends = &self.backends;
-            let change = || {
-                let before: Vec<BackendAddr> = before.iter().filter_map(|id| backends.addr(*id)).collect();
-                let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
-                let kind = if existed { ChangeKind::Updated } else { ChangeKind::Added };
-                Change::new(frontend.service_port.clone(), key, rev_nat, kind, before, (after, targets.len()))
-            };
-            report.record(change, key, !existed);
-        }
         Ok(())
+    }
+
+    /// Reports frontend `key` as added or updated, with its backends
+    /// `before` (ids) and now.
+    fn record_update(
+        &self,
+        key: FrontendKey,
+        frontend: &Frontend,
+        existed: bool,
+        before: &[u32],
+        targets: &[(BackendAddr, u32)],
+        report: &mut Report,
+    ) {
+        let rev_nat = self.frontends[&key].rev_nat;
+        let backends = &self.backends;
+        let change = || {
+            let before: Vec<BackendAddr> = before.iter().filter_map(|id| backends.addr(*id)).collect();
+            let after: Vec<BackendAddr> = targets.iter().map(|(a, _)| *a).collect();
+            let kind = if existed { ChangeKind::Updated } else { ChangeKind::Added };
+            Change::new(frontend.service_port.clone(), key, rev_nat, kind, before, (after, targets.len()))
+        };
+        report.record(change, key, !existed);
     }
 
     fn remove_frontend(
