@@ -23,7 +23,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use proxy_common::{Backend as BackendValue, RevNatId, ServiceKey, ServiceName, ServiceValue};
+use proxy_common::{Backend as BackendValue, RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue};
 
 pub mod audit;
 mod backend_table;
@@ -250,6 +250,44 @@ pub struct Recovery {
     pub(crate) stale_entries_removed: usize,
 }
 
+/// Entries a recovery found that no reader can reach, to delete.
+#[derive(Default)]
+struct Stale {
+    // A set: an entry of no backend is found as such and may be an
+    // orphan's too.
+    services: BTreeSet<ServiceKey>,
+    rev_nat: Vec<RevNatId>,
+    ranges: Vec<(RevNatId, IpNet)>,
+    names: Vec<RevNatId>,
+    backends: Vec<u32>,
+}
+
+impl Stale {
+    /// Deletes every entry (`backends`: the entries the dump read).
+    fn remove(&self, maps: &mut impl ServiceMaps, backends: &BTreeMap<u32, BackendValue>) -> Result<(), MapError> {
+        for key in &self.services {
+            maps.remove_service(key)?;
+        }
+        for id in &self.rev_nat {
+            maps.remove_rev_nat(*id)?;
+        }
+        for (id, net) in &self.ranges {
+            maps.remove_source_range(*id, *net)?;
+        }
+        for id in &self.names {
+            maps.remove_name(*id)?;
+        }
+        for id in &self.backends {
+            maps.remove_backend(*id, &backends[id])?;
+        }
+        Ok(())
+    }
+
+    fn count(&self) -> usize {
+        self.services.len() + self.rev_nat.len() + self.backends.len() + self.ranges.len() + self.names.len()
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Reconciler {
     frontends: BTreeMap<FrontendKey, AppliedFrontend>,
@@ -395,18 +433,43 @@ impl Reconciler {
     pub fn recover(maps: &mut impl ServiceMaps) -> Result<(Self, Recovery), MapError> {
         let Dump { services, backends, rev_nat, maglev, source_ranges, names } = maps.dump()?;
         let mut this = Self::default();
-        let mut recovery = Recovery::default();
-        // A set: an entry of no backend is found as such and may be an
-        // orphan's too.
-        let mut stale_services = BTreeSet::new();
-        let (table, stale_backends) = BackendTable::recover(&backends);
-        this.backends = table;
-        for (key, value) in &services {
+        let mut stale = Stale::default();
+        (this.backends, stale.backends) = BackendTable::recover(&backends);
+        this.recover_frontends(&services, &rev_nat, &names, &mut stale.services);
+        this.drop_orphan_slots(&services, &mut stale.services);
+        let used_rev_nat: BTreeSet<RevNatId> =
+            this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
+        stale.rev_nat = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
+        stale.names = names.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
+        stale.ranges = this.recover_source_ranges(&source_ranges);
+        this.recover_maglev_tables(&maglev, maps.maglev_size());
+        stale.remove(maps, &backends)?;
+        this.backends.reserve_recovered();
+        this.rev_nat_pool = IdPool::with_used(used_rev_nat.iter().copied());
+        this.counts = this.recount();
+        let recovery = Recovery {
+            frontends: this.frontends.len(),
+            backends: this.backends.len(),
+            stale_entries_removed: stale.count(),
+        };
+        Ok((this, recovery))
+    }
+
+    /// Rebuilds each frontend from its slot 0 and slots entries; entries
+    /// that are no frontend's go to `stale`.
+    fn recover_frontends(
+        &mut self,
+        services: &BTreeMap<ServiceKey, ServiceValue>,
+        rev_nat: &BTreeMap<RevNatId, RevNat>,
+        names: &BTreeMap<RevNatId, ServiceName>,
+        stale: &mut BTreeSet<ServiceKey>,
+    ) {
+        for (key, value) in services {
             let Ok((fk, slot)) = codec::frontend_of(key) else {
-                stale_services.insert(*key);
+                stale.insert(*key);
                 continue;
             };
-            let fe = this.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(ServicePort::default()));
+            let fe = self.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(ServicePort::default()));
             if slot == 0 {
                 fe.master = Some(*value);
                 fe.rev_nat = value.rev_nat;
@@ -416,7 +479,7 @@ impl Reconciler {
                 let ids = value.slot_ids();
                 // An entry naming no backend is none a writer leaves.
                 let Some(last) = ids.iter().rposition(|id| *id != 0) else {
-                    stale_services.insert(*key);
+                    stale.insert(*key);
                     continue;
                 };
                 let first = (usize::from(slot) - 1) * codec::SLOTS_PER_ENTRY;
@@ -425,72 +488,57 @@ impl Reconciler {
                 }
                 for (i, id) in ids[..=last].iter().enumerate() {
                     fe.slots[first + i] = *id;
-                    this.backends.add_slot(*id);
+                    self.backends.add_slot(*id);
                 }
             }
         }
-        // Slots of a frontend without slot 0 are unreachable: delete them.
+    }
+
+    /// Forgets the frontends without slot 0, whose slots are unreachable,
+    /// and adds their slots entries to `stale`.
+    fn drop_orphan_slots(&mut self, services: &BTreeMap<ServiceKey, ServiceValue>, stale: &mut BTreeSet<ServiceKey>) {
         let orphans: Vec<FrontendKey> =
-            this.frontends.iter().filter(|(_, f)| f.master.is_none()).map(|(k, _)| *k).collect();
+            self.frontends.iter().filter(|(_, f)| f.master.is_none()).map(|(k, _)| *k).collect();
         for fk in orphans {
-            let fe = this.frontends.remove(&fk).expect("listed above");
+            let fe = self.frontends.remove(&fk).expect("listed above");
             for id in &fe.slots {
-                this.backends.remove_slot(*id);
+                self.backends.remove_slot(*id);
             }
             let keys = (0..codec::slot_entries(fe.slots.len())).map(|e| codec::slots_key(fk, e));
-            stale_services.extend(keys.filter(|k| services.contains_key(k)));
+            stale.extend(keys.filter(|k| services.contains_key(k)));
         }
-        let used_rev_nat: BTreeSet<RevNatId> =
-            this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
-        let stale_rev_nat: Vec<RevNatId> = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
-        let stale_names: Vec<RevNatId> = names.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
+    }
+
+    /// Gives each frontend its source ranges; the ranges of no frontend.
+    fn recover_source_ranges(&mut self, source_ranges: &BTreeSet<(RevNatId, IpNet)>) -> Vec<(RevNatId, IpNet)> {
         let by_rev_nat: HashMap<RevNatId, FrontendKey> =
-            this.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k)).collect();
-        let mut stale_ranges = Vec::new();
-        for (id, net) in &source_ranges {
+            self.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k)).collect();
+        let mut stale = Vec::new();
+        for (id, net) in source_ranges {
             match by_rev_nat.get(id) {
                 Some(fk) => {
-                    this.frontends.get_mut(fk).expect("listed above").ranges.insert(*net);
+                    self.frontends.get_mut(fk).expect("listed above").ranges.insert(*net);
                 }
-                None => stale_ranges.push((*id, *net)),
+                None => stale.push((*id, *net)),
             }
         }
+        stale
+    }
+
+    /// Takes back the Maglev tables the frontends' slots 0 name.
+    fn recover_maglev_tables(&mut self, maglev: &BTreeMap<u16, Vec<u32>>, size: usize) {
         // A table a frontend's slot 0 names was built from that frontend's
         // slots (checked when recovering it).
-        let lists: BTreeMap<u16, Vec<u32>> = this
+        let lists: BTreeMap<u16, Vec<u32>> = self
             .frontends
             .values()
             .filter_map(|f| Some((f.master?.maglev, f.live_slots().to_vec())))
             .filter(|(id, _)| *id != 0)
             .collect();
-        this.maglev = MaglevTables::recover(&maglev, &lists, &this.backends.addrs(), maps.maglev_size());
-        for fe in this.frontends.values() {
-            this.maglev.master_changed(0, fe.master.map_or(0, |m| m.maglev));
+        self.maglev = MaglevTables::recover(maglev, &lists, &self.backends.addrs(), size);
+        for fe in self.frontends.values() {
+            self.maglev.master_changed(0, fe.master.map_or(0, |m| m.maglev));
         }
-
-        for key in &stale_services {
-            maps.remove_service(key)?;
-        }
-        for id in &stale_rev_nat {
-            maps.remove_rev_nat(*id)?;
-        }
-        for (id, net) in &stale_ranges {
-            maps.remove_source_range(*id, *net)?;
-        }
-        for id in &stale_names {
-            maps.remove_name(*id)?;
-        }
-        for id in &stale_backends {
-            maps.remove_backend(*id, &backends[id])?;
-        }
-        this.backends.reserve_recovered();
-        this.rev_nat_pool = IdPool::with_used(used_rev_nat.iter().copied());
-        this.counts = this.recount();
-        recovery.frontends = this.frontends.len();
-        recovery.backends = this.backends.len();
-        recovery.stale_entries_removed =
-            stale_services.len() + stale_rev_nat.len() + stale_backends.len() + stale_ranges.len() + stale_names.len();
-        Ok((this, recovery))
     }
 
     /// Number of frontends in the maps: those whose slot 0 is written (a
