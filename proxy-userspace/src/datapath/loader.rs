@@ -433,74 +433,25 @@ impl Datapath {
         let counters_made = !maps_dir.join(map_names::CONNECTIONS).exists();
         // Nor does a backends array it makes hold anything.
         let backends_made = !maps_dir.join(map_names::BACKENDS).exists();
-        let (ct_pin, _) = session_pin(&maps_dir, carry, map_names::CT);
-        let ct_resize = CtResize::set_aside(&ct_pin, opts.ct_map_size)
-            .map_err(|source| LoadError::CtResize { path: ct_pin.display().to_string(), source })?;
-        let (mut ebpf, carried) = match load_object(opts, sizes, &maps_dir, &maglev_pin, carry) {
-            Ok(loaded) => loaded,
-            Err(err) => {
-                if let Some(resize) = ct_resize {
-                    resize.undo();
-                }
-                return Err(err);
-            }
-        };
-
+        let (mut ebpf, carried, ct_resize) = load_resizing_ct(opts, sizes, &maps_dir, &maglev_pin, carry)?;
         check_layouts(&ebpf, &maps_dir)?;
-
         if opts.bpf_log {
             start_bpf_log(&mut ebpf);
         }
-
-        let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap { name });
-        let services = take(&mut ebpf, map_names::SERVICES)?;
-        let backends = take(&mut ebpf, map_names::BACKENDS)?;
-        let rev_nat = take(&mut ebpf, map_names::REVNAT)?;
-        let source_ranges = take(&mut ebpf, map_names::SOURCE_RANGES)?;
-        let names = super::names::open_or_create(&maps_dir.join(map_names::SERVICE_NAMES), sizes.frontends)?;
-        let mut maps = KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev, names)?;
+        let mut maps = take_service_maps(&mut ebpf, &maps_dir, sizes, maglev)?;
         if backends_made {
             maps.backends_made_empty();
         }
-        // The carried session maps are pinned in this set too, so that it
-        // keeps them once the set they came from is removed.
-        let mut session = |name: &'static str| -> Result<Map, LoadError> {
-            let map = take(&mut ebpf, name)?;
-            if carried.contains(&name) {
-                let path = maps_dir.join(name);
-                map.pin(&path).map_err(|source| LoadError::Pin { path: path.display().to_string(), source })?;
-            }
-            Ok(map)
-        };
-        let sessions = SessionMaps::from_maps(
-            session(map_names::AFFINITY)?,
-            session(map_names::SOCK_BACKEND)?,
-            session(map_names::SOCK_REVNAT)?,
-            session(map_names::CT)?,
-        )?;
+        let sessions = take_session_maps(&mut ebpf, &maps_dir, &carried)?;
         if let Some(resize) = ct_resize {
-            // The flows are lost, not the start.
-            if let Err(err) = resize.finish(sessions.ct_fd()) {
-                tracing::warn!(%err, "cannot copy the conntrack map's entries into the resized one; flows from outside may be balanced anew");
-            }
+            finish_ct_resize(resize, &sessions);
         }
-        tracing::info!(
-            maps = %maps_dir.display(),
-            services_map_size = sizes.services,
-            backends_map_size = sizes.backends,
-            frontend_maps_size = sizes.frontends,
-            sessions_carried = ?carried,
-            "datapath loaded"
-        );
-        let active = std::sync::Arc::new(ActiveConns::from_map(take(&mut ebpf, map_names::ACTIVE_CONNS)?)?);
+        log_loaded(&maps_dir, sizes, &carried);
+        let active = std::sync::Arc::new(ActiveConns::from_map(take_map(&mut ebpf, map_names::ACTIVE_CONNS)?)?);
         maps.set_active(active.clone());
-        let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?, counters_made)?;
-        let external_stats = ExternalStats::from_map(take(&mut ebpf, map_names::EXTERNAL_STATS)?)?;
-        let mut handover = HandoverMap::from_map(take(&mut ebpf, map_names::OUTSIDE_HANDOVER)?)?;
-        handover.set(opts.outside_handover)?;
-        if opts.outside_handover != OutsideHandover::Off {
-            tracing::info!(mode = ?opts.outside_handover, "traffic from outside shared with netfilter (--outside-handover)");
-        }
+        let counters = ConnCounters::from_map(take_map(&mut ebpf, map_names::CONNECTIONS)?, counters_made)?;
+        let external_stats = ExternalStats::from_map(take_map(&mut ebpf, map_names::EXTERNAL_STATS)?)?;
+        let handover = take_handover(&mut ebpf, opts.outside_handover)?;
         let programs = Programs::new(ebpf, opts.acceleration);
         Ok(Self {
             programs,
@@ -879,6 +830,99 @@ impl Sessions {
             Self::Live(from) => (&[map_names::SOCK_REVNAT], Some(from)),
         }
     }
+}
+
+/// Sets the conntrack map aside when its size changes, then loads the
+/// object (`load_object`); a failed load puts the old map back.
+fn load_resizing_ct(
+    opts: &LoadOptions,
+    sizes: Sizes,
+    maps_dir: &Path,
+    maglev_pin: &Path,
+    carry: &Sessions,
+) -> Result<(Ebpf, Vec<&'static str>, Option<CtResize>), LoadError> {
+    let (ct_pin, _) = session_pin(maps_dir, carry, map_names::CT);
+    let ct_resize = CtResize::set_aside(&ct_pin, opts.ct_map_size)
+        .map_err(|source| LoadError::CtResize { path: ct_pin.display().to_string(), source })?;
+    match load_object(opts, sizes, maps_dir, maglev_pin, carry) {
+        Ok((ebpf, carried)) => Ok((ebpf, carried, ct_resize)),
+        Err(err) => {
+            if let Some(resize) = ct_resize {
+                resize.undo();
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Takes map `name` out of the loaded object.
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoadError> {
+    ebpf.take_map(name).ok_or(LoadError::MissingMap { name })
+}
+
+/// The maps the reconciler writes, the names map (made or opened in
+/// `maps_dir` here: the object does not hold it) and the Maglev map.
+fn take_service_maps(
+    ebpf: &mut Ebpf,
+    maps_dir: &Path,
+    sizes: Sizes,
+    maglev: MaglevMap,
+) -> Result<KernelMaps, LoadError> {
+    let services = take_map(ebpf, map_names::SERVICES)?;
+    let backends = take_map(ebpf, map_names::BACKENDS)?;
+    let rev_nat = take_map(ebpf, map_names::REVNAT)?;
+    let source_ranges = take_map(ebpf, map_names::SOURCE_RANGES)?;
+    let names = super::names::open_or_create(&maps_dir.join(map_names::SERVICE_NAMES), sizes.frontends)?;
+    Ok(KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev, names)?)
+}
+
+/// The session maps; the `carried` ones are pinned in this set too, so
+/// that it keeps them once the set they came from is removed.
+fn take_session_maps(ebpf: &mut Ebpf, maps_dir: &Path, carried: &[&'static str]) -> Result<SessionMaps, LoadError> {
+    let mut session = |name: &'static str| -> Result<Map, LoadError> {
+        let map = take_map(ebpf, name)?;
+        if carried.contains(&name) {
+            let path = maps_dir.join(name);
+            map.pin(&path).map_err(|source| LoadError::Pin { path: path.display().to_string(), source })?;
+        }
+        Ok(map)
+    };
+    Ok(SessionMaps::from_maps(
+        session(map_names::AFFINITY)?,
+        session(map_names::SOCK_BACKEND)?,
+        session(map_names::SOCK_REVNAT)?,
+        session(map_names::CT)?,
+    )?)
+}
+
+/// Copies the old conntrack map's entries into the resized one.
+fn finish_ct_resize(resize: CtResize, sessions: &SessionMaps) {
+    // The flows are lost, not the start.
+    if let Err(err) = resize.finish(sessions.ct_fd()) {
+        tracing::warn!(%err, "cannot copy the conntrack map's entries into the resized one; flows from outside may be balanced anew");
+    }
+}
+
+fn log_loaded(maps_dir: &Path, sizes: Sizes, carried: &[&'static str]) {
+    tracing::info!(
+        maps = %maps_dir.display(),
+        services_map_size = sizes.services,
+        backends_map_size = sizes.backends,
+        frontend_maps_size = sizes.frontends,
+        sessions_carried = ?carried,
+        "datapath loaded"
+    );
+}
+
+/// The map of how traffic from outside is shared with netfilter, set to
+/// `mode`.
+fn take_handover(ebpf: &mut Ebpf, mode: OutsideHandover) -> Result<HandoverMap, LoadError> {
+    let mut handover = HandoverMap::from_map(take_map(ebpf, map_names::OUTSIDE_HANDOVER)?)?;
+    handover.set(mode)?;
+    if mode != OutsideHandover::Off {
+        tracing::info!(mode = ?mode, "traffic from outside shared with netfilter (--outside-handover)");
+    }
+    Ok(handover)
 }
 
 /// Loads the object with its maps pinned in `maps_dir` (Maglev's at
