@@ -192,21 +192,11 @@ async fn run_with(
         () = &mut shutdown => return Ok(()),
         ready = source.ready() => ready?,
     }
-    // The lists' churn is over (see `memory::JEMALLOC_CONF`).
-    if let Err(error) = crate::observe::memory::settle() {
-        warn!(%error, "freed memory stays resident a moment before it is returned");
-    }
+    settle_memory();
     // Subscribed before the first read, so no change in between is missed.
     let mut local_addrs = crate::node::local_addrs::Watch::start();
     let mut pod_links = crate::node::pod_devices::Watch::start();
-    let settings = NodeSettings {
-        node_name: config.node_name.clone(),
-        node_ips: config.node_ips.clone(),
-        node_port_addresses: config.node_port_addresses.clone(),
-        local_addrs: crate::node::local_addrs::ips(local_addrs.current()),
-        external_ips_local_only: config.external_ips_local_only,
-        lb_algorithm: config.lb_algorithm,
-    };
+    let settings = node_settings(config, &local_addrs);
     let mut pipeline = Pipeline::new(settings, reconciler).with_audit_interval(config.audit_interval);
     // SIGHUP: a drift audit now (installed once the maps are read, so an
     // early SIGHUP still ends the process, as its default).
@@ -215,12 +205,7 @@ async fn run_with(
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let (_explain_server, mut explain_requests) = explain_socket::start(config.explain_socket.as_deref());
     let mut observers = Observers::new(config, telemetry);
-    let mut sweep = tokio::time::interval(crate::datapath::active::SWEEP_INTERVAL);
-    // The CPUs the kernel's LRU keeps free entries for (1 when unreadable:
-    // the mark is then at its highest).
-    let cpus = crate::datapath::counters::possible_cpus().map_or(1, u64::from);
-    let mut ct_fill = crate::observe::ct_fill::CtFill::new(cpus);
-    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut sweep, mut ct_fill) = flow_sweep();
     loop {
         let wake = tokio::select! {
             () = &mut shutdown => break,
@@ -253,20 +238,10 @@ async fn run_with(
                 Wake::NodeAddresses
             }
         };
-        telemetry.lock().expect("telemetry lock").health.queued(Instant::now());
-        metrics.last_queued.set(unix_seconds(SystemTime::now()));
-        let (services, slices) = source.pending();
-        metrics.service_changes_pending.set(i64::try_from(services).unwrap_or(i64::MAX));
-        metrics.endpoint_changes_pending.set(i64::try_from(slices).unwrap_or(i64::MAX));
+        note_queued(&source, telemetries);
         let Some(translated) = pipeline.translate(wake, &mut source, &mut datapath.maps).await else { continue };
         if !observers.attached {
-            // Every write before the first attach is planned here, which
-            // `resize::after_sync` counts on (it does not measure again).
-            if crate::agent::resize::before_first_write(&mut datapath, &mut pipeline, &config.load)? {
-                take_counters(&mut datapath, telemetry);
-            }
-            // Loaded beside the write, attached after it.
-            datapath.start_loading_programs()?;
+            prepare_first_write(&mut datapath, &mut pipeline, config, telemetry)?;
         }
         let mut synced = pipeline.write(translated, &mut datapath.maps);
         resize(&mut datapath, &mut pipeline, &mut synced, &mut observers, config, telemetry)?;
@@ -274,15 +249,7 @@ async fn run_with(
         if observers.attached {
             pins.keep();
         }
-        let snapshot = applied_snapshot(source.name(), &pipeline, &synced);
-        let devices = observers.devices.as_ref();
-        publish(telemetries, &pipeline, &synced, observers.health_checks.len(), devices);
-        let sizes = datapath.sizes();
-        let mut t = telemetry.lock().expect("telemetry lock");
-        (t.services_map_size, t.backends_map_size) = (sizes.services, sizes.backends);
-        t.pod_devices = observers.pod_devices.as_ref().map_or(0, Vec::len);
-        drop(t);
-        applied.send_replace(snapshot);
+        publish_sync(telemetries, &applied, source.name(), (&pipeline, &synced), &observers, &datapath);
         take_over(&mut takeover, Some(synced.report.failures.is_empty()), &pipeline, &mut datapath, metrics)?;
         free_aside(synced);
     }
@@ -291,6 +258,84 @@ async fn run_with(
         "stopping; the datapath stays in place (pinned links and maps) and the next start takes it over; `ebpf-proxy cleanup` removes it"
     );
     Ok(())
+}
+
+/// Hands back what the lists' churn freed (see `memory::JEMALLOC_CONF`).
+fn settle_memory() {
+    if let Err(error) = crate::observe::memory::settle() {
+        warn!(%error, "freed memory stays resident a moment before it is returned");
+    }
+}
+
+/// What the pipeline knows of this node: `config`'s settings and the
+/// addresses `local_addrs` holds now.
+fn node_settings(config: &AgentConfig, local_addrs: &crate::node::local_addrs::Watch) -> NodeSettings {
+    NodeSettings {
+        node_name: config.node_name.clone(),
+        node_ips: config.node_ips.clone(),
+        node_port_addresses: config.node_port_addresses.clone(),
+        local_addrs: crate::node::local_addrs::ips(local_addrs.current()),
+        external_ips_local_only: config.external_ips_local_only,
+        lb_algorithm: config.lb_algorithm,
+    }
+}
+
+/// The sweep of ended flows' interval, and the conntrack fill it counts.
+fn flow_sweep() -> (tokio::time::Interval, crate::observe::ct_fill::CtFill) {
+    let mut sweep = tokio::time::interval(crate::datapath::active::SWEEP_INTERVAL);
+    // The CPUs the kernel's LRU keeps free entries for (1 when unreadable:
+    // the mark is then at its highest).
+    let cpus = crate::datapath::counters::possible_cpus().map_or(1, u64::from);
+    let ct_fill = crate::observe::ct_fill::CtFill::new(cpus);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    (sweep, ct_fill)
+}
+
+/// Records that a sync was asked for, and the changes `source` holds.
+fn note_queued(source: &impl ChangeSource, Telemetries { telemetry, metrics }: &Telemetries) {
+    telemetry.lock().expect("telemetry lock").health.queued(Instant::now());
+    metrics.last_queued.set(unix_seconds(SystemTime::now()));
+    let (services, slices) = source.pending();
+    metrics.service_changes_pending.set(i64::try_from(services).unwrap_or(i64::MAX));
+    metrics.endpoint_changes_pending.set(i64::try_from(slices).unwrap_or(i64::MAX));
+}
+
+/// Before the first write: sizes the maps for the table and starts
+/// loading the programs beside the write (attached after it).
+fn prepare_first_write(
+    datapath: &mut Datapath,
+    pipeline: &mut Pipeline,
+    config: &AgentConfig,
+    telemetry: &Shared,
+) -> anyhow::Result<()> {
+    // Every write before the first attach is planned here, which
+    // `resize::after_sync` counts on (it does not measure again).
+    if crate::agent::resize::before_first_write(datapath, pipeline, &config.load)? {
+        take_counters(datapath, telemetry);
+    }
+    datapath.start_loading_programs()?;
+    Ok(())
+}
+
+/// Publishes what a sync did: the telemetry and metrics, the map sizes and
+/// devices, and the snapshot `applied` hands the tests.
+fn publish_sync(
+    telemetries: &Telemetries,
+    applied: &watch::Sender<Applied>,
+    source_name: &str,
+    (pipeline, synced): (&Pipeline, &Synced),
+    observers: &Observers,
+    datapath: &Datapath,
+) {
+    let snapshot = applied_snapshot(source_name, pipeline, synced);
+    let devices = observers.devices.as_ref();
+    publish(telemetries, pipeline, synced, observers.health_checks.len(), devices);
+    let sizes = datapath.sizes();
+    let mut t = telemetries.telemetry.lock().expect("telemetry lock");
+    (t.services_map_size, t.backends_map_size) = (sizes.services, sizes.backends);
+    t.pod_devices = observers.pod_devices.as_ref().map_or(0, Vec::len);
+    drop(t);
+    applied.send_replace(snapshot);
 }
 
 /// The reconciler of the maps the load found (read back after a restart);
