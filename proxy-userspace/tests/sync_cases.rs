@@ -439,9 +439,9 @@ fn tamper(maps: &mut FakeMaps) {
         entry.addr.port += 1;
         *backend = codec::backend_value(entry);
     }
-    if let Some((key, master)) = maps.state.services.iter_mut().find(|(k, v)| k.slot == 0 && v.count > 0) {
-        let last = ServiceKey { slot: master.count, ..*key };
-        master.count -= 1;
+    if let Some((key, slot_zero)) = maps.state.services.iter_mut().find(|(k, v)| k.slot == 0 && v.count > 0) {
+        let last = ServiceKey { slot: slot_zero.count, ..*key };
+        slot_zero.count -= 1;
         maps.state.services.remove(&last);
     }
     let stray = FrontendKey::new("10.96.9.9".parse().expect("an IP"), 80, Protocol::Tcp);

@@ -350,8 +350,8 @@ mod tests {
         let expected = maps.state.clone();
         for last in 10..15 {
             let rev_nat = u32::from(last) + 50;
-            let master = ServiceValue { rev_nat, ..ServiceValue::default() };
-            maps.state.services.insert(codec::service_key(key(last), 0), master);
+            let slot_zero = ServiceValue { rev_nat, ..ServiceValue::default() };
+            maps.state.services.insert(codec::service_key(key(last), 0), slot_zero);
             maps.state.rev_nat.insert(rev_nat, RevNat::default());
         }
         maps.state.services.remove(&codec::slots_key(key(1), 0));

@@ -148,7 +148,7 @@ pub(crate) fn slots_value(ids: &[u32], entry: usize) -> ServiceValue {
 /// id, flags (`FrontendFlags::encode`), Maglev table (0: none) and
 /// affinity timeout.
 #[must_use]
-pub(crate) fn master_value(
+pub(crate) fn slot_zero_value(
     frontend: &Frontend,
     count: usize,
     rev_nat: RevNatId,

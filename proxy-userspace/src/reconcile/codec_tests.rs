@@ -235,14 +235,17 @@ fn service_value_bytes(v: &proxy_common::ServiceValue) -> Vec<u8> {
 fn service_values_hold_32_bit_frontend_ids_in_16_bytes() {
     use proxy_common::ServiceValue;
     let id = u32::from(u16::MAX) + 2;
-    let master = ServiceValue::frontend(7, id, service_flags::CLUSTER_IP | service_flags::AFFINITY, 3, 10_800);
-    assert_eq!((master.count, master.rev_nat, master.maglev, master.affinity_timeout()), (7, id, 3, 10_800));
+    let slot_zero = ServiceValue::frontend(7, id, service_flags::CLUSTER_IP | service_flags::AFFINITY, 3, 10_800);
+    assert_eq!(
+        (slot_zero.count, slot_zero.rev_nat, slot_zero.maglev, slot_zero.affinity_timeout()),
+        (7, id, 3, 10_800)
+    );
     let mut want = 10_800u32.to_ne_bytes().to_vec();
     want.extend(id.to_ne_bytes());
     for n in [7, service_flags::CLUSTER_IP | service_flags::AFFINITY, 3, 0] {
         want.extend(u16::to_ne_bytes(n));
     }
-    assert_eq!(service_value_bytes(&master), want);
+    assert_eq!(service_value_bytes(&slot_zero), want);
     // A slots entry: four backend ids, one to each 32-bit word in order
     // (as `bpftool map dump` shows them).
     let ids = [1 << 20, 0x0001_ffff, u32::MAX, 0];

@@ -131,28 +131,31 @@ impl FakeMaps {
     /// Maglev table that is missing or names a missing backend, or a
     /// `TWO_SCOPES` flag without the external twin.
     pub(crate) fn check_reader_view(&self) {
-        for (key, master) in self.state.services.iter().filter(|(k, _)| k.slot == 0) {
-            assert!(self.state.rev_nat.contains_key(&master.rev_nat), "rev-NAT {} of {key:?} missing", master.rev_nat);
-            if master.maglev != 0 {
+        for (key, slot_zero) in self.state.services.iter().filter(|(k, _)| k.slot == 0) {
+            assert!(
+                self.state.rev_nat.contains_key(&slot_zero.rev_nat),
+                "rev-NAT {} of {key:?} missing",
+                slot_zero.rev_nat
+            );
+            if slot_zero.maglev != 0 {
                 let table = self
                     .state
                     .maglev
-                    .get(&master.maglev)
-                    .unwrap_or_else(|| panic!("{key:?}: Maglev table {} missing", master.maglev));
+                    .get(&slot_zero.maglev)
+                    .unwrap_or_else(|| panic!("{key:?}: Maglev table {} missing", slot_zero.maglev));
                 assert_eq!(table.len(), self.maglev_size(), "{key:?}: a Maglev table of another size");
                 for id in table {
                     assert!(self.state.backends.contains_key(id), "{key:?}: Maglev table names missing backend {id}");
                 }
             }
-            if codec::says_two_scopes(master.flags) {
+            if codec::says_two_scopes(slot_zero.flags) {
                 let twin = ServiceKey { scope: codec::scope_number(Scope::External), ..*key };
                 assert!(self.state.services.contains_key(&twin), "{key:?} says TWO_SCOPES without its external twin");
             }
-            for index in 0..master.count {
-                let entry =
-                    self.state.services.get(&key.slots_of(index)).unwrap_or_else(|| {
-                        panic!("{key:?}: the entry of slot {} of {} missing", index + 1, master.count)
-                    });
+            for index in 0..slot_zero.count {
+                let entry = self.state.services.get(&key.slots_of(index)).unwrap_or_else(|| {
+                    panic!("{key:?}: the entry of slot {} of {} missing", index + 1, slot_zero.count)
+                });
                 let id = entry.slot_id(index);
                 assert!(self.state.backends.contains_key(&id), "{key:?} slot {}: backend {id} missing", index + 1);
             }

@@ -165,11 +165,11 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
         .services
         .iter()
         .filter(|(k, _)| k.slot == 0)
-        .map(|(k, master)| {
-            let service = dump.names.get(&master.rev_nat).map(codec::service_port_of);
-            let flags = FrontendFlags::decode(master.flags).ok();
+        .map(|(k, slot_zero)| {
+            let service = dump.names.get(&slot_zero.rev_nat).map(codec::service_port_of);
+            let flags = FrontendFlags::decode(slot_zero.flags).ok();
             let has = |f: fn(&FrontendFlags) -> bool| flags.as_ref().is_some_and(f);
-            let backends = (0..master.count)
+            let backends = (0..slot_zero.count)
                 .map(|index| {
                     let id = dump.services.get(&k.slots_of(index)).map_or(0, |v| v.slot_id(index));
                     backend_view(id, dump.backends.get(&id))
@@ -177,7 +177,7 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
                 .collect();
             let (address, port) = codec::endpoint_of(&k.addr, k.port);
             FrontendView {
-                id: master.rev_nat,
+                id: slot_zero.rev_nat,
                 address,
                 port,
                 protocol: codec::protocol_of(k.proto).map_or_else(|_| k.proto.to_string(), |p| p.to_string()),
@@ -185,7 +185,7 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
                 name: service.as_ref().map(|s| s.name().to_string()),
                 port_name: service.map(|s| s.port().to_string()),
                 kind: flags.map_or("unknown", |f| f.kind.as_str()),
-                affinity_timeout: has(|f| f.affinity).then_some(master.affinity_timeout()),
+                affinity_timeout: has(|f| f.affinity).then_some(slot_zero.affinity_timeout()),
                 scope: (codec::scope_of(k.scope) == Ok(Scope::External)).then_some("external"),
                 reach: [(has(|f| f.outside_only), "outside-only"), (has(|f| f.two_scopes), "two-scopes")]
                     .into_iter()
@@ -195,11 +195,11 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
                 source_ranges: has(|f| f.source_ranges).then(|| {
                     dump.source_ranges
                         .iter()
-                        .filter(|(id, _)| *id == master.rev_nat)
+                        .filter(|(id, _)| *id == slot_zero.rev_nat)
                         .map(|(_, net)| net.to_string())
                         .collect()
                 }),
-                maglev_table: (master.maglev != 0).then_some(master.maglev),
+                maglev_table: (slot_zero.maglev != 0).then_some(slot_zero.maglev),
                 lb_algorithm: flags.map_or("unknown", |f| f.algorithm.as_str()),
                 backends,
             }
@@ -364,10 +364,10 @@ ID  FRONTEND           SERVICE                       TYPE       BACKENDS
     #[test]
     fn flags_and_states_the_agent_never_writes_show_as_unknown() {
         let mut maps = maps_with(&[(10, 80, ServicePort::new("default", "web", "http"))]);
-        let (key, master) = maps.state.services.iter_mut().find(|(k, _)| k.slot == 0).unwrap();
+        let (key, slot_zero) = maps.state.services.iter_mut().find(|(k, _)| k.slot == 0).unwrap();
         let key = *key;
-        master.flags |= 1 << 12;
-        master.backend_id = 30; // slot 0: the affinity timeout
+        slot_zero.flags |= 1 << 12;
+        slot_zero.backend_id = 30; // slot 0: the affinity timeout
         let slot = maps.state.services[&proxy_common::ServiceKey { slot: 1, ..key }];
         maps.state.backends.get_mut(&slot.backend_id).unwrap().state = 9;
         let all = frontends(&maps.state);

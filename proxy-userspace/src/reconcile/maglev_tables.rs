@@ -20,7 +20,7 @@ pub(crate) struct MaglevTables {
     tables: BTreeMap<u16, Table>,
     pool: IdPool<u16>,
     /// How many slot 0s name each table.
-    masters: HashMap<u16, usize>,
+    slot_zeros: HashMap<u16, usize>,
     /// How many tables hold each backend id.
     backends: HashMap<u32, usize>,
     /// Tables no slot 0 names (any more): deleted by `remove_unused`.
@@ -89,20 +89,20 @@ impl MaglevTables {
     }
 
     /// A slot 0 that named table `old` now names `new` (0: none).
-    pub(crate) fn master_changed(&mut self, old: u16, new: u16) {
+    pub(crate) fn slot_zero_changed(&mut self, old: u16, new: u16) {
         if old == new {
             return;
         }
         if new != 0 {
-            *self.masters.entry(new).or_default() += 1;
+            *self.slot_zeros.entry(new).or_default() += 1;
             self.unused.remove(&new);
         }
         if old != 0
-            && let Some(n) = self.masters.get_mut(&old)
+            && let Some(n) = self.slot_zeros.get_mut(&old)
         {
             *n -= 1;
             if *n == 0 {
-                self.masters.remove(&old);
+                self.slot_zeros.remove(&old);
                 self.unused.insert(old);
             }
         }

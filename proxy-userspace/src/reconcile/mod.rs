@@ -64,7 +64,7 @@ struct AppliedFrontend {
     /// Whether `REVNAT[rev_nat]` holds this frontend's address.
     rev_nat_written: bool,
     /// Slot 0 as it is in the map.
-    master: Option<ServiceValue>,
+    slot_zero: Option<ServiceValue>,
     /// `slots[i]` is the backend id of slot `i + 1` (0: unknown id), held
     /// in word `i % 4` of slots entry `i / 4` (`codec::slots_key`); the
     /// words of that entry past the last slot are 0.
@@ -83,7 +83,7 @@ impl AppliedFrontend {
             name_written: false,
             rev_nat: 0,
             rev_nat_written: false,
-            master: None,
+            slot_zero: None,
             slots: Vec::new(),
             ranges: BTreeSet::new(),
             wanted: Box::default(),
@@ -132,7 +132,7 @@ impl AppliedFrontend {
 
     /// Backend ids reachable by readers (slots `1..=count`).
     fn live_slots(&self) -> &[u32] {
-        let count = self.master.map_or(0, |m| usize::from(m.count));
+        let count = self.slot_zero.map_or(0, |m| usize::from(m.count));
         &self.slots[..count.min(self.slots.len())]
     }
 }
@@ -318,7 +318,7 @@ struct Counts {
 impl Counts {
     fn of(fe: Option<&AppliedFrontend>) -> Self {
         fe.map_or_else(Self::default, |f| {
-            let served = usize::from(f.master.is_some());
+            let served = usize::from(f.slot_zero.is_some());
             Self { served, entries: served + codec::slot_entries(f.slots.len()) }
         })
     }
@@ -471,7 +471,7 @@ impl Reconciler {
             };
             let fe = self.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(ServicePort::default()));
             if slot == 0 {
-                fe.master = Some(*value);
+                fe.slot_zero = Some(*value);
                 fe.rev_nat = value.rev_nat;
                 fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| *r == codec::rev_nat_value(fk));
                 fe.recover_name(names.get(&value.rev_nat));
@@ -498,7 +498,7 @@ impl Reconciler {
     /// and adds their slots entries to `stale`.
     fn drop_orphan_slots(&mut self, services: &BTreeMap<ServiceKey, ServiceValue>, stale: &mut BTreeSet<ServiceKey>) {
         let orphans: Vec<FrontendKey> =
-            self.frontends.iter().filter(|(_, f)| f.master.is_none()).map(|(k, _)| *k).collect();
+            self.frontends.iter().filter(|(_, f)| f.slot_zero.is_none()).map(|(k, _)| *k).collect();
         for fk in orphans {
             let fe = self.frontends.remove(&fk).expect("listed above");
             for id in &fe.slots {
@@ -532,12 +532,12 @@ impl Reconciler {
         let lists: BTreeMap<u16, Vec<u32>> = self
             .frontends
             .values()
-            .filter_map(|f| Some((f.master?.maglev, f.live_slots().to_vec())))
+            .filter_map(|f| Some((f.slot_zero?.maglev, f.live_slots().to_vec())))
             .filter(|(id, _)| *id != 0)
             .collect();
         self.maglev = MaglevTables::recover(maglev, &lists, &self.backends.addrs(), size);
         for fe in self.frontends.values() {
-            self.maglev.master_changed(0, fe.master.map_or(0, |m| m.maglev));
+            self.maglev.slot_zero_changed(0, fe.slot_zero.map_or(0, |m| m.maglev));
         }
     }
 
@@ -594,7 +594,7 @@ impl Reconciler {
     /// Whether the applied slot 0 of `key` sends traffic from outside to
     /// its external twin.
     fn says_two_scopes(&self, key: FrontendKey) -> bool {
-        self.frontends.get(&key).and_then(|f| f.master).is_some_and(|m| codec::says_two_scopes(m.flags))
+        self.frontends.get(&key).and_then(|f| f.slot_zero).is_some_and(|m| codec::says_two_scopes(m.flags))
     }
 
     /// Number of Maglev tables in the maps.
@@ -798,7 +798,7 @@ impl Reconciler {
         let Some(targets) = targets else { return };
         let twin_written = key.scope == Scope::All
             && desired.contains_key(&key.with_scope(Scope::External))
-            && self.frontends.get(&key.with_scope(Scope::External)).is_some_and(|f| f.master.is_some());
+            && self.frontends.get(&key.with_scope(Scope::External)).is_some_and(|f| f.slot_zero.is_some());
         let flags = FrontendFlags::of(key, frontend, twin_written).encode();
         if let Err(error) = self.update_frontend(maps, key, frontend, (flags, new), &targets, report) {
             report.failures.push(Failure { subject: format!("{} {key}", frontend.service_port), error });
@@ -1015,12 +1015,12 @@ impl Reconciler {
         report: &mut Report,
     ) -> Result<(), MapError> {
         let fe = self.frontends.get_mut(&key).expect("inserted above");
-        let master = codec::master_value(frontend, count, fe.rev_nat, flags, maglev);
-        if fe.master != Some(master) {
+        let slot_zero = codec::slot_zero_value(frontend, count, fe.rev_nat, flags, maglev);
+        if fe.slot_zero != Some(slot_zero) {
             report.writes += 1;
-            maps.set_service(&codec::service_key(key, 0), &master)?;
-            self.maglev.master_changed(fe.master.map_or(0, |m| m.maglev), master.maglev);
-            fe.master = Some(master);
+            maps.set_service(&codec::service_key(key, 0), &slot_zero)?;
+            self.maglev.slot_zero_changed(fe.slot_zero.map_or(0, |m| m.maglev), slot_zero.maglev);
+            fe.slot_zero = Some(slot_zero);
         }
         Ok(())
     }
@@ -1093,11 +1093,11 @@ impl Reconciler {
     ) -> Result<(), MapError> {
         let fe = self.frontends.get_mut(&key).expect("caller lists applied frontends");
         let before: Vec<BackendAddr> = fe.live_slots().iter().filter_map(|id| self.backends.addr(*id)).collect();
-        if let Some(master) = fe.master {
+        if let Some(slot_zero) = fe.slot_zero {
             report.writes += 1;
             maps.remove_service(&codec::service_key(key, 0))?;
-            self.maglev.master_changed(master.maglev, 0);
-            fe.master = None;
+            self.maglev.slot_zero_changed(slot_zero.maglev, 0);
+            fe.slot_zero = None;
         }
         remove_slot_entries(maps, key, &mut fe.slots, &mut self.backends, 0, &mut report.writes)?;
         while let Some(net) = fe.ranges.first().copied() {

@@ -115,9 +115,9 @@ impl Reconciler {
         let started: Vec<FrontendKey> = staged.iter().map(|s| s.key).collect();
         let mut full = !complete;
         full |= self.write_rev_nats_and_slots(maps, &mut staged, lists, report);
-        full |= self.write_masters_and_names(maps, desired, &mut staged, lists, report);
+        full |= self.write_slot_zeros_and_names(maps, desired, &mut staged, lists, report);
         if full {
-            self.remove_slots_without_master(maps, &started, report);
+            self.remove_slots_without_slot_zero(maps, &started, report);
         }
         for s in &staged {
             report_added(desired, s, report);
@@ -127,7 +127,7 @@ impl Reconciler {
         // two batches, reported as added).
         for key in chunk {
             let begun = self.frontends.get(key);
-            if !begun.is_some_and(|f| f.master.is_some() && f.name_written) {
+            if !begun.is_some_and(|f| f.slot_zero.is_some() && f.name_written) {
                 self.apply_frontend(maps, desired, *key, begun.is_some(), report);
             }
         }
@@ -238,7 +238,7 @@ impl Reconciler {
 
     /// The slots 0 of `staged` in one lane, their names in the other;
     /// keeps the frontends that have both. Whether a map was full.
-    fn write_masters_and_names(
+    fn write_slot_zeros_and_names(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
@@ -251,23 +251,23 @@ impl Reconciler {
         services.extend(staged.iter().map(|s| {
             let frontend = &desired[&s.key];
             let flags = FrontendFlags::of(s.key, frontend, false).encode();
-            let master = codec::master_value(frontend, s.ids.len(), s.rev_nat, flags, 0);
-            (codec::service_key(s.key, 0), master)
+            let slot_zero = codec::slot_zero_value(frontend, s.ids.len(), s.rev_nat, flags, 0);
+            (codec::service_key(s.key, 0), slot_zero)
         }));
         names.clear();
         names.extend(staged.iter().map(|s| (s.rev_nat, codec::service_name(&self.frontends[&s.key].service_port))));
         report.writes += services.len() + names.len();
         let [a, b] = maps.write_lanes([&[Batch::Services(services)], &[Batch::Names(names)]]);
-        let ((masters, e1), (named, e2)) = (written(a, services.len()), written(b, names.len()));
-        for (s, (_, master)) in staged.iter().zip(&services[..masters]) {
-            self.applied(s).master = Some(*master);
+        let ((slot_zeros, e1), (named, e2)) = (written(a, services.len()), written(b, names.len()));
+        for (s, (_, slot_zero)) in staged.iter().zip(&services[..slot_zeros]) {
+            self.applied(s).slot_zero = Some(*slot_zero);
         }
         // A name written for a frontend whose slot 0 was not is recorded
         // all the same: the frontend is begun, and its name goes with it.
         for s in &staged[..named] {
             self.applied(s).name_written = true;
         }
-        let both = masters.min(named);
+        let both = slot_zeros.min(named);
         let len = staged.len();
         keep_written(staged, len, [both, 0], either(e1, e2))
     }
@@ -280,7 +280,7 @@ impl Reconciler {
     /// not written: in a full map they would take the room of frontends
     /// after them that fit, which `update_frontend`, writing one frontend
     /// at a time, programs.
-    fn remove_slots_without_master(
+    fn remove_slots_without_slot_zero(
         &mut self,
         maps: &mut impl ServiceMaps,
         started: &[FrontendKey],
@@ -288,7 +288,7 @@ impl Reconciler {
     ) {
         for key in started {
             let fe = self.frontends.get_mut(key).expect("started");
-            if fe.master.is_some() {
+            if fe.slot_zero.is_some() {
                 continue;
             }
             // What a failed delete leaves stays recorded: `update_frontend`

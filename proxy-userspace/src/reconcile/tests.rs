@@ -84,31 +84,31 @@ struct Seen {
 /// Reads the maps back into a table: what a reader in the kernel sees.
 fn decode(dump: &Dump) -> BTreeMap<FrontendKey, Seen> {
     let mut out = BTreeMap::new();
-    for (key, master) in dump.services.iter().filter(|(k, _)| k.slot == 0) {
+    for (key, slot_zero) in dump.services.iter().filter(|(k, _)| k.slot == 0) {
         let (k, _) = codec::frontend_of(key).expect("the agent writes known keys");
-        let flags = FrontendFlags::decode(master.flags).expect("the agent writes known flags");
+        let flags = FrontendFlags::decode(slot_zero.flags).expect("the agent writes known flags");
         let backend = |id: &u32| codec::backend_entry(&dump.backends[id]).expect("the agent writes known backends");
         let addr_of = |id: &u32| {
             let b = backend(id).addr;
             (b.addr, b.port)
         };
-        let backends = (0..master.count)
+        let backends = (0..slot_zero.count)
             .map(|index| {
                 let id = dump.services[&key.slots_of(index)].slot_id(index);
                 let b = backend(&id);
                 (b.addr.addr, b.addr.port, b.state == BackendState::Terminating, b.local)
             })
             .collect();
-        assert_eq!(flags.affinity, master.affinity_timeout() != 0, "affinity flag and timeout disagree");
-        let ranges = flags
-            .source_ranges
-            .then(|| dump.source_ranges.iter().filter(|(id, _)| *id == master.rev_nat).map(|(_, net)| *net).collect());
+        assert_eq!(flags.affinity, slot_zero.affinity_timeout() != 0, "affinity flag and timeout disagree");
+        let ranges = flags.source_ranges.then(|| {
+            dump.source_ranges.iter().filter(|(id, _)| *id == slot_zero.rev_nat).map(|(_, net)| *net).collect()
+        });
         out.insert(
             k,
             Seen {
-                affinity: master.affinity_timeout(),
+                affinity: slot_zero.affinity_timeout(),
                 backends,
-                maglev: (master.maglev != 0).then(|| dump.maglev[&master.maglev].iter().map(addr_of).collect()),
+                maglev: (slot_zero.maglev != 0).then(|| dump.maglev[&slot_zero.maglev].iter().map(addr_of).collect()),
                 ranges,
                 outside_only: flags.outside_only,
                 two_scopes: flags.two_scopes,
@@ -170,11 +170,11 @@ fn assert_exact(maps: &FakeMaps, desired: &ServiceTable) {
     let entries: usize = desired.values().map(|f| 1 + codec::slot_entries(f.backends.len())).sum();
     assert_eq!(maps.state.services.len(), entries, "stray service entries");
     // A slots entry's words past the frontend's last slot are 0.
-    for (key, master) in maps.state.services.iter().filter(|(k, _)| k.slot == 0) {
-        if let Some(last) = master.count.checked_sub(1) {
+    for (key, slot_zero) in maps.state.services.iter().filter(|(k, _)| k.slot == 0) {
+        if let Some(last) = slot_zero.count.checked_sub(1) {
             let ids = maps.state.services[&key.slots_of(last)].slot_ids();
             let used = usize::from(last % proxy_common::SLOTS_PER_ENTRY) + 1;
-            assert_eq!(ids[used..], [0; 4][used..], "{key:?}: words past slot {}", master.count);
+            assert_eq!(ids[used..], [0; 4][used..], "{key:?}: words past slot {}", slot_zero.count);
         }
     }
     assert_eq!(maps.state.rev_nat.len(), desired.len(), "stray rev-NAT entries");
@@ -197,9 +197,9 @@ fn assert_exact(maps: &FakeMaps, desired: &ServiceTable) {
         .services
         .iter()
         .filter(|(k, _)| k.slot == 0)
-        .map(|(k, master)| {
+        .map(|(k, slot_zero)| {
             let (key, _) = codec::frontend_of(k).expect("the agent writes known keys");
-            (key, codec::service_port_of(&maps.state.names[&master.rev_nat]))
+            (key, codec::service_port_of(&maps.state.names[&slot_zero.rev_nat]))
         })
         .collect();
     let wanted: BTreeMap<FrontendKey, ServicePort> =
@@ -600,11 +600,11 @@ fn recovery_removes_entries_the_agent_never_writes() {
     let mut maps = FakeMaps::default();
     let t = table(&[(fk(1, 80, Protocol::Tcp), vec![be(1, 80)])]);
     Reconciler::new().apply(&mut maps, &t);
-    let master = codec::service_key(fk(1, 80, Protocol::Tcp), 0);
-    let value = proxy_common::ServiceValue { count: 0, ..maps.state.services[&master] };
+    let slot_zero = codec::service_key(fk(1, 80, Protocol::Tcp), 0);
+    let value = proxy_common::ServiceValue { count: 0, ..maps.state.services[&slot_zero] };
     // DCCP (33) and a scope that does not exist: no reader of ours finds them.
-    let dccp = proxy_common::ServiceKey { proto: 33, ..master };
-    let scope = proxy_common::ServiceKey { scope: 7, ..master };
+    let dccp = proxy_common::ServiceKey { proto: 33, ..slot_zero };
+    let scope = proxy_common::ServiceKey { scope: 7, ..slot_zero };
     maps.state.services.insert(dccp, value);
     maps.state.services.insert(scope, value);
     let backend = maps.state.backends.values().next().copied().unwrap();
