@@ -23,8 +23,16 @@ pub struct Cli {
     #[arg(long, value_enum, global = true)]
     pub log_format: Option<LogFormat>,
     #[command(subcommand)]
+    #[allow(
+        missing_docs,
+        reason = "clap prints a doc comment here as help text, which would change the command line's help"
+    )]
     pub command: Option<Command>,
     #[command(flatten)]
+    #[allow(
+        missing_docs,
+        reason = "clap prints a doc comment here as help text, which would change the command line's help"
+    )]
     pub kube_proxy: KubeProxyArgs,
 }
 
@@ -308,12 +316,18 @@ impl From<NodePortMode> for crate::datapath::loader::NodePortMode {
     }
 }
 
+/// The log records' format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[allow(
+    missing_docs,
+    reason = "clap prints a doc comment here as help text, which would change the command line's help"
+)]
 pub enum LogFormat {
     Text,
     Json,
 }
 
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Load the programs, attach them and keep the maps equal to the services.
@@ -332,6 +346,10 @@ pub enum Command {
     Status(StatusArgs),
     /// Print a shell completion script, e.g. `ebpf-proxy completion bash >
     /// /etc/bash_completion.d/ebpf-proxy`.
+    #[allow(
+        missing_docs,
+        reason = "clap prints a doc comment here as help text, which would change the command line's help"
+    )]
     Completion {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
@@ -344,6 +362,7 @@ pub enum Command {
     Explain(ExplainArgs),
 }
 
+/// `ebpf-proxy service`'s arguments.
 #[derive(Debug, Args)]
 pub struct ServiceArgs {
     /// The agent's pin directory.
@@ -375,6 +394,7 @@ pub(crate) enum OutputFormat {
     Json,
 }
 
+/// `ebpf-proxy status`'s arguments.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
@@ -392,6 +412,7 @@ pub struct PinDirArgs {
     pub bpffs_dir: PathBuf,
 }
 
+/// `ebpf-proxy run`'s arguments.
 #[derive(Debug, Default, Args)]
 pub struct RunArgs {
     /// Configuration file: ebpf-proxy's fields (camelCase, as the flags
@@ -688,6 +709,7 @@ fn parse_maglev_size(text: &str) -> Result<usize, String> {
     crate::reconcile::maglev::check_size(n).map_err(|e| e.to_string())
 }
 
+/// `ebpf-proxy demo`'s arguments.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Run the demo's check (requests spread over the backends), print the
@@ -696,6 +718,7 @@ pub struct DemoArgs {
     pub(crate) check: bool,
 }
 
+/// `ebpf-proxy explain`'s arguments.
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
     /// The frontend: ADDR:PORT, `[IPv6]:PORT`, optionally /TCP or /UDP.

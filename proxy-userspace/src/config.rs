@@ -23,10 +23,14 @@ use serde_norway::Value;
 pub(crate) const KUBE_PROXY_API_VERSIONS: &[&str] =
     &["kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2"];
 
+/// A configuration file that cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum ConfigError {
+    /// The file cannot be read.
     #[error("cannot read config file {path}: {source}")]
     Read { path: String, source: std::io::Error },
+    /// A field of the file is not valid.
     #[error("config file {path}: {field}: {message}")]
     Invalid { path: String, field: String, message: String },
 }

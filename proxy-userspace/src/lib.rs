@@ -3,6 +3,7 @@
 //!
 //! Data flows one way: `source` → `model` → `reconcile` → `datapath`, with
 //! the `observe` modules reading what each sync did.
+#![warn(missing_docs)]
 
 /// The agent: wires the pipeline, the datapath and the observers together.
 pub mod agent;

@@ -28,6 +28,7 @@ use crate::{
 /// What the pipeline knows of this node besides its Node object.
 #[derive(Debug, Clone, Default)]
 pub struct NodeSettings {
+    /// This node's name.
     pub node_name: String,
     /// This node's addresses; empty: those of its Node object.
     pub node_ips: Vec<IpAddr>,
@@ -45,7 +46,9 @@ pub struct NodeSettings {
 /// Counters since start.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
+    /// Objects rejected by the source.
     pub objects_rejected: u64,
+    /// Problems the model found.
     pub problems: u64,
     pub(crate) map_write_failures: u64,
 }
@@ -74,6 +77,7 @@ pub enum Wake {
 /// One sync's outcome, for the observers.
 #[derive(Debug)]
 pub struct Synced {
+    /// What the reconciler wrote.
     pub report: Report,
     /// The whole table was compared (first sync, relist, new node context,
     /// after a failure), not only what changed.
@@ -92,6 +96,7 @@ pub struct Synced {
     pub(crate) drift: Option<Drift>,
 }
 
+/// The sync pipeline: a source's deliveries through the model into the maps, one step at a time.
 pub struct Pipeline {
     settings: NodeSettings,
     /// The desired table, kept service by service.
@@ -143,6 +148,7 @@ impl Pipeline {
         self
     }
 
+    /// The reconciler, and what it applied.
     #[must_use]
     pub const fn reconciler(&self) -> &Reconciler {
         &self.reconciler
@@ -153,6 +159,7 @@ impl Pipeline {
         &self.model
     }
 
+    /// Counters since start.
     #[must_use]
     pub const fn stats(&self) -> &Stats {
         &self.stats

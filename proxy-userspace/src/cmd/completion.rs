@@ -13,6 +13,7 @@ pub(crate) fn script(shell: clap_complete::Shell) -> Vec<u8> {
     out
 }
 
+/// Runs `ebpf-proxy completion`: prints the completion script for `shell`.
 pub fn run(shell: clap_complete::Shell) -> anyhow::Result<()> {
     super::output::print(&String::from_utf8_lossy(&script(shell)))?;
     Ok(())

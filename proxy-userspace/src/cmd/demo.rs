@@ -49,6 +49,7 @@ addressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\nendpoint
     )
 }
 
+/// Runs `ebpf-proxy demo`.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let base = Path::new(BASE_DIR);
     fs::create_dir_all(base).with_context(|| format!("creating {BASE_DIR}"))?;

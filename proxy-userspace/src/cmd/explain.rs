@@ -116,6 +116,7 @@ struct AffinityView {
     expires_in_seconds: u64,
 }
 
+/// Runs `ebpf-proxy explain`.
 pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     let (addr, port, protocol) = super::service::parse_frontend(&args.frontend)?;
     let client = args.from.as_deref().map(parse_client).transpose()?;

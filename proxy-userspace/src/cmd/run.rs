@@ -51,6 +51,7 @@ impl Prepared {
     }
 }
 
+/// Runs the agent (`ebpf-proxy run`) until it is stopped.
 pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
     let Prepared { args, file } = prepared;
     if let Some(path) = &args.config {

@@ -9,6 +9,7 @@ use crate::{
     reconcile::{ServiceMaps as _, inspect},
 };
 
+/// Runs `ebpf-proxy service`: prints what the maps translate.
 pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {
     let dir = crate::paths::current_maps_dir(&args.bpffs_dir)
         .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?;

@@ -132,6 +132,7 @@ fn device_name(ifindex: u32) -> String {
     nix::net::if_::if_indextoname(ifindex).map_or_else(|_| format!("#{ifindex}"), |n| n.to_string_lossy().into_owned())
 }
 
+/// Runs `ebpf-proxy status`: prints the attached programs and the maps.
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let status = read(&args.pin.bpffs_dir)?;
     match args.output {

@@ -17,6 +17,7 @@ use super::maps::MapError;
 /// Counters one batch call reads or zeroes.
 const BATCH: usize = 4096;
 
+/// The per-frontend connection counters (`CONNECTIONS`), per CPU.
 pub struct ConnCounters {
     map: Array<MapData, u64>,
     /// A second descriptor of the map, for batch reads and writes (which

@@ -24,9 +24,11 @@ pub enum OutsideHandover {
     /// marked as netfilter's.
     Defer,
     /// New flows are the programs'; netfilter's flows stay netfilter's.
-    /// `ends_after`: then it counts as `Off` (the programs keep no time
-    /// limit with `None`).
-    Handover { ends_after: Option<Duration> },
+    Handover {
+        /// Then it counts as `Off` (the programs keep no time limit with
+        /// `None`).
+        ends_after: Option<Duration>,
+    },
 }
 
 impl OutsideHandover {

@@ -28,20 +28,29 @@ pub(crate) enum LinkOutcome {
     Moved,
 }
 
+/// Attaching, pinning or reading a link failed.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum LinkError {
+    /// A program cannot be attached.
     #[error("cannot attach {name} to {target}: {source}")]
     Attach { name: &'static str, target: String, source: ProgramError },
+    /// A link cannot be made pinnable.
     #[error("cannot turn the link of {name} into a pinnable one: {source}")]
     Convert { name: &'static str, source: aya::programs::links::LinkError },
+    /// A link cannot be pinned.
     #[error("cannot pin the link of {name} at {path}: {source}")]
     Pin { name: &'static str, path: String, source: aya::pin::PinError },
+    /// A syscall on a pinned link failed.
     #[error("pinned link {path}: {op} failed: {source}")]
     Syscall { path: String, op: &'static str, source: io::Error },
+    /// The cgroup cannot be opened.
     #[error("cannot read cgroup {path}: {source}")]
     Cgroup { path: String, source: io::Error },
+    /// The device cannot be found.
     #[error("no network device {name}: {source}")]
     Device { name: String, source: io::Error },
+    /// The device has no native XDP (`--nodeport-acceleration=native`).
     #[error(
         "device {device} has no native XDP (its driver cannot run XDP programs): XDP is not attached and the TC \
          programs alone serve it; use --nodeport-acceleration=best-effort to make this a warning"
@@ -224,14 +233,19 @@ pub enum LinkTarget {
     Cgroup(u64),
     /// A device's ingress or egress (tcx).
     Tc {
+        /// The device's interface index.
         ifindex: u32,
+        /// Ingress (else egress).
         ingress: bool,
     },
     /// A device's XDP hook.
     Xdp {
+        /// The device's interface index.
         ifindex: u32,
     },
+    /// Another kind of link.
     Other {
+        /// The kernel's link type number.
         link_type: u32,
     },
 }
@@ -239,8 +253,11 @@ pub enum LinkTarget {
 /// A pinned link as the kernel reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinnedLinkInfo {
+    /// The link's id.
     pub link_id: u32,
+    /// The attached program's id.
     pub program_id: u32,
+    /// What it is attached to.
     pub target: LinkTarget,
 }
 

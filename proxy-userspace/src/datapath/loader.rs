@@ -112,6 +112,7 @@ pub(super) const XDP_PROGRAM: &str = "nodeport_xdp";
 /// Prefix of the pinned XDP links: `xdp-DEVICE`.
 const XDP_LINK_PREFIX: &str = "xdp-";
 
+/// How to load and attach the datapath.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     /// Directory (on a bpffs) for the pinned maps.
@@ -277,54 +278,75 @@ impl LoadOptions {
     }
 }
 
+/// Loading or attaching the datapath failed.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum LoadError {
+    /// The network namespace's cookie cannot be read.
     #[error(
         "cannot read this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14) for --socket-lb host-namespace: {source}; use --socket-lb all on this kernel"
     )]
     NetnsCookie { source: std::io::Error },
+    /// The eBPF object cannot be loaded.
     #[error("cannot load the eBPF object (pinned maps in {pin_dir}): {source}")]
     Load { pin_dir: String, source: Box<EbpfError> },
+    /// A pinned map has another layout than this build's.
     #[error(
         "pinned map {path} has {found}, this build needs {wanted}; it was made by an \
          incompatible version: remove the pin directory (or run the matching cleanup) and start again"
     )]
     PinnedLayout { path: String, found: String, wanted: String },
+    /// The possible CPUs cannot be counted.
     #[error("cannot count the possible CPUs (/sys/devices/system/cpu/possible): {source}")]
     Cpus { source: std::io::Error },
+    /// The connection counters do not fit one array.
     #[error("{stride} connection counters for each of {cpus} CPUs do not fit one array: lower --services-map-size")]
     TooManyCounters { stride: u32, cpus: u32 },
+    /// A map is missing from the eBPF object.
     #[error("map {name} is missing from the eBPF object")]
     MissingMap { name: &'static str },
+    /// A program is missing from the eBPF object.
     #[error("program {name} is missing from the eBPF object")]
     MissingProgram { name: &'static str },
+    /// A program cannot be loaded.
     #[error("program {name}: {source}")]
     Program { name: &'static str, source: ProgramError },
+    /// A link cannot be attached or pinned.
     #[error(transparent)]
     Link(#[from] LinkError),
+    /// A directory cannot be created.
     #[error("cannot create {path}: {source}")]
     Dir { path: String, source: std::io::Error },
+    /// The conntrack map cannot be resized.
     #[error(
         "cannot replace the conntrack map pinned at {path} with one of the --ct-map-size asked for ({source}); start with its size, or remove the pin (its flows are lost)"
     )]
     CtResize { path: String, source: std::io::Error },
+    /// A map cannot be pinned.
     #[error("cannot pin {path}: {source}")]
     Pin { path: String, source: aya::pin::PinError },
+    /// A map's information cannot be read.
     #[error("cannot read map {name}: {source}")]
     MapInfo { name: &'static str, source: AyaMapError },
+    /// A map operation failed.
     #[error(transparent)]
     Maps(#[from] MapError),
+    /// The pinned links cannot be listed.
     #[error("cannot list {path}: {source}")]
     ListLinks { path: String, source: std::io::Error },
+    /// The XDP program cannot be loaded (`--nodeport-acceleration=native`).
     #[error(
         "--nodeport-acceleration=native: the XDP program cannot be loaded ({source}); \
          set --nodeport-acceleration=best-effort or disabled to serve traffic from outside with the TC programs"
     )]
     XdpLoad { source: ProgramError },
+    /// The Maglev table size is not one of the sizes accepted.
     #[error(transparent)]
     MaglevSize(#[from] crate::reconcile::maglev::BadSize),
+    /// The thread that loads the programs cannot be started.
     #[error("cannot start the thread that loads the programs: {source}")]
     Thread { source: std::io::Error },
+    /// The programs failed to load (reported before).
     #[error("the programs failed to load (the error was logged and returned before)")]
     ProgramsFailed,
 }
@@ -355,6 +377,7 @@ pub struct Datapath {
     programs: Programs,
     pin_dir: PathBuf,
     cgroup: PathBuf,
+    /// The service maps the reconciler writes.
     pub maps: KernelMaps,
     pub(crate) sessions: SessionMaps,
     /// Taken by the agent for the metrics endpoint.

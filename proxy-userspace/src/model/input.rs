@@ -20,8 +20,11 @@ pub enum ServiceType {
     /// `ClusterIP`, and a type the model does not know (served as one).
     #[default]
     ClusterIp,
+    /// `NodePort`.
     NodePort,
+    /// `LoadBalancer`.
     LoadBalancer,
+    /// `ExternalName`: not proxied.
     ExternalName,
 }
 
@@ -70,8 +73,10 @@ pub struct ServiceSpec {
 /// annotation that is rarely set and, when wrong, reported without it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LbAnnotation {
+    /// No annotation.
     #[default]
     Unset,
+    /// An annotation naming this algorithm.
     Set(super::LbAlgorithm),
     /// A value that names no algorithm.
     Unknown,
@@ -113,8 +118,10 @@ impl ServiceSpec {
 /// `addressType` of an EndpointSlice.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AddressType {
+    /// `IPv4`.
     #[default]
     IPv4,
+    /// `IPv6`.
     IPv6,
     /// `FQDN` and anything else: not proxied.
     Other,
@@ -192,6 +199,7 @@ impl EndpointHints {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Placement(Arc<PlacementData>);
 
+/// Where an endpoint runs: its node and zone, and its hints.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PlacementData {
     /// `nodeName`.
@@ -305,7 +313,9 @@ impl Default for EndpointSpec {
 /// names it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Address {
+    /// An IP address.
     Ip(IpAddr),
+    /// Anything else, as written.
     Raw(Box<str>),
 }
 

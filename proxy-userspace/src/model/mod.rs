@@ -33,7 +33,9 @@ pub(crate) const NODE_PORT_LOOPBACK: std::net::Ipv4Addr = std::net::Ipv4Addr::LO
 /// Transport protocol of a frontend or backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Protocol {
+    /// TCP.
     Tcp,
+    /// UDP.
     Udp,
     /// Served per packet only (the TC programs; the kernel runs no
     /// socket-address hook of ours for SCTP sockets in a cgroup).
@@ -87,7 +89,9 @@ pub enum Scope {
 /// scope of the entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrontendKey {
+    /// The service address.
     pub addr: IpAddr,
+    /// The service port.
     pub port: u16,
     pub(crate) protocol: Protocol,
     pub(crate) scope: Scope,
@@ -121,15 +125,20 @@ impl fmt::Display for FrontendKey {
 /// used because the service has no ready endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackendState {
+    /// A ready endpoint.
     Active,
+    /// A serving and terminating endpoint.
     Terminating,
 }
 
 /// One endpoint address and port a frontend sends to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Backend {
+    /// The endpoint's address.
     pub addr: IpAddr,
+    /// The endpoint's port.
     pub port: u16,
+    /// Ready, or terminating.
     pub state: BackendState,
     /// The endpoint runs on this node (its `nodeName`): traffic from
     /// outside reaches it without source NAT.
@@ -246,6 +255,7 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// The port `port` (its name; empty: unnamed) of Service `namespace/name`.
     #[must_use]
     pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>, port: impl AsRef<str>) -> Self {
         Self::of(ServiceId::new(namespace.as_ref(), name.as_ref()), port.as_ref())
@@ -304,11 +314,14 @@ impl fmt::Display for ServicePort {
 pub struct Frontend {
     /// The service port it comes from.
     pub service_port: ServicePort,
+    /// The backends, in slot order.
     pub backends: Vec<Backend>,
     /// `sessionAffinity: ClientIP`: how long (seconds) a client keeps its
     /// backend after its last connection.
     pub affinity_timeout: Option<u32>,
+    /// What kind of address it is (ClusterIP, NodePort, ...).
     pub kind: FrontendKind,
+    /// Which clients reach it: on the node, from outside, or both.
     pub reach: Reach,
     /// loadBalancerSourceRanges: traffic from outside is accepted only from
     /// these (`None`: from anywhere; `Some(empty)`: from nowhere).

@@ -35,6 +35,7 @@ macro_rules! namespaced_id {
                 &self.0.namespace
             }
 
+            /// The name.
             #[must_use]
             pub fn name(&self) -> &str {
                 &self.0.name

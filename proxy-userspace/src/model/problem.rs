@@ -32,6 +32,7 @@ impl fmt::Display for ObjectRef {
     }
 }
 
+/// How much of an object a problem leaves out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
     /// Part of the object is left out; the rest is programmed.

@@ -57,6 +57,7 @@ pub fn node_eligible(node: &Node) -> bool {
 }
 
 impl NodeContext {
+    /// The context of node `node_name`, every other setting at its default.
     #[must_use]
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
@@ -108,7 +109,9 @@ pub struct HealthCheck {
 /// The result of a translation: the table, and what could not be used.
 #[derive(Debug, Default)]
 pub struct Translation {
+    /// The desired service table.
     pub table: ServiceTable,
+    /// What could not be used, and why.
     pub problems: Vec<Problem>,
     /// Services deliberately not programmed, and why.
     pub skipped: Vec<(ObjectRef, SkipReason)>,

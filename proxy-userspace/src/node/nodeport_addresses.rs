@@ -28,8 +28,10 @@ pub(crate) const PRIMARY: &str = "primary";
 /// A `nodePortAddresses` value that is neither CIDRs nor `primary` alone.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ParseError {
+    /// A value that is not a CIDR.
     #[error("{0:?} is not a CIDR (e.g. 10.0.0.0/8) nor `primary`")]
     NotACidr(String),
+    /// `primary` given with CIDRs.
     #[error("`primary` cannot be combined with CIDRs: give either `primary` alone or CIDRs")]
     PrimaryWithCidrs,
 }

@@ -22,6 +22,7 @@ use crate::{
     source::kube::WatchCounters,
 };
 
+/// What the agent knows after each sync, for the health and metrics endpoints.
 #[derive(Debug)]
 pub struct Telemetry {
     pub(crate) stats: Stats,
@@ -56,6 +57,7 @@ pub struct Telemetry {
 pub(crate) type Shared = Arc<Mutex<Telemetry>>;
 
 impl Telemetry {
+    /// Empty telemetry for maps of these sizes.
     #[must_use]
     pub fn new(services_map_size: u32, backends_map_size: u32) -> Self {
         Self {

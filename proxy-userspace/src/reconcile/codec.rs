@@ -28,18 +28,25 @@ use crate::model::{
 /// Bytes of a map the agent never writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
+    /// An unknown IP protocol number.
     #[error("unknown IP protocol number {0} (the agent writes only TCP 6 and UDP 17)")]
     Protocol(u8),
+    /// An unknown frontend scope.
     #[error("unknown frontend scope {0} (the agent writes only 0 and 1)")]
     Scope(u8),
+    /// Flags naming more than one algorithm.
     #[error("frontend flags {0:#06x} name more than one load-balancing algorithm")]
     Algorithm(u16),
+    /// Flags naming more than one kind.
     #[error("frontend flags {0:#06x} name more than one kind")]
     Kind(u16),
+    /// Unknown frontend flag bits.
     #[error("unknown frontend flag bits {0:#06x}")]
     FrontendFlags(u16),
+    /// An unknown backend state.
     #[error("unknown backend state {0} (the agent writes only 0 and 1)")]
     BackendState(u8),
+    /// Unknown backend flag bits.
     #[error("unknown backend flag bits {0:#04x}")]
     BackendFlags(u8),
 }
@@ -48,6 +55,7 @@ pub enum DecodeError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BackendAddr {
     pub(crate) addr: IpAddr,
+    /// The port.
     pub port: u16,
     pub(crate) protocol: Protocol,
 }
@@ -64,6 +72,7 @@ impl fmt::Display for BackendAddr {
 /// A `BACKENDS` value in the model's terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BackendEntry {
+    /// The backend's address, port and protocol.
     pub addr: BackendAddr,
     pub(crate) state: BackendState,
     /// The endpoint runs on this node.

@@ -13,13 +13,16 @@ use super::{
 };
 use crate::model::Scope;
 
+/// Service maps in memory, for tests: they check what a reader would see after every write.
 #[derive(Default)]
 pub struct FakeMaps {
+    /// Every entry held.
     pub state: Dump,
     /// Fail the write with this index (0-based, counting every call).
     pub fail_at: Option<usize>,
     /// Most entries per map (like a kernel map's max_entries).
     pub capacity: Option<usize>,
+    /// Writes and deletes done.
     pub ops: usize,
     /// Rev-NAT entries and names written through the batch methods
     /// (`write_lanes`, `set_rev_nats`, `set_names`: only new frontends

@@ -12,10 +12,12 @@ use super::{
 };
 use crate::model::{BackendState, FrontendKey, Protocol, Scope};
 
+/// A frontend as the maps hold it, for `status`, `service` and `explain`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FrontendView {
     /// The frontend's rev-NAT id.
     pub(crate) id: RevNatId,
+    /// The frontend's address.
     pub address: IpAddr,
     pub(crate) port: u16,
     pub(crate) protocol: String,
@@ -52,14 +54,17 @@ pub struct FrontendView {
     /// How a new connection picks its backend (`random`,
     /// `least-connections`, `maglev`; `unknown` with unknown flags).
     pub(crate) lb_algorithm: &'static str,
+    /// Its backends, in slot order.
     pub backends: Vec<BackendView>,
 }
 
+/// A backend of a frontend as the maps hold it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BackendView {
     pub(crate) id: u32,
     /// `None` when the slot names a backend id that is not in the map.
     pub address: Option<IpAddr>,
+    /// The backend's port.
     pub port: u16,
     /// active, terminating, missing, or unknown (a state or flags the
     /// agent never writes).
@@ -73,6 +78,7 @@ pub struct BackendView {
 }
 
 impl FrontendView {
+    /// The frontend's key (`None`: a protocol or scope the agent never writes).
     #[must_use]
     pub fn key(&self) -> Option<FrontendKey> {
         let protocol = match self.protocol.as_str() {

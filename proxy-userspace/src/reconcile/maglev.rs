@@ -14,6 +14,7 @@ pub(crate) const SIZES: &[usize] = &[251, 509, 1021, 2039, 4093, 8191, 16381, 32
 /// The default table size.
 pub const DEFAULT_SIZE: usize = 16_381;
 
+/// A Maglev table size that is not one of `SIZES`.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("Maglev table size {0} is not one of {SIZES:?}")]
 pub struct BadSize(pub usize);

@@ -9,13 +9,21 @@ use proxy_common::map_names;
 /// Which map an operation was on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MapName {
+    /// `SERVICES`.
     Services,
+    /// `BACKENDS`.
     Backends,
+    /// `REVNAT`.
     RevNat,
+    /// `MAGLEV`.
     Maglev,
+    /// `SOURCE_RANGES`.
     SourceRanges,
+    /// `SERVICE_NAMES`.
     Names,
+    /// `ACTIVE_CONNS`.
     ActiveConns,
+    /// `CT`.
     Ct,
 }
 
@@ -53,16 +61,23 @@ impl MapError {
     }
 }
 
+/// A map operation that failed.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum MapError {
+    /// The map is full.
     #[error("map {map} is full; raise its size (see --help) or reduce the services")]
     Full { map: MapName },
+    /// A syscall on the map failed.
     #[error("{op} on map {map} failed: {source}")]
     Syscall { map: MapName, op: &'static str, source: io::Error },
+    /// aya refused the operation.
     #[error("map {map}: {source}")]
     Aya { map: MapName, source: AyaMapError },
+    /// An operation on a session map failed.
     #[error("session map {map}: {source}")]
     Session { map: &'static str, source: AyaMapError },
+    /// A pinned map cannot be opened.
     #[error("pinned map {path} cannot be opened: {source}; is the agent's --bpffs-dir right?")]
     Open { path: String, source: AyaMapError },
 }

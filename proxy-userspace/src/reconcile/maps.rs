@@ -14,8 +14,11 @@ pub use super::map_error::{MapError, MapName};
 /// inspection.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Dump {
+    /// `SERVICES` entries.
     pub services: BTreeMap<ServiceKey, ServiceValue>,
+    /// `BACKENDS` entries, by id.
     pub backends: BTreeMap<u32, BackendValue>,
+    /// `REVNAT` entries, by rev-NAT id.
     pub rev_nat: BTreeMap<RevNatId, RevNat>,
     /// Maglev tables by id.
     pub maglev: BTreeMap<u16, Vec<u32>>,
@@ -57,7 +60,9 @@ pub(crate) fn lane_len(lane: &[Batch<'_>]) -> usize {
     lane.iter().map(Batch::len).sum()
 }
 
+/// The maps the reconciler writes: the kernel's, or a fake for tests.
 pub trait ServiceMaps {
+    /// Writes backend `id`.
     fn set_backend(&mut self, id: u32, value: &BackendValue) -> Result<(), MapError>;
     /// Writes `entries` in order (in one call where the kernel can);
     /// stops at the first that fails and says which: `Err((index, error))`,
@@ -76,6 +81,7 @@ pub trait ServiceMaps {
     /// Removes backend `id`, whose entry holds `held` (the reconciler's
     /// record of it, or what a dump read).
     fn remove_backend(&mut self, id: u32, held: &BackendValue) -> Result<(), MapError>;
+    /// Writes a `SERVICES` entry (slot 0 or a slots entry).
     fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError>;
     /// As `set_backends`, for service entries.
     fn set_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<(), (usize, MapError)> {
@@ -105,25 +111,35 @@ pub trait ServiceMaps {
         }
         Ok(())
     }
+    /// Deletes a `SERVICES` entry.
     fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
+    /// Writes the rev-NAT entry of id `id`.
     fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError>;
     /// As `set_backends`, for rev-NAT entries.
     fn set_rev_nats(&mut self, entries: &[(RevNatId, RevNat)]) -> Result<(), (usize, MapError)> {
         one_by_one(entries, |id, value| self.set_rev_nat(id, value))
     }
+    /// Deletes the rev-NAT entry of id `id`.
     fn remove_rev_nat(&mut self, id: RevNatId) -> Result<(), MapError>;
     /// Entries of every Maglev table.
     fn maglev_size(&self) -> usize;
+    /// Writes Maglev table `id`.
     fn set_maglev(&mut self, id: u16, table: &[u32]) -> Result<(), MapError>;
+    /// Deletes Maglev table `id`.
     fn remove_maglev(&mut self, id: u16) -> Result<(), MapError>;
+    /// Adds a loadBalancerSourceRange of frontend `rev_nat`.
     fn set_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError>;
+    /// Deletes a loadBalancerSourceRange of frontend `rev_nat`.
     fn remove_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError>;
+    /// Writes the service port name of frontend `rev_nat`.
     fn set_name(&mut self, rev_nat: RevNatId, name: &ServiceName) -> Result<(), MapError>;
     /// As `set_backends`, for names.
     fn set_names(&mut self, entries: &[(RevNatId, ServiceName)]) -> Result<(), (usize, MapError)> {
         one_by_one(entries, |id, name| self.set_name(id, name))
     }
+    /// Deletes the name of frontend `rev_nat`.
     fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError>;
+    /// Every entry of the maps.
     fn dump(&self) -> Result<Dump, MapError>;
 }
 

@@ -209,6 +209,7 @@ pub struct Report {
     /// `Change` each would add to a start's peak what the table holds
     /// already.
     pub(crate) added_unlisted: Vec<FrontendKey>,
+    /// Writes that failed (retried later).
     pub failures: Vec<Failure>,
     /// Map writes and deletes issued.
     pub writes: usize,
@@ -288,6 +289,7 @@ impl Stale {
     }
 }
 
+/// Keeps the maps equal to the desired table, writing only the difference (see the module's doc).
 #[derive(Debug, Default)]
 pub struct Reconciler {
     frontends: BTreeMap<FrontendKey, AppliedFrontend>,

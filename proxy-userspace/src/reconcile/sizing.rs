@@ -23,7 +23,9 @@ pub struct Demand {
 /// Sizes (`max_entries`) of the sized maps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizes {
+    /// `SERVICES` entries.
     pub services: u32,
+    /// `BACKENDS` entries.
     pub backends: u32,
     /// `REVNAT`, `SERVICE_NAMES` and `CONNECTIONS` (ids lowest first, so
     /// the ids in use stay below it).

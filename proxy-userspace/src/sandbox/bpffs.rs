@@ -7,6 +7,7 @@ use std::{
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
+/// A private bpffs mount, unmounted on drop.
 pub struct BpfFs {
     path: PathBuf,
 }
@@ -29,6 +30,7 @@ impl BpfFs {
         Self::mount_at(&std::env::temp_dir().join(name))
     }
 
+    /// Where it is mounted.
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path

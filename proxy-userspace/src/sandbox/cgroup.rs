@@ -5,6 +5,7 @@ use std::{
     time::Duration,
 };
 
+/// A cgroup v2 child, removed on drop.
 pub struct TestCgroup {
     path: PathBuf,
 }
@@ -21,6 +22,7 @@ impl TestCgroup {
         Ok(Self { path })
     }
 
+    /// Its directory.
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path

@@ -65,15 +65,20 @@ impl Rejection {
 
 /// The file as a whole could not be read; nothing from it is used.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum FileError {
+    /// The file cannot be read.
     #[error("cannot read services file {path}: {source}; the last good content stays in effect")]
     Read { path: PathBuf, source: io::Error },
+    /// The file is not valid YAML.
     #[error("services file {path} is not valid YAML: {source}; the last good content stays in effect")]
     Yaml { path: PathBuf, source: serde_norway::Error },
+    /// The file's aliases expand too far.
     #[error(
         "services file {path} is a YAML bomb ({source}: its aliases expand to over 100 times the document, or it nests too deep); write the objects out without aliases; the last good content stays in effect"
     )]
     Bomb { path: PathBuf, source: serde_norway::Error },
+    /// The file is too large.
     #[error(
         "services file {path} is {size} bytes, more than the {max} bytes a services file may have; the last good content stays in effect"
     )]
@@ -114,7 +119,9 @@ impl std::fmt::Display for ObjectError {
 /// The parsed file: the objects that are valid and the ones that are not.
 #[derive(Debug, Default)]
 pub struct Parsed {
+    /// The valid objects.
     pub objects: Objects,
+    /// The objects left out, and why.
     pub errors: Vec<ObjectError>,
     /// Services left out as kube-proxy leaves them out (its label
     /// selector): `Kind namespace/name` and the label.

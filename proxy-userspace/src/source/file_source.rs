@@ -39,6 +39,7 @@ pub(crate) const EMPTY_SETTLE: Duration = Duration::from_secs(1);
 /// `ebpf_proxy_services_file_rejections_total{reason}`).
 pub(crate) type RejectionSink = Arc<dyn Fn(Rejection) + Send + Sync>;
 
+/// Services and EndpointSlices from a services file, read again when it changes.
 pub struct FileSource {
     path: PathBuf,
     read_once: bool,
@@ -57,6 +58,7 @@ pub struct FileSource {
 }
 
 impl FileSource {
+    /// A source reading the file at `path`.
     #[must_use]
     pub fn new(path: PathBuf) -> Self {
         Self {

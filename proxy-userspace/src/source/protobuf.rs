@@ -45,15 +45,19 @@ pub(crate) const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 /// What every protobuf body starts with.
 const MAGIC: &[u8; 4] = b"k8s\0";
 
+/// An API server answer that does not decode.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
+    /// A protobuf body without the `k8s\0` envelope.
     #[error(
         "a body announced as protobuf does not start with the `k8s\\0` envelope (a proxy or a server that is not \
          kube-apiserver? run with --kube-api-content-type application/json)"
     )]
     NoEnvelope,
+    /// The protobuf does not decode.
     #[error("the API server's protobuf does not decode: {0}")]
     Protobuf(#[from] prost::DecodeError),
+    /// Reading the answer failed.
     #[error("reading the API server's answer: {0}")]
     Io(#[from] io::Error),
 }
@@ -343,6 +347,7 @@ impl From<EndpointSlice> for LeanSlice {
 pub trait Decode: Sized + Send + 'static + serde::de::DeserializeOwned {
     /// The object from its protobuf encoding (without the envelope).
     fn from_protobuf(raw: &[u8]) -> Result<Self, DecodeError>;
+    /// The object's resourceVersion.
     fn resource_version(&self) -> Option<&str>;
 }
 
@@ -371,9 +376,12 @@ impl Decode for LeanSlice {
 pub enum Listed<K> {
     /// The list's resourceVersion and continue token.
     Meta {
+        /// The list's resourceVersion.
         resource_version: Option<String>,
+        /// The token that asks for the next page.
         continue_token: Option<String>,
     },
+    /// An object of the list.
     Item(K),
 }
 

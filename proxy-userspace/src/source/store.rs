@@ -140,6 +140,7 @@ impl Pending {
     }
 }
 
+/// The Services and EndpointSlices a source holds, and what changed since the last delivery.
 #[derive(Debug)]
 pub struct ObjectStore {
     services: Kind<ServiceId, ServiceSpec>,

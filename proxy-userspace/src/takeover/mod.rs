@@ -31,7 +31,9 @@ use crate::model::Protocol;
 /// An IP family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
+    /// IPv4.
     V4,
+    /// IPv6.
     V6,
 }
 
@@ -98,6 +100,7 @@ pub struct RuleFrontend {
     pub(crate) kind: RuleKind,
     /// `namespace/name:port` when a comment or a chain name says it.
     pub(crate) service: Option<String>,
+    /// The backends kube-proxy's rules send to.
     pub backends: BTreeSet<SocketAddr>,
 }
 
@@ -134,13 +137,18 @@ fn protocol(text: &str) -> Result<Option<Protocol>, String> {
 
 /// Error reading or removing kube-proxy's rules.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum Error {
+    /// A command cannot be started.
     #[error("running {command}: {source}; is it installed in the agent's image and on its PATH?")]
     Spawn { command: String, source: std::io::Error },
+    /// A command failed.
     #[error("{command} failed ({status}): {stderr}")]
     Failed { command: String, status: std::process::ExitStatus, stderr: String },
+    /// A command's output cannot be read.
     #[error("reading the output of {command}: {reason}")]
     Parse { command: String, reason: String },
+    /// Rules are still there after their removal.
     #[error("kube-proxy's rules still present after removing them: {left}")]
     Left { left: String },
 }
