@@ -7,7 +7,7 @@ use crate::paths::DEFAULT_PIN_DIR;
 
 /// `--version`: the package version and the commit it is built from
 /// (`git describe`, "unknown" when built outside a git checkout; see build.rs).
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("EBPF_PROXY_COMMIT"), ")");
+pub(crate) const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("EBPF_PROXY_COMMIT"), ")");
 
 /// Kubernetes service proxy that translates service addresses with eBPF at
 /// the socket, instead of iptables DNAT.
@@ -23,8 +23,16 @@ pub struct Cli {
     #[arg(long, value_enum, global = true)]
     pub log_format: Option<LogFormat>,
     #[command(subcommand)]
+    #[allow(
+        missing_docs,
+        reason = "clap prints a doc comment here as help text, which would change the command line's help"
+    )]
     pub command: Option<Command>,
     #[command(flatten)]
+    #[allow(
+        missing_docs,
+        reason = "clap prints a doc comment here as help text, which would change the command line's help"
+    )]
     pub kube_proxy: KubeProxyArgs,
 }
 
@@ -46,22 +54,22 @@ impl Cli {
 pub struct KubeProxyArgs {
     /// The configuration file (a KubeProxyConfiguration, v1alpha1 or v1alpha2).
     #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// This node's name (overrides the file's hostnameOverride).
     #[arg(long, value_name = "NAME")]
-    pub hostname_override: Option<String>,
+    pub(crate) hostname_override: Option<String>,
     /// Kubeconfig for the API server (overrides clientConnection.kubeconfig).
     #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// The API server's address (overrides the kubeconfig's): `https://HOST:PORT` or `HOST:PORT`.
     #[arg(long, value_name = "URL", value_parser = parse_endpoint)]
-    pub master: Option<String>,
+    pub(crate) master: Option<String>,
     /// Where to serve /healthz and /livez: IP:PORT or IP.
     #[arg(long, value_name = "ADDR", value_parser = parse_healthz)]
-    pub healthz_bind_address: Option<std::net::SocketAddr>,
+    pub(crate) healthz_bind_address: Option<std::net::SocketAddr>,
     /// Where to serve /metrics and /proxyMode: IP:PORT or IP.
     #[arg(long, value_name = "ADDR", value_parser = parse_metrics)]
-    pub metrics_bind_address: Option<std::net::SocketAddr>,
+    pub(crate) metrics_bind_address: Option<std::net::SocketAddr>,
     /// Which of the node's local addresses serve NodePorts (kube-proxy's
     /// --nodeport-addresses, overrides the config file's
     /// nodePortAddresses): comma-separated CIDRs (the local addresses
@@ -70,13 +78,13 @@ pub struct KubeProxyArgs {
     /// family, no 127.0.0.1). Default: every local address of every device
     /// and 127.0.0.1, followed as addresses come and go.
     #[arg(long, value_name = "CIDRS|primary", value_parser = parse_nodeport_addresses)]
-    pub nodeport_addresses: Option<crate::nodeport_addresses::NodePortAddresses>,
+    pub(crate) nodeport_addresses: Option<crate::node::nodeport_addresses::NodePortAddresses>,
     /// The cluster's pod CIDRs, one per family, comma-separated (overrides
     /// the config file's clusterCIDR): packets routed to this node for a
     /// ClusterIP are translated, with source NAT when they come from
     /// outside them.
     #[arg(long = "cluster-cidr", value_name = "CIDRS", value_delimiter = ',', value_parser = parse_cidr)]
-    pub cluster_cidr: Vec<ipnet::IpNet>,
+    pub(crate) cluster_cidr: Vec<ipnet::IpNet>,
     /// klog's verbosity: 0-2 info, 3-4 debug, 5 and above trace (`RUST_LOG` wins).
     #[arg(short = 'v', long = "v", value_name = "LEVEL")]
     pub verbosity: Option<u32>,
@@ -194,7 +202,7 @@ fn parse_content_type(value: &str) -> Result<crate::source::listwatch::ContentTy
 
 /// `HOST:PORT` (an IPv6 host in brackets), or a URL `https://HOST:PORT`;
 /// returned as `HOST:PORT`.
-pub fn parse_endpoint(text: &str) -> Result<String, String> {
+pub(crate) fn parse_endpoint(text: &str) -> Result<String, String> {
     let rest = text.strip_prefix("https://").unwrap_or(text).trim_end_matches('/');
     let bad = || format!("{text:?}: expected HOST:PORT (e.g. 192.168.0.10:6443 or [fd00::10]:6443)");
     let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
@@ -231,7 +239,7 @@ pub fn level_for_verbosity(v: u32) -> &'static str {
 
 /// `--nodeport-acceleration`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum NodePortAcceleration {
+pub(crate) enum NodePortAcceleration {
     #[default]
     Disabled,
     Native,
@@ -250,7 +258,7 @@ impl From<NodePortAcceleration> for crate::datapath::acceleration::Acceleration 
 
 /// `--outside-handover`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum OutsideHandoverMode {
+pub(crate) enum OutsideHandoverMode {
     #[default]
     Off,
     Defer,
@@ -260,7 +268,7 @@ pub enum OutsideHandoverMode {
 impl OutsideHandoverMode {
     /// The datapath's mode; `seconds` (0: none) ends a handover.
     #[must_use]
-    pub fn with_end(self, seconds: u64) -> crate::datapath::handover::OutsideHandover {
+    pub(crate) fn with_end(self, seconds: u64) -> crate::datapath::handover::OutsideHandover {
         use crate::datapath::handover::OutsideHandover;
         match self {
             Self::Off => OutsideHandover::Off,
@@ -274,7 +282,7 @@ impl OutsideHandoverMode {
 
 /// `--socket-lb`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum SocketLbMode {
+pub(crate) enum SocketLbMode {
     #[default]
     All,
     HostNamespace,
@@ -291,7 +299,7 @@ impl From<SocketLbMode> for crate::datapath::loader::SocketLb {
 
 /// `--nodeport-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum NodePortMode {
+pub(crate) enum NodePortMode {
     #[default]
     Snat,
     Dsr,
@@ -308,12 +316,18 @@ impl From<NodePortMode> for crate::datapath::loader::NodePortMode {
     }
 }
 
+/// The log records' format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[allow(
+    missing_docs,
+    reason = "clap prints a doc comment here as help text, which would change the command line's help"
+)]
 pub enum LogFormat {
     Text,
     Json,
 }
 
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Load the programs, attach them and keep the maps equal to the services.
@@ -332,6 +346,10 @@ pub enum Command {
     Status(StatusArgs),
     /// Print a shell completion script, e.g. `ebpf-proxy completion bash >
     /// /etc/bash_completion.d/ebpf-proxy`.
+    #[allow(
+        missing_docs,
+        reason = "clap prints a doc comment here as help text, which would change the command line's help"
+    )]
     Completion {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
@@ -344,20 +362,21 @@ pub enum Command {
     Explain(ExplainArgs),
 }
 
+/// `ebpf-proxy service`'s arguments.
 #[derive(Debug, Args)]
 pub struct ServiceArgs {
     /// The agent's pin directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR, global = true)]
-    pub bpffs_dir: PathBuf,
+    pub(crate) bpffs_dir: PathBuf,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table, global = true)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
     #[command(subcommand)]
-    pub command: ServiceCommand,
+    pub(crate) command: ServiceCommand,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ServiceCommand {
+pub(crate) enum ServiceCommand {
     /// Every frontend with its service, backends and their states.
     List {
         /// Only the frontends of this service: NAMESPACE/NAME, or
@@ -370,18 +389,19 @@ pub enum ServiceCommand {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     Table,
     Json,
 }
 
+/// `ebpf-proxy status`'s arguments.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub pin: PinDirArgs,
+    pub(crate) pin: PinDirArgs,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
 }
 
 /// Commands that only need the agent's pin directory.
@@ -392,6 +412,7 @@ pub struct PinDirArgs {
     pub bpffs_dir: PathBuf,
 }
 
+/// `ebpf-proxy run`'s arguments.
 #[derive(Debug, Default, Args)]
 pub struct RunArgs {
     /// Configuration file: ebpf-proxy's fields (camelCase, as the flags
@@ -400,24 +421,24 @@ pub struct RunArgs {
     /// nodePortAddresses, hostnameOverride, clientConnection.kubeconfig).
     /// Flags override it.
     #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Read Services and EndpointSlices from this file instead of the
     /// Kubernetes API: a YAML stream of v1 Service and discovery.k8s.io/v1
     /// EndpointSlice objects (as `kubectl get -o yaml` prints them),
     /// re-read when it changes.
     #[arg(long, value_name = "FILE", conflicts_with = "kubeconfig")]
-    pub services_file: Option<PathBuf>,
+    pub(crate) services_file: Option<PathBuf>,
     /// Kubeconfig for the API server. Default: in-cluster service account,
     /// else KUBECONFIG, else ~/.kube/config.
     #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// The API server to dial, instead of the one the in-cluster config
     /// (the `kubernetes` Service's ClusterIP, which nothing translates
     /// before this agent has synced) or the kubeconfig names; the service
     /// account token and CA are kept. The control plane's real endpoint,
     /// e.g. 192.168.0.10:6443.
     #[arg(long, value_name = "HOST:PORT", value_parser = parse_endpoint)]
-    pub api_server_endpoint: Option<String>,
+    pub(crate) api_server_endpoint: Option<String>,
     /// What Services and EndpointSlices are asked of the API server in
     /// (kube-proxy's flag): protobuf, as kube-proxy and client-go ask
     /// (JSON is still read from a server that answers with it), or JSON.
@@ -427,22 +448,22 @@ pub struct RunArgs {
         default_value = "application/vnd.kubernetes.protobuf",
         value_parser = parse_content_type
     )]
-    pub kube_api_content_type: crate::source::listwatch::ContentType,
+    pub(crate) kube_api_content_type: crate::source::listwatch::ContentType,
     /// cgroup v2 directory to attach the socket programs to (they act on
     /// every process in it and below). Default: the root of the cgroup2
     /// hierarchy, mounted at /run/ebpf-proxy/cgroup2 if none is.
     #[arg(long, value_name = "DIR")]
-    pub cgroup: Option<PathBuf>,
+    pub(crate) cgroup: Option<PathBuf>,
     /// Directory on a bpffs where the maps and links are pinned (bpffs is
     /// mounted at /sys/fs/bpf when this lies below it and none is mounted).
     /// Default: /sys/fs/bpf/ebpf-proxy.
     #[arg(long, value_name = "DIR")]
-    pub bpffs_dir: Option<PathBuf>,
+    pub(crate) bpffs_dir: Option<PathBuf>,
     /// Name of this node, for internalTrafficPolicy: Local, its zone and its
     /// addresses. Default: the NODE_NAME environment variable, else the
     /// hostname.
     #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
+    pub(crate) node_name: Option<String>,
     /// An address of this node: NodePorts are served on it (as on the
     /// node's local addresses, see --nodeport-addresses; with `primary`,
     /// the first of each family); with --external-ips-local-only, an
@@ -450,7 +471,7 @@ pub struct RunArgs {
     /// them. Repeatable. Default: the InternalIP and ExternalIP addresses
     /// of this node's Node object.
     #[arg(long, value_name = "IP")]
-    pub node_ip: Vec<std::net::IpAddr>,
+    pub(crate) node_ip: Vec<std::net::IpAddr>,
     /// Which of the node's local addresses serve NodePorts (kube-proxy's
     /// --nodeport-addresses, overrides the config file's
     /// nodePortAddresses): comma-separated CIDRs (the local addresses
@@ -459,29 +480,29 @@ pub struct RunArgs {
     /// family, no 127.0.0.1). Default: every local address of every device
     /// and 127.0.0.1, followed as addresses come and go.
     #[arg(long, value_name = "CIDRS|primary", value_parser = parse_nodeport_addresses)]
-    pub nodeport_addresses: Option<crate::nodeport_addresses::NodePortAddresses>,
+    pub(crate) nodeport_addresses: Option<crate::node::nodeport_addresses::NodePortAddresses>,
     /// When a backend leaves a UDP service, sockets still connected to it
     /// through the service are destroyed (their owners get an error and
     /// reconnect to a live backend): in the agent's network namespace, and
     /// in these (a namespace file, or a directory of them such as
     /// /var/run/netns). Repeatable.
     #[arg(long, value_name = "PATH")]
-    pub socket_netns: Vec<PathBuf>,
+    pub(crate) socket_netns: Vec<PathBuf>,
     /// Where to serve /healthz and /livez. Default: 0.0.0.0:10256 (kube-proxy's).
     #[arg(long, value_name = "ADDR:PORT")]
-    pub healthz_bind_address: Option<std::net::SocketAddr>,
+    pub(crate) healthz_bind_address: Option<std::net::SocketAddr>,
     /// Where to serve /metrics and /proxyMode. Default: 127.0.0.1:10249 (kube-proxy's).
     #[arg(long, value_name = "ADDR:PORT")]
-    pub metrics_bind_address: Option<std::net::SocketAddr>,
+    pub(crate) metrics_bind_address: Option<std::net::SocketAddr>,
     /// Seconds a change may wait unapplied before /healthz answers 503
     /// (at least 1). Default: 60.
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
-    pub health_timeout: Option<u64>,
+    pub(crate) health_timeout: Option<u64>,
     /// Log every translation the eBPF programs make, at debug level under
     /// the target proxy_ebpf (RUST_LOG=info,proxy_ebpf=debug shows them).
     /// Costs time on every connect: for troubleshooting only.
     #[arg(long)]
-    pub bpf_log: bool,
+    pub(crate) bpf_log: bool,
     /// Most entries of the services map (one per frontend plus one per
     /// four backend slots), 1 to 16777216. The map is sized from the table with
     /// room to spare and grows as needed, up to this; past it the services
@@ -489,29 +510,29 @@ pub struct RunArgs {
     /// --health-timeout, and ebpf_proxy_map_full_total counts the refused
     /// writes. Default: 4194304.
     #[arg(long, value_name = "N", value_parser = map_size())]
-    pub services_map_size: Option<u32>,
+    pub(crate) services_map_size: Option<u32>,
     /// Most entries of the backends map (an array indexed by backend id
     /// from 1: it holds one distinct backend fewer than its size), 1 to
     /// 16777216, sized and grown as the services map is. Default: 2097152.
     #[arg(long, value_name = "N", value_parser = map_size())]
-    pub backends_map_size: Option<u32>,
+    pub(crate) backends_map_size: Option<u32>,
     /// A network device that traffic from outside arrives on: the TC
     /// programs serve NodePorts, LoadBalancer IPs and externalIPs there.
     /// Repeatable. Default: the devices holding this node's addresses and
     /// the default route (recomputed when the node's addresses change).
     #[arg(long = "devices", value_name = "DEV", value_delimiter = ',')]
-    pub devices: Vec<String>,
+    pub(crate) devices: Vec<String>,
     /// Entries of each Maglev table (traffic from outside picks backends
     /// with it): a prime from 251 to 131071. Changing it gives the agent a
     /// fresh set of maps (connection tracking starts afresh). Default: 16381.
     #[arg(long, value_name = "N", value_parser = parse_maglev_size)]
-    pub maglev_table_size: Option<usize>,
+    pub(crate) maglev_table_size: Option<usize>,
     /// Entries of the connection-tracking map of the flows translated per
     /// packet (two per flow, LRU, allocated at start; a restart with
     /// another size copies the flows into a new map), 1 to 16777216.
     /// Default: 262144.
     #[arg(long, value_name = "N", value_parser = map_size())]
-    pub ct_map_size: Option<u32>,
+    pub(crate) ct_map_size: Option<u32>,
     /// XDP in front of the TC programs on the --devices, for traffic from
     /// outside (NodePorts, LoadBalancer IPs, externalIPs): the same
     /// translation before the kernel allocates a socket buffer; what XDP
@@ -521,7 +542,7 @@ pub struct RunArgs {
     /// alone serves it); `best-effort`: such a device is served by TC
     /// alone, with a warning, and so is a veth, where XDP is slower than TC.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortAcceleration::Disabled)]
-    pub nodeport_acceleration: NodePortAcceleration,
+    pub(crate) nodeport_acceleration: NodePortAcceleration,
     /// Sharing traffic from outside with a kube-proxy still running on the
     /// node (for a live takeover; docs/design.md, "Taking over from
     /// kube-proxy"). `defer`: the TC/XDP programs leave every packet to a
@@ -534,14 +555,14 @@ pub struct RunArgs {
     /// service. Set at every start; a takeover sequence changes it while
     /// running.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = OutsideHandoverMode::Off)]
-    pub outside_handover: OutsideHandoverMode,
+    pub(crate) outside_handover: OutsideHandoverMode,
     /// With --outside-handover=handover (or the handover after
     /// --take-over-from-kube-proxy): after this many seconds the
     /// programs serve every flow again (as `off`; flows remembered as
     /// netfilter's still go to the kernel until they end). 0: until the
     /// mode is changed or the agent restarts.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
-    pub outside_handover_seconds: u64,
+    pub(crate) outside_handover_seconds: u64,
     /// How traffic from outside (externalTrafficPolicy: Cluster) reaches a
     /// backend on another node. `snat`: the source becomes this node's
     /// address, replies come back through this node. `dsr`: direct server
@@ -551,7 +572,7 @@ pub struct RunArgs {
     /// client itself (every node must run the agent, in any mode, forward
     /// IP, and route to the clients). `hybrid`: DSR for TCP, SNAT for UDP.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortMode::Snat)]
-    pub nodeport_mode: NodePortMode,
+    pub(crate) nodeport_mode: NodePortMode,
     /// Which sockets the socket programs translate at connect()/sendmsg().
     /// `all`: every socket in the --cgroup. `host-namespace`: only those in
     /// the agent's own network namespace (the node's); pods' sockets keep
@@ -560,7 +581,7 @@ pub struct RunArgs {
     /// needs (its SO_ORIGINAL_DST must be the service, not a backend).
     /// Default: the config file's socketLB, else all.
     #[arg(long, value_enum, value_name = "MODE")]
-    pub socket_lb: Option<SocketLbMode>,
+    pub(crate) socket_lb: Option<SocketLbMode>,
     /// A device the pods' own traffic passes (the host side of a pod's
     /// veth, a bridge holding pod routes): the per-packet programs
     /// translate packets to services there (pods the socket programs do not
@@ -568,7 +589,7 @@ pub struct RunArgs {
     /// veth and bridge that is not one of the --devices, followed as pods
     /// come and go; `none`: no device.
     #[arg(long = "pod-devices", value_name = "DEV", value_delimiter = ',')]
-    pub pod_devices: Vec<String>,
+    pub(crate) pod_devices: Vec<String>,
     /// The cluster's pod CIDRs, at most one per family, comma-separated
     /// (kube-proxy's --cluster-cidr): packets routed to this node for a
     /// ClusterIP (from a router, a VM, another node) are translated on the
@@ -577,20 +598,20 @@ pub struct RunArgs {
     /// (the default, and the config file's clusterCIDR unset): a ClusterIP
     /// is not served to traffic arriving from outside.
     #[arg(long = "cluster-cidr", value_name = "CIDRS", value_delimiter = ',', value_parser = parse_cidr)]
-    pub cluster_cidr: Vec<ipnet::IpNet>,
+    pub(crate) cluster_cidr: Vec<ipnet::IpNet>,
     /// Frontends whose connection counter is exported as its own series
     /// (ebpf_proxy_service_connections_total), at most; past it the
     /// frontends with the highest ids are left out and counted in
     /// ebpf_proxy_service_series_omitted. 0: none. Default: 1000.
     #[arg(long, value_name = "N")]
-    pub max_service_series: Option<usize>,
+    pub(crate) max_service_series: Option<usize>,
     /// How often the drift audit compares the maps in the kernel with the
     /// desired table and repairs what something else changed (logged, and
     /// counted in ebpf_proxy_datapath_drift_total): a duration such as 5m,
     /// 30s or 1h0m0s; 0 disables the timer (SIGHUP still audits at once).
     /// Default: the config file's syncPeriod, else 5m.
     #[arg(long, value_name = "DURATION", value_parser = parse_audit_interval)]
-    pub audit_interval: Option<std::time::Duration>,
+    pub(crate) audit_interval: Option<std::time::Duration>,
     /// Take over connections from this node (its pods and itself) to an
     /// externalIP only when it is one of this node's addresses; to any
     /// other externalIP they reach that address itself (a mitigation of
@@ -599,7 +620,7 @@ pub struct RunArgs {
     /// externalIP of every service is taken over, as kube-proxy does.
     /// Traffic from outside is served on every externalIP either way.
     #[arg(long)]
-    pub external_ips_local_only: bool,
+    pub(crate) external_ips_local_only: bool,
     /// Take this node over from kube-proxy (stopped, its rules still in
     /// place): once the maps hold the whole table, read kube-proxy's rules
     /// (iptables nat/filter of iptables-nft and iptables-legacy, both
@@ -614,12 +635,12 @@ pub struct RunArgs {
     /// (`handover`, for --outside-handover-seconds if set). With no rule of
     /// kube-proxy's on the node the flag does nothing.
     #[arg(long)]
-    pub take_over_from_kube_proxy: bool,
+    pub(crate) take_over_from_kube_proxy: bool,
     /// The unix socket (mode 0600) where `ebpf-proxy explain` asks why
     /// endpoints are not used; "none": not served. Default:
     /// /run/ebpf-proxy/agent.sock.
     #[arg(long, value_name = "PATH", env = "EBPF_PROXY_EXPLAIN_SOCKET")]
-    pub explain_socket: Option<PathBuf>,
+    pub(crate) explain_socket: Option<PathBuf>,
     /// How a service picks a backend for each new connection unless its
     /// annotation ebpf-proxy.io/lb-algorithm says otherwise. `random`: a
     /// backend at random (traffic from outside: by the Maglev table), as
@@ -630,12 +651,12 @@ pub struct RunArgs {
     /// `maglev`: as random (Cilium's name). Default: the config file's
     /// lbAlgorithm, else random.
     #[arg(long, value_enum, value_name = "ALGORITHM")]
-    pub lb_algorithm: Option<LbAlgorithm>,
+    pub(crate) lb_algorithm: Option<LbAlgorithm>,
 }
 
 /// `--lb-algorithm` (`crate::model::LbAlgorithm`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum LbAlgorithm {
+pub(crate) enum LbAlgorithm {
     #[default]
     Random,
     LeastConnections,
@@ -659,7 +680,7 @@ fn parse_audit_interval(text: &str) -> Result<std::time::Duration, String> {
 /// The most entries a map size flag takes: 64 times the largest default, and
 /// a connection-tracking map of this size (allocated whole at start) takes
 /// about 2 GiB.
-pub const MAX_MAP_SIZE: u32 = 1 << 24;
+pub(crate) const MAX_MAP_SIZE: u32 = 1 << 24;
 
 /// Map sizes: 1 to `MAX_MAP_SIZE` (the kernel refuses 0).
 fn map_size() -> clap::builder::RangedI64ValueParser<u32> {
@@ -667,13 +688,13 @@ fn map_size() -> clap::builder::RangedI64ValueParser<u32> {
 }
 
 /// The same check for the config file's map sizes.
-pub fn check_map_size(n: u32) -> Result<u32, String> {
+pub(crate) fn check_map_size(n: u32) -> Result<u32, String> {
     if (1..=MAX_MAP_SIZE).contains(&n) { Ok(n) } else { Err(format!("{n} is not in 1..={MAX_MAP_SIZE}")) }
 }
 
-fn parse_nodeport_addresses(text: &str) -> Result<crate::nodeport_addresses::NodePortAddresses, String> {
+fn parse_nodeport_addresses(text: &str) -> Result<crate::node::nodeport_addresses::NodePortAddresses, String> {
     let values: Vec<&str> = text.split(',').collect();
-    crate::nodeport_addresses::NodePortAddresses::parse(&values).map_err(|(_, e)| e.to_string())
+    crate::node::nodeport_addresses::NodePortAddresses::parse(&values).map_err(|(_, e)| e.to_string())
 }
 
 fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
@@ -685,36 +706,38 @@ fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
 
 fn parse_maglev_size(text: &str) -> Result<usize, String> {
     let n: usize = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
-    crate::maglev::check_size(n).map_err(|e| e.to_string())
+    crate::reconcile::maglev::check_size(n).map_err(|e| e.to_string())
 }
 
+/// `ebpf-proxy demo`'s arguments.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Run the demo's check (requests spread over the backends), print the
     /// result and exit instead of waiting for Ctrl-C.
     #[arg(long)]
-    pub check: bool,
+    pub(crate) check: bool,
 }
 
+/// `ebpf-proxy explain`'s arguments.
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
     /// The frontend: ADDR:PORT, `[IPv6]:PORT`, optionally /TCP or /UDP.
-    pub frontend: String,
+    pub(crate) frontend: String,
     /// A client, IP or IP:PORT: the backend it would get (from outside the
     /// node: the Maglev entry its flow hashes to, which needs its port) and,
     /// for a client on this node, its affinity entry.
     #[arg(long, value_name = "IP[:PORT]")]
-    pub from: Option<String>,
+    pub(crate) from: Option<String>,
     /// The agent's pin directory.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_PIN_DIR)]
-    pub bpffs_dir: PathBuf,
+    pub(crate) bpffs_dir: PathBuf,
     /// The running agent's socket (its --explain-socket), asked which
     /// endpoints are not used and why.
     #[arg(long, value_name = "PATH", default_value = crate::paths::DEFAULT_EXPLAIN_SOCKET)]
-    pub agent_socket: PathBuf,
+    pub(crate) agent_socket: PathBuf,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = OutputFormat::Table)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
 }
 
 #[cfg(test)]

@@ -13,19 +13,24 @@ use std::{
     time::Duration,
 };
 
-use crate::{args::LogFormat, nodeport_addresses::NodePortAddresses};
+use crate::{args::LogFormat, node::nodeport_addresses::NodePortAddresses};
 
 use ipnet::IpNet;
 use serde::Deserialize;
 use serde_norway::Value;
 
 /// The `KubeProxyConfiguration` versions understood.
-pub const KUBE_PROXY_API_VERSIONS: &[&str] = &["kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2"];
+pub(crate) const KUBE_PROXY_API_VERSIONS: &[&str] =
+    &["kubeproxy.config.k8s.io/v1alpha1", "kubeproxy.config.k8s.io/v1alpha2"];
 
+/// A configuration file that cannot be used.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum ConfigError {
+    /// The file cannot be read.
     #[error("cannot read config file {path}: {source}")]
     Read { path: String, source: std::io::Error },
+    /// A field of the file is not valid.
     #[error("config file {path}: {field}: {message}")]
     Invalid { path: String, field: String, message: String },
 }
@@ -56,50 +61,50 @@ pub(crate) const NOT_APPLICABLE: &[&str] = &[
 /// what neither gives).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct FileConfig {
-    pub services_file: Option<PathBuf>,
-    pub kubeconfig: Option<PathBuf>,
-    pub cgroup: Option<PathBuf>,
-    pub bpffs_dir: Option<PathBuf>,
-    pub node_name: Option<String>,
-    pub node_ips: Vec<IpAddr>,
+    pub(crate) services_file: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
+    pub(crate) cgroup: Option<PathBuf>,
+    pub(crate) bpffs_dir: Option<PathBuf>,
+    pub(crate) node_name: Option<String>,
+    pub(crate) node_ips: Vec<IpAddr>,
     /// kube-proxy's nodePortAddresses: which local addresses serve
-    /// NodePorts (`crate::nodeport_addresses`).
-    pub node_port_addresses: Option<NodePortAddresses>,
-    pub socket_netns: Vec<PathBuf>,
-    pub healthz_bind_address: Option<SocketAddr>,
-    pub metrics_bind_address: Option<SocketAddr>,
-    pub health_timeout_seconds: Option<u64>,
-    pub services_map_size: Option<u32>,
-    pub backends_map_size: Option<u32>,
-    pub bpf_log: Option<bool>,
+    /// NodePorts (`crate::node::nodeport_addresses`).
+    pub(crate) node_port_addresses: Option<NodePortAddresses>,
+    pub(crate) socket_netns: Vec<PathBuf>,
+    pub(crate) healthz_bind_address: Option<SocketAddr>,
+    pub(crate) metrics_bind_address: Option<SocketAddr>,
+    pub(crate) health_timeout_seconds: Option<u64>,
+    pub(crate) services_map_size: Option<u32>,
+    pub(crate) backends_map_size: Option<u32>,
+    pub(crate) bpf_log: Option<bool>,
     /// Devices the TC programs attach to (empty: found from the node's
     /// addresses and default route).
-    pub devices: Vec<String>,
+    pub(crate) devices: Vec<String>,
     /// `socketLB`: which sockets the socket programs translate.
-    pub socket_lb: Option<crate::args::SocketLbMode>,
+    pub(crate) socket_lb: Option<crate::args::SocketLbMode>,
     /// `podDevices`: the pod-facing devices (empty: `auto`).
-    pub pod_devices: Vec<String>,
+    pub(crate) pod_devices: Vec<String>,
     /// kube-proxy's `clusterCIDR` (comma-separated, one per family).
-    pub cluster_cidrs: Vec<IpNet>,
-    pub maglev_table_size: Option<usize>,
-    pub ct_map_size: Option<u32>,
-    pub max_service_series: Option<usize>,
+    pub(crate) cluster_cidrs: Vec<IpNet>,
+    pub(crate) maglev_table_size: Option<usize>,
+    pub(crate) ct_map_size: Option<u32>,
+    pub(crate) max_service_series: Option<usize>,
     /// `--lb-algorithm`: how services without the annotation balance.
-    pub lb_algorithm: Option<crate::model::LbAlgorithm>,
+    pub(crate) lb_algorithm: Option<crate::model::LbAlgorithm>,
     /// The API server to dial instead of the one the in-cluster config or
     /// the kubeconfig names (`HOST:PORT`).
-    pub api_server_endpoint: Option<String>,
+    pub(crate) api_server_endpoint: Option<String>,
     /// kube-proxy's `logging.format`.
-    pub log_format: Option<LogFormat>,
+    pub(crate) log_format: Option<LogFormat>,
     /// kube-proxy's `logging.verbosity` (klog's `-v`).
-    pub log_verbosity: Option<u32>,
+    pub(crate) log_verbosity: Option<u32>,
     /// kube-proxy's `minSyncPeriod`: syncs start at most this often.
-    pub min_sync_period: Option<Duration>,
+    pub(crate) min_sync_period: Option<Duration>,
     /// kube-proxy's `syncPeriod`: the whole table is compared with what
     /// the maps hold (read back from the kernel) this often.
-    pub sync_period: Option<Duration>,
+    pub(crate) sync_period: Option<Duration>,
     /// Fields seen that are kube-proxy's but mean nothing here.
-    pub ignored: Vec<String>,
+    pub(crate) ignored: Vec<String>,
     /// Fields nobody knows.
     pub unknown: Vec<String>,
 }
@@ -192,7 +197,7 @@ struct Logging {
     rest: BTreeMap<String, Value>,
 }
 
-pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+pub(crate) fn load(path: &Path) -> Result<FileConfig, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
     parse(&text).map_err(|(field, message)| ConfigError::Invalid { path: path.display().to_string(), field, message })
@@ -287,7 +292,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     cfg.lb_algorithm = raw.lb_algorithm.as_deref().map(lb_algorithm).transpose()?;
     if let Some(m) = raw.maglev_table_size {
         cfg.maglev_table_size =
-            Some(crate::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
+            Some(crate::reconcile::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
     }
     for (i, ip) in raw.node_ips.iter().enumerate() {
         cfg.node_ips.push(ip.parse().map_err(|_| (format!("nodeIPs[{i}]"), format!("{ip:?} is not an IP address")))?);
@@ -375,8 +380,8 @@ fn apply_logging(cfg: &mut FileConfig, logging: &Logging) -> Result<(), (String,
 /// (kube-runtime's default backoff): at most 4 a second. A limit it always
 /// stays under (qps >= 4, burst >= 7; 0 means kube-proxy's default, 5/10)
 /// holds as it is; a lower one cannot be honoured and is refused.
-pub const MIN_QPS: f64 = 4.0;
-pub const MIN_BURST: i64 = 7;
+pub(crate) const MIN_QPS: f64 = 4.0;
+pub(crate) const MIN_BURST: i64 = 7;
 
 fn client_rate(qps: Option<f64>, burst: Option<i64>) -> Result<(), (String, String)> {
     let why = |what: &str| {
@@ -424,7 +429,7 @@ fn sync_periods(
 }
 
 /// A Go duration (`metav1.Duration`): `30s`, `1m0s`, `250ms`, `1h0m0s`, `1.5s`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let bad = || format!("{text:?} is not a duration such as 30s, 1m0s or 250ms");
     if text == "0" {
         return Ok(Duration::ZERO);
@@ -494,7 +499,7 @@ fn bind_cidrs(
 }
 
 /// kube-proxy's `IP:PORT` or `IP` (the port defaults); empty means unset.
-pub fn bind_address(
+pub(crate) fn bind_address(
     field: &str,
     value: Option<&str>,
     default_port: u16,
@@ -511,7 +516,7 @@ pub fn bind_address(
 
 impl FileConfig {
     /// Logs what the file holds that is not used.
-    pub fn log_unused(&self, path: &Path) {
+    pub(crate) fn log_unused(&self, path: &Path) {
         if !self.ignored.is_empty() {
             tracing::info!(config = %path.display(), fields = ?self.ignored, "kube-proxy settings that do not apply to ebpf-proxy are ignored");
         }
@@ -612,7 +617,7 @@ udpIdleTimeout: 250ms
 
     /// kubeadm's `kube-proxy` ConfigMap, key `config.conf`, as kubeadm
     /// (v1.31) writes it: every field present, zero values for defaults.
-    pub const KUBEADM_V1ALPHA1: &str = include_str!("../tests/fixtures/kubeadm/config.conf");
+    pub(crate) const KUBEADM_V1ALPHA1: &str = include_str!("../tests/fixtures/kubeadm/config.conf");
 
     #[test]
     fn kubeadms_config_conf_is_understood() {

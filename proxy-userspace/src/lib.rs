@@ -1,33 +1,37 @@
 //! ebpf-proxy: a Kubernetes service proxy that translates service addresses
 //! in the kernel with eBPF instead of iptables DNAT.
+//!
+//! Data flows one way: `source` → `model` → `reconcile` → `datapath`, with
+//! the `observe` modules reading what each sync did.
+#![warn(missing_docs)]
+
+/// The agent: wires the pipeline, the datapath and the observers together.
 pub mod agent;
+/// The command line.
 pub mod args;
-pub mod client_netns;
+/// One module per subcommand.
 pub mod cmd;
+/// The configuration file.
 pub mod config;
-pub mod ct_fill;
+/// The kernel side: loading and attaching the programs, the pinned maps.
 pub mod datapath;
-pub mod devices;
-pub mod explain_socket;
-pub mod fs;
-pub mod health;
-pub mod healthcheck;
-pub mod local_addrs;
-pub mod maglev;
-pub mod memory;
-pub mod metrics;
+/// The pure Kubernetes rules: Services and EndpointSlices in, the desired table out.
 pub mod model;
-pub mod nodeport_addresses;
+/// The node itself: its devices, addresses, namespaces and filesystems.
+pub mod node;
+/// The observers of each sync: health, metrics, telemetry, explain.
+pub mod observe;
+/// Filesystem locations the agent uses.
 pub mod paths;
-pub mod pin_rollback;
+/// One sync at a time: source → model → reconciler.
 pub mod pipeline;
-pub mod pod_devices;
-pub mod process_metrics;
+/// The pure reconciler: the desired table in, the difference written through a map trait.
+pub mod reconcile;
+/// The reference pages under docs/reference/, generated from the code.
 pub mod reference;
-pub mod resize;
-pub mod rest_metrics;
+/// Guards for the demo and the tests: network namespaces, cgroups, bpffs.
 pub mod sandbox;
-pub mod serve;
+/// Where Services and EndpointSlices come from: the API server or a file.
 pub mod source;
+/// Taking a node over from a running kube-proxy.
 pub mod takeover;
-pub mod telemetry;

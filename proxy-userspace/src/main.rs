@@ -6,14 +6,14 @@ use ebpf_proxy::{
 
 use std::process::ExitCode;
 
-/// jemalloc for every Rust allocation: see memory.rs.
+/// jemalloc for every Rust allocation: see observe/memory.rs.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's settings, under the name the (prefixed) jemalloc of
 /// tikv-jemallocator reads them by: a pointer to a C string.
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static JEMALLOC_CONF: &[u8; 94] = ebpf_proxy::memory::JEMALLOC_CONF;
+static JEMALLOC_CONF: &[u8; 94] = ebpf_proxy::observe::memory::JEMALLOC_CONF;
 
 /// The tokio runtime's worker threads (see `main`).
 const WORKER_THREADS: usize = 2;

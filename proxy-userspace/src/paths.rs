@@ -1,23 +1,23 @@
 //! Filesystem locations the agent uses, in one place.
 use std::path::{Path, PathBuf};
 
-use crate::datapath::sizing::Sizes;
+use crate::reconcile::sizing::Sizes;
 
 /// Where bpffs is mounted by convention.
-pub const BPFFS_ROOT: &str = "/sys/fs/bpf";
+pub(crate) const BPFFS_ROOT: &str = "/sys/fs/bpf";
 /// Default directory of the agent's pinned maps.
-pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ebpf-proxy";
+pub(crate) const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ebpf-proxy";
 /// Subdirectory of the pin directory that holds the pinned program links.
-pub const LINKS_SUBDIR: &str = "links";
+pub(crate) const LINKS_SUBDIR: &str = "links";
 /// Where the agent mounts cgroup2 when the machine has none mounted.
-pub const OWN_CGROUP2_MOUNT: &str = "/run/ebpf-proxy/cgroup2";
+pub(crate) const OWN_CGROUP2_MOUNT: &str = "/run/ebpf-proxy/cgroup2";
 /// Where the agent serves `ebpf-proxy explain` its reasons (a unix
 /// socket, mode 0600).
-pub const DEFAULT_EXPLAIN_SOCKET: &str = "/run/ebpf-proxy/agent.sock";
+pub(crate) const DEFAULT_EXPLAIN_SOCKET: &str = "/run/ebpf-proxy/agent.sock";
 /// The mount table.
-pub const MOUNTS: &str = "/proc/self/mounts";
+pub(crate) const MOUNTS: &str = "/proc/self/mounts";
 /// kube-proxy's health address.
-pub const DEFAULT_HEALTHZ: &str = "0.0.0.0:10256";
+pub(crate) const DEFAULT_HEALTHZ: &str = "0.0.0.0:10256";
 /// kube-proxy's metrics address.
 pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// Version of the maps' layout (key and value types). Bump it whenever a
@@ -40,7 +40,7 @@ pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";
 
 /// The layout version of this build (or the test override).
 #[must_use]
-pub fn map_layout_version() -> u32 {
+pub(crate) fn map_layout_version() -> u32 {
     std::env::var(LAYOUT_VERSION_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(MAP_LAYOUT_VERSION)
 }
 
@@ -60,7 +60,7 @@ pub fn maps_dir(pin_dir: &Path, maglev_size: usize, sizes: Sizes) -> PathBuf {
 /// written set of this build's layout and Maglev table size pinned under
 /// `pin_dir`.
 #[must_use]
-pub fn pinned_sizes(pin_dir: &Path, maglev_size: usize) -> Option<(u32, u32, u32)> {
+pub(crate) fn pinned_sizes(pin_dir: &Path, maglev_size: usize) -> Option<(u32, u32, u32)> {
     let prefix = format!("{}-s", maglev_prefix(maglev_size));
     std::fs::read_dir(pin_dir)
         .ok()?

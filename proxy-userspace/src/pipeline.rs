@@ -16,25 +16,26 @@ use std::{
 use tracing::{debug, error, info, warn};
 
 use crate::{
-    datapath::{
+    model::{self, Delta, NodeContext, ServiceInput, Severity, TableState},
+    node::nodeport_addresses::{self, NodePortAddresses},
+    reconcile::{
         ChangeKind, Reconciler, Report, ServiceMaps,
         audit::{self, Audit, Drift},
     },
-    model::{self, Delta, NodeContext, ServiceInput, Severity, TableState},
-    nodeport_addresses::{self, NodePortAddresses},
     source::{ChangeSource, Delivery, Snapshot},
 };
 
 /// What the pipeline knows of this node besides its Node object.
 #[derive(Debug, Clone, Default)]
 pub struct NodeSettings {
+    /// This node's name.
     pub node_name: String,
     /// This node's addresses; empty: those of its Node object.
     pub node_ips: Vec<IpAddr>,
     /// kube-proxy's nodePortAddresses: which addresses serve NodePorts.
     pub node_port_addresses: NodePortAddresses,
     /// The node's local addresses (every device's; see
-    /// `crate::local_addrs`), for `node_port_addresses`.
+    /// `crate::node::local_addrs`), for `node_port_addresses`.
     pub local_addrs: Vec<IpAddr>,
     /// `--external-ips-local-only` (`NodeContext::external_ips_local_only`).
     pub external_ips_local_only: bool,
@@ -45,14 +46,16 @@ pub struct NodeSettings {
 /// Counters since start.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
+    /// Objects rejected by the source.
     pub objects_rejected: u64,
+    /// Problems the model found.
     pub problems: u64,
-    pub map_write_failures: u64,
+    pub(crate) map_write_failures: u64,
 }
 
 /// How often the drift audit runs unless configured (`--audit-interval`,
 /// syncPeriod).
-pub const DEFAULT_AUDIT_INTERVAL: Duration = Duration::from_mins(5);
+pub(crate) const DEFAULT_AUDIT_INTERVAL: Duration = Duration::from_mins(5);
 
 /// Why the pipeline woke up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,24 +77,26 @@ pub enum Wake {
 /// One sync's outcome, for the observers.
 #[derive(Debug)]
 pub struct Synced {
+    /// What the reconciler wrote.
     pub report: Report,
     /// The whole table was compared (first sync, relist, new node context,
     /// after a failure), not only what changed.
-    pub whole_table: bool,
+    pub(crate) whole_table: bool,
     /// From the change reaching the agent to its maps written.
-    pub latency: Duration,
+    pub(crate) latency: Duration,
     /// Time spent writing the maps.
-    pub took: Duration,
+    pub(crate) took: Duration,
     /// Syncs so far (the first is 1).
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// For each EndpointSlice change this sync wrote (when it wrote all it
     /// tried): seconds from its last-change-trigger-time to now.
-    pub programming_seconds: Vec<f64>,
+    pub(crate) programming_seconds: Vec<f64>,
     /// A drift audit ran: how the maps differed from the desired table
     /// (empty: not at all).
-    pub drift: Option<Drift>,
+    pub(crate) drift: Option<Drift>,
 }
 
+/// The sync pipeline: a source's deliveries through the model into the maps, one step at a time.
 pub struct Pipeline {
     settings: NodeSettings,
     /// The desired table, kept service by service.
@@ -137,22 +142,24 @@ impl Pipeline {
     /// and compares the whole table with them, so an entry anyone else
     /// changed is put right (kube-proxy's syncPeriod).
     #[must_use]
-    pub fn with_audit_interval(mut self, period: Option<Duration>) -> Self {
+    pub(crate) fn with_audit_interval(mut self, period: Option<Duration>) -> Self {
         self.audit_interval = period;
         self.resync_at = period.map(|p| Instant::now() + p);
         self
     }
 
+    /// The reconciler, and what it applied.
     #[must_use]
     pub const fn reconciler(&self) -> &Reconciler {
         &self.reconciler
     }
 
     #[must_use]
-    pub const fn model(&self) -> &TableState {
+    pub(crate) const fn model(&self) -> &TableState {
         &self.model
     }
 
+    /// Counters since start.
     #[must_use]
     pub const fn stats(&self) -> &Stats {
         &self.stats
@@ -160,20 +167,20 @@ impl Pipeline {
 
     /// The node context of the last translation (`None`: nothing read yet).
     #[must_use]
-    pub const fn node(&self) -> Option<&NodeContext> {
+    pub(crate) const fn node(&self) -> Option<&NodeContext> {
         self.node.as_ref()
     }
 
     /// Whether this node is eligible for traffic from load balancers (see
     /// `model::node_eligible`).
     #[must_use]
-    pub const fn node_eligible(&self) -> bool {
+    pub(crate) const fn node_eligible(&self) -> bool {
         self.node_eligible
     }
 
     /// Resolves when the source has something new, or when failed writes
     /// are due to be tried again.
-    pub async fn wait(&self, source: &mut impl ChangeSource) -> Wake {
+    pub(crate) async fn wait(&self, source: &mut impl ChangeSource) -> Wake {
         tokio::select! {
             () = source.changed() => Wake::Changed,
             () = sleep_until(self.retry_at) => Wake::Retry,
@@ -197,7 +204,7 @@ impl Pipeline {
     /// Reads what woke it and translates it into the model (`model()`),
     /// writing nothing yet: `None` when there is nothing to write. Between
     /// this and `write`, the agent may move to maps sized for the model's
-    /// table (see `crate::resize::before_first_write`).
+    /// table (see `crate::agent::resize::before_first_write`).
     pub async fn translate(
         &mut self,
         wake: Wake,
@@ -255,7 +262,7 @@ impl Pipeline {
     }
 
     /// Makes room in the reconciler for `backends` distinct backends (a
-    /// whole table about to be written: `datapath::sizing::Demand`).
+    /// whole table about to be written: `reconcile::sizing::Demand`).
     pub fn reserve_backends(&mut self, backends: usize) {
         self.reconciler.reserve_backends(backends);
     }
@@ -268,10 +275,10 @@ impl Pipeline {
         self.reconciler = reconciler;
     }
 
-    /// Moves to other maps (a set of other sizes, see `datapath::sizing`):
+    /// Moves to other maps (a set of other sizes, see `reconcile::sizing`):
     /// `reconciler` was recovered from them, and the whole table is
     /// written there now. The caller swaps the programs over afterwards.
-    pub fn move_to(&mut self, reconciler: Reconciler, maps: &mut impl ServiceMaps) -> Report {
+    pub(crate) fn move_to(&mut self, reconciler: Reconciler, maps: &mut impl ServiceMaps) -> Report {
         self.write_through(reconciler);
         let started = Instant::now();
         let report = self.reconciler.sync(maps, self.model.table(), None);
@@ -540,7 +547,7 @@ pub const MAP_WRITES_FAILED: &str =
 
 /// A sync that changes more frontends than this (a first start, a relist)
 /// logs a summary at info and each change at debug.
-const LOG_EACH_CHANGE_UP_TO: usize = crate::datapath::reconcile::LIST_NEW_FRONTENDS_UP_TO;
+const LOG_EACH_CHANGE_UP_TO: usize = crate::reconcile::LIST_NEW_FRONTENDS_UP_TO;
 
 /// Logs what a sync changed (`reconciler`: what it wrote); `read` is the
 /// time spent reading and translating, `took` the time spent writing the
@@ -585,7 +592,7 @@ fn log_report(report: &Report, reconciler: &Reconciler, (read, took): (Duration,
     }
     if let Some(first) = report.failures.first() {
         // One line per sync, however many writes failed.
-        let summary = crate::datapath::failures::summarise(&report.failures);
+        let summary = crate::reconcile::failures::summarise(&report.failures);
         warn!(
             failures = report.failures.len(),
             per_map = ?summary.per_map,

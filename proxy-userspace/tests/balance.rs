@@ -16,7 +16,10 @@ use std::{
 };
 
 use common::{Env, backend_ip, service, slice, web};
-use ebpf_proxy::datapath::{KernelMaps, ServiceMaps as _, active::ActiveConns, inspect};
+use ebpf_proxy::{
+    datapath::{KernelMaps, active::ActiveConns},
+    reconcile::{ServiceMaps as _, inspect},
+};
 
 /// Active connections per backend (`ADDR:PORT`) of the frontend at
 /// `frontend` (`ADDR:PORT/PROTO`), as `ebpf-proxy service` reads them.

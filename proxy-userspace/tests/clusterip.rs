@@ -351,7 +351,7 @@ fn a_new_map_layout_takes_over_without_a_gap() {
     let pin_dir = env.pin_dir();
     // maps-vN-mM-sS-bB: layout, Maglev table size, map sizes.
     let maps_dir = |version: &str| {
-        let prefix = format!("maps-v{version}-m{}-", ebpf_proxy::maglev::DEFAULT_SIZE);
+        let prefix = format!("maps-v{version}-m{}-", ebpf_proxy::reconcile::maglev::DEFAULT_SIZE);
         std::fs::read_dir(&pin_dir)
             .unwrap()
             .filter_map(Result::ok)

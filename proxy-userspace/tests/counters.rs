@@ -14,7 +14,7 @@ use aya::maps::{Array, Map, MapData};
 use ebpf_proxy::{
     datapath::counters::ConnCounters,
     model::{FrontendKey, Protocol, ServicePort},
-    telemetry::Telemetry,
+    observe::telemetry::Telemetry,
 };
 
 #[test]

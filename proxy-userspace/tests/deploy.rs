@@ -232,9 +232,9 @@ fn the_monitoring_kustomization_matches_the_agent() {
         serde_json::from_str(of_kind("ConfigMap")["data"]["ebpf-proxy-dashboard.json"].as_str().unwrap())
             .expect("the dashboard is JSON");
     let sources = [
-        include_str!("../src/telemetry.rs"),
-        include_str!("../src/metrics.rs"),
-        include_str!("../src/process_metrics.rs"),
+        include_str!("../src/observe/telemetry.rs"),
+        include_str!("../src/observe/metrics.rs"),
+        include_str!("../src/observe/process_metrics.rs"),
     ];
     let panels = dashboard["panels"].as_array().unwrap();
     assert!(panels.len() >= 8);

@@ -14,8 +14,9 @@ use std::{
 
 use common::{Env, backend_ip, service, slice, web};
 use ebpf_proxy::{
-    datapath::{KernelMaps, ServiceMaps as _, audit::DRIFT_REPAIRED, codec},
+    datapath::KernelMaps,
     model::{FrontendKey, Protocol},
+    reconcile::{ServiceMaps as _, audit::DRIFT_REPAIRED, codec},
 };
 use proxy_common::{Backend, ServiceKey, ServiceValue, map_names};
 use proxy_testkit::{AgentProcess, field, message};

@@ -17,7 +17,7 @@ use std::{
 };
 
 use common::{Env, backend_ip, service, slice};
-use ebpf_proxy::datapath::{KernelMaps, ServiceMaps as _};
+use ebpf_proxy::{datapath::KernelMaps, reconcile::ServiceMaps as _};
 
 /// `ebpf-proxy explain ARGS` asking no agent (a socket that does not
 /// exist): what the maps alone tell.
@@ -58,7 +58,7 @@ fn services() -> String {
 fn expected_pick(env: &Env, client: std::net::SocketAddr) -> (u32, IpAddr) {
     let dir = ebpf_proxy::paths::current_maps_dir(&env.pin_dir()).unwrap();
     let dump = KernelMaps::open_pinned(&dir).unwrap().dump().unwrap();
-    let lb = ebpf_proxy::datapath::inspect::frontends(&dump)
+    let lb = ebpf_proxy::reconcile::inspect::frontends(&dump)
         .into_iter()
         .find(|f| f.address.to_string() == "203.0.113.10")
         .expect("the LoadBalancer IP's frontend");
@@ -71,7 +71,7 @@ fn expected_pick(env: &Env, client: std::net::SocketAddr) -> (u32, IpAddr) {
     );
     let entry = proxy_common::maglev_index(hash, u32::try_from(table.len()).unwrap());
     let backend = dump.backends[&table[entry as usize]];
-    let (addr, _) = ebpf_proxy::datapath::codec::endpoint_of(&backend.addr, backend.port);
+    let (addr, _) = ebpf_proxy::reconcile::codec::endpoint_of(&backend.addr, backend.port);
     (entry, addr)
 }
 

@@ -9,7 +9,7 @@ use std::{
 };
 
 use common::{Env, backend_ip, service, slice, web};
-use ebpf_proxy::{pipeline::MAP_WRITES_FAILED, resize::RESIZING};
+use ebpf_proxy::{agent::resize::RESIZING, pipeline::MAP_WRITES_FAILED};
 use proxy_testkit::{AgentProcess, field, message};
 
 /// `web` and `n` more one-port services (10.97.x.y) with backend 1 each:
@@ -221,10 +221,10 @@ fn a_map_filling_in_a_two_thread_write_leaves_only_whole_frontends() {
     let dirs = maps_dirs(&env);
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     let maps = ebpf_proxy::datapath::KernelMaps::open_pinned(&env.pin_dir().join(&dirs[0])).unwrap();
-    let dump = ebpf_proxy::datapath::ServiceMaps::dump(&maps).unwrap();
-    let masters: Vec<_> = dump.services.iter().filter(|(k, _)| k.slot == 0).collect();
-    for (key, master) in &masters {
-        for index in 0..master.count {
+    let dump = ebpf_proxy::reconcile::ServiceMaps::dump(&maps).unwrap();
+    let slot_zeros: Vec<_> = dump.services.iter().filter(|(k, _)| k.slot == 0).collect();
+    for (key, slot_zero) in &slot_zeros {
+        for index in 0..slot_zero.count {
             let id = dump.services.get(&key.slots_of(index)).map(|v| v.slot_id(index));
             assert!(id.is_some_and(|id| id != 0), "{key:?}: slot {} missing", index + 1);
         }
@@ -232,12 +232,12 @@ fn a_map_filling_in_a_two_thread_write_leaves_only_whole_frontends() {
     // Slots entries without their slot 0 (no reader reaches them): at most
     // that of the one frontend written one at a time when the map filled,
     // whose slot 0 the retry writes (`update_frontend`); the bulk write
-    // removes its own (`remove_slots_without_master`).
-    let entries: usize = masters.iter().map(|(_, m)| usize::from(m.count).div_ceil(4)).sum();
-    let waiting = dump.services.len() - masters.len() - entries;
+    // removes its own (`remove_slots_without_slot_zero`).
+    let entries: usize = slot_zeros.iter().map(|(_, m)| usize::from(m.count).div_ceil(4)).sum();
+    let waiting = dump.services.len() - slot_zeros.len() - entries;
     assert!(waiting <= 1, "{waiting} slots entries without their slot 0");
     assert!(dump.services.len() > 1990, "the map is used up to its bound: {}", dump.services.len());
-    let served = masters.len();
+    let served = slot_zeros.len();
     assert!((600..usize::from(n)).contains(&served), "{served} frontends fit");
     assert_eq!(status_maps(&env)["frontends"].as_u64(), Some(u64::try_from(served).unwrap()));
     // The first served frontend answers (the services sort by address).

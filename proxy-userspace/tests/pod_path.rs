@@ -345,7 +345,7 @@ fn pod_devices_follow_a_move_to_bigger_maps() {
 /// (an LRU map gives no sign of its own): the agent counts the entries at
 /// its sweep, exports them beside the map's size, and warns once with a
 /// code and a fix. 480 UDP flows from a pod (two entries each) in a map
-/// of 1,024, whose LRU starts evicting before it holds 960 (src/ct_fill.rs).
+/// of 1,024, whose LRU starts evicting before it holds 960 (src/observe/ct_fill.rs).
 #[test]
 fn a_nearly_full_conntrack_map_is_counted_and_warned_about() {
     common::require_root!();

@@ -184,9 +184,9 @@ fn a_failed_start_leaves_no_pins_behind() {
     assert!(!env.pin_dir().exists(), "a refused flag made the pin directory");
 
     // Where a fresh start pins its maps: the smallest size (see
-    // datapath/sizing.rs).
-    let min = ebpf_proxy::datapath::sizing::MIN_SIZE;
-    let min = ebpf_proxy::datapath::sizing::Sizes { services: min, backends: min, frontends: min };
+    // reconcile/sizing.rs).
+    let min = ebpf_proxy::reconcile::sizing::MIN_SIZE;
+    let min = ebpf_proxy::reconcile::sizing::Sizes { services: min, backends: min, frontends: min };
     let maps = ebpf_proxy::paths::maps_dir(&env.pin_dir(), 16381, min);
     std::fs::create_dir_all(maps.join(proxy_common::map_names::SERVICE_NAMES)).unwrap();
     let before = pins(&env.pin_dir());

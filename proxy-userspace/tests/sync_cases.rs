@@ -45,10 +45,10 @@ use std::{
 };
 
 use ebpf_proxy::{
-    datapath::{Reconciler, ServiceMaps as _, fake_maps::FakeMaps, inspect},
     model::LbAlgorithm,
-    nodeport_addresses::NodePortAddresses,
+    node::nodeport_addresses::NodePortAddresses,
     pipeline::{NodeSettings, Pipeline, Wake},
+    reconcile::{Reconciler, ServiceMaps as _, fake_maps::FakeMaps, inspect},
     source::{ChangeSource, Delivery, file, file_source::FileSource, store::ObjectStore},
 };
 use kube::runtime::watcher::Event;
@@ -430,8 +430,8 @@ fn run_case(path: &Path) -> Result<(), String> {
 /// readable (a slot 0 never counts a missing slot).
 fn tamper(maps: &mut FakeMaps) {
     use ebpf_proxy::{
-        datapath::codec,
         model::{FrontendKey, Protocol},
+        reconcile::codec,
     };
     use proxy_common::{ServiceKey, ServiceValue};
     for backend in maps.state.backends.values_mut() {
@@ -439,9 +439,9 @@ fn tamper(maps: &mut FakeMaps) {
         entry.addr.port += 1;
         *backend = codec::backend_value(entry);
     }
-    if let Some((key, master)) = maps.state.services.iter_mut().find(|(k, v)| k.slot == 0 && v.count > 0) {
-        let last = ServiceKey { slot: master.count, ..*key };
-        master.count -= 1;
+    if let Some((key, slot_zero)) = maps.state.services.iter_mut().find(|(k, v)| k.slot == 0 && v.count > 0) {
+        let last = ServiceKey { slot: slot_zero.count, ..*key };
+        slot_zero.count -= 1;
         maps.state.services.remove(&last);
     }
     let stray = FrontendKey::new("10.96.9.9".parse().expect("an IP"), 80, Protocol::Tcp);
@@ -537,12 +537,12 @@ fn many_services(n: u16) -> String {
 /// (`resize::before_first_write_sizes`, as `agent::run_with` does), so not
 /// one write is refused. Without that step, the same write is refused.
 fn start_sized_before_first_write() -> Result<(), String> {
-    let min = ebpf_proxy::datapath::sizing::MIN_SIZE;
-    let bounds = ebpf_proxy::datapath::sizing::DEFAULT_BOUNDS;
+    let min = ebpf_proxy::reconcile::sizing::MIN_SIZE;
+    let bounds = ebpf_proxy::reconcile::sizing::DEFAULT_BOUNDS;
     let cluster = many_services(2100);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
     let fresh = || FakeMaps { capacity: Some(min as usize), ..FakeMaps::default() };
-    let current = ebpf_proxy::datapath::sizing::Sizes { services: min, backends: min, frontends: min };
+    let current = ebpf_proxy::reconcile::sizing::Sizes { services: min, backends: min, frontends: min };
 
     // Unsized, the first write fills the small maps and is refused.
     let mut small = fresh();
@@ -561,7 +561,7 @@ fn start_sized_before_first_write() -> Result<(), String> {
     if !translated.whole_table() {
         return Err("a start compares the whole table".into());
     }
-    let (next, demand) = ebpf_proxy::resize::before_first_write_sizes(pipeline, current, bounds);
+    let (next, demand) = ebpf_proxy::agent::resize::before_first_write_sizes(pipeline, current, bounds);
     let next = next.ok_or("the start stays in maps too small for it")?;
     if demand.backends != 2100 {
         return Err(format!("counted {} distinct backends, not 2,100", demand.backends));

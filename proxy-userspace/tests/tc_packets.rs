@@ -17,13 +17,13 @@ use aya::programs::{TestRun, TestRunOptions, TestRunResult};
 use common::packet::{self, ACK, ACK_NUMBER, FIN, RST, SEQ_NUMBER, SYN, Seen, TcpSeen};
 use ebpf_proxy::{
     datapath::{
-        Reconciler,
         acceleration::Acceleration,
         counters::ExternalStats,
         handover::OutsideHandover,
         loader::{Datapath, LoadOptions, NodePortMode},
     },
     model::{self, NodeContext},
+    reconcile::Reconciler,
     source::file,
 };
 use proxy_testkit::{BpfFs, NetNs, unique_name};

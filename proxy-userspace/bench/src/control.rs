@@ -185,7 +185,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
 
 /// What the bench's agents log: their syncs and lists, and where they
 /// serve their metrics.
-const FILTER: &str = "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info,ebpf_proxy::serve=info";
+const FILTER: &str = "warn,ebpf_proxy::agent=info,ebpf_proxy::source=info,ebpf_proxy::observe::serve=info";
 
 /// Bytes of the Service and EndpointSlice lists `agent` has read in
 /// `encoding` (its `ebpf_proxy_api_received_bytes_total`).

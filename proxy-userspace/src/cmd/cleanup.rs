@@ -8,6 +8,7 @@ use tracing::info;
 
 use crate::{args::PinDirArgs, paths::LINKS_SUBDIR};
 
+/// Runs `ebpf-proxy cleanup`: removes the pinned links and maps.
 pub fn run(args: &PinDirArgs) -> anyhow::Result<()> {
     let dir = &args.bpffs_dir;
     if !dir.exists() {

@@ -7,12 +7,13 @@ use crate::args::Cli;
 
 /// The completion script for `shell`.
 #[must_use]
-pub fn script(shell: clap_complete::Shell) -> Vec<u8> {
+pub(crate) fn script(shell: clap_complete::Shell) -> Vec<u8> {
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), "ebpf-proxy", &mut out);
     out
 }
 
+/// Runs `ebpf-proxy completion`: prints the completion script for `shell`.
 pub fn run(shell: clap_complete::Shell) -> anyhow::Result<()> {
     super::output::print(&String::from_utf8_lossy(&script(shell)))?;
     Ok(())

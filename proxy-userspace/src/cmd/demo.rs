@@ -49,6 +49,7 @@ addressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\nendpoint
     )
 }
 
+/// Runs `ebpf-proxy demo`.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let base = Path::new(BASE_DIR);
     fs::create_dir_all(base).with_context(|| format!("creating {BASE_DIR}"))?;
@@ -72,7 +73,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             bpf_log: false,
             services_map_size: proxy_common::map_sizes::SERVICES,
             backends_map_size: proxy_common::map_sizes::BACKENDS,
-            maglev_size: crate::maglev::DEFAULT_SIZE,
+            maglev_size: crate::reconcile::maglev::DEFAULT_SIZE,
             ct_map_size: proxy_common::map_sizes::CT,
             acceleration: crate::datapath::acceleration::Acceleration::Disabled,
             outside_handover: crate::datapath::handover::OutsideHandover::Off,
@@ -82,7 +83,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         },
         socket_netns: vec![ns.path()],
         node_ips: Vec::new(),
-        node_port_addresses: crate::nodeport_addresses::NodePortAddresses::All,
+        node_port_addresses: crate::node::nodeport_addresses::NodePortAddresses::All,
         external_ips_local_only: false,
         take_over_from_kube_proxy: None,
         health_bind: None,
@@ -90,9 +91,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         health_timeout: Duration::from_mins(1),
         // The demo's clients are on the node: nothing is attached to the
         // machine's own devices.
-        devices: crate::devices::DeviceSelection::Named(Vec::new()),
-        pod_devices: crate::pod_devices::PodDeviceSelection::Named(Vec::new()),
-        max_service_series: crate::metrics::DEFAULT_MAX_SERVICE_SERIES,
+        devices: crate::node::devices::DeviceSelection::Named(Vec::new()),
+        pod_devices: crate::node::pod_devices::PodDeviceSelection::Named(Vec::new()),
+        max_service_series: crate::observe::metrics::DEFAULT_MAX_SERVICE_SERIES,
         min_sync_period: agent::DEFAULT_MIN_SYNC_PERIOD,
         audit_interval: None,
         explain_socket: None,

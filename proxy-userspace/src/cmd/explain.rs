@@ -4,7 +4,7 @@
 //! policies, each backend with its state, and with `--from` the backend
 //! that client would get. Which endpoints of the cluster are not used, and
 //! why, only the running agent knows: it is asked on its socket
-//! (`crate::explain_socket`), and when it cannot be, the answer says so.
+//! (`crate::observe::explain_socket`), and when it cannot be, the answer says so.
 use std::{
     net::{IpAddr, SocketAddr},
     path::Path,
@@ -15,14 +15,13 @@ use serde::Serialize;
 
 use crate::{
     args::{ExplainArgs, OutputFormat},
-    datapath::{
-        KernelMaps, ServiceMaps as _,
-        active::ActiveConns,
-        inspect::{self, BackendView, FrontendView},
-        socket_lb_pins,
-    },
-    explain_socket::{self, Answer, Request},
+    datapath::{KernelMaps, active::ActiveConns, socket_lb_pins},
     model::explain::{EndpointUse, Explained},
+    observe::explain_socket::{self, Answer, Request},
+    reconcile::{
+        ServiceMaps as _,
+        inspect::{self, BackendView, FrontendView},
+    },
 };
 
 #[derive(Debug, Serialize)]
@@ -117,6 +116,7 @@ struct AffinityView {
     expires_in_seconds: u64,
 }
 
+/// Runs `ebpf-proxy explain`.
 pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
     let (addr, port, protocol) = super::service::parse_frontend(&args.frontend)?;
     let client = args.from.as_deref().map(parse_client).transpose()?;
@@ -149,7 +149,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         match socket_lb_pins::read(&args.bpffs_dir) {
             Ok(seen) => {
                 let devices = socket_lb_pins::pod_devices(&args.bpffs_dir);
-                let namespaces = crate::client_netns::holding(ip);
+                let namespaces = crate::node::client_netns::holding(ip);
                 view.paths = Some(namespaces.iter().map(|n| path_view(seen, &devices, n)).collect());
             }
             Err(err) => paths_unknown = Some(format!("where connections from {ip} are translated: {err}")),
@@ -254,7 +254,7 @@ fn affinity_views(
 ) -> Result<Option<Vec<AffinityView>>, crate::datapath::maps::MapError> {
     let Some(timeout) = f.affinity_timeout.map(u64::from) else { return Ok(None) };
     let entries = crate::datapath::affinity::entries(dir, f.id)?;
-    let namespaces = if entries.is_empty() { Vec::new() } else { crate::client_netns::holding(ip) };
+    let namespaces = if entries.is_empty() { Vec::new() } else { crate::node::client_netns::holding(ip) };
     let views = entries
         .iter()
         .filter_map(|e| {
@@ -275,7 +275,11 @@ fn affinity_views(
 /// Where connections from the client namespace `netns` are translated,
 /// with the socket programs run as `seen` and per-packet programs on the
 /// pod-facing `devices`.
-fn path_view(seen: socket_lb_pins::Seen, devices: &[String], netns: &crate::client_netns::ClientNetns) -> PathView {
+fn path_view(
+    seen: socket_lb_pins::Seen,
+    devices: &[String],
+    netns: &crate::node::client_netns::ClientNetns,
+) -> PathView {
     let mode = seen.mode().as_str();
     let (path, why) = if seen.translates_socket_of(netns.cookie) {
         (
@@ -480,7 +484,7 @@ fn client_text(c: &ClientView, out: &mut String) {
 mod tests {
     use super::{BackendView, EndpointUse, Explained, agrees, parse_client, path_view};
     use crate::model::explain::Unused;
-    use crate::{client_netns::ClientNetns, datapath::socket_lb_pins::Seen};
+    use crate::{datapath::socket_lb_pins::Seen, node::client_netns::ClientNetns};
 
     /// The agent's used endpoints against the maps' backends: the same
     /// addresses and ports in any order agree; one more or less does not.

@@ -3,7 +3,7 @@ pub mod cleanup;
 pub mod completion;
 pub mod demo;
 pub mod explain;
-pub mod output;
+pub(crate) mod output;
 pub mod run;
 pub mod service;
 pub mod status;

@@ -4,7 +4,7 @@
 use std::io::{self, Write as _};
 
 /// Writes `text` to stdout; a closed pipe is not an error.
-pub fn print(text: &str) -> io::Result<()> {
+pub(crate) fn print(text: &str) -> io::Result<()> {
     let mut out = io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Err(err) if err.kind() == io::ErrorKind::BrokenPipe => Ok(()),
@@ -13,6 +13,6 @@ pub fn print(text: &str) -> io::Result<()> {
 }
 
 /// `print` with a newline after `args`.
-pub fn line(args: std::fmt::Arguments<'_>) -> io::Result<()> {
+pub(crate) fn line(args: std::fmt::Arguments<'_>) -> io::Result<()> {
     print(&format!("{args}\n"))
 }

@@ -9,8 +9,9 @@ use crate::{
     agent::{self, AgentConfig},
     args::{LogFormat, RunArgs},
     config::{self, FileConfig},
-    datapath::{loader::LoadOptions, sizing::DEFAULT_BOUNDS},
+    datapath::loader::LoadOptions,
     paths::{DEFAULT_HEALTHZ, DEFAULT_METRICS, DEFAULT_PIN_DIR},
+    reconcile::sizing::DEFAULT_BOUNDS,
 };
 
 /// The `run` arguments and the config file they name, read before logging
@@ -50,6 +51,7 @@ impl Prepared {
     }
 }
 
+/// Runs the agent (`ebpf-proxy run`) until it is stopped.
 pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
     let Prepared { args, file } = prepared;
     if let Some(path) = &args.config {
@@ -82,7 +84,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
     };
     let cgroup = match args.cgroup.or(file.cgroup) {
         Some(path) => path,
-        None => crate::fs::cgroup2_root()?,
+        None => crate::node::fs::cgroup2_root()?,
     };
     let node_name = match args.node_name.or(file.node_name) {
         Some(name) => name,
@@ -100,7 +102,10 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             bpf_log: args.bpf_log || file.bpf_log.unwrap_or(false),
             services_map_size: args.services_map_size.or(file.services_map_size).unwrap_or(DEFAULT_BOUNDS.services),
             backends_map_size: args.backends_map_size.or(file.backends_map_size).unwrap_or(DEFAULT_BOUNDS.backends),
-            maglev_size: args.maglev_table_size.or(file.maglev_table_size).unwrap_or(crate::maglev::DEFAULT_SIZE),
+            maglev_size: args
+                .maglev_table_size
+                .or(file.maglev_table_size)
+                .unwrap_or(crate::reconcile::maglev::DEFAULT_SIZE),
             ct_map_size: args.ct_map_size.or(file.ct_map_size).unwrap_or(map_sizes::CT),
             acceleration: args.nodeport_acceleration.into(),
             outside_handover: args.outside_handover.with_end(args.outside_handover_seconds),
@@ -127,15 +132,15 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
                 .unwrap_or_else(|| DEFAULT_METRICS.parse().expect("valid")),
         ),
         health_timeout: Duration::from_secs(args.health_timeout.or(file.health_timeout_seconds).unwrap_or(60)),
-        devices: crate::devices::DeviceSelection::from_names(flag_or_file(args.devices, file.devices)),
-        pod_devices: crate::pod_devices::PodDeviceSelection::from_names(flag_or_file(
+        devices: crate::node::devices::DeviceSelection::from_names(flag_or_file(args.devices, file.devices)),
+        pod_devices: crate::node::pod_devices::PodDeviceSelection::from_names(flag_or_file(
             args.pod_devices,
             file.pod_devices,
         )),
         max_service_series: args
             .max_service_series
             .or(file.max_service_series)
-            .unwrap_or(crate::metrics::DEFAULT_MAX_SERVICE_SERIES),
+            .unwrap_or(crate::observe::metrics::DEFAULT_MAX_SERVICE_SERIES),
         min_sync_period: file.min_sync_period.unwrap_or(agent::DEFAULT_MIN_SYNC_PERIOD),
         // One timer: the config file's syncPeriod (0s there is kube-proxy's
         // default) is the audit's interval unless the flag sets it.
@@ -165,7 +170,7 @@ fn flag_or_file<T>(flag: Vec<T>, file: Vec<T>) -> Vec<T> {
 /// is called, not when the future is first polled: a signal while the
 /// agent loads and reads its maps, before it waits on the future, is kept
 /// for it.
-pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");

@@ -4,10 +4,12 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     args::{OutputFormat, ServiceArgs, ServiceCommand},
-    datapath::{KernelMaps, ServiceMaps as _, active::ActiveConns, inspect},
+    datapath::{KernelMaps, active::ActiveConns},
     model::Protocol,
+    reconcile::{ServiceMaps as _, inspect},
 };
 
+/// Runs `ebpf-proxy service`: prints what the maps translate.
 pub fn run(args: &ServiceArgs) -> anyhow::Result<()> {
     let dir = crate::paths::current_maps_dir(&args.bpffs_dir)
         .with_context(|| format!("no ebpf-proxy maps pinned in {}", args.bpffs_dir.display()))?;

@@ -11,46 +11,44 @@ use serde::Serialize;
 
 use crate::{
     args::{OutputFormat, StatusArgs},
-    datapath::{
-        KernelMaps, ServiceMaps as _, counters::ExternalStats, handover::HandoverMap, inspect, links,
-        links::LinkTarget, socket_lb_pins,
-    },
+    datapath::{KernelMaps, counters::ExternalStats, handover::HandoverMap, links, links::LinkTarget, socket_lb_pins},
     paths::LINKS_SUBDIR,
+    reconcile::{ServiceMaps as _, inspect},
 };
 
 /// What `status` shows; the text is made from it, so both say the same.
 #[derive(Debug, Serialize)]
-pub struct Status {
-    pub pin_directory: PathBuf,
+pub(crate) struct Status {
+    pub(crate) pin_directory: PathBuf,
     /// False: nothing is pinned there (no datapath).
-    pub pinned: bool,
+    pub(crate) pinned: bool,
     /// The pinned links, by name; none: translation is off.
-    pub programs: Vec<Program>,
+    pub(crate) programs: Vec<Program>,
     /// Which path the pods' traffic to services takes; none without
     /// attached programs.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub paths: Option<Paths>,
+    pub(crate) paths: Option<Paths>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub maps: Option<Maps>,
+    pub(crate) maps: Option<Maps>,
 }
 
 /// Where clients' connections to services are translated: at the socket
 /// (`--socket-lb`, as the attached programs run it) or per packet on the
 /// pod-facing devices.
 #[derive(Debug, Serialize)]
-pub struct Paths {
+pub(crate) struct Paths {
     /// `all` or `host-namespace`; none when it cannot be read (`error`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub socket_lb: Option<&'static str>,
+    pub(crate) socket_lb: Option<&'static str>,
     /// `host-namespace`: the cookie of the one network namespace whose
     /// sockets are translated (the node's).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub socket_lb_netns_cookie: Option<u64>,
+    pub(crate) socket_lb_netns_cookie: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub socket_lb_error: Option<String>,
+    pub(crate) socket_lb_error: Option<String>,
     /// The pod-facing devices, where packets no translated socket sent are
     /// translated.
-    pub pod_devices: Vec<String>,
+    pub(crate) pod_devices: Vec<String>,
 }
 
 impl Paths {
@@ -84,48 +82,49 @@ impl Paths {
 }
 
 #[derive(Debug, Serialize)]
-pub struct Program {
+pub(crate) struct Program {
     /// The link's pin name (the program's, or `tc-DEVICE-DIRECTION`).
-    pub name: String,
+    pub(crate) name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub link_id: Option<u32>,
+    pub(crate) link_id: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub program_id: Option<u32>,
+    #[allow(clippy::struct_field_names, reason = "the field's name is the JSON field `status` prints")]
+    pub(crate) program_id: Option<u32>,
     /// `cgroup id N`, `device DEV ingress|egress` or `link type N`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub target: Option<String>,
+    pub(crate) target: Option<String>,
     /// Why the link could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Maps {
-    pub frontends: usize,
-    pub frontends_without_backends: usize,
-    pub backend_slots: usize,
+pub(crate) struct Maps {
+    pub(crate) frontends: usize,
+    pub(crate) frontends_without_backends: usize,
+    pub(crate) backend_slots: usize,
     /// Entries in the services map (slot 0 of each frontend and its slots
     /// entries, four backend slots to one) and the most it holds now (it
     /// grows with the table).
-    pub services_map_entries: usize,
-    pub services_map_size: u32,
+    pub(crate) services_map_entries: usize,
+    pub(crate) services_map_size: u32,
     /// Entries in the backends map and the most it holds now.
-    pub backends_map_entries: usize,
-    pub backends_map_size: u32,
-    pub maglev_tables: usize,
-    pub maglev_table_size: usize,
-    pub source_ranges: usize,
+    pub(crate) backends_map_entries: usize,
+    pub(crate) backends_map_size: u32,
+    pub(crate) maglev_tables: usize,
+    pub(crate) maglev_table_size: usize,
+    pub(crate) source_ranges: usize,
     /// What the TC programs did with traffic from outside, by counter name.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub external_traffic: Option<BTreeMap<&'static str, u64>>,
+    pub(crate) external_traffic: Option<BTreeMap<&'static str, u64>>,
     /// Why the counters could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub external_traffic_error: Option<String>,
+    pub(crate) external_traffic_error: Option<String>,
     /// How traffic from outside is shared with netfilter (taking over from
     /// kube-proxy, `--outside-handover`): `off`, `defer`, `handover`,
     /// `handover, ends in N s`; why it cannot be read, or `unknown`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub outside_handover: Option<String>,
+    pub(crate) outside_handover: Option<String>,
 }
 
 /// The name of device `ifindex` in this network namespace, or `#N`.
@@ -133,6 +132,7 @@ fn device_name(ifindex: u32) -> String {
     nix::net::if_::if_indextoname(ifindex).map_or_else(|_| format!("#{ifindex}"), |n| n.to_string_lossy().into_owned())
 }
 
+/// Runs `ebpf-proxy status`: prints the attached programs and the maps.
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let status = read(&args.pin.bpffs_dir)?;
     match args.output {
@@ -143,7 +143,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
 }
 
 /// Reads the status of the datapath pinned in `dir`.
-pub fn read(dir: &Path) -> anyhow::Result<Status> {
+pub(crate) fn read(dir: &Path) -> anyhow::Result<Status> {
     let mut status =
         Status { pin_directory: dir.to_owned(), pinned: dir.exists(), programs: Vec::new(), paths: None, maps: None };
     if !status.pinned {
@@ -216,7 +216,7 @@ pub fn read(dir: &Path) -> anyhow::Result<Status> {
 
 /// The status as text.
 #[must_use]
-pub fn text(status: &Status) -> String {
+pub(crate) fn text(status: &Status) -> String {
     let mut out = String::new();
     if !status.pinned {
         let _ = writeln!(out, "no datapath: nothing is pinned in {}", status.pin_directory.display());

@@ -25,13 +25,13 @@ const XDP_SLOWER_THAN_TC: &[&str] = &["veth"];
 
 /// Whether XDP on a device of `kind` costs more than it saves.
 #[must_use]
-pub fn xdp_slower_than_tc(kind: &str) -> bool {
+pub(crate) fn xdp_slower_than_tc(kind: &str) -> bool {
     XDP_SLOWER_THAN_TC.contains(&kind)
 }
 
 /// Whether to try XDP on a device of `kind` (`Acceleration::plan`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// Not asked for.
     No,
     /// Tried.
@@ -44,7 +44,7 @@ pub enum Plan {
 
 /// What a device gets (`Acceleration::on_device`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceXdp {
+pub(crate) enum DeviceXdp {
     /// XDP runs there, TC behind it.
     Attached,
     /// TC alone, as asked (`Disabled`).
@@ -58,13 +58,13 @@ pub enum DeviceXdp {
 impl Acceleration {
     /// Whether the XDP program is loaded and attached at all.
     #[must_use]
-    pub const fn wants_xdp(self) -> bool {
+    pub(crate) const fn wants_xdp(self) -> bool {
         !matches!(self, Self::Disabled)
     }
 
     /// Whether to try XDP on a device of `kind` (empty: a physical one).
     #[must_use]
-    pub fn plan(self, kind: &str) -> Plan {
+    pub(crate) fn plan(self, kind: &str) -> Plan {
         match (self, xdp_slower_than_tc(kind)) {
             (Self::Disabled, _) => Plan::No,
             (Self::Native | Self::BestEffort, false) => Plan::Try,
@@ -76,7 +76,7 @@ impl Acceleration {
     /// What a device gets when its XDP attach `attached` (true) or the
     /// device has no native XDP (false; with `Disabled` nothing is tried).
     #[must_use]
-    pub const fn on_device(self, attached: bool) -> DeviceXdp {
+    pub(crate) const fn on_device(self, attached: bool) -> DeviceXdp {
         match (self, attached) {
             (Self::Disabled, _) => DeviceXdp::NotWanted,
             (_, true) => DeviceXdp::Attached,

@@ -25,7 +25,7 @@ use super::maps::{MapError, MapName};
 /// How often the agent takes back the counts of flows from outside whose
 /// entries expired unseen: the longest a finished flow stays counted past
 /// its entry's lifetime (`ct_lifetime`).
-pub const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The agent's mapping of `ACTIVE_CONNS`.
 pub struct ActiveConns {
@@ -57,7 +57,7 @@ fn syscall(op: &'static str, source: io::Error) -> MapError {
 
 impl ActiveConns {
     /// Maps the array `map` (the programs' `ACTIVE_CONNS`), and keeps it.
-    pub fn from_map(map: Map) -> Result<Self, MapError> {
+    pub(crate) fn from_map(map: Map) -> Result<Self, MapError> {
         let Map::Array(data) = &map else {
             return Err(syscall("open", io::Error::other("not an array; is the eBPF object from this build?")));
         };
@@ -97,14 +97,14 @@ impl ActiveConns {
 
     /// Forgets backend `id`'s count: its id is freed, or handed to a new
     /// backend (whose count starts at 0).
-    pub fn clear(&self, id: u32) {
+    pub(crate) fn clear(&self, id: u32) {
         if let Some(c) = self.at(id) {
             c.store(0, Ordering::Relaxed);
         }
     }
 
     /// Takes back one active connection of backend `id`, never below zero.
-    pub fn take_back(&self, id: u32) {
+    pub(crate) fn take_back(&self, id: u32) {
         if let Some(c) = self.at(id) {
             let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
         }
@@ -119,8 +119,8 @@ impl ActiveConns {
     /// `backend` reads `BACKENDS`: a count is taken back only from the
     /// backend the flow went to. An entry found renewed meanwhile (a new
     /// flow on the tuple) is put back. Returns how many were taken back,
-    /// and how many entries `CT` held (`crate::ct_fill`).
-    pub fn sweep_ended_flows(
+    /// and how many entries `CT` held (`crate::observe::ct_fill`).
+    pub(crate) fn sweep_ended_flows(
         &self,
         ct: BorrowedFd<'_>,
         backend: impl Fn(u32) -> Option<Backend>,
@@ -161,12 +161,12 @@ pub struct Sweep {
     /// Active connections taken back.
     pub taken: usize,
     /// Entries `CT` held when it was read.
-    pub ct_entries: usize,
+    pub(crate) ct_entries: usize,
 }
 
 /// What the metrics endpoint reads: the counts, and `BACKENDS` to name
 /// each backend (`ebpf_proxy_backend_active_connections`).
-pub struct ActiveSeries {
+pub(crate) struct ActiveSeries {
     counts: std::sync::Arc<ActiveConns>,
     backends: aya::maps::Array<MapData, Backend>,
 }
@@ -179,7 +179,7 @@ impl std::fmt::Debug for ActiveSeries {
 
 impl ActiveSeries {
     /// The counts, with `backends`, a descriptor of this set's `BACKENDS`.
-    pub fn new(counts: std::sync::Arc<ActiveConns>, backends: OwnedFd) -> Result<Self, MapError> {
+    pub(crate) fn new(counts: std::sync::Arc<ActiveConns>, backends: OwnedFd) -> Result<Self, MapError> {
         let aya = |source| MapError::Aya { map: MapName::Backends, source };
         let backends = aya::maps::Array::try_from(Map::Array(MapData::from_fd(backends).map_err(aya)?)).map_err(aya)?;
         Ok(Self { counts, backends })
@@ -189,7 +189,7 @@ impl ActiveSeries {
     /// the lowest ids, at most `max` (of `live` there are): ids are handed
     /// out lowest first, so this reads about `max` entries, not the array.
     #[must_use]
-    pub fn series(&self, max: usize, live: usize) -> Vec<(String, u64)> {
+    pub(crate) fn series(&self, max: usize, live: usize) -> Vec<(String, u64)> {
         let want = max.min(live);
         let mut out = Vec::with_capacity(want);
         for id in 1..self.counts.len.min(self.backends.len()) {
@@ -198,8 +198,8 @@ impl ActiveSeries {
             }
             let Ok(backend) = self.backends.get(&id, 0) else { continue };
             // An empty entry (protocol 0) names no backend.
-            if let Ok(protocol) = super::codec::protocol_of(backend.proto) {
-                let (addr, port) = super::codec::endpoint_of(&backend.addr, backend.port);
+            if let Ok(protocol) = crate::reconcile::codec::protocol_of(backend.proto) {
+                let (addr, port) = crate::reconcile::codec::endpoint_of(&backend.addr, backend.port);
                 let name = std::net::SocketAddr::new(addr, port).to_string();
                 out.push((format!("{name}/{protocol}"), self.counts.get(id)));
             }

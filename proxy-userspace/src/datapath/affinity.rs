@@ -10,18 +10,18 @@ use super::maps::MapError;
 
 /// One entry of `AFFINITY`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AffinityEntry {
+pub(crate) struct AffinityEntry {
     /// The client's network namespace cookie.
-    pub client: u64,
-    pub backend_id: u32,
+    pub(crate) client: u64,
+    pub(crate) backend_id: u32,
     /// Since the last connection that used it.
-    pub idle: Duration,
+    pub(crate) idle: Duration,
 }
 
 /// The entries of frontend `rev_nat` in the `AFFINITY` map pinned in
 /// `maps_dir` (an expired entry stays until the LRU evicts it or the next
 /// connection replaces it: see `AffinityEntry::idle`).
-pub fn entries(maps_dir: &Path, rev_nat: RevNatId) -> Result<Vec<AffinityEntry>, MapError> {
+pub(crate) fn entries(maps_dir: &Path, rev_nat: RevNatId) -> Result<Vec<AffinityEntry>, MapError> {
     let path = maps_dir.join(map_names::AFFINITY);
     let data =
         MapData::from_pin(&path).map_err(|source| MapError::Open { path: path.display().to_string(), source })?;

@@ -17,6 +17,7 @@ use super::maps::MapError;
 /// Counters one batch call reads or zeroes.
 const BATCH: usize = 4096;
 
+/// The per-frontend connection counters (`CONNECTIONS`), per CPU.
 pub struct ConnCounters {
     map: Array<MapData, u64>,
     /// A second descriptor of the map, for batch reads and writes (which
@@ -82,7 +83,7 @@ impl ConnCounters {
     /// Whether every count is still zero (the map was made by this load),
     /// which holds only until the first ids are handed out: the caller
     /// labels frontends with ids after asking.
-    pub const fn take_zeroed(&mut self) -> bool {
+    pub(crate) const fn take_zeroed(&mut self) -> bool {
         std::mem::replace(&mut self.zeroed, false)
     }
 
@@ -126,14 +127,6 @@ impl ConnCounters {
             }
         }
         ids.iter().map(|id| (first..=last).contains(id).then(|| sums[(id - first) as usize])).collect()
-    }
-
-    /// Zeroes the count of `id` (a rev-NAT id given to a new frontend).
-    pub fn reset(&mut self, id: RevNatId) -> io::Result<()> {
-        for i in self.indexes(id)? {
-            self.map.set(i, 0, 0).map_err(io::Error::other)?;
-        }
-        Ok(())
     }
 
     /// Zeroes the counts of `ids`, in batches of 4,096 counters (a whole
@@ -195,7 +188,7 @@ impl std::fmt::Debug for ExternalStats {
 }
 
 impl ExternalStats {
-    pub fn from_map(map: Map) -> Result<Self, MapError> {
+    pub(crate) fn from_map(map: Map) -> Result<Self, MapError> {
         let map = PerCpuArray::try_from(map).map_err(|source| MapError::Session { map: "EXTERNAL_STATS", source })?;
         Ok(Self { map })
     }

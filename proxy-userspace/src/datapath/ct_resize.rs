@@ -1,7 +1,7 @@
 //! `--ct-map-size` changed across a restart. A pinned map is reused as it
 //! is (aya opens the pin and ignores the size asked for), so without this
 //! a larger `CT` would only come with a new set of maps, and an operator
-//! raising the size after `ConntrackNearlyFull` (`crate::ct_fill`) would
+//! raising the size after `ConntrackNearlyFull` (`crate::observe::ct_fill`) would
 //! see nothing change. Before the load, a pinned `CT` of another size is
 //! moved aside (its pin renamed, in the same directory), so the load makes
 //! one of the size asked for; after the load its entries are copied over
@@ -23,7 +23,7 @@ const ASIDE: &str = "CT_RESIZED_FROM";
 
 /// A pinned `CT` moved aside for one of another size.
 #[derive(Debug)]
-pub struct CtResize {
+pub(crate) struct CtResize {
     /// Where it was pinned, and where it is now.
     original: PathBuf,
     aside: PathBuf,
@@ -45,7 +45,7 @@ impl CtResize {
 
     /// Moves the `CT` pinned at `pin` aside when it does not hold
     /// `wanted` entries; `None` when there is none or it is of that size.
-    pub fn set_aside(pin: &Path, wanted: u32) -> std::io::Result<Option<Self>> {
+    pub(crate) fn set_aside(pin: &Path, wanted: u32) -> std::io::Result<Option<Self>> {
         let aside = pin.with_file_name(ASIDE);
         if !pin.exists() {
             // An agent killed between the move and the copy: the old map
@@ -65,7 +65,7 @@ impl CtResize {
     }
 
     /// The load failed: the old map is pinned where it was.
-    pub fn undo(self) {
+    pub(crate) fn undo(self) {
         if let Err(err) = Self::move_pin(&self.aside, &self.original) {
             tracing::warn!(%err, pin = %self.original.display(), "cannot pin the conntrack map back after a failed load");
         }
@@ -74,7 +74,7 @@ impl CtResize {
     /// Copies the old map's entries into `ct` (the new one), then unpins
     /// the old one. How many were copied. Flows the old programs open after
     /// the copy, before the new ones attach, start anew in the new map.
-    pub fn finish(self, ct: std::os::fd::BorrowedFd<'_>) -> std::io::Result<usize> {
+    pub(crate) fn finish(self, ct: std::os::fd::BorrowedFd<'_>) -> std::io::Result<usize> {
         let old = sys::obj_get(&self.aside)?;
         let entries = sys::read_hash_map::<CtKey, CtValue>(old.as_fd(), 1024)?.unwrap_or_default();
         let (keys, values): (Vec<CtKey>, Vec<CtValue>) = entries.into_iter().unzip();

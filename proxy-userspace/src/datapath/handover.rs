@@ -24,16 +24,18 @@ pub enum OutsideHandover {
     /// marked as netfilter's.
     Defer,
     /// New flows are the programs'; netfilter's flows stay netfilter's.
-    /// `ends_after`: then it counts as `Off` (the programs keep no time
-    /// limit with `None`).
-    Handover { ends_after: Option<Duration> },
+    Handover {
+        /// Then it counts as `Off` (the programs keep no time limit with
+        /// `None`).
+        ends_after: Option<Duration>,
+    },
 }
 
 impl OutsideHandover {
     /// The map's value, with a handover's end counted from `now_ns`
     /// (CLOCK_MONOTONIC, the programs' `bpf_ktime_get_ns`).
     #[must_use]
-    pub fn encode(self, now_ns: u64) -> Raw {
+    pub(crate) fn encode(self, now_ns: u64) -> Raw {
         let (mode, handover_until_ns) = match self {
             Self::Off => (handover_mode::OFF, 0),
             Self::Defer => (handover_mode::DEFER, 0),
@@ -50,7 +52,7 @@ impl OutsideHandover {
     /// What the programs do now with the map's value `raw`, at `now_ns`:
     /// a handover past its end reads as `Off`; an unknown mode is `None`.
     #[must_use]
-    pub fn decode(raw: &Raw, now_ns: u64) -> Option<Self> {
+    pub(crate) fn decode(raw: &Raw, now_ns: u64) -> Option<Self> {
         match raw.mode {
             handover_mode::OFF => Some(Self::Off),
             handover_mode::DEFER => Some(Self::Defer),
@@ -78,7 +80,7 @@ impl std::fmt::Display for OutsideHandover {
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
 #[must_use]
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC is always there");
     let ns = i128::from(now.tv_sec()) * 1_000_000_000 + i128::from(now.tv_nsec());
     u64::try_from(ns).unwrap_or(0)
@@ -98,7 +100,7 @@ impl std::fmt::Debug for HandoverMap {
 const MAP: &str = proxy_common::map_names::OUTSIDE_HANDOVER;
 
 impl HandoverMap {
-    pub fn from_map(map: Map) -> Result<Self, MapError> {
+    pub(crate) fn from_map(map: Map) -> Result<Self, MapError> {
         let map = Array::try_from(map).map_err(|source| MapError::Session { map: MAP, source })?;
         Ok(Self { map })
     }
@@ -118,7 +120,7 @@ impl HandoverMap {
 
     /// Writes the map's value as it is (moving to a new set of maps keeps
     /// a handover's end).
-    pub fn set_raw(&mut self, raw: Raw) -> Result<(), MapError> {
+    pub(crate) fn set_raw(&mut self, raw: Raw) -> Result<(), MapError> {
         self.map.set(0, raw, 0).map_err(|source| MapError::Session { map: MAP, source })
     }
 

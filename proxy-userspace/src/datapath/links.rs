@@ -19,7 +19,7 @@ use super::sys::{self, LINK_TYPE_CGROUP, LINK_TYPE_TCX};
 
 /// What `attach_cgroup` / `attach_tc` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkOutcome {
+pub(crate) enum LinkOutcome {
     /// A new link was made and pinned.
     Attached,
     /// A pinned link on the same target now runs the new program.
@@ -28,20 +28,29 @@ pub enum LinkOutcome {
     Moved,
 }
 
+/// Attaching, pinning or reading a link failed.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum LinkError {
+    /// A program cannot be attached.
     #[error("cannot attach {name} to {target}: {source}")]
     Attach { name: &'static str, target: String, source: ProgramError },
+    /// A link cannot be made pinnable.
     #[error("cannot turn the link of {name} into a pinnable one: {source}")]
     Convert { name: &'static str, source: aya::programs::links::LinkError },
+    /// A link cannot be pinned.
     #[error("cannot pin the link of {name} at {path}: {source}")]
     Pin { name: &'static str, path: String, source: aya::pin::PinError },
+    /// A syscall on a pinned link failed.
     #[error("pinned link {path}: {op} failed: {source}")]
     Syscall { path: String, op: &'static str, source: io::Error },
+    /// The cgroup cannot be opened.
     #[error("cannot read cgroup {path}: {source}")]
     Cgroup { path: String, source: io::Error },
+    /// The device cannot be found.
     #[error("no network device {name}: {source}")]
     Device { name: String, source: io::Error },
+    /// The device has no native XDP (`--nodeport-acceleration=native`).
     #[error(
         "device {device} has no native XDP (its driver cannot run XDP programs): XDP is not attached and the TC \
          programs alone serve it; use --nodeport-acceleration=best-effort to make this a warning"
@@ -59,7 +68,7 @@ const TCX_EGRESS: u64 = 47;
 /// A cgroup program the agent pins a link of: the socket-address hooks
 /// (`CgroupSockAddr`) and `sock_release` (`CgroupSock`), which aya types
 /// apart but attach alike.
-pub trait CgroupProgram {
+pub(crate) trait CgroupProgram {
     fn program_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError>;
     /// Attaches to `cgroup` and hands the link over as a pinnable one.
     fn attach_link(&mut self, cgroup: &File) -> Result<Result<FdLink, aya::programs::links::LinkError>, ProgramError>;
@@ -93,7 +102,7 @@ impl CgroupProgram for CgroupSock {
 
 /// Attaches `program` (loaded) to `cgroup_path` through the link pinned at
 /// `pin`: updates it when it is on that cgroup, else makes a new one.
-pub fn attach_cgroup(
+pub(crate) fn attach_cgroup(
     program: &mut impl CgroupProgram,
     name: &'static str,
     cgroup_path: &Path,
@@ -121,7 +130,7 @@ pub fn attach_cgroup(
 /// through a tcx link (kernel 6.6+) pinned at `pin`: updates it when it is
 /// on that device and direction, else makes a new one. tcx links run
 /// beside other programs on the device (a CNI's), appended after them.
-pub fn attach_tc(
+pub(crate) fn attach_tc(
     program: &mut SchedClassifier,
     name: &'static str,
     device: &str,
@@ -151,7 +160,12 @@ pub fn attach_tc(
 /// device, else makes a new one. A device whose driver has no native XDP
 /// gives `NoNativeXdp` (never the generic mode, which would be slower than
 /// TC alone).
-pub fn attach_xdp(program: &mut Xdp, name: &'static str, device: &str, pin: &Path) -> Result<LinkOutcome, LinkError> {
+pub(crate) fn attach_xdp(
+    program: &mut Xdp,
+    name: &'static str,
+    device: &str,
+    pin: &Path,
+) -> Result<LinkOutcome, LinkError> {
     let target = format!("{device} XDP");
     let attach_err = |source| LinkError::Attach { name, target: target.clone(), source };
     let ifindex = nix::net::if_::if_nametoindex(device)
@@ -219,14 +233,19 @@ pub enum LinkTarget {
     Cgroup(u64),
     /// A device's ingress or egress (tcx).
     Tc {
+        /// The device's interface index.
         ifindex: u32,
+        /// Ingress (else egress).
         ingress: bool,
     },
     /// A device's XDP hook.
     Xdp {
+        /// The device's interface index.
         ifindex: u32,
     },
+    /// Another kind of link.
     Other {
+        /// The kernel's link type number.
         link_type: u32,
     },
 }
@@ -234,8 +253,11 @@ pub enum LinkTarget {
 /// A pinned link as the kernel reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinnedLinkInfo {
+    /// The link's id.
     pub link_id: u32,
+    /// The attached program's id.
     pub program_id: u32,
+    /// What it is attached to.
     pub target: LinkTarget,
 }
 

@@ -24,9 +24,11 @@ use super::{
     maps::{KernelMaps, MapError},
     programs::Programs,
     sessions::SessionMaps,
-    sizing::{self, Sizes},
 };
-use crate::paths::{LINKS_SUBDIR, maps_dir};
+use crate::{
+    paths::{LINKS_SUBDIR, maps_dir},
+    reconcile::sizing::{self, Sizes},
+};
 
 /// The eBPF object, built by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/proxy-ebpf"));
@@ -65,15 +67,15 @@ static BYTES: [u8; 256] = {
     all
 };
 
-/// The Maglev table sizes accepted (`crate::maglev::SIZES`), as the
+/// The Maglev table sizes accepted (`crate::reconcile::maglev::SIZES`), as the
 /// programs' `MAGLEV_SIZE` global takes them (see `BYTES`).
-static MAGLEV_SIZES: [u32; crate::maglev::SIZES.len()] = {
-    let mut all = [0u32; crate::maglev::SIZES.len()];
+static MAGLEV_SIZES: [u32; crate::reconcile::maglev::SIZES.len()] = {
+    let mut all = [0u32; crate::reconcile::maglev::SIZES.len()];
     let mut i = 0;
     while i < all.len() {
         #[expect(clippy::cast_possible_truncation, reason = "the sizes are below 2^17")]
         {
-            all[i] = crate::maglev::SIZES[i] as u32;
+            all[i] = crate::reconcile::maglev::SIZES[i] as u32;
         }
         i += 1;
     }
@@ -101,7 +103,7 @@ pub(super) const POD_PROGRAMS: &[(&str, TcAttachType)] =
     &[("pod_ingress", TcAttachType::Ingress), ("pod_egress", TcAttachType::Egress)];
 
 /// Prefix of their pinned tcx links: `pod-DEVICE-ingress`, ...
-pub const POD_LINK_PREFIX: &str = "pod-";
+pub(crate) const POD_LINK_PREFIX: &str = "pod-";
 
 /// The XDP program (`--nodeport-acceleration`), in front of
 /// `nodeport_ingress`.
@@ -110,6 +112,7 @@ pub(super) const XDP_PROGRAM: &str = "nodeport_xdp";
 /// Prefix of the pinned XDP links: `xdp-DEVICE`.
 const XDP_LINK_PREFIX: &str = "xdp-";
 
+/// How to load and attach the datapath.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     /// Directory (on a bpffs) for the pinned maps.
@@ -160,7 +163,7 @@ fn settings_globals<'l>(
 
 /// At most one CIDR per family, as the programs hold them, none of
 /// prefix 0 (every address: no cluster is that).
-pub fn check_cluster_cidrs(cidrs: &[ipnet::IpNet]) -> Result<(), String> {
+pub(crate) fn check_cluster_cidrs(cidrs: &[ipnet::IpNet]) -> Result<(), String> {
     if let Some(all) = cidrs.iter().find(|c| c.prefix_len() == 0) {
         return Err(format!("{all} is every address, not a cluster's pod CIDR"));
     }
@@ -214,7 +217,7 @@ pub enum SocketLb {
 impl SocketLb {
     /// The flag's (and the config field's) value.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::All => "all",
             Self::HostNamespace => "host-namespace",
@@ -257,7 +260,7 @@ pub enum NodePortMode {
 impl NodePortMode {
     /// The value of the programs' `NODEPORT_MODE` global.
     #[must_use]
-    pub const fn value(self) -> u8 {
+    pub(crate) const fn value(self) -> u8 {
         match self {
             Self::Snat => proxy_common::nodeport_mode::SNAT,
             Self::Dsr => proxy_common::nodeport_mode::DSR,
@@ -270,65 +273,86 @@ impl LoadOptions {
     /// The size flags, as the bounds of `sizing` (frontends by the
     /// services bound: each takes a `SERVICES` entry).
     #[must_use]
-    pub const fn bounds(&self) -> Sizes {
+    pub(crate) const fn bounds(&self) -> Sizes {
         Sizes { services: self.services_map_size, backends: self.backends_map_size, frontends: self.services_map_size }
     }
 }
 
+/// Loading or attaching the datapath failed.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum LoadError {
+    /// The network namespace's cookie cannot be read.
     #[error(
         "cannot read this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14) for --socket-lb host-namespace: {source}; use --socket-lb all on this kernel"
     )]
     NetnsCookie { source: std::io::Error },
+    /// The eBPF object cannot be loaded.
     #[error("cannot load the eBPF object (pinned maps in {pin_dir}): {source}")]
     Load { pin_dir: String, source: Box<EbpfError> },
+    /// A pinned map has another layout than this build's.
     #[error(
         "pinned map {path} has {found}, this build needs {wanted}; it was made by an \
          incompatible version: remove the pin directory (or run the matching cleanup) and start again"
     )]
     PinnedLayout { path: String, found: String, wanted: String },
+    /// The possible CPUs cannot be counted.
     #[error("cannot count the possible CPUs (/sys/devices/system/cpu/possible): {source}")]
     Cpus { source: std::io::Error },
+    /// The connection counters do not fit one array.
     #[error("{stride} connection counters for each of {cpus} CPUs do not fit one array: lower --services-map-size")]
     TooManyCounters { stride: u32, cpus: u32 },
+    /// A map is missing from the eBPF object.
     #[error("map {name} is missing from the eBPF object")]
     MissingMap { name: &'static str },
+    /// A program is missing from the eBPF object.
     #[error("program {name} is missing from the eBPF object")]
     MissingProgram { name: &'static str },
+    /// A program cannot be loaded.
     #[error("program {name}: {source}")]
     Program { name: &'static str, source: ProgramError },
+    /// A link cannot be attached or pinned.
     #[error(transparent)]
     Link(#[from] LinkError),
+    /// A directory cannot be created.
     #[error("cannot create {path}: {source}")]
     Dir { path: String, source: std::io::Error },
+    /// The conntrack map cannot be resized.
     #[error(
         "cannot replace the conntrack map pinned at {path} with one of the --ct-map-size asked for ({source}); start with its size, or remove the pin (its flows are lost)"
     )]
     CtResize { path: String, source: std::io::Error },
+    /// A map cannot be pinned.
     #[error("cannot pin {path}: {source}")]
     Pin { path: String, source: aya::pin::PinError },
+    /// A map's information cannot be read.
     #[error("cannot read map {name}: {source}")]
     MapInfo { name: &'static str, source: AyaMapError },
+    /// A map operation failed.
     #[error(transparent)]
     Maps(#[from] MapError),
+    /// The pinned links cannot be listed.
     #[error("cannot list {path}: {source}")]
     ListLinks { path: String, source: std::io::Error },
+    /// The XDP program cannot be loaded (`--nodeport-acceleration=native`).
     #[error(
         "--nodeport-acceleration=native: the XDP program cannot be loaded ({source}); \
          set --nodeport-acceleration=best-effort or disabled to serve traffic from outside with the TC programs"
     )]
     XdpLoad { source: ProgramError },
+    /// The Maglev table size is not one of the sizes accepted.
     #[error(transparent)]
-    MaglevSize(#[from] crate::maglev::BadSize),
+    MaglevSize(#[from] crate::reconcile::maglev::BadSize),
+    /// The thread that loads the programs cannot be started.
     #[error("cannot start the thread that loads the programs: {source}")]
     Thread { source: std::io::Error },
+    /// The programs failed to load (reported before).
     #[error("the programs failed to load (the error was logged and returned before)")]
     ProgramsFailed,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum MarkFlowsError {
+pub(crate) enum MarkFlowsError {
     #[error(transparent)]
     Dump(#[from] super::netfilter_flows::DumpError),
     #[error(transparent)]
@@ -353,10 +377,11 @@ pub struct Datapath {
     programs: Programs,
     pin_dir: PathBuf,
     cgroup: PathBuf,
+    /// The service maps the reconciler writes.
     pub maps: KernelMaps,
-    pub sessions: SessionMaps,
+    pub(crate) sessions: SessionMaps,
     /// Taken by the agent for the metrics endpoint.
-    pub counters: Option<ConnCounters>,
+    pub(crate) counters: Option<ConnCounters>,
     /// Taken by the agent for the metrics endpoint.
     pub external_stats: Option<ExternalStats>,
     /// `ACTIVE_CONNS`, mapped (shared with `maps`, which clears a count
@@ -376,12 +401,12 @@ pub struct Datapath {
 
 /// What `attach_devices` did on one device.
 #[derive(Debug)]
-pub struct DeviceAttach {
-    pub device: String,
+pub(crate) struct DeviceAttach {
+    pub(crate) device: String,
     /// The TC programs' attach.
-    pub result: Result<(), LinkError>,
+    pub(crate) result: Result<(), LinkError>,
     /// Whether the XDP program runs there (in front of TC).
-    pub xdp: bool,
+    pub(crate) xdp: bool,
 }
 
 impl Datapath {
@@ -394,7 +419,7 @@ impl Datapath {
     /// The programs start loading (on a thread) at once when the maps were
     /// pinned, beside the read of what they hold; with new small maps they
     /// wait for the first write, which usually goes to bigger maps made
-    /// then (`crate::resize::before_first_write`): a load now would be
+    /// then (`crate::agent::resize::before_first_write`): a load now would be
     /// thrown away, and would take a core from the lists meanwhile. (A
     /// restart whose pinned maps turn out too small, or above a lowered
     /// bound, does load them twice: the first load is waited for and
@@ -419,7 +444,7 @@ impl Datapath {
     /// `attach`) says. Nothing is attached yet: see `attach`.
     ///
     /// `carry`: which session maps it takes over from the set it replaces.
-    pub fn load_sized(opts: &LoadOptions, sizes: Sizes, carry: &Sessions) -> Result<Self, LoadError> {
+    pub(crate) fn load_sized(opts: &LoadOptions, sizes: Sizes, carry: &Sessions) -> Result<Self, LoadError> {
         let maps_dir = maps_dir(&opts.pin_dir, opts.maglev_size, sizes);
         std::fs::create_dir_all(&maps_dir)
             .map_err(|source| LoadError::Dir { path: maps_dir.display().to_string(), source })?;
@@ -431,74 +456,25 @@ impl Datapath {
         let counters_made = !maps_dir.join(map_names::CONNECTIONS).exists();
         // Nor does a backends array it makes hold anything.
         let backends_made = !maps_dir.join(map_names::BACKENDS).exists();
-        let (ct_pin, _) = session_pin(&maps_dir, carry, map_names::CT);
-        let ct_resize = CtResize::set_aside(&ct_pin, opts.ct_map_size)
-            .map_err(|source| LoadError::CtResize { path: ct_pin.display().to_string(), source })?;
-        let (mut ebpf, carried) = match load_object(opts, sizes, &maps_dir, &maglev_pin, carry) {
-            Ok(loaded) => loaded,
-            Err(err) => {
-                if let Some(resize) = ct_resize {
-                    resize.undo();
-                }
-                return Err(err);
-            }
-        };
-
+        let (mut ebpf, carried, ct_resize) = load_resizing_ct(opts, sizes, &maps_dir, &maglev_pin, carry)?;
         check_layouts(&ebpf, &maps_dir)?;
-
         if opts.bpf_log {
             start_bpf_log(&mut ebpf);
         }
-
-        let take = |ebpf: &mut Ebpf, name: &'static str| ebpf.take_map(name).ok_or(LoadError::MissingMap { name });
-        let services = take(&mut ebpf, map_names::SERVICES)?;
-        let backends = take(&mut ebpf, map_names::BACKENDS)?;
-        let rev_nat = take(&mut ebpf, map_names::REVNAT)?;
-        let source_ranges = take(&mut ebpf, map_names::SOURCE_RANGES)?;
-        let names = super::names::open_or_create(&maps_dir.join(map_names::SERVICE_NAMES), sizes.frontends)?;
-        let mut maps = KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev, names)?;
+        let mut maps = take_service_maps(&mut ebpf, &maps_dir, sizes, maglev)?;
         if backends_made {
             maps.backends_made_empty();
         }
-        // The carried session maps are pinned in this set too, so that it
-        // keeps them once the set they came from is removed.
-        let mut session = |name: &'static str| -> Result<Map, LoadError> {
-            let map = take(&mut ebpf, name)?;
-            if carried.contains(&name) {
-                let path = maps_dir.join(name);
-                map.pin(&path).map_err(|source| LoadError::Pin { path: path.display().to_string(), source })?;
-            }
-            Ok(map)
-        };
-        let sessions = SessionMaps::from_maps(
-            session(map_names::AFFINITY)?,
-            session(map_names::SOCK_BACKEND)?,
-            session(map_names::SOCK_REVNAT)?,
-            session(map_names::CT)?,
-        )?;
+        let sessions = take_session_maps(&mut ebpf, &maps_dir, &carried)?;
         if let Some(resize) = ct_resize {
-            // The flows are lost, not the start.
-            if let Err(err) = resize.finish(sessions.ct_fd()) {
-                tracing::warn!(%err, "cannot copy the conntrack map's entries into the resized one; flows from outside may be balanced anew");
-            }
+            finish_ct_resize(resize, &sessions);
         }
-        tracing::info!(
-            maps = %maps_dir.display(),
-            services_map_size = sizes.services,
-            backends_map_size = sizes.backends,
-            frontend_maps_size = sizes.frontends,
-            sessions_carried = ?carried,
-            "datapath loaded"
-        );
-        let active = std::sync::Arc::new(ActiveConns::from_map(take(&mut ebpf, map_names::ACTIVE_CONNS)?)?);
+        log_loaded(&maps_dir, sizes, &carried);
+        let active = std::sync::Arc::new(ActiveConns::from_map(take_map(&mut ebpf, map_names::ACTIVE_CONNS)?)?);
         maps.set_active(active.clone());
-        let counters = ConnCounters::from_map(take(&mut ebpf, map_names::CONNECTIONS)?, counters_made)?;
-        let external_stats = ExternalStats::from_map(take(&mut ebpf, map_names::EXTERNAL_STATS)?)?;
-        let mut handover = HandoverMap::from_map(take(&mut ebpf, map_names::OUTSIDE_HANDOVER)?)?;
-        handover.set(opts.outside_handover)?;
-        if opts.outside_handover != OutsideHandover::Off {
-            tracing::info!(mode = ?opts.outside_handover, "traffic from outside shared with netfilter (--outside-handover)");
-        }
+        let counters = ConnCounters::from_map(take_map(&mut ebpf, map_names::CONNECTIONS)?, counters_made)?;
+        let external_stats = ExternalStats::from_map(take_map(&mut ebpf, map_names::EXTERNAL_STATS)?)?;
+        let handover = take_handover(&mut ebpf, opts.outside_handover)?;
         let programs = Programs::new(ebpf, opts.acceleration);
         Ok(Self {
             programs,
@@ -544,7 +520,7 @@ impl Datapath {
     /// starts after the dump is seen by the programs, one before it is in
     /// the dump. Returns how many flows were marked (those the programs
     /// already saw keep their entry).
-    pub fn mark_netfilter_flows(&mut self) -> Result<usize, MarkFlowsError> {
+    pub(crate) fn mark_netfilter_flows(&mut self) -> Result<usize, MarkFlowsError> {
         let flows = super::netfilter_flows::dump()?;
         let marked = self.sessions.mark_netfilter_flows(&flows, super::handover::monotonic_ns())?;
         tracing::info!(dnat_flows = flows.len(), marked, "netfilter's flows marked for the handover");
@@ -554,7 +530,7 @@ impl Datapath {
     /// `mark_netfilter_flows` where the TC programs are loaded, a failure
     /// logged as a warning (`why`: what an unmarked flow risks): the agent's
     /// callers go on without the marks.
-    pub fn mark_netfilter_flows_or_warn(&mut self, why: &str) {
+    pub(crate) fn mark_netfilter_flows_or_warn(&mut self, why: &str) {
         if self.serves_external_traffic()
             && let Err(err) = self.mark_netfilter_flows()
         {
@@ -564,7 +540,7 @@ impl Datapath {
 
     /// Gives `self`'s programs the handover mode of `other` (a set of maps
     /// being replaced), a handover's end included.
-    pub fn copy_outside_handover(&mut self, other: &Self) -> Result<(), MapError> {
+    pub(crate) fn copy_outside_handover(&mut self, other: &Self) -> Result<(), MapError> {
         self.handover.set_raw(other.handover.raw()?)
     }
 
@@ -580,9 +556,9 @@ impl Datapath {
     }
 
     /// The most entries `CT` holds.
-    pub fn ct_capacity(&self) -> Result<u32, MapError> {
+    pub(crate) fn ct_capacity(&self) -> Result<u32, MapError> {
         super::sys::map_max_entries(self.sessions.ct_fd()).map_err(|source| MapError::Syscall {
-            map: super::map_error::MapName::Ct,
+            map: super::maps::MapName::Ct,
             op: "read the size of",
             source,
         })
@@ -592,13 +568,13 @@ impl Datapath {
     /// `super::programs`), to attach them later: beside the first write
     /// into maps just made, beside the read of maps a previous agent
     /// pinned. Attaching starts the load when nothing did.
-    pub fn start_loading_programs(&mut self) -> Result<(), LoadError> {
+    pub(crate) fn start_loading_programs(&mut self) -> Result<(), LoadError> {
         self.programs.start()
     }
 
     /// Sizes of the services and backends maps this datapath writes.
     #[must_use]
-    pub const fn sizes(&self) -> Sizes {
+    pub(crate) const fn sizes(&self) -> Sizes {
         self.sizes
     }
 
@@ -610,14 +586,14 @@ impl Datapath {
 
     /// Which session maps a set replacing this one takes over.
     #[must_use]
-    pub fn sessions_to_carry(&self) -> Sessions {
+    pub(crate) fn sessions_to_carry(&self) -> Sessions {
         if self.unused { Sessions::Unused(self.maps_dir()) } else { Sessions::Live(self.maps_dir()) }
     }
 
     /// Attaches the programs through the pinned links (swapping them into
     /// links a previous agent left), then unpins maps of other layouts,
     /// which the programs no longer use.
-    pub fn attach(&mut self) -> Result<(), LoadError> {
+    pub(crate) fn attach(&mut self) -> Result<(), LoadError> {
         self.unused = false;
         let links_dir = self.links_dir()?;
         let loaded = self.programs.loaded()?;
@@ -643,7 +619,7 @@ impl Datapath {
     ///
     /// `kind`: each device's kind (`IFLA_INFO_KIND`, empty for a physical
     /// one), which decides where XDP is worth it (`Acceleration::plan`).
-    pub fn attach_devices(
+    pub(crate) fn attach_devices(
         &mut self,
         devices: &[String],
         kind: impl Fn(&str) -> String,
@@ -673,7 +649,7 @@ impl Datapath {
     /// egress of each) through links pinned under `PIN_DIR/links` (`pod-`);
     /// links of devices no longer listed (a pod gone) are dropped. A device
     /// that fails is reported and the others go on.
-    pub fn attach_pod_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
+    pub(crate) fn attach_pod_devices(&mut self, devices: &[String]) -> Result<Vec<DeviceAttach>, LoadError> {
         let links_dir = self.links_dir()?;
         let mut results = Vec::new();
         if !self.programs.loaded()?.tc {
@@ -851,7 +827,7 @@ const SESSION_MAPS: [&str; 4] = [map_names::AFFINITY, map_names::SOCK_BACKEND, m
 /// Which session maps a set of maps being made takes over from the set it
 /// replaces (`load_sized`).
 #[derive(Clone, Debug)]
-pub enum Sessions {
+pub(crate) enum Sessions {
     /// All made anew (or found pinned with the set).
     New,
     /// All of the set pinned at this path, which holds none: it was made
@@ -879,6 +855,99 @@ impl Sessions {
     }
 }
 
+/// Sets the conntrack map aside when its size changes, then loads the
+/// object (`load_object`); a failed load puts the old map back.
+fn load_resizing_ct(
+    opts: &LoadOptions,
+    sizes: Sizes,
+    maps_dir: &Path,
+    maglev_pin: &Path,
+    carry: &Sessions,
+) -> Result<(Ebpf, Vec<&'static str>, Option<CtResize>), LoadError> {
+    let (ct_pin, _) = session_pin(maps_dir, carry, map_names::CT);
+    let ct_resize = CtResize::set_aside(&ct_pin, opts.ct_map_size)
+        .map_err(|source| LoadError::CtResize { path: ct_pin.display().to_string(), source })?;
+    match load_object(opts, sizes, maps_dir, maglev_pin, carry) {
+        Ok((ebpf, carried)) => Ok((ebpf, carried, ct_resize)),
+        Err(err) => {
+            if let Some(resize) = ct_resize {
+                resize.undo();
+            }
+            Err(err)
+        }
+    }
+}
+
+/// Takes map `name` out of the loaded object.
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoadError> {
+    ebpf.take_map(name).ok_or(LoadError::MissingMap { name })
+}
+
+/// The maps the reconciler writes, the names map (made or opened in
+/// `maps_dir` here: the object does not hold it) and the Maglev map.
+fn take_service_maps(
+    ebpf: &mut Ebpf,
+    maps_dir: &Path,
+    sizes: Sizes,
+    maglev: MaglevMap,
+) -> Result<KernelMaps, LoadError> {
+    let services = take_map(ebpf, map_names::SERVICES)?;
+    let backends = take_map(ebpf, map_names::BACKENDS)?;
+    let rev_nat = take_map(ebpf, map_names::REVNAT)?;
+    let source_ranges = take_map(ebpf, map_names::SOURCE_RANGES)?;
+    let names = super::names::open_or_create(&maps_dir.join(map_names::SERVICE_NAMES), sizes.frontends)?;
+    Ok(KernelMaps::from_maps(services, backends, rev_nat, source_ranges, maglev, names)?)
+}
+
+/// The session maps; the `carried` ones are pinned in this set too, so
+/// that it keeps them once the set they came from is removed.
+fn take_session_maps(ebpf: &mut Ebpf, maps_dir: &Path, carried: &[&'static str]) -> Result<SessionMaps, LoadError> {
+    let mut session = |name: &'static str| -> Result<Map, LoadError> {
+        let map = take_map(ebpf, name)?;
+        if carried.contains(&name) {
+            let path = maps_dir.join(name);
+            map.pin(&path).map_err(|source| LoadError::Pin { path: path.display().to_string(), source })?;
+        }
+        Ok(map)
+    };
+    Ok(SessionMaps::from_maps(
+        session(map_names::AFFINITY)?,
+        session(map_names::SOCK_BACKEND)?,
+        session(map_names::SOCK_REVNAT)?,
+        session(map_names::CT)?,
+    )?)
+}
+
+/// Copies the old conntrack map's entries into the resized one.
+fn finish_ct_resize(resize: CtResize, sessions: &SessionMaps) {
+    // The flows are lost, not the start.
+    if let Err(err) = resize.finish(sessions.ct_fd()) {
+        tracing::warn!(%err, "cannot copy the conntrack map's entries into the resized one; flows from outside may be balanced anew");
+    }
+}
+
+fn log_loaded(maps_dir: &Path, sizes: Sizes, carried: &[&'static str]) {
+    tracing::info!(
+        maps = %maps_dir.display(),
+        services_map_size = sizes.services,
+        backends_map_size = sizes.backends,
+        frontend_maps_size = sizes.frontends,
+        sessions_carried = ?carried,
+        "datapath loaded"
+    );
+}
+
+/// The map of how traffic from outside is shared with netfilter, set to
+/// `mode`.
+fn take_handover(ebpf: &mut Ebpf, mode: OutsideHandover) -> Result<HandoverMap, LoadError> {
+    let mut handover = HandoverMap::from_map(take_map(ebpf, map_names::OUTSIDE_HANDOVER)?)?;
+    handover.set(mode)?;
+    if mode != OutsideHandover::Off {
+        tracing::info!(mode = ?mode, "traffic from outside shared with netfilter (--outside-handover)");
+    }
+    Ok(handover)
+}
+
 /// Loads the object with its maps pinned in `maps_dir` (Maglev's at
 /// `maglev_pin`, made by the caller; the session maps `carry` takes over
 /// where they are) and sized by `sizes` and `opts`; the names of the
@@ -890,10 +959,10 @@ fn load_object(
     maglev_pin: &Path,
     carry: &Sessions,
 ) -> Result<(Ebpf, Vec<&'static str>), LoadError> {
-    let at = crate::maglev::SIZES
+    let at = crate::reconcile::maglev::SIZES
         .iter()
         .position(|m| *m == opts.maglev_size)
-        .ok_or(crate::maglev::BadSize(opts.maglev_size))?;
+        .ok_or(crate::reconcile::maglev::BadSize(opts.maglev_size))?;
     let maglev_size = &MAGLEV_SIZES[at];
     // Indexed by frontend id, 1..=frontends (id 0 is never used), in a
     // region per CPU.

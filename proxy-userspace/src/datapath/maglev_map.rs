@@ -8,7 +8,7 @@ use aya::maps::MapData;
 use proxy_common::map_sizes;
 
 use super::{
-    map_error::{MapError, MapName},
+    maps::{MapError, MapName},
     sys,
 };
 
@@ -17,7 +17,7 @@ use super::{
 const BPF_MAP_TYPE_HASH: u32 = 1;
 const BPF_F_NO_PREALLOC: u32 = 1;
 
-pub struct MaglevMap {
+pub(crate) struct MaglevMap {
     map: MapData,
     size: usize,
 }
@@ -34,7 +34,7 @@ fn syscall(op: &'static str) -> impl Fn(std::io::Error) -> MapError {
 
 impl MaglevMap {
     /// The map pinned at `path`, made and pinned first when there is none.
-    pub fn open_or_create(path: &Path, size: usize) -> Result<Self, MapError> {
+    pub(crate) fn open_or_create(path: &Path, size: usize) -> Result<Self, MapError> {
         if path.exists() {
             let this = Self::open(path)?;
             if this.size != size {
@@ -57,7 +57,7 @@ impl MaglevMap {
     }
 
     /// The map pinned at `path`; its table size is read from the kernel.
-    pub fn open(path: &Path) -> Result<Self, MapError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, MapError> {
         let open_err = |source| MapError::Open { path: path.display().to_string(), source };
         let map = MapData::from_pin(path).map_err(open_err)?;
         let info = map.info().map_err(open_err)?;
@@ -66,13 +66,13 @@ impl MaglevMap {
 
     /// Entries of each table.
     #[must_use]
-    pub fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         self.size
     }
 
     /// Writes table `id` (exactly `size` entries); readers see the old
     /// table or the new one, never a mix.
-    pub fn set(&mut self, id: u16, table: &[u32]) -> Result<(), MapError> {
+    pub(crate) fn set(&mut self, id: u16, table: &[u32]) -> Result<(), MapError> {
         assert_eq!(table.len(), self.size, "a Maglev table of the map's size");
         let value: Vec<u8> = table.iter().flat_map(|e| e.to_ne_bytes()).collect();
         sys::map_update(self.map.fd().as_fd(), &u32::from(id).to_ne_bytes(), &value).map_err(|source| {
@@ -85,12 +85,12 @@ impl MaglevMap {
     }
 
     /// Deletes table `id` (a missing one is success).
-    pub fn remove(&mut self, id: u16) -> Result<(), MapError> {
+    pub(crate) fn remove(&mut self, id: u16) -> Result<(), MapError> {
         sys::map_delete(self.map.fd().as_fd(), &u32::from(id).to_ne_bytes()).map_err(syscall("delete"))
     }
 
     /// Every table, by id.
-    pub fn tables(&self) -> Result<BTreeMap<u16, Vec<u32>>, MapError> {
+    pub(crate) fn tables(&self) -> Result<BTreeMap<u16, Vec<u32>>, MapError> {
         let fd = self.map.fd().as_fd();
         let mut out = BTreeMap::new();
         let mut key = [0u8; 4];

@@ -1,8 +1,8 @@
-//! The service maps behind a trait: the kernel implementation here, a fake
-//! one for the reconciler's tests. Every operation is idempotent: writing
-//! the same value twice or deleting a missing key is success.
+//! The service maps in the kernel: the implementation of the reconciler's
+//! `crate::reconcile::maps::ServiceMaps` that writes through aya and raw
+//! batch syscalls.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     io,
     os::fd::{AsFd as _, OwnedFd},
     path::Path,
@@ -15,130 +15,8 @@ use proxy_common::{
 };
 
 use super::maglev_map::MaglevMap;
-
-pub use super::map_error::{MapError, MapName};
-
-/// Every entry of the maps the reconciler writes, for recovery and
-/// inspection.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Dump {
-    pub services: BTreeMap<ServiceKey, ServiceValue>,
-    pub backends: BTreeMap<u32, BackendValue>,
-    pub rev_nat: BTreeMap<RevNatId, RevNat>,
-    /// Maglev tables by id.
-    pub maglev: BTreeMap<u16, Vec<u32>>,
-    /// loadBalancerSourceRanges: (rev-NAT id, source network).
-    pub source_ranges: BTreeSet<(RevNatId, IpNet)>,
-    /// The service port of each frontend, by rev-NAT id.
-    pub names: BTreeMap<RevNatId, ServiceName>,
-}
-
-/// A batch write of one map, in a lane of `ServiceMaps::write_lanes`.
-#[derive(Clone, Copy, Debug)]
-pub enum Batch<'a> {
-    Services(&'a [(ServiceKey, ServiceValue)]),
-    RevNats(&'a [(RevNatId, RevNat)]),
-    Names(&'a [(RevNatId, ServiceName)]),
-}
-
-impl Batch<'_> {
-    #[must_use]
-    pub const fn len(&self) -> usize {
-        match self {
-            Self::Services(entries) => entries.len(),
-            Self::RevNats(entries) => entries.len(),
-            Self::Names(entries) => entries.len(),
-        }
-    }
-
-    #[must_use]
-    pub const fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    const fn map(&self) -> MapName {
-        match self {
-            Self::Services(_) => MapName::Services,
-            Self::RevNats(_) => MapName::RevNat,
-            Self::Names(_) => MapName::Names,
-        }
-    }
-}
-
-/// Entries in all of `lane`'s batches.
-fn lane_len(lane: &[Batch<'_>]) -> usize {
-    lane.iter().map(Batch::len).sum()
-}
-
-pub trait ServiceMaps {
-    fn set_backend(&mut self, id: u32, value: &BackendValue) -> Result<(), MapError>;
-    /// Writes `entries` in order (in one call where the kernel can);
-    /// stops at the first that fails and says which: `Err((index, error))`,
-    /// the ones before it written, the ones after not tried.
-    fn set_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
-        one_by_one(entries, |id, value| self.set_backend(id, value))
-    }
-    /// As `set_backends`, for backends new to the map at their ids (no
-    /// reader holds them as live backends): an implementation may write
-    /// them in steps a reader holding a stale id never sees half done
-    /// and several at once (then, on `Err((i, _))`, entries after `i` may
-    /// have been written empty: the state a removal leaves).
-    fn add_backends(&mut self, entries: &[(u32, BackendValue)]) -> Result<(), (usize, MapError)> {
-        self.set_backends(entries)
-    }
-    /// Removes backend `id`, whose entry holds `held` (the reconciler's
-    /// record of it, or what a dump read).
-    fn remove_backend(&mut self, id: u32, held: &BackendValue) -> Result<(), MapError>;
-    fn set_service(&mut self, key: &ServiceKey, value: &ServiceValue) -> Result<(), MapError>;
-    /// As `set_backends`, for service entries.
-    fn set_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<(), (usize, MapError)> {
-        one_by_one(entries, |key, value| self.set_service(&key, value))
-    }
-    /// Writes two lanes of batches that share no key: each lane's batches
-    /// in order, up to the lane's first failure (each result counts its
-    /// own lane's entries, across its batches). An implementation may
-    /// write the lanes at once, so that a failure in one says nothing of
-    /// the other. A start writes ~600,000 hash entries at 100,000 services
-    /// of 10 endpoints (slots entries, slots 0, rev-NAT entries, names),
-    /// and the kernel's hash inserts are much of its first sync.
-    fn write_lanes(&mut self, lanes: [&[Batch<'_>]; 2]) -> [Result<(), (usize, MapError)>; 2] {
-        [self.write_lane(lanes[0]), self.write_lane(lanes[1])]
-    }
-    /// The batches of one lane of `write_lanes`, in order.
-    fn write_lane(&mut self, lane: &[Batch<'_>]) -> Result<(), (usize, MapError)> {
-        let mut done = 0;
-        for batch in lane {
-            let result = match batch {
-                Batch::Services(entries) => self.set_services(entries),
-                Batch::RevNats(entries) => self.set_rev_nats(entries),
-                Batch::Names(entries) => self.set_names(entries),
-            };
-            result.map_err(|(n, error)| (done + n, error))?;
-            done += batch.len();
-        }
-        Ok(())
-    }
-    fn remove_service(&mut self, key: &ServiceKey) -> Result<(), MapError>;
-    fn set_rev_nat(&mut self, id: RevNatId, value: &RevNat) -> Result<(), MapError>;
-    /// As `set_backends`, for rev-NAT entries.
-    fn set_rev_nats(&mut self, entries: &[(RevNatId, RevNat)]) -> Result<(), (usize, MapError)> {
-        one_by_one(entries, |id, value| self.set_rev_nat(id, value))
-    }
-    fn remove_rev_nat(&mut self, id: RevNatId) -> Result<(), MapError>;
-    /// Entries of every Maglev table.
-    fn maglev_size(&self) -> usize;
-    fn set_maglev(&mut self, id: u16, table: &[u32]) -> Result<(), MapError>;
-    fn remove_maglev(&mut self, id: u16) -> Result<(), MapError>;
-    fn set_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError>;
-    fn remove_source_range(&mut self, rev_nat: RevNatId, net: IpNet) -> Result<(), MapError>;
-    fn set_name(&mut self, rev_nat: RevNatId, name: &ServiceName) -> Result<(), MapError>;
-    /// As `set_backends`, for names.
-    fn set_names(&mut self, entries: &[(RevNatId, ServiceName)]) -> Result<(), (usize, MapError)> {
-        one_by_one(entries, |id, name| self.set_name(id, name))
-    }
-    fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError>;
-    fn dump(&self) -> Result<Dump, MapError>;
-}
+pub(crate) use crate::reconcile::maps::{Batch, Dump, MapError, MapName, ServiceMaps};
+use crate::reconcile::maps::{lane_len, one_by_one};
 
 /// The maps in the kernel, through aya (and raw batch writes, which aya
 /// 0.14 lacks: a first sync at 10,000 services writes 220,000 entries).
@@ -172,19 +50,19 @@ pub struct KernelMaps {
 
 /// The LPM key of a source range of frontend `rev_nat`.
 fn source_range_key(rev_nat: RevNatId, net: IpNet) -> LpmKey<SourceRange> {
-    let (prefix_len, key) = super::codec::source_range(rev_nat, net);
+    let (prefix_len, key) = crate::reconcile::codec::source_range(rev_nat, net);
     LpmKey::new(prefix_len, key)
 }
 
 /// The frontend and network of an LPM key (`None`: not one we write).
 fn source_range_of(key: &LpmKey<SourceRange>) -> Option<(RevNatId, IpNet)> {
-    super::codec::source_range_of(key.prefix_len(), &key.data())
+    crate::reconcile::codec::source_range_of(key.prefix_len(), &key.data())
 }
 
 impl KernelMaps {
     /// Takes the maps out of a loaded object, with the Maglev and names
     /// maps the loader made.
-    pub fn from_maps(
+    pub(crate) fn from_maps(
         services: Map,
         backends: Map,
         rev_nat: Map,
@@ -238,19 +116,19 @@ impl KernelMaps {
     /// backend is removed and when its id is handed to a new backend, so a
     /// count never outlives its backend (docs/design.md, "Balancing by
     /// load").
-    pub fn set_active(&mut self, active: std::sync::Arc<super::active::ActiveConns>) {
+    pub(crate) fn set_active(&mut self, active: std::sync::Arc<super::active::ActiveConns>) {
         self.active = Some(active);
     }
 
     /// A second descriptor of `BACKENDS`, for readers beside the
     /// reconciler (the metrics endpoint).
-    pub fn backends_fd(&self) -> Result<OwnedFd, MapError> {
+    pub(crate) fn backends_fd(&self) -> Result<OwnedFd, MapError> {
         self.backends_fd.try_clone().map_err(|source| MapError::Syscall { map: MapName::Backends, op: "dup", source })
     }
 
     /// What `BACKENDS` holds at `id` (`None`: empty or past the array).
     #[must_use]
-    pub fn backend_value(&self, id: u32) -> Option<BackendValue> {
+    pub(crate) fn backend_value(&self, id: u32) -> Option<BackendValue> {
         self.backends.get(&id, 0).ok().filter(|b| b.proto != 0)
     }
 
@@ -261,7 +139,7 @@ impl KernelMaps {
     }
 
     /// Says the backends' array was made just now (so holds nothing).
-    pub fn backends_made_empty(&mut self) {
+    pub(crate) fn backends_made_empty(&mut self) {
         self.backends_fresh_from = 0;
     }
 
@@ -345,7 +223,7 @@ impl KernelMaps {
 
     /// `max_entries` of the services and backends maps, as the kernel
     /// reports them.
-    pub fn sizes(&self) -> Result<(u32, u32), MapError> {
+    pub(crate) fn sizes(&self) -> Result<(u32, u32), MapError> {
         let size = |fd: &OwnedFd, map: MapName| {
             let fd = fd.try_clone().map_err(|source| MapError::Syscall { map, op: "dup", source })?;
             MapData::from_fd(fd)
@@ -388,7 +266,7 @@ const BATCH: usize = 4096;
 /// Most bytes of keys, or of values, one batch write carries: the two lists
 /// `write_batches` copies batches into stay within what the allocator
 /// keeps per thread for reuse (jemalloc's `tcache_max`, 32 KiB). Larger
-/// lists were handed back to the kernel as each write ended (memory.rs)
+/// lists were handed back to the kernel as each write ended (observe/memory.rs)
 /// and faulted in again by the next: ~16,000 page faults of a 100,000
 /// start's ~130,000 during its first sync. (The second writer of
 /// `write_batches_two` and `write_lanes` is a new thread each time, whose
@@ -528,18 +406,6 @@ fn write_all<K: Copy, V: Copy>(
         *batches = false;
     }
     one_by_one(entries, one)
-}
-
-/// Writes `entries` one at a time through `one`, in order, up to the first
-/// that fails: `Err((index, error))`.
-pub(super) fn one_by_one<K: Copy, V>(
-    entries: &[(K, V)],
-    mut one: impl FnMut(K, &V) -> Result<(), MapError>,
-) -> Result<(), (usize, MapError)> {
-    for (i, (key, value)) in entries.iter().enumerate() {
-        one(*key, value).map_err(|e| (i, e))?;
-    }
-    Ok(())
 }
 
 /// Pauses before writing the rest of a batch again after ENOMEM; the

@@ -8,7 +8,7 @@ use std::path::Path;
 use aya::maps::{HashMap, Map, MapData};
 use proxy_common::{RevNatId, ServiceName, map_names};
 
-use super::map_error::{MapError, MapName};
+use super::maps::{MapError, MapName};
 
 /// `BPF_MAP_TYPE_HASH` and `BPF_F_NO_PREALLOC` (linux/bpf.h).
 const BPF_MAP_TYPE_HASH: u32 = 1;
@@ -16,7 +16,7 @@ const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// The map pinned at `path`, made (of `size` entries) and pinned first when
 /// there is none; a pin of another key or value size is refused.
-pub fn open_or_create(path: &Path, size: u32) -> Result<HashMap<MapData, RevNatId, ServiceName>, MapError> {
+pub(crate) fn open_or_create(path: &Path, size: u32) -> Result<HashMap<MapData, RevNatId, ServiceName>, MapError> {
     let open_err = |source| MapError::Open { path: path.display().to_string(), source };
     let map = if path.exists() {
         MapData::from_pin(path).map_err(open_err)?
@@ -34,7 +34,7 @@ pub fn open_or_create(path: &Path, size: u32) -> Result<HashMap<MapData, RevNatI
 /// `explain`), which must not pin anything: with no pin (maps left by an
 /// agent stopped before it made this one) an empty unpinned map, so every
 /// service shows without its name.
-pub fn open_for_reading(path: &Path) -> Result<HashMap<MapData, RevNatId, ServiceName>, MapError> {
+pub(crate) fn open_for_reading(path: &Path) -> Result<HashMap<MapData, RevNatId, ServiceName>, MapError> {
     let map = if path.exists() {
         MapData::from_pin(path).map_err(|source| MapError::Open { path: path.display().to_string(), source })?
     } else {

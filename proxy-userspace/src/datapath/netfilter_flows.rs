@@ -34,16 +34,16 @@ const NFGENMSG_LEN: usize = 4;
 /// The original direction of a conntrack entry (client to the address it
 /// asked for), TCP or UDP. Ports in host order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NatFlow {
-    pub src: IpAddr,
-    pub dst: IpAddr,
-    pub sport: u16,
-    pub dport: u16,
-    pub proto: u8,
+pub(crate) struct NatFlow {
+    pub(crate) src: IpAddr,
+    pub(crate) dst: IpAddr,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    pub(crate) proto: u8,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum DumpError {
+pub(crate) enum DumpError {
     #[error("cannot read the kernel's connection tracking (ctnetlink): {0}; is nf_conntrack_netlink available?")]
     Io(#[from] io::Error),
     #[error("the kernel answered the conntrack dump with error {0}")]
@@ -52,7 +52,7 @@ pub enum DumpError {
 
 /// The TCP and UDP flows conntrack holds in this network namespace with a
 /// destination NAT.
-pub fn dump() -> Result<Vec<NatFlow>, DumpError> {
+pub(crate) fn dump() -> Result<Vec<NatFlow>, DumpError> {
     let socket = Netlink::open(libc::NETLINK_NETFILTER)?;
     // nfgenmsg: AF_UNSPEC (every family), version 0, resource id 0.
     socket.send(CT_GET, NLM_F_REQUEST | NLM_F_DUMP, &[0, 0, 0, 0])?;
@@ -68,7 +68,7 @@ pub fn dump() -> Result<Vec<NatFlow>, DumpError> {
 
 /// Reads one datagram of netlink messages into `flows`; whether the dump
 /// is done.
-pub fn parse_messages(data: &[u8], flows: &mut Vec<NatFlow>) -> Result<bool, DumpError> {
+pub(crate) fn parse_messages(data: &[u8], flows: &mut Vec<NatFlow>) -> Result<bool, DumpError> {
     for message in netlink::messages(data) {
         let Ok((kind, payload)) = message else { return Ok(true) };
         match kind {

@@ -9,21 +9,21 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
-pub const NLM_F_REQUEST: u16 = 0x01;
-pub const NLM_F_ACK: u16 = 0x04;
-pub const NLM_F_DUMP: u16 = 0x300;
-pub const NLMSG_ERROR: u16 = 2;
-pub const NLMSG_DONE: u16 = 3;
+pub(crate) const NLM_F_REQUEST: u16 = 0x01;
+pub(crate) const NLM_F_ACK: u16 = 0x04;
+pub(crate) const NLM_F_DUMP: u16 = 0x300;
+pub(crate) const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLMSG_DONE: u16 = 3;
 /// `struct nlmsghdr`.
-pub const NLMSG_HDRLEN: usize = 16;
+pub(crate) const NLMSG_HDRLEN: usize = 16;
 
-pub struct Netlink {
+pub(crate) struct Netlink {
     fd: OwnedFd,
 }
 
 impl Netlink {
     /// A socket of netlink family `protocol` (`NETLINK_SOCK_DIAG`, ...).
-    pub fn open(protocol: libc::c_int) -> io::Result<Self> {
+    pub(crate) fn open(protocol: libc::c_int) -> io::Result<Self> {
         // SAFETY: plain socket(2); the fd is owned at once.
         let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol) };
         if fd < 0 {
@@ -35,7 +35,7 @@ impl Netlink {
 
     /// Sends one message to the kernel: a `nlmsghdr` of `kind` and
     /// `flags` (sequence 1), then `body`.
-    pub fn send(&self, kind: u16, flags: u16, body: &[u8]) -> io::Result<()> {
+    pub(crate) fn send(&self, kind: u16, flags: u16, body: &[u8]) -> io::Result<()> {
         let mut msg = Vec::with_capacity(NLMSG_HDRLEN + body.len());
         msg.extend_from_slice(&u32::try_from(NLMSG_HDRLEN + body.len()).expect("small").to_ne_bytes());
         msg.extend_from_slice(&kind.to_ne_bytes());
@@ -51,7 +51,7 @@ impl Netlink {
 
     /// Receives one datagram of messages into `buf` (retried when a signal
     /// interrupts); its length.
-    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             // SAFETY: writes at most `buf.len()` bytes into `buf`.
             let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
@@ -68,7 +68,7 @@ impl Netlink {
 
 /// The messages of one datagram: `(type, payload)` each, or `Err(())` for
 /// a header whose length does not fit (the walk stops there).
-pub fn messages(mut data: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), ()>> {
+pub(crate) fn messages(mut data: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), ()>> {
     std::iter::from_fn(move || {
         if data.len() < NLMSG_HDRLEN {
             return None;
@@ -88,14 +88,14 @@ pub fn messages(mut data: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), ()
 /// `len` rounded up to netlink's 4-byte alignment (`NLMSG_ALIGN`,
 /// `NLA_ALIGN`).
 #[must_use]
-pub const fn align(len: usize) -> usize {
+pub(crate) const fn align(len: usize) -> usize {
     (len + 3) & !3
 }
 
 /// The code of an `NLMSG_ERROR` payload (`struct nlmsgerr`): a negative
 /// errno, 0 for an acknowledgement.
 #[must_use]
-pub fn error_code(payload: &[u8]) -> i32 {
+pub(crate) fn error_code(payload: &[u8]) -> i32 {
     payload.get(..4).map_or(0, |b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
 }
 

@@ -3,7 +3,7 @@
 //!
 //! The verifier takes a noticeable part of a start for the whole object,
 //! and a start would do it once more when it moves to maps sized for the
-//! cluster (`crate::resize`). The programs are needed only to attach
+//! cluster (`crate::agent::resize`). The programs are needed only to attach
 //! them, after the first write: so the load runs beside that write (and,
 //! after a restart, beside the read of the pinned maps) instead of before
 //! it. A failure is logged when it happens and returned where the programs
@@ -22,17 +22,17 @@ use super::{
 };
 
 /// The object's programs, loaded into the kernel.
-pub struct Loaded {
+pub(crate) struct Loaded {
     /// Owns the programs (and the maps not taken out of it).
-    pub ebpf: Ebpf,
+    pub(crate) ebpf: Ebpf,
     /// Whether the TC programs loaded (traffic from outside can be served).
-    pub tc: bool,
+    pub(crate) tc: bool,
     /// Whether the XDP program loaded (`--nodeport-acceleration`).
-    pub xdp: bool,
+    pub(crate) xdp: bool,
 }
 
 /// A datapath's programs, from the object to the loaded programs.
-pub enum Programs {
+pub(crate) enum Programs {
     /// The object with its maps taken out, until `start`.
     Waiting(Box<Ebpf>, Acceleration),
     Loading(Loading),
@@ -44,12 +44,12 @@ pub enum Programs {
 impl Programs {
     /// The programs of `ebpf` (its maps made), to load when `start` (or
     /// `loaded`) is called.
-    pub fn new(ebpf: Ebpf, acceleration: Acceleration) -> Self {
+    pub(crate) fn new(ebpf: Ebpf, acceleration: Acceleration) -> Self {
         Self::Waiting(Box::new(ebpf), acceleration)
     }
 
     /// Starts loading the programs on a thread (once).
-    pub fn start(&mut self) -> Result<(), LoadError> {
+    pub(crate) fn start(&mut self) -> Result<(), LoadError> {
         if !matches!(self, Self::Waiting(..)) {
             return Ok(());
         }
@@ -70,7 +70,7 @@ impl Programs {
 
     /// The loaded programs, waiting for the load to finish; its error the
     /// first time (`LoadError::ProgramsFailed` after that).
-    pub fn loaded(&mut self) -> Result<&mut Loaded, LoadError> {
+    pub(crate) fn loaded(&mut self) -> Result<&mut Loaded, LoadError> {
         self.start()?;
         if matches!(self, Self::Loading(_)) {
             let Self::Loading(loading) = std::mem::replace(self, Self::Failed) else { unreachable!() };
@@ -83,7 +83,7 @@ impl Programs {
     }
 
     /// The programs when their load has been waited for (`loaded`).
-    pub const fn get(&self) -> Option<&Loaded> {
+    pub(crate) const fn get(&self) -> Option<&Loaded> {
         match self {
             Self::Loaded(loaded) => Some(loaded),
             _ => None,
@@ -95,7 +95,7 @@ impl Programs {
 /// dropped while its programs load: a start that moves to bigger maps
 /// before its first write), it waits for the load, so that no program
 /// outlives it unseen (a test's cleanup, `cleanup` after a stop).
-pub struct Loading(Option<JoinHandle<Result<Loaded, LoadError>>>);
+pub(crate) struct Loading(Option<JoinHandle<Result<Loaded, LoadError>>>);
 
 impl Loading {
     fn join(mut self) -> Result<Loaded, LoadError> {

@@ -14,10 +14,11 @@ use proxy_common::{
     AffinityKey, AffinityValue, CtKey, CtValue, RevNatId, SockBackendKey, SockRevNat, SockRevNatKey, ct_flags, proto,
 };
 
-use super::{codec, maps::MapError};
+use super::maps::MapError;
 use crate::model::{FrontendKey, Protocol};
+use crate::reconcile::{Liveness, codec};
 
-pub struct SessionMaps {
+pub(crate) struct SessionMaps {
     affinity: BpfHashMap<MapData, AffinityKey, AffinityValue>,
     sock_backend: BpfHashMap<MapData, SockBackendKey, u32>,
     sock_revnat: BpfHashMap<MapData, SockRevNatKey, SockRevNat>,
@@ -34,7 +35,7 @@ fn aya_err(map: &'static str) -> impl Fn(AyaMapError) -> MapError {
 }
 
 impl SessionMaps {
-    pub fn from_maps(affinity: Map, sock_backend: Map, sock_revnat: Map, ct: Map) -> Result<Self, MapError> {
+    pub(crate) fn from_maps(affinity: Map, sock_backend: Map, sock_revnat: Map, ct: Map) -> Result<Self, MapError> {
         let ct_fd = match &ct {
             Map::LruHashMap(data) | Map::HashMap(data) => {
                 use std::os::fd::AsFd as _;
@@ -56,7 +57,7 @@ impl SessionMaps {
 
     /// `CT`, for `ActiveConns::sweep_ended_flows`.
     #[must_use]
-    pub fn ct_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+    pub(crate) fn ct_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use std::os::fd::AsFd as _;
         self.ct_fd.as_fd()
     }
@@ -64,7 +65,7 @@ impl SessionMaps {
     /// The frontend a socket asked for, if the programs translated it to
     /// this backend.
     #[must_use]
-    pub fn service_of(&self, cookie: u64, addr: IpAddr, port: u16, protocol: Protocol) -> Option<FrontendKey> {
+    pub(crate) fn service_of(&self, cookie: u64, addr: IpAddr, port: u16, protocol: Protocol) -> Option<FrontendKey> {
         let value = self.sock_revnat.get(&codec::sock_revnat_key(cookie, addr, port), 0).ok()?;
         Some(codec::sock_revnat_frontend(&value, protocol))
     }
@@ -73,7 +74,7 @@ impl SessionMaps {
     /// as netfilter's in `CT` (`ct_flags::KERNEL`), unless a flow has an
     /// entry already; `now_ns` is their last use (CLOCK_MONOTONIC). Returns
     /// how many were marked.
-    pub fn mark_netfilter_flows(
+    pub(crate) fn mark_netfilter_flows(
         &mut self,
         flows: &[super::netfilter_flows::NatFlow],
         now_ns: u64,
@@ -103,7 +104,7 @@ impl SessionMaps {
     /// Deletes memos whose backend no longer serves their frontend; returns
     /// how many. `live` answers per memo, so a sync at 10,000 services pays
     /// for the memos there are, not for the whole table.
-    pub fn purge(&mut self, live: &impl Liveness) -> Result<usize, MapError> {
+    pub(crate) fn purge(&mut self, live: &impl Liveness) -> Result<usize, MapError> {
         let affinity: Vec<(AffinityKey, AffinityValue)> = self.affinity.iter().filter_map(Result::ok).collect();
         // Flows marked netfilter's (taking over from kube-proxy,
         // `ct_flags::KERNEL`) have no backend of ours: the kernel's
@@ -143,15 +144,6 @@ impl SessionMaps {
         }
         Ok(stale_affinity.len() + stale_sockets.len() + stale_flows.len())
     }
-}
-
-/// Which backends serve which frontends now (the reconciler knows).
-pub trait Liveness {
-    /// Whether backend `id` is in a live slot of `frontend`.
-    fn serves(&self, frontend: &FrontendKey, id: u32) -> bool;
-    /// The backend ids in live slots of the frontends with these rev-NAT
-    /// ids (an id missing from the answer serves nothing).
-    fn by_rev_nat(&self, rev_nats: &HashSet<RevNatId>) -> HashMap<RevNatId, HashSet<u32>>;
 }
 
 /// A key the LRU dropped meanwhile is as good as deleted.

@@ -26,28 +26,28 @@ use crate::model::{FrontendKey, Protocol};
 
 /// One socket found by the dump.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SocketId {
-    pub protocol: Protocol,
+pub(crate) struct SocketId {
+    pub(crate) protocol: Protocol,
     /// `AF_INET` or `AF_INET6`.
     family: u8,
-    pub src: IpAddr,
-    pub sport: u16,
-    pub dst: IpAddr,
-    pub dport: u16,
-    pub ifindex: u32,
-    pub cookie: u64,
+    pub(crate) src: IpAddr,
+    pub(crate) sport: u16,
+    pub(crate) dst: IpAddr,
+    pub(crate) dport: u16,
+    pub(crate) ifindex: u32,
+    pub(crate) cookie: u64,
     /// The raw `inet_diag_sockid`, echoed back to destroy exactly this one.
     raw_id: [u8; 48],
 }
 
 /// A backend that left a frontend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Removed {
-    pub frontend: FrontendKey,
-    pub backend: (IpAddr, u16),
+pub(crate) struct Removed {
+    pub(crate) frontend: FrontendKey,
+    pub(crate) backend: (IpAddr, u16),
 }
 
-pub struct SocketDestroyer {
+pub(crate) struct SocketDestroyer {
     namespaces: Vec<PathBuf>,
     /// Set when the kernel lacks INET_DIAG_DESTROY (said once in the log).
     unsupported: bool,
@@ -57,13 +57,13 @@ impl SocketDestroyer {
     /// `namespaces`: network namespace files, or directories of them (like
     /// `/var/run/netns`), searched besides the agent's own namespace.
     #[must_use]
-    pub fn new(namespaces: Vec<PathBuf>) -> Self {
+    pub(crate) fn new(namespaces: Vec<PathBuf>) -> Self {
         Self { namespaces, unsupported: false }
     }
 
     /// Destroys the sockets of `removed` pairs; `service_of(cookie, backend)`
     /// says which frontend a translated socket asked for. Returns how many.
-    pub fn destroy(
+    pub(crate) fn destroy(
         &mut self,
         removed: &HashSet<Removed>,
         service_of: &(dyn Fn(u64, IpAddr, u16, Protocol) -> Option<FrontendKey> + Sync),
@@ -122,7 +122,7 @@ impl SocketDestroyer {
 }
 
 /// Runs `f` on a thread inside the network namespace at `path`.
-pub fn in_namespace<T: Send>(path: &Path, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
+pub(crate) fn in_namespace<T: Send>(path: &Path, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
     let ns = File::open(path)?;
     std::thread::scope(|scope| {
         scope
@@ -174,17 +174,17 @@ mod diag {
     /// timer, retrans, then the sockid.
     const MSG_ID_OFFSET: usize = 4;
 
-    pub struct SockDiag {
+    pub(crate) struct SockDiag {
         socket: Netlink,
     }
 
     impl SockDiag {
-        pub fn open() -> io::Result<Self> {
+        pub(crate) fn open() -> io::Result<Self> {
             Ok(Self { socket: Netlink::open(libc::NETLINK_SOCK_DIAG)? })
         }
 
         /// Every socket of `family` and `protocol` in this namespace.
-        pub fn dump(&self, family: u8, protocol: Protocol) -> io::Result<Vec<SocketId>> {
+        pub(crate) fn dump(&self, family: u8, protocol: Protocol) -> io::Result<Vec<SocketId>> {
             self.send(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, family, protocol, &[0; SOCKID_LEN])?;
             let mut sockets = Vec::new();
             let mut buf = vec![0u8; 64 * 1024];
@@ -207,7 +207,7 @@ mod diag {
         }
 
         /// Destroys one socket (the kernel aborts it with ECONNABORTED).
-        pub fn destroy(&self, socket: &SocketId) -> io::Result<()> {
+        pub(crate) fn destroy(&self, socket: &SocketId) -> io::Result<()> {
             self.send(SOCK_DESTROY, NLM_F_REQUEST | NLM_F_ACK, socket.family, socket.protocol, &socket.raw_id)?;
             let mut buf = [0u8; 1024];
             let n = self.socket.recv(&mut buf)?;

@@ -17,7 +17,7 @@ const LINK: &str = "connect4";
 
 /// Why the mode cannot be told.
 #[derive(Debug, thiserror::Error)]
-pub enum ReadError {
+pub(crate) enum ReadError {
     #[error("no socket program is attached (no pinned {LINK} link)")]
     NotAttached,
     #[error("reading the pinned {LINK} link: {0}")]
@@ -39,14 +39,14 @@ pub enum ReadError {
 /// The mode the programs run with: `HostNamespace` with the cookie of the
 /// namespace whose sockets they translate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Seen {
+pub(crate) enum Seen {
     All,
     HostNamespace { netns_cookie: u64 },
 }
 
 impl Seen {
     #[must_use]
-    pub const fn mode(self) -> SocketLb {
+    pub(crate) const fn mode(self) -> SocketLb {
         match self {
             Self::All => SocketLb::All,
             Self::HostNamespace { .. } => SocketLb::HostNamespace,
@@ -56,7 +56,7 @@ impl Seen {
     /// Whether a socket of the namespace with `cookie` is translated at
     /// the socket (else its packets are, on a pod-facing device).
     #[must_use]
-    pub const fn translates_socket_of(self, cookie: u64) -> bool {
+    pub(crate) const fn translates_socket_of(self, cookie: u64) -> bool {
         match self {
             Self::All => true,
             Self::HostNamespace { netns_cookie } => netns_cookie == cookie,
@@ -65,7 +65,7 @@ impl Seen {
 }
 
 /// Reads the mode of the socket programs attached through `pin_dir`.
-pub fn read(pin_dir: &Path) -> Result<Seen, ReadError> {
+pub(crate) fn read(pin_dir: &Path) -> Result<Seen, ReadError> {
     let pin = pin_dir.join(crate::paths::LINKS_SUBDIR).join(LINK);
     if !pin.exists() {
         return Err(ReadError::NotAttached);
@@ -106,7 +106,7 @@ pub fn read(pin_dir: &Path) -> Result<Seen, ReadError> {
 /// The pod-facing devices with the per-packet programs attached through
 /// `pin_dir` (their pinned links, `pod-DEVICE-ingress`).
 #[must_use]
-pub fn pod_devices(pin_dir: &Path) -> Vec<String> {
+pub(crate) fn pod_devices(pin_dir: &Path) -> Vec<String> {
     let mut devices: Vec<String> = std::fs::read_dir(pin_dir.join(crate::paths::LINKS_SUBDIR))
         .into_iter()
         .flatten()

@@ -43,7 +43,7 @@ fn fd_u64(fd: BorrowedFd<'_>) -> u64 {
 }
 
 /// Opens a pinned object.
-pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let path = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
     // { __aligned_u64 pathname; __u32 bpf_fd; __u32 file_flags; ... }
     let mut attr = [path.as_ptr() as u64, 0, 0, 0];
@@ -55,7 +55,7 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
 
 /// Pins the object `fd` at `path` (another pin of an object: bpffs has no
 /// rename).
-pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+pub(crate) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     let path = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
     let mut attr = [path.as_ptr() as u64, fd_u64(fd), 0, 0];
     bpf(BPF_OBJ_PIN, &mut attr).map(drop)
@@ -63,21 +63,21 @@ pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
 
 /// A link as `BPF_OBJ_GET_INFO_BY_FD` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LinkInfo {
+pub(crate) struct LinkInfo {
     /// `enum bpf_link_type`.
-    pub link_type: u32,
-    pub id: u32,
-    pub prog_id: u32,
+    pub(crate) link_type: u32,
+    pub(crate) id: u32,
+    pub(crate) prog_id: u32,
     /// The first 8 bytes of the type's part: a cgroup link's cgroup id; a
     /// tcx link's ifindex (low 32 bits) and attach type (high 32 bits).
-    pub target: u64,
+    pub(crate) target: u64,
 }
 
 /// `BPF_LINK_TYPE_CGROUP` and `BPF_LINK_TYPE_TCX` of `enum bpf_link_type`.
-pub const LINK_TYPE_CGROUP: u32 = 3;
-pub const LINK_TYPE_TCX: u32 = 11;
+pub(crate) const LINK_TYPE_CGROUP: u32 = 3;
+pub(crate) const LINK_TYPE_TCX: u32 = 11;
 
-pub fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
+pub(crate) fn link_info(link: BorrowedFd<'_>) -> io::Result<LinkInfo> {
     // struct bpf_link_info { u32 type, id, prog_id; union { ... } } — the
     // union starts at byte 16 (8-byte aligned).
     let mut info = [0u64; 8];
@@ -108,13 +108,13 @@ fn map_info(map: BorrowedFd<'_>) -> io::Result<[u64; 3]> {
 }
 
 /// The most entries `map` holds (`max_entries` of `bpf_map_info`).
-pub fn map_max_entries(map: BorrowedFd<'_>) -> io::Result<u32> {
+pub(crate) fn map_max_entries(map: BorrowedFd<'_>) -> io::Result<u32> {
     #[expect(clippy::cast_possible_truncation, reason = "the low u32 of the word")]
     Ok(map_info(map)?[2] as u32)
 }
 
 /// Makes `link` run `prog` instead of its current program, atomically.
-pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
     // { __u32 link_fd; __u32 new_prog_fd; __u32 flags; __u32 old_prog_fd; }
     let mut attr = [fd_u64(link) | (fd_u64(prog) << 32), 0, 0, 0];
     bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
@@ -126,14 +126,14 @@ fn elem_attr(map: BorrowedFd<'_>, key: &[u8], value: u64, flags: u64) -> [u64; 4
 }
 
 /// Writes `value` (exactly the map's value size) under `key`.
-pub fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
+pub(crate) fn map_update(map: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> io::Result<()> {
     let mut attr = elem_attr(map, key, value.as_ptr() as u64, 0);
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
 }
 
 /// Reads the value of `key` into `value` (exactly the map's value size);
 /// false when there is none.
-pub fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+pub(crate) fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
     let mut attr = elem_attr(map, key, value.as_mut_ptr() as u64, 0);
     match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
         Ok(_) => Ok(true),
@@ -146,7 +146,7 @@ pub fn map_lookup(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Resu
 /// `count` packed keys and values of the map's sizes. Returns how many the
 /// kernel wrote (in order) and the error that stopped it, if one did.
 /// (Kernels before 5.6 answer `EINVAL`, having written none.)
-pub fn map_update_batch<K, V>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> (usize, io::Result<()>) {
+pub(crate) fn map_update_batch<K, V>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> (usize, io::Result<()>) {
     assert_eq!(keys.len(), values.len(), "one value per key");
     update_batch(map, keys, values.as_ptr() as u64)
 }
@@ -217,7 +217,7 @@ fn map_lookup_batch<K, V>(
 /// batch reads. `start` must be below the array's length (the kernel
 /// starts again from index 0 past it); a range that runs past the end
 /// fails.
-pub fn read_u64_range(fd: BorrowedFd<'_>, start: u32, out: &mut [u64]) -> io::Result<bool> {
+pub(crate) fn read_u64_range(fd: BorrowedFd<'_>, start: u32, out: &mut [u64]) -> io::Result<bool> {
     // The kernel reads the position as a key: the index's 4 bytes first.
     let position = |index: u32| {
         let mut bytes = [0u8; 8];
@@ -258,7 +258,7 @@ pub fn read_hash_map<K: aya::Pod, V: aya::Pod>(fd: BorrowedFd<'_>, chunk: usize)
 /// As `read_hash_map`, keeping only the entries `keep` takes, chunk by
 /// chunk (an array's empty entries are never all held at once). Any map
 /// with batch reads: an array's position is its last index (`u32`).
-pub fn read_map_where<K: aya::Pod, V: aya::Pod>(
+pub(crate) fn read_map_where<K: aya::Pod, V: aya::Pod>(
     fd: BorrowedFd<'_>,
     chunk: usize,
     mut keep: impl FnMut(&K, &V) -> bool,
@@ -305,7 +305,7 @@ pub fn read_map_where<K: aya::Pod, V: aya::Pod>(
 /// Deletes `key` and returns the value it held, in one call (hash maps,
 /// kernel 5.14+): what is returned is exactly what was deleted, so a
 /// concurrent writer's new value is never lost unseen. `None`: no such key.
-pub fn map_lookup_and_delete<K: aya::Pod, V: aya::Pod + Default>(
+pub(crate) fn map_lookup_and_delete<K: aya::Pod, V: aya::Pod + Default>(
     map: BorrowedFd<'_>,
     key: &K,
 ) -> io::Result<Option<V>> {
@@ -320,7 +320,7 @@ pub fn map_lookup_and_delete<K: aya::Pod, V: aya::Pod + Default>(
 
 /// Inserts `value` under `key` unless the key exists (`BPF_NOEXIST`);
 /// an existing key is success (its value is kept).
-pub fn map_insert_new<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>, key: &K, value: &V) -> io::Result<()> {
+pub(crate) fn map_insert_new<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>, key: &K, value: &V) -> io::Result<()> {
     const BPF_NOEXIST: u64 = 1;
     let mut attr = [fd_u64(map), std::ptr::from_ref(key) as u64, std::ptr::from_ref(value) as u64, BPF_NOEXIST];
     match bpf(BPF_MAP_UPDATE_ELEM, &mut attr) {
@@ -330,7 +330,7 @@ pub fn map_insert_new<K: aya::Pod, V: aya::Pod>(map: BorrowedFd<'_>, key: &K, va
 }
 
 /// Deletes `key`; a missing key is success.
-pub fn map_delete(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
+pub(crate) fn map_delete(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
     let mut attr = elem_attr(map, key, 0, 0);
     match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
         Err(err) if err.raw_os_error() != Some(libc::ENOENT) => Err(err),
@@ -340,7 +340,7 @@ pub fn map_delete(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
 
 /// The key after `key` (the first key for `None`) into `next`; false at
 /// the end.
-pub fn map_next_key(map: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
+pub(crate) fn map_next_key(map: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
     let mut attr = elem_attr(map, key.unwrap_or(&[]), next.as_mut_ptr() as u64, 0);
     if key.is_none() {
         attr[1] = 0;
@@ -355,7 +355,7 @@ pub fn map_next_key(map: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) ->
 /// The cookie of this process's network namespace (`SO_NETNS_COOKIE` on a
 /// socket of it, Linux 5.14), which `bpf_get_netns_cookie` gives the
 /// programs for a socket there.
-pub fn own_netns_cookie() -> io::Result<u64> {
+pub(crate) fn own_netns_cookie() -> io::Result<u64> {
     // SAFETY: plain socket(2); the fd is owned at once.
     let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     let fd = if fd < 0 {

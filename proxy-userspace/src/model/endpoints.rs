@@ -8,16 +8,16 @@ use super::{
 };
 
 /// Endpoint selection rules for one service.
-pub struct Selection<'a> {
+pub(crate) struct Selection<'a> {
     /// Keep only endpoints on this node (`internalTrafficPolicy: Local`).
-    pub local_node: Option<&'a str>,
+    pub(crate) local_node: Option<&'a str>,
     /// This node's zone, to follow zone hints (topology-aware routing,
     /// `trafficDistribution: PreferClose`).
-    pub zone: Option<&'a str>,
+    pub(crate) zone: Option<&'a str>,
     /// This node's name: its endpoints are marked local.
-    pub node_name: &'a str,
+    pub(crate) node_name: &'a str,
     /// Most backends one frontend may have.
-    pub max_backends: usize,
+    pub(crate) max_backends: usize,
 }
 
 /// Backends of `port` of one family (from slices of that addressType) in
@@ -26,7 +26,7 @@ pub struct Selection<'a> {
 /// address and port. Topology hints narrow the ready endpoints as
 /// [`topology`] decides (node hints, then zone hints); otherwise they are
 /// ignored.
-pub fn backends_for_port(
+pub(crate) fn backends_for_port(
     service: &ObjectRef,
     port: &PortSpec,
     ipv6: bool,
@@ -182,7 +182,7 @@ pub(super) fn topology<'s, 'h: 'i, 'i>(
 
 /// Ready endpoints (distinct addresses, any port or family) of the slices
 /// on node `node`: what a healthCheckNodePort reports.
-pub fn local_ready_endpoints(slices: &[&SliceSpec], node: &str) -> usize {
+pub(crate) fn local_ready_endpoints(slices: &[&SliceSpec], node: &str) -> usize {
     let mut addrs: std::collections::BTreeSet<super::input::Address> = std::collections::BTreeSet::new();
     for slice in slices {
         for endpoint in &slice.endpoints {
@@ -230,7 +230,7 @@ fn protocol_matches(slice_proto: &str, protocol: Protocol) -> bool {
 }
 
 /// Slice ports no service port names, as warnings on the slice.
-pub fn unmatched_slice_ports(slice: &SliceSpec, ports: &[PortSpec], problems: &mut Vec<Problem>) {
+pub(crate) fn unmatched_slice_ports(slice: &SliceSpec, ports: &[PortSpec], problems: &mut Vec<Problem>) {
     for (j, sp) in slice.ports.iter().enumerate() {
         let (name, proto) = (&*sp.name, &*sp.protocol);
         let matched = ports.iter().any(|p| p.name == name && protocol_matches(proto, p.protocol));

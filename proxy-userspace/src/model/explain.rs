@@ -5,7 +5,7 @@
 //! be used are exactly the backends the model programs.
 //!
 //! `explain_entry` is what the agent answers `ebpf-proxy explain` with
-//! (`crate::explain_socket`): one frontend entry of a service, from the
+//! (`crate::observe::explain_socket`): one frontend entry of a service, from the
 //! service, its slices and the node the model last translated for.
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -22,7 +22,7 @@ use super::{
 /// Why an endpoint the cluster has is not a backend of a frontend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Unused {
+pub(crate) enum Unused {
     /// Its slice has no port of this name and protocol.
     PortNameUnmatched,
     /// Neither ready nor serving-and-terminating.
@@ -45,7 +45,7 @@ pub enum Unused {
 impl Unused {
     /// What the operator reads.
     #[must_use]
-    pub const fn text(self) -> &'static str {
+    pub(crate) const fn text(self) -> &'static str {
         match self {
             Self::PortNameUnmatched => "its slice has no port of this name and protocol",
             Self::NotReady => "not ready (and not serving while terminating)",
@@ -60,34 +60,34 @@ impl Unused {
 
 /// One endpoint of the service's slices, and whether the frontend uses it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EndpointUse {
-    pub address: IpAddr,
+pub(crate) struct EndpointUse {
+    pub(crate) address: IpAddr,
     /// The target port (`None`: the slice has no matching port).
-    pub port: Option<u16>,
+    pub(crate) port: Option<u16>,
     /// Its node (`nodeName`), when the slice says.
-    pub node: Option<String>,
+    pub(crate) node: Option<String>,
     /// `None`: a backend of the frontend.
-    pub unused: Option<Unused>,
+    pub(crate) unused: Option<Unused>,
 }
 
 /// Every endpoint one frontend entry may use, with its verdict.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Explained {
+pub(crate) struct Explained {
     /// The name of the service port the entry serves (`""`: unnamed).
-    pub port_name: String,
+    pub(crate) port_name: String,
     /// Only this node's endpoints are eligible (a Local traffic policy:
     /// `internalTrafficPolicy` for a ClusterIP, `externalTrafficPolicy`
     /// for the external entry of traffic from outside).
-    pub local_only: bool,
+    pub(crate) local_only: bool,
     /// The zone whose hints are followed, when the node has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
-    pub endpoints: Vec<EndpointUse>,
+    pub(crate) zone: Option<String>,
+    pub(crate) endpoints: Vec<EndpointUse>,
 }
 
 /// Why a service entry cannot be explained.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum NotExplained {
+pub(crate) enum NotExplained {
     #[error("the service is not programmed: {0}")]
     Skipped(&'static str),
     #[error("the service has no entry {0} on this node (the maps may be older than the service: run explain again)")]
@@ -99,7 +99,7 @@ pub enum NotExplained {
 /// port and the endpoint selection are found as `translate_service` finds
 /// them for that entry (`service::entry_selection`), so the answer holds
 /// for exactly the entry the maps hold.
-pub fn explain_entry(
+pub(crate) fn explain_entry(
     svc: &ServiceSpec,
     slices: &[&SliceSpec],
     node: &NodeContext,
@@ -145,7 +145,7 @@ const fn state_of(endpoint: &EndpointSpec) -> Option<BackendState> {
 /// endpoint without a valid address of the family is left out (the model
 /// reports it as a problem of its slice).
 #[must_use]
-pub fn endpoint_uses(
+pub(crate) fn endpoint_uses(
     port: &PortSpec,
     ipv6: bool,
     slices: &[&SliceSpec],

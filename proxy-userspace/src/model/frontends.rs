@@ -33,53 +33,56 @@ impl SkipReason {
 
 /// One port of a service that the proxy serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PortSpec {
+pub(crate) struct PortSpec {
     /// The port's name (`""` when unnamed), matched against slice ports.
-    pub name: String,
-    pub port: u16,
-    pub protocol: Protocol,
+    pub(crate) name: String,
+    pub(crate) port: u16,
+    pub(crate) protocol: Protocol,
     /// For NodePort and LoadBalancer services.
-    pub node_port: Option<u16>,
+    pub(crate) node_port: Option<u16>,
 }
 
 /// What the proxy must serve for one service.
 #[derive(Clone, Debug)]
-pub struct ServiceFrontends {
-    pub object: ObjectRef,
+pub(crate) struct ServiceFrontends {
+    pub(crate) object: ObjectRef,
     /// Its ClusterIPs, of either family (dual-stack services have two).
-    pub addrs: Vec<IpAddr>,
-    pub ports: Vec<PortSpec>,
+    pub(crate) addrs: Vec<IpAddr>,
+    pub(crate) ports: Vec<PortSpec>,
     /// `internalTrafficPolicy: Local`.
-    pub internal_local: bool,
+    pub(crate) internal_local: bool,
     /// `sessionAffinity: ClientIP` timeout in seconds.
-    pub affinity_timeout: Option<u32>,
+    pub(crate) affinity_timeout: Option<u32>,
     /// `status.loadBalancer.ingress[].ip` (except `ipMode: Proxy` ones,
     /// which the load balancer itself proxies).
-    pub lb_ips: Vec<IpAddr>,
+    pub(crate) lb_ips: Vec<IpAddr>,
     /// `spec.externalIPs`.
-    pub external_ips: Vec<IpAddr>,
+    pub(crate) external_ips: Vec<IpAddr>,
     /// `externalTrafficPolicy: Local`: traffic from outside goes only to
     /// this node's endpoints, with the client's address kept.
-    pub external_local: bool,
+    pub(crate) external_local: bool,
     /// `spec.loadBalancerSourceRanges` (LoadBalancer services); `None`
     /// when it has none. Fails closed: ranges that are all invalid give
     /// `Some(vec![])`, which admits no source.
-    pub source_ranges: Option<Vec<ipnet::IpNet>>,
+    pub(crate) source_ranges: Option<Vec<ipnet::IpNet>>,
     /// `spec.healthCheckNodePort` (LoadBalancer, externalTrafficPolicy: Local).
-    pub health_check_node_port: Option<u16>,
+    pub(crate) health_check_node_port: Option<u16>,
     /// The `ebpf-proxy.io/lb-algorithm` annotation (`None`: unset, or a
     /// value it does not name, reported: the node's default).
-    pub lb_algorithm: Option<LbAlgorithm>,
+    pub(crate) lb_algorithm: Option<LbAlgorithm>,
 }
 
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`.
-pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
+pub(crate) const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
 /// The API server's upper bound for it (one day).
-pub const MAX_AFFINITY_TIMEOUT: u32 = 86_400;
+pub(crate) const MAX_AFFINITY_TIMEOUT: u32 = 86_400;
 
 /// The frontends of `svc`, or why it has none. Problems with parts of the
 /// service (a bad address, an unsupported protocol) go to `problems`.
-pub fn service_frontends(svc: &ServiceSpec, problems: &mut Vec<Problem>) -> Result<ServiceFrontends, SkipReason> {
+pub(crate) fn service_frontends(
+    svc: &ServiceSpec,
+    problems: &mut Vec<Problem>,
+) -> Result<ServiceFrontends, SkipReason> {
     let object = svc.object_ref();
     if svc.service_proxy_name.is_some() {
         return Err(SkipReason::OtherProxy);

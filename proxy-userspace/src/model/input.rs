@@ -20,8 +20,11 @@ pub enum ServiceType {
     /// `ClusterIP`, and a type the model does not know (served as one).
     #[default]
     ClusterIp,
+    /// `NodePort`.
     NodePort,
+    /// `LoadBalancer`.
     LoadBalancer,
+    /// `ExternalName`: not proxied.
     ExternalName,
 }
 
@@ -32,34 +35,35 @@ pub enum ServiceType {
 pub struct ServiceSpec {
     /// `metadata.namespace` (`default` when unset) and `metadata.name`
     /// (`<unnamed>` when unset), shared with every holder of the id.
-    pub id: ServiceId,
+    pub(crate) id: ServiceId,
     /// The value of the `service.kubernetes.io/service-proxy-name` label.
-    pub service_proxy_name: Option<Box<str>>,
+    pub(crate) service_proxy_name: Option<Box<str>>,
     /// The object has no `spec` (the fields below are then unset).
-    pub no_spec: bool,
-    pub service_type: ServiceType,
+    pub(crate) no_spec: bool,
+    pub(crate) service_type: ServiceType,
     /// `spec.clusterIP` as written.
-    pub cluster_ip: Option<Box<str>>,
+    pub(crate) cluster_ip: Option<Box<str>>,
     /// `spec.clusterIPs` as written (authoritative when not empty).
-    pub cluster_ips: Box<[Box<str>]>,
-    pub ports: Box<[ServicePortSpec]>,
+    pub(crate) cluster_ips: Box<[Box<str>]>,
+    pub(crate) ports: Box<[ServicePortSpec]>,
     /// `spec.internalTrafficPolicy: Local`.
-    pub internal_local: bool,
+    pub(crate) internal_local: bool,
     /// `spec.externalTrafficPolicy: Local`.
-    pub external_local: bool,
+    pub(crate) external_local: bool,
     /// `spec.sessionAffinity: ClientIP`, with
     /// `sessionAffinityConfig.clientIP.timeoutSeconds` as written.
-    pub client_ip_affinity: Option<Option<i32>>,
+    #[allow(clippy::option_option, reason = "no affinity, affinity without a timeout written, or with one")]
+    pub(crate) client_ip_affinity: Option<Option<i32>>,
     /// `spec.externalIPs` as written.
-    pub external_ips: Box<[Box<str>]>,
+    pub(crate) external_ips: Box<[Box<str>]>,
     /// `status.loadBalancer.ingress`, in order (problems name the index).
-    pub lb_ingress: Box<[IngressSpec]>,
+    pub(crate) lb_ingress: Box<[IngressSpec]>,
     /// `spec.loadBalancerSourceRanges` as written.
-    pub source_ranges: Box<[Box<str>]>,
+    pub(crate) source_ranges: Box<[Box<str>]>,
     /// `spec.healthCheckNodePort` as written.
-    pub health_check_node_port: Option<i32>,
+    pub(crate) health_check_node_port: Option<i32>,
     /// The `ebpf-proxy.io/lb-algorithm` annotation.
-    pub lb_algorithm: LbAnnotation,
+    pub(crate) lb_algorithm: LbAnnotation,
 }
 
 /// The `ebpf-proxy.io/lb-algorithm` annotation of a Service, as the
@@ -69,8 +73,10 @@ pub struct ServiceSpec {
 /// annotation that is rarely set and, when wrong, reported without it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LbAnnotation {
+    /// No annotation.
     #[default]
     Unset,
+    /// An annotation naming this algorithm.
     Set(super::LbAlgorithm),
     /// A value that names no algorithm.
     Unknown,
@@ -80,25 +86,25 @@ pub enum LbAnnotation {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServicePortSpec {
     /// `""` when unnamed.
-    pub name: Box<str>,
+    pub(crate) name: Box<str>,
     /// As written; `TCP` when unset.
-    pub protocol: Box<str>,
-    pub port: i32,
-    pub node_port: Option<i32>,
+    pub(crate) protocol: Box<str>,
+    pub(crate) port: i32,
+    pub(crate) node_port: Option<i32>,
 }
 
 /// One `status.loadBalancer.ingress[]` entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IngressSpec {
     /// As written; `None`: a hostname-only ingress.
-    pub ip: Option<Box<str>>,
+    pub(crate) ip: Option<Box<str>>,
     /// `ipMode: Proxy`: the load balancer itself proxies it.
-    pub proxy_mode: bool,
+    pub(crate) proxy_mode: bool,
 }
 
 impl ServiceSpec {
     #[must_use]
-    pub fn object_ref(&self) -> ObjectRef {
+    pub(crate) fn object_ref(&self) -> ObjectRef {
         ObjectRef::new("Service", Some(self.id.namespace()), Some(self.id.name()))
     }
 
@@ -112,8 +118,10 @@ impl ServiceSpec {
 /// `addressType` of an EndpointSlice.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AddressType {
+    /// `IPv4`.
     #[default]
     IPv4,
+    /// `IPv6`.
     IPv6,
     /// `FQDN` and anything else: not proxied.
     Other,
@@ -127,14 +135,14 @@ pub struct SliceSpec {
     pub id: SliceId,
     /// The service its `kubernetes.io/service-name` label names.
     pub owner: Option<ServiceId>,
-    pub address_type: AddressType,
-    pub ports: Box<[SlicePortSpec]>,
-    pub endpoints: Box<[EndpointSpec]>,
+    pub(crate) address_type: AddressType,
+    pub(crate) ports: Box<[SlicePortSpec]>,
+    pub(crate) endpoints: Box<[EndpointSpec]>,
 }
 
 impl SliceSpec {
     #[must_use]
-    pub fn object_ref(&self) -> ObjectRef {
+    pub(crate) fn object_ref(&self) -> ObjectRef {
         ObjectRef::new("EndpointSlice", Some(self.id.namespace()), Some(self.id.name()))
     }
 }
@@ -143,10 +151,10 @@ impl SliceSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SlicePortSpec {
     /// `""` when unnamed.
-    pub name: Box<str>,
+    pub(crate) name: Box<str>,
     /// As written; `TCP` when unset.
-    pub protocol: Box<str>,
-    pub port: Option<i32>,
+    pub(crate) protocol: Box<str>,
+    pub(crate) port: Option<i32>,
 }
 
 /// One endpoint of a slice: 32 bytes (a cluster of 100,000 services
@@ -160,11 +168,11 @@ pub struct EndpointSpec {
     /// else the placement holds it as written).
     ip: Option<IpAddr>,
     /// `conditions.ready` (unset: true).
-    pub ready: bool,
+    pub(crate) ready: bool,
     /// `conditions.serving` (unset: true).
-    pub serving: bool,
+    pub(crate) serving: bool,
     /// `conditions.terminating` (unset: false).
-    pub terminating: bool,
+    pub(crate) terminating: bool,
     /// `None`: no node name, no hints, and an IP address or none.
     placement: Option<Placement>,
 }
@@ -173,9 +181,9 @@ pub struct EndpointSpec {
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EndpointHints {
     /// `hints.forZones[].name`.
-    pub zones: Box<[Box<str>]>,
+    pub(crate) zones: Box<[Box<str>]>,
     /// `hints.forNodes[].name` (`trafficDistribution: PreferSameNode`).
-    pub nodes: Box<[Box<str>]>,
+    pub(crate) nodes: Box<[Box<str>]>,
 }
 
 impl EndpointHints {
@@ -191,32 +199,34 @@ impl EndpointHints {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Placement(Arc<PlacementData>);
 
+/// Where an endpoint runs: its node and zone, and its hints.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PlacementData {
     /// `nodeName`.
-    pub node_name: Option<Box<str>>,
-    pub hints: EndpointHints,
+    pub(crate) node_name: Option<Box<str>>,
+    pub(crate) hints: EndpointHints,
     /// The first address when it is not an IP address written the way it
     /// prints (kept as written, for the problem that names it).
-    pub raw_address: Option<Box<str>>,
+    pub(crate) raw_address: Option<Box<str>>,
 }
 
 impl Placement {
     /// A copy of its own (the source shares one: `crate::source::placements`).
     #[must_use]
-    pub fn new(data: PlacementData) -> Self {
+    pub(crate) fn new(data: PlacementData) -> Self {
         Self(Arc::new(data))
     }
 
+    #[cfg(test)]
     /// Whether `a` and `b` are the same copy.
     #[must_use]
-    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+    pub(crate) fn ptr_eq(a: &Self, b: &Self) -> bool {
         Arc::ptr_eq(&a.0, &b.0)
     }
 
     /// Holders of this copy.
     #[must_use]
-    pub fn holders(this: &Self) -> usize {
+    pub(crate) fn holders(this: &Self) -> usize {
         Arc::strong_count(&this.0)
     }
 }
@@ -239,7 +249,7 @@ impl EndpointSpec {
     /// and hints, and, as the API leaves them unset, ready, serving and not
     /// terminating. `share` gives the placement's shared copy.
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         address: Option<Address>,
         node_name: Option<&str>,
         hints: EndpointHints,
@@ -258,7 +268,7 @@ impl EndpointSpec {
 
     /// Its first address, as written (`None`: it has none).
     #[must_use]
-    pub fn address(&self) -> Option<Address> {
+    pub(crate) fn address(&self) -> Option<Address> {
         match (self.ip, self.placement.as_ref().and_then(|p| p.raw_address.as_ref())) {
             (Some(ip), _) => Some(Address::Ip(ip)),
             (None, Some(raw)) => Some(Address::Raw(raw.clone())),
@@ -268,25 +278,26 @@ impl EndpointSpec {
 
     /// `nodeName`.
     #[must_use]
-    pub fn node_name(&self) -> Option<&str> {
+    pub(crate) fn node_name(&self) -> Option<&str> {
         self.placement.as_ref()?.node_name.as_deref()
     }
 
     /// `hints.forZones[].name`.
     #[must_use]
-    pub fn zone_hints(&self) -> &[Box<str>] {
+    pub(crate) fn zone_hints(&self) -> &[Box<str>] {
         self.placement.as_ref().map_or(&[], |p| &p.hints.zones)
     }
 
     /// `hints.forNodes[].name`.
     #[must_use]
-    pub fn node_hints(&self) -> &[Box<str>] {
+    pub(crate) fn node_hints(&self) -> &[Box<str>] {
         self.placement.as_ref().map_or(&[], |p| &p.hints.nodes)
     }
 
+    #[cfg(test)]
     /// Its shared placement (`None`: it has none).
     #[must_use]
-    pub const fn placement(&self) -> Option<&Placement> {
+    pub(crate) const fn placement(&self) -> Option<&Placement> {
         self.placement.as_ref()
     }
 }
@@ -302,13 +313,15 @@ impl Default for EndpointSpec {
 /// names it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Address {
+    /// An IP address.
     Ip(IpAddr),
+    /// Anything else, as written.
     Raw(Box<str>),
 }
 
 impl Address {
     #[must_use]
-    pub fn new(raw: &str) -> Self {
+    pub(crate) fn new(raw: &str) -> Self {
         match raw.parse::<IpAddr>() {
             // An IPv4 address parses only as written canonically (four
             // decimal parts, no leading zero), so it is not written back
@@ -321,7 +334,7 @@ impl Address {
 
     /// The address, if it is one.
     #[must_use]
-    pub fn ip(&self) -> Option<IpAddr> {
+    pub(crate) fn ip(&self) -> Option<IpAddr> {
         match self {
             Self::Ip(ip) => Some(*ip),
             Self::Raw(raw) => raw.parse().ok(),

@@ -3,21 +3,21 @@
 //! the desired service table out. No I/O, no aya, no kube client: every
 //! Kubernetes rule of the proxy lives here and is tested without a kernel.
 mod endpoints;
-pub mod explain;
+pub(crate) mod explain;
 mod frontends;
 mod input;
 mod object_ids;
 mod problem;
 mod service;
 
-pub use service::NoLocalEndpoints;
+#[cfg(test)]
+pub(crate) use service::NoLocalEndpoints;
 mod state;
 mod table;
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
-pub use endpoints::Selection;
-pub use frontends::SkipReason;
+pub(crate) use frontends::SkipReason;
 pub use input::{
     Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, LbAnnotation, Placement, PlacementData,
     ServicePortSpec, ServiceSpec, ServiceType, SlicePortSpec, SliceSpec,
@@ -28,12 +28,14 @@ pub use table::{HealthCheck, NodeContext, TO_BE_DELETED_TAINT, Translation, ZONE
 
 /// The loopback address NodePorts are also served on (as kube-proxy's
 /// iptables mode does), for processes on the node.
-pub const NODE_PORT_LOOPBACK: std::net::Ipv4Addr = std::net::Ipv4Addr::LOCALHOST;
+pub(crate) const NODE_PORT_LOOPBACK: std::net::Ipv4Addr = std::net::Ipv4Addr::LOCALHOST;
 
 /// Transport protocol of a frontend or backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Protocol {
+    /// TCP.
     Tcp,
+    /// UDP.
     Udp,
     /// Served per packet only (the TC programs; the kernel runs no
     /// socket-address hook of ours for SCTP sockets in a cgroup).
@@ -43,7 +45,7 @@ pub enum Protocol {
 impl Protocol {
     /// The IP protocol number.
     #[must_use]
-    pub const fn number(self) -> u8 {
+    pub(crate) const fn number(self) -> u8 {
         match self {
             Self::Tcp => proxy_common::proto::TCP,
             Self::Udp => proxy_common::proto::UDP,
@@ -52,7 +54,7 @@ impl Protocol {
     }
 
     #[must_use]
-    pub const fn from_number(n: u8) -> Option<Self> {
+    pub(crate) const fn from_number(n: u8) -> Option<Self> {
         match n {
             proxy_common::proto::TCP => Some(Self::Tcp),
             proxy_common::proto::UDP => Some(Self::Udp),
@@ -87,10 +89,12 @@ pub enum Scope {
 /// scope of the entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrontendKey {
+    /// The service address.
     pub addr: IpAddr,
+    /// The service port.
     pub port: u16,
-    pub protocol: Protocol,
-    pub scope: Scope,
+    pub(crate) protocol: Protocol,
+    pub(crate) scope: Scope,
 }
 
 impl FrontendKey {
@@ -121,15 +125,20 @@ impl fmt::Display for FrontendKey {
 /// used because the service has no ready endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BackendState {
+    /// A ready endpoint.
     Active,
+    /// A serving and terminating endpoint.
     Terminating,
 }
 
 /// One endpoint address and port a frontend sends to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Backend {
+    /// The endpoint's address.
     pub addr: IpAddr,
+    /// The endpoint's port.
     pub port: u16,
+    /// Ready, or terminating.
     pub state: BackendState,
     /// The endpoint runs on this node (its `nodeName`): traffic from
     /// outside reaches it without source NAT.
@@ -154,15 +163,15 @@ pub enum LbAlgorithm {
 }
 
 /// The annotation that chooses a service's `LbAlgorithm`.
-pub const LB_ALGORITHM_ANNOTATION: &str = "ebpf-proxy.io/lb-algorithm";
+pub(crate) const LB_ALGORITHM_ANNOTATION: &str = "ebpf-proxy.io/lb-algorithm";
 
 impl LbAlgorithm {
     /// Every value, in the order the help lists them.
-    pub const ALL: [Self; 3] = [Self::Random, Self::LeastConnections, Self::Maglev];
+    pub(crate) const ALL: [Self; 3] = [Self::Random, Self::LeastConnections, Self::Maglev];
 
     /// The value as the annotation and `--lb-algorithm` write it.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Random => "random",
             Self::LeastConnections => "least-connections",
@@ -199,7 +208,7 @@ pub enum FrontendKind {
 
 impl FrontendKind {
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::ClusterIp => "ClusterIP",
             Self::NodePort => "NodePort",
@@ -227,7 +236,8 @@ pub enum Reach {
 impl Reach {
     /// Whether traffic from outside the node uses the entry.
     #[must_use]
-    pub const fn from_outside(self) -> bool {
+    #[allow(clippy::wrong_self_convention, reason = "a question (is it reached from outside?), not a conversion")]
+    pub(crate) const fn from_outside(self) -> bool {
         matches!(self, Self::Both | Self::Outside)
     }
 }
@@ -245,6 +255,7 @@ pub struct ServicePort {
 }
 
 impl ServicePort {
+    /// The port `port` (its name; empty: unnamed) of Service `namespace/name`.
     #[must_use]
     pub fn new(namespace: impl AsRef<str>, name: impl AsRef<str>, port: impl AsRef<str>) -> Self {
         Self::of(ServiceId::new(namespace.as_ref(), name.as_ref()), port.as_ref())
@@ -252,47 +263,41 @@ impl ServicePort {
 
     /// Port `port` of `service` (its id shared).
     #[must_use]
-    pub fn of(service: ServiceId, port: &str) -> Self {
+    pub(crate) fn of(service: ServiceId, port: &str) -> Self {
         Self { service, port: port.into() }
     }
 
     #[must_use]
-    pub fn namespace(&self) -> &str {
+    pub(crate) fn namespace(&self) -> &str {
         self.service.namespace()
     }
 
     #[must_use]
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.service.name()
     }
 
     /// The port's name (empty for an unnamed port).
     #[must_use]
-    pub fn port(&self) -> &str {
+    pub(crate) fn port(&self) -> &str {
         &self.port
     }
 
     /// Whether `other` holds the very same strings (not only equal ones).
     #[must_use]
-    pub fn shares(&self, other: &Self) -> bool {
+    pub(crate) fn shares(&self, other: &Self) -> bool {
         self.service.shares(&other.service) && std::sync::Arc::ptr_eq(&self.port, &other.port)
     }
 
     /// Takes `other`'s shared strings (also when equal to the ones held,
     /// so that no second copy stays); whether the value differed.
-    pub fn adopt(&mut self, other: &Self) -> bool {
+    pub(crate) fn adopt(&mut self, other: &Self) -> bool {
         if self.shares(other) {
             return false;
         }
         let differed = self != other;
         other.clone_into(self);
         differed
-    }
-
-    /// `namespace/name`, the service's name.
-    #[must_use]
-    pub fn service(&self) -> String {
-        self.service.to_string()
     }
 }
 
@@ -309,11 +314,14 @@ impl fmt::Display for ServicePort {
 pub struct Frontend {
     /// The service port it comes from.
     pub service_port: ServicePort,
+    /// The backends, in slot order.
     pub backends: Vec<Backend>,
     /// `sessionAffinity: ClientIP`: how long (seconds) a client keeps its
     /// backend after its last connection.
     pub affinity_timeout: Option<u32>,
+    /// What kind of address it is (ClusterIP, NodePort, ...).
     pub kind: FrontendKind,
+    /// Which clients reach it: on the node, from outside, or both.
     pub reach: Reach,
     /// loadBalancerSourceRanges: traffic from outside is accepted only from
     /// these (`None`: from anywhere; `Some(empty)`: from nowhere).

@@ -26,15 +26,16 @@ macro_rules! namespaced_id {
 
         impl $id {
             #[must_use]
-            pub fn new(namespace: &str, name: &str) -> Self {
+            pub(crate) fn new(namespace: &str, name: &str) -> Self {
                 Self(Arc::new(Names { namespace: namespace.into(), name: name.into() }))
             }
 
             #[must_use]
-            pub fn namespace(&self) -> &str {
+            pub(crate) fn namespace(&self) -> &str {
                 &self.0.namespace
             }
 
+            /// The name.
             #[must_use]
             pub fn name(&self) -> &str {
                 &self.0.name
@@ -43,7 +44,8 @@ macro_rules! namespaced_id {
             /// Whether `self` and `other` share one allocation (tests of
             /// the sharing).
             #[must_use]
-            pub fn shares(&self, other: &Self) -> bool {
+            #[allow(dead_code, reason = "generated for both ids; only ServiceId's is used outside the tests")]
+            pub(crate) fn shares(&self, other: &Self) -> bool {
                 Arc::ptr_eq(&self.0, &other.0)
             }
         }

@@ -10,14 +10,14 @@ pub const UNNAMED: &str = "<unnamed>";
 /// `Kind namespace/name` of a Kubernetes object.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectRef {
-    pub kind: &'static str,
-    pub namespace: String,
-    pub name: String,
+    pub(crate) kind: &'static str,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 impl ObjectRef {
     #[must_use]
-    pub fn new(kind: &'static str, namespace: Option<&str>, name: Option<&str>) -> Self {
+    pub(crate) fn new(kind: &'static str, namespace: Option<&str>, name: Option<&str>) -> Self {
         Self {
             kind,
             namespace: namespace.unwrap_or(DEFAULT_NAMESPACE).to_owned(),
@@ -32,6 +32,7 @@ impl fmt::Display for ObjectRef {
     }
 }
 
+/// How much of an object a problem leaves out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
     /// Part of the object is left out; the rest is programmed.
@@ -43,19 +44,19 @@ pub enum Severity {
 /// Something in an object the proxy cannot program as written.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
-    pub object: ObjectRef,
+    pub(crate) object: ObjectRef,
     /// Path of the field, as in the object's YAML (`spec.ports[1].protocol`).
-    pub field: String,
-    pub message: String,
-    pub severity: Severity,
+    pub(crate) field: String,
+    pub(crate) message: String,
+    pub(crate) severity: Severity,
 }
 
 impl Problem {
-    pub fn error(object: &ObjectRef, field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn error(object: &ObjectRef, field: impl Into<String>, message: impl Into<String>) -> Self {
         Self { object: object.clone(), field: field.into(), message: message.into(), severity: Severity::Error }
     }
 
-    pub fn warning(object: &ObjectRef, field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn warning(object: &ObjectRef, field: impl Into<String>, message: impl Into<String>) -> Self {
         Self { object: object.clone(), field: field.into(), message: message.into(), severity: Severity::Warning }
     }
 }

@@ -13,32 +13,32 @@ use super::{
 
 /// A frontend a service asks for, with the field it comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Claim {
-    pub key: FrontendKey,
+pub(crate) struct Claim {
+    pub(crate) key: FrontendKey,
     /// The frontend, while the service does not serve the key (another
     /// claimant does, or the claim is not yet in the table); `None` once
     /// it was moved into the table, which then holds the one copy (see
     /// `super::state`).
-    pub frontend: Option<Box<Frontend>>,
+    pub(crate) frontend: Option<Box<Frontend>>,
     /// The field of the service it comes from (for conflict problems).
-    pub field: Cow<'static, str>,
+    pub(crate) field: Cow<'static, str>,
 }
 
 /// What one service contributes.
 #[derive(Clone, Debug)]
-pub struct ServiceOutput {
+pub(crate) struct ServiceOutput {
     /// Its frontends, each key once (a key the service asks for twice is a
     /// problem, the first is kept).
-    pub claims: Vec<Claim>,
-    pub problems: Vec<Problem>,
+    pub(crate) claims: Vec<Claim>,
+    pub(crate) problems: Vec<Problem>,
     /// Why the service is not programmed, when it is not.
-    pub skipped: Option<SkipReason>,
+    pub(crate) skipped: Option<SkipReason>,
     /// Boxed: few services have one, and every service's output is kept.
-    pub health_check: Option<Box<HealthCheck>>,
+    pub(crate) health_check: Option<Box<HealthCheck>>,
     /// Service ports (per family) with a Local traffic policy and no
     /// endpoint on this node: kube-proxy's
     /// `sync_proxy_rules_no_local_endpoints_total`.
-    pub no_local: NoLocalEndpoints,
+    pub(crate) no_local: NoLocalEndpoints,
 }
 
 /// Counts of service ports with a Local traffic policy and no endpoint on
@@ -46,18 +46,18 @@ pub struct ServiceOutput {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NoLocalEndpoints {
     /// internalTrafficPolicy: Local.
-    pub internal: usize,
+    pub(crate) internal: usize,
     /// externalTrafficPolicy: Local (services reachable from outside).
-    pub external: usize,
+    pub(crate) external: usize,
 }
 
 impl NoLocalEndpoints {
-    pub fn add(&mut self, other: Self) {
+    pub(crate) fn add(&mut self, other: Self) {
         self.internal += other.internal;
         self.external += other.external;
     }
 
-    pub fn subtract(&mut self, other: Self) {
+    pub(crate) fn subtract(&mut self, other: Self) {
         self.internal -= other.internal;
         self.external -= other.external;
     }
@@ -65,7 +65,7 @@ impl NoLocalEndpoints {
 
 /// The part of the table service `svc` makes, with `slices` (those that
 /// name it, any order).
-pub fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeContext) -> ServiceOutput {
+pub(crate) fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: &NodeContext) -> ServiceOutput {
     let mut problems = Vec::new();
     let svc_frontends = match frontends::service_frontends(svc, &mut problems) {
         Ok(f) => f,

@@ -27,6 +27,7 @@ pub struct Delta {
     pub keys: BTreeSet<FrontendKey>,
     /// Problems that appeared, and problems that went away.
     pub appeared: Vec<Problem>,
+    /// Problems that went away.
     pub resolved: Vec<Problem>,
     /// Services deliberately not programmed whose reason is new (they were
     /// proxied, skipped for another reason, or not there): what is logged
@@ -34,6 +35,7 @@ pub struct Delta {
     pub skipped: Vec<(ObjectRef, SkipReason)>,
 }
 
+/// The model's state: each service's translation and the table they make, updated a service at a time.
 #[derive(Debug, Default)]
 pub struct TableState {
     services: BTreeMap<ServiceId, ServiceOutput>,
@@ -53,7 +55,9 @@ pub struct TableState {
 /// One service's inputs: the Service (`None`: gone) and its slices.
 #[derive(Clone, Debug, Default)]
 pub struct ServiceInput<'a> {
+    /// The Service (`None`: gone).
     pub service: Option<&'a ServiceSpec>,
+    /// Its EndpointSlices.
     pub slices: Vec<&'a SliceSpec>,
 }
 
@@ -66,7 +70,7 @@ impl TableState {
 
     /// The table, without the state around it (a one-off translation).
     #[must_use]
-    pub fn into_table(self) -> ServiceTable {
+    pub(crate) fn into_table(self) -> ServiceTable {
         self.table
     }
 

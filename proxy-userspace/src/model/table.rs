@@ -13,27 +13,27 @@ use super::{
 /// What the model needs to know about the node it runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeContext {
-    pub node_name: String,
+    pub(crate) node_name: String,
     /// This node's addresses (with `external_ips_local_only`, the only
     /// externalIPs clients on the node reach through the service).
-    pub node_ips: Vec<IpAddr>,
+    pub(crate) node_ips: Vec<IpAddr>,
     /// The node addresses NodePorts are served on (besides 127.0.0.1), by
-    /// `crate::nodeport_addresses::serving` (here, all of `node_ips`).
-    pub node_port_ips: Vec<IpAddr>,
+    /// `crate::node::nodeport_addresses::serving` (here, all of `node_ips`).
+    pub(crate) node_port_ips: Vec<IpAddr>,
     /// NodePorts are served on 127.0.0.1 too (nodePortAddresses admits
     /// 127.0.0.0/8).
-    pub node_port_loopback: bool,
+    pub(crate) node_port_loopback: bool,
     /// This node's `topology.kubernetes.io/zone`, for zone hints.
-    pub zone: Option<String>,
+    pub(crate) zone: Option<String>,
     /// Most backends one frontend may have (its slot array).
-    pub max_backends: usize,
+    pub(crate) max_backends: usize,
     /// Clients on the node reach an externalIP through the service only
     /// when it is one of `node_ips` (a mitigation of CVE-2020-8554);
     /// otherwise every externalIP, as kube-proxy does.
-    pub external_ips_local_only: bool,
+    pub(crate) external_ips_local_only: bool,
     /// How a service without the lb-algorithm annotation balances
     /// (`--lb-algorithm`).
-    pub lb_algorithm: super::LbAlgorithm,
+    pub(crate) lb_algorithm: super::LbAlgorithm,
 }
 
 /// The Node label that names its zone.
@@ -57,6 +57,7 @@ pub fn node_eligible(node: &Node) -> bool {
 }
 
 impl NodeContext {
+    /// The context of node `node_name`, every other setting at its default.
     #[must_use]
     pub fn new(node_name: impl Into<String>) -> Self {
         Self {
@@ -80,7 +81,7 @@ impl NodeContext {
     /// This node's context from its Node object among `nodes`: the zone
     /// label, and the InternalIP and ExternalIP addresses.
     #[must_use]
-    pub fn from_nodes<'a>(node_name: &str, nodes: impl IntoIterator<Item = &'a Node>) -> Self {
+    pub(crate) fn from_nodes<'a>(node_name: &str, nodes: impl IntoIterator<Item = &'a Node>) -> Self {
         let node = nodes.into_iter().find(|n| n.metadata.name.as_deref() == Some(node_name));
         let zone = node.and_then(|n| n.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned());
         let node_ips = node
@@ -99,16 +100,18 @@ impl NodeContext {
 /// the node has endpoints of the service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HealthCheck {
-    pub service: ObjectRef,
-    pub port: u16,
+    pub(crate) service: ObjectRef,
+    pub(crate) port: u16,
     /// Ready endpoints of the service on this node.
-    pub local_endpoints: usize,
+    pub(crate) local_endpoints: usize,
 }
 
 /// The result of a translation: the table, and what could not be used.
 #[derive(Debug, Default)]
 pub struct Translation {
+    /// The desired service table.
     pub table: ServiceTable,
+    /// What could not be used, and why.
     pub problems: Vec<Problem>,
     /// Services deliberately not programmed, and why.
     pub skipped: Vec<(ObjectRef, SkipReason)>,

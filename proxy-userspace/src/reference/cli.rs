@@ -8,7 +8,7 @@ use crate::args::Cli;
 /// The command-line reference: the top level (kube-proxy's flags), then
 /// each subcommand, nested ones after their parent.
 #[must_use]
-pub fn cli_markdown() -> String {
+pub(crate) fn cli_markdown() -> String {
     let cli = Cli::command();
     let mut out = format!(
         "# Command-line reference\n\n{}\n\n`ebpf-proxy SUBCOMMAND --help` prints the same text. \

@@ -176,7 +176,7 @@ fn help(arg: &Arg) -> String {
 
 /// The configuration file reference.
 #[must_use]
-pub fn config_markdown() -> String {
+pub(crate) fn config_markdown() -> String {
     let mut out = format!(
         "# Configuration file reference\n\n{}\n\n\
          `ebpf-proxy run --config FILE` (or `ebpf-proxy --config FILE`, kube-proxy's command line) reads one \

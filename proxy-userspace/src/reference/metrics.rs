@@ -8,11 +8,13 @@ use std::{
 };
 
 use crate::{
-    datapath::audit::{Drift, MapDrift},
-    health::Endpoint,
-    metrics::{LatencyLabels, Metrics, RequestLabels, Server},
+    observe::{
+        health::Endpoint,
+        metrics::{LatencyLabels, Metrics, RequestLabels, Server},
+        telemetry::{EXTERNAL_PACKETS, POD_PACKETS, SERVICE_CONNECTIONS, SERVICE_SERIES_OMITTED, Telemetry},
+    },
+    reconcile::audit::{Drift, MapDrift},
     source::kube::WatchCounters,
-    telemetry::{EXTERNAL_PACKETS, POD_PACKETS, SERVICE_CONNECTIONS, SERVICE_SERIES_OMITTED, Telemetry},
 };
 
 /// One metric family as the exposition describes it.
@@ -75,7 +77,7 @@ fn family_of<'a>(families: &'a mut BTreeMap<String, Family>, sample: &str) -> Op
 
 /// The metrics reference.
 #[must_use]
-pub fn metrics_markdown() -> String {
+pub(crate) fn metrics_markdown() -> String {
     let mut families = families(&exposition());
     // Encoded only once the programs' maps are loaded, which a unit test
     // has not: described from the names and help texts the collector uses.

@@ -8,16 +8,16 @@ mod metrics;
 
 use std::path::Path;
 
-pub use cli::cli_markdown;
-pub use config::config_markdown;
-pub use metrics::metrics_markdown;
+pub(crate) use cli::cli_markdown;
+pub(crate) use config::config_markdown;
+pub(crate) use metrics::metrics_markdown;
 
 /// The line under each page's title.
 const GENERATED: &str = "Generated from the code by `cargo xtask docs`; do not edit by hand.";
 
 /// Every page: its path from the workspace root, and its text.
 #[must_use]
-pub fn pages() -> Vec<(&'static str, String)> {
+pub(crate) fn pages() -> Vec<(&'static str, String)> {
     vec![
         ("docs/reference/cli.md", cli_markdown()),
         ("docs/reference/config.md", config_markdown()),

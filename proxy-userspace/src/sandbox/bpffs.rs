@@ -7,6 +7,7 @@ use std::{
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
+/// A private bpffs mount, unmounted on drop.
 pub struct BpfFs {
     path: PathBuf,
 }
@@ -15,7 +16,7 @@ impl BpfFs {
     /// Mounts a new bpffs at `path` (created if missing).
     /// A bpffs already mounted there (left by a killed run) is unmounted
     /// first.
-    pub fn mount_at(path: &Path) -> io::Result<Self> {
+    pub(crate) fn mount_at(path: &Path) -> io::Result<Self> {
         fs::create_dir_all(path)?;
         while nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == 0xcafe_4a11) {
             umount2(path, MntFlags::MNT_DETACH).map_err(io::Error::from)?;
@@ -29,6 +30,7 @@ impl BpfFs {
         Self::mount_at(&std::env::temp_dir().join(name))
     }
 
+    /// Where it is mounted.
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path

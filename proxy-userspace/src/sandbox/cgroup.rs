@@ -5,6 +5,7 @@ use std::{
     time::Duration,
 };
 
+/// A cgroup v2 child, removed on drop.
 pub struct TestCgroup {
     path: PathBuf,
 }
@@ -12,7 +13,7 @@ pub struct TestCgroup {
 impl TestCgroup {
     /// Creates `NAME` under the cgroup2 root.
     pub fn create(name: &str) -> io::Result<Self> {
-        let root = crate::fs::cgroup2_root().map_err(io::Error::other)?;
+        let root = crate::node::fs::cgroup2_root().map_err(io::Error::other)?;
         let path = root.join(name);
         if path.exists() {
             remove(&path);
@@ -21,6 +22,7 @@ impl TestCgroup {
         Ok(Self { path })
     }
 
+    /// Its directory.
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
@@ -28,7 +30,7 @@ impl TestCgroup {
 
     /// `cgroup.procs`, written to move a process in.
     #[must_use]
-    pub fn procs_file(&self) -> PathBuf {
+    pub(crate) fn procs_file(&self) -> PathBuf {
         self.path.join("cgroup.procs")
     }
 }

@@ -14,6 +14,7 @@ use std::{
 
 use super::NetNs;
 
+/// An HTTP server in a network namespace that answers with its name.
 pub struct HttpBackend {
     name: String,
     addr: SocketAddr,
@@ -39,11 +40,13 @@ impl HttpBackend {
         Ok(Self { name: name.to_owned(), addr: sock, accepted, peers, stop, thread: Some(thread) })
     }
 
+    /// The name it answers with.
     #[must_use]
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The address it listens on.
     #[must_use]
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -5,6 +5,7 @@ use nix::sched::{CloneFlags, setns};
 
 use super::sh;
 
+/// A network namespace, deleted on drop.
 pub struct NetNs {
     name: String,
 }
@@ -22,6 +23,7 @@ impl NetNs {
         Ok(ns)
     }
 
+    /// Its name.
     #[must_use]
     pub fn name(&self) -> &str {
         &self.name
@@ -54,7 +56,7 @@ impl NetNs {
     }
 
     /// Opens the namespace, for `setns`.
-    pub fn open(&self) -> io::Result<File> {
+    pub(crate) fn open(&self) -> io::Result<File> {
         File::open(self.path())
     }
 

@@ -11,13 +11,13 @@ use std::{future::Future, time::Duration};
 use tracing::{error, warn};
 
 /// How long the initial lists may take before the API server is probed.
-pub const PROBE_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_AFTER: Duration = Duration::from_secs(5);
 /// How long a probe waits for the TCP handshake.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Where the API server's address came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
+pub(crate) enum Origin {
     /// The in-cluster config: `KUBERNETES_SERVICE_HOST`/`_PORT` (kubelet
     /// sets them to the `kubernetes` Service's ClusterIP, unless the
     /// DaemonSet sets them from the ConfigMap).
@@ -31,7 +31,7 @@ pub enum Origin {
 
 impl Origin {
     #[must_use]
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::InCluster => "in-cluster",
             Self::Kubeconfig => "kubeconfig",
@@ -43,15 +43,15 @@ impl Origin {
 /// The API server the client dials.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiEndpoint {
-    pub url: String,
+    pub(crate) url: String,
     /// `HOST:PORT`, as dialled.
-    pub address: String,
-    pub origin: Origin,
+    pub(crate) address: String,
+    pub(crate) origin: Origin,
 }
 
 impl ApiEndpoint {
     #[must_use]
-    pub fn new(url: &http::Uri, origin: Origin) -> Self {
+    pub(crate) fn new(url: &http::Uri, origin: Origin) -> Self {
         let host = url.host().unwrap_or_default();
         let port = url.port_u16().unwrap_or(if url.scheme_str() == Some("http") { 80 } else { 443 });
         Self { url: url.to_string(), address: format!("{host}:{port}"), origin }
@@ -60,16 +60,16 @@ impl ApiEndpoint {
 
 /// What to tell the operator when the API server does not answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Diagnosis {
+pub(crate) struct Diagnosis {
     /// A stable code (the log's `code` field).
-    pub code: &'static str,
-    pub message: &'static str,
-    pub fix: &'static str,
+    pub(crate) code: &'static str,
+    pub(crate) message: &'static str,
+    pub(crate) fix: &'static str,
 }
 
 /// The diagnosis of an API server at `endpoint` that does not answer.
 #[must_use]
-pub fn diagnose(endpoint: &ApiEndpoint) -> Diagnosis {
+pub(crate) fn diagnose(endpoint: &ApiEndpoint) -> Diagnosis {
     match endpoint.origin {
         Origin::InCluster => Diagnosis {
             code: "InClusterServiceIPUnreachable",
@@ -99,7 +99,7 @@ pub fn diagnose(endpoint: &ApiEndpoint) -> Diagnosis {
 /// Waits for `ready` (the initial lists); if it has not resolved after
 /// `after`, probes the API server's address with a TCP connection and,
 /// when that fails, logs the diagnosis once (the watches keep retrying).
-pub async fn explain_while_waiting<F: Future>(ready: F, endpoint: &ApiEndpoint, after: Duration) -> F::Output {
+pub(crate) async fn explain_while_waiting<F: Future>(ready: F, endpoint: &ApiEndpoint, after: Duration) -> F::Output {
     tokio::pin!(ready);
     tokio::select! {
         out = &mut ready => return out,

@@ -10,22 +10,22 @@ use super::{Snapshot, stored_slice::StoredSlice};
 use crate::model::{ServiceId, ServiceSpec};
 
 /// One Service and the EndpointSlices that name it, as a source holds them.
-pub type ServiceInputs = (Arc<ServiceSpec>, Vec<Arc<StoredSlice>>);
+pub(crate) type ServiceInputs = (Arc<ServiceSpec>, Vec<Arc<StoredSlice>>);
 
 /// What a source delivers for one sync.
 #[derive(Debug)]
 pub struct Delivery {
-    pub snapshot: Snapshot,
+    pub(crate) snapshot: Snapshot,
     /// The `last-change-trigger-time`s of the EndpointSlice versions it
     /// carries that are new since the last delivery.
-    pub triggers: Vec<SystemTime>,
+    pub(crate) triggers: Vec<SystemTime>,
     /// Objects the source could not read (it logged each).
     pub rejected: u64,
 }
 
 impl Delivery {
     #[must_use]
-    pub const fn new(snapshot: Snapshot) -> Self {
+    pub(crate) const fn new(snapshot: Snapshot) -> Self {
         Self { snapshot, triggers: Vec::new(), rejected: 0 }
     }
 }

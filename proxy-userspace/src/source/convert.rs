@@ -18,18 +18,18 @@ use crate::model::{
 };
 
 /// Label naming the service a slice belongs to.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// The id of a Service: what its converted form's `id()` is.
 #[must_use]
-pub fn service_id(svc: &Service) -> ServiceId {
+pub(crate) fn service_id(svc: &Service) -> ServiceId {
     let (namespace, name) = names(&svc.metadata);
     ServiceId::new(namespace, name)
 }
 
 /// The id of an EndpointSlice: what its stored form's `id()` is.
 #[must_use]
-pub fn slice_id(slice: &EndpointSlice) -> SliceId {
+pub(crate) fn slice_id(slice: &EndpointSlice) -> SliceId {
     let (namespace, name) = names(&slice.metadata);
     SliceId::new(namespace, name)
 }

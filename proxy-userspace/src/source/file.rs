@@ -22,7 +22,7 @@ use super::Objects;
 /// Why the file, or one object of it, was not applied: the `reason` label
 /// of `ebpf_proxy_services_file_rejections_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     /// The file cannot be read (missing, no permission).
     Unreadable,
     /// The file is not YAML.
@@ -48,7 +48,7 @@ pub enum Rejection {
 
 impl Rejection {
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Unreadable => "unreadable",
             Self::NotYaml => "not_yaml",
@@ -65,15 +65,20 @@ impl Rejection {
 
 /// The file as a whole could not be read; nothing from it is used.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum FileError {
+    /// The file cannot be read.
     #[error("cannot read services file {path}: {source}; the last good content stays in effect")]
     Read { path: PathBuf, source: io::Error },
+    /// The file is not valid YAML.
     #[error("services file {path} is not valid YAML: {source}; the last good content stays in effect")]
     Yaml { path: PathBuf, source: serde_norway::Error },
+    /// The file's aliases expand too far.
     #[error(
         "services file {path} is a YAML bomb ({source}: its aliases expand to over 100 times the document, or it nests too deep); write the objects out without aliases; the last good content stays in effect"
     )]
     Bomb { path: PathBuf, source: serde_norway::Error },
+    /// The file is too large.
     #[error(
         "services file {path} is {size} bytes, more than the {max} bytes a services file may have; the last good content stays in effect"
     )]
@@ -82,7 +87,7 @@ pub enum FileError {
 
 impl FileError {
     #[must_use]
-    pub const fn rejection(&self) -> Rejection {
+    pub(crate) const fn rejection(&self) -> Rejection {
         match self {
             Self::Read { .. } => Rejection::Unreadable,
             Self::Yaml { .. } => Rejection::NotYaml,
@@ -96,13 +101,13 @@ impl FileError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectError {
     /// 1-based index of the YAML document in the stream.
-    pub document: usize,
+    pub(crate) document: usize,
     /// `Kind namespace/name` where the object says so.
-    pub object: String,
+    pub(crate) object: String,
     /// Path of the offending field, `.` when the object as a whole is wrong.
-    pub field: String,
-    pub message: String,
-    pub rejection: Rejection,
+    pub(crate) field: String,
+    pub(crate) message: String,
+    pub(crate) rejection: Rejection,
 }
 
 impl std::fmt::Display for ObjectError {
@@ -114,7 +119,9 @@ impl std::fmt::Display for ObjectError {
 /// The parsed file: the objects that are valid and the ones that are not.
 #[derive(Debug, Default)]
 pub struct Parsed {
+    /// The valid objects.
     pub objects: Objects,
+    /// The objects left out, and why.
     pub errors: Vec<ObjectError>,
     /// Services left out as kube-proxy leaves them out (its label
     /// selector): `Kind namespace/name` and the label.
@@ -148,7 +155,7 @@ impl Parsed {
     /// The file held no object at all, good or bad (empty, only comments or
     /// `---`).
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         let Objects { services, slices, nodes } = &self.objects;
         services.is_empty()
             && slices.is_empty()
@@ -161,7 +168,7 @@ impl Parsed {
     /// a Service, EndpointSlice or Node the agent can use, nor a Service
     /// deliberately left out by label.
     #[must_use]
-    pub fn nothing_usable(&self) -> bool {
+    pub(crate) fn nothing_usable(&self) -> bool {
         let Objects { services, slices, nodes } = &self.objects;
         !self.errors.is_empty()
             && services.is_empty()
@@ -180,10 +187,10 @@ pub fn load(path: &Path) -> Result<Parsed, FileError> {
 /// Services with 10 endpoints each as `kubectl get -o yaml` prints them
 /// (managedFields included). A larger file is refused whole, so a runaway
 /// writer cannot make the agent hold it in memory.
-pub const MAX_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_BYTES: u64 = 256 << 20;
 
 /// Reads and parses `path`, refusing it when it is larger than `max` bytes.
-pub fn load_at_most(path: &Path, max: u64) -> Result<Parsed, FileError> {
+pub(crate) fn load_at_most(path: &Path, max: u64) -> Result<Parsed, FileError> {
     use std::io::Read as _;
     let read = |source| FileError::Read { path: path.into(), source };
     let file = fs::File::open(path).map_err(read)?;
@@ -324,7 +331,7 @@ fn typed<T: DeserializeOwned>(value: Value) -> Result<T, (String, String)> {
 
 /// Identity of the file's content on disk, to notice changes cheaply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     modified: Option<SystemTime>,
     len: u64,
     inode: u64,
@@ -332,7 +339,7 @@ pub struct Stamp {
 
 /// The file's stamp, or `None` when it cannot be read.
 #[must_use]
-pub fn stamp(path: &Path) -> Option<Stamp> {
+pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
     use std::os::unix::fs::MetadataExt as _;
     let meta = fs::metadata(path).ok()?;
     Some(Stamp { modified: meta.modified().ok(), len: meta.len(), inode: meta.ino() })

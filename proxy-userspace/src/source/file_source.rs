@@ -33,12 +33,13 @@ const SETTLE: Duration = Duration::from_millis(50);
 /// A file read empty is applied (every service removed) only if it is still
 /// empty this long after: a writer that truncates and then writes has
 /// written by then. docs/operations.md says so.
-pub const EMPTY_SETTLE: Duration = Duration::from_secs(1);
+pub(crate) const EMPTY_SETTLE: Duration = Duration::from_secs(1);
 
 /// Told of each rejection (the agent counts them in
 /// `ebpf_proxy_services_file_rejections_total{reason}`).
-pub type RejectionSink = Arc<dyn Fn(Rejection) + Send + Sync>;
+pub(crate) type RejectionSink = Arc<dyn Fn(Rejection) + Send + Sync>;
 
+/// Services and EndpointSlices from a services file, read again when it changes.
 pub struct FileSource {
     path: PathBuf,
     read_once: bool,
@@ -57,6 +58,7 @@ pub struct FileSource {
 }
 
 impl FileSource {
+    /// A source reading the file at `path`.
     #[must_use]
     pub fn new(path: PathBuf) -> Self {
         Self {
@@ -73,7 +75,7 @@ impl FileSource {
 
     /// Tells `sink` of every rejection.
     #[must_use]
-    pub fn with_rejections(mut self, sink: RejectionSink) -> Self {
+    pub(crate) fn with_rejections(mut self, sink: RejectionSink) -> Self {
         self.rejected = sink;
         self
     }

@@ -28,7 +28,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-pub use super::bootstrap::{ApiEndpoint, Origin};
+pub(crate) use super::bootstrap::{ApiEndpoint, Origin};
 use super::{
     ChangeSource, Delivery,
     lean::{self, LeanService, LeanSlice},
@@ -40,26 +40,26 @@ use super::{
 };
 
 /// Syncs start at most this often unless configured otherwise.
-pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_millis(20);
+pub(crate) const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_millis(20);
 
 /// Watch events and errors since start (each error is retried, see
 /// `super::retry`).
 #[derive(Debug, Default)]
-pub struct WatchCounters {
-    pub errors: AtomicU64,
-    pub events: AtomicU64,
+pub(crate) struct WatchCounters {
+    pub(crate) errors: AtomicU64,
+    pub(crate) events: AtomicU64,
     /// Full relists after a watch position expired (410 Gone).
-    pub relists: AtomicU64,
+    pub(crate) relists: AtomicU64,
     /// Bytes of the Service and EndpointSlice lists and watches.
-    pub bytes: Arc<ApiBytes>,
+    pub(crate) bytes: Arc<ApiBytes>,
 }
 
-pub struct KubeSource {
+pub(crate) struct KubeSource {
     /// What the watch tasks write and a snapshot reads.
     store: Arc<Mutex<ObjectStore>>,
     listed: watch::Receiver<bool>,
     changed: Arc<Notify>,
-    pub counters: Arc<WatchCounters>,
+    pub(crate) counters: Arc<WatchCounters>,
     tasks: Vec<JoinHandle<()>>,
     client: Client,
     /// Where the client dials (to explain a silence before the lists).
@@ -126,7 +126,7 @@ impl KubeSource {
     /// `content_type`), and the Node named `node_name`; `reachability` is
     /// the one `client` was built with.
     #[must_use]
-    pub fn start(
+    pub(crate) fn start(
         client: &Client,
         endpoint: ApiEndpoint,
         node_name: &str,
@@ -188,7 +188,7 @@ impl KubeSource {
 
     /// Syncs start at most every `period` (kube-proxy's minSyncPeriod).
     #[must_use]
-    pub const fn with_min_sync_period(mut self, period: Duration) -> Self {
+    pub(crate) const fn with_min_sync_period(mut self, period: Duration) -> Self {
         self.min_sync_period = period;
         self
     }
@@ -277,7 +277,7 @@ async fn drive<K: Send + 'static>(
             list.follow(kind, event);
         }
         // The relist's freed pages go back to the kernel by themselves
-        // (the allocator's background thread: memory.rs).
+        // (the allocator's background thread: observe/memory.rs).
         handle(&mut events);
         events.clear();
     }
@@ -375,7 +375,7 @@ impl ListProgress {
 
 /// Publishes a Normal event on this node's Node object, as kube-proxy
 /// records its start; a failure is logged, never fatal.
-pub fn announce(client: &Client, node_name: &str, reason: &str, note: String) {
+pub(crate) fn announce(client: &Client, node_name: &str, reason: &str, note: String) {
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
     let recorder = Recorder::new(
         client.clone(),

@@ -6,20 +6,20 @@
 use std::collections::BTreeMap;
 
 /// Names the proxy a Service is for (another one than this).
-pub const SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+pub(crate) const SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 
 /// A Service with any of these labels (whatever its value) is not proxied.
-pub const NOT_PROXIED: [&str; 2] = [SERVICE_PROXY_NAME, "service.kubernetes.io/headless"];
+pub(crate) const NOT_PROXIED: [&str; 2] = [SERVICE_PROXY_NAME, "service.kubernetes.io/headless"];
 
 /// The label selector of the Service list and watch requests.
 #[must_use]
-pub fn selector() -> String {
+pub(crate) fn selector() -> String {
     NOT_PROXIED.iter().map(|key| format!("!{key}")).collect::<Vec<_>>().join(",")
 }
 
 /// The label that keeps a Service with `labels` from being proxied, if any.
 #[must_use]
-pub fn not_proxied_by(labels: Option<&BTreeMap<String, String>>) -> Option<&'static str> {
+pub(crate) fn not_proxied_by(labels: Option<&BTreeMap<String, String>>) -> Option<&'static str> {
     let labels = labels?;
     NOT_PROXIED.into_iter().find(|key| labels.contains_key(*key))
 }

@@ -30,7 +30,7 @@ use super::stored_slice::TRIGGER_TIME_ANNOTATION;
 /// event, the channel to the store, the store's batch), and a Service is
 /// 824 bytes, an EndpointSlice 432; boxed, each move is a pointer's.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct LeanService(pub Box<Service>);
+pub struct LeanService(pub(crate) Box<Service>);
 
 /// An EndpointSlice with only what `convert` and the store read.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -182,12 +182,12 @@ resource_as!(LeanSlice, EndpointSlice);
 /// What `LeanService` and `LeanSlice` box, once the store takes it.
 #[must_use]
 #[allow(clippy::boxed_local, reason = "a `fn(Box<K>) -> K` for `unwrap_event`")]
-pub fn unboxed<K>(object: Box<K>) -> K {
+pub(crate) fn unboxed<K>(object: Box<K>) -> K {
     *object
 }
 
 /// A watch event of a lean object as one of the object it stands for.
-pub fn unwrap_event<L, K>(
+pub(crate) fn unwrap_event<L, K>(
     event: kube::runtime::watcher::Event<L>,
     full: fn(L) -> K,
 ) -> kube::runtime::watcher::Event<K> {

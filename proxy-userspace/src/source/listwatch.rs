@@ -63,6 +63,7 @@ pub enum ContentType {
     /// Protobuf, or JSON when the server answers with it.
     #[default]
     Protobuf,
+    /// JSON.
     Json,
 }
 
@@ -80,10 +81,13 @@ impl ContentType {
 /// EndpointSlices, by the encoding it answered in.
 #[derive(Debug, Default)]
 pub struct ApiBytes {
+    /// Bytes of lists in protobuf.
     pub list_protobuf: AtomicU64,
+    /// Bytes of lists in JSON.
     pub list_json: AtomicU64,
+    /// Bytes of watches in protobuf.
     pub watch_protobuf: AtomicU64,
-    pub watch_json: AtomicU64,
+    pub(crate) watch_json: AtomicU64,
 }
 
 impl ApiBytes {
@@ -137,6 +141,7 @@ enum Phase<K> {
 }
 
 impl ListWatch {
+    /// A list and watch of one kind of object through `client`.
     #[must_use]
     pub fn new(
         client: Client,

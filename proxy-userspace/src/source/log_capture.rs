@@ -6,13 +6,13 @@ use tracing_subscriber::fmt::MakeWriter;
 
 /// The text logged at info and above on this thread while the guard lives.
 #[derive(Clone, Default)]
-pub struct Captured(Arc<Mutex<Vec<u8>>>);
+pub(crate) struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl Captured {
     /// Starts capturing on this thread (a current-thread runtime's tasks
     /// included), without colours.
     #[must_use]
-    pub fn start() -> (Self, tracing::subscriber::DefaultGuard) {
+    pub(crate) fn start() -> (Self, tracing::subscriber::DefaultGuard) {
         let captured = Self::default();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(captured.clone())
@@ -23,19 +23,19 @@ impl Captured {
     }
 
     #[must_use]
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().expect("log lock")).into_owned()
     }
 
     /// Lines so far.
     #[must_use]
-    pub fn lines(&self) -> usize {
+    pub(crate) fn lines(&self) -> usize {
         self.text().lines().count()
     }
 
     /// Lines so far that contain `needle`.
     #[must_use]
-    pub fn count(&self, needle: &str) -> usize {
+    pub(crate) fn count(&self, needle: &str) -> usize {
         self.text().lines().filter(|l| l.contains(needle)).count()
     }
 }

@@ -1,26 +1,26 @@
 //! Where Services and EndpointSlices come from: every source implements
 //! `ChangeSource`.
-pub mod bootstrap;
-pub mod change_source;
-pub mod convert;
+pub(crate) mod bootstrap;
+pub(crate) mod change_source;
+pub(crate) mod convert;
 pub mod file;
 pub mod file_source;
 pub mod kube;
-pub mod labels;
+pub(crate) mod labels;
 pub mod lean;
 pub mod listwatch;
 #[cfg(test)]
 pub(crate) mod log_capture;
-pub mod objects;
-pub mod placements;
+pub(crate) mod objects;
+pub(crate) mod placements;
 pub mod protobuf;
-pub mod reachability;
-pub mod requests;
+pub(crate) mod reachability;
+pub(crate) mod requests;
 pub mod retry;
-pub mod slim;
+pub(crate) mod slim;
 pub mod store;
-pub mod stored_slice;
-pub mod tracker;
+pub(crate) mod stored_slice;
+pub(crate) mod tracker;
 
 pub use change_source::{ChangeSource, Delivery};
-pub use objects::{Changed, Objects, Snapshot};
+pub(crate) use objects::{Changed, Objects, Snapshot};

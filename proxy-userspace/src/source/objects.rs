@@ -8,7 +8,9 @@ use k8s_openapi::api::{
 };
 
 use super::stored_slice::StoredSlice;
-use crate::model::{ServiceId, ServiceSpec, SliceSpec};
+#[cfg(test)]
+use crate::model::SliceSpec;
+use crate::model::{ServiceId, ServiceSpec};
 
 /// Services, EndpointSlices and this node's Node object as one source sees
 /// them at one moment.
@@ -21,16 +23,17 @@ pub struct Objects {
 }
 
 impl Objects {
+    #[cfg(test)]
     /// The Services and EndpointSlices in the model's input form.
     #[must_use]
-    pub fn inputs(&self) -> (Vec<ServiceSpec>, Vec<SliceSpec>) {
+    pub(crate) fn inputs(&self) -> (Vec<ServiceSpec>, Vec<SliceSpec>) {
         (self.services.iter().map(Into::into).collect(), self.slices.iter().map(Into::into).collect())
     }
 }
 
 /// What a source has for the agent since it last asked.
 #[derive(Clone, Debug)]
-pub enum Snapshot {
+pub(crate) enum Snapshot {
     /// Everything: the first read, a relist, a services file read again.
     Full { services: Vec<Arc<ServiceSpec>>, slices: Vec<Arc<StoredSlice>>, nodes: Vec<Arc<Node>> },
     /// Only these services changed: each with its Service now (`None`:
@@ -41,10 +44,10 @@ pub enum Snapshot {
 
 /// One service's objects now.
 #[derive(Clone, Debug)]
-pub struct Changed {
-    pub id: ServiceId,
-    pub service: Option<Arc<ServiceSpec>>,
-    pub slices: Vec<Arc<StoredSlice>>,
+pub(crate) struct Changed {
+    pub(crate) id: ServiceId,
+    pub(crate) service: Option<Arc<ServiceSpec>>,
+    pub(crate) slices: Vec<Arc<StoredSlice>>,
 }
 
 impl From<Objects> for Snapshot {

@@ -14,7 +14,7 @@ use crate::model::{Placement, PlacementData};
 
 /// The placements handed out, pruned of those no endpoint holds any more.
 #[derive(Debug)]
-pub struct Placements {
+pub(crate) struct Placements {
     held: BTreeSet<Placement>,
     /// Prune when this many are held: twice what was in use at the last
     /// pruning, so nodes that come and go (and endpoints with addresses
@@ -31,18 +31,18 @@ static SHARED: Mutex<Placements> = Mutex::new(Placements::new());
 
 /// `data`, shared with every endpoint placed the same.
 #[must_use]
-pub fn shared(data: PlacementData) -> Placement {
+pub(crate) fn shared(data: PlacementData) -> Placement {
     SHARED.lock().unwrap_or_else(PoisonError::into_inner).get(data)
 }
 
 impl Placements {
     #[must_use]
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self { held: BTreeSet::new(), prune_at: MIN_PRUNE_AT }
     }
 
     /// The shared copy of `data`, made if there is none.
-    pub fn get(&mut self, data: PlacementData) -> Placement {
+    pub(crate) fn get(&mut self, data: PlacementData) -> Placement {
         if let Some(held) = self.held.get(&data) {
             return held.clone();
         }
@@ -57,14 +57,10 @@ impl Placements {
     }
 
     /// Placements held (some perhaps unused until the next pruning).
+    #[cfg(test)]
     #[must_use]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.held.len()
-    }
-
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.held.is_empty()
     }
 }
 

@@ -40,20 +40,24 @@ use super::{
 
 /// The protobuf media type, as `Accept` asks for it and `Content-Type`
 /// names it (a watch adds `;stream=watch`).
-pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+pub(crate) const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 
 /// What every protobuf body starts with.
 const MAGIC: &[u8; 4] = b"k8s\0";
 
+/// An API server answer that does not decode.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
+    /// A protobuf body without the `k8s\0` envelope.
     #[error(
         "a body announced as protobuf does not start with the `k8s\\0` envelope (a proxy or a server that is not \
          kube-apiserver? run with --kube-api-content-type application/json)"
     )]
     NoEnvelope,
+    /// The protobuf does not decode.
     #[error("the API server's protobuf does not decode: {0}")]
     Protobuf(#[from] prost::DecodeError),
+    /// Reading the answer failed.
     #[error("reading the API server's answer: {0}")]
     Io(#[from] io::Error),
 }
@@ -343,6 +347,7 @@ impl From<EndpointSlice> for LeanSlice {
 pub trait Decode: Sized + Send + 'static + serde::de::DeserializeOwned {
     /// The object from its protobuf encoding (without the envelope).
     fn from_protobuf(raw: &[u8]) -> Result<Self, DecodeError>;
+    /// The object's resourceVersion.
     fn resource_version(&self) -> Option<&str>;
 }
 
@@ -371,9 +376,12 @@ impl Decode for LeanSlice {
 pub enum Listed<K> {
     /// The list's resourceVersion and continue token.
     Meta {
+        /// The list's resourceVersion.
         resource_version: Option<String>,
+        /// The token that asks for the next page.
         continue_token: Option<String>,
     },
+    /// An object of the list.
     Item(K),
 }
 
@@ -502,7 +510,7 @@ struct RawExtension {
 
 /// A watch event as the watch reads it.
 #[derive(Debug)]
-pub enum Watched<K> {
+pub(crate) enum Watched<K> {
     /// `ADDED`, `MODIFIED`, `DELETED` or `BOOKMARK`, and its object.
     Object(String, K),
     /// `ERROR`, and the Status it carries.
@@ -512,7 +520,7 @@ pub enum Watched<K> {
 /// The length of the next frame of a protobuf watch stream that starts
 /// `buf`, once `buf` holds all of it.
 #[must_use]
-pub fn frame_len(buf: &[u8]) -> Option<usize> {
+pub(crate) fn frame_len(buf: &[u8]) -> Option<usize> {
     let head: [u8; 4] = buf.get(..4)?.try_into().ok()?;
     let len = usize::try_from(u32::from_be_bytes(head)).ok()?;
     (buf.len() >= 4 + len).then_some(4 + len)
@@ -522,7 +530,7 @@ pub fn frame_len(buf: &[u8]) -> Option<usize> {
 ///
 /// # Errors
 /// The frame is not a protobuf watch event.
-pub fn watch_event<K: Decode>(frame: &[u8]) -> Result<Watched<K>, DecodeError> {
+pub(crate) fn watch_event<K: Decode>(frame: &[u8]) -> Result<Watched<K>, DecodeError> {
     let event = WatchEvent::decode(frame.get(4..).unwrap_or_default())?;
     let raw = unwrap(&event.object.and_then(|o| o.raw).unwrap_or_default())?;
     let kind = event.type_.unwrap_or_default();

@@ -22,7 +22,7 @@ const KINDS: &[(&str, &str)] = &[("services", "Service"), ("endpointslices", "En
 /// While a watch keeps failing, a reminder is logged at most this often,
 /// with the count of failures: the outage stays visible in the log without
 /// a line per attempt (about one a second, `super::retry`).
-pub const REMIND_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const REMIND_EVERY: Duration = Duration::from_secs(30);
 
 /// A failing watch.
 #[derive(Debug, Clone, Copy)]
@@ -36,7 +36,7 @@ struct Failing {
 
 /// What `Reachability::failed_at` logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logged {
+pub(crate) enum Logged {
     /// The first failure of the watch.
     First,
     /// A reminder, `REMIND_EVERY` after the last line.
@@ -47,19 +47,19 @@ pub enum Logged {
 
 /// Failing watches, by kind.
 #[derive(Debug, Default)]
-pub struct Reachability {
+pub(crate) struct Reachability {
     failing: Mutex<HashMap<&'static str, Failing>>,
 }
 
 impl Reachability {
     /// A watch of `kind` failed: the first failure is logged (with
     /// `error`), then a reminder at most every `REMIND_EVERY`.
-    pub fn failed(&self, kind: &'static str, error: &dyn std::fmt::Display) {
+    pub(crate) fn failed(&self, kind: &'static str, error: &dyn std::fmt::Display) {
         self.failed_at(kind, error, Instant::now());
     }
 
     /// `failed` at `now`.
-    pub fn failed_at(&self, kind: &'static str, error: &dyn std::fmt::Display, now: Instant) -> Logged {
+    pub(crate) fn failed_at(&self, kind: &'static str, error: &dyn std::fmt::Display, now: Instant) -> Logged {
         let mut failing = self.failing.lock().expect("reachability lock");
         let Some(f) = failing.get_mut(kind) else {
             failing.insert(kind, Failing { since: now, failures: 1, logged: now });
@@ -84,7 +84,7 @@ impl Reachability {
 
     /// A list or watch of `kind` succeeded: logs "watch is back" once
     /// after failures.
-    pub fn succeeded(&self, kind: &str) {
+    pub(crate) fn succeeded(&self, kind: &str) {
         let failing = self.failing.lock().expect("reachability lock").remove(kind);
         if let Some(Failing { since, failures, .. }) = failing {
             info!(kind, down_seconds = since.elapsed().as_secs_f64(), failures, "watch is back");
@@ -94,7 +94,7 @@ impl Reachability {
     /// An observer of the client's requests (`super::requests`) that
     /// reports successful lists and watches here.
     #[must_use]
-    pub fn observer(self: &Arc<Self>) -> Observer {
+    pub(crate) fn observer(self: &Arc<Self>) -> Observer {
         let this = self.clone();
         Arc::new(move |outcome: &Outcome| {
             if let Some(kind) = Self::kind_of(outcome.path)
@@ -107,14 +107,14 @@ impl Reachability {
 
     /// Whether a watch of `kind` is failing now.
     #[must_use]
-    pub fn is_failing(&self, kind: &str) -> bool {
+    pub(crate) fn is_failing(&self, kind: &str) -> bool {
         self.failing.lock().expect("reachability lock").contains_key(kind)
     }
 
     /// The kind a request path is for (`/api/v1/services`,
     /// `/apis/discovery.k8s.io/v1/namespaces/x/endpointslices/y`, ...).
     #[must_use]
-    pub fn kind_of(path: &str) -> Option<&'static str> {
+    pub(crate) fn kind_of(path: &str) -> Option<&'static str> {
         let mut segments = path.trim_start_matches('/').split('/');
         // /api/v1/<resource>... or /apis/<group>/<version>/<resource>...
         let resource = match segments.next()? {

@@ -2,7 +2,7 @@
 //! its HTTP service hands each request's outcome (method, path, status or
 //! no answer, time to the response headers) to observers. The watches'
 //! "watch is back" log (`super::reachability`) and client-go's
-//! `rest_client_*` metrics (`crate::rest_metrics`) are two of them.
+//! `rest_client_*` metrics (`crate::observe::rest_metrics`) are two of them.
 use std::{
     future::Future,
     pin::Pin,
@@ -14,31 +14,31 @@ use std::{
 /// One request's outcome.
 #[derive(Debug, Clone, Copy)]
 pub struct Outcome<'a> {
-    pub method: &'a str,
+    pub(crate) method: &'a str,
     /// The request's path (no query).
-    pub path: &'a str,
+    pub(crate) path: &'a str,
     /// The API server's `host:port` (requests reach the layer before the
     /// client adds it to their URI).
-    pub host: &'a str,
+    pub(crate) host: &'a str,
     /// The response's status; `None`: no answer (connection refused, ...).
-    pub status: Option<u16>,
+    pub(crate) status: Option<u16>,
     /// To the response headers (a watch's stream is not counted in it).
-    pub seconds: f64,
+    pub(crate) seconds: f64,
 }
 
 /// Told about every request's outcome.
-pub type Observer = Arc<dyn Fn(&Outcome) + Send + Sync>;
+pub(crate) type Observer = Arc<dyn Fn(&Outcome) + Send + Sync>;
 
 /// Wraps the client's HTTP service so `observers` see each request.
 #[derive(Clone)]
-pub struct ObserveLayer {
+pub(crate) struct ObserveLayer {
     observers: Arc<[Observer]>,
     host: Arc<str>,
 }
 
 impl ObserveLayer {
     #[must_use]
-    pub fn new(observers: Vec<Observer>, host: &str) -> Self {
+    pub(crate) fn new(observers: Vec<Observer>, host: &str) -> Self {
         Self { observers: observers.into(), host: host.into() }
     }
 }
@@ -52,7 +52,7 @@ impl<S> tower::Layer<S> for ObserveLayer {
 }
 
 #[derive(Clone)]
-pub struct Observe<S> {
+pub(crate) struct Observe<S> {
     inner: S,
     layer: ObserveLayer,
 }

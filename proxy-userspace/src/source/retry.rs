@@ -34,7 +34,7 @@ const GONE: u16 = 410;
 
 impl Failure {
     #[must_use]
-    pub fn of(err: &watcher::Error) -> Self {
+    pub(crate) fn of(err: &watcher::Error) -> Self {
         match err {
             watcher::Error::WatchError(status) => Self::of_status(status.code),
             watcher::Error::InitialListFailed(err)
@@ -85,7 +85,7 @@ impl RetrySchedule {
     }
 
     /// A success: the next failure starts from the first delay.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.attempts = 0;
         self.last = None;
     }

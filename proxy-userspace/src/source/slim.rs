@@ -22,7 +22,7 @@ fn slim_meta(meta: &mut ObjectMeta) {
 /// going away (deletionTimestamp, the autoscaler's taint; see `health`):
 /// not its images, conditions, other taints and the rest of its spec and
 /// status.
-pub fn slim_node(node: &mut Node) {
+pub(crate) fn slim_node(node: &mut Node) {
     slim_meta(&mut node.metadata);
     if let Some(labels) = node.metadata.labels.as_mut() {
         labels.retain(|k, _| k == ZONE_LABEL);

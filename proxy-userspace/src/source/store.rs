@@ -140,6 +140,7 @@ impl Pending {
     }
 }
 
+/// The Services and EndpointSlices a source holds, and what changed since the last delivery.
 #[derive(Debug)]
 pub struct ObjectStore {
     services: Kind<ServiceId, ServiceSpec>,
@@ -312,13 +313,13 @@ impl ObjectStore {
 
     /// Whether every first list is complete.
     #[must_use]
-    pub fn is_listed(&self) -> bool {
+    pub(crate) fn is_listed(&self) -> bool {
         self.services.listed && self.slices.listed && self.nodes.listed
     }
 
     /// Service and EndpointSlice changes since the last read.
     #[must_use]
-    pub const fn pending_events(&self) -> (usize, usize) {
+    pub(crate) const fn pending_events(&self) -> (usize, usize) {
         self.pending.events
     }
 
@@ -361,14 +362,14 @@ impl ObjectStore {
 
     /// One Service and its slices as the store holds them now.
     #[must_use]
-    pub fn inputs(&self, id: &ServiceId) -> Option<super::change_source::ServiceInputs> {
+    pub(crate) fn inputs(&self, id: &ServiceId) -> Option<super::change_source::ServiceInputs> {
         let Changed { service, slices, .. } = self.service(id.clone());
         Some((service?, slices))
     }
 
     /// Objects held: Services, EndpointSlices.
     #[must_use]
-    pub fn counts(&self) -> (usize, usize) {
+    pub(crate) fn counts(&self) -> (usize, usize) {
         (self.services.live.len(), self.slices.live.len())
     }
 }

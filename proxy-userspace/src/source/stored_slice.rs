@@ -9,26 +9,26 @@ use crate::model::{ServiceId, SliceSpec};
 
 /// Annotation the EndpointSlice controller sets to when the change that
 /// made this version of the slice happened.
-pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+pub(crate) const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
-pub use crate::model::SliceId;
+pub(crate) use crate::model::SliceId;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredSlice {
     /// What the model reads.
-    pub spec: SliceSpec,
+    pub(crate) spec: SliceSpec,
 }
 
 impl StoredSlice {
     /// Namespace and name (a shared copy).
     #[must_use]
-    pub fn id(&self) -> SliceId {
+    pub(crate) fn id(&self) -> SliceId {
         self.spec.id.clone()
     }
 
     /// The service the slice names, if it names one.
     #[must_use]
-    pub const fn owner(&self) -> Option<&ServiceId> {
+    pub(crate) const fn owner(&self) -> Option<&ServiceId> {
         self.spec.owner.as_ref()
     }
 }
@@ -41,6 +41,6 @@ impl From<&EndpointSlice> for StoredSlice {
 
 /// The slice's last-change-trigger-time annotation, as written.
 #[must_use]
-pub fn trigger_time(slice: &EndpointSlice) -> Option<&str> {
+pub(crate) fn trigger_time(slice: &EndpointSlice) -> Option<&str> {
     slice.metadata.annotations.as_ref()?.get(TRIGGER_TIME_ANNOTATION).map(String::as_str)
 }

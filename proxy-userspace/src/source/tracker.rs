@@ -12,7 +12,7 @@ use crate::model::ServiceId;
 /// held (the caller passes it), so the index keeps no map back from slice
 /// to service, which would hold again ids the store already has.
 #[derive(Debug, Default)]
-pub struct SliceIndex {
+pub(crate) struct SliceIndex {
     /// (A short list each: a service has a few slices.)
     slices_of: HashMap<ServiceId, Vec<SliceId>>,
 }
@@ -20,7 +20,7 @@ pub struct SliceIndex {
 impl SliceIndex {
     /// The index of exactly `slices`.
     #[cfg(test)]
-    pub fn rebuild<'a>(&mut self, slices: impl IntoIterator<Item = &'a StoredSlice>) {
+    pub(crate) fn rebuild<'a>(&mut self, slices: impl IntoIterator<Item = &'a StoredSlice>) {
         self.slices_of.clear();
         for slice in slices {
             self.set(&slice.id(), None, Some(slice), &mut BTreeSet::new());
@@ -30,7 +30,7 @@ impl SliceIndex {
     /// Records that slice `id`, `before` as the store held it (`None`: it
     /// held none), is now `now` (`None`: gone), adding to `touched` the
     /// services it named before and names now.
-    pub fn set(
+    pub(crate) fn set(
         &mut self,
         id: &SliceId,
         before: Option<&StoredSlice>,
@@ -53,20 +53,21 @@ impl SliceIndex {
     }
 
     /// The slices that name `service`.
-    pub fn slices_of(&self, service: &ServiceId) -> impl Iterator<Item = &SliceId> {
+    pub(crate) fn slices_of(&self, service: &ServiceId) -> impl Iterator<Item = &SliceId> {
         self.slices_of.get(service).into_iter().flatten()
     }
 
     /// The index's copy of `service`'s id, when a slice names it (for the
     /// store to share one copy: see `crate::model::ServiceId`).
     #[must_use]
-    pub fn shared_id(&self, service: &ServiceId) -> Option<ServiceId> {
+    pub(crate) fn shared_id(&self, service: &ServiceId) -> Option<ServiceId> {
         self.slices_of.get_key_value(service).map(|(id, _)| id.clone())
     }
 
     /// Whether no slice names a service.
+    #[cfg(test)]
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.slices_of.is_empty()
     }
 }

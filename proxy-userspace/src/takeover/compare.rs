@@ -22,18 +22,37 @@ use crate::model::{FrontendKind, ServiceTable};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Difference {
     /// kube-proxy serves it; ebpf-proxy would not.
-    Missing { key: RuleKey, service: Option<String>, backends: BTreeSet<SocketAddr> },
+    Missing {
+        /// The frontend, by its rule key.
+        key: RuleKey,
+        /// Its service, when the rules name it.
+        service: Option<String>,
+        /// The backends kube-proxy's rules send to.
+        backends: BTreeSet<SocketAddr>,
+    },
     /// ebpf-proxy serves it; kube-proxy's rules do not.
-    Extra { key: RuleKey, service: String },
+    Extra {
+        /// The frontend, by its rule key.
+        key: RuleKey,
+        /// Its service.
+        service: String,
+    },
     /// Both serve it, with other backends.
     Backends {
+        /// The frontend, by its rule key.
         key: RuleKey,
+        /// Its service.
         service: String,
+        /// Backends only kube-proxy's rules send to.
         only_kube_proxy: BTreeSet<SocketAddr>,
+        /// Backends only ebpf-proxy sends to.
         only_ebpf_proxy: BTreeSet<SocketAddr>,
     },
     /// kube-proxy serves it with a protocol ebpf-proxy does not (SCTP).
-    Unserved { what: String },
+    Unserved {
+        /// The rule, as it reads.
+        what: String,
+    },
 }
 
 struct List<'a>(&'a BTreeSet<SocketAddr>);

@@ -26,33 +26,33 @@ use super::{Family, Place, RuleFrontend, RuleKey, RuleKind, RuleTable, insert, p
 
 /// The fields of one `-A CHAIN ...` line that matter here.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Rule {
-    pub chain: String,
+pub(crate) struct Rule {
+    pub(crate) chain: String,
     /// `-d ADDR[/LEN]` (not negated).
-    pub destination: Option<String>,
-    pub protocol: Option<String>,
-    pub dport: Option<u16>,
+    pub(crate) destination: Option<String>,
+    pub(crate) protocol: Option<String>,
+    pub(crate) dport: Option<u16>,
     /// `-j TARGET`.
-    pub target: Option<String>,
+    pub(crate) target: Option<String>,
     /// `--to-destination ADDR:PORT`.
-    pub to_destination: Option<String>,
-    pub comment: Option<String>,
+    pub(crate) to_destination: Option<String>,
+    pub(crate) comment: Option<String>,
     /// `--dst-type LOCAL`.
-    pub dst_local: bool,
+    pub(crate) dst_local: bool,
     /// The line as saved (`-A CHAIN ...`), to delete it by.
-    pub line: String,
+    pub(crate) line: String,
 }
 
 /// One table of `iptables-save` output: its chains (declared with `:`)
 /// and its rules in order.
 #[derive(Clone, Debug, Default)]
-pub struct Table {
-    pub chains: Vec<String>,
-    pub rules: Vec<Rule>,
+pub(crate) struct Table {
+    pub(crate) chains: Vec<String>,
+    pub(crate) rules: Vec<Rule>,
 }
 
 /// The tables of `iptables-save` text, by name (`nat`, `filter`, ...).
-pub fn parse_save(text: &str) -> Result<HashMap<String, Table>, String> {
+pub(crate) fn parse_save(text: &str) -> Result<HashMap<String, Table>, String> {
     let mut tables: HashMap<String, Table> = HashMap::new();
     let mut current: Option<String> = None;
     for (n, line) in text.lines().enumerate() {

@@ -9,8 +9,8 @@
 //! handover of traffic from outside to the programs). See docs/design.md.
 mod compare;
 pub mod iptables;
-pub mod nftables;
-pub mod pending;
+pub(crate) mod nftables;
+pub(crate) mod pending;
 mod read;
 mod remove;
 mod step;
@@ -22,22 +22,24 @@ use std::{
 };
 
 pub use compare::{Difference, compare};
-pub use read::{Rules, Tools, read_rules};
+pub(crate) use read::{Tools, read_rules};
 pub use remove::{KEEPER, Removed, keep_conntrack, keeper, remove_rules};
-pub use step::{Outcome, RETRY, Takeover, log as log_outcome};
+pub(crate) use step::{Outcome, RETRY, Takeover, log as log_outcome};
 
 use crate::model::Protocol;
 
 /// An IP family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
+    /// IPv4.
     V4,
+    /// IPv6.
     V6,
 }
 
 impl Family {
     #[must_use]
-    pub const fn of(addr: IpAddr) -> Self {
+    pub(crate) const fn of(addr: IpAddr) -> Self {
         match addr {
             IpAddr::V4(_) => Self::V4,
             IpAddr::V6(_) => Self::V6,
@@ -47,7 +49,7 @@ impl Family {
 
 /// Where a frontend of kube-proxy's rules is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Place {
+pub(crate) enum Place {
     /// One address: a ClusterIP, an externalIP, a LoadBalancer IP.
     Address(IpAddr),
     /// A nodePort: on the node's addresses of this family (kube-proxy's
@@ -59,9 +61,9 @@ pub enum Place {
 /// A frontend of kube-proxy's rules: where, port and protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RuleKey {
-    pub place: Place,
-    pub port: u16,
-    pub protocol: Protocol,
+    pub(crate) place: Place,
+    pub(crate) port: u16,
+    pub(crate) protocol: Protocol,
 }
 
 impl fmt::Display for RuleKey {
@@ -77,7 +79,7 @@ impl fmt::Display for RuleKey {
 
 /// What kind of frontend a rule serves, as far as the rules tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RuleKind {
+pub(crate) enum RuleKind {
     ClusterIp,
     NodePort,
     ExternalIp,
@@ -95,9 +97,10 @@ pub enum RuleKind {
 /// the node itself) and the local one together.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleFrontend {
-    pub kind: RuleKind,
+    pub(crate) kind: RuleKind,
     /// `namespace/name:port` when a comment or a chain name says it.
-    pub service: Option<String>,
+    pub(crate) service: Option<String>,
+    /// The backends kube-proxy's rules send to.
     pub backends: BTreeSet<SocketAddr>,
 }
 
@@ -134,13 +137,18 @@ fn protocol(text: &str) -> Result<Option<Protocol>, String> {
 
 /// Error reading or removing kube-proxy's rules.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs, reason = "each field is named in its variant's #[error] message")]
 pub enum Error {
+    /// A command cannot be started.
     #[error("running {command}: {source}; is it installed in the agent's image and on its PATH?")]
     Spawn { command: String, source: std::io::Error },
+    /// A command failed.
     #[error("{command} failed ({status}): {stderr}")]
     Failed { command: String, status: std::process::ExitStatus, stderr: String },
+    /// A command's output cannot be read.
     #[error("reading the output of {command}: {reason}")]
     Parse { command: String, reason: String },
+    /// Rules are still there after their removal.
     #[error("kube-proxy's rules still present after removing them: {left}")]
     Left { left: String },
 }

@@ -47,7 +47,12 @@ fn str_field<'a>(v: &'a Value, name: &str) -> Result<&'a str, String> {
 
 /// What the `kube-proxy` table of one family serves, and the frontends of
 /// a protocol ebpf-proxy does not serve (SCTP), described.
-pub fn frontends(json: &Value, family: Family, out: &mut RuleTable, unserved: &mut Vec<String>) -> Result<(), String> {
+pub(crate) fn frontends(
+    json: &Value,
+    family: Family,
+    out: &mut RuleTable,
+    unserved: &mut Vec<String>,
+) -> Result<(), String> {
     let t = table(json)?;
     let elements = |name| t.maps.get(name).copied().unwrap_or_default();
     for elem in elements("service-ips") {

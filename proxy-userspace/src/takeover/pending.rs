@@ -10,11 +10,11 @@ use anyhow::Context as _;
 use super::{Outcome, RETRY, Takeover, log_outcome};
 use crate::{
     datapath::{handover::OutsideHandover, loader::Datapath},
-    metrics::Metrics,
     model::ServiceTable,
+    observe::metrics::Metrics,
 };
 
-pub struct Pending {
+pub(crate) struct Pending {
     takeover: Takeover,
     /// When the handover of traffic from outside ends
     /// (`--outside-handover-seconds`; `None`: at the next start).
@@ -33,7 +33,7 @@ impl Pending {
     /// A takeover due (kube-proxy's rules are on the node): the programs
     /// were loaded deferring traffic from outside to them (`agent`,
     /// `takeover_due`), until the maps hold the whole table.
-    pub fn start(takeover: Takeover, ends_after: Option<Duration>, metrics: &Metrics) -> Self {
+    pub(crate) fn start(takeover: Takeover, ends_after: Option<Duration>, metrics: &Metrics) -> Self {
         metrics.takeover_differences.set(-1);
         tracing::info!("taking over from kube-proxy once the maps hold the whole table");
         Self { takeover, ends_after, maps_complete: false, handed_over: false, agreed: None, retry_at: None }
@@ -42,14 +42,14 @@ impl Pending {
     /// When the next attempt is due without a sync (`None`: not before a
     /// sync that writes everything).
     #[must_use]
-    pub fn retry_at(&self) -> Option<Instant> {
+    pub(crate) fn retry_at(&self) -> Option<Instant> {
         self.retry_at.filter(|_| self.maps_complete)
     }
 
     /// After a sync (`complete`: it wrote everything) or when the retry is
     /// due: one attempt against `desired` when the maps hold it. `Ok(true)`:
     /// done, the takeover is over.
-    pub fn attempt(
+    pub(crate) fn attempt(
         &mut self,
         complete: Option<bool>,
         desired: &ServiceTable,

@@ -10,21 +10,21 @@ use super::{Error, Family, RuleTable, iptables, nftables};
 
 /// One iptables backend of one family: its save and restore commands.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Iptables {
+pub(crate) struct Iptables {
     /// `iptables-nft`, `iptables-legacy`, `ip6tables-nft`, ... (or plain
     /// `iptables` when only that is installed).
-    pub name: String,
-    pub family: Family,
+    pub(crate) name: String,
+    pub(crate) family: Family,
 }
 
 impl Iptables {
     #[must_use]
-    pub fn save(&self) -> String {
+    pub(crate) fn save(&self) -> String {
         self.with_suffix("save")
     }
 
     #[must_use]
-    pub fn restore(&self) -> String {
+    pub(crate) fn restore(&self) -> String {
         self.with_suffix("restore")
     }
 
@@ -38,7 +38,7 @@ impl Iptables {
     /// does not exist would create it, adding legacy hooks to a node that
     /// has none.
     #[must_use]
-    pub fn has_table(&self, table: &str) -> bool {
+    pub(crate) fn has_table(&self, table: &str) -> bool {
         if !self.name.ends_with("-legacy") {
             return true;
         }
@@ -53,9 +53,9 @@ impl Iptables {
 /// The tools found on the PATH.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tools {
-    pub iptables: Vec<Iptables>,
+    pub(crate) iptables: Vec<Iptables>,
     /// `nft`, for kube-proxy's nftables mode.
-    pub nft: bool,
+    pub(crate) nft: bool,
 }
 
 impl Tools {
@@ -63,7 +63,7 @@ impl Tools {
     /// families where installed (plain `iptables-save` when neither is),
     /// and `nft`.
     #[must_use]
-    pub fn find() -> Self {
+    pub(crate) fn find() -> Self {
         let path = std::env::var_os("PATH").unwrap_or_default();
         let dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
         let found = |name: &str| dirs.iter().any(|d| is_file(&d.join(name)));
@@ -119,7 +119,7 @@ pub(super) fn run(command: &str, args: &[&str], input: Option<&str>) -> Result<S
 /// pkg/proxy/iptables CleanupLeftovers), besides the per-service chains
 /// of nat (`is_service_chain`).
 #[must_use]
-pub fn kube_proxy_chains(table: &str) -> &'static [&'static str] {
+pub(crate) fn kube_proxy_chains(table: &str) -> &'static [&'static str] {
     match table {
         "nat" => &["KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ", "KUBE-PROXY-CANARY"],
         "filter" => &[
@@ -137,7 +137,7 @@ pub fn kube_proxy_chains(table: &str) -> &'static [&'static str] {
 
 /// kube-proxy's per-service chains of the nat table.
 #[must_use]
-pub fn is_service_chain(name: &str) -> bool {
+pub(crate) fn is_service_chain(name: &str) -> bool {
     ["KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"].iter().any(|p| name.starts_with(p))
 }
 
@@ -167,17 +167,17 @@ pub(super) fn nft_tables_named(name: &str) -> Result<Vec<&'static str>, Error> {
 
 /// kube-proxy's rules as found in the kernel.
 #[derive(Clone, Debug, Default)]
-pub struct Rules {
-    pub table: RuleTable,
+pub(crate) struct Rules {
+    pub(crate) table: RuleTable,
     /// Frontends served with a protocol ebpf-proxy does not serve (SCTP).
-    pub unserved: Vec<String>,
+    pub(crate) unserved: Vec<String>,
     /// Where kube-proxy's rules were found (`iptables-nft IPv4`,
     /// `nft ip kube-proxy`, ...); empty: nowhere.
-    pub found: Vec<String>,
+    pub(crate) found: Vec<String>,
 }
 
 /// Reads kube-proxy's rules with `tools`, every backend and family.
-pub fn read_rules(tools: &Tools) -> Result<Rules, Error> {
+pub(crate) fn read_rules(tools: &Tools) -> Result<Rules, Error> {
     let mut rules = Rules::default();
     for ipt in &tools.iptables {
         let save = ipt.save();

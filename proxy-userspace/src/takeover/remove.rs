@@ -48,20 +48,20 @@ pub fn keeper(family: &str) -> String {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Removed {
     /// kube-proxy's iptables chains deleted (every backend and family).
-    pub chains: usize,
+    pub(crate) chains: usize,
     /// Rules of other chains (PREROUTING, OUTPUT, FORWARD, ...) that jumped
     /// to them, deleted.
-    pub jumps: usize,
+    pub(crate) jumps: usize,
     /// nftables tables deleted (`ip kube-proxy`, `ip6 kube-proxy`).
-    pub nft_tables: Vec<String>,
+    pub(crate) nft_tables: Vec<String>,
     /// Families `KEEPER` was added in (`ip`, `ip6`).
-    pub kept: Vec<&'static str>,
+    pub(crate) kept: Vec<&'static str>,
 }
 
 /// The `iptables-restore --noflush` input that removes kube-proxy's
 /// chains from `table` given its `iptables-save -t TABLE` text, and how
 /// many chains and jumps it removes (`None`: nothing of kube-proxy's).
-pub fn removal(table: &str, saved: &str) -> Result<Option<(String, usize, usize)>, String> {
+pub(crate) fn removal(table: &str, saved: &str) -> Result<Option<(String, usize, usize)>, String> {
     let tables = parse_save(saved)?;
     let Some(t) = tables.get(table) else { return Ok(None) };
     let names = kube_proxy_chains(table);

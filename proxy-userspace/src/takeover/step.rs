@@ -10,11 +10,11 @@ use super::{Difference, Error, Removed, Tools, compare, keep_conntrack, read_rul
 use crate::model::ServiceTable;
 
 /// How long a refused or failed takeover waits before it is tried again.
-pub const RETRY: Duration = Duration::from_secs(10);
+pub(crate) const RETRY: Duration = Duration::from_secs(10);
 
 /// How one attempt ended.
 #[derive(Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// No rule of kube-proxy's in any table (any more): nothing to take
     /// over; `kept`: the families whose conntrack keeper table was added.
     NothingFound { kept: Vec<&'static str> },
@@ -26,18 +26,18 @@ pub enum Outcome {
 
 /// The takeover: the tools it reads and removes with.
 #[derive(Debug, Clone)]
-pub struct Takeover {
+pub(crate) struct Takeover {
     tools: Tools,
 }
 
 impl Takeover {
     #[must_use]
-    pub const fn new(tools: Tools) -> Self {
+    pub(crate) const fn new(tools: Tools) -> Self {
         Self { tools }
     }
 
     /// Whether any rule of kube-proxy's is in place (in any table it uses).
-    pub fn rules_present(&self) -> Result<bool, Error> {
+    pub(crate) fn rules_present(&self) -> Result<bool, Error> {
         Ok(!read_rules(&self.tools)?.found.is_empty())
     }
 
@@ -46,7 +46,7 @@ impl Takeover {
     /// to the table and began to remove them (it failed part way): this one finishes the removal
     /// without comparing again (what is left no longer matches the table).
     /// Set here once the rules agree.
-    pub fn attempt(&self, desired: &ServiceTable, agreed: &mut Option<usize>) -> Result<Outcome, Error> {
+    pub(crate) fn attempt(&self, desired: &ServiceTable, agreed: &mut Option<usize>) -> Result<Outcome, Error> {
         if agreed.is_none() {
             let rules = read_rules(&self.tools)?;
             if rules.found.is_empty() {
@@ -72,7 +72,7 @@ impl Takeover {
 /// Logs how an attempt ended and returns the number of differences for
 /// the metric (-1: it failed). A difference is one warning each, then a
 /// summary.
-pub fn log(outcome: &Result<Outcome, Error>) -> i64 {
+pub(crate) fn log(outcome: &Result<Outcome, Error>) -> i64 {
     match outcome {
         Ok(Outcome::NothingFound { kept }) => {
             info!(

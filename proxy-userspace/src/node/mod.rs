@@ -1,0 +1,9 @@
+//! The node the agent runs on: the devices traffic arrives on, its local
+//! addresses (and which serve NodePorts), the pods' devices, the network
+//! namespaces of client addresses, and the bpffs and cgroup2 mounts.
+pub(crate) mod client_netns;
+pub(crate) mod devices;
+pub(crate) mod fs;
+pub(crate) mod local_addrs;
+pub mod nodeport_addresses;
+pub(crate) mod pod_devices;
