@@ -99,11 +99,19 @@ fn agent_json(topo: &Topology, args: &[&str]) -> serde_json::Value {
 }
 
 /// The paths `explain` gives for connections from pod (1, 1) to `web`.
+/// Other tests' pods running at the same time hold the same address in
+/// their own namespaces, which `explain` lists too: only this test's pod
+/// namespace (by name) counts.
 fn pod_paths(topo: &Topology) -> Vec<String> {
     let from = pod_ip(1, 1).to_string();
     let explained = agent_json(topo, &["explain", &format!("{WEB}:80"), "--from", &from, "-o", "json"]);
     let paths = explained["from"]["paths"].as_array().unwrap_or_else(|| panic!("no paths: {explained}"));
-    paths.iter().map(|p| p["path"].as_str().unwrap().to_owned()).collect()
+    let ours = topo.pod(1, 1).ns.name();
+    paths
+        .iter()
+        .filter(|p| std::path::Path::new(p["netns"].as_str().unwrap()).file_name().is_some_and(|n| n == ours))
+        .map(|p| p["path"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// Node 1's agent's /metrics (read in the node's namespace).
