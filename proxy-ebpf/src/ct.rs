@@ -143,7 +143,7 @@ pub fn leave_to_kernel(pkt: &Packet, rev_nat: u32) {
     let key = &pkt.ct_key(ct_dir::ORIGINAL);
     end_count(key);
     let entry = CtValue { rev_nat, flags: ct_flags::KERNEL, last_seen_ns: now_ns(), ..CtValue::default() };
-    ct_insert(key, &entry, false);
+    ct_insert(key, &entry);
 }
 
 /// The key of the other direction of the flow whose entry is `entry`.
@@ -216,7 +216,7 @@ pub fn create(pkt: &Packet, value: &mut CtValue) -> bool {
         }
         value.nat_port = port;
     }
-    let created = ct_insert(key, value, false);
+    let created = ct_insert(key, value);
     if created {
         count_flow(value.backend_id);
     }
@@ -244,7 +244,7 @@ fn reply_entry(pkt: &Packet, value: &CtValue) -> CtValue {
 /// answers the client directly, through this node).
 #[inline(never)]
 fn insert_reply(pkt: &Packet, value: &CtValue) -> bool {
-    ct_insert(&other_key(&pkt.ct_key(ct_dir::ORIGINAL), value), &reply_entry(pkt, value), false)
+    ct_insert(&other_key(&pkt.ct_key(ct_dir::ORIGINAL), value), &reply_entry(pkt, value))
 }
 
 /// Records, on the backend's node, a DSR flow to a backend here: its
@@ -273,7 +273,7 @@ pub fn record_dsr(pkt: &Packet, frontend: &Addr, rev_nat: u32, backend_id: u32) 
         pad: [0; 3],
         last_seen_ns: now_ns(),
     };
-    ct_insert(&key, &value, false)
+    ct_insert(&key, &value)
 }
 
 /// Scatters `x` over all 32 bits (lowbias32, a murmur3-style finalizer):
@@ -316,7 +316,7 @@ fn snat_port(pkt: &Packet, value: &CtValue) -> u16 {
         if ct_update(&key, |taken| holds_port(taken, pkt.proto, now)) == Some(true) {
             continue;
         }
-        if ct_insert(&key, reply, false) {
+        if ct_insert(&key, reply) {
             return port;
         }
     }

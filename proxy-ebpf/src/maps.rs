@@ -310,19 +310,9 @@ pub fn remember_affinity(key: &AffinityKey, value: &AffinityValue) {
     let _ = AFFINITY.insert(key, value, 0);
 }
 
-/// Runs `f` on the `CT` entry of `key` in place (to read it and refresh it
-/// without copying it to the stack); `None` when there is none.
-#[inline(always)]
-pub fn ct_update<R>(key: &CtKey, f: impl FnOnce(&mut CtValue) -> R) -> Option<R> {
-    let ptr = CT.get_ptr_mut(key)?;
-    // SAFETY: a pointer into the map's value, valid during this program;
-    // the reference does not outlive `f`, and concurrent writers (other
-    // CPUs) only store whole integers.
-    Some(f(unsafe { &mut *ptr }))
-}
-
-/// The `CT` entry of `key`, to read and refresh in place; `None` when
-/// there is none. It must not be kept past the program's run.
+/// The `CT` entry of `key`, to read and refresh in place (not copied to
+/// the stack); `None` when there is none. It must not be kept past the
+/// program's run.
 #[inline(always)]
 pub fn ct_entry(key: &CtKey) -> Option<&'static mut CtValue> {
     let ptr = CT.get_ptr_mut(key)?;
@@ -332,10 +322,17 @@ pub fn ct_entry(key: &CtKey) -> Option<&'static mut CtValue> {
     Some(unsafe { &mut *ptr })
 }
 
-/// Inserts a `CT` entry; `only_new` fails if the key exists (BPF_NOEXIST).
+/// Runs `f` on the `CT` entry of `key` in place (`ct_entry`); `None` when
+/// there is none.
 #[inline(always)]
-pub fn ct_insert(key: &CtKey, value: &CtValue, only_new: bool) -> bool {
-    CT.insert(key, value, u64::from(only_new)).is_ok()
+pub fn ct_update<R>(key: &CtKey, f: impl FnOnce(&mut CtValue) -> R) -> Option<R> {
+    ct_entry(key).map(f)
+}
+
+/// Inserts or replaces a `CT` entry.
+#[inline(always)]
+pub fn ct_insert(key: &CtKey, value: &CtValue) -> bool {
+    CT.insert(key, value, 0).is_ok()
 }
 
 /// Entry `index` of Maglev table `id`, whose tables have `size` entries.

@@ -496,7 +496,9 @@ fn traffic_from_outside_flows_while_the_agent_is_stopped_and_cleanup_detaches_th
         .unwrap()
         .filter_map(Result::ok)
         .filter(|e| {
-            e.file_name().to_string_lossy().starts_with("tc-") || e.file_name().to_string_lossy().starts_with("pod-")
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("tc-") || name.starts_with("pod-")
         })
         .filter_map(|e| ebpf_proxy::datapath::links::pinned_link_info(&e.path()).ok())
         .map(|info| info.program_id)
