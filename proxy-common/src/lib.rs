@@ -170,6 +170,13 @@ pub mod service_flags {
     /// asked: served as the default is (the socket programs pick at
     /// random, traffic from outside by the Maglev table).
     pub const MAGLEV: u16 = 1 << 9;
+    /// `nodeport-mode: snat`: traffic from outside to a backend on another
+    /// node goes by source NAT, whatever the node's `--nodeport-mode`.
+    pub const FORWARD_SNAT: u16 = 1 << 10;
+    /// `nodeport-mode: dsr`: traffic from outside to a backend on another
+    /// node goes by direct server return (TCP and UDP), whatever the
+    /// node's `--nodeport-mode`.
+    pub const FORWARD_DSR: u16 = 1 << 11;
 }
 
 /// `Backend.flags` bits.

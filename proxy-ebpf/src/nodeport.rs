@@ -192,9 +192,13 @@ fn netfilter_serves(pkt: &Packet, rev_nat: u32) -> bool {
 }
 
 /// Whether a new flow of protocol `protocol` to a backend on another node
-/// goes by direct server return (`--nodeport-mode`).
+/// goes by direct server return: the frontend's `nodeport-mode`
+/// annotation (`flags`), else the node's `--nodeport-mode`.
 #[inline(always)]
-fn wants_dsr(protocol: u8) -> bool {
+fn wants_dsr(protocol: u8, flags: u16) -> bool {
+    if flags & (service_flags::FORWARD_SNAT | service_flags::FORWARD_DSR) != 0 {
+        return flags & service_flags::FORWARD_DSR != 0;
+    }
     let mode = NODEPORT_MODE.load();
     mode == nodeport_mode::DSR || (mode == nodeport_mode::HYBRID && protocol == proto::TCP)
 }
@@ -453,7 +457,7 @@ fn new_flow<F: Frame>(
         match snat_address(ctx, pkt, flow) {
             Way::Routed => {
                 let routed_cluster_ip = frontend.flags & service_flags::EXTERNAL_KINDS == 0;
-                let dsr = !F::FROM_POD && !routed_cluster_ip && wants_dsr(pkt.proto);
+                let dsr = !F::FROM_POD && !routed_cluster_ip && wants_dsr(pkt.proto, frontend.flags);
                 flow.flags = if dsr { ct_flags::DSR } else { ct_flags::SNAT };
             }
             // An endpoint at one of this node's own addresses without
@@ -506,7 +510,7 @@ fn choose_backend<F: Frame>(pkt: &Packet, key: &ServiceKey, frontend: &ServiceVa
     if F::FROM_POD {
         // As the socket programs choose (`balance`), affinity first.
         pod::pick_backend(pkt, key, frontend)
-    } else if frontend.flags & service_flags::LEAST_CONNECTIONS != 0 && !wants_dsr(pkt.proto) {
+    } else if frontend.flags & service_flags::LEAST_CONNECTIONS != 0 && !wants_dsr(pkt.proto, frontend.flags) {
         // By load. Not with DSR: the backend's node accepts a DSR flow
         // only to the backend the frontend's Maglev table picks for it
         // (or one in its first slots, `dsr_backend`).

@@ -32,8 +32,9 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// 9: four backend ids to a `SERVICES` slots entry (`SLOTS_PER_ENTRY`).
 /// 10: a second set of `EXTERNAL_STATS` counters, for the pods' traffic
 /// translated per packet (`external_stat::POD_BASE`). 11: the
-/// `dsr_too_big` counter.
-pub const MAP_LAYOUT_VERSION: u32 = 11;
+/// `dsr_too_big` counter. 12: `service_flags::FORWARD_SNAT` and
+/// `FORWARD_DSR` (the `nodeport-mode` annotation).
+pub const MAP_LAYOUT_VERSION: u32 = 12;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.
 pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";

@@ -1167,6 +1167,51 @@ fn hybrid_mode_returns_tcp_directly_and_source_nats_udp() {
     assert!(one[2] >= 2 * count, "node 1 sent {} packets: the replies must pass it", one[2]);
 }
 
+/// `ebpf-proxy.io/nodeport-mode` overrides the node's `--nodeport-mode`
+/// per service, both ways: in `hybrid` (TCP by DSR, UDP by source NAT) a
+/// TCP service annotated `snat` is source-NATed and a UDP service annotated
+/// `dsr` goes by DSR (Cilium's `service.cilium.io/forwarding-mode`).
+#[test]
+fn the_nodeport_mode_annotation_overrides_the_node_s_mode_per_service() {
+    common::require_root!();
+    let mut topo = Topology::new(&[0, 1]);
+    topo.http_on(2, 1);
+    topo.udp_on(2, 1);
+    let annotated = |name: &str, mode: &str, ports: &[(&str, u16, u16, &str)]| {
+        service(name, "NodePort", ports, "", &[]).replacen(
+            "namespace: t}",
+            &format!("namespace: t, annotations: {{ebpf-proxy.io/nodeport-mode: {mode}}}}}"),
+            1,
+        )
+    };
+    topo.write_services(
+        &(annotated("web", "snat", &[("http", 80, 30080, "TCP")])
+            + &endpoints("web", ("http", 8080, "TCP"), &[(2, 1)])
+            + &annotated("dns", "dsr", &[("dns", 53, 30053, "UDP")])
+            + &endpoints("dns", ("dns", 5353, "UDP"), &[(2, 1)])),
+    );
+    for n in 1..=2 {
+        topo.start_agent_with(n, &["--nodeport-mode", "hybrid"]);
+    }
+    // TCP annotated snat: the backend sees node 1's address.
+    assert_eq!(topo.requests(&on_node(1, 30080), 3), vec!["pod-2-1"; 3]);
+    let peers: BTreeSet<IpAddr> = topo.http_server("pod-2-1").peers().iter().map(std::net::SocketAddr::ip).collect();
+    assert_eq!(peers, BTreeSet::from([IpAddr::V4(node_ip(1))]), "source NAT to node 1's address");
+    // UDP annotated dsr: every reply comes from the frontend, sent by node
+    // 2; node 1 sends each datagram on once and no reply (with source NAT
+    // it sends twice as many, as in hybrid_mode_returns_tcp_directly_...).
+    let one = eth0_counters(&topo, 1);
+    let count = 10u64;
+    for port in 22_100..22_100 + u16::try_from(count).unwrap() {
+        let (ok, lines) = topo.probe(&["udp-sendto", &node_ip(1).to_string(), "30053", "1", "0", &port.to_string()]);
+        assert!(ok, "{lines:?}");
+        assert_eq!(udp_replies(&lines), [("pod-2-1".to_owned(), on_node(1, 30053))], "{lines:?}");
+    }
+    let sent = eth0_since(&topo, 1, one)[2];
+    assert!(sent < count * 3 / 2, "node 1 sent {sent} packets: the replies passed it");
+    assert_eq!(external_counter(&topo, 2, "dsr_refused"), 0);
+}
+
 /// The node's own connections from a local port that is also a NodePort:
 /// their replies arrive at the node's address and that port, and must reach
 /// the node's socket, not a backend (kube-proxy's conntrack finds them in

@@ -374,6 +374,9 @@ fn text(e: &Explanation) -> String {
         let affinity = f.affinity_timeout.map_or_else(|| "none".to_owned(), |t| format!("ClientIP, {t}s"));
         let _ = writeln!(out, "  affinity       {affinity}");
         let _ = writeln!(out, "  lb algorithm   {}", f.lb_algorithm);
+        if let Some(forwarding) = f.forwarding {
+            let _ = writeln!(out, "  nodeport mode  {forwarding} (the service's annotation)");
+        }
         let reach = match (f.reach.contains(&"outside-only"), f.reach.contains(&"two-scopes"), f.maglev_table) {
             (true, _, _) => "traffic from outside only",
             (_, true, _) => "local clients; traffic from outside uses the external entry (this node's endpoints)",

@@ -2,8 +2,8 @@
 use std::net::IpAddr;
 
 use super::{
-    LB_ALGORITHM_ANNOTATION, LbAlgorithm, ObjectRef, Problem, Protocol,
-    input::{LbAnnotation, ServiceSpec, ServiceType},
+    Forwarding, LB_ALGORITHM_ANNOTATION, LbAlgorithm, NODEPORT_MODE_ANNOTATION, ObjectRef, Problem, Protocol,
+    input::{Annotation, ServiceSpec, ServiceType},
 };
 
 /// Why a service is not programmed at all (not an error).
@@ -70,6 +70,9 @@ pub(crate) struct ServiceFrontends {
     /// The `ebpf-proxy.io/lb-algorithm` annotation (`None`: unset, or a
     /// value it does not name, reported: the node's default).
     pub(crate) lb_algorithm: Option<LbAlgorithm>,
+    /// The `ebpf-proxy.io/nodeport-mode` annotation (`None`: unset, or a
+    /// value it does not name, reported: the node's `--nodeport-mode`).
+    pub(crate) forwarding: Option<Forwarding>,
 }
 
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds`.
@@ -143,7 +146,22 @@ pub(crate) fn service_frontends(
         ports.push(PortSpec { name, port: number, protocol, node_port });
     }
     let affinity_timeout = affinity_timeout(svc, &object, problems);
-    let lb_algorithm = lb_algorithm(svc, &object, problems);
+    let lb_algorithm = annotation(
+        svc.lb_algorithm,
+        LB_ALGORITHM_ANNOTATION,
+        &LbAlgorithm::ALL.map(LbAlgorithm::as_str),
+        "the node's --lb-algorithm",
+        &object,
+        problems,
+    );
+    let forwarding = annotation(
+        svc.nodeport_mode,
+        NODEPORT_MODE_ANNOTATION,
+        &Forwarding::ALL.map(Forwarding::as_str),
+        "the node's --nodeport-mode",
+        &object,
+        problems,
+    );
     let (lb_ips, external_ips) = external_addresses(svc, &object, problems);
     let is_load_balancer = svc.service_type == ServiceType::LoadBalancer;
     let source_ranges = if is_load_balancer { source_ranges(svc, &object, problems) } else { None };
@@ -161,21 +179,29 @@ pub(crate) fn service_frontends(
         source_ranges,
         health_check_node_port,
         lb_algorithm,
+        forwarding,
     })
 }
 
-/// The `ebpf-proxy.io/lb-algorithm` annotation; a value it does not name
-/// is reported (once, as every problem) and the node's default is used.
-fn lb_algorithm(svc: &ServiceSpec, object: &ObjectRef, problems: &mut Vec<Problem>) -> Option<LbAlgorithm> {
-    match svc.lb_algorithm {
-        LbAnnotation::Unset => None,
-        LbAnnotation::Set(algorithm) => Some(algorithm),
-        LbAnnotation::Unknown => {
-            let known: Vec<&str> = LbAlgorithm::ALL.iter().map(|a| a.as_str()).collect();
+/// One of ebpf-proxy's annotations (`name`); a value it does not name
+/// (`known` lists those it does) is reported (once, as every problem) and
+/// `fallback` is used.
+fn annotation<T>(
+    read: Annotation<T>,
+    name: &str,
+    known: &[&str],
+    fallback: &str,
+    object: &ObjectRef,
+    problems: &mut Vec<Problem>,
+) -> Option<T> {
+    match read {
+        Annotation::Unset => None,
+        Annotation::Set(value) => Some(value),
+        Annotation::Unknown => {
             problems.push(Problem::warning(
                 object,
-                format!("metadata.annotations[{LB_ALGORITHM_ANNOTATION}]"),
-                format!("names no algorithm (expected {}); the node's --lb-algorithm is used", known.join(", ")),
+                format!("metadata.annotations[{name}]"),
+                format!("names none of {}; {fallback} is used", known.join(", ")),
             ));
             None
         }

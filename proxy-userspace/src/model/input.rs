@@ -63,23 +63,36 @@ pub struct ServiceSpec {
     /// `spec.healthCheckNodePort` as written.
     pub(crate) health_check_node_port: Option<i32>,
     /// The `ebpf-proxy.io/lb-algorithm` annotation.
-    pub(crate) lb_algorithm: LbAnnotation,
+    pub(crate) lb_algorithm: Annotation<super::LbAlgorithm>,
+    /// The `ebpf-proxy.io/nodeport-mode` annotation.
+    pub(crate) nodeport_mode: Annotation<super::Forwarding>,
 }
 
-/// The `ebpf-proxy.io/lb-algorithm` annotation of a Service, as the
-/// conversion read it. Unlike the values above, a value it does not name
-/// is not kept as written: one byte in the padding of every stored Service
-/// instead of a string's 16 (a million services' worth at 100,000), for an
-/// annotation that is rarely set and, when wrong, reported without it.
+/// One of ebpf-proxy's own annotations of a Service (`lb-algorithm`,
+/// `nodeport-mode`), as the conversion read it. Unlike the values above,
+/// a value it does not name is not kept as written: one byte in the
+/// padding of every stored Service instead of a string's 16 (a million
+/// services' worth at 100,000), for annotations that are rarely set and,
+/// when wrong, reported without their value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum LbAnnotation {
+pub enum Annotation<T> {
     /// No annotation.
     #[default]
     Unset,
-    /// An annotation naming this algorithm.
-    Set(super::LbAlgorithm),
-    /// A value that names no algorithm.
+    /// An annotation naming this value.
+    Set(T),
+    /// A value that names none.
     Unknown,
+}
+
+impl<T> Annotation<T> {
+    /// The annotation's value as written (`None`: unset), read by `parse`.
+    pub(crate) fn read(value: Option<&str>, parse: impl Fn(&str) -> Option<T>) -> Self {
+        match value {
+            None => Self::Unset,
+            Some(value) => parse(value).map_or(Self::Unknown, Self::Set),
+        }
+    }
 }
 
 /// One `spec.ports[]` entry.

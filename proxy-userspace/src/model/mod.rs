@@ -19,7 +19,7 @@ use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 pub(crate) use frontends::SkipReason;
 pub use input::{
-    Address, AddressType, EndpointHints, EndpointSpec, IngressSpec, LbAnnotation, Placement, PlacementData,
+    Address, AddressType, Annotation, EndpointHints, EndpointSpec, IngressSpec, Placement, PlacementData,
     ServicePortSpec, ServiceSpec, ServiceType, SlicePortSpec, SliceSpec,
 };
 pub use problem::{DEFAULT_NAMESPACE, ObjectRef, Problem, Severity, UNNAMED};
@@ -192,6 +192,48 @@ impl fmt::Display for LbAlgorithm {
     }
 }
 
+/// How traffic from outside reaches a frontend's backend on another node:
+/// the annotation `ebpf-proxy.io/nodeport-mode`
+/// (`NODEPORT_MODE_ANNOTATION`), else the node's `--nodeport-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Forwarding {
+    /// Source NAT to the node's address: the replies come back through
+    /// this node.
+    Snat,
+    /// Direct server return: the client's address kept, the replies
+    /// straight from the backend's node (TCP and UDP alike).
+    Dsr,
+}
+
+/// The annotation that chooses a service's `Forwarding`.
+pub(crate) const NODEPORT_MODE_ANNOTATION: &str = "ebpf-proxy.io/nodeport-mode";
+
+impl Forwarding {
+    /// Every value, in the order messages list them.
+    pub(crate) const ALL: [Self; 2] = [Self::Snat, Self::Dsr];
+
+    /// The value as the annotation writes it.
+    #[must_use]
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Snat => "snat",
+            Self::Dsr => "dsr",
+        }
+    }
+
+    /// The mode a value names (exactly as written).
+    #[must_use]
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.as_str() == value)
+    }
+}
+
+impl fmt::Display for Forwarding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// How clients reach a frontend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FrontendKind {
@@ -328,6 +370,10 @@ pub struct Frontend {
     pub source_ranges: Option<Vec<ipnet::IpNet>>,
     /// How a new connection picks its backend.
     pub lb_algorithm: LbAlgorithm,
+    /// How traffic from outside reaches a backend on another node, when
+    /// the service's annotation says (`None`: the node's `--nodeport-mode`;
+    /// always `None` on a frontend only clients on the node reach).
+    pub forwarding: Option<Forwarding>,
 }
 
 impl Frontend {
@@ -342,6 +388,7 @@ impl Frontend {
             reach: Reach::LocalClients,
             source_ranges: None,
             lb_algorithm: LbAlgorithm::Random,
+            forwarding: None,
         }
     }
 }
@@ -375,6 +422,9 @@ pub fn render(table: &ServiceTable) -> String {
         }
         if frontend.lb_algorithm != LbAlgorithm::Random {
             let _ = write!(out, " lb={}", frontend.lb_algorithm);
+        }
+        if let Some(forwarding) = frontend.forwarding {
+            let _ = write!(out, " forward={forwarding}");
         }
         out.push_str(" ->");
         if frontend.backends.is_empty() {

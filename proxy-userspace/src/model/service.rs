@@ -116,6 +116,12 @@ pub(crate) fn translate_service(svc: &ServiceSpec, slices: &[&SliceSpec], node: 
                     .clone()
                     .filter(|_| from_outside && planned.kind != FrontendKind::ExternalIp),
                 lb_algorithm: svc_frontends.lb_algorithm.unwrap_or(node.lb_algorithm),
+                // Only traffic from outside to a NodePort, LoadBalancer IP
+                // or externalIP may go by DSR (a ClusterIP routed to the
+                // node is always source-NATed).
+                forwarding: svc_frontends
+                    .forwarding
+                    .filter(|_| from_outside && planned.kind != FrontendKind::ClusterIp),
             };
             if let Some(first) = claims.iter().find(|c| c.key == key) {
                 let served_by =

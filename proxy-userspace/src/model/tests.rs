@@ -337,6 +337,46 @@ fn source_ranges_restrict_traffic_from_outside_to_load_balancer_ips_and_node_por
     assert!(!tr.problems.iter().any(|p| p.field.contains("SourceRanges")), "{:?}", tr.problems);
 }
 
+/// `ebpf-proxy.io/nodeport-mode` marks the frontends traffic from outside
+/// reaches (NodePort, LoadBalancer IP, externalIP), never a ClusterIP nor
+/// the NodePort on 127.0.0.1 (only clients on the node reach those); a
+/// value it does not name is reported and leaves the node's mode.
+#[test]
+fn the_nodeport_mode_annotation_marks_the_frontends_reached_from_outside() {
+    let annotated = |value: &str| {
+        load_balancer("").replacen(
+            "metadata: {name: s, namespace: ns}",
+            &format!("metadata: {{name: s, namespace: ns, annotations: {{ebpf-proxy.io/nodeport-mode: {value}}}}}"),
+            1,
+        )
+    };
+    let tr = translate_on_node(&annotated("snat"));
+    let t = render(&tr.table);
+    for line in [
+        "192.168.1.10:30080/TCP ns/s:http NodePort forward=snat ->",
+        "203.0.113.50:80/TCP ns/s:http LoadBalancer forward=snat ->",
+        "192.168.1.10:80/TCP ns/s:http ExternalIP forward=snat ->",
+        "127.0.0.1:30080/TCP ns/s:http NodePort local-clients ->",
+        "10.96.0.1:80/TCP ns/s:http ->",
+    ] {
+        assert!(t.contains(line), "{line}\n{t}");
+    }
+    assert!(!tr.problems.iter().any(|p| p.field.contains("annotations")), "{:?}", tr.problems);
+    let t = render(&translate_on_node(&annotated("dsr")).table);
+    assert_eq!(t.matches("forward=dsr").count(), 4, "NodePort, LoadBalancer IP, two externalIPs\n{t}");
+
+    let tr = translate_on_node(&annotated("Direct"));
+    assert!(!render(&tr.table).contains("forward="));
+    let problems: Vec<String> =
+        tr.problems.iter().filter(|p| p.field.contains("annotations")).map(ToString::to_string).collect();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("metadata.annotations[ebpf-proxy.io/nodeport-mode]")
+            && problems[0].contains("snat, dsr; the node's --nodeport-mode is used"),
+        "{problems:?}"
+    );
+}
+
 #[test]
 fn invalid_source_ranges_fail_closed() {
     let tr = translate_on_node(&load_balancer("  loadBalancerSourceRanges: [nowhere]\n"));

@@ -22,7 +22,7 @@ use proxy_common::{
 };
 
 use crate::model::{
-    BackendState, Frontend, FrontendKey, FrontendKind, LbAlgorithm, Protocol, Reach, Scope, ServicePort,
+    BackendState, Forwarding, Frontend, FrontendKey, FrontendKind, LbAlgorithm, Protocol, Reach, Scope, ServicePort,
 };
 
 /// Bytes of a map the agent never writes.
@@ -37,6 +37,9 @@ pub enum DecodeError {
     /// Flags naming more than one algorithm.
     #[error("frontend flags {0:#06x} name more than one load-balancing algorithm")]
     Algorithm(u16),
+    /// Flags naming both forwarding modes.
+    #[error("frontend flags {0:#06x} name both source NAT and DSR")]
+    Forwarding(u16),
     /// Flags naming more than one kind.
     #[error("frontend flags {0:#06x} name more than one kind")]
     Kind(u16),
@@ -194,7 +197,9 @@ const KNOWN_FLAGS: u16 = service_flags::CLUSTER_IP
     | service_flags::EXTERNAL_ONLY
     | service_flags::SOURCE_RANGES
     | service_flags::LEAST_CONNECTIONS
-    | service_flags::MAGLEV;
+    | service_flags::MAGLEV
+    | service_flags::FORWARD_SNAT
+    | service_flags::FORWARD_DSR;
 
 /// Slot 0's `flags`, bit by bit.
 #[expect(clippy::struct_excessive_bools, reason = "each bool mirrors one independent flag bit of the map")]
@@ -211,6 +216,8 @@ pub(crate) struct FrontendFlags {
     pub(crate) source_ranges: bool,
     /// How a new connection picks its backend.
     pub(crate) algorithm: LbAlgorithm,
+    /// The service's `nodeport-mode` (`None`: the node's).
+    pub(crate) forwarding: Option<Forwarding>,
 }
 
 impl FrontendFlags {
@@ -226,6 +233,7 @@ impl FrontendFlags {
             two_scopes: all && twin_written,
             source_ranges: frontend.source_ranges.is_some(),
             algorithm: frontend.lb_algorithm,
+            forwarding: frontend.forwarding,
         }
     }
 
@@ -237,6 +245,7 @@ impl FrontendFlags {
             | bit(self.two_scopes, service_flags::TWO_SCOPES)
             | bit(self.source_ranges, service_flags::SOURCE_RANGES)
             | algorithm_flag(self.algorithm)
+            | forwarding_flag(self.forwarding)
     }
 
     /// The flags of `bits`: at most one kind bit, no unknown bit. The
@@ -266,7 +275,23 @@ impl FrontendFlags {
                 service_flags::MAGLEV => LbAlgorithm::Maglev,
                 _ => return Err(DecodeError::Algorithm(bits)),
             },
+            forwarding: match bits & (service_flags::FORWARD_SNAT | service_flags::FORWARD_DSR) {
+                0 => None,
+                service_flags::FORWARD_SNAT => Some(Forwarding::Snat),
+                service_flags::FORWARD_DSR => Some(Forwarding::Dsr),
+                _ => return Err(DecodeError::Forwarding(bits)),
+            },
         })
+    }
+}
+
+/// The forwarding bit of slot 0's flags (none: the node's mode).
+#[must_use]
+pub(crate) const fn forwarding_flag(forwarding: Option<Forwarding>) -> u16 {
+    match forwarding {
+        None => 0,
+        Some(Forwarding::Snat) => service_flags::FORWARD_SNAT,
+        Some(Forwarding::Dsr) => service_flags::FORWARD_DSR,
     }
 }
 

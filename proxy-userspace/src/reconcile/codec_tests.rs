@@ -9,7 +9,7 @@ use proxy_common::{
 };
 
 use super::*;
-use crate::model::{Backend, Frontend, FrontendKind, LbAlgorithm};
+use crate::model::{Backend, Forwarding, Frontend, FrontendKind, LbAlgorithm};
 
 const KINDS: [(FrontendKind, u16); 4] = [
     (FrontendKind::ClusterIp, service_flags::CLUSTER_IP),
@@ -65,8 +65,10 @@ fn numbers_the_agent_never_writes_are_errors() {
     assert_eq!(FrontendFlags::decode(0).map(|f| f.kind), Ok(FrontendKind::ClusterIp), "no kind");
     let two = service_flags::CLUSTER_IP | service_flags::NODE_PORT;
     assert_eq!(FrontendFlags::decode(two), Err(DecodeError::Kind(two)), "two kinds");
-    let unknown = service_flags::CLUSTER_IP | 1 << 10;
-    assert_eq!(FrontendFlags::decode(unknown), Err(DecodeError::FrontendFlags(1 << 10)));
+    let unknown = service_flags::CLUSTER_IP | 1 << 12;
+    assert_eq!(FrontendFlags::decode(unknown), Err(DecodeError::FrontendFlags(1 << 12)));
+    let both = service_flags::FORWARD_SNAT | service_flags::FORWARD_DSR;
+    assert_eq!(FrontendFlags::decode(both), Err(DecodeError::Forwarding(both)), "two forwarding modes");
     let both = service_flags::LEAST_CONNECTIONS | service_flags::MAGLEV;
     assert_eq!(FrontendFlags::decode(both), Err(DecodeError::Algorithm(both)), "two algorithms");
 }
@@ -84,24 +86,28 @@ fn every_flag_word_decodes_without_panic_and_known_ones_round_trip() {
         }
     }
     // Four kinds and no kind, times the four other bits each set or not,
-    // times three algorithms.
-    assert_eq!(decoded, 5 * 16 * 3);
+    // times three algorithms, times three forwarding modes (none, SNAT, DSR).
+    assert_eq!(decoded, 5 * 16 * 3 * 3);
 }
 
 #[test]
 fn every_frontend_flags_value_round_trips() {
     for (kind, _) in KINDS {
+        let forwardings = [None, Some(Forwarding::Snat), Some(Forwarding::Dsr)];
         for (bits, algorithm) in (0..16u8).flat_map(|b| LbAlgorithm::ALL.map(|a| (b, a))) {
-            let flags = FrontendFlags {
-                kind,
-                affinity: bits & 1 != 0,
-                outside_only: bits & 2 != 0,
-                two_scopes: bits & 4 != 0,
-                source_ranges: bits & 8 != 0,
-                algorithm,
-            };
-            assert_eq!(FrontendFlags::decode(flags.encode()), Ok(flags));
-            assert_eq!(says_two_scopes(flags.encode()), flags.two_scopes);
+            for forwarding in forwardings {
+                let flags = FrontendFlags {
+                    kind,
+                    affinity: bits & 1 != 0,
+                    outside_only: bits & 2 != 0,
+                    two_scopes: bits & 4 != 0,
+                    source_ranges: bits & 8 != 0,
+                    algorithm,
+                    forwarding,
+                };
+                assert_eq!(FrontendFlags::decode(flags.encode()), Ok(flags));
+                assert_eq!(says_two_scopes(flags.encode()), flags.two_scopes);
+            }
         }
     }
 }
@@ -125,6 +131,7 @@ fn only_scope_all_entries_say_outside_only_or_two_scopes() {
             two_scopes: true,
             source_ranges: true,
             algorithm: LbAlgorithm::Random,
+            forwarding: None,
         }
     );
     let external = FrontendFlags::of(key.with_scope(Scope::External), &frontend, true);

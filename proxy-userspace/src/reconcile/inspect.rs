@@ -54,6 +54,10 @@ pub struct FrontendView {
     /// How a new connection picks its backend (`random`,
     /// `least-connections`, `maglev`; `unknown` with unknown flags).
     pub(crate) lb_algorithm: &'static str,
+    /// The service's `nodeport-mode` annotation (`snat`, `dsr`); absent
+    /// when the node's `--nodeport-mode` applies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) forwarding: Option<&'static str>,
     /// Its backends, in slot order.
     pub backends: Vec<BackendView>,
 }
@@ -207,6 +211,7 @@ pub fn frontends(dump: &Dump) -> Vec<FrontendView> {
                 }),
                 maglev_table: (slot_zero.maglev != 0).then_some(slot_zero.maglev),
                 lb_algorithm: flags.map_or("unknown", |f| f.algorithm.as_str()),
+                forwarding: flags.and_then(|f| f.forwarding).map(crate::model::Forwarding::as_str),
                 backends,
             }
         })
@@ -246,6 +251,9 @@ pub fn table(frontends: &[FrontendView]) -> String {
             }
             if f.lb_algorithm != "random" {
                 let _ = write!(kind, " lb={}", f.lb_algorithm);
+            }
+            if let Some(forwarding) = f.forwarding {
+                let _ = write!(kind, " forward={forwarding}");
             }
             let backends: Vec<String> = f
                 .backends

@@ -13,8 +13,9 @@ use k8s_openapi::{
 
 use super::stored_slice::SliceId;
 use crate::model::{
-    Address, AddressType, DEFAULT_NAMESPACE, EndpointHints, EndpointSpec, IngressSpec, LB_ALGORITHM_ANNOTATION,
-    LbAlgorithm, LbAnnotation, ServiceId, ServicePortSpec, ServiceSpec, ServiceType, SlicePortSpec, SliceSpec, UNNAMED,
+    Address, AddressType, Annotation, DEFAULT_NAMESPACE, EndpointHints, EndpointSpec, Forwarding, IngressSpec,
+    LB_ALGORITHM_ANNOTATION, LbAlgorithm, NODEPORT_MODE_ANNOTATION, ServiceId, ServicePortSpec, ServiceSpec,
+    ServiceType, SlicePortSpec, SliceSpec, UNNAMED,
 };
 
 /// Label naming the service a slice belongs to.
@@ -68,10 +69,9 @@ impl From<&Service> for ServiceSpec {
             out.source_ranges = boxed(spec.load_balancer_source_ranges.as_deref());
             out.health_check_node_port = spec.health_check_node_port;
         }
-        out.lb_algorithm = match meta.annotations.as_ref().and_then(|a| a.get(LB_ALGORITHM_ANNOTATION)) {
-            None => LbAnnotation::Unset,
-            Some(value) => LbAlgorithm::parse(value).map_or(LbAnnotation::Unknown, LbAnnotation::Set),
-        };
+        let annotation = |name| meta.annotations.as_ref().and_then(|a| a.get(name)).map(String::as_str);
+        out.lb_algorithm = Annotation::read(annotation(LB_ALGORITHM_ANNOTATION), LbAlgorithm::parse);
+        out.nodeport_mode = Annotation::read(annotation(NODEPORT_MODE_ANNOTATION), Forwarding::parse);
         let ingress = svc.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
         out.lb_ingress = ingress
             .into_iter()
@@ -162,17 +162,33 @@ mod tests {
     #[test]
     fn the_lb_algorithm_annotation_is_read_exactly_as_written() {
         for (written, read) in [
-            (None, LbAnnotation::Unset),
-            (Some("random"), LbAnnotation::Set(LbAlgorithm::Random)),
-            (Some("least-connections"), LbAnnotation::Set(LbAlgorithm::LeastConnections)),
-            (Some("maglev"), LbAnnotation::Set(LbAlgorithm::Maglev)),
-            (Some("Least-Connections"), LbAnnotation::Unknown),
-            (Some(""), LbAnnotation::Unknown),
+            (None, Annotation::Unset),
+            (Some("random"), Annotation::Set(LbAlgorithm::Random)),
+            (Some("least-connections"), Annotation::Set(LbAlgorithm::LeastConnections)),
+            (Some("maglev"), Annotation::Set(LbAlgorithm::Maglev)),
+            (Some("Least-Connections"), Annotation::Unknown),
+            (Some(""), Annotation::Unknown),
         ] {
             let mut svc = Service::default();
             svc.metadata.annotations =
                 written.map(|v| [(LB_ALGORITHM_ANNOTATION.to_owned(), v.to_owned())].into_iter().collect());
             assert_eq!(ServiceSpec::from(&svc).lb_algorithm, read, "{written:?}");
+        }
+    }
+
+    #[test]
+    fn the_nodeport_mode_annotation_is_read_exactly_as_written() {
+        for (written, read) in [
+            (None, Annotation::Unset),
+            (Some("snat"), Annotation::Set(Forwarding::Snat)),
+            (Some("dsr"), Annotation::Set(Forwarding::Dsr)),
+            (Some("DSR"), Annotation::Unknown),
+            (Some("hybrid"), Annotation::Unknown),
+        ] {
+            let mut svc = Service::default();
+            svc.metadata.annotations =
+                written.map(|v| [(NODEPORT_MODE_ANNOTATION.to_owned(), v.to_owned())].into_iter().collect());
+            assert_eq!(ServiceSpec::from(&svc).nodeport_mode, read, "{written:?}");
         }
     }
 

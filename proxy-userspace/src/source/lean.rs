@@ -63,9 +63,17 @@ impl From<Meta> for ObjectMeta {
     }
 }
 
-/// The annotations, of which only the trigger time (a slice's) and the
-/// lb-algorithm (a service's) are kept: the others (kubectl's last-applied
-/// configuration among them) are skipped unread.
+/// Whether an annotation is one the proxy reads: the trigger time (a
+/// slice's), ebpf-proxy's own (a service's). The others (kubectl's
+/// last-applied configuration among them) are not kept.
+pub(super) fn is_kept_annotation(key: &str) -> bool {
+    key == TRIGGER_TIME_ANNOTATION
+        || key == crate::model::LB_ALGORITHM_ANNOTATION
+        || key == crate::model::NODEPORT_MODE_ANNOTATION
+}
+
+/// The annotations `is_kept_annotation` keeps; the others are skipped
+/// unread.
 fn kept_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<String, String>>, D::Error> {
     struct Visitor;
     impl<'de> serde::de::Visitor<'de> for Visitor {
@@ -79,7 +87,7 @@ fn kept_annotations<'de, D: Deserializer<'de>>(d: D) -> Result<Option<BTreeMap<S
         fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut kept = None;
             while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                if key == TRIGGER_TIME_ANNOTATION || key == crate::model::LB_ALGORITHM_ANNOTATION {
+                if is_kept_annotation(&key) {
                     let value = map.next_value::<String>()?;
                     kept.get_or_insert_with(BTreeMap::new).insert(key.into_owned(), value);
                 } else {
@@ -302,16 +310,17 @@ mod tests {
         assert_eq!(svc.0.spec, None);
     }
 
-    /// A Service's lb-algorithm annotation is kept, its others are not.
+    /// A Service's own annotations are kept, its others are not.
     #[test]
-    fn a_services_lb_algorithm_annotation_is_kept() {
+    fn a_services_own_annotations_are_kept() {
         let svc: LeanService = serde_json::from_str(
             r#"{"metadata":{"name":"a","annotations":{"kubectl.kubernetes.io/last-applied-configuration":"{}",
-                "ebpf-proxy.io/lb-algorithm":"least-connections"}}}"#,
+                "ebpf-proxy.io/lb-algorithm":"least-connections","ebpf-proxy.io/nodeport-mode":"snat"}}}"#,
         )
         .unwrap();
         let kept = svc.0.metadata.annotations.unwrap();
-        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(kept.len(), 2, "{kept:?}");
         assert_eq!(kept[crate::model::LB_ALGORITHM_ANNOTATION], "least-connections");
+        assert_eq!(kept[crate::model::NODEPORT_MODE_ANNOTATION], "snat");
     }
 }

@@ -33,10 +33,7 @@ use k8s_openapi::{
 };
 use prost::Message;
 
-use super::{
-    lean::{LeanService, LeanSlice},
-    stored_slice::TRIGGER_TIME_ANNOTATION,
-};
+use super::lean::{LeanService, LeanSlice};
 
 /// The protobuf media type, as `Accept` asks for it and `Content-Type`
 /// names it (a watch adds `;stream=watch`).
@@ -90,17 +87,17 @@ struct Meta {
     annotations: BTreeMap<String, String>,
 }
 
-/// The metadata as `super::lean` keeps it: of the annotations only the
-/// trigger time.
+/// The metadata as `super::lean` keeps it: of the annotations only those
+/// the proxy reads.
 fn object_meta(meta: Option<Meta>) -> ObjectMeta {
     let Some(mut m) = meta else { return ObjectMeta::default() };
-    let trigger = m.annotations.remove_entry(TRIGGER_TIME_ANNOTATION);
+    m.annotations.retain(|key, _| super::lean::is_kept_annotation(key));
     ObjectMeta {
         name: set(m.name),
         namespace: set(m.namespace),
         resource_version: set(m.resource_version),
         labels: (!m.labels.is_empty()).then_some(m.labels),
-        annotations: trigger.map(|(k, v)| BTreeMap::from([(k, v)])),
+        annotations: (!m.annotations.is_empty()).then_some(m.annotations),
         ..ObjectMeta::default()
     }
 }
@@ -667,6 +664,32 @@ mod tests {
             .collect();
         assert!(kinds.iter().any(|k| k == "MODIFIED web"), "{kinds:?}");
         assert!(kinds.iter().any(|k| k == "DELETED web-np"), "{kinds:?}");
+    }
+
+    /// ebpf-proxy's own annotations reach the model by protobuf as by
+    /// JSON (`lean::is_kept_annotation`); the others are dropped.
+    #[test]
+    fn a_services_own_annotations_are_kept() {
+        use crate::model::{Annotation, Forwarding, LB_ALGORITHM_ANNOTATION, LbAlgorithm, NODEPORT_MODE_ANNOTATION};
+        let annotations = [
+            (LB_ALGORITHM_ANNOTATION, "least-connections"),
+            (NODEPORT_MODE_ANNOTATION, "dsr"),
+            ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
+        ];
+        let svc = Service {
+            metadata: Some(Meta {
+                name: Some("web".into()),
+                annotations: annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+                ..Meta::default()
+            }),
+            spec: None,
+            status: None,
+        };
+        let lean = LeanService::from_protobuf(&svc.encode_to_vec()).unwrap();
+        assert_eq!(lean.0.metadata.annotations.as_ref().map(std::collections::BTreeMap::len), Some(2));
+        let model = ModelService::from(&*lean.0);
+        assert_eq!(model.lb_algorithm, Annotation::Set(LbAlgorithm::LeastConnections));
+        assert_eq!(model.nodeport_mode, Annotation::Set(Forwarding::Dsr));
     }
 
     #[test]
