@@ -277,13 +277,15 @@ impl Pipeline {
 
     /// Moves to other maps (a set of other sizes, see `reconcile::sizing`):
     /// `reconciler` was recovered from them, and the whole table is
-    /// written there now. The caller swaps the programs over afterwards.
-    pub(crate) fn move_to(&mut self, reconciler: Reconciler, maps: &mut impl ServiceMaps) -> Report {
-        self.write_through(reconciler);
+    /// written there now. The caller swaps the programs over afterwards,
+    /// with the reconciler of the old maps returned here: it names the ids
+    /// the flows in the old `CT` hold (`reconcile::remap`).
+    pub(crate) fn move_to(&mut self, reconciler: Reconciler, maps: &mut impl ServiceMaps) -> (Report, Reconciler) {
+        let old = std::mem::replace(&mut self.reconciler, reconciler);
         let started = Instant::now();
         let report = self.reconciler.sync(maps, self.model.table(), None);
         self.written(&report, Duration::ZERO, started.elapsed(), false);
-        report
+        (report, old)
     }
 
     /// After every write of the maps: logs the report, counts its failures

@@ -975,6 +975,75 @@ fn finish(mut probe: common::topology::ChildGuard) -> (bool, Vec<String>) {
     (status.success(), out.lines().map(str::to_owned).collect())
 }
 
+/// A move to bigger maps (`agent::resize`) under traffic from outside fails
+/// no flow: the flows in `CT` are carried into the new maps under the new
+/// set's ids (`reconcile::remap`). Without that, a DSR connection's replies
+/// leave the backend's node untranslated (its reply entry is made by the
+/// SYN alone) and a source-NATed one takes a new NAT port mid-connection;
+/// either is reset. kube-proxy's conntrack never moves, so its flows never
+/// see such a step.
+#[test]
+fn a_move_to_bigger_maps_fails_no_flow_from_outside() {
+    common::require_root!();
+    let mut topo = Topology::new(&[0, 1]);
+    topo.tcp_echo_on(2, 1, 9000);
+    let base = service("dsr", "NodePort", &[("echo", 80, 30080, "TCP")], "", &[])
+        + &endpoints("dsr", ("echo", 9000, "TCP"), &[(2, 1)])
+        + &service("snat", "NodePort", &[("echo", 80, 30081, "TCP")], "", &[]).replacen(
+            "namespace: t}",
+            "namespace: t, annotations: {ebpf-proxy.io/nodeport-mode: snat}}",
+            1,
+        )
+        + &endpoints("snat", ("echo", 9000, "TCP"), &[(2, 1)]);
+    topo.write_services(&base);
+    for n in 1..=2 {
+        topo.start_agent_with(n, &["--nodeport-mode", "dsr"]);
+    }
+    let node1 = node_ip(1).to_string();
+    // 100 exchanges 0.1 s apart on each connection, the move in between.
+    let mut dsr = probe_in_background(&topo, &["tcp-hold", &node1, "30080", "100", "0.1"]);
+    let mut snat = probe_in_background(&topo, &["tcp-hold", &node1, "30081", "100", "0.1"]);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // 2,100 one-port ClusterIP services more: past the 4,096 entries the
+    // smallest maps hold (a slot 0 and a slots entry each), on both nodes.
+    let mut more = base;
+    for i in 0..2100u16 {
+        let ip = std::net::Ipv4Addr::new(10, 97, u8::try_from(i / 250).unwrap(), u8::try_from(i % 250 + 1).unwrap());
+        write!(
+            more,
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: more-{i}, namespace: t}}\nspec: {{clusterIP: {ip}, ports: [{{name: echo, port: 80}}]}}\n"
+        )
+        .unwrap();
+        more += &endpoints(&format!("more-{i}"), ("echo", 9000, "TCP"), &[(2, 1)]);
+    }
+    let marks: Vec<usize> = [1, 2].iter().map(|n| topo.agents[*n - 1].as_ref().unwrap().mark()).collect();
+    topo.write_services(&more);
+    for (n, mark) in [1, 2].into_iter().zip(marks) {
+        let agent = topo.agents[n - 1].as_ref().unwrap();
+        let carried = |when: &'static str| {
+            agent
+                .wait_for(mark, std::time::Duration::from_mins(1), |r| {
+                    proxy_testkit::message(r) == Some("flows carried into the new maps")
+                        && proxy_testkit::field(r, "when").and_then(serde_json::Value::as_str) == Some(when)
+                })
+                .unwrap_or_else(|e| panic!("node {n}'s agent moved to bigger maps: {e}"))
+        };
+        // Node 1 holds both flows (DSR's and the source NAT's two ways),
+        // node 2 the DSR flow's reply entry.
+        let before = carried("before the swap");
+        let count = proxy_testkit::field(&before, "carried").and_then(serde_json::Value::as_u64).unwrap_or(0);
+        assert!(count >= 1, "node {n} carried no flow: {before}");
+        carried("after the swap");
+    }
+    for probe in [&mut dsr, &mut snat] {
+        assert!(probe.0.try_wait().unwrap().is_none(), "the connections must outlast the move");
+    }
+    for (name, probe) in [("DSR", dsr), ("source NAT", snat)] {
+        let (ok, lines) = finish(probe);
+        assert!(ok && lines.len() == 100, "the {name} connection through the move: {lines:?}");
+    }
+}
+
 /// Live takeover from a running kube-proxy, the datapath side
 /// (`--outside-handover`, docs/design.md "Taking over from kube-proxy"):
 /// a TCP connection and a UDP flow set up by kube-proxy's DNAT on node 1

@@ -11,7 +11,7 @@
 //! start with a big cluster writes once, into maps that hold it, instead of
 //! filling small maps, having writes refused and moving on.
 use proxy_common::map_names;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     datapath::loader::{Datapath, LoadOptions},
@@ -19,6 +19,7 @@ use crate::{
     reconcile::{
         Reconciler, Report,
         failures::summarise,
+        remap::IdRemap,
         sizing::{self, Full, Sizes},
     },
 };
@@ -63,9 +64,15 @@ pub(crate) fn after_sync(
     moved.start_loading_programs()?;
     let (mut reconciler, _) = Reconciler::recover(&mut moved.maps)?;
     reconciler.reserve_backends(demand.backends);
-    let written = pipeline.move_to(reconciler, &mut moved.maps);
+    let (written, old) = pipeline.move_to(reconciler, &mut moved.maps);
     if attached {
+        // The flows in the old `CT` name the old set's ids: carried with
+        // the new ones before the programs swap over, and again after it
+        // for the flows the old programs opened meanwhile.
+        let remap = IdRemap::new(&old, pipeline.reconciler());
+        carry_flows(datapath, &mut moved, &remap, "before the swap");
         moved.attach()?;
+        carry_flows(datapath, &mut moved, &remap, "after the swap");
         // The new maps come with a `CT` of their own (`loader::Sessions`):
         // flows netfilter translated (a takeover from kube-proxy) are
         // marked again from conntrack.
@@ -82,6 +89,16 @@ pub(crate) fn after_sync(
         "moved to the new maps"
     );
     Ok(Some(written))
+}
+
+/// Carries the flows of `from`'s `CT` into `to`'s (`SessionMaps::carry_flows`)
+/// with the ids `remap` gives them; a failure costs only the flows, so it
+/// is a warning.
+fn carry_flows(from: &Datapath, to: &mut Datapath, remap: &IdRemap<'_>, when: &str) {
+    match to.sessions.carry_flows(&from.sessions, |v| remap.flow(v)) {
+        Ok((carried, left)) => info!(carried, left_behind = left, when, "flows carried into the new maps"),
+        Err(err) => warn!(%err, when, "cannot carry the flows into the new maps; flows from outside may break"),
+    }
 }
 
 /// The sizes to move to before the first write, when the maps of

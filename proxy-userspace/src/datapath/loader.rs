@@ -839,8 +839,8 @@ pub(crate) enum Sessions {
     /// connected UDP socket's service address and port, which names no
     /// id): the new set hands out frontend and backend ids of its own,
     /// and `AFFINITY`, `SOCK_BACKEND` and `CT` hold the old set's ids, so
-    /// they are made anew (a flow from outside keeps its backend through
-    /// Maglev, not `CT`).
+    /// they are made anew (`CT`'s flows are then copied over with the new
+    /// ids: `agent::resize`, `reconcile::remap`).
     Live(PathBuf),
 }
 

@@ -101,6 +101,43 @@ impl SessionMaps {
         Ok(marked)
     }
 
+    /// Every flow in `CT`.
+    pub(crate) fn flows(&self) -> Result<Vec<(CtKey, CtValue)>, MapError> {
+        let io = |e: std::io::Error| MapError::Session {
+            map: "CT",
+            source: AyaMapError::SyscallError(aya::sys::SyscallError { call: "bpf_map_lookup_batch", io_error: e }),
+        };
+        match super::sys::read_hash_map::<CtKey, CtValue>(self.ct_fd(), 1024).map_err(io)? {
+            Some(flows) => Ok(flows),
+            None => Ok(self.ct.iter().filter_map(Result::ok).collect()),
+        }
+    }
+
+    /// Carries the flows of `from` (another set's `CT`) into this one,
+    /// each with the ids `remap` gives it; a flow this `CT` holds already
+    /// keeps its entry, and one `remap` refuses (its frontend or backend is
+    /// gone) is left behind. Returns how many were carried and left.
+    pub(crate) fn carry_flows(
+        &mut self,
+        from: &Self,
+        remap: impl Fn(CtValue) -> Option<CtValue>,
+    ) -> Result<(usize, usize), MapError> {
+        let (mut carried, mut left) = (0, 0);
+        for (key, value) in from.flows()? {
+            let Some(value) = remap(value) else {
+                left += 1;
+                continue;
+            };
+            // BPF_NOEXIST: a flow the new programs saw first keeps its entry.
+            match self.ct.insert(key, value, BPF_NOEXIST) {
+                Ok(()) => carried += 1,
+                Err(AyaMapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(source) => return Err(MapError::Session { map: "CT", source }),
+            }
+        }
+        Ok((carried, left))
+    }
+
     /// Deletes memos whose backend no longer serves their frontend; returns
     /// how many. `live` answers per memo, so a sync at 10,000 services pays
     /// for the memos there are, not for the whole table.

@@ -36,6 +36,7 @@ pub mod maglev;
 mod maglev_tables;
 mod map_error;
 pub(crate) mod maps;
+pub(crate) mod remap;
 pub mod sizing;
 
 #[cfg(test)]
@@ -587,7 +588,6 @@ impl Reconciler {
     }
 
     /// The rev-NAT id of frontend `key`, once it has one.
-    #[cfg(test)]
     #[must_use]
     pub(crate) fn frontend_id(&self, key: &FrontendKey) -> Option<RevNatId> {
         self.frontends.get(key).map(|f| f.rev_nat).filter(|id| *id != 0)
