@@ -397,6 +397,10 @@ pub struct Datapath {
     /// Made by this start (none found pinned) or onto such a set's unused
     /// session maps, and never attached: its session maps hold nothing.
     unused: bool,
+    /// The TC programs translate packets to ClusterIPs too: the pods'
+    /// (`--socket-lb host-namespace`) or those routed to the node
+    /// (`--cluster-cidr`).
+    cluster_ips_per_packet: bool,
 }
 
 /// What `attach_devices` did on one device.
@@ -490,6 +494,7 @@ impl Datapath {
             sizes,
             maglev_size: opts.maglev_size,
             unused: matches!(carry, Sessions::Unused(_)),
+            cluster_ips_per_packet: opts.socket_lb == SocketLb::HostNamespace || !opts.cluster_cidrs.is_empty(),
         })
     }
 
@@ -518,12 +523,28 @@ impl Datapath {
     /// they sent nothing while the programs deferred. Call it once the TC
     /// programs are attached in `Defer`, before `Handover`: a flow that
     /// starts after the dump is seen by the programs, one before it is in
-    /// the dump. Returns how many flows were marked (those the programs
-    /// already saw keep their entry).
+    /// the dump. Only flows the programs would see are marked: those to a
+    /// NodePort, LoadBalancer IP or externalIP, and to a ClusterIP when
+    /// the programs translate ClusterIPs per packet; the node's other
+    /// DNATed flows (a busy node's pods to ClusterIPs, translated at the
+    /// socket from now on) would only take `CT` entries from live flows.
+    /// Returns how many flows were marked (those the programs already saw
+    /// keep their entry).
     pub(crate) fn mark_netfilter_flows(&mut self) -> Result<usize, MarkFlowsError> {
-        let flows = super::netfilter_flows::dump()?;
+        let mut flows = super::netfilter_flows::dump()?;
+        let dnat_flows = flows.len();
+        flows.retain(|f| {
+            self.maps.frontend_flags(f.dst, f.dport, f.proto).is_some_and(|flags| {
+                flags & proxy_common::service_flags::EXTERNAL_KINDS != 0 || self.cluster_ips_per_packet
+            })
+        });
         let marked = self.sessions.mark_netfilter_flows(&flows, super::handover::monotonic_ns())?;
-        tracing::info!(dnat_flows = flows.len(), marked, "netfilter's flows marked for the handover");
+        tracing::info!(
+            dnat_flows,
+            to_frontends_seen = flows.len(),
+            marked,
+            "netfilter's flows marked for the handover"
+        );
         Ok(marked)
     }
 

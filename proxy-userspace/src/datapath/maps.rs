@@ -126,6 +126,14 @@ impl KernelMaps {
         self.backends_fd.try_clone().map_err(|source| MapError::Syscall { map: MapName::Backends, op: "dup", source })
     }
 
+    /// Slot 0's flags of the frontend at `addr`:`port` (host order) of IP
+    /// protocol `proto`, scope `All` (`None`: no such frontend).
+    #[must_use]
+    pub(crate) fn frontend_flags(&self, addr: std::net::IpAddr, port: u16, proto: u8) -> Option<u16> {
+        let key = ServiceKey::new(proxy_common::net::encode(addr), port.to_be(), proto, 0);
+        self.services.get(&key, 0).ok().map(|v| v.flags)
+    }
+
     /// What `BACKENDS` holds at `id` (`None`: empty or past the array).
     #[must_use]
     pub(crate) fn backend_value(&self, id: u32) -> Option<BackendValue> {
