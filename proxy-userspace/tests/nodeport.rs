@@ -1049,6 +1049,50 @@ fn a_move_to_bigger_maps_fails_no_flow_from_outside() {
     }
 }
 
+/// An east-west flow kube-proxy translated: node 1's own connection to
+/// web's ClusterIP (its OUTPUT chain's DNAT, in namespace `ns`), which the
+/// TC programs never see, so a takeover must not spend a `CT` entry on it.
+fn east_west_flow(topo: &Topology, ns: &str) -> common::topology::ChildGuard {
+    let web_ip = cluster_ip("web").to_string();
+    let east_west_rule = ["-p", "tcp", "-d", &web_ip, "--dport", "80", "-j", "DNAT", "--to-destination"];
+    let backend = format!("{}:9000", common::topology::pod_ip(2, 1));
+    let nat = ["netns", "exec", ns, "iptables", "-w", "-t", "nat", "-A", "OUTPUT"];
+    proxy_testkit::sh("ip", &[&nat[..], &east_west_rule[..], &[backend.as_str()]].concat()).unwrap();
+    // A route to the ClusterIP for the socket to connect at all (the DNAT
+    // then sends it to the backend), as a node's default route gives one.
+    let via = node_ip(2).to_string();
+    proxy_testkit::sh("ip", &["-n", ns, "route", "add", &format!("{web_ip}/32"), "via", &via]).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+    common::topology::ChildGuard(
+        proxy_testkit::spawn_in(&topo.node(1).ns, None, "/usr/bin/python3")
+            .unwrap()
+            .arg(&script)
+            .args(["tcp-hold", &web_ip, "80", "60", "0.2"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Node 1's agent marked netfilter's flows, `east_west_flow`'s left out.
+fn assert_east_west_flow_not_marked(topo: &Topology) {
+    let agent = topo.agents[0].as_ref().unwrap();
+    let marked = agent
+        .wait_for(0, std::time::Duration::from_secs(10), |r| {
+            proxy_testkit::message(r) == Some("netfilter's flows marked for the handover")
+        })
+        .expect("the agent marks netfilter's flows");
+    let field = |name| proxy_testkit::field(&marked, name).and_then(serde_json::Value::as_u64).unwrap();
+    assert_eq!(field("dnat_flows") - field("to_frontends_seen"), 1, "the east-west flow is left out: {marked}");
+    let ct: aya::maps::HashMap<_, proxy_common::CtKey, proxy_common::CtValue> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(
+            aya::maps::MapData::from_pin(maps_dir(topo, 1).join(proxy_common::map_names::CT)).unwrap(),
+        ))
+        .unwrap();
+    let web = proxy_common::net::encode(cluster_ip("web").into());
+    assert!(!ct.iter().filter_map(Result::ok).any(|(k, _)| k.dst == web), "an east-west flow marked in CT");
+}
+
 /// Live takeover from a running kube-proxy, the datapath side
 /// (`--outside-handover`, docs/design.md "Taking over from kube-proxy"):
 /// a TCP connection and a UDP flow set up by kube-proxy's DNAT on node 1
@@ -1099,48 +1143,13 @@ fn takeover_from_kube_proxy(xdp: bool) {
     // (the agent marks it from a conntrack dump); it speaks again after
     // the handover.
     let idle_udp = probe_in_background(&topo, &["udp-sendto", &node1, "30053", "2", "6", "21002"]);
-    // An east-west flow kube-proxy translated: node 1's own connection to
-    // web's ClusterIP (its OUTPUT chain's DNAT), which the TC programs
-    // never see, so the takeover must not spend a `CT` entry on it.
-    let web_ip = cluster_ip("web").to_string();
-    let east_west_rule = ["-p", "tcp", "-d", &web_ip, "--dport", "80", "-j", "DNAT", "--to-destination"];
-    let backend = format!("{}:9000", common::topology::pod_ip(2, 1));
-    let nat = ["netns", "exec", &ns, "iptables", "-w", "-t", "nat", "-A", "OUTPUT"];
-    proxy_testkit::sh("ip", &[&nat[..], &east_west_rule[..], &[backend.as_str()]].concat()).unwrap();
-    // A route to the ClusterIP for the socket to connect at all (the DNAT
-    // then sends it to the backend), as a node's default route gives one.
-    let via = node_ip(2).to_string();
-    proxy_testkit::sh("ip", &["-n", &ns, "route", "add", &format!("{web_ip}/32"), "via", &via]).unwrap();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
-    let _east_west = common::topology::ChildGuard(
-        proxy_testkit::spawn_in(&topo.node(1).ns, None, "/usr/bin/python3")
-            .unwrap()
-            .arg(&script)
-            .args(["tcp-hold", &web_ip, "80", "60", "0.2"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _east_west = east_west_flow(&topo, &ns);
     std::thread::sleep(std::time::Duration::from_secs(1));
 
     let acceleration: &[&str] = if xdp { &["--nodeport-acceleration", "native"] } else { &[] };
     topo.start_agent_with(1, &[&["--outside-handover", "defer"][..], acceleration].concat());
     assert_eq!(xdp_link(&topo, 1).is_some(), xdp);
-    let agent = topo.agents[0].as_ref().unwrap();
-    let marked = agent
-        .wait_for(0, std::time::Duration::from_secs(10), |r| {
-            proxy_testkit::message(r) == Some("netfilter's flows marked for the handover")
-        })
-        .expect("the agent marks netfilter's flows");
-    let field = |name| proxy_testkit::field(&marked, name).and_then(serde_json::Value::as_u64).unwrap();
-    assert_eq!(field("dnat_flows") - field("to_frontends_seen"), 1, "the east-west flow is left out: {marked}");
-    let ct: aya::maps::HashMap<_, proxy_common::CtKey, proxy_common::CtValue> =
-        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(
-            aya::maps::MapData::from_pin(maps_dir(&topo, 1).join(proxy_common::map_names::CT)).unwrap(),
-        ))
-        .unwrap();
-    let web = proxy_common::net::encode(cluster_ip("web").into());
-    assert!(!ct.iter().filter_map(Result::ok).any(|(k, _)| k.dst == web), "an east-west flow marked in CT");
+    assert_east_west_flow_not_marked(&topo);
     // Deferring, a new connection still goes through kube-proxy's rules.
     let (ok, lines) = topo.probe(&["tcp-hold", &node1, "30080", "3", "0"]);
     assert!(ok, "a new connection while deferring: {lines:?}");
