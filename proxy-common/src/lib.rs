@@ -16,6 +16,8 @@ pub const MAGLEV_SIZE: &str = "MAGLEV_SIZE";
 pub const CONNECTIONS_STRIDE: &str = "CONNECTIONS_STRIDE";
 /// Name of the eBPF global that holds `--nodeport-mode` (`nodeport_mode`).
 pub const NODEPORT_MODE: &str = "NODEPORT_MODE";
+/// Name of the eBPF global that holds `--dsr-dispatch` (`dsr_dispatch`).
+pub const DSR_DISPATCH: &str = "DSR_DISPATCH";
 /// Names of the eBPF globals that hold `--cluster-cidr`
 /// (`cluster_cidr`).
 pub const CLUSTER_CIDR_V4: &str = "CLUSTER_CIDR_V4";
@@ -38,6 +40,20 @@ pub mod nodeport_mode {
     pub const DSR: u8 = 1;
     /// DSR for TCP, SNAT for UDP (as Cilium's hybrid mode).
     pub const HYBRID: u8 = 2;
+}
+
+/// How a DSR flow's packets reach the backend's node (`--dsr-dispatch`).
+pub mod dsr_dispatch {
+    /// The frontend in an IP option (`dsr_option`) on the packets that
+    /// open a flow; the destination rewritten to the backend.
+    pub const OPTION: u8 = 0;
+    /// Every packet untouched inside an outer IP header (IPIP, IP6IP6) to
+    /// the backend's address; the backend's node takes it off and
+    /// translates the inner packet.
+    pub const IPIP: u8 = 1;
+    /// Bytes the outer header adds: IPv4, IPv6.
+    pub const V4_OVERHEAD: u16 = 20;
+    pub const V6_OVERHEAD: u16 = 40;
 }
 
 /// How the entry node tells the backend's node a DSR flow's frontend
@@ -402,8 +418,13 @@ pub mod external_stat {
     /// larger than the route's MTU (the device would drop it where nothing
     /// counts it).
     pub const DSR_TOO_BIG: u32 = 12;
+    /// Answered with ICMP fragmentation needed (ICMPv6 packet too big): a
+    /// TCP segment of a DSR flow the outer header (`dsr_dispatch::IPIP`)
+    /// would make larger than the route's MTU; the client's path MTU
+    /// discovery then sends smaller ones.
+    pub const DSR_FRAG_NEEDED: u32 = 13;
     /// Number of counters of one path.
-    pub const COUNT: u32 = 13;
+    pub const COUNT: u32 = 14;
     /// The pods' own traffic, translated per packet on pod-facing devices
     /// (`--socket-lb host-namespace`, VMs, meshes), is counted in a second
     /// set of the same counters from here (`POD_BASE + NEW_FLOW`, ...).
@@ -425,6 +446,7 @@ pub mod external_stat {
         "left_to_kernel",
         "dsr_refused",
         "dsr_too_big",
+        "dsr_frag_needed",
     ];
 }
 

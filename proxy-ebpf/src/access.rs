@@ -303,6 +303,25 @@ pub fn adjust_room_net(ctx: &TcContext, len: u32) -> bool {
     unsafe { bpf_skb_adjust_room(ctx.skb.skb, i32::try_from(len).unwrap_or(0), BPF_ADJ_ROOM_NET, 0) == 0 }
 }
 
+/// Adds (`len` > 0) or takes away (`len` < 0) `len` bytes right after the
+/// Ethernet header (`BPF_ADJ_ROOM_MAC`): room for an outer IP header, or
+/// the outer header of an IPIP packet removed. `flags`: the kernel's
+/// `BPF_F_ADJ_ROOM_ENCAP_L3_*` when adding one, so that a GSO packet is
+/// segmented as a tunnel's. False when the kernel refuses.
+#[inline(always)]
+pub fn adjust_room_mac(ctx: &TcContext, len: i32, flags: u64) -> bool {
+    const BPF_ADJ_ROOM_MAC: u32 = 1;
+    // SAFETY: tc programs get a valid __sk_buff; the helper checks the rest.
+    unsafe { bpf_skb_adjust_room(ctx.skb.skb, len, BPF_ADJ_ROOM_MAC, flags) == 0 }
+}
+
+/// The size of the segments a GSO packet will be cut into (0: not GSO).
+#[inline(always)]
+pub fn gso_size(ctx: &TcContext) -> u32 {
+    // SAFETY: tc programs get a valid __sk_buff, which has this field.
+    unsafe { (*ctx.skb.skb).gso_size }
+}
+
 /// `bpf_fib_lookup` flags (linux/bpf.h).
 const BPF_FIB_LOOKUP_SKIP_NEIGH: u32 = 1 << 2;
 const BPF_FIB_LOOKUP_SRC: u32 = 1 << 4;
@@ -317,7 +336,7 @@ pub struct Route {
     pub want_src: bool,
     /// In: the packet's IP length as it will leave, checked against the
     /// route's MTU (`ROUTE_FRAG_NEEDED`); 0: the kernel checks the packet
-    /// as it is now.
+    /// as it is now. Out, on `ROUTE_FRAG_NEEDED`: the route's MTU.
     pub tot_len: u16,
     pub sport: u16,
     pub dport: u16,
@@ -402,6 +421,10 @@ pub fn route_status<F: Frame>(ctx: &F, r: &mut Route) -> i64 {
     let resolve = F::SENDS_FRAMES && !r.want_src;
     let flags = if resolve { 0 } else { BPF_FIB_LOOKUP_SKIP_NEIGH } | if r.want_src { BPF_FIB_LOOKUP_SRC } else { 0 };
     let status = fib_lookup(ctx, &mut params, flags);
+    if status == ROUTE_FRAG_NEEDED {
+        // SAFETY: on this status the kernel wrote the MTU in the union.
+        r.tot_len = unsafe { params.__bindgen_anon_1.mtu_result };
+    }
     if status != 0 {
         return status;
     }

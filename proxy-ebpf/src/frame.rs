@@ -6,7 +6,7 @@
 //! traffic, `pod.rs`) and XDP (`XdpContext`, in `xdp.rs`) implement it, so
 //! every hook gives the same rewritten packets for the same input.
 use crate::{
-    access::{Route, adjust_room_net, redirect, skb_ifindex},
+    access::{Route, adjust_room_mac, adjust_room_net, gso_size, redirect, skb_ifindex},
     maps::count_external,
     packet::{Packet, PortRewrite, RewriteFailed},
     reject,
@@ -63,6 +63,23 @@ pub trait Frame: EbpfContext {
     fn grow_net(&self, len: u32) -> Result<(), RewriteFailed>;
     /// Whether `grow_net` can succeed on this hook.
     const GROWS: bool;
+    /// Makes room for an outer IP header of `len` bytes (`v6`: IPv6) right
+    /// after the Ethernet header (`encap.rs`); only where `GROWS`.
+    fn grow_outer(&self, _len: u32, _v6: bool) -> Result<(), RewriteFailed> {
+        Err(RewriteFailed)
+    }
+    /// Takes away the outer IP header of `len` bytes after the Ethernet
+    /// header; only where `GROWS`.
+    fn strip_outer(&self, _len: u32) -> Result<(), RewriteFailed> {
+        Err(RewriteFailed)
+    }
+    /// The IP length of the segments of a GSO packet, from the start of
+    /// `l3` to the end of a segment's payload, given where its L4 header
+    /// starts (`l4`; `tcp`: a TCP header, else UDP's); 0 when the packet is
+    /// not GSO or the hook sees single frames (XDP).
+    fn segment_len(&self, _l3: usize, _l4: usize, _tcp: bool) -> u32 {
+        0
+    }
     /// The index of the device the packet arrived on (or leaves by).
     fn ifindex(&self) -> u32;
     /// Sends the rewritten packet along `route` (a forwarding route of
@@ -77,6 +94,12 @@ pub trait Frame: EbpfContext {
     /// Answers a packet to a frontend without any endpoint (`reject.rs`),
     /// or leaves it to a hook that can; returns the verdict.
     fn reject(&self, pkt: &Packet) -> i32;
+    /// Answers a packet too long for its route once encapsulated with
+    /// ICMP fragmentation needed (`reject::frag_needed`), or leaves it to a
+    /// hook that can; returns the verdict.
+    fn too_big(&self, _pkt: &Packet, _mtu: u16) -> i32 {
+        self.unfinished(external_stat::DSR_TOO_BIG)
+    }
     /// A packet this hook cannot finish (`stat` says why: no route, no
     /// neighbour entry yet): TC drops it, XDP leaves it untouched to TC.
     fn unfinished(&self, stat: u32) -> i32;
@@ -124,6 +147,31 @@ impl<const POD: bool> Frame for Tc<POD> {
     }
 
     #[inline(always)]
+    fn grow_outer(&self, len: u32, v6: bool) -> Result<(), RewriteFailed> {
+        // linux/bpf.h: BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, _IPV6.
+        let flags = if v6 { 1 << 2 } else { 1 << 1 };
+        let len = i32::try_from(len).map_err(|_| RewriteFailed)?;
+        if adjust_room_mac(&self.0, len, flags) { Ok(()) } else { Err(RewriteFailed) }
+    }
+
+    #[inline(always)]
+    fn strip_outer(&self, len: u32) -> Result<(), RewriteFailed> {
+        let len = i32::try_from(len).map_err(|_| RewriteFailed)?;
+        if adjust_room_mac(&self.0, -len, 0) { Ok(()) } else { Err(RewriteFailed) }
+    }
+
+    #[inline(always)]
+    fn segment_len(&self, l3: usize, l4: usize, tcp: bool) -> u32 {
+        let gso = gso_size(&self.0);
+        if gso == 0 {
+            return 0;
+        }
+        // The TCP header's length (its data offset), or UDP's 8 bytes.
+        let l4_len = if tcp { self.load::<u8>(l4 + 12).map_or(20, |off| u32::from(off >> 4) * 4) } else { 8 };
+        u32::try_from(l4 - l3).unwrap_or(0) + l4_len + gso
+    }
+
+    #[inline(always)]
     fn load<T>(&self, offset: usize) -> Result<T, RewriteFailed> {
         self.0.load(offset).map_err(|_| RewriteFailed)
     }
@@ -167,6 +215,11 @@ impl<const POD: bool> Frame for Tc<POD> {
     #[inline(always)]
     fn reject(&self, pkt: &Packet) -> i32 {
         reject::reject(&self.0, pkt, Self::STATS_BASE)
+    }
+
+    #[inline(always)]
+    fn too_big(&self, pkt: &Packet, mtu: u16) -> i32 {
+        reject::frag_needed(&self.0, pkt, mtu, Self::STATS_BASE)
     }
 
     #[inline(always)]

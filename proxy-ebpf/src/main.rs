@@ -21,6 +21,7 @@ mod access;
 mod balance;
 mod crc32c;
 mod ct;
+mod encap;
 mod frame;
 mod icmp;
 mod maps;
@@ -56,6 +57,11 @@ static CONNECTIONS_STRIDE: Global<u32> = Global::new(proxy_common::map_sizes::CO
 /// load (read-only data).
 #[unsafe(no_mangle)]
 static NODEPORT_MODE: Global<u8> = Global::new(0);
+
+/// `--dsr-dispatch` (`proxy_common::dsr_dispatch`), set by the agent at
+/// load (read-only data).
+#[unsafe(no_mangle)]
+static DSR_DISPATCH: Global<u8> = Global::new(0);
 
 /// `--cluster-cidr`, set at load (read-only data, `proxy_common::
 /// cluster_cidr`): with a CIDR set, packets routed to the node for a

@@ -114,6 +114,30 @@ pub fn outside_handover_mode(now_ns: u64) -> u32 {
 #[map]
 static REJECT_BUDGET: PerCpuArray<RejectBudget> = PerCpuArray::with_max_entries(1, 0);
 
+/// The outer header of the IPIP packet being taken apart on this CPU
+/// (`encap::take_outer`), kept off the stack: the frames below it reach
+/// the verifier's bound.
+#[map]
+static OUTER_HEADER: PerCpuArray<OuterHeader> = PerCpuArray::with_max_entries(1, 0);
+
+/// An outer IP header as it came: its length (20 or 40), its destination
+/// and its bytes.
+#[repr(C)]
+pub struct OuterHeader {
+    pub len: u32,
+    pub dst: proxy_common::Addr,
+    pub bytes: [u8; 40],
+}
+
+/// This CPU's `OUTER_HEADER`.
+#[inline(always)]
+pub fn outer_header() -> Option<&'static mut OuterHeader> {
+    let ptr = OUTER_HEADER.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot of a per-CPU array, used by this program
+    // alone while it runs (as `reject_budget`).
+    Some(unsafe { &mut *ptr })
+}
+
 /// A token bucket counted in nanoseconds of credit.
 #[repr(C)]
 pub struct RejectBudget {

@@ -35,13 +35,14 @@
 //! (`Frame::FROM_POD`); `pod.rs` says where it differs.
 use proxy_common::{
     Addr, CtValue, SLOTS_PER_ENTRY, ServiceKey, ServiceValue, backend_flags, cluster_cidr, ct_dir, ct_flags,
-    external_stat, flow_hash, handover_mode, maglev_index, nodeport_mode, proto, scope, service_flags, snat_ports,
+    dsr_dispatch, external_stat, flow_hash, handover_mode, maglev_index, nodeport_mode, proto, scope, service_flags,
+    snat_ports,
 };
 
 use crate::{
-    CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS,
+    CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, DSR_DISPATCH, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS,
     access::{ROUTE_FRAG_NEEDED, ROUTE_NOT_FORWARDED, Route, local_socket_owns, now_ns, route_status},
-    balance, ct,
+    balance, ct, encap,
     frame::{Frame, drop_packet},
     icmp,
     maps::{backend, count_connection, maglev_entry, outside_handover_mode, service, source_allowed},
@@ -60,7 +61,10 @@ pub fn ingress<F: Frame>(ctx: &F) -> i32 {
     // Used in place: moved out of the `Option`, the packet would take a
     // second slot on this frame, at the root of every call chain.
     let mut parsed = Packet::parse(ctx);
-    let Some(pkt) = parsed.as_mut() else { return F::PASS };
+    let Some(pkt) = parsed.as_mut() else {
+        // Maybe a DSR flow's packet inside an outer header (`encap.rs`).
+        return if F::FROM_POD || !F::GROWS { F::PASS } else { ipip_arrival(ctx) };
+    };
     if pkt.dsr_port != 0 {
         // A pod's packet with a DSR option is not a DSR arrival: only the
         // node's devices receive those.
@@ -152,6 +156,15 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
         }
     }
     if flow.flags & ct_flags::DSR != 0 {
+        // Each way on its own frame below this one: the chain to
+        // `route_status` is at the verifier's bound.
+        if DSR_DISPATCH.load() == dsr_dispatch::IPIP {
+            return match forward_encapsulated(ctx, pkt, &flow) {
+                #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "an MTU below it")]
+                too_big if too_big >= FRAG_NEEDED => ctx.too_big(pkt, (too_big - FRAG_NEEDED) as u16),
+                action => action,
+            };
+        }
         return forward_dsr(ctx, pkt, &flow);
     }
     if flow.flags & ct_flags::SNAT == 0 {
@@ -239,6 +252,122 @@ fn forward_dsr<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> i32 {
     ctx.send(&to)
 }
 
+/// `forward_encapsulated`: the packet must be answered with fragmentation
+/// needed, naming the MTU above this. The caller answers (`Frame::too_big`):
+/// the answer's frames below this function's would pass the verifier's
+/// bound.
+const FRAG_NEEDED: i32 = 1 << 16;
+
+/// A packet of a DSR flow on its entry node with `--dsr-dispatch ipip`:
+/// untouched inside an outer header from this node to the backend
+/// (`encap.rs`), every packet of the flow alike. One the header would make
+/// too long for the route is answered with ICMP fragmentation needed
+/// (TCP, `FRAG_NEEDED`: the client's path MTU discovery then sends smaller
+/// segments) or dropped and counted (UDP, `dsr_too_big`).
+#[inline(never)]
+fn forward_encapsulated<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> i32 {
+    if !F::GROWS {
+        return ctx.unfinished(external_stat::REWRITE_FAILED);
+    }
+    let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &flow.addr, flow.port);
+    to.want_src = true;
+    // A GSO packet leaves as segments: each must fit.
+    let len = match ctx.segment_len(pkt.l3(), pkt.l4, pkt.proto == proto::TCP) {
+        0 => pkt.ip_len(ctx).unwrap_or(0),
+        seg => u16::try_from(seg).unwrap_or(u16::MAX),
+    };
+    to.tot_len = len.saturating_add(encap::overhead(pkt.family()));
+    match route_status(ctx, &mut to) {
+        0 => {}
+        ROUTE_FRAG_NEEDED if pkt.proto == proto::TCP => {
+            return FRAG_NEEDED + i32::from(to.tot_len.saturating_sub(encap::overhead(pkt.family())));
+        }
+        ROUTE_FRAG_NEEDED => return drop_packet::<F>(external_stat::DSR_TOO_BIG),
+        _ => return ctx.unfinished(external_stat::NO_ROUTE),
+    }
+    if pkt.decrement_ttl(ctx).is_err() {
+        return drop_packet::<F>(external_stat::NO_ROUTE);
+    }
+    if encap::encapsulate(ctx, pkt, &to.src, &flow.addr).is_err() {
+        return drop_packet::<F>(external_stat::REWRITE_FAILED);
+    }
+    ctx.translated();
+    ctx.send(&to)
+}
+
+/// An IPIP or IP6IP6 packet on the backend's node (`--dsr-dispatch ipip`
+/// on the entry node): the outer header taken off, the inner packet (to
+/// the frontend) checked as a DSR option is (`dsr_accept`, the outer
+/// destination standing for the backend), translated to the backend and
+/// its replies recorded. Anything else in such a header (another tunnel's
+/// packet) goes on as it came.
+#[inline(never)]
+fn ipip_arrival<F: Frame>(ctx: &F) -> i32 {
+    if !encap::take_outer(ctx) {
+        return F::PASS;
+    }
+    // The field-by-field parse: `read_plain`'s frame would put this chain
+    // past the verifier's bound.
+    let mut parsed = Packet::parse_fields(ctx);
+    let outcome = match parsed.as_mut() {
+        Some(pkt) if pkt.dsr_port == 0 => ipip_translate(ctx, pkt),
+        _ => IPIP_NOT_OURS,
+    };
+    match outcome {
+        IPIP_NOT_OURS => {
+            if encap::restore(ctx).is_ok() {
+                F::PASS
+            } else {
+                drop_packet::<F>(external_stat::REWRITE_FAILED)
+            }
+        }
+        IPIP_TRANSLATED => {
+            ctx.translated();
+            F::PASS
+        }
+        stat => drop_packet::<F>(stat),
+    }
+}
+
+/// `ipip_translate`: the inner packet is not a DSR flow's (put back as
+/// it came), or was translated.
+const IPIP_NOT_OURS: DropReason = u32::MAX;
+const IPIP_TRANSLATED: DropReason = u32::MAX - 1;
+
+/// The inner packet of an IPIP arrival (`ipip_arrival`): translated to the
+/// outer header's destination, if that is a backend of this node the
+/// frontend picks for the flow, and its replies recorded. Returns
+/// `IPIP_TRANSLATED`, `IPIP_NOT_OURS`, or why it is dropped. Inline: a
+/// frame of its own would put the chain below it (to `route_status`) past
+/// the verifier's bound.
+#[inline(always)]
+fn ipip_translate<F: Frame>(ctx: &F, pkt: &mut Packet) -> DropReason {
+    let Some(at) = encap::outer_dst() else { return IPIP_NOT_OURS };
+    pkt.dsr_port = pkt.dport;
+    match dsr_accept(ctx, pkt, &pkt.dst, at, 0) {
+        0 => IPIP_NOT_OURS,
+        accepted => to_dsr_backend(ctx, pkt, accepted),
+    }
+}
+
+/// Translates an accepted DSR packet to the frontend its destination is
+/// (`dsr_accept`'s answer) to its backend, and records its replies, which
+/// leave from that frontend. Out of line: its temporaries stay off
+/// `ipip_arrival`'s frame.
+#[inline(never)]
+fn to_dsr_backend<F: Frame>(ctx: &F, pkt: &mut Packet, accepted: u64) -> DropReason {
+    let (rev_nat, backend_id) = split(accepted);
+    let Some(b) = backend(backend_id) else { return IPIP_NOT_OURS };
+    let named = pkt.dst;
+    if let Err(stat) = rewrite(ctx, pkt, End::Dst, &b.addr, b.port) {
+        return stat;
+    }
+    if !ct::record_dsr(pkt, &named, rev_nat, backend_id) {
+        return external_stat::DSR_REFUSED;
+    }
+    IPIP_TRANSLATED
+}
+
 /// Slots of a frontend `dsr_arrival` searches for the packet's backend
 /// when the frontend's Maglev table picks another for the flow (the
 /// tables of the entry node and of this one differ for a moment while a
@@ -257,30 +386,49 @@ const DSR_SLOTS_SEARCHED: u16 = 32;
 #[inline(never)]
 fn dsr_arrival<F: Frame>(ctx: &F, pkt: &Packet) -> i32 {
     let Ok(named) = pkt.dsr_addr(ctx) else { return drop_packet::<F>(external_stat::DSR_REFUSED) };
-    let mut key = ServiceKey::new(named, pkt.dsr_port, pkt.proto, 0);
+    let (rev_nat, backend_id) = split(dsr_accept(ctx, pkt, &named, &pkt.dst, pkt.dport));
+    if backend_id == 0 || !ct::record_dsr(pkt, &named, rev_nat, backend_id) {
+        return drop_packet::<F>(external_stat::DSR_REFUSED);
+    }
+    F::PASS
+}
+
+/// The id of the backend on this node at `at`:`port` (port 0: any) that
+/// the external frontend `named`:`pkt.dsr_port` (externalTrafficPolicy
+/// Cluster) picks for this flow, or has in its first slots, with the
+/// frontend's id above it (`split`); 0 when there is none.
+#[inline(never)]
+fn dsr_accept<F: Frame>(ctx: &F, pkt: &Packet, named: &Addr, at: &Addr, port: u16) -> u64 {
+    let mut key = ServiceKey::new(*named, pkt.dsr_port, pkt.proto, 0);
     let mut frontend = service(&key);
     if frontend.is_none() {
         // A NodePort on the entry node's address: this node has it on its
         // own address (the one towards the client). The programs do not
-        // know the other nodes' addresses, so for a NodePort the option's
+        // know the other nodes' addresses, so for a NodePort the named
         // address itself is not checked, only that its port is a NodePort
         // whose service has the backend.
         let mut here = Addr::default();
         if !address_towards_client(ctx, pkt, &mut here) {
-            return drop_packet::<F>(external_stat::DSR_REFUSED);
+            return 0;
         }
         key.addr = here;
         frontend = service(&key).filter(|f| f.flags & service_flags::NODE_PORT != 0);
     }
-    let Some(frontend) = frontend else { return drop_packet::<F>(external_stat::DSR_REFUSED) };
+    let Some(frontend) = frontend else { return 0 };
     if frontend.flags & service_flags::EXTERNAL_KINDS == 0 || frontend.flags & service_flags::TWO_SCOPES != 0 {
-        return drop_packet::<F>(external_stat::DSR_REFUSED);
+        return 0;
     }
-    let backend_id = dsr_backend(pkt, &key, &frontend);
-    if backend_id == 0 || !ct::record_dsr(pkt, &named, frontend.rev_nat, backend_id) {
-        return drop_packet::<F>(external_stat::DSR_REFUSED);
+    match dsr_backend(pkt, &key, &frontend, (at, port)) {
+        0 => 0,
+        id => u64::from(frontend.rev_nat) << 32 | u64::from(id),
     }
-    F::PASS
+}
+
+/// `dsr_accept`'s answer: the frontend's id and the backend's.
+#[inline(always)]
+const fn split(accepted: u64) -> (u32, u32) {
+    #[expect(clippy::cast_possible_truncation, reason = "two 32-bit halves")]
+    ((accepted >> 32) as u32, accepted as u32)
 }
 
 /// Sets `out` to this node's address on the route back to the packet's
@@ -296,15 +444,16 @@ fn address_towards_client<F: Frame>(ctx: &F, pkt: &Packet, out: &mut Addr) -> bo
     true
 }
 
-/// The id of the packet's destination among `frontend`'s backends, if it
-/// is on this node and the frontend's Maglev table picks it for the flow
-/// (or, failing that, one of its first `DSR_SLOTS_SEARCHED` slots names
-/// it); 0 otherwise. Out of line: `address_towards_client`'s route lookup is the
-/// deepest call under `dsr_arrival`, whose frame stays small.
+/// The id of the backend at `at` (address, port; port 0: any) among
+/// `frontend`'s backends, if it is on this node and the frontend's Maglev
+/// table picks it for the flow (or, failing that, one of its first
+/// `DSR_SLOTS_SEARCHED` slots names it); 0 otherwise. Out of line:
+/// `address_towards_client`'s route lookup is the deepest call under
+/// `dsr_accept`, whose frame stays small.
 #[inline(never)]
-fn dsr_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
+fn dsr_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue, at: (&Addr, u16)) -> u32 {
     let picked = pick_backend(pkt, pkt.dsr_port, key, frontend);
-    if is_here(pkt, picked) {
+    if is_here(picked, at) {
         return picked;
     }
     // One lookup per slots entry, then its four ids.
@@ -317,17 +466,18 @@ fn dsr_backend(pkt: &Packet, key: &ServiceKey, frontend: &ServiceValue) -> u32 {
             entry = service(&key.slots_of(index)).unwrap_or_default();
         }
         let id = entry.slot_id(index);
-        if is_here(pkt, id) {
+        if is_here(id, at) {
             return id;
         }
     }
     0
 }
 
-/// Whether backend `id` is on this node at the packet's destination.
+/// Whether backend `id` is on this node at `at` (address, port; port 0:
+/// any: an encapsulated packet names only the backend's address).
 #[inline(always)]
-fn is_here(pkt: &Packet, id: u32) -> bool {
-    backend(id).is_some_and(|b| b.flags & backend_flags::LOCAL != 0 && b.addr == pkt.dst && b.port == pkt.dport)
+fn is_here(id: u32, (addr, port): (&Addr, u16)) -> bool {
+    backend(id).is_some_and(|b| b.flags & backend_flags::LOCAL != 0 && b.addr == *addr && (port == 0 || b.port == port))
 }
 
 /// A backend on this node: the stack delivers the packet, and the replies

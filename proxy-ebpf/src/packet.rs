@@ -14,8 +14,8 @@ use crate::{
 };
 
 pub const ETH_HLEN: usize = 14;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
@@ -142,6 +142,13 @@ impl Packet {
     #[inline(never)]
     pub fn parse<F: Frame>(ctx: &F) -> Option<Self> {
         Self::read(ctx)
+    }
+
+    /// `parse` field by field, on a smaller frame than `read_plain`'s: for
+    /// a call chain already deep (an IPIP packet's inner one).
+    #[inline(never)]
+    pub fn parse_fields<F: Frame>(ctx: &F) -> Option<Self> {
+        Self::read_fields(ctx)
     }
 
     /// The plain packets (an IPv4 header without options, an IPv6 header
@@ -425,17 +432,24 @@ impl Packet {
         }
     }
 
-    /// The packet's IP length (header and payload) once a DSR option is
-    /// added (`add_dsr_option`).
+    /// The packet's IP length: header and payload.
+    #[inline(always)]
+    pub fn ip_len<F: Frame>(&self, ctx: &F) -> Result<u16, RewriteFailed> {
+        Ok(match self.family() {
+            Family::V4 => u16::from_be(ctx.load::<u16>(self.l3() + 2)?),
+            Family::V6 => u16::from_be(ctx.load::<u16>(self.l3() + 4)?).saturating_add(40),
+        })
+    }
+
+    /// The packet's IP length once a DSR option is added
+    /// (`add_dsr_option`).
     #[inline(always)]
     pub fn ip_len_with_dsr_option<F: Frame>(&self, ctx: &F) -> Result<u16, RewriteFailed> {
-        let (len, added) = match self.family() {
-            Family::V4 => (u16::from_be(ctx.load::<u16>(self.l3() + 2)?), u16::from(dsr_option::V4_LEN)),
-            Family::V6 => {
-                (u16::from_be(ctx.load::<u16>(self.l3() + 4)?).saturating_add(40), u16::from(dsr_option::V6_HDR_LEN))
-            }
+        let added = match self.family() {
+            Family::V4 => u16::from(dsr_option::V4_LEN),
+            Family::V6 => u16::from(dsr_option::V6_HDR_LEN),
         };
-        Ok(len.saturating_add(added))
+        Ok(self.ip_len(ctx)?.saturating_add(added))
     }
 
     /// The frontend address of the packet's DSR option (`dsr_port` is not

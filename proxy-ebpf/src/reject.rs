@@ -30,6 +30,9 @@ const IPPROTO_ICMPV6: u8 = 58;
 /// Destination unreachable, port unreachable.
 const ICMP_DEST_UNREACH: [u8; 2] = [3, 3];
 const ICMPV6_PORT_UNREACH: [u8; 2] = [1, 4];
+/// Destination unreachable, fragmentation needed; packet too big.
+const ICMP_FRAG_NEEDED: [u8; 2] = [3, 4];
+const ICMPV6_PACKET_TOO_BIG: [u8; 2] = [2, 0];
 const TTL: u8 = 64;
 const NS_PER_SEC: u64 = 1_000_000_000;
 /// What one reply costs of a CPU's budget, in nanoseconds of credit.
@@ -49,13 +52,34 @@ pub fn reject(ctx: &TcContext, pkt: &Packet, stats: u32) -> i32 {
     let built = match (pkt.family(), pkt.proto == proto::TCP) {
         (Family::V4, true) => reset_v4(ctx, pkt),
         (Family::V6, true) => reset_v6(ctx, pkt),
-        (Family::V4, false) => unreachable_v4(ctx, pkt),
-        (Family::V6, false) => unreachable_v6(ctx, pkt),
+        (Family::V4, false) => unreachable_v4(ctx, pkt, ICMP_DEST_UNREACH, 0),
+        (Family::V6, false) => unreachable_v6(ctx, pkt, ICMPV6_PORT_UNREACH, 0),
     };
     if built.is_none() {
         return drop_packet(stats + external_stat::REWRITE_FAILED);
     }
     count_external(stats + external_stat::REJECTED);
+    redirect_back(ctx)
+}
+
+/// Answers `pkt` with ICMP fragmentation needed (ICMPv6 packet too big)
+/// naming `mtu`, from the packet's destination: a DSR flow's segment the
+/// outer header (`encap.rs`) would make too long for the route, so that
+/// the client's path MTU discovery sends smaller ones. Rate-limited as the
+/// rejections are.
+#[inline(never)]
+pub fn frag_needed(ctx: &TcContext, pkt: &Packet, mtu: u16, stats: u32) -> i32 {
+    if !take_token() {
+        return drop_packet(stats + external_stat::REJECT_LIMITED);
+    }
+    let built = match pkt.family() {
+        Family::V4 => unreachable_v4(ctx, pkt, ICMP_FRAG_NEEDED, mtu),
+        Family::V6 => unreachable_v6(ctx, pkt, ICMPV6_PACKET_TOO_BIG, mtu),
+    };
+    if built.is_none() {
+        return drop_packet(stats + external_stat::REWRITE_FAILED);
+    }
+    count_external(stats + external_stat::DSR_FRAG_NEEDED);
     redirect_back(ctx)
 }
 
@@ -154,14 +178,17 @@ fn reset_v6(ctx: &TcContext, pkt: &Packet) -> Option<()> {
     ctx.store(ETH_HLEN + IPV6_HLEN, &tcp, 0).ok()
 }
 
+/// An ICMP destination unreachable of `kind` (type, code) quoting the
+/// packet; `mtu`: the next hop's MTU of a fragmentation needed.
 #[inline(never)]
-fn unreachable_v4(ctx: &TcContext, pkt: &Packet) -> Option<()> {
+fn unreachable_v4(ctx: &TcContext, pkt: &Packet, kind: [u8; 2], mtu: u16) -> Option<()> {
     if pkt.l4 != pkt.l3() + IPV4_HLEN {
         return None; // IPv4 options: not answered.
     }
     let (src, dst) = (as_v4(&pkt.dst)?, as_v4(&pkt.src)?);
     let quoted = ctx.load::<[u8; QUOTED_V4]>(pkt.l3()).ok()?;
-    let mut icmp = [ICMP_DEST_UNREACH[0], ICMP_DEST_UNREACH[1], 0, 0, 0, 0, 0, 0];
+    let m = mtu.to_be_bytes();
+    let mut icmp = [kind[0], kind[1], 0, 0, 0, 0, m[0], m[1]];
     let acc = sum(sum(0, &icmp), &quoted);
     set_checksum(&mut icmp, 2, acc);
     let eth = swapped_eth(ctx)?;
@@ -172,10 +199,13 @@ fn unreachable_v4(ctx: &TcContext, pkt: &Packet) -> Option<()> {
     ctx.store(ETH_HLEN + IPV4_HLEN + ICMP_HLEN, &quoted, 0).ok()
 }
 
+/// An ICMPv6 error of `kind` (type, code) quoting the packet; `mtu`: the
+/// MTU of a packet too big.
 #[inline(never)]
-fn unreachable_v6(ctx: &TcContext, pkt: &Packet) -> Option<()> {
+fn unreachable_v6(ctx: &TcContext, pkt: &Packet, kind: [u8; 2], mtu: u16) -> Option<()> {
     let quoted = ctx.load::<[u8; QUOTED_V6]>(pkt.l3()).ok()?;
-    let mut icmp = [ICMPV6_PORT_UNREACH[0], ICMPV6_PORT_UNREACH[1], 0, 0, 0, 0, 0, 0];
+    let m = mtu.to_be_bytes();
+    let mut icmp = [kind[0], kind[1], 0, 0, 0, 0, m[0], m[1]];
     let pseudo = pseudo_v6(&pkt.dst, &pkt.src, ICMP_HLEN + QUOTED_V6, IPPROTO_ICMPV6);
     let acc = sum(sum(pseudo, &icmp), &quoted);
     set_checksum(&mut icmp, 2, acc);

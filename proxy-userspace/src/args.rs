@@ -316,6 +316,23 @@ impl From<NodePortMode> for crate::datapath::loader::NodePortMode {
     }
 }
 
+/// `--dsr-dispatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub(crate) enum DsrDispatch {
+    #[default]
+    Option,
+    Ipip,
+}
+
+impl From<DsrDispatch> for crate::datapath::loader::DsrDispatch {
+    fn from(dispatch: DsrDispatch) -> Self {
+        match dispatch {
+            DsrDispatch::Option => Self::Option,
+            DsrDispatch::Ipip => Self::Ipip,
+        }
+    }
+}
+
 /// The log records' format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[allow(
@@ -573,6 +590,16 @@ pub struct RunArgs {
     /// IP, and route to the clients). `hybrid`: DSR for TCP, SNAT for UDP.
     #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortMode::Snat)]
     pub(crate) nodeport_mode: NodePortMode,
+    /// How a DSR flow's packets reach the backend's node. `option`: the
+    /// frontend in an IP option on the packets that open a flow (8 / 24
+    /// bytes). `ipip`: every packet inside an outer IPv4 / IPv6 header to
+    /// the backend (20 / 40 bytes; IPIP, IP6IP6, added and removed by the
+    /// programs, no tunnel device), for networks that drop or slow down
+    /// packets with IP options; a TCP segment the header makes too long for
+    /// the route is answered with ICMP fragmentation needed. Every node must
+    /// run the same dispatch.
+    #[arg(long, value_enum, value_name = "DISPATCH", default_value_t = DsrDispatch::Option)]
+    pub(crate) dsr_dispatch: DsrDispatch,
     /// Which sockets the socket programs translate at connect()/sendmsg().
     /// `all`: every socket in the --cgroup. `host-namespace`: only those in
     /// the agent's own network namespace (the node's); pods' sockets keep

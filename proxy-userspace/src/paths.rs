@@ -33,7 +33,8 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// 10: a second set of `EXTERNAL_STATS` counters, for the pods' traffic
 /// translated per packet (`external_stat::POD_BASE`). 11: the
 /// `dsr_too_big` counter. 12: `service_flags::FORWARD_SNAT` and
-/// `FORWARD_DSR` (the `nodeport-mode` annotation).
+/// `FORWARD_DSR` (the `nodeport-mode` annotation), the `dsr_frag_needed`
+/// counter.
 pub const MAP_LAYOUT_VERSION: u32 = 12;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.

@@ -347,8 +347,23 @@ fn eth0_since(topo: &Topology, n: u8, before: [u64; 4]) -> [u64; 4] {
 
 #[test]
 fn with_dsr_replies_leave_the_backend_s_node_straight_to_the_client_and_the_backend_sees_the_client() {
-    const BIG: usize = 4 << 20;
     common::require_root!();
+    dsr_end_to_end(&["--nodeport-mode", "dsr"]);
+}
+
+/// The same with every packet inside an outer header (`--dsr-dispatch
+/// ipip`): no IP option on the client's packets, the same replies.
+#[test]
+fn with_ipip_dispatch_replies_leave_the_backend_s_node_straight_to_the_client() {
+    common::require_root!();
+    dsr_end_to_end(&["--nodeport-mode", "dsr", "--dsr-dispatch", "ipip"]);
+}
+
+/// DSR between two nodes with `agent_args` on both: the backend sees the
+/// client; a 4 MiB download and UDP replies leave node 2 straight to the
+/// client, never through node 1.
+fn dsr_end_to_end(agent_args: &[&str]) {
+    const BIG: usize = 4 << 20;
     let mut topo = Topology::new(&[0, 2]);
     topo.http_on(2, 1);
     topo.udp_on(2, 1);
@@ -363,12 +378,32 @@ fn with_dsr_replies_leave_the_backend_s_node_straight_to_the_client_and_the_back
             + &endpoints("dns", ("dns", 5353, "UDP"), &[(2, 1)])),
     );
     for n in 1..=2 {
-        topo.start_agent_with(n, &["--nodeport-mode", "dsr"]);
+        topo.start_agent_with(n, agent_args);
     }
 
+    // Node 2's device receives IPIP frames with `--dsr-dispatch ipip`
+    // only (counted before its programs take them apart).
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/probe.py");
+    let mut counter = proxy_testkit::spawn_in(&topo.node(2).ns, None, "/usr/bin/python3")
+        .unwrap()
+        .arg(&script)
+        .args(["count-tunnelled", "eth0", "2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(counter.stdout.as_mut().unwrap()), &mut first).unwrap();
+    assert_eq!(first.trim(), "listening");
     // TCP through node 1: the backend on node 2 answers and sees the
     // client's own address.
     assert_eq!(topo.requests(&on_node(1, 30080), 5), vec!["pod-2-1"; 5]);
+    let count_output = String::from_utf8(counter.wait_with_output().unwrap().stdout).unwrap();
+    let tunnelled: u64 = count_output.trim().strip_prefix("tunnelled ").and_then(|n| n.parse().ok()).unwrap();
+    if agent_args.contains(&"ipip") {
+        assert!(tunnelled >= 5 * 3, "every packet of the 5 connections arrives inside IPIP: {tunnelled}");
+    } else {
+        assert_eq!(tunnelled, 0, "the option dispatch sends no IPIP");
+    }
     let peers: BTreeSet<IpAddr> = topo.http_server("pod-2-1").peers().iter().map(std::net::SocketAddr::ip).collect();
     assert_eq!(peers, BTreeSet::from([IpAddr::from(CLIENT)]), "the backend must see the client");
 

@@ -20,7 +20,7 @@ use ebpf_proxy::{
         acceleration::Acceleration,
         counters::ExternalStats,
         handover::OutsideHandover,
-        loader::{Datapath, LoadOptions, NodePortMode},
+        loader::{Datapath, DsrDispatch, LoadOptions, NodePortMode},
     },
     model::{self, NodeContext},
     reconcile::Reconciler,
@@ -171,6 +171,8 @@ fn sa(text: &str) -> SocketAddr {
 struct Lab {
     ns: NetNs,
     ifindex: u32,
+    /// `--dsr-dispatch` of the nodes it loads.
+    dispatch: DsrDispatch,
 }
 
 impl Lab {
@@ -199,7 +201,13 @@ impl Lab {
         sysctl("net.ipv4.ip_forward");
         sysctl("net.ipv6.conf.all.forwarding");
         let ifindex = ns.run_inside(|| nix::net::if_::if_nametoindex("ext0").unwrap()).unwrap();
-        Self { ns, ifindex }
+        Self { ns, ifindex, dispatch: DsrDispatch::Option }
+    }
+
+    /// Nodes loaded with `--dsr-dispatch` `dispatch`.
+    fn with_dispatch(mut self, dispatch: DsrDispatch) -> Self {
+        self.dispatch = dispatch;
+        self
     }
 
     /// Runs `f` with a datapath for node `n1` (addresses `node_ips`) filled
@@ -260,11 +268,11 @@ impl Lab {
         let pin_dir = bpffs.path().join("ebpf-proxy");
         let ips: Vec<IpAddr> = node_ips.iter().map(|ip| ip.parse().unwrap()).collect();
         let cidrs: Vec<ipnet::IpNet> = cidrs.iter().map(|c| c.parse().unwrap()).collect();
-        let ifindex = self.ifindex;
+        let (ifindex, dispatch) = (self.ifindex, self.dispatch);
         let out = self
             .ns
             .run_inside(move || {
-                let mut node = Node::load(&pin_dir, yaml, ips, ifindex, (ct_map_size, mode), cidrs);
+                let mut node = Node::load(&pin_dir, yaml, ips, ifindex, (ct_map_size, mode, dispatch), cidrs);
                 f(&mut node)
             })
             .expect("the test body panicked (see its message above)");
@@ -287,7 +295,7 @@ impl Node {
         yaml: &str,
         ips: Vec<IpAddr>,
         ifindex: u32,
-        (ct_map_size, mode): (u32, NodePortMode),
+        (ct_map_size, mode, dsr_dispatch): (u32, NodePortMode, DsrDispatch),
         cluster_cidrs: Vec<ipnet::IpNet>,
     ) -> Self {
         let _ = tracing_subscriber::fmt().with_test_writer().try_init();
@@ -304,6 +312,7 @@ impl Node {
             acceleration: Acceleration::Native,
             outside_handover: OutsideHandover::Off,
             nodeport_mode: mode,
+            dsr_dispatch,
             socket_lb: ebpf_proxy::datapath::loader::SocketLb::All,
             cluster_cidrs,
         })
@@ -1395,6 +1404,130 @@ fn a_backend_node_answers_a_dsr_flow_from_the_frontend_and_refuses_options_namin
             assert_eq!(packet::parse(&out).src, backend, "no DSR state for {named}");
         }
         assert_eq!(node.stat("dsr_refused"), 3);
+    });
+}
+
+/// `--dsr-dispatch ipip`: every packet of a DSR flow leaves inside an
+/// outer header from this node to the backend (IPIP, IP6IP6), the client's
+/// packet untouched within but for its TTL; no option.
+#[test]
+fn ipip_dispatch_sends_every_packet_of_a_dsr_flow_inside_an_outer_header_to_the_backend() {
+    common::require_root!();
+    let lab = Lab::new().with_dispatch(DsrDispatch::Ipip);
+    lab.with_node_mode(dsr_services(), &[NODE_IP, NODE_IP6], NodePortMode::Dsr, |node| {
+        let client = sa("192.0.2.8:41000");
+        let frontend = sa("203.0.113.30:80");
+        let (action, out) = node.ingress(&packet::frame(client, frontend, Some(SYN), b""));
+        assert_eq!(action, REDIRECT, "routed by the program to n2");
+        let (outer_src, backend, inner) = packet::decapsulated(&out);
+        assert_eq!(outer_src, NODE_IP.parse::<IpAddr>().unwrap());
+        assert!(
+            ["10.244.2.21", "10.244.2.22", "10.244.2.23", "10.244.2.24"].contains(&backend.to_string().as_str()),
+            "to one of spread's backends: {backend}"
+        );
+        let seen = packet::parse(&inner);
+        assert_eq!((seen.src, seen.dst, seen.ttl), (client, frontend, 63), "the client's packet, untouched");
+        assert_eq!(packet::dsr_option(&inner), None);
+        // A later segment: to the same backend, inside a header too.
+        let (action, next) = node.ingress(&packet::frame(client, frontend, Some(ACK), b"data"));
+        assert_eq!(action, REDIRECT);
+        let (_, next_backend, next_inner) = packet::decapsulated(&next);
+        assert_eq!(next_backend, backend);
+        assert_eq!(packet::parse(&next_inner).tcp.unwrap().data_len, 4);
+
+        // IPv6: IP6IP6.
+        let frontend6 = sa("[2001:db8:60::1]:80");
+        let (action, out) = node.ingress(&packet::frame(sa("[fd00:30::99]:42000"), frontend6, Some(SYN), b""));
+        assert_eq!(action, REDIRECT);
+        let (src6, backend6, inner6) = packet::decapsulated(&out);
+        assert_eq!(src6, NODE_IP6.parse::<IpAddr>().unwrap());
+        assert!(["fd00:244:2::21", "fd00:244:2::22"].contains(&backend6.to_string().as_str()), "{backend6}");
+        assert_eq!(packet::parse(&inner6).dst, frontend6);
+        assert_eq!(node.stat("dsr_refused"), 0);
+    });
+}
+
+/// With the 20 bytes of the outer header a full-size packet no longer fits
+/// the 1,500-byte link: a TCP segment is answered with ICMP fragmentation
+/// needed naming 1,480 (the client's path MTU discovery then sends smaller
+/// segments), a UDP datagram is dropped and counted; one that fits goes.
+#[test]
+fn ipip_dispatch_answers_a_segment_too_long_for_the_outer_header_with_fragmentation_needed() {
+    common::require_root!();
+    let lab = Lab::new().with_dispatch(DsrDispatch::Ipip);
+    lab.with_node_mode(dsr_services(), &[NODE_IP, NODE_IP6], NodePortMode::Dsr, |node| {
+        let client = sa("192.0.2.8:41002");
+        let frontend = sa("203.0.113.30:80");
+        assert_eq!(node.ingress(&packet::frame(client, frontend, Some(SYN), b"")).0, REDIRECT);
+        let (action, out) = node.ingress(&packet::frame(client, frontend, Some(ACK), &[7u8; 1460]));
+        assert_eq!(action, REDIRECT, "the answer goes back out");
+        let icmp = packet::parse_icmp(&out);
+        assert_eq!(icmp.kind, (3, 4), "fragmentation needed");
+        assert_eq!((icmp.src, icmp.dst), (frontend.ip(), client.ip()));
+        assert_eq!(packet::quoted_ends(&icmp.quoted), (client, frontend));
+        assert_eq!(u16::from_be_bytes([out[14 + 20 + 6], out[14 + 20 + 7]]), 1480, "the MTU less the header");
+        assert_eq!(node.stat("dsr_frag_needed"), 1);
+        let (action, out) = node.ingress(&packet::frame(client, frontend, Some(ACK), &[7u8; 1440]));
+        assert_eq!(action, REDIRECT);
+        assert_eq!(out.len(), 14 + 1500, "1,480 bytes and the header fill the link");
+
+        let (udp_client, dns) = (sa("198.51.100.20:5000"), sa("203.0.113.53:53"));
+        assert_eq!(node.ingress(&packet::frame(udp_client, dns, None, &[7u8; 1472])).0, SHOT);
+        assert_eq!(node.stat("dsr_too_big"), 1);
+        let (action, out) = node.ingress(&packet::frame(udp_client, dns, None, &[7u8; 1452]));
+        assert_eq!(action, REDIRECT);
+        assert_eq!(packet::decapsulated(&out).1, "10.244.2.7".parse::<IpAddr>().unwrap());
+    });
+}
+
+/// On the backend's node an encapsulated DSR packet has its outer header
+/// taken off and is translated to its backend (the outer destination),
+/// which answers from the frontend; a packet of another tunnel, or one
+/// whose frontend does not pick this backend, goes on as it came.
+#[test]
+fn an_encapsulated_dsr_packet_is_taken_out_translated_to_its_backend_and_answered_from_the_frontend() {
+    common::require_root!();
+    Lab::new().with_node(dsr_services(), &[NODE_IP, NODE_IP6], |node| {
+        let n2: IpAddr = "172.30.0.12".parse().unwrap();
+        let client = sa("192.0.2.7:40000");
+        let backend = sa("10.244.1.5:8080");
+        // n2's NodePort, whose service has this node's backend.
+        let entry = sa("172.30.0.12:30080");
+        let arriving = packet::encapsulated(&packet::frame(client, entry, Some(SYN), b""), n2, backend.ip());
+        let (action, out) = node.ingress(&arriving);
+        assert_eq!(action, OK, "to the stack");
+        let seen = packet::parse(&out);
+        assert_eq!((seen.src, seen.dst), (client, backend), "the header off, the frontend translated");
+        let (action, out) = node.egress(&packet::frame(backend, client, Some(SYN | ACK), b""));
+        assert_eq!(action, OK);
+        assert_eq!(packet::parse(&out).src, entry, "the reply leaves from the frontend");
+        let later = packet::encapsulated(&packet::frame(client, entry, Some(ACK), b"x"), n2, backend.ip());
+        let (_, out) = node.ingress(&later);
+        assert_eq!(packet::parse(&out).dst, backend);
+
+        // IPv6.
+        let client6 = sa("[fd00:30::99]:40000");
+        let backend6 = sa("[fd00:244:1::5]:8080");
+        let entry6 = sa("[fd00:30::12]:30080");
+        let n2_6: IpAddr = "fd00:30::12".parse().unwrap();
+        let arriving = packet::encapsulated(&packet::frame(client6, entry6, Some(SYN), b""), n2_6, backend6.ip());
+        let (action, out) = node.ingress(&arriving);
+        assert_eq!(action, OK);
+        assert_eq!(packet::parse(&out).dst, backend6);
+        let (_, out) = node.egress(&packet::frame(backend6, client6, Some(SYN | ACK), b""));
+        assert_eq!(packet::parse(&out).src, entry6);
+
+        // Not a DSR flow's: unchanged, no state.
+        let others = [
+            ("a NodePort without this backend", sa("192.0.2.66:1000"), sa("172.30.0.12:30099"), backend.ip()),
+            ("another tunnel's, to this node", sa("192.0.2.66:1001"), sa("10.1.2.3:80"), NODE_IP.parse().unwrap()),
+        ];
+        for (what, source, to, outer_dst) in others {
+            let frame = packet::encapsulated(&packet::frame(source, to, Some(SYN), b""), n2, outer_dst);
+            assert_eq!(node.ingress(&frame), (OK, frame.clone()), "{what}");
+            let (_, out) = node.egress(&packet::frame(backend, source, Some(SYN | ACK), b""));
+            assert_eq!(packet::parse(&out).src, backend, "no DSR state for {what}");
+        }
     });
 }
 

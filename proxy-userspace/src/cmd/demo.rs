@@ -78,6 +78,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             acceleration: crate::datapath::acceleration::Acceleration::Disabled,
             outside_handover: crate::datapath::handover::OutsideHandover::Off,
             nodeport_mode: crate::datapath::loader::NodePortMode::Snat,
+            dsr_dispatch: crate::datapath::loader::DsrDispatch::Option,
             socket_lb: crate::datapath::loader::SocketLb::All,
             cluster_cidrs: Vec::new(),
         },

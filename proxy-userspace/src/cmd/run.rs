@@ -110,6 +110,7 @@ fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
             acceleration: args.nodeport_acceleration.into(),
             outside_handover: args.outside_handover.with_end(args.outside_handover_seconds),
             nodeport_mode: args.nodeport_mode.into(),
+            dsr_dispatch: args.dsr_dispatch.into(),
             socket_lb: args.socket_lb.or(file.socket_lb).unwrap_or_default().into(),
             cluster_cidrs: {
                 let cidrs = flag_or_file(args.cluster_cidr, file.cluster_cidrs);

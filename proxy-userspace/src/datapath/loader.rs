@@ -9,8 +9,8 @@ use aya::{
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, CONNECTIONS_STRIDE, CtKey, CtValue,
-    LOG_ENABLED, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS, RevNat, RevNatId, SOCKET_LB_NETNS, ServiceKey,
-    ServiceValue, SockBackendKey, SockConn, SockRevNat, SockRevNatKey, map_names,
+    DSR_DISPATCH, LOG_ENABLED, MAGLEV_SIZE, NODEPORT_MODE, ROUTED_CLUSTER_IPS, RevNat, RevNatId, SOCKET_LB_NETNS,
+    ServiceKey, ServiceValue, SockBackendKey, SockConn, SockRevNat, SockRevNatKey, map_names,
 };
 
 use super::{
@@ -139,6 +139,8 @@ pub struct LoadOptions {
     /// `--nodeport-mode`: how traffic from outside reaches a backend on
     /// another node.
     pub nodeport_mode: NodePortMode,
+    /// `--dsr-dispatch`: how a DSR flow's packets reach the backend's node.
+    pub dsr_dispatch: DsrDispatch,
     /// `--socket-lb`: which sockets the socket programs translate.
     pub socket_lb: SocketLb,
     /// `--cluster-cidr`: at most one per family (`check_cluster_cidrs`);
@@ -155,6 +157,7 @@ fn settings_globals<'l>(
     Ok(loader
         .override_global(LOG_ENABLED, &BYTES[usize::from(u8::from(opts.bpf_log))], true)
         .override_global(NODEPORT_MODE, &BYTES[usize::from(opts.nodeport_mode.value())], true)
+        .override_global(DSR_DISPATCH, &BYTES[usize::from(opts.dsr_dispatch.value())], true)
         .override_global(SOCKET_LB_NETNS, opts.socket_lb.global()?, true)
         .override_global(CLUSTER_CIDR_V4, cluster_cidr_globals(&opts.cluster_cidrs).0, true)
         .override_global(CLUSTER_CIDR_V6, cluster_cidr_globals(&opts.cluster_cidrs).1, true)
@@ -265,6 +268,28 @@ impl NodePortMode {
             Self::Snat => proxy_common::nodeport_mode::SNAT,
             Self::Dsr => proxy_common::nodeport_mode::DSR,
             Self::Hybrid => proxy_common::nodeport_mode::HYBRID,
+        }
+    }
+}
+
+/// How a DSR flow's packets reach the backend's node (the programs'
+/// `DSR_DISPATCH`; see `proxy-ebpf/src/encap.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DsrDispatch {
+    /// The frontend in an IP option on the packets that open a flow.
+    #[default]
+    Option,
+    /// Every packet inside an outer IP header to the backend.
+    Ipip,
+}
+
+impl DsrDispatch {
+    /// The value of the programs' `DSR_DISPATCH` global.
+    #[must_use]
+    pub(crate) const fn value(self) -> u8 {
+        match self {
+            Self::Option => proxy_common::dsr_dispatch::OPTION,
+            Self::Ipip => proxy_common::dsr_dispatch::IPIP,
         }
     }
 }

@@ -231,9 +231,34 @@ def open_many(kind, host, port, n):
     print("closed", flush=True)
 
 
+def count_tunnelled(iface, seconds):
+    """Counts the IPIP and IP6IP6 frames `iface` receives for `seconds`
+    (seen by a packet socket before the TC programs take them apart), and
+    prints the count."""
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(0x0003))
+    s.bind((iface, 0))
+    s.settimeout(0.2)
+    print("listening", flush=True)
+    end, n = time.time() + seconds, 0
+    while time.time() < end:
+        try:
+            frame, addr = s.recvfrom(128)
+        except socket.timeout:
+            continue
+        if addr[2] == socket.PACKET_OUTGOING:
+            continue
+        ethertype = frame[12:14]
+        if (ethertype == b"\x08\x00" and frame[23] == 4) or (ethertype == b"\x86\xdd" and frame[20] == 41):
+            n += 1
+    print("tunnelled", n, flush=True)
+
+
 def main():
     if sys.argv[1] == "open-many":
         open_many(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        return
+    if sys.argv[1] == "count-tunnelled":
+        count_tunnelled(sys.argv[2], float(sys.argv[3]))
         return
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "tcp-peer":

@@ -370,3 +370,55 @@ pub fn with_dsr_option(frame: &[u8], frontend: SocketAddr) -> Vec<u8> {
     }
     out
 }
+
+/// `frame` inside an outer IP header from `src` to `dst` of its own family
+/// (IPIP, IP6IP6), as an entry node with `--dsr-dispatch ipip` sends it.
+#[must_use]
+pub fn encapsulated(frame: &[u8], src: IpAddr, dst: IpAddr) -> Vec<u8> {
+    let inner = &frame[14..];
+    let mut out = frame[..14].to_vec();
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let total = u16::try_from(inner.len() + 20).unwrap().to_be_bytes();
+            let mut head = vec![0x45, 0, total[0], total[1], 0, 0, 0x40, 0, 64, 4, 0, 0];
+            head.extend_from_slice(&s.octets());
+            head.extend_from_slice(&d.octets());
+            let c = fold(sum(0, &head));
+            head[10..12].copy_from_slice(&c.to_be_bytes());
+            out.extend_from_slice(&head);
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            let len = u16::try_from(inner.len()).unwrap().to_be_bytes();
+            out.extend_from_slice(&[0x60, 0, 0, 0, len[0], len[1], 41, 64]);
+            out.extend_from_slice(&s.octets());
+            out.extend_from_slice(&d.octets());
+        }
+        _ => panic!("one family"),
+    }
+    out.extend_from_slice(inner);
+    out
+}
+
+/// An IPIP or IP6IP6 frame's outer source and destination and its inner
+/// frame (the Ethernet header kept), panicking unless the outer header is
+/// well formed: its IPv4 checksum right, its length that of the frame.
+#[must_use]
+pub fn decapsulated(frame: &[u8]) -> (IpAddr, IpAddr, Vec<u8>) {
+    let ip = &frame[14..];
+    let (src, dst, header) = if frame[12..14] == [0x08, 0x00] {
+        assert_eq!(ip[0], 0x45, "outer IPv4 header: {frame:02x?}");
+        assert_eq!(ip[9], 4, "not IPIP: {frame:02x?}");
+        assert_eq!(fold(sum(0, &ip[..20])), 0, "outer IPv4 header checksum is wrong: {frame:02x?}");
+        assert_eq!(usize::from(u16::from_be_bytes([ip[2], ip[3]])), ip.len(), "outer total length");
+        let addr = |at: usize| IpAddr::from(<[u8; 4]>::try_from(&ip[at..at + 4]).unwrap());
+        (addr(12), addr(16), 20)
+    } else {
+        assert_eq!(ip[6], 41, "not IP6IP6: {frame:02x?}");
+        assert_eq!(usize::from(u16::from_be_bytes([ip[4], ip[5]])), ip.len() - 40, "outer payload length");
+        let addr = |at: usize| IpAddr::from(<[u8; 16]>::try_from(&ip[at..at + 16]).unwrap());
+        (addr(8), addr(24), 40)
+    };
+    let mut inner = frame[..14].to_vec();
+    inner.extend_from_slice(&ip[header..]);
+    (src, dst, inner)
+}
