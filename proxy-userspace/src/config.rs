@@ -81,7 +81,7 @@ pub struct FileConfig {
     /// addresses and default route).
     pub(crate) devices: Vec<String>,
     /// `socketLB`: which sockets the socket programs translate.
-    pub(crate) socket_lb: Option<crate::args::SocketLbMode>,
+    pub(crate) socket_lb: Option<crate::settings::SocketLbMode>,
     /// `podDevices`: the pod-facing devices (empty: `auto`).
     pub(crate) pod_devices: Vec<String>,
     /// kube-proxy's `clusterCIDR` (comma-separated, one per family).
@@ -203,17 +203,17 @@ pub(crate) fn load(path: &Path) -> Result<FileConfig, ConfigError> {
     parse(&text).map_err(|(field, message)| ConfigError::Invalid { path: path.display().to_string(), field, message })
 }
 
-/// The same checks as the flags' (see `args`): endpoint, ranges.
+/// The same checks as the flags' (see `settings::check`): endpoint, ranges.
 fn check_values(cfg: &FileConfig) -> Result<(), (String, String)> {
     if let Some(endpoint) = &cfg.api_server_endpoint {
-        crate::args::parse_endpoint(endpoint).map_err(|e| ("apiServerEndpoint".to_owned(), e))?;
+        crate::settings::check::endpoint(endpoint).map_err(|e| ("apiServerEndpoint".to_owned(), e))?;
     }
     for (field, size) in [
         ("servicesMapSize", cfg.services_map_size),
         ("backendsMapSize", cfg.backends_map_size),
         ("ctMapSize", cfg.ct_map_size),
     ] {
-        size.map(crate::args::check_map_size).transpose().map_err(|e| (field.to_owned(), e))?;
+        size.map(crate::settings::check::check_map_size).transpose().map_err(|e| (field.to_owned(), e))?;
     }
     if cfg.health_timeout_seconds == Some(0) {
         return Err(("healthTimeoutSeconds".into(), "0: must be at least 1".into()));
@@ -240,7 +240,7 @@ fn pod_path(
     crate::datapath::loader::check_cluster_cidrs(&cfg.cluster_cidrs).map_err(|e| ("clusterCIDR".to_owned(), e))?;
     if let Some(mode) = socket_lb {
         cfg.socket_lb = Some(
-            crate::args::SocketLbMode::from_str(mode, false)
+            crate::settings::SocketLbMode::from_str(mode, false)
                 .map_err(|_| ("socketLB".to_owned(), format!("{mode:?}: expected \"all\" or \"host-namespace\"")))?,
         );
     }

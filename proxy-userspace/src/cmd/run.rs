@@ -7,23 +7,24 @@ use tokio::sync::watch;
 
 use crate::{
     agent::{self, AgentConfig},
-    args::{LogFormat, RunArgs},
+    args::LogFormat,
     config::{self, FileConfig},
     datapath::loader::LoadOptions,
     paths::{DEFAULT_HEALTHZ, DEFAULT_METRICS, DEFAULT_PIN_DIR},
     reconcile::sizing::DEFAULT_BOUNDS,
+    settings::Settings,
 };
 
 /// The `run` arguments and the config file they name, read before logging
 /// starts (the file may choose the log format).
 #[derive(Debug)]
 pub struct Prepared {
-    args: RunArgs,
+    args: Settings,
     file: FileConfig,
 }
 
 /// Reads the config file `args` names.
-pub fn prepare(args: RunArgs) -> Result<Prepared, config::ConfigError> {
+pub fn prepare(args: Settings) -> Result<Prepared, config::ConfigError> {
     let file = match &args.config {
         Some(path) => config::load(path)?,
         None => FileConfig::default(),
@@ -71,7 +72,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
 }
 
 /// Flags, then the config file, then defaults.
-fn merge(args: RunArgs, file: FileConfig) -> anyhow::Result<AgentConfig> {
+fn merge(args: Settings, file: FileConfig) -> anyhow::Result<AgentConfig> {
     let services_file = args.services_file.or(file.services_file);
     let kubeconfig = args.kubeconfig.or(file.kubeconfig);
     let source = match services_file {

@@ -1,0 +1,255 @@
+//! The agent's settings (`ebpf-proxy run`): one struct that the flags,
+//! the environment and the config file fill, each field's flag, help,
+//! default and check written once, beside it.
+use std::path::PathBuf;
+
+use clap::Args;
+
+pub(crate) mod check;
+mod modes;
+
+pub(crate) use modes::{LbAlgorithm, NodePortAcceleration, NodePortMode, OutsideHandoverMode, SocketLbMode};
+
+/// The agent's settings, one field each: `ebpf-proxy run`'s flags (and
+/// their environment variables) fill one, the config file another
+/// (`crate::config`), and `over` lays the first over the second.
+#[derive(Debug, Default, Args)]
+pub struct Settings {
+    /// Configuration file: ebpf-proxy's fields (camelCase, as the flags
+    /// here) and/or a kube-proxy KubeProxyConfiguration, whose applicable
+    /// fields are used (healthzBindAddress, metricsBindAddress,
+    /// nodePortAddresses, hostnameOverride, clientConnection.kubeconfig).
+    /// Flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// Read Services and EndpointSlices from this file instead of the
+    /// Kubernetes API: a YAML stream of v1 Service and discovery.k8s.io/v1
+    /// EndpointSlice objects (as `kubectl get -o yaml` prints them),
+    /// re-read when it changes.
+    #[arg(long, value_name = "FILE", conflicts_with = "kubeconfig")]
+    pub(crate) services_file: Option<PathBuf>,
+    /// Kubeconfig for the API server. Default: in-cluster service account,
+    /// else KUBECONFIG, else ~/.kube/config.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) kubeconfig: Option<PathBuf>,
+    /// The API server to dial, instead of the one the in-cluster config
+    /// (the `kubernetes` Service's ClusterIP, which nothing translates
+    /// before this agent has synced) or the kubeconfig names; the service
+    /// account token and CA are kept. The control plane's real endpoint,
+    /// e.g. 192.168.0.10:6443.
+    #[arg(long, value_name = "HOST:PORT", value_parser = check::endpoint)]
+    pub(crate) api_server_endpoint: Option<String>,
+    /// What Services and EndpointSlices are asked of the API server in
+    /// (kube-proxy's flag): protobuf, as kube-proxy and client-go ask
+    /// (JSON is still read from a server that answers with it), or JSON.
+    #[arg(
+        long,
+        value_name = "TYPE",
+        default_value = "application/vnd.kubernetes.protobuf",
+        value_parser = check::content_type
+    )]
+    pub(crate) kube_api_content_type: crate::source::listwatch::ContentType,
+    /// cgroup v2 directory to attach the socket programs to (they act on
+    /// every process in it and below). Default: the root of the cgroup2
+    /// hierarchy, mounted at /run/ebpf-proxy/cgroup2 if none is.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) cgroup: Option<PathBuf>,
+    /// Directory on a bpffs where the maps and links are pinned (bpffs is
+    /// mounted at /sys/fs/bpf when this lies below it and none is mounted).
+    /// Default: /sys/fs/bpf/ebpf-proxy.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) bpffs_dir: Option<PathBuf>,
+    /// Name of this node, for internalTrafficPolicy: Local, its zone and its
+    /// addresses. Default: the NODE_NAME environment variable, else the
+    /// hostname.
+    #[arg(long, env = "NODE_NAME")]
+    pub(crate) node_name: Option<String>,
+    /// An address of this node: NodePorts are served on it (as on the
+    /// node's local addresses, see --nodeport-addresses; with `primary`,
+    /// the first of each family); with --external-ips-local-only, an
+    /// externalIP is served to clients on the node only if it is one of
+    /// them. Repeatable. Default: the InternalIP and ExternalIP addresses
+    /// of this node's Node object.
+    #[arg(long, value_name = "IP")]
+    pub(crate) node_ip: Vec<std::net::IpAddr>,
+    /// Which of the node's local addresses serve NodePorts (kube-proxy's
+    /// --nodeport-addresses, overrides the config file's
+    /// nodePortAddresses): comma-separated CIDRs (the local addresses
+    /// inside them; a family no CIDR names is not narrowed; 127.0.0.1 only
+    /// if a CIDR covers it), or `primary` (the node's first IP of each
+    /// family, no 127.0.0.1). Default: every local address of every device
+    /// and 127.0.0.1, followed as addresses come and go.
+    #[arg(long, value_name = "CIDRS|primary", value_parser = check::nodeport_addresses)]
+    pub(crate) nodeport_addresses: Option<crate::node::nodeport_addresses::NodePortAddresses>,
+    /// When a backend leaves a UDP service, sockets still connected to it
+    /// through the service are destroyed (their owners get an error and
+    /// reconnect to a live backend): in the agent's network namespace, and
+    /// in these (a namespace file, or a directory of them such as
+    /// /var/run/netns). Repeatable.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) socket_netns: Vec<PathBuf>,
+    /// Where to serve /healthz and /livez. Default: 0.0.0.0:10256 (kube-proxy's).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) healthz_bind_address: Option<std::net::SocketAddr>,
+    /// Where to serve /metrics and /proxyMode. Default: 127.0.0.1:10249 (kube-proxy's).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Seconds a change may wait unapplied before /healthz answers 503
+    /// (at least 1). Default: 60.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) health_timeout: Option<u64>,
+    /// Log every translation the eBPF programs make, at debug level under
+    /// the target proxy_ebpf (RUST_LOG=info,proxy_ebpf=debug shows them).
+    /// Costs time on every connect: for troubleshooting only.
+    #[arg(long)]
+    pub(crate) bpf_log: bool,
+    /// Most entries of the services map (one per frontend plus one per
+    /// four backend slots), 1 to 16777216. The map is sized from the table with
+    /// room to spare and grows as needed, up to this; past it the services
+    /// that do not fit are not written, /healthz turns 503 after
+    /// --health-timeout, and ebpf_proxy_map_full_total counts the refused
+    /// writes. Default: 4194304.
+    #[arg(long, value_name = "N", value_parser = check::map_size())]
+    pub(crate) services_map_size: Option<u32>,
+    /// Most entries of the backends map (an array indexed by backend id
+    /// from 1: it holds one distinct backend fewer than its size), 1 to
+    /// 16777216, sized and grown as the services map is. Default: 2097152.
+    #[arg(long, value_name = "N", value_parser = check::map_size())]
+    pub(crate) backends_map_size: Option<u32>,
+    /// A network device that traffic from outside arrives on: the TC
+    /// programs serve NodePorts, LoadBalancer IPs and externalIPs there.
+    /// Repeatable. Default: the devices holding this node's addresses and
+    /// the default route (recomputed when the node's addresses change).
+    #[arg(long = "devices", value_name = "DEV", value_delimiter = ',')]
+    pub(crate) devices: Vec<String>,
+    /// Entries of each Maglev table (traffic from outside picks backends
+    /// with it): a prime from 251 to 131071. Changing it gives the agent a
+    /// fresh set of maps (connection tracking starts afresh). Default: 16381.
+    #[arg(long, value_name = "N", value_parser = check::maglev_table_size)]
+    pub(crate) maglev_table_size: Option<usize>,
+    /// Entries of the connection-tracking map of the flows translated per
+    /// packet (two per flow, LRU, allocated at start; a restart with
+    /// another size copies the flows into a new map), 1 to 16777216.
+    /// Default: 262144.
+    #[arg(long, value_name = "N", value_parser = check::map_size())]
+    pub(crate) ct_map_size: Option<u32>,
+    /// XDP in front of the TC programs on the --devices, for traffic from
+    /// outside (NodePorts, LoadBalancer IPs, externalIPs): the same
+    /// translation before the kernel allocates a socket buffer; what XDP
+    /// cannot finish (fragments, ICMP errors, rejections, a next hop whose
+    /// link-layer address is unknown) passes to the TC programs. `native`:
+    /// a device whose driver has no native XDP is an error (logged; TC
+    /// alone serves it); `best-effort`: such a device is served by TC
+    /// alone, with a warning, and so is a veth, where XDP is slower than TC.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortAcceleration::Disabled)]
+    pub(crate) nodeport_acceleration: NodePortAcceleration,
+    /// Sharing traffic from outside with a kube-proxy still running on the
+    /// node (for a live takeover; docs/design.md, "Taking over from
+    /// kube-proxy"). `defer`: the TC/XDP programs leave every packet to a
+    /// NodePort, LoadBalancer IP or externalIP to the kernel (kube-proxy's
+    /// rules serve it) and remember each flow they see as netfilter's (and
+    /// those conntrack holds, read once they are attached);
+    /// `handover`: new flows are the programs', netfilter's flows (those
+    /// remembered, and TCP packets without SYN of connections the programs
+    /// do not know) go on through the kernel's conntrack; `off`: normal
+    /// service. Set at every start; a takeover sequence changes it while
+    /// running.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = OutsideHandoverMode::Off)]
+    pub(crate) outside_handover: OutsideHandoverMode,
+    /// With --outside-handover=handover (or the handover after
+    /// --take-over-from-kube-proxy): after this many seconds the
+    /// programs serve every flow again (as `off`; flows remembered as
+    /// netfilter's still go to the kernel until they end). 0: until the
+    /// mode is changed or the agent restarts.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    pub(crate) outside_handover_seconds: u64,
+    /// How traffic from outside (externalTrafficPolicy: Cluster) reaches a
+    /// backend on another node. `snat`: the source becomes this node's
+    /// address, replies come back through this node. `dsr`: direct server
+    /// return: the client's address is kept, the frontend travels in an
+    /// IPv4 option / IPv6 Destination Options header (8 / 24 more bytes on
+    /// each TCP SYN and UDP datagram), and the backend's node answers the
+    /// client itself (every node must run the agent, in any mode, forward
+    /// IP, and route to the clients). `hybrid`: DSR for TCP, SNAT for UDP.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortMode::Snat)]
+    pub(crate) nodeport_mode: NodePortMode,
+    /// Which sockets the socket programs translate at connect()/sendmsg().
+    /// `all`: every socket in the --cgroup. `host-namespace`: only those in
+    /// the agent's own network namespace (the node's); pods' sockets keep
+    /// the service address and their packets are translated on the
+    /// pod-facing devices (--pod-devices), as a service mesh's sidecar
+    /// needs (its SO_ORIGINAL_DST must be the service, not a backend).
+    /// Default: the config file's socketLB, else all.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub(crate) socket_lb: Option<SocketLbMode>,
+    /// A device the pods' own traffic passes (the host side of a pod's
+    /// veth, a bridge holding pod routes): the per-packet programs
+    /// translate packets to services there (pods the socket programs do not
+    /// translate, VMs, meshes). Repeatable. `auto` (the default): every
+    /// veth and bridge that is not one of the --devices, followed as pods
+    /// come and go; `none`: no device.
+    #[arg(long = "pod-devices", value_name = "DEV", value_delimiter = ',')]
+    pub(crate) pod_devices: Vec<String>,
+    /// The cluster's pod CIDRs, at most one per family, comma-separated
+    /// (kube-proxy's --cluster-cidr): packets routed to this node for a
+    /// ClusterIP (from a router, a VM, another node) are translated on the
+    /// --devices, with source NAT to this node's address when their source
+    /// is outside them (kube-proxy's detectLocalMode ClusterCIDR). Unset
+    /// (the default, and the config file's clusterCIDR unset): a ClusterIP
+    /// is not served to traffic arriving from outside.
+    #[arg(long = "cluster-cidr", value_name = "CIDRS", value_delimiter = ',', value_parser = check::cidr)]
+    pub(crate) cluster_cidr: Vec<ipnet::IpNet>,
+    /// Frontends whose connection counter is exported as its own series
+    /// (ebpf_proxy_service_connections_total), at most; past it the
+    /// frontends with the highest ids are left out and counted in
+    /// ebpf_proxy_service_series_omitted. 0: none. Default: 1000.
+    #[arg(long, value_name = "N")]
+    pub(crate) max_service_series: Option<usize>,
+    /// How often the drift audit compares the maps in the kernel with the
+    /// desired table and repairs what something else changed (logged, and
+    /// counted in ebpf_proxy_datapath_drift_total): a duration such as 5m,
+    /// 30s or 1h0m0s; 0 disables the timer (SIGHUP still audits at once).
+    /// Default: the config file's syncPeriod, else 5m.
+    #[arg(long, value_name = "DURATION", value_parser = check::duration)]
+    pub(crate) audit_interval: Option<std::time::Duration>,
+    /// Take over connections from this node (its pods and itself) to an
+    /// externalIP only when it is one of this node's addresses; to any
+    /// other externalIP they reach that address itself (a mitigation of
+    /// CVE-2020-8554 on this node alone; the DenyServiceExternalIPs
+    /// admission plugin is the cluster-wide one). Default: every
+    /// externalIP of every service is taken over, as kube-proxy does.
+    /// Traffic from outside is served on every externalIP either way.
+    #[arg(long)]
+    pub(crate) external_ips_local_only: bool,
+    /// Take this node over from kube-proxy (stopped, its rules still in
+    /// place): once the maps hold the whole table, read kube-proxy's rules
+    /// (iptables nat/filter of iptables-nft and iptables-legacy, both
+    /// families; nftables tables ip/ip6 kube-proxy), check that every
+    /// frontend they serve is in the maps with the same backends, and only
+    /// then remove them as `kube-proxy --cleanup` does, one transaction per
+    /// table. A difference is logged (one warning each) and the rules stay;
+    /// the check runs again every 10 s (while the maps hold the table).
+    /// Meanwhile traffic from outside is left to kube-proxy's rules
+    /// (`--outside-handover defer`); once they are gone new flows are the
+    /// programs' and those conntrack translated finish through it
+    /// (`handover`, for --outside-handover-seconds if set). With no rule of
+    /// kube-proxy's on the node the flag does nothing.
+    #[arg(long)]
+    pub(crate) take_over_from_kube_proxy: bool,
+    /// The unix socket (mode 0600) where `ebpf-proxy explain` asks why
+    /// endpoints are not used; "none": not served. Default:
+    /// /run/ebpf-proxy/agent.sock.
+    #[arg(long, value_name = "PATH", env = "EBPF_PROXY_EXPLAIN_SOCKET")]
+    pub(crate) explain_socket: Option<PathBuf>,
+    /// How a service picks a backend for each new connection unless its
+    /// annotation ebpf-proxy.io/lb-algorithm says otherwise. `random`: a
+    /// backend at random (traffic from outside: by the Maglev table), as
+    /// kube-proxy does. `least-connections`: of two backends picked at
+    /// random, the one with fewer active connections (open sockets on this
+    /// node and flows from outside it serves; traffic from outside with
+    /// --nodeport-mode dsr, or hybrid for TCP, keeps the Maglev table).
+    /// `maglev`: as random (Cilium's name). Default: the config file's
+    /// lbAlgorithm, else random.
+    #[arg(long, value_enum, value_name = "ALGORITHM")]
+    pub(crate) lb_algorithm: Option<LbAlgorithm>,
+}
