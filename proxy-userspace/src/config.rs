@@ -13,7 +13,11 @@ use std::{
     time::Duration,
 };
 
-use crate::{args::LogFormat, node::nodeport_addresses::NodePortAddresses};
+use crate::{
+    args::LogFormat,
+    node::nodeport_addresses::NodePortAddresses,
+    settings::{default_healthz, default_metrics},
+};
 
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -302,13 +306,15 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
             NodePortAddresses::parse(values).map_err(|(i, e)| (format!("nodePortAddresses[{i}]"), e.to_string()))?,
         );
     }
-    cfg.healthz_bind_address = bind_address("healthzBindAddress", raw.healthz_bind_address.as_deref(), 10256)?;
-    cfg.metrics_bind_address = bind_address("metricsBindAddress", raw.metrics_bind_address.as_deref(), 10249)?;
+    cfg.healthz_bind_address =
+        bind_address("healthzBindAddress", raw.healthz_bind_address.as_deref(), default_healthz().port())?;
+    cfg.metrics_bind_address =
+        bind_address("metricsBindAddress", raw.metrics_bind_address.as_deref(), default_metrics().port())?;
     if let Some(a) = bind_cidrs(
         "healthzBindAddresses",
         raw.healthz_bind_addresses.as_deref().unwrap_or_default(),
         raw.healthz_bind_port,
-        10256,
+        default_healthz().port(),
     )? {
         cfg.healthz_bind_address = Some(a);
     }
@@ -316,7 +322,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         "metricsBindAddresses",
         raw.metrics_bind_addresses.as_deref().unwrap_or_default(),
         raw.metrics_bind_port,
-        10249,
+        default_metrics().port(),
     )? {
         cfg.metrics_bind_address = Some(a);
     }

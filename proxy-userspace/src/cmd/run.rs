@@ -10,9 +10,9 @@ use crate::{
     args::LogFormat,
     config::{self, FileConfig},
     datapath::loader::LoadOptions,
-    paths::{DEFAULT_HEALTHZ, DEFAULT_METRICS, DEFAULT_PIN_DIR},
+    paths::DEFAULT_PIN_DIR,
     reconcile::sizing::DEFAULT_BOUNDS,
-    settings::Settings,
+    settings::{DEFAULT_HEALTH_TIMEOUT, Settings, default_healthz, default_metrics},
 };
 
 /// The `run` arguments and the config file they name, read before logging
@@ -122,17 +122,12 @@ fn merge(args: Settings, file: FileConfig) -> anyhow::Result<AgentConfig> {
         socket_netns: flag_or_file(args.socket_netns, file.socket_netns),
         node_ips: flag_or_file(args.node_ip, file.node_ips),
         node_port_addresses: args.nodeport_addresses.or(file.node_port_addresses).unwrap_or_default(),
-        health_bind: Some(
-            args.healthz_bind_address
-                .or(file.healthz_bind_address)
-                .unwrap_or_else(|| DEFAULT_HEALTHZ.parse().expect("valid")),
-        ),
-        metrics_bind: Some(
-            args.metrics_bind_address
-                .or(file.metrics_bind_address)
-                .unwrap_or_else(|| DEFAULT_METRICS.parse().expect("valid")),
-        ),
-        health_timeout: Duration::from_secs(args.health_timeout.or(file.health_timeout_seconds).unwrap_or(60)),
+        health_bind: Some(args.healthz_bind_address.or(file.healthz_bind_address).unwrap_or_else(default_healthz)),
+        metrics_bind: Some(args.metrics_bind_address.or(file.metrics_bind_address).unwrap_or_else(default_metrics)),
+        health_timeout: args
+            .health_timeout
+            .or(file.health_timeout_seconds)
+            .map_or(DEFAULT_HEALTH_TIMEOUT, Duration::from_secs),
         devices: crate::node::devices::DeviceSelection::from_names(flag_or_file(args.devices, file.devices)),
         pod_devices: crate::node::pod_devices::PodDeviceSelection::from_names(flag_or_file(
             args.pod_devices,

@@ -30,14 +30,14 @@ pub(crate) fn endpoint(text: &str) -> Result<String, String> {
 
 /// `--healthz-bind-address` of kube-proxy's command line.
 pub(crate) fn healthz_address(text: &str) -> Result<std::net::SocketAddr, String> {
-    crate::config::bind_address("--healthz-bind-address", Some(text), 10256)
+    crate::config::bind_address("--healthz-bind-address", Some(text), super::default_healthz().port())
         .map_err(|(_, e)| e)?
         .ok_or_else(|| "empty".to_owned())
 }
 
 /// `--metrics-bind-address` of kube-proxy's command line.
 pub(crate) fn metrics_address(text: &str) -> Result<std::net::SocketAddr, String> {
-    crate::config::bind_address("--metrics-bind-address", Some(text), 10249)
+    crate::config::bind_address("--metrics-bind-address", Some(text), super::default_metrics().port())
         .map_err(|(_, e)| e)?
         .ok_or_else(|| "empty".to_owned())
 }

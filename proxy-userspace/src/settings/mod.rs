@@ -1,14 +1,38 @@
 //! The agent's settings (`ebpf-proxy run`): one struct that the flags,
 //! the environment and the config file fill, each field's flag, help,
 //! default and check written once, beside it.
-use std::path::PathBuf;
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Args;
+use proxy_common::map_sizes;
+
+use crate::{
+    observe::metrics::DEFAULT_MAX_SERVICE_SERIES,
+    paths::{BPFFS_ROOT, DEFAULT_EXPLAIN_SOCKET, DEFAULT_HEALTHZ, DEFAULT_METRICS, DEFAULT_PIN_DIR},
+    reconcile::{maglev, sizing::DEFAULT_BOUNDS},
+    settings::check::MAX_MAP_SIZE,
+};
 
 pub(crate) mod check;
 mod modes;
 
 pub(crate) use modes::{LbAlgorithm, NodePortAcceleration, NodePortMode, OutsideHandoverMode, SocketLbMode};
+
+/// How long a change may wait unapplied before /healthz answers 503, unless
+/// set.
+pub(crate) const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where /healthz and /livez are served unless set; its port is the one an
+/// address given without one takes.
+pub(crate) fn default_healthz() -> SocketAddr {
+    DEFAULT_HEALTHZ.parse().expect("DEFAULT_HEALTHZ is IP:PORT")
+}
+
+/// Where /metrics and /proxyMode are served unless set; its port is the one
+/// an address given without one takes.
+pub(crate) fn default_metrics() -> SocketAddr {
+    DEFAULT_METRICS.parse().expect("DEFAULT_METRICS is IP:PORT")
+}
 
 /// The agent's settings, one field each: `ebpf-proxy run`'s flags (and
 /// their environment variables) fill one, the config file another
@@ -54,10 +78,10 @@ pub struct Settings {
     /// hierarchy, mounted at /run/ebpf-proxy/cgroup2 if none is.
     #[arg(long, value_name = "DIR")]
     pub(crate) cgroup: Option<PathBuf>,
-    /// Directory on a bpffs where the maps and links are pinned (bpffs is
-    /// mounted at /sys/fs/bpf when this lies below it and none is mounted).
-    /// Default: /sys/fs/bpf/ebpf-proxy.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help = format!(
+        "Directory on a bpffs where the maps and links are pinned (bpffs is mounted at {BPFFS_ROOT} when this \
+         lies below it and none is mounted). Default: {DEFAULT_PIN_DIR}"
+    ))]
     pub(crate) bpffs_dir: Option<PathBuf>,
     /// Name of this node, for internalTrafficPolicy: Local, its zone and its
     /// addresses. Default: the NODE_NAME environment variable, else the
@@ -88,33 +112,37 @@ pub struct Settings {
     /// /var/run/netns). Repeatable.
     #[arg(long, value_name = "PATH")]
     pub(crate) socket_netns: Vec<PathBuf>,
-    /// Where to serve /healthz and /livez. Default: 0.0.0.0:10256 (kube-proxy's).
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", help = format!(
+        "Where to serve /healthz and /livez. Default: {DEFAULT_HEALTHZ} (kube-proxy's)"
+    ))]
     pub(crate) healthz_bind_address: Option<std::net::SocketAddr>,
-    /// Where to serve /metrics and /proxyMode. Default: 127.0.0.1:10249 (kube-proxy's).
-    #[arg(long, value_name = "ADDR:PORT")]
+    #[arg(long, value_name = "ADDR:PORT", help = format!(
+        "Where to serve /metrics and /proxyMode. Default: {DEFAULT_METRICS} (kube-proxy's)"
+    ))]
     pub(crate) metrics_bind_address: Option<std::net::SocketAddr>,
-    /// Seconds a change may wait unapplied before /healthz answers 503
-    /// (at least 1). Default: 60.
-    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..), help = format!(
+        "Seconds a change may wait unapplied before /healthz answers 503 (at least 1). Default: {}",
+        DEFAULT_HEALTH_TIMEOUT.as_secs()
+    ))]
     pub(crate) health_timeout: Option<u64>,
     /// Log every translation the eBPF programs make, at debug level under
     /// the target proxy_ebpf (RUST_LOG=info,proxy_ebpf=debug shows them).
     /// Costs time on every connect: for troubleshooting only.
     #[arg(long)]
     pub(crate) bpf_log: bool,
-    /// Most entries of the services map (one per frontend plus one per
-    /// four backend slots), 1 to 16777216. The map is sized from the table with
-    /// room to spare and grows as needed, up to this; past it the services
-    /// that do not fit are not written, /healthz turns 503 after
-    /// --health-timeout, and ebpf_proxy_map_full_total counts the refused
-    /// writes. Default: 4194304.
-    #[arg(long, value_name = "N", value_parser = check::map_size())]
+    #[arg(long, value_name = "N", value_parser = check::map_size(), help = format!(
+        "Most entries of the services map (one per frontend plus one per four backend slots), 1 to {MAX_MAP_SIZE}. \
+         The map is sized from the table with room to spare and grows as needed, up to this; past it the services \
+         that do not fit are not written, /healthz turns 503 after --health-timeout, and ebpf_proxy_map_full_total \
+         counts the refused writes. Default: {}",
+        DEFAULT_BOUNDS.services
+    ))]
     pub(crate) services_map_size: Option<u32>,
-    /// Most entries of the backends map (an array indexed by backend id
-    /// from 1: it holds one distinct backend fewer than its size), 1 to
-    /// 16777216, sized and grown as the services map is. Default: 2097152.
-    #[arg(long, value_name = "N", value_parser = check::map_size())]
+    #[arg(long, value_name = "N", value_parser = check::map_size(), help = format!(
+        "Most entries of the backends map (an array indexed by backend id from 1: it holds one distinct backend \
+         fewer than its size), 1 to {MAX_MAP_SIZE}, sized and grown as the services map is. Default: {}",
+        DEFAULT_BOUNDS.backends
+    ))]
     pub(crate) backends_map_size: Option<u32>,
     /// A network device that traffic from outside arrives on: the TC
     /// programs serve NodePorts, LoadBalancer IPs and externalIPs there.
@@ -122,16 +150,19 @@ pub struct Settings {
     /// the default route (recomputed when the node's addresses change).
     #[arg(long = "devices", value_name = "DEV", value_delimiter = ',')]
     pub(crate) devices: Vec<String>,
-    /// Entries of each Maglev table (traffic from outside picks backends
-    /// with it): a prime from 251 to 131071. Changing it gives the agent a
-    /// fresh set of maps (connection tracking starts afresh). Default: 16381.
-    #[arg(long, value_name = "N", value_parser = check::maglev_table_size)]
+    #[arg(long, value_name = "N", value_parser = check::maglev_table_size, help = format!(
+        "Entries of each Maglev table (traffic from outside picks backends with it): a prime from {} to {}. \
+         Changing it gives the agent a fresh set of maps (connection tracking starts afresh). Default: {}",
+        maglev::SIZES[0],
+        maglev::SIZES[maglev::SIZES.len() - 1],
+        maglev::DEFAULT_SIZE
+    ))]
     pub(crate) maglev_table_size: Option<usize>,
-    /// Entries of the connection-tracking map of the flows translated per
-    /// packet (two per flow, LRU, allocated at start; a restart with
-    /// another size copies the flows into a new map), 1 to 16777216.
-    /// Default: 262144.
-    #[arg(long, value_name = "N", value_parser = check::map_size())]
+    #[arg(long, value_name = "N", value_parser = check::map_size(), help = format!(
+        "Entries of the connection-tracking map of the flows translated per packet (two per flow, LRU, allocated \
+         at start; a restart with another size copies the flows into a new map), 1 to {MAX_MAP_SIZE}. Default: {}",
+        map_sizes::CT
+    ))]
     pub(crate) ct_map_size: Option<u32>,
     /// XDP in front of the TC programs on the --devices, for traffic from
     /// outside (NodePorts, LoadBalancer IPs, externalIPs): the same
@@ -199,11 +230,11 @@ pub struct Settings {
     /// is not served to traffic arriving from outside.
     #[arg(long = "cluster-cidr", value_name = "CIDRS", value_delimiter = ',', value_parser = check::cidr)]
     pub(crate) cluster_cidr: Vec<ipnet::IpNet>,
-    /// Frontends whose connection counter is exported as its own series
-    /// (ebpf_proxy_service_connections_total), at most; past it the
-    /// frontends with the highest ids are left out and counted in
-    /// ebpf_proxy_service_series_omitted. 0: none. Default: 1000.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help = format!(
+        "Frontends whose connection counter is exported as its own series (ebpf_proxy_service_connections_total), \
+         at most; past it the frontends with the highest ids are left out and counted in \
+         ebpf_proxy_service_series_omitted. 0: none. Default: {DEFAULT_MAX_SERVICE_SERIES}"
+    ))]
     pub(crate) max_service_series: Option<usize>,
     /// How often the drift audit compares the maps in the kernel with the
     /// desired table and repairs what something else changed (logged, and
@@ -236,10 +267,10 @@ pub struct Settings {
     /// kube-proxy's on the node the flag does nothing.
     #[arg(long)]
     pub(crate) take_over_from_kube_proxy: bool,
-    /// The unix socket (mode 0600) where `ebpf-proxy explain` asks why
-    /// endpoints are not used; "none": not served. Default:
-    /// /run/ebpf-proxy/agent.sock.
-    #[arg(long, value_name = "PATH", env = "EBPF_PROXY_EXPLAIN_SOCKET")]
+    #[arg(long, value_name = "PATH", env = "EBPF_PROXY_EXPLAIN_SOCKET", help = format!(
+        "The unix socket (mode 0600) where `ebpf-proxy explain` asks why endpoints are not used; \"none\": not \
+         served. Default: {DEFAULT_EXPLAIN_SOCKET}"
+    ))]
     pub(crate) explain_socket: Option<PathBuf>,
     /// How a service picks a backend for each new connection unless its
     /// annotation ebpf-proxy.io/lb-algorithm says otherwise. `random`: a
