@@ -7,6 +7,7 @@ use clap::Args;
 use proxy_common::map_sizes;
 
 use crate::{
+    args::LogFormat,
     observe::metrics::DEFAULT_MAX_SERVICE_SERIES,
     paths::{BPFFS_ROOT, DEFAULT_EXPLAIN_SOCKET, DEFAULT_HEALTHZ, DEFAULT_METRICS, DEFAULT_PIN_DIR},
     reconcile::{maglev, sizing::DEFAULT_BOUNDS},
@@ -15,6 +16,7 @@ use crate::{
 
 pub(crate) mod check;
 mod modes;
+mod resolve;
 
 pub(crate) use modes::{LbAlgorithm, NodePortAcceleration, NodePortMode, OutsideHandoverMode, SocketLbMode};
 
@@ -36,8 +38,10 @@ pub(crate) fn default_metrics() -> SocketAddr {
 
 /// The agent's settings, one field each: `ebpf-proxy run`'s flags (and
 /// their environment variables) fill one, the config file another
-/// (`crate::config`), and `over` lays the first over the second.
-#[derive(Debug, Default, Args)]
+/// (`crate::config`), and `over` lays the first over the second. A field
+/// unset in both is its default, applied where the agent's parts take
+/// them (`agent_config`, `load_options`).
+#[derive(Debug, Default, Clone, PartialEq, Args)]
 pub struct Settings {
     /// Configuration file: ebpf-proxy's fields (camelCase, as the flags
     /// here) and/or a kube-proxy KubeProxyConfiguration, whose applicable
@@ -283,4 +287,220 @@ pub struct Settings {
     /// lbAlgorithm, else random.
     #[arg(long, value_enum, value_name = "ALGORITHM")]
     pub(crate) lb_algorithm: Option<LbAlgorithm>,
+    /// kube-proxy's minSyncPeriod: syncs start at most this often (the
+    /// config file's alone).
+    #[arg(skip)]
+    pub(crate) min_sync_period: Option<Duration>,
+    /// kube-proxy's logging.format (the config file's alone: `--log-format`
+    /// is the command line's, before the subcommand).
+    #[arg(skip)]
+    pub(crate) log_format: Option<LogFormat>,
+    /// kube-proxy's logging.verbosity, klog's `-v` (the config file's alone:
+    /// `-v` is kube-proxy's command line's).
+    #[arg(skip)]
+    pub(crate) log_verbosity: Option<u32>,
+}
+
+impl Settings {
+    /// These settings (the command line's) over `file`'s: a flag given
+    /// wins, a repeatable flag given replaces the file's list, and
+    /// `--bpf-log` turns on what the file's bpfLog may also turn on. Every
+    /// field is named here, so a new one must say which layer it takes.
+    #[must_use]
+    pub(crate) fn over(self, file: Settings) -> Settings {
+        let Settings {
+            config,
+            services_file,
+            kubeconfig,
+            api_server_endpoint,
+            kube_api_content_type,
+            cgroup,
+            bpffs_dir,
+            node_name,
+            node_ip,
+            nodeport_addresses,
+            socket_netns,
+            healthz_bind_address,
+            metrics_bind_address,
+            health_timeout,
+            bpf_log,
+            services_map_size,
+            backends_map_size,
+            devices,
+            maglev_table_size,
+            ct_map_size,
+            nodeport_acceleration,
+            outside_handover,
+            outside_handover_seconds,
+            nodeport_mode,
+            socket_lb,
+            pod_devices,
+            cluster_cidr,
+            max_service_series,
+            audit_interval,
+            external_ips_local_only,
+            take_over_from_kube_proxy,
+            explain_socket,
+            lb_algorithm,
+            min_sync_period: _,
+            log_format: _,
+            log_verbosity: _,
+        } = self;
+        Settings {
+            // The command line's alone: the file has no field for these.
+            config,
+            kube_api_content_type,
+            nodeport_acceleration,
+            outside_handover,
+            outside_handover_seconds,
+            nodeport_mode,
+            external_ips_local_only,
+            take_over_from_kube_proxy,
+            explain_socket,
+            // The file's alone.
+            min_sync_period: file.min_sync_period,
+            log_format: file.log_format,
+            log_verbosity: file.log_verbosity,
+            // Both: the flag wins.
+            services_file: services_file.or(file.services_file),
+            kubeconfig: kubeconfig.or(file.kubeconfig),
+            api_server_endpoint: api_server_endpoint.or(file.api_server_endpoint),
+            cgroup: cgroup.or(file.cgroup),
+            bpffs_dir: bpffs_dir.or(file.bpffs_dir),
+            node_name: node_name.or(file.node_name),
+            node_ip: list(node_ip, file.node_ip),
+            nodeport_addresses: nodeport_addresses.or(file.nodeport_addresses),
+            socket_netns: list(socket_netns, file.socket_netns),
+            healthz_bind_address: healthz_bind_address.or(file.healthz_bind_address),
+            metrics_bind_address: metrics_bind_address.or(file.metrics_bind_address),
+            health_timeout: health_timeout.or(file.health_timeout),
+            bpf_log: bpf_log || file.bpf_log,
+            services_map_size: services_map_size.or(file.services_map_size),
+            backends_map_size: backends_map_size.or(file.backends_map_size),
+            devices: list(devices, file.devices),
+            maglev_table_size: maglev_table_size.or(file.maglev_table_size),
+            ct_map_size: ct_map_size.or(file.ct_map_size),
+            socket_lb: socket_lb.or(file.socket_lb),
+            pod_devices: list(pod_devices, file.pod_devices),
+            cluster_cidr: list(cluster_cidr, file.cluster_cidr),
+            max_service_series: max_service_series.or(file.max_service_series),
+            audit_interval: audit_interval.or(file.audit_interval),
+            lb_algorithm: lb_algorithm.or(file.lb_algorithm),
+        }
+    }
+}
+
+/// A repeatable flag given replaces the file's list.
+fn list<T>(flag: Vec<T>, file: Vec<T>) -> Vec<T> {
+    if flag.is_empty() { file } else { flag }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{net::IpAddr, path::Path};
+
+    use clap::FromArgMatches as _;
+
+    use super::*;
+
+    /// `run`'s flags as clap reads them, without the environment
+    /// (`NODE_NAME`, `EBPF_PROXY_EXPLAIN_SOCKET`).
+    fn flags(argv: &[&str]) -> Settings {
+        let command = Settings::augment_args(clap::Command::new("run"))
+            .mut_arg("node_name", |a| a.env(None))
+            .mut_arg("explain_socket", |a| a.env(None));
+        let matches = command.try_get_matches_from(std::iter::once("run").chain(argv.iter().copied())).unwrap();
+        Settings::from_arg_matches(&matches).unwrap()
+    }
+
+    fn file(yaml: &str) -> Settings {
+        crate::config::parse(yaml).unwrap().settings
+    }
+
+    fn ips(ips: &[&str]) -> Vec<IpAddr> {
+        ips.iter().map(|ip| ip.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn no_flag_and_no_file_are_the_default_settings() {
+        assert_eq!(flags(&[]), Settings::default());
+        assert_eq!(file(""), Settings::default());
+    }
+
+    /// Flag (or environment) over file over default; a repeatable flag
+    /// given replaces the file's list; `--bpf-log` or the file's bpfLog;
+    /// a zero sync period in the file is unset; nodeName beats
+    /// hostnameOverride.
+    #[test]
+    fn flags_go_over_the_file() {
+        let d = Settings::default;
+        let cases: Vec<(&[&str], &str, Settings)> = vec![
+            (&["--ct-map-size", "1024"], "ctMapSize: 2048\n", Settings { ct_map_size: Some(1024), ..d() }),
+            (&[], "ctMapSize: 2048\n", Settings { ct_map_size: Some(2048), ..d() }),
+            (&["--ct-map-size", "1024"], "", Settings { ct_map_size: Some(1024), ..d() }),
+            (&["--devices", "eth1"], "devices: [eth0, eth2]\n", Settings { devices: vec!["eth1".into()], ..d() }),
+            (&[], "devices: [eth0, eth2]\n", Settings { devices: vec!["eth0".into(), "eth2".into()], ..d() }),
+            (
+                &["--node-ip", "10.0.0.1"],
+                "nodeIPs: [10.0.0.2, fd00::2]\n",
+                Settings { node_ip: ips(&["10.0.0.1"]), ..d() },
+            ),
+            (&[], "nodeIPs: [10.0.0.2, fd00::2]\n", Settings { node_ip: ips(&["10.0.0.2", "fd00::2"]), ..d() }),
+            (
+                &["--cluster-cidr", "10.0.0.0/8"],
+                "clusterCIDR: 10.244.0.0/16\n",
+                Settings { cluster_cidr: vec!["10.0.0.0/8".parse().unwrap()], ..d() },
+            ),
+            (&["--bpf-log"], "bpfLog: false\n", Settings { bpf_log: true, ..d() }),
+            (&[], "bpfLog: true\n", Settings { bpf_log: true, ..d() }),
+            (&[], "syncPeriod: 0s\n", d()),
+            (&["--audit-interval", "0"], "syncPeriod: 30s\n", Settings { audit_interval: Some(Duration::ZERO), ..d() }),
+            (&[], "syncPeriod: 30s\n", Settings { audit_interval: Some(Duration::from_secs(30)), ..d() }),
+            (&[], "nodeName: a\nhostnameOverride: b\n", Settings { node_name: Some("a".into()), ..d() }),
+            (&[], "hostnameOverride: b\n", Settings { node_name: Some("b".into()), ..d() }),
+            (&["--node-name", "c"], "nodeName: a\n", Settings { node_name: Some("c".into()), ..d() }),
+            (&[], "minSyncPeriod: 1s\n", Settings { min_sync_period: Some(Duration::from_secs(1)), ..d() }),
+            (&["--nodeport-mode", "dsr"], "", Settings { nodeport_mode: NodePortMode::Dsr, ..d() }),
+            (
+                &["--socket-lb", "all"],
+                "socketLB: host-namespace\n",
+                Settings { socket_lb: Some(SocketLbMode::All), ..d() },
+            ),
+        ];
+        for (argv, yaml, want) in cases {
+            assert_eq!(flags(argv).over(file(yaml)), want, "{argv:?} over {yaml:?}");
+        }
+    }
+
+    /// What neither the flags nor the file set is the default, as the
+    /// help says.
+    #[test]
+    fn unset_is_the_default() {
+        let settings = Settings { cgroup: Some("/cg".into()), node_name: Some("n".into()), ..Settings::default() };
+        let config = settings.agent_config().unwrap();
+        assert_eq!(config.health_bind, Some("0.0.0.0:10256".parse().unwrap()));
+        assert_eq!(config.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
+        assert_eq!(config.health_timeout, Duration::from_secs(60));
+        assert_eq!(config.audit_interval, Some(Duration::from_mins(5)));
+        assert_eq!(config.explain_socket.as_deref(), Some(Path::new("/run/ebpf-proxy/agent.sock")));
+        assert_eq!(config.max_service_series, 1000);
+        assert_eq!(config.load.pin_dir, Path::new("/sys/fs/bpf/ebpf-proxy"));
+        assert_eq!(config.load.cgroup, Path::new("/cg"));
+        assert_eq!((config.load.services_map_size, config.load.backends_map_size), (4_194_304, 2_097_152));
+        assert_eq!((config.load.ct_map_size, config.load.maglev_size), (262_144, 16_381));
+        assert_eq!(config.node_name, "n");
+    }
+
+    #[test]
+    fn zero_and_none_turn_off() {
+        let settings = flags(&["--audit-interval", "0s", "--explain-socket", "none"]);
+        assert_eq!((settings.audit_interval(), settings.explain_socket()), (None, None));
+    }
+
+    #[test]
+    fn two_cluster_cidrs_of_a_family_are_refused() {
+        let settings = flags(&["--cluster-cidr", "10.0.0.0/8,10.1.0.0/16", "--cgroup", "/cg", "--node-name", "n"]);
+        let err = settings.agent_config().unwrap_err().to_string();
+        assert!(err.starts_with("--cluster-cidr: ") && err.contains("one family"), "{err}");
+    }
 }
