@@ -438,7 +438,7 @@ mod tests {
             let err = refused("--maglev-table-size", value);
             assert!(err.contains("is not one of [251, 509,"), "{err}");
         }
-        assert_eq!(check::check_map_size(0), Err("0 is not in 1..=16777216".into()));
-        assert_eq!(check::check_map_size(4), Ok(4));
+        assert_eq!(check::map_size(0), Err("0 is not in 1..=16777216".into()));
+        assert_eq!(check::map_size(4), Ok(4));
     }
 }

@@ -170,22 +170,9 @@ pub(crate) fn load(path: &Path) -> Result<FileConfig, ConfigError> {
     parse(&text).map_err(|(field, message)| ConfigError::Invalid { path: path.display().to_string(), field, message })
 }
 
-/// The same checks as the flags' (see `settings::check`): endpoint, ranges.
-fn check_values(s: &Settings) -> Result<(), (String, String)> {
-    if let Some(endpoint) = &s.api_server_endpoint {
-        check::endpoint(endpoint).map_err(|e| ("apiServerEndpoint".to_owned(), e))?;
-    }
-    for (field, size) in [
-        ("servicesMapSize", s.services_map_size),
-        ("backendsMapSize", s.backends_map_size),
-        ("ctMapSize", s.ct_map_size),
-    ] {
-        size.map(check::check_map_size).transpose().map_err(|e| (field.to_owned(), e))?;
-    }
-    if s.health_timeout == Some(0) {
-        return Err(("healthTimeoutSeconds".into(), "0: must be at least 1".into()));
-    }
-    Ok(())
+/// `check`'s error as the field's.
+fn field(name: &str) -> impl FnOnce(String) -> (String, String) + '_ {
+    move |message| (name.to_owned(), message)
 }
 
 /// `socketLB` and `podDevices`: which of the pods' traffic is translated
@@ -199,12 +186,9 @@ fn pod_path(
 ) -> Result<(), (String, String)> {
     use clap::ValueEnum as _;
     for cidr in cluster_cidr.unwrap_or_default().split(',').map(str::trim).filter(|c| !c.is_empty()) {
-        let net: IpNet = cidr
-            .parse()
-            .map_err(|e| ("clusterCIDR".to_owned(), format!("{cidr:?}: {e} (expected CIDRs such as 10.244.0.0/16)")))?;
-        s.cluster_cidr.push(net.trunc());
+        s.cluster_cidr.push(check::cidr(cidr).map_err(field("clusterCIDR"))?);
     }
-    crate::datapath::loader::check_cluster_cidrs(&s.cluster_cidr).map_err(|e| ("clusterCIDR".to_owned(), e))?;
+    check::cluster_cidrs(&s.cluster_cidr).map_err(field("clusterCIDR"))?;
     if let Some(mode) = socket_lb {
         s.socket_lb = Some(
             SocketLbMode::from_str(mode, false)
@@ -238,42 +222,53 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     {
         return Err(("apiVersion".into(), format!("{v:?}: expected one of {KUBE_PROXY_API_VERSIONS:?}")));
     }
+    let map_size = |name: &str, n: Option<u32>| n.map(|n| check::map_size(n.into())).transpose().map_err(field(name));
+    // An empty string is unset, as kube-proxy reads it.
+    let given = |text: Option<String>| text.filter(|t| !t.is_empty());
     let mut s = Settings {
         services_file: raw.services_file,
         kubeconfig: raw.kubeconfig.or(raw.client_connection.as_ref().and_then(|c| c.kubeconfig.clone())),
         cgroup: raw.cgroup,
         bpffs_dir: raw.bpffs_dir,
-        node_name: raw.node_name.or(raw.hostname_override).filter(|n| !n.is_empty()),
+        node_name: given(raw.node_name.or(raw.hostname_override)),
         socket_netns: raw.socket_netns,
-        health_timeout: raw.health_timeout_seconds,
-        services_map_size: raw.services_map_size,
-        backends_map_size: raw.backends_map_size,
         bpf_log: raw.bpf_log.unwrap_or_default(),
         devices: raw.devices,
-        ct_map_size: raw.ct_map_size,
         max_service_series: raw.max_service_series,
-        api_server_endpoint: raw.api_server_endpoint.filter(|e| !e.is_empty()),
+        api_server_endpoint: given(raw.api_server_endpoint)
+            .map(|e| check::endpoint(&e))
+            .transpose()
+            .map_err(field("apiServerEndpoint"))?,
+        services_map_size: map_size("servicesMapSize", raw.services_map_size)?,
+        backends_map_size: map_size("backendsMapSize", raw.backends_map_size)?,
+        ct_map_size: map_size("ctMapSize", raw.ct_map_size)?,
+        health_timeout: raw
+            .health_timeout_seconds
+            .map(check::health_timeout)
+            .transpose()
+            .map_err(field("healthTimeoutSeconds"))?,
         ..Settings::default()
     };
-    check_values(&s)?;
     pod_path(&mut s, raw.socket_lb.as_deref(), raw.pod_devices, raw.cluster_cidr.as_deref())?;
     s.lb_algorithm = raw.lb_algorithm.as_deref().map(lb_algorithm).transpose()?;
-    if let Some(m) = raw.maglev_table_size {
-        s.maglev_table_size =
-            Some(crate::reconcile::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
-    }
+    s.maglev_table_size =
+        raw.maglev_table_size.map(check::maglev_table_size).transpose().map_err(field("maglevTableSize"))?;
     for (i, ip) in raw.node_ips.iter().enumerate() {
-        s.node_ip.push(ip.parse().map_err(|_| (format!("nodeIPs[{i}]"), format!("{ip:?} is not an IP address")))?);
+        s.node_ip.push(check::ip(ip).map_err(|e| (format!("nodeIPs[{i}]"), e))?);
     }
     if let Some(values) = &raw.node_port_addresses {
         s.nodeport_addresses = Some(
             NodePortAddresses::parse(values).map_err(|(i, e)| (format!("nodePortAddresses[{i}]"), e.to_string()))?,
         );
     }
-    s.healthz_bind_address =
-        bind_address("healthzBindAddress", raw.healthz_bind_address.as_deref(), default_healthz().port())?;
-    s.metrics_bind_address =
-        bind_address("metricsBindAddress", raw.metrics_bind_address.as_deref(), default_metrics().port())?;
+    s.healthz_bind_address = given(raw.healthz_bind_address)
+        .map(|a| check::healthz_address(&a))
+        .transpose()
+        .map_err(field("healthzBindAddress"))?;
+    s.metrics_bind_address = given(raw.metrics_bind_address)
+        .map(|a| check::metrics_address(&a))
+        .transpose()
+        .map_err(field("metricsBindAddress"))?;
     if let Some(a) = bind_cidrs(
         "healthzBindAddresses",
         raw.healthz_bind_addresses.as_deref().unwrap_or_default(),
@@ -391,44 +386,13 @@ fn sync_periods(
             (None, Some(v)) => (format!("{name}.{field}"), v),
             _ => return Ok(None),
         };
-        let d = parse_duration(value).map_err(|e| (path, e))?;
+        let d = check::duration(value).map_err(|e| (path, e))?;
         Ok(Some(d).filter(|d| !d.is_zero()))
     };
     settings.min_sync_period = field(min_sync, section.and_then(|s| s.min_sync_period.as_deref()), "minSyncPeriod")?;
     // One timer: kube-proxy's syncPeriod is the drift audit's interval.
     settings.audit_interval = field(sync, section.and_then(|s| s.sync_period.as_deref()), "syncPeriod")?;
     Ok(())
-}
-
-/// A Go duration (`metav1.Duration`): `30s`, `1m0s`, `250ms`, `1h0m0s`, `1.5s`.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration such as 30s, 1m0s or 250ms");
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = text;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
-        let number: f64 = rest[..number_end].parse().map_err(|_| bad())?;
-        rest = &rest[number_end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let seconds = match &rest[..unit_end] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "\u{b5}s" => 1e-6,
-            "ns" => 1e-9,
-            _ => return Err(bad()),
-        };
-        total += number * seconds;
-        rest = &rest[unit_end..];
-    }
-    Ok(Duration::from_secs_f64(total))
 }
 
 /// v1alpha2's `healthzBindAddresses`/`metricsBindAddresses` (CIDRs) and
@@ -468,22 +432,6 @@ fn bind_cidrs(
         }
     };
     Ok(Some(SocketAddr::new(ip, port)))
-}
-
-/// kube-proxy's `IP:PORT` or `IP` (the port defaults); empty means unset.
-pub(crate) fn bind_address(
-    field: &str,
-    value: Option<&str>,
-    default_port: u16,
-) -> Result<Option<SocketAddr>, (String, String)> {
-    let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
-    if let Ok(addr) = value.parse::<SocketAddr>() {
-        return Ok(Some(addr));
-    }
-    value
-        .parse::<IpAddr>()
-        .map(|ip| Some(SocketAddr::new(ip, default_port)))
-        .map_err(|_| (field.to_owned(), format!("{value:?} is not IP or IP:PORT")))
 }
 
 impl FileConfig {
@@ -648,24 +596,6 @@ udpIdleTimeout: 250ms
             (Some(Duration::from_millis(250)), None)
         );
         assert_eq!(parse("iptables: {syncPeriod: soon}\n").unwrap_err().0, "iptables.syncPeriod");
-    }
-
-    #[test]
-    fn go_durations_parse() {
-        for (text, ms) in [
-            ("0s", 0),
-            ("0", 0),
-            ("250ms", 250),
-            ("30s", 30_000),
-            ("1m0s", 60_000),
-            ("1h0m0s", 3_600_000),
-            ("1.5s", 1500),
-        ] {
-            assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)), "{text}");
-        }
-        for bad in ["", "s", "10", "1x", "1m 0s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
     }
 
     /// Fields that would change behaviour and cannot be honoured stop

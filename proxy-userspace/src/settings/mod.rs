@@ -98,7 +98,7 @@ pub struct Settings {
     /// externalIP is served to clients on the node only if it is one of
     /// them. Repeatable. Default: the InternalIP and ExternalIP addresses
     /// of this node's Node object.
-    #[arg(long, value_name = "IP")]
+    #[arg(long, value_name = "IP", value_parser = check::ip)]
     pub(crate) node_ip: Vec<std::net::IpAddr>,
     /// Which of the node's local addresses serve NodePorts (kube-proxy's
     /// --nodeport-addresses, overrides the config file's
@@ -116,15 +116,15 @@ pub struct Settings {
     /// /var/run/netns). Repeatable.
     #[arg(long, value_name = "PATH")]
     pub(crate) socket_netns: Vec<PathBuf>,
-    #[arg(long, value_name = "ADDR:PORT", help = format!(
+    #[arg(long, value_name = "ADDR:PORT", value_parser = check::healthz_address, help = format!(
         "Where to serve /healthz and /livez. Default: {DEFAULT_HEALTHZ} (kube-proxy's)"
     ))]
     pub(crate) healthz_bind_address: Option<std::net::SocketAddr>,
-    #[arg(long, value_name = "ADDR:PORT", help = format!(
+    #[arg(long, value_name = "ADDR:PORT", value_parser = check::metrics_address, help = format!(
         "Where to serve /metrics and /proxyMode. Default: {DEFAULT_METRICS} (kube-proxy's)"
     ))]
     pub(crate) metrics_bind_address: Option<std::net::SocketAddr>,
-    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..), help = format!(
+    #[arg(long, value_name = "SECONDS", value_parser = check::parse_health_timeout, help = format!(
         "Seconds a change may wait unapplied before /healthz answers 503 (at least 1). Default: {}",
         DEFAULT_HEALTH_TIMEOUT.as_secs()
     ))]
@@ -134,7 +134,7 @@ pub struct Settings {
     /// Costs time on every connect: for troubleshooting only.
     #[arg(long)]
     pub(crate) bpf_log: bool,
-    #[arg(long, value_name = "N", value_parser = check::map_size(), help = format!(
+    #[arg(long, value_name = "N", value_parser = check::parse_map_size, help = format!(
         "Most entries of the services map (one per frontend plus one per four backend slots), 1 to {MAX_MAP_SIZE}. \
          The map is sized from the table with room to spare and grows as needed, up to this; past it the services \
          that do not fit are not written, /healthz turns 503 after --health-timeout, and ebpf_proxy_map_full_total \
@@ -142,7 +142,7 @@ pub struct Settings {
         DEFAULT_BOUNDS.services
     ))]
     pub(crate) services_map_size: Option<u32>,
-    #[arg(long, value_name = "N", value_parser = check::map_size(), help = format!(
+    #[arg(long, value_name = "N", value_parser = check::parse_map_size, help = format!(
         "Most entries of the backends map (an array indexed by backend id from 1: it holds one distinct backend \
          fewer than its size), 1 to {MAX_MAP_SIZE}, sized and grown as the services map is. Default: {}",
         DEFAULT_BOUNDS.backends
@@ -154,7 +154,7 @@ pub struct Settings {
     /// the default route (recomputed when the node's addresses change).
     #[arg(long = "devices", value_name = "DEV", value_delimiter = ',')]
     pub(crate) devices: Vec<String>,
-    #[arg(long, value_name = "N", value_parser = check::maglev_table_size, help = format!(
+    #[arg(long, value_name = "N", value_parser = check::parse_maglev_table_size, help = format!(
         "Entries of each Maglev table (traffic from outside picks backends with it): a prime from {} to {}. \
          Changing it gives the agent a fresh set of maps (connection tracking starts afresh). Default: {}",
         maglev::SIZES[0],
@@ -162,7 +162,7 @@ pub struct Settings {
         maglev::DEFAULT_SIZE
     ))]
     pub(crate) maglev_table_size: Option<usize>,
-    #[arg(long, value_name = "N", value_parser = check::map_size(), help = format!(
+    #[arg(long, value_name = "N", value_parser = check::parse_map_size, help = format!(
         "Entries of the connection-tracking map of the flows translated per packet (two per flow, LRU, allocated \
          at start; a restart with another size copies the flows into a new map), 1 to {MAX_MAP_SIZE}. Default: {}",
         map_sizes::CT

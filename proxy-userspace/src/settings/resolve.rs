@@ -59,7 +59,7 @@ impl Settings {
     /// When the cluster CIDRs are more than one of a family, or no cgroup
     /// is given and the cgroup2 root cannot be found.
     pub(crate) fn load_options(&self) -> Result<LoadOptions, SettingsError> {
-        crate::datapath::loader::check_cluster_cidrs(&self.cluster_cidr).map_err(SettingsError::ClusterCidr)?;
+        super::check::cluster_cidrs(&self.cluster_cidr).map_err(SettingsError::ClusterCidr)?;
         let cgroup = match &self.cgroup {
             Some(path) => path.clone(),
             None => crate::node::fs::cgroup2_root()?,
