@@ -261,30 +261,18 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
             NodePortAddresses::parse(values).map_err(|(i, e)| (format!("nodePortAddresses[{i}]"), e.to_string()))?,
         );
     }
-    s.healthz_bind_address = given(raw.healthz_bind_address)
-        .map(|a| check::healthz_address(&a))
-        .transpose()
-        .map_err(field("healthzBindAddress"))?;
-    s.metrics_bind_address = given(raw.metrics_bind_address)
-        .map(|a| check::metrics_address(&a))
-        .transpose()
-        .map_err(field("metricsBindAddress"))?;
-    if let Some(a) = bind_cidrs(
-        "healthzBindAddresses",
-        raw.healthz_bind_addresses.as_deref().unwrap_or_default(),
-        raw.healthz_bind_port,
+    s.healthz_bind_address = bind_address(
+        ("healthzBindAddress", raw.healthz_bind_address.as_deref()),
+        ("healthzBindAddresses", raw.healthz_bind_addresses.as_deref().unwrap_or_default(), raw.healthz_bind_port),
+        check::healthz_address,
         default_healthz().port(),
-    )? {
-        s.healthz_bind_address = Some(a);
-    }
-    if let Some(a) = bind_cidrs(
-        "metricsBindAddresses",
-        raw.metrics_bind_addresses.as_deref().unwrap_or_default(),
-        raw.metrics_bind_port,
+    )?;
+    s.metrics_bind_address = bind_address(
+        ("metricsBindAddress", raw.metrics_bind_address.as_deref()),
+        ("metricsBindAddresses", raw.metrics_bind_addresses.as_deref().unwrap_or_default(), raw.metrics_bind_port),
+        check::metrics_address,
         default_metrics().port(),
-    )? {
-        s.metrics_bind_address = Some(a);
-    }
+    )?;
     let mode = raw.rest.get("mode").and_then(Value::as_str);
     sync_periods(
         &mut s,
@@ -323,6 +311,18 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         cfg.ignored.extend(c.rest.keys().map(|k| format!("clientConnection.{k}")));
     }
     Ok(cfg)
+}
+
+/// An address to serve on: v1alpha2's CIDRs and port (`bind_cidrs`) if
+/// given, else v1alpha1's `IP:PORT` or `IP` (empty: unset).
+fn bind_address(
+    (name, address): (&str, Option<&str>),
+    (cidrs_name, cidrs, port): (&str, &[String], Option<u16>),
+    check: fn(&str) -> Result<SocketAddr, String>,
+    default_port: u16,
+) -> Result<Option<SocketAddr>, (String, String)> {
+    let address = address.filter(|a| !a.is_empty()).map(check).transpose().map_err(field(name))?;
+    Ok(bind_cidrs(cidrs_name, cidrs, port, default_port)?.or(address))
 }
 
 /// component-base's `logging`: the format and verbosity apply.

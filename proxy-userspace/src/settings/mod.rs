@@ -1,6 +1,8 @@
 //! The agent's settings (`ebpf-proxy run`): one struct that the flags,
-//! the environment and the config file fill, each field's flag, help,
-//! default and check written once, beside it.
+//! the environment and the config file fill. Each field has its flag and
+//! help here, one check in `check` (the flag's parser and the file's call
+//! it), and its default applied once in `resolve`, from the constant its
+//! help is written from.
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Args;
@@ -11,18 +13,19 @@ use crate::{
     observe::metrics::DEFAULT_MAX_SERVICE_SERIES,
     paths::{BPFFS_ROOT, DEFAULT_EXPLAIN_SOCKET, DEFAULT_HEALTHZ, DEFAULT_METRICS, DEFAULT_PIN_DIR},
     reconcile::{maglev, sizing::DEFAULT_BOUNDS},
-    settings::check::MAX_MAP_SIZE,
 };
 
 pub(crate) mod check;
 mod modes;
 mod resolve;
 
+use check::MAX_MAP_SIZE;
+
 pub(crate) use modes::{LbAlgorithm, NodePortAcceleration, NodePortMode, OutsideHandoverMode, SocketLbMode};
 
 /// How long a change may wait unapplied before /healthz answers 503, unless
 /// set.
-pub(crate) const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_mins(1);
 
 /// Where /healthz and /livez are served unless set; its port is the one an
 /// address given without one takes.
@@ -480,7 +483,7 @@ mod tests {
         let config = settings.agent_config().unwrap();
         assert_eq!(config.health_bind, Some("0.0.0.0:10256".parse().unwrap()));
         assert_eq!(config.metrics_bind, Some("127.0.0.1:10249".parse().unwrap()));
-        assert_eq!(config.health_timeout, Duration::from_secs(60));
+        assert_eq!(config.health_timeout, Duration::from_mins(1));
         assert_eq!(config.audit_interval, Some(Duration::from_mins(5)));
         assert_eq!(config.explain_socket.as_deref(), Some(Path::new("/run/ebpf-proxy/agent.sock")));
         assert_eq!(config.max_service_series, 1000);
