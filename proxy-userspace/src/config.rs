@@ -13,7 +13,11 @@ use std::{
     time::Duration,
 };
 
-use crate::{args::LogFormat, node::nodeport_addresses::NodePortAddresses};
+use crate::{
+    args::LogFormat,
+    node::nodeport_addresses::NodePortAddresses,
+    settings::{LbAlgorithm, Settings, SocketLbMode, check, default_healthz, default_metrics},
+};
 
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -57,58 +61,21 @@ pub(crate) const NOT_APPLICABLE: &[&str] = &[
     "windows",
 ];
 
-/// The file, with every field optional (flags override it, defaults fill
-/// what neither gives).
+/// The file: the settings it gives (their layer under the flags, see
+/// `Settings::over`), and the fields it holds that are not used.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct FileConfig {
-    pub(crate) services_file: Option<PathBuf>,
-    pub(crate) kubeconfig: Option<PathBuf>,
-    pub(crate) cgroup: Option<PathBuf>,
-    pub(crate) bpffs_dir: Option<PathBuf>,
-    pub(crate) node_name: Option<String>,
-    pub(crate) node_ips: Vec<IpAddr>,
-    /// kube-proxy's nodePortAddresses: which local addresses serve
-    /// NodePorts (`crate::node::nodeport_addresses`).
-    pub(crate) node_port_addresses: Option<NodePortAddresses>,
-    pub(crate) socket_netns: Vec<PathBuf>,
-    pub(crate) healthz_bind_address: Option<SocketAddr>,
-    pub(crate) metrics_bind_address: Option<SocketAddr>,
-    pub(crate) health_timeout_seconds: Option<u64>,
-    pub(crate) services_map_size: Option<u32>,
-    pub(crate) backends_map_size: Option<u32>,
-    pub(crate) bpf_log: Option<bool>,
-    /// Devices the TC programs attach to (empty: found from the node's
-    /// addresses and default route).
-    pub(crate) devices: Vec<String>,
-    /// `socketLB`: which sockets the socket programs translate.
-    pub(crate) socket_lb: Option<crate::args::SocketLbMode>,
-    /// `podDevices`: the pod-facing devices (empty: `auto`).
-    pub(crate) pod_devices: Vec<String>,
-    /// kube-proxy's `clusterCIDR` (comma-separated, one per family).
-    pub(crate) cluster_cidrs: Vec<IpNet>,
-    pub(crate) maglev_table_size: Option<usize>,
-    pub(crate) ct_map_size: Option<u32>,
-    pub(crate) max_service_series: Option<usize>,
-    /// `--lb-algorithm`: how services without the annotation balance.
-    pub(crate) lb_algorithm: Option<crate::model::LbAlgorithm>,
-    /// The API server to dial instead of the one the in-cluster config or
-    /// the kubeconfig names (`HOST:PORT`).
-    pub(crate) api_server_endpoint: Option<String>,
-    /// kube-proxy's `logging.format`.
-    pub(crate) log_format: Option<LogFormat>,
-    /// kube-proxy's `logging.verbosity` (klog's `-v`).
-    pub(crate) log_verbosity: Option<u32>,
-    /// kube-proxy's `minSyncPeriod`: syncs start at most this often.
-    pub(crate) min_sync_period: Option<Duration>,
-    /// kube-proxy's `syncPeriod`: the whole table is compared with what
-    /// the maps hold (read back from the kernel) this often.
-    pub(crate) sync_period: Option<Duration>,
+    /// What the file sets; a field it leaves out is the field's default.
+    pub(crate) settings: Settings,
     /// Fields seen that are kube-proxy's but mean nothing here.
     pub(crate) ignored: Vec<String>,
     /// Fields nobody knows.
     pub unknown: Vec<String>,
 }
 
+/// The file as written: ebpf-proxy's fields and a `KubeProxyConfiguration`'s
+/// (`parse` turns it into `Settings`, naming the field of a bad value by its
+/// path here).
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Raw {
@@ -203,54 +170,39 @@ pub(crate) fn load(path: &Path) -> Result<FileConfig, ConfigError> {
     parse(&text).map_err(|(field, message)| ConfigError::Invalid { path: path.display().to_string(), field, message })
 }
 
-/// The same checks as the flags' (see `args`): endpoint, ranges.
-fn check_values(cfg: &FileConfig) -> Result<(), (String, String)> {
-    if let Some(endpoint) = &cfg.api_server_endpoint {
-        crate::args::parse_endpoint(endpoint).map_err(|e| ("apiServerEndpoint".to_owned(), e))?;
-    }
-    for (field, size) in [
-        ("servicesMapSize", cfg.services_map_size),
-        ("backendsMapSize", cfg.backends_map_size),
-        ("ctMapSize", cfg.ct_map_size),
-    ] {
-        size.map(crate::args::check_map_size).transpose().map_err(|e| (field.to_owned(), e))?;
-    }
-    if cfg.health_timeout_seconds == Some(0) {
-        return Err(("healthTimeoutSeconds".into(), "0: must be at least 1".into()));
-    }
-    Ok(())
+/// `check`'s error as the field's.
+fn field(name: &str) -> impl FnOnce(String) -> (String, String) + '_ {
+    move |message| (name.to_owned(), message)
 }
 
 /// `socketLB` and `podDevices`: which of the pods' traffic is translated
 /// at the socket, and where the rest is translated per packet;
 /// `clusterCIDR`: whether traffic routed to the node for a ClusterIP is.
 fn pod_path(
-    cfg: &mut FileConfig,
+    s: &mut Settings,
     socket_lb: Option<&str>,
     pod_devices: Vec<String>,
     cluster_cidr: Option<&str>,
 ) -> Result<(), (String, String)> {
     use clap::ValueEnum as _;
     for cidr in cluster_cidr.unwrap_or_default().split(',').map(str::trim).filter(|c| !c.is_empty()) {
-        let net: IpNet = cidr
-            .parse()
-            .map_err(|e| ("clusterCIDR".to_owned(), format!("{cidr:?}: {e} (expected CIDRs such as 10.244.0.0/16)")))?;
-        cfg.cluster_cidrs.push(net.trunc());
+        s.cluster_cidr.push(check::cidr(cidr).map_err(field("clusterCIDR"))?);
     }
-    crate::datapath::loader::check_cluster_cidrs(&cfg.cluster_cidrs).map_err(|e| ("clusterCIDR".to_owned(), e))?;
+    check::cluster_cidrs(&s.cluster_cidr).map_err(field("clusterCIDR"))?;
     if let Some(mode) = socket_lb {
-        cfg.socket_lb = Some(
-            crate::args::SocketLbMode::from_str(mode, false)
+        s.socket_lb = Some(
+            SocketLbMode::from_str(mode, false)
                 .map_err(|_| ("socketLB".to_owned(), format!("{mode:?}: expected \"all\" or \"host-namespace\"")))?,
         );
     }
-    cfg.pod_devices = pod_devices;
+    s.pod_devices = pod_devices;
     Ok(())
 }
 
 /// `lbAlgorithm`: one of `--lb-algorithm`'s values.
-fn lb_algorithm(value: &str) -> Result<crate::model::LbAlgorithm, (String, String)> {
-    crate::model::LbAlgorithm::parse(value).ok_or_else(|| {
+fn lb_algorithm(value: &str) -> Result<LbAlgorithm, (String, String)> {
+    use clap::ValueEnum as _;
+    LbAlgorithm::from_str(value, false).map_err(|_| {
         let known: Vec<&str> = crate::model::LbAlgorithm::ALL.iter().map(|a| a.as_str()).collect();
         ("lbAlgorithm".to_owned(), format!("{value:?}: expected one of {}", known.join(", ")))
     })
@@ -270,59 +222,60 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     {
         return Err(("apiVersion".into(), format!("{v:?}: expected one of {KUBE_PROXY_API_VERSIONS:?}")));
     }
-    let mut cfg = FileConfig {
+    let map_size = |name: &str, n: Option<u32>| n.map(|n| check::map_size(n.into())).transpose().map_err(field(name));
+    // An empty string is unset, as kube-proxy reads it.
+    let given = |text: Option<String>| text.filter(|t| !t.is_empty());
+    let mut s = Settings {
         services_file: raw.services_file,
         kubeconfig: raw.kubeconfig.or(raw.client_connection.as_ref().and_then(|c| c.kubeconfig.clone())),
         cgroup: raw.cgroup,
         bpffs_dir: raw.bpffs_dir,
-        node_name: raw.node_name.or(raw.hostname_override).filter(|n| !n.is_empty()),
+        node_name: given(raw.node_name.or(raw.hostname_override)),
         socket_netns: raw.socket_netns,
-        health_timeout_seconds: raw.health_timeout_seconds,
-        services_map_size: raw.services_map_size,
-        backends_map_size: raw.backends_map_size,
-        bpf_log: raw.bpf_log,
+        bpf_log: raw.bpf_log.unwrap_or_default(),
         devices: raw.devices,
-        ct_map_size: raw.ct_map_size,
         max_service_series: raw.max_service_series,
-        api_server_endpoint: raw.api_server_endpoint.filter(|e| !e.is_empty()),
-        ..FileConfig::default()
+        api_server_endpoint: given(raw.api_server_endpoint)
+            .map(|e| check::endpoint(&e))
+            .transpose()
+            .map_err(field("apiServerEndpoint"))?,
+        services_map_size: map_size("servicesMapSize", raw.services_map_size)?,
+        backends_map_size: map_size("backendsMapSize", raw.backends_map_size)?,
+        ct_map_size: map_size("ctMapSize", raw.ct_map_size)?,
+        health_timeout: raw
+            .health_timeout_seconds
+            .map(check::health_timeout)
+            .transpose()
+            .map_err(field("healthTimeoutSeconds"))?,
+        ..Settings::default()
     };
-    check_values(&cfg)?;
-    pod_path(&mut cfg, raw.socket_lb.as_deref(), raw.pod_devices, raw.cluster_cidr.as_deref())?;
-    cfg.lb_algorithm = raw.lb_algorithm.as_deref().map(lb_algorithm).transpose()?;
-    if let Some(m) = raw.maglev_table_size {
-        cfg.maglev_table_size =
-            Some(crate::reconcile::maglev::check_size(m).map_err(|e| ("maglevTableSize".to_owned(), e.to_string()))?);
-    }
+    pod_path(&mut s, raw.socket_lb.as_deref(), raw.pod_devices, raw.cluster_cidr.as_deref())?;
+    s.lb_algorithm = raw.lb_algorithm.as_deref().map(lb_algorithm).transpose()?;
+    s.maglev_table_size =
+        raw.maglev_table_size.map(check::maglev_table_size).transpose().map_err(field("maglevTableSize"))?;
     for (i, ip) in raw.node_ips.iter().enumerate() {
-        cfg.node_ips.push(ip.parse().map_err(|_| (format!("nodeIPs[{i}]"), format!("{ip:?} is not an IP address")))?);
+        s.node_ip.push(check::ip(ip).map_err(|e| (format!("nodeIPs[{i}]"), e))?);
     }
     if let Some(values) = &raw.node_port_addresses {
-        cfg.node_port_addresses = Some(
+        s.nodeport_addresses = Some(
             NodePortAddresses::parse(values).map_err(|(i, e)| (format!("nodePortAddresses[{i}]"), e.to_string()))?,
         );
     }
-    cfg.healthz_bind_address = bind_address("healthzBindAddress", raw.healthz_bind_address.as_deref(), 10256)?;
-    cfg.metrics_bind_address = bind_address("metricsBindAddress", raw.metrics_bind_address.as_deref(), 10249)?;
-    if let Some(a) = bind_cidrs(
-        "healthzBindAddresses",
-        raw.healthz_bind_addresses.as_deref().unwrap_or_default(),
-        raw.healthz_bind_port,
-        10256,
-    )? {
-        cfg.healthz_bind_address = Some(a);
-    }
-    if let Some(a) = bind_cidrs(
-        "metricsBindAddresses",
-        raw.metrics_bind_addresses.as_deref().unwrap_or_default(),
-        raw.metrics_bind_port,
-        10249,
-    )? {
-        cfg.metrics_bind_address = Some(a);
-    }
+    s.healthz_bind_address = bind_address(
+        ("healthzBindAddress", raw.healthz_bind_address.as_deref()),
+        ("healthzBindAddresses", raw.healthz_bind_addresses.as_deref().unwrap_or_default(), raw.healthz_bind_port),
+        check::healthz_address,
+        default_healthz().port(),
+    )?;
+    s.metrics_bind_address = bind_address(
+        ("metricsBindAddress", raw.metrics_bind_address.as_deref()),
+        ("metricsBindAddresses", raw.metrics_bind_addresses.as_deref().unwrap_or_default(), raw.metrics_bind_port),
+        check::metrics_address,
+        default_metrics().port(),
+    )?;
     let mode = raw.rest.get("mode").and_then(Value::as_str);
     sync_periods(
-        &mut cfg,
+        &mut s,
         mode,
         [raw.iptables.as_ref(), raw.nftables.as_ref(), raw.ipvs.as_ref()],
         raw.min_sync_period.as_deref(),
@@ -337,6 +290,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
                 .into(),
         ));
     }
+    let mut cfg = FileConfig { settings: s, ..FileConfig::default() };
     for (name, section) in [("iptables", &raw.iptables), ("nftables", &raw.nftables), ("ipvs", &raw.ipvs)] {
         if let Some(section) = section {
             cfg.ignored.extend(section.rest.keys().map(|k| format!("{name}.{k}")));
@@ -359,9 +313,21 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
     Ok(cfg)
 }
 
+/// An address to serve on: v1alpha2's CIDRs and port (`bind_cidrs`) if
+/// given, else v1alpha1's `IP:PORT` or `IP` (empty: unset).
+fn bind_address(
+    (name, address): (&str, Option<&str>),
+    (cidrs_name, cidrs, port): (&str, &[String], Option<u16>),
+    check: fn(&str) -> Result<SocketAddr, String>,
+    default_port: u16,
+) -> Result<Option<SocketAddr>, (String, String)> {
+    let address = address.filter(|a| !a.is_empty()).map(check).transpose().map_err(field(name))?;
+    Ok(bind_cidrs(cidrs_name, cidrs, port, default_port)?.or(address))
+}
+
 /// component-base's `logging`: the format and verbosity apply.
 fn apply_logging(cfg: &mut FileConfig, logging: &Logging) -> Result<(), (String, String)> {
-    cfg.log_format = match logging.format.as_deref() {
+    cfg.settings.log_format = match logging.format.as_deref() {
         None | Some("") => None,
         Some("text") => Some(LogFormat::Text),
         Some("json") => Some(LogFormat::Json),
@@ -369,7 +335,7 @@ fn apply_logging(cfg: &mut FileConfig, logging: &Logging) -> Result<(), (String,
             return Err(("logging.format".into(), format!("{other:?}: ebpf-proxy logs as \"text\" or \"json\"")));
         }
     };
-    cfg.log_verbosity = logging.verbosity;
+    cfg.settings.log_verbosity = logging.verbosity;
     cfg.ignored.extend(logging.rest.keys().map(|k| format!("logging.{k}")));
     Ok(())
 }
@@ -403,7 +369,7 @@ fn client_rate(qps: Option<f64>, burst: Option<i64>) -> Result<(), (String, Stri
 /// those of the mode's section (`mode` empty or `iptables`: `iptables`). A
 /// zero duration is unset, as kube-proxy's defaulting reads it.
 fn sync_periods(
-    cfg: &mut FileConfig,
+    settings: &mut Settings,
     mode: Option<&str>,
     [iptables, nftables, ipvs]: [Option<&ModeConfig>; 3],
     min_sync: Option<&str>,
@@ -420,43 +386,13 @@ fn sync_periods(
             (None, Some(v)) => (format!("{name}.{field}"), v),
             _ => return Ok(None),
         };
-        let d = parse_duration(value).map_err(|e| (path, e))?;
+        let d = check::duration(value).map_err(|e| (path, e))?;
         Ok(Some(d).filter(|d| !d.is_zero()))
     };
-    cfg.min_sync_period = field(min_sync, section.and_then(|s| s.min_sync_period.as_deref()), "minSyncPeriod")?;
-    cfg.sync_period = field(sync, section.and_then(|s| s.sync_period.as_deref()), "syncPeriod")?;
+    settings.min_sync_period = field(min_sync, section.and_then(|s| s.min_sync_period.as_deref()), "minSyncPeriod")?;
+    // One timer: kube-proxy's syncPeriod is the drift audit's interval.
+    settings.audit_interval = field(sync, section.and_then(|s| s.sync_period.as_deref()), "syncPeriod")?;
     Ok(())
-}
-
-/// A Go duration (`metav1.Duration`): `30s`, `1m0s`, `250ms`, `1h0m0s`, `1.5s`.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration such as 30s, 1m0s or 250ms");
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = text;
-    let mut total = 0f64;
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    while !rest.is_empty() {
-        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
-        let number: f64 = rest[..number_end].parse().map_err(|_| bad())?;
-        rest = &rest[number_end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let seconds = match &rest[..unit_end] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "\u{b5}s" => 1e-6,
-            "ns" => 1e-9,
-            _ => return Err(bad()),
-        };
-        total += number * seconds;
-        rest = &rest[unit_end..];
-    }
-    Ok(Duration::from_secs_f64(total))
 }
 
 /// v1alpha2's `healthzBindAddresses`/`metricsBindAddresses` (CIDRs) and
@@ -496,22 +432,6 @@ fn bind_cidrs(
         }
     };
     Ok(Some(SocketAddr::new(ip, port)))
-}
-
-/// kube-proxy's `IP:PORT` or `IP` (the port defaults); empty means unset.
-pub(crate) fn bind_address(
-    field: &str,
-    value: Option<&str>,
-    default_port: u16,
-) -> Result<Option<SocketAddr>, (String, String)> {
-    let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(None) };
-    if let Ok(addr) = value.parse::<SocketAddr>() {
-        return Ok(Some(addr));
-    }
-    value
-        .parse::<IpAddr>()
-        .map(|ip| Some(SocketAddr::new(ip, default_port)))
-        .map_err(|_| (field.to_owned(), format!("{value:?} is not IP or IP:PORT")))
 }
 
 impl FileConfig {
@@ -571,26 +491,30 @@ udpIdleTimeout: 250ms
     #[test]
     fn a_kube_proxy_configuration_is_understood() {
         let cfg = parse(KUBE_PROXY).unwrap();
-        assert_eq!(cfg.kubeconfig.as_deref(), Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf")));
-        assert_eq!(cfg.healthz_bind_address, Some("0.0.0.0:10256".parse().unwrap()));
-        assert_eq!(cfg.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
+        assert_eq!(cfg.settings.kubeconfig.as_deref(), Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf")));
+        assert_eq!(cfg.settings.healthz_bind_address, Some("0.0.0.0:10256".parse().unwrap()));
+        assert_eq!(cfg.settings.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
         assert_eq!(
-            cfg.node_port_addresses,
+            cfg.settings.nodeport_addresses,
             Some(NodePortAddresses::Cidrs(vec!["10.0.0.0/8".parse::<IpNet>().unwrap()]))
         );
-        assert_eq!(cfg.node_name, None, "an empty hostnameOverride means the default");
+        assert_eq!(cfg.settings.node_name, None, "an empty hostnameOverride means the default");
         assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown);
         assert!(
             cfg.ignored.contains(&"iptables.masqueradeBit".to_owned()) && cfg.ignored.contains(&"conntrack".to_owned())
         );
-        assert_eq!(cfg.sync_period, Some(Duration::from_secs(30)), "iptables.syncPeriod, the mode's (\"\": iptables)");
+        assert_eq!(
+            cfg.settings.audit_interval,
+            Some(Duration::from_secs(30)),
+            "iptables.syncPeriod, the mode's (\"\": iptables)"
+        );
     }
 
     #[test]
     fn unknown_fields_are_named_and_invalid_ones_fail() {
         let cfg = parse("healthzBindAdress: 1.2.3.4\nnodeName: n1\n").unwrap();
         assert_eq!(cfg.unknown, vec!["healthzBindAdress".to_owned()]);
-        assert_eq!(cfg.node_name.as_deref(), Some("n1"));
+        assert_eq!(cfg.settings.node_name.as_deref(), Some("n1"));
         assert_eq!(parse("metricsBindAddress: nowhere\n").unwrap_err().0, "metricsBindAddress");
         assert_eq!(parse("nodePortAddresses: [10.0.0.0/33]\n").unwrap_err().0, "nodePortAddresses[0]");
         assert_eq!(parse("servicesMapSize: lots\n").unwrap_err().0, "servicesMapSize");
@@ -600,19 +524,23 @@ udpIdleTimeout: 250ms
         assert_eq!(parse("healthTimeoutSeconds: 0\n").unwrap_err().0, "healthTimeoutSeconds");
         assert_eq!(parse("kind: Deployment\n").unwrap_err().0, "kind");
         assert_eq!(parse("maglevTableSize: 1000\n").unwrap_err().0, "maglevTableSize");
-        assert_eq!(parse("maglevTableSize: 1021\ndevices: [eth0]\n").unwrap().maglev_table_size, Some(1021));
+        assert_eq!(parse("maglevTableSize: 1021\ndevices: [eth0]\n").unwrap().settings.maglev_table_size, Some(1021));
         assert_eq!(
-            parse("lbAlgorithm: least-connections\n").unwrap().lb_algorithm,
+            parse("lbAlgorithm: least-connections\n")
+                .unwrap()
+                .settings
+                .lb_algorithm
+                .map(crate::model::LbAlgorithm::from),
             Some(crate::model::LbAlgorithm::LeastConnections)
         );
-        assert_eq!(parse("nodeName: n1\n").unwrap().lb_algorithm, None);
+        assert_eq!(parse("nodeName: n1\n").unwrap().settings.lb_algorithm, None);
         assert_eq!(parse("lbAlgorithm: fastest\n").unwrap_err().0, "lbAlgorithm");
     }
 
     #[test]
     fn a_bare_ip_takes_the_default_port() {
         let cfg = parse("healthzBindAddress: 127.0.0.1\n").unwrap();
-        assert_eq!(cfg.healthz_bind_address, Some("127.0.0.1:10256".parse().unwrap()));
+        assert_eq!(cfg.settings.healthz_bind_address, Some("127.0.0.1:10256".parse().unwrap()));
     }
 
     /// kubeadm's `kube-proxy` ConfigMap, key `config.conf`, as kubeadm
@@ -622,13 +550,13 @@ udpIdleTimeout: 250ms
     #[test]
     fn kubeadms_config_conf_is_understood() {
         let cfg = parse(KUBEADM_V1ALPHA1).unwrap();
-        assert_eq!(cfg.kubeconfig.as_deref(), Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf")));
-        assert_eq!(cfg.healthz_bind_address, None, "empty: the default");
-        assert_eq!(cfg.node_name, None);
+        assert_eq!(cfg.settings.kubeconfig.as_deref(), Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf")));
+        assert_eq!(cfg.settings.healthz_bind_address, None, "empty: the default");
+        assert_eq!(cfg.settings.node_name, None);
         // kube-proxy's defaulting reads 0s as unset.
-        assert_eq!((cfg.min_sync_period, cfg.sync_period), (None, None));
-        assert_eq!(cfg.log_format, None);
-        assert_eq!(cfg.log_verbosity, Some(0));
+        assert_eq!((cfg.settings.min_sync_period, cfg.settings.audit_interval), (None, None));
+        assert_eq!(cfg.settings.log_format, None);
+        assert_eq!(cfg.settings.log_verbosity, Some(0));
         assert!(cfg.unknown.is_empty(), "{:?}", cfg.unknown);
         for noted in ["iptables.masqueradeBit", "conntrack", "mode", "logging.flushFrequency", "winkernel"] {
             assert!(cfg.ignored.iter().any(|i| i == noted), "{noted} in {:?}", cfg.ignored);
@@ -644,11 +572,11 @@ udpIdleTimeout: 250ms
             .replace("mode: \"\"", "mode: \"\"\nminSyncPeriod: 1s\nsyncPeriod: 1m0s")
             .replace("logging:\n", "logging:\n  format: json\n");
         let cfg = parse(&text).unwrap();
-        assert_eq!(cfg.healthz_bind_address, Some("[::]:10256".parse().unwrap()));
-        assert_eq!(cfg.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
-        assert_eq!(cfg.min_sync_period, Some(Duration::from_secs(1)));
-        assert_eq!(cfg.sync_period, Some(Duration::from_mins(1)));
-        assert_eq!(cfg.log_format, Some(LogFormat::Json));
+        assert_eq!(cfg.settings.healthz_bind_address, Some("[::]:10256".parse().unwrap()));
+        assert_eq!(cfg.settings.metrics_bind_address, Some("127.0.0.1:10249".parse().unwrap()));
+        assert_eq!(cfg.settings.min_sync_period, Some(Duration::from_secs(1)));
+        assert_eq!(cfg.settings.audit_interval, Some(Duration::from_mins(1)));
+        assert_eq!(cfg.settings.log_format, Some(LogFormat::Json));
         let ranged = text.replace("[127.0.0.1/32]", "[10.0.0.0/8]");
         assert_eq!(parse(&ranged).unwrap_err().0, "metricsBindAddresses");
     }
@@ -659,30 +587,15 @@ udpIdleTimeout: 250ms
         let text = "iptables: {minSyncPeriod: 1s, syncPeriod: 30s}\nnftables: {minSyncPeriod: 250ms}\n";
         let cfg = parse(text).unwrap();
         assert_eq!(
-            (cfg.min_sync_period, cfg.sync_period),
+            (cfg.settings.min_sync_period, cfg.settings.audit_interval),
             (Some(Duration::from_secs(1)), Some(Duration::from_secs(30)))
         );
         let cfg = parse(&format!("mode: nftables\n{text}")).unwrap();
-        assert_eq!((cfg.min_sync_period, cfg.sync_period), (Some(Duration::from_millis(250)), None));
+        assert_eq!(
+            (cfg.settings.min_sync_period, cfg.settings.audit_interval),
+            (Some(Duration::from_millis(250)), None)
+        );
         assert_eq!(parse("iptables: {syncPeriod: soon}\n").unwrap_err().0, "iptables.syncPeriod");
-    }
-
-    #[test]
-    fn go_durations_parse() {
-        for (text, ms) in [
-            ("0s", 0),
-            ("0", 0),
-            ("250ms", 250),
-            ("30s", 30_000),
-            ("1m0s", 60_000),
-            ("1h0m0s", 3_600_000),
-            ("1.5s", 1500),
-        ] {
-            assert_eq!(parse_duration(text), Ok(Duration::from_millis(ms)), "{text}");
-        }
-        for bad in ["", "s", "10", "1x", "1m 0s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
     }
 
     /// Fields that would change behaviour and cannot be honoured stop
@@ -698,7 +611,7 @@ udpIdleTimeout: 250ms
         assert!(parse("clientConnection: {qps: 5, burst: 10}\n").is_ok(), "kube-proxy's defaults hold");
         assert_eq!(parse("apiServerEndpoint: 10.0.0.1\n").unwrap_err().0, "apiServerEndpoint");
         assert_eq!(
-            parse("apiServerEndpoint: 10.0.0.1:6443\n").unwrap().api_server_endpoint.as_deref(),
+            parse("apiServerEndpoint: 10.0.0.1:6443\n").unwrap().settings.api_server_endpoint.as_deref(),
             Some("10.0.0.1:6443")
         );
     }
@@ -706,11 +619,11 @@ udpIdleTimeout: 250ms
     #[test]
     fn node_port_addresses_take_primary_alone() {
         assert_eq!(
-            parse("nodePortAddresses: [primary]\n").unwrap().node_port_addresses,
+            parse("nodePortAddresses: [primary]\n").unwrap().settings.nodeport_addresses,
             Some(NodePortAddresses::Primary)
         );
-        assert_eq!(parse("nodePortAddresses: []\n").unwrap().node_port_addresses, Some(NodePortAddresses::All));
-        assert_eq!(parse("{}\n").unwrap().node_port_addresses, None);
+        assert_eq!(parse("nodePortAddresses: []\n").unwrap().settings.nodeport_addresses, Some(NodePortAddresses::All));
+        assert_eq!(parse("{}\n").unwrap().settings.nodeport_addresses, None);
         // kube-proxy's validation refuses `primary` among CIDRs.
         let (field, message) = parse("nodePortAddresses: [10.0.0.0/8, primary]\n").unwrap_err();
         assert_eq!(field, "nodePortAddresses[1]");

@@ -31,6 +31,8 @@ pub mod reconcile;
 pub mod reference;
 /// Guards for the demo and the tests: network namespaces, cgroups, bpffs.
 pub mod sandbox;
+/// The agent's settings: flags, environment and config file in one struct.
+pub mod settings;
 /// Where Services and EndpointSlices come from: the API server or a file.
 pub mod source;
 /// Taking a node over from a running kube-proxy.

@@ -56,7 +56,7 @@ async fn run() -> ExitCode {
         None => {
             let cleanup = cli.kube_proxy.cleanup;
             let verbosity = cli.kube_proxy.verbosity;
-            let run = match cli.kube_proxy.into_run_args() {
+            let run = match cli.kube_proxy.into_settings() {
                 Ok(run) => run,
                 Err(error) => error.exit(),
             };

@@ -143,7 +143,7 @@ pub struct LoadOptions {
     pub dsr_dispatch: DsrDispatch,
     /// `--socket-lb`: which sockets the socket programs translate.
     pub socket_lb: SocketLb,
-    /// `--cluster-cidr`: at most one per family (`check_cluster_cidrs`);
+    /// `--cluster-cidr`: at most one per family (`settings::check::cluster_cidrs`);
     /// with one, ClusterIPs are served to traffic routed to the node.
     pub cluster_cidrs: Vec<ipnet::IpNet>,
 }
@@ -162,22 +162,6 @@ fn settings_globals<'l>(
         .override_global(CLUSTER_CIDR_V4, cluster_cidr_globals(&opts.cluster_cidrs).0, true)
         .override_global(CLUSTER_CIDR_V6, cluster_cidr_globals(&opts.cluster_cidrs).1, true)
         .override_global(ROUTED_CLUSTER_IPS, &BYTES[usize::from(!opts.cluster_cidrs.is_empty())], true))
-}
-
-/// At most one CIDR per family, as the programs hold them, none of
-/// prefix 0 (every address: no cluster is that).
-pub(crate) fn check_cluster_cidrs(cidrs: &[ipnet::IpNet]) -> Result<(), String> {
-    if let Some(all) = cidrs.iter().find(|c| c.prefix_len() == 0) {
-        return Err(format!("{all} is every address, not a cluster's pod CIDR"));
-    }
-    for v4 in [true, false] {
-        let of: Vec<String> =
-            cidrs.iter().filter(|c| matches!(c, ipnet::IpNet::V4(_)) == v4).map(ToString::to_string).collect();
-        if of.len() > 1 {
-            return Err(format!("{} are of one family: give at most one CIDR per family", of.join(" and ")));
-        }
-    }
-    Ok(())
 }
 
 /// The programs' `CLUSTER_CIDR_V4` and `CLUSTER_CIDR_V6` globals for

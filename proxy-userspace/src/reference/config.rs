@@ -9,7 +9,7 @@ use clap::{Arg, CommandFactory as _};
 
 use crate::{
     args::Cli,
-    config::{FileConfig, KUBE_PROXY_API_VERSIONS, NOT_APPLICABLE, parse},
+    config::{KUBE_PROXY_API_VERSIONS, NOT_APPLICABLE, parse},
 };
 
 /// Flags whose field is not their name in camelCase.
@@ -112,12 +112,11 @@ fn outcome(yaml: &str) -> Outcome {
 /// What the parser makes of `yaml` added to `context`: honoured when the
 /// settings differ from those of `context` alone.
 fn outcome_beside(context: &str, yaml: &str) -> Outcome {
-    let used = |cfg: &FileConfig| FileConfig { ignored: Vec::new(), unknown: Vec::new(), ..cfg.clone() };
-    let base = parse(context).map(|cfg| used(&cfg)).unwrap_or_default();
+    let base = parse(context).map(|cfg| cfg.settings).unwrap_or_default();
     match parse(&format!("{context}{yaml}")) {
         Err((_, message)) => Outcome::Refused(message),
         Ok(cfg) => {
-            if used(&cfg) != base {
+            if cfg.settings != base {
                 Outcome::Honoured
             } else if !cfg.unknown.is_empty() {
                 Outcome::Unknown

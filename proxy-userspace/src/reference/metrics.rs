@@ -92,12 +92,13 @@ pub(crate) fn metrics_markdown() -> String {
         families.insert(name.to_owned(), Family { kind: kind.into(), help: help.into(), labels });
     }
     let mut out = format!(
-        "# Metrics reference\n\n{}\n\n`/metrics` on `--metrics-bind-address` (default `127.0.0.1:10249`) \
+        "# Metrics reference\n\n{}\n\n`/metrics` on `--metrics-bind-address` (default `{}`) \
          serves OpenMetrics text. kube-proxy's metrics keep kube-proxy's names (`kubeproxy_*`, client-go's \
          `rest_client_*`, `process_*`), so its dashboards and alerts work; ebpf-proxy's own are \
          `ebpf_proxy_*`. A counter's samples end in `_total`, a histogram's in `_bucket`, `_sum` and \
          `_count`.\n\n| metric | type | labels | meaning |\n|---|---|---|---|\n",
-        super::GENERATED
+        super::GENERATED,
+        crate::paths::DEFAULT_METRICS
     );
     for (name, family) in &families {
         let sample = if family.kind == "counter" { format!("{name}_total") } else { name.clone() };
