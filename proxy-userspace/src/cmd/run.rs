@@ -60,6 +60,7 @@ pub async fn run(prepared: Prepared) -> anyhow::Result<()> {
         node = %config.node_name,
         min_sync_period_ms = config.min_sync_period.as_millis(),
         audit_interval_seconds = config.audit_interval.map(|p| p.as_secs_f64()),
+        ct_map_size = config.load.ct_map_size,
         "starting"
     );
     let (applied, _) = watch::channel(agent::Applied::default());

@@ -6,7 +6,6 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Args;
-use proxy_common::map_sizes;
 
 use crate::{
     args::LogFormat,
@@ -21,7 +20,9 @@ mod resolve;
 
 use check::MAX_MAP_SIZE;
 
-pub(crate) use modes::{DsrDispatch, LbAlgorithm, NodePortAcceleration, NodePortMode, OutsideHandoverMode, SocketLbMode};
+pub(crate) use modes::{
+    DsrDispatch, LbAlgorithm, NodePortAcceleration, NodePortMode, OutsideHandoverMode, SocketLbMode,
+};
 
 /// How long a change may wait unapplied before /healthz answers 503, unless
 /// set.
@@ -167,8 +168,11 @@ pub struct Settings {
     pub(crate) maglev_table_size: Option<usize>,
     #[arg(long, value_name = "N", value_parser = check::parse_map_size, help = format!(
         "Entries of the connection-tracking map of the flows translated per packet (two per flow, LRU, allocated \
-         at start; a restart with another size copies the flows into a new map), 1 to {MAX_MAP_SIZE}. Default: {}",
-        map_sizes::CT
+         at start; a restart with another size copies the flows into a new map), 1 to {MAX_MAP_SIZE}. Default: \
+         from the node's memory, as Cilium sizes its maps: 0.25% of it (or of the agent's cgroup memory limit, if \
+         lower) at 160 bytes an entry, down to a power of two from {} to {} (262,144 on a 24 GiB node)",
+        crate::node::memory::MIN_ENTRIES,
+        crate::node::memory::MAX_ENTRIES
     ))]
     pub(crate) ct_map_size: Option<u32>,
     /// XDP in front of the TC programs on the --devices, for traffic from
@@ -502,7 +506,8 @@ mod tests {
         assert_eq!(config.load.pin_dir, Path::new("/sys/fs/bpf/ebpf-proxy"));
         assert_eq!(config.load.cgroup, Path::new("/cg"));
         assert_eq!((config.load.services_map_size, config.load.backends_map_size), (4_194_304, 2_097_152));
-        assert_eq!((config.load.ct_map_size, config.load.maglev_size), (262_144, 16_381));
+        assert_eq!(config.load.ct_map_size, crate::node::memory::ct_entries_here(), "from the node's memory");
+        assert_eq!(config.load.maglev_size, 16_381);
         assert_eq!(config.node_name, "n");
     }
 

@@ -3,8 +3,6 @@
 //! hostname) is read.
 use std::{path::PathBuf, time::Duration};
 
-use proxy_common::map_sizes;
-
 use super::{DEFAULT_HEALTH_TIMEOUT, Settings, default_healthz, default_metrics};
 use crate::{
     agent::{AgentConfig, DEFAULT_MIN_SYNC_PERIOD, SourceConfig},
@@ -71,7 +69,7 @@ impl Settings {
             services_map_size: self.services_map_size.unwrap_or(DEFAULT_BOUNDS.services),
             backends_map_size: self.backends_map_size.unwrap_or(DEFAULT_BOUNDS.backends),
             maglev_size: self.maglev_table_size.unwrap_or(maglev::DEFAULT_SIZE),
-            ct_map_size: self.ct_map_size.unwrap_or(map_sizes::CT),
+            ct_map_size: self.ct_map_size.unwrap_or_else(crate::node::memory::ct_entries_here),
             acceleration: self.nodeport_acceleration.into(),
             outside_handover: self.outside_handover.with_end(self.outside_handover_seconds),
             nodeport_mode: self.nodeport_mode.into(),
