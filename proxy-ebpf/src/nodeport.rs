@@ -155,7 +155,9 @@ fn to_frontend<F: Frame>(ctx: &F, pkt: &mut Packet) -> i32 {
             return drop_packet::<F>(stat);
         }
     }
-    if flow.flags & ct_flags::DSR != 0 {
+    // A pod's flow is never DSR (`new_flow`): the pods' programs need not
+    // have it verified.
+    if !F::FROM_POD && flow.flags & ct_flags::DSR != 0 {
         // Each way on its own frame below this one: the chain to
         // `route_status` is at the verifier's bound.
         if DSR_DISPATCH.load() == dsr_dispatch::IPIP {
