@@ -397,7 +397,7 @@ mod tests {
         let mode = |extra: &[&str]| {
             let argv: Vec<&str> = ["ebpf-proxy", "run"].iter().chain(extra).copied().collect();
             match Cli::try_parse_from(argv).unwrap().command {
-                Some(Command::Run(r)) => Mode::from(r.nodeport_mode).value(),
+                Some(Command::Run(r)) => Mode::from(r.nodeport_mode.unwrap_or_default()).value(),
                 _ => unreachable!("run"),
             }
         };

@@ -99,6 +99,8 @@ struct Raw {
     devices: Vec<String>,
     #[serde(rename = "socketLB")]
     socket_lb: Option<String>,
+    nodeport_mode: Option<String>,
+    dsr_dispatch: Option<String>,
     #[serde(default)]
     pod_devices: Vec<String>,
     #[serde(rename = "clusterCIDR")]
@@ -173,6 +175,33 @@ pub(crate) fn load(path: &Path) -> Result<FileConfig, ConfigError> {
 /// `check`'s error as the field's.
 fn field(name: &str) -> impl FnOnce(String) -> (String, String) + '_ {
     move |message| (name.to_owned(), message)
+}
+
+/// kube-proxy's `iptables.localhostNodePorts`: only its default (true).
+fn localhost_node_ports(iptables: Option<&ModeConfig>) -> Result<(), (String, String)> {
+    if let Some(false) = iptables.and_then(|i| i.localhost_node_ports) {
+        return Err((
+            "iptables.localhostNodePorts".into(),
+            "false is not supported: ebpf-proxy serves NodePorts on 127.0.0.1 whenever nodePortAddresses \
+             admits it (unset, or a CIDR covering 127.0.0.0/8); remove the field, and to keep NodePorts off \
+             127.0.0.1 set nodePortAddresses to CIDRs that do not cover it (or `primary`)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Field `name`'s `value`, one of its flag's values (exactly as written).
+fn one_of<T: clap::ValueEnum>(name: &str, value: Option<String>) -> Result<Option<T>, (String, String)> {
+    let Some(value) = value else { return Ok(None) };
+    T::from_str(&value, false).map(Some).map_err(|_| {
+        let known: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(clap::ValueEnum::to_possible_value)
+            .map(|p| format!("{:?}", p.get_name()))
+            .collect();
+        (name.to_owned(), format!("{value:?}: expected {}", known.join(" or ")))
+    })
 }
 
 /// `socketLB` and `podDevices`: which of the pods' traffic is translated
@@ -250,6 +279,8 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         ..Settings::default()
     };
     pod_path(&mut s, raw.socket_lb.as_deref(), raw.pod_devices, raw.cluster_cidr.as_deref())?;
+    (s.nodeport_mode, s.dsr_dispatch) =
+        (one_of("nodeportMode", raw.nodeport_mode)?, one_of("dsrDispatch", raw.dsr_dispatch)?);
     s.lb_algorithm = raw.lb_algorithm.as_deref().map(lb_algorithm).transpose()?;
     s.maglev_table_size =
         raw.maglev_table_size.map(check::maglev_table_size).transpose().map_err(field("maglevTableSize"))?;
@@ -281,15 +312,7 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         raw.min_sync_period.as_deref(),
         raw.sync_period.as_deref(),
     )?;
-    if let Some(false) = raw.iptables.as_ref().and_then(|i| i.localhost_node_ports) {
-        return Err((
-            "iptables.localhostNodePorts".into(),
-            "false is not supported: ebpf-proxy serves NodePorts on 127.0.0.1 whenever nodePortAddresses \
-             admits it (unset, or a CIDR covering 127.0.0.0/8); remove the field, and to keep NodePorts off \
-             127.0.0.1 set nodePortAddresses to CIDRs that do not cover it (or `primary`)"
-                .into(),
-        ));
-    }
+    localhost_node_ports(raw.iptables.as_ref())?;
     let mut cfg = FileConfig { settings: s, ..FileConfig::default() };
     for (name, section) in [("iptables", &raw.iptables), ("nftables", &raw.nftables), ("ipvs", &raw.ipvs)] {
         if let Some(section) = section {
@@ -523,6 +546,11 @@ udpIdleTimeout: 250ms
         assert_eq!(parse("backendsMapSize: 16777217\n").unwrap_err().0, "backendsMapSize");
         assert_eq!(parse("healthTimeoutSeconds: 0\n").unwrap_err().0, "healthTimeoutSeconds");
         assert_eq!(parse("kind: Deployment\n").unwrap_err().0, "kind");
+        assert_eq!(
+            parse("nodeportMode: tunnel\n").unwrap_err(),
+            ("nodeportMode".into(), r#""tunnel": expected "snat" or "dsr" or "hybrid""#.into())
+        );
+        assert_eq!(parse("dsrDispatch: geneve\n").unwrap_err().0, "dsrDispatch");
         assert_eq!(parse("maglevTableSize: 1000\n").unwrap_err().0, "maglevTableSize");
         assert_eq!(parse("maglevTableSize: 1021\ndevices: [eth0]\n").unwrap().settings.maglev_table_size, Some(1021));
         assert_eq!(

@@ -213,8 +213,10 @@ pub struct Settings {
     /// each TCP SYN and UDP datagram), and the backend's node answers the
     /// client itself (every node must run the agent, in any mode, forward
     /// IP, and route to the clients). `hybrid`: DSR for TCP, SNAT for UDP.
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = NodePortMode::Snat)]
-    pub(crate) nodeport_mode: NodePortMode,
+    /// A service's annotation ebpf-proxy.io/nodeport-mode (snat, dsr)
+    /// overrides it. Default: the config file's nodeportMode, else snat.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub(crate) nodeport_mode: Option<NodePortMode>,
     /// How a DSR flow's packets reach the backend's node. `option`: the
     /// frontend in an IP option on the packets that open a flow (8 / 24
     /// bytes). `ipip`: every packet inside an outer IPv4 / IPv6 header to
@@ -222,9 +224,10 @@ pub struct Settings {
     /// programs, no tunnel device), for networks that drop or slow down
     /// packets with IP options; a TCP segment the header makes too long for
     /// the route is answered with ICMP fragmentation needed. Every node must
-    /// run the same dispatch.
-    #[arg(long, value_enum, value_name = "DISPATCH", default_value_t = DsrDispatch::Option)]
-    pub(crate) dsr_dispatch: DsrDispatch,
+    /// run the same dispatch. Default: the config file's dsrDispatch, else
+    /// option.
+    #[arg(long, value_enum, value_name = "DISPATCH")]
+    pub(crate) dsr_dispatch: Option<DsrDispatch>,
     /// Which sockets the socket programs translate at connect()/sendmsg().
     /// `all`: every socket in the --cgroup. `host-namespace`: only those in
     /// the agent's own network namespace (the node's); pods' sockets keep
@@ -371,8 +374,6 @@ impl Settings {
             nodeport_acceleration,
             outside_handover,
             outside_handover_seconds,
-            nodeport_mode,
-            dsr_dispatch,
             external_ips_local_only,
             take_over_from_kube_proxy,
             explain_socket,
@@ -381,6 +382,8 @@ impl Settings {
             log_format: file.log_format,
             log_verbosity: file.log_verbosity,
             // Both: the flag wins.
+            nodeport_mode: nodeport_mode.or(file.nodeport_mode),
+            dsr_dispatch: dsr_dispatch.or(file.dsr_dispatch),
             services_file: services_file.or(file.services_file),
             kubeconfig: kubeconfig.or(file.kubeconfig),
             api_server_endpoint: api_server_endpoint.or(file.api_server_endpoint),
@@ -479,7 +482,13 @@ mod tests {
             (&[], "hostnameOverride: b\n", Settings { node_name: Some("b".into()), ..d() }),
             (&["--node-name", "c"], "nodeName: a\n", Settings { node_name: Some("c".into()), ..d() }),
             (&[], "minSyncPeriod: 1s\n", Settings { min_sync_period: Some(Duration::from_secs(1)), ..d() }),
-            (&["--nodeport-mode", "dsr"], "", Settings { nodeport_mode: NodePortMode::Dsr, ..d() }),
+            (&["--nodeport-mode", "dsr"], "", Settings { nodeport_mode: Some(NodePortMode::Dsr), ..d() }),
+            (&[], "nodeportMode: hybrid\n", Settings { nodeport_mode: Some(NodePortMode::Hybrid), ..d() }),
+            (
+                &["--nodeport-mode", "snat"],
+                "nodeportMode: dsr\ndsrDispatch: ipip\n",
+                Settings { nodeport_mode: Some(NodePortMode::Snat), dsr_dispatch: Some(DsrDispatch::Ipip), ..d() },
+            ),
             (
                 &["--socket-lb", "all"],
                 "socketLB: host-namespace\n",

@@ -72,8 +72,8 @@ impl Settings {
             ct_map_size: self.ct_map_size.unwrap_or_else(crate::node::memory::ct_entries_here),
             acceleration: self.nodeport_acceleration.into(),
             outside_handover: self.outside_handover.with_end(self.outside_handover_seconds),
-            nodeport_mode: self.nodeport_mode.into(),
-            dsr_dispatch: self.dsr_dispatch.into(),
+            nodeport_mode: self.nodeport_mode.unwrap_or_default().into(),
+            dsr_dispatch: self.dsr_dispatch.unwrap_or_default().into(),
             socket_lb: self.socket_lb.unwrap_or_default().into(),
             cluster_cidrs: self.cluster_cidr.clone(),
         })
