@@ -62,8 +62,11 @@ pub fn ingress<F: Frame>(ctx: &F) -> i32 {
     // second slot on this frame, at the root of every call chain.
     let mut parsed = Packet::parse(ctx);
     let Some(pkt) = parsed.as_mut() else {
-        // Maybe a DSR flow's packet inside an outer header (`encap.rs`).
-        return if F::FROM_POD || !F::GROWS { F::PASS } else { ipip_arrival(ctx) };
+        // Maybe a DSR flow's packet inside an outer header (`encap.rs`), on
+        // a node that sends them so too (every node runs one dispatch):
+        // others need not take another tunnel's packets apart to see.
+        let ipip = DSR_DISPATCH.load() == dsr_dispatch::IPIP;
+        return if F::FROM_POD || !F::GROWS || !ipip { F::PASS } else { ipip_arrival(ctx) };
     };
     if pkt.dsr_port != 0 {
         // A pod's packet with a DSR option is not a DSR arrival: only the

@@ -1407,6 +1407,18 @@ fn a_backend_node_answers_a_dsr_flow_from_the_frontend_and_refuses_options_namin
     });
 }
 
+/// A node with the option dispatch leaves IPIP packets alone, DSR-shaped
+/// or not: it never takes another tunnel's packets apart.
+#[test]
+fn with_the_option_dispatch_ipip_packets_pass_untouched() {
+    common::require_root!();
+    Lab::new().with_node(dsr_services(), &[NODE_IP, NODE_IP6], |node| {
+        let inner = packet::frame(sa("192.0.2.7:40000"), sa("172.30.0.12:30080"), Some(SYN), b"");
+        let frame = packet::encapsulated(&inner, "172.30.0.12".parse().unwrap(), "10.244.1.5".parse().unwrap());
+        assert_eq!(node.ingress(&frame), (OK, frame.clone()));
+    });
+}
+
 /// `--dsr-dispatch ipip`: every packet of a DSR flow leaves inside an
 /// outer header from this node to the backend (IPIP, IP6IP6), the client's
 /// packet untouched within but for its TTL; no option.
@@ -1487,7 +1499,7 @@ fn ipip_dispatch_answers_a_segment_too_long_for_the_outer_header_with_fragmentat
 #[test]
 fn an_encapsulated_dsr_packet_is_taken_out_translated_to_its_backend_and_answered_from_the_frontend() {
     common::require_root!();
-    Lab::new().with_node(dsr_services(), &[NODE_IP, NODE_IP6], |node| {
+    Lab::new().with_dispatch(DsrDispatch::Ipip).with_node(dsr_services(), &[NODE_IP, NODE_IP6], |node| {
         let n2: IpAddr = "172.30.0.12".parse().unwrap();
         let client = sa("192.0.2.7:40000");
         let backend = sa("10.244.1.5:8080");
