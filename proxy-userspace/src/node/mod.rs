@@ -9,4 +9,5 @@ pub(crate) mod local_addrs;
 pub(crate) mod memory;
 pub mod nodeport_addresses;
 pub(crate) mod pod_devices;
+pub(crate) mod port_reservation;
 pub mod reserved_ports;
