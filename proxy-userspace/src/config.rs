@@ -110,6 +110,7 @@ struct Raw {
     max_service_series: Option<usize>,
     api_server_endpoint: Option<String>,
     lb_algorithm: Option<String>,
+    node_port_range: Option<String>,
     // kube-proxy's
     healthz_bind_address: Option<String>,
     metrics_bind_address: Option<String>,
@@ -204,6 +205,15 @@ fn one_of<T: clap::ValueEnum>(name: &str, value: Option<String>) -> Result<Optio
     })
 }
 
+/// A field's value through its check, if given.
+fn checked<V, T>(
+    name: &str,
+    value: Option<V>,
+    check: impl FnOnce(V) -> Result<T, String>,
+) -> Result<Option<T>, (String, String)> {
+    value.map(check).transpose().map_err(field(name))
+}
+
 /// `socketLB` and `podDevices`: which of the pods' traffic is translated
 /// at the socket, and where the rest is translated per packet;
 /// `clusterCIDR`: whether traffic routed to the node for a ClusterIP is.
@@ -271,11 +281,8 @@ pub fn parse(text: &str) -> Result<FileConfig, (String, String)> {
         services_map_size: map_size("servicesMapSize", raw.services_map_size)?,
         backends_map_size: map_size("backendsMapSize", raw.backends_map_size)?,
         ct_map_size: map_size("ctMapSize", raw.ct_map_size)?,
-        health_timeout: raw
-            .health_timeout_seconds
-            .map(check::health_timeout)
-            .transpose()
-            .map_err(field("healthTimeoutSeconds"))?,
+        health_timeout: checked("healthTimeoutSeconds", raw.health_timeout_seconds, check::health_timeout)?,
+        node_port_range: checked("nodePortRange", raw.node_port_range.as_deref(), check::node_port_range)?,
         ..Settings::default()
     };
     pod_path(&mut s, raw.socket_lb.as_deref(), raw.pod_devices, raw.cluster_cidr.as_deref())?;
@@ -563,6 +570,15 @@ udpIdleTimeout: 250ms
         );
         assert_eq!(parse("nodeName: n1\n").unwrap().settings.lb_algorithm, None);
         assert_eq!(parse("lbAlgorithm: fastest\n").unwrap_err().0, "lbAlgorithm");
+        assert_eq!(
+            parse("nodePortRange: 20000-22767\n").unwrap().settings.node_port_range.map(|r| r.to_string()).as_deref(),
+            Some("20000-22767")
+        );
+        assert_eq!(
+            parse("nodePortRange: none\n").unwrap().settings.node_port_range,
+            Some(crate::node::reserved_ports::NodePortRange::None)
+        );
+        assert_eq!(parse("nodePortRange: 30000\n").unwrap_err().0, "nodePortRange");
     }
 
     #[test]

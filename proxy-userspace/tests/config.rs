@@ -113,6 +113,7 @@ cgroup: {cgroup}
 bpffsDir: {pins}
 socketNetns: [{netns}]
 devices: [none]
+nodePortRange: none
 ",
         kubeconfig = cluster.kubeconfig.display(),
         cgroup = env.cgroup.path().display(),

@@ -1405,3 +1405,78 @@ fn replies_to_the_node_s_own_connections_from_a_node_port_reach_the_node() {
     let (ok, lines) = topo.probe(&["udp-connect", &node_ip(1).to_string(), "30090", "2"]);
     assert!(ok && lines.iter().filter(|l| l.starts_with("pod-2-1:")).count() == 2, "{lines:?}");
 }
+
+/// A sysctl of node `n`'s network namespace (never the machine's), read or
+/// written through /proc/sys inside it.
+fn node_sysctl(topo: &Topology, n: u8, name: &str, value: Option<&str>) -> String {
+    let path = format!("/proc/sys/net/ipv4/{name}");
+    let script = match value {
+        Some(value) => format!("echo '{value}' > {path} && cat {path}"),
+        None => format!("cat {path}"),
+    };
+    let out = topo.node(n).command("/bin/sh").args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// With the ephemeral ports reaching into the NodePort range, the agent
+/// reserves the range in its namespace's `ip_local_reserved_ports`, keeping
+/// what was there (8080); a restart keeps it so, and `ebpf-proxy cleanup`
+/// takes out only what the agent added.
+#[test]
+fn reserved_ports_hold_the_node_port_range_while_it_overlaps_the_ephemeral_ports_until_cleanup() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1]);
+    topo.http_on(1, 1);
+    topo.write_services(
+        &(service("web", "NodePort", &[("http", 80, 30090, "TCP")], "", &[])
+            + &endpoints("web", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    assert_eq!(node_sysctl(&topo, 1, "ip_local_port_range", Some("1024 65000")), "1024\t65000");
+    assert_eq!(node_sysctl(&topo, 1, "ip_local_reserved_ports", Some("8080")), "8080");
+    topo.start_agent(1);
+    assert_eq!(node_sysctl(&topo, 1, "ip_local_reserved_ports", None), "8080,30000-32767");
+    let record = topo.node(1).pin_dir.join("reserved-ports");
+    assert!(record.join("30000-32767").is_dir(), "the agent records what it added");
+    // A restart finds the range reserved: nothing written, the record kept
+    // (the range is not taken for the operator's).
+    topo.stop_agent(1);
+    topo.start_agent(1);
+    assert_eq!(node_sysctl(&topo, 1, "ip_local_reserved_ports", None), "8080,30000-32767");
+    let names: Vec<_> = std::fs::read_dir(&record).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["30000-32767"]);
+    topo.stop_agent(1);
+    let out = topo
+        .node(1)
+        .command(common::AGENT)
+        .arg("cleanup")
+        .arg("--bpffs-dir")
+        .arg(&topo.node(1).pin_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(node_sysctl(&topo, 1, "ip_local_reserved_ports", None), "8080", "the old value is back");
+    assert!(!topo.node(1).pin_dir.exists(), "cleanup removed the record with the pin directory");
+}
+
+/// With the kernel's default ephemeral ports (32768-60999, above the
+/// NodePort range) nothing is reserved or recorded; with `none` nothing is
+/// either, overlap or not.
+#[test]
+fn reserved_ports_are_left_alone_without_overlap_or_with_none() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1, 1]);
+    topo.http_on(1, 1);
+    topo.write_services(
+        &(service("web", "NodePort", &[("http", 80, 30090, "TCP")], "", &[])
+            + &endpoints("web", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    assert_eq!(node_sysctl(&topo, 1, "ip_local_port_range", None), "32768\t60999");
+    assert_eq!(node_sysctl(&topo, 2, "ip_local_port_range", Some("1024 65000")), "1024\t65000");
+    topo.start_agent(1);
+    topo.start_agent_with(2, &["--node-port-range", "none"]);
+    for n in [1, 2] {
+        assert_eq!(node_sysctl(&topo, n, "ip_local_reserved_ports", None), "", "node {n}");
+        assert!(!topo.node(n).pin_dir.join("reserved-ports").exists(), "node {n} recorded a reservation");
+    }
+}

@@ -98,6 +98,9 @@ pub(crate) struct AgentConfig {
     /// How services without the lb-algorithm annotation balance
     /// (`--lb-algorithm`).
     pub(crate) lb_algorithm: crate::model::LbAlgorithm,
+    /// The NodePort range added to `ip_local_reserved_ports` at start when
+    /// it overlaps the ephemeral ports (`None`: the sysctl is left alone).
+    pub(crate) node_port_range: Option<crate::node::reserved_ports::PortRange>,
 }
 
 /// What the agent has applied: bumped after each sync that ran.
@@ -126,6 +129,9 @@ pub(crate) async fn run(
     let _servers = start_servers(&config, &telemetry, &metrics);
     crate::node::fs::ensure_bpffs_dir(&config.load.pin_dir)?;
     crate::node::fs::check_cgroup2(&config.load.cgroup)?;
+    if let Some(range) = config.node_port_range {
+        reserve_node_ports(range, &config.load.pin_dir);
+    }
     let telemetries = Telemetries { telemetry, metrics };
     match &config.source {
         SourceConfig::File(path) => {
@@ -144,6 +150,35 @@ pub(crate) async fn run(
             telemetries.telemetry.lock().expect("telemetry lock").watch = Some(kube.counters.clone());
             run_with(kube, &config, &telemetries, applied, shutdown).await
         }
+    }
+}
+
+/// Keeps the NodePort range out of the ephemeral ports (`--node-port-range`;
+/// `crate::node::port_reservation`): a failure is a warning, the agent
+/// serves anyway (the programs still pass the replies to the node's own
+/// connections they see to its sockets).
+fn reserve_node_ports(range: crate::node::reserved_ports::PortRange, pin_dir: &std::path::Path) {
+    use crate::node::port_reservation::{Reserved, reserve};
+    match reserve(range, pin_dir) {
+        Ok(Reserved::Changed { old, new }) => info!(
+            node_ports = %range,
+            old = %old,
+            new = %new,
+            "reserved the NodePort range in net.ipv4.ip_local_reserved_ports (it overlaps the ephemeral ports); `ebpf-proxy cleanup` takes it out again"
+        ),
+        Ok(Reserved::Unchanged { ephemeral, reserved }) => tracing::debug!(
+            node_ports = %range,
+            %ephemeral,
+            reserved = %reserved,
+            "net.ipv4.ip_local_reserved_ports left as it is: the NodePort range is reserved already or outside the ephemeral ports"
+        ),
+        Err(err) => warn!(
+            node_ports = %range,
+            %err,
+            code = "ReservedPortsNotWritten",
+            fix = "give the agent CAP_NET_ADMIN and a writable /proc/sys (or reserve the range yourself, or narrow net.ipv4.ip_local_port_range); --node-port-range none stops the attempt",
+            "cannot reserve the NodePort range in net.ipv4.ip_local_reserved_ports: a connection the node opens may take a NodePort as its local port"
+        ),
     }
 }
 

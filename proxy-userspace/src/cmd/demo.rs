@@ -87,6 +87,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         node_port_addresses: crate::node::nodeport_addresses::NodePortAddresses::All,
         external_ips_local_only: false,
         take_over_from_kube_proxy: None,
+        // The agent runs in the machine's own network namespace: its
+        // sysctls are the operator's.
+        node_port_range: None,
         health_bind: None,
         metrics_bind: None,
         health_timeout: Duration::from_mins(1),

@@ -11,7 +11,11 @@ use std::{
 
 use ipnet::IpNet;
 
-use crate::{node::nodeport_addresses::NodePortAddresses, reconcile::maglev, source::listwatch::ContentType};
+use crate::{
+    node::{nodeport_addresses::NodePortAddresses, reserved_ports::NodePortRange},
+    reconcile::maglev,
+    source::listwatch::ContentType,
+};
 
 /// `--kube-api-content-type`: kube-proxy's two values.
 pub(crate) fn content_type(value: &str) -> Result<ContentType, String> {
@@ -108,6 +112,11 @@ pub(crate) fn parse_maglev_table_size(text: &str) -> Result<usize, String> {
 pub(crate) fn nodeport_addresses(text: &str) -> Result<NodePortAddresses, String> {
     let values: Vec<&str> = text.split(',').collect();
     NodePortAddresses::parse(&values).map_err(|(_, e)| e.to_string())
+}
+
+/// `--node-port-range`: `MIN-MAX` or `none`.
+pub(crate) fn node_port_range(text: &str) -> Result<NodePortRange, String> {
+    NodePortRange::parse(text.trim())
 }
 
 /// One of the cluster's pod CIDRs.

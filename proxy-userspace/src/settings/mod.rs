@@ -254,6 +254,16 @@ pub struct Settings {
     /// is not served to traffic arriving from outside.
     #[arg(long = "cluster-cidr", value_name = "CIDRS", value_delimiter = ',', value_parser = check::cidr)]
     pub(crate) cluster_cidr: Vec<ipnet::IpNet>,
+    #[arg(long, value_name = "MIN-MAX|none", value_parser = check::node_port_range, help = format!(
+        "The cluster's NodePort range (kube-apiserver's --service-node-port-range), kept out of the node's \
+         ephemeral ports so that no connection the node opens takes a NodePort as its local port (Cilium's \
+         enable-auto-protect-node-port-range): when it overlaps net.ipv4.ip_local_port_range, the agent adds it \
+         to net.ipv4.ip_local_reserved_ports of its network namespace at start (logged with the old and new \
+         value), and `ebpf-proxy cleanup` takes out again what it added (recorded under --bpffs-dir/reserved-ports). `none`: the sysctl is left alone. \
+         Default: {}",
+        crate::node::reserved_ports::NodePortRange::Range(crate::node::reserved_ports::PortRange::DEFAULT_NODE_PORTS)
+    ))]
+    pub(crate) node_port_range: Option<crate::node::reserved_ports::NodePortRange>,
     #[arg(long, value_name = "N", help = format!(
         "Frontends whose connection counter is exported as its own series (ebpf_proxy_service_connections_total), \
          at most; past it the frontends with the highest ids are left out and counted in \
@@ -357,6 +367,7 @@ impl Settings {
             socket_lb,
             pod_devices,
             cluster_cidr,
+            node_port_range,
             max_service_series,
             audit_interval,
             external_ips_local_only,
@@ -405,6 +416,7 @@ impl Settings {
             socket_lb: socket_lb.or(file.socket_lb),
             pod_devices: list(pod_devices, file.pod_devices),
             cluster_cidr: list(cluster_cidr, file.cluster_cidr),
+            node_port_range: node_port_range.or(file.node_port_range),
             max_service_series: max_service_series.or(file.max_service_series),
             audit_interval: audit_interval.or(file.audit_interval),
             lb_algorithm: lb_algorithm.or(file.lb_algorithm),
@@ -490,6 +502,11 @@ mod tests {
                 Settings { nodeport_mode: Some(NodePortMode::Snat), dsr_dispatch: Some(DsrDispatch::Ipip), ..d() },
             ),
             (
+                &["--node-port-range", "none"],
+                "nodePortRange: 20000-22767\n",
+                Settings { node_port_range: Some(crate::node::reserved_ports::NodePortRange::None), ..d() },
+            ),
+            (
                 &["--socket-lb", "all"],
                 "socketLB: host-namespace\n",
                 Settings { socket_lb: Some(SocketLbMode::All), ..d() },
@@ -518,12 +535,14 @@ mod tests {
         assert_eq!(config.load.ct_map_size, crate::node::memory::ct_entries_here(), "from the node's memory");
         assert_eq!(config.load.maglev_size, 16_381);
         assert_eq!(config.node_name, "n");
+        assert_eq!(config.node_port_range.map(|r| (r.min, r.max)), Some((30000, 32767)));
     }
 
     #[test]
     fn zero_and_none_turn_off() {
-        let settings = flags(&["--audit-interval", "0s", "--explain-socket", "none"]);
+        let settings = flags(&["--audit-interval", "0s", "--explain-socket", "none", "--node-port-range", "none"]);
         assert_eq!((settings.audit_interval(), settings.explain_socket()), (None, None));
+        assert_eq!(settings.node_port_range(), None);
     }
 
     #[test]

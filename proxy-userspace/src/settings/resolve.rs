@@ -7,7 +7,11 @@ use super::{DEFAULT_HEALTH_TIMEOUT, Settings, default_healthz, default_metrics};
 use crate::{
     agent::{AgentConfig, DEFAULT_MIN_SYNC_PERIOD, SourceConfig},
     datapath::loader::LoadOptions,
-    node::{devices::DeviceSelection, pod_devices::PodDeviceSelection},
+    node::{
+        devices::DeviceSelection,
+        pod_devices::PodDeviceSelection,
+        reserved_ports::{NodePortRange, PortRange},
+    },
     observe::metrics::DEFAULT_MAX_SERVICE_SERIES,
     paths::{DEFAULT_EXPLAIN_SOCKET, DEFAULT_PIN_DIR},
     pipeline::DEFAULT_AUDIT_INTERVAL,
@@ -95,6 +99,13 @@ impl Settings {
         }
     }
 
+    /// The NodePort range to keep out of the ephemeral ports (`None`:
+    /// `none`, the sysctl is left alone).
+    #[must_use]
+    pub(crate) fn node_port_range(&self) -> Option<PortRange> {
+        self.node_port_range.map_or(Some(PortRange::DEFAULT_NODE_PORTS), NodePortRange::range)
+    }
+
     /// The agent's configuration.
     ///
     /// # Errors
@@ -107,6 +118,7 @@ impl Settings {
             Some(name) => name.clone(),
             None => nix::unistd::gethostname().map_err(SettingsError::Hostname)?.to_string_lossy().into_owned(),
         };
+        let node_port_range = self.node_port_range();
         let handover_ends =
             (self.outside_handover_seconds != 0).then(|| Duration::from_secs(self.outside_handover_seconds));
         Ok(AgentConfig {
@@ -128,6 +140,7 @@ impl Settings {
             external_ips_local_only: self.external_ips_local_only,
             lb_algorithm: self.lb_algorithm.unwrap_or_default().into(),
             take_over_from_kube_proxy: self.take_over_from_kube_proxy.then_some(handover_ends),
+            node_port_range,
         })
     }
 }

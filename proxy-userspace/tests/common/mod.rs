@@ -174,6 +174,11 @@ impl Env {
             "test-node".into(),
             "--socket-netns".into(),
             self.ns.path().display().to_string(),
+            // The agent runs in the machine's own namespace here: its
+            // net.ipv4.ip_local_reserved_ports is the machine's, never the
+            // test's to change.
+            "--node-port-range".into(),
+            "none".into(),
             // Free ports, so tests never collide with each other or a real agent.
             "--healthz-bind-address".into(),
             "127.0.0.1:0".into(),
