@@ -4,7 +4,7 @@ mod common;
 
 use std::{path::Path, process::Command};
 
-use common::{Env, sock_addr_programs, web};
+use common::{Env, new_sock_addr_programs, sock_addr_programs, wait_new_sock_addr_programs_gone, web};
 
 /// These tests count the programs loaded in the whole kernel: one at a
 /// time, or each would see the others' programs.
@@ -23,10 +23,14 @@ fn an_environment_leaves_nothing_behind() {
         let mut env = Env::new(1);
         env.write_services(&web(&[1]));
         env.start_agent();
-        assert_eq!(sock_addr_programs(), before + 8, "connect, sendmsg, recvmsg, getpeername for both families");
+        assert_eq!(
+            new_sock_addr_programs(&before).len(),
+            8,
+            "connect, sendmsg, recvmsg, getpeername for both families"
+        );
         (env.ns.path(), env.cgroup.path().to_owned(), env.bpffs.path().to_owned())
     };
-    assert_eq!(common::wait_sock_addr_programs(before), before, "programs left loaded");
+    assert_eq!(wait_new_sock_addr_programs_gone(&before), Vec::<u32>::new(), "programs left loaded");
     assert!(!ns.exists(), "namespace left: {}", ns.display());
     assert!(!cgroup.exists(), "cgroup left: {}", cgroup.display());
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
@@ -47,7 +51,7 @@ fn the_demo_check_passes_and_cleans_up() {
     assert!(stdout.contains("nsenter --net=/var/run/netns/ebpf-proxy-demo curl"), "{stdout}");
     assert!(!stdout.contains("sudo"), "a root shell may have no sudo:\n{stdout}");
     assert!(stdout.contains("The command above answered: backend-"), "the printed command works:\n{stdout}");
-    assert_eq!(common::wait_sock_addr_programs(before), before);
+    assert_eq!(wait_new_sock_addr_programs_gone(&before), Vec::<u32>::new(), "programs left loaded");
     assert!(!Path::new("/var/run/netns/ebpf-proxy-demo").exists());
     assert!(!Path::new("/run/ebpf-proxy-demo").exists());
 }
@@ -67,7 +71,7 @@ fn cleanup_detaches_and_unpins_everything() {
         Command::new(common::AGENT).args(["cleanup", "--bpffs-dir"]).arg(env.pin_dir()).output().expect("run cleanup");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!env.pin_dir().exists(), "pin directory left");
-    assert_eq!(common::wait_sock_addr_programs(before), before, "programs left loaded");
+    assert_eq!(wait_new_sock_addr_programs_gone(&before), Vec::<u32>::new(), "programs left loaded");
     let (ok, err) = env.socat_connect(true, "10.96.0.10:80");
     assert!(!ok && err.contains("Network is unreachable"), "still translated after cleanup: {err}");
 }

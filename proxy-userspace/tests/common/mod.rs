@@ -361,25 +361,34 @@ pub fn writes(applied: &serde_json::Value) -> u64 {
 /// the enum its `ProgramInfo::program_type` returns).
 const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
 
-/// Waits (up to 5 s) until the number of loaded socket-address programs is
-/// `n` (the kernel frees a detached program shortly after, not at once).
-pub fn wait_sock_addr_programs(n: usize) -> usize {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let now = sock_addr_programs();
-        if now == n || std::time::Instant::now() > deadline {
-            return now;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-}
-
-/// Number of cgroup socket-address programs loaded in the kernel.
-pub fn sock_addr_programs() -> usize {
+/// Ids of the cgroup socket-address programs loaded in the kernel. Tests
+/// compare id sets, not counts: a program from an earlier test whose cgroup
+/// the kernel is still releasing (asynchronously) may vanish at any moment,
+/// and the kernel never reuses a program id.
+pub fn sock_addr_programs() -> std::collections::BTreeSet<u32> {
     aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter(|p| p.program_type() as u32 == BPF_PROG_TYPE_CGROUP_SOCK_ADDR)
-        .count()
+        .map(|p| p.id())
+        .collect()
+}
+
+/// The socket-address programs loaded since `before` was taken.
+pub fn new_sock_addr_programs(before: &std::collections::BTreeSet<u32>) -> Vec<u32> {
+    sock_addr_programs().difference(before).copied().collect()
+}
+
+/// Waits up to 5 s for every socket-address program loaded since `before`
+/// to be gone; returns those still loaded.
+pub fn wait_new_sock_addr_programs_gone(before: &std::collections::BTreeSet<u32>) -> Vec<u32> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let left = new_sock_addr_programs(before);
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// The address the agent logged it serves `what` on ("health", "metrics").
