@@ -184,9 +184,9 @@ impl TableState {
     /// `replace_all` does) leave each node about half empty. Later updates
     /// insert into the packed nodes.
     fn compact(&mut self) {
-        self.services = std::mem::take(&mut self.services).into_iter().collect();
-        self.claims = std::mem::take(&mut self.claims).into_iter().collect();
-        self.table = std::mem::take(&mut self.table).into_iter().collect();
+        super::packed::pack(&mut self.services);
+        super::packed::pack(&mut self.claims);
+        super::packed::pack(&mut self.table);
     }
 
     /// Re-translates the services in `changes` (with the node the state was
