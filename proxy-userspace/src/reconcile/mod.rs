@@ -730,6 +730,7 @@ impl Reconciler {
     /// table is compared (see `apply_changes` for a few frontends).
     pub fn apply(&mut self, maps: &mut impl ServiceMaps, desired: &ServiceTable) -> Report {
         let mut report = Report::default();
+        let frontends_before = self.frontends.len();
         self.backends.index_recovered();
         self.read_names(maps, desired, &mut report);
         self.backends.clear_wants();
@@ -756,13 +757,19 @@ impl Reconciler {
         self.apply_keys(maps, desired, (updates, removals), wanted, &mut report);
         self.remove_unused_backends(maps, 1..self.backends.bound(), &mut report);
         self.indexed = report.failures.is_empty();
-        self.pack_frontends();
+        // Packed where many were added (a start's, in key order). Not
+        // after a restart, a relist or an audit, whose tree was packed or
+        // read back packed: the list `pack` makes would be held at the
+        // agent's largest moment, for the few frontends they add.
+        if self.frontends.len() > frontends_before + frontends_before / 8 {
+            self.pack_frontends();
+        }
         report
     }
 
-    /// Rebuilds the frontends' tree in order, every node full, in no more
-    /// room than it takes (`model::packed`): frontends inserted one by one
-    /// in key order, or read back in no order, leave nodes partly empty.
+    /// Rebuilds the frontends' tree in order, every node full
+    /// (`model::packed`): frontends inserted one by one in key order, or
+    /// read back in no order, leave nodes partly empty.
     fn pack_frontends(&mut self) {
         crate::model::packed::pack(&mut self.frontends);
     }
