@@ -55,15 +55,27 @@ impl Dump {
 
     /// Hands every entry of `map` to `each`, as `ServiceMaps::read` does.
     pub fn read(&self, map: MapName, each: &mut dyn FnMut(Entry<'_>)) {
-        match map {
-            MapName::Services => self.services.iter().for_each(|(k, v)| each(Entry::Service(*k, *v))),
-            MapName::Backends => self.backends.iter().for_each(|(id, v)| each(Entry::Backend(*id, *v))),
-            MapName::RevNat => self.rev_nat.iter().for_each(|(id, v)| each(Entry::RevNat(*id, *v))),
-            MapName::Maglev => self.maglev.iter().for_each(|(id, t)| each(Entry::Maglev(*id, t))),
-            MapName::SourceRanges => {
-                self.source_ranges.iter().for_each(|(id, net)| each(Entry::SourceRange(*id, *net)))
+        self.read_in(map, false, each);
+    }
+
+    /// As `read`, in key order or (`reversed`) the reverse of it.
+    pub(crate) fn read_in(&self, map: MapName, reversed: bool, each: &mut dyn FnMut(Entry<'_>)) {
+        fn each_of<T>(items: impl DoubleEndedIterator<Item = T>, reversed: bool, mut f: impl FnMut(T)) {
+            if reversed {
+                items.rev().for_each(&mut f);
+            } else {
+                items.for_each(&mut f);
             }
-            MapName::Names => self.names.iter().for_each(|(id, name)| each(Entry::Name(*id, name))),
+        }
+        match map {
+            MapName::Services => each_of(self.services.iter(), reversed, |(k, v)| each(Entry::Service(*k, *v))),
+            MapName::Backends => each_of(self.backends.iter(), reversed, |(id, v)| each(Entry::Backend(*id, *v))),
+            MapName::RevNat => each_of(self.rev_nat.iter(), reversed, |(id, v)| each(Entry::RevNat(*id, *v))),
+            MapName::Maglev => each_of(self.maglev.iter(), reversed, |(id, t)| each(Entry::Maglev(*id, t))),
+            MapName::SourceRanges => {
+                each_of(self.source_ranges.iter(), reversed, |(id, net)| each(Entry::SourceRange(*id, *net)));
+            }
+            MapName::Names => each_of(self.names.iter(), reversed, |(id, name)| each(Entry::Name(*id, name))),
             MapName::ActiveConns | MapName::Ct => {}
         }
     }

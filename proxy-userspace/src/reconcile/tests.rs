@@ -886,24 +886,7 @@ impl super::ServiceMaps for Reversed {
                 return Err(MapError::Syscall { map, op: "injected", source });
             }
         }
-        let state = &self.maps.state;
-        match map {
-            super::MapName::Services => {
-                state.services.iter().rev().for_each(|(k, v)| each(super::Entry::Service(*k, *v)))
-            }
-            super::MapName::Backends => {
-                state.backends.iter().rev().for_each(|(id, v)| each(super::Entry::Backend(*id, *v)));
-            }
-            super::MapName::RevNat => {
-                state.rev_nat.iter().rev().for_each(|(id, v)| each(super::Entry::RevNat(*id, *v)))
-            }
-            super::MapName::Maglev => state.maglev.iter().rev().for_each(|(id, t)| each(super::Entry::Maglev(*id, t))),
-            super::MapName::SourceRanges => {
-                state.source_ranges.iter().rev().for_each(|(id, net)| each(super::Entry::SourceRange(*id, *net)));
-            }
-            super::MapName::Names => state.names.iter().rev().for_each(|(id, n)| each(super::Entry::Name(*id, n))),
-            super::MapName::ActiveConns | super::MapName::Ct => {}
-        }
+        self.maps.state.read_in(map, true, each);
         Ok(())
     }
 }
