@@ -360,7 +360,9 @@ fn first_sync(
     maps: &mut Maps,
 ) {
     let before = live();
+    let started = std::time::Instant::now();
     let translated = runtime.block_on(pipeline.translate(Wake::Changed, source, maps)).expect("a sync");
+    let translation = started.elapsed();
     let (translation_peak, translated_live) = (peak(), live());
     let (_, demand) = before_first_write_sizes(pipeline, DEFAULT_BOUNDS, DEFAULT_BOUNDS);
     pipeline.reserve_backends(demand.backends);
@@ -374,7 +376,7 @@ fn first_sync(
     drop(synced);
     if detail() {
         println!(
-            "{what}: before {}, translation's peak {}, translated {}, sizing's peak {}, sync's peak {}, after it {}",
+            "{what}: before {}, translation's peak {} ({translation:.2?}), translated {}, sizing's peak {}, sync's peak {}, after it {}",
             mib(before),
             mib(translation_peak),
             mib(translated_live),

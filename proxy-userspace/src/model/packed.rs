@@ -18,52 +18,6 @@ pub(crate) fn pack<K: Ord, V>(map: &mut BTreeMap<K, V>) {
     *map = std::mem::take(map).into_iter().collect();
 }
 
-/// A packed tree of `len` entries given one at a time, in any order,
-/// built without a list of them all: each part of a sixteenth is made in
-/// a small tree of its own, then appended (`BTreeMap::append` rebuilds
-/// the tree from both in order, each node full, freeing the old nodes as
-/// it makes the new, as many: they take the room the old ones leave).
-/// Besides the tree, a part is held; a list of every entry, as `collect`
-/// makes before it builds, was the tree's size once more. The rebuilds
-/// move each entry eight times on average, a few milliseconds at 100,000
-/// entries.
-pub(crate) struct Builder<K, V> {
-    tree: BTreeMap<K, V>,
-    part: BTreeMap<K, V>,
-    part_len: usize,
-    appended: bool,
-}
-
-impl<K: Ord + Clone, V> Builder<K, V> {
-    /// For about `len` entries.
-    pub(crate) fn new(len: usize) -> Self {
-        Self { tree: BTreeMap::new(), part: BTreeMap::new(), part_len: (len / 16).max(1024), appended: false }
-    }
-
-    /// Adds an entry (a key given twice keeps the last value).
-    pub(crate) fn insert(&mut self, key: K, value: V) {
-        self.part.insert(key, value);
-        if self.part.len() >= self.part_len {
-            self.append_part();
-        }
-    }
-
-    fn append_part(&mut self) {
-        // The first part is taken as it is: the next append packs both.
-        self.appended |= !self.tree.is_empty();
-        self.tree.append(&mut self.part);
-    }
-
-    /// The tree, every node full.
-    pub(crate) fn build(mut self) -> BTreeMap<K, V> {
-        self.append_part();
-        if !self.appended {
-            pack(&mut self.tree);
-        }
-        self.tree
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,23 +32,6 @@ mod tests {
             pack(&mut map);
             assert_eq!(map.len(), before.len());
             assert_eq!(map.into_iter().collect::<Vec<_>>(), before, "{n} entries");
-        }
-    }
-
-    #[test]
-    fn a_tree_built_in_parts_holds_every_entry_given() {
-        for n in [0_u32, 1, 1_023, 1_024, 1_025, 5_000, 40_000] {
-            // In order, and in an order that is not.
-            for order in [1, 7_919] {
-                let mut built = Builder::new(usize::try_from(n).unwrap());
-                for k in 0..n {
-                    let key = k * order % n.max(1);
-                    built.insert(key, key.to_string());
-                }
-                let tree = built.build();
-                assert_eq!(tree.len(), usize::try_from(n).unwrap(), "{n} entries, order {order}");
-                assert!(tree.iter().zip(0..).all(|((k, v), i)| *k == i && *v == i.to_string()), "{n}, {order}");
-            }
         }
     }
 }

@@ -14,7 +14,6 @@ use super::{
     FrontendKey, ObjectRef, Problem, ServiceTable,
     frontends::SkipReason,
     input::{ServiceSpec, SliceSpec},
-    packed::Builder,
     service::{Claim, NoLocalEndpoints, ServiceOutput, translate_service},
     table::{HealthCheck, NodeContext},
 };
@@ -146,12 +145,15 @@ impl TableState {
         // By key, claimants in object order (their place in `outputs`):
         // the first serves the key.
         claims.sort_unstable();
-        // Each tree is built as the keys come (in order), without a list
-        // of its entries beside it: at 100,000 services the lists were
-        // ~25 MiB at a start's (and a restart's) translation.
-        let mut table = Builder::new(claims.len());
-        let mut claimants = Builder::new(claims.len());
-        let mut keys = Builder::new(claims.len());
+        // Each tree is built from a list of its entries (in order: every
+        // node full, in one pass), each list made at its size and dropped
+        // once its tree is built, before the next: beside the trees, one
+        // list at a time (the table's, ~11 MiB at 100,000 services). All
+        // of them at once were ~25 MiB at a start's translation, and at a
+        // restart's beside the reconciler read back.
+        let groups = claims.chunk_by(|a, b| a.0 == b.0).count();
+        let mut table = Vec::with_capacity(groups);
+        let mut claimants = Vec::with_capacity(groups);
         let mut conflicts = Vec::new();
         for group in claims.chunk_by(|a, b| a.0 == b.0) {
             let (key, first, at) = group[0];
@@ -171,18 +173,17 @@ impl TableState {
             }
             let mut ids: Vec<ServiceId> = group.iter().map(|&(_, i, _)| outputs[i].0.clone()).collect();
             ids.shrink_to_fit();
-            claimants.insert(key, ids);
-            keys.insert(key, ());
-            table.insert(key, frontend);
+            claimants.push((key, ids));
+            table.push((key, frontend));
         }
         drop(claims);
-        self.table = table.build();
-        self.claims = claimants.build();
-        delta.keys = keys.build().into_keys().collect();
+        self.table = table.into_iter().collect();
+        self.claims = claimants.into_iter().collect();
+        delta.keys = self.table.keys().copied().collect();
         self.conflicts = conflicts.into_iter().collect();
         self.health_checked =
             outputs.iter().filter(|(_, o)| o.health_check.is_some()).map(|(id, _)| id.clone()).collect();
-        self.services = services_tree(outputs);
+        self.services = outputs.into_iter().collect();
         delta
     }
 
@@ -312,21 +313,6 @@ impl TableState {
             })
             .collect()
     }
-}
-
-/// The tree of `outputs` (in object order), built from the list's end as
-/// the list gives its room back: the list and the tree are never both
-/// whole.
-fn services_tree(mut outputs: Vec<(ServiceId, ServiceOutput)>) -> BTreeMap<ServiceId, ServiceOutput> {
-    let mut tree = Builder::new(outputs.len());
-    let part = (outputs.len() / 16).max(1024);
-    while !outputs.is_empty() {
-        for (id, output) in outputs.drain(outputs.len().saturating_sub(part)..) {
-            tree.insert(id, output);
-        }
-        outputs.shrink_to_fit();
-    }
-    tree.build()
 }
 
 /// The Service `id` names (not kept in each service's output: its id
