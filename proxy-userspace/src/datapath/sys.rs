@@ -293,14 +293,19 @@ pub(crate) fn for_each_entry<K: aya::Pod, V: aya::Pod>(
         )));
     }
     let mut token = None;
-    let mut size = chunk.max(1);
-    let mut keys = vec![MaybeUninit::<K>::uninit(); size];
-    let mut values = vec![MaybeUninit::<V>::uninit(); size];
+    // Batches grow to `chunk` as they come full: a map of a few entries
+    // (the fresh maps a start reads) takes small lists.
+    let mut size = chunk.clamp(1, 256);
+    let mut keys = Vec::new();
+    let mut values = Vec::new();
     loop {
-        keys.resize(size, MaybeUninit::uninit());
-        values.resize(size, MaybeUninit::uninit());
+        keys.resize(size, MaybeUninit::<K>::uninit());
+        values.resize(size, MaybeUninit::<V>::uninit());
         match map_lookup_batch(fd, &mut token, &mut keys, &mut values) {
             Ok((read, done)) => {
+                if read == size {
+                    size = (size * 2).min(chunk.max(size));
+                }
                 for (k, v) in keys[..read].iter().zip(&values[..read]) {
                     // SAFETY: the kernel wrote `read` whole keys and values
                     // of the map's sizes, checked above to be those of `K`

@@ -476,7 +476,7 @@ impl Reconciler {
         this.recover_maglev_tables(maps)?;
         stale.remove(maps)?;
         this.backends.reserve_recovered();
-        this.names_unread = true;
+        this.names_unread = !this.frontends.is_empty();
         this.rev_nat_pool = IdPool::with_used(this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0));
         this.counts = this.recount();
         let recovery = Recovery {
