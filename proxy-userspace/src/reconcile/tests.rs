@@ -1096,3 +1096,15 @@ fn liveness_answers_what_the_slots_hold() {
     assert!(!r.serves(&web, two), "a removed backend serves no more");
     assert_eq!(r.by_rev_nat(&asked).get(&web_id), Some(&HashSet::from([one])));
 }
+
+/// The sizes docs/design.md ("What the agent holds") counts per frontend
+/// and per backend.
+#[test]
+fn the_records_are_the_sizes_the_design_counts() {
+    use std::mem::size_of;
+    assert_eq!(size_of::<FrontendKey>(), 22, "the frontends' key");
+    assert_eq!(size_of::<super::AppliedFrontend>(), 120, "a frontend's record, 100,000 at 100,000 services");
+    assert_eq!(size_of::<Frontend>(), 88, "the table's frontend");
+    assert_eq!(size_of::<Backend>(), 22, "a backend in a frontend's list");
+    assert_eq!(size_of::<crate::model::SliceSpec>(), 56, "a slice as the store holds it");
+}
