@@ -8,12 +8,12 @@
 use std::collections::BTreeMap;
 
 /// Rebuilds `map` with every node full, from a list of its entries: the
-/// old nodes are all freed into the list before the new ones are made.
-/// (Rebuilt through `append`, which frees the old nodes as it makes the
-/// new ones, it took no list, but the new nodes were made among the old
-/// ones being freed, fewer than them: their pages stayed partly used,
-/// ~5 MiB more resident at 100,000 frontends.) Where the list would be
-/// held at the agent's largest moment, the tree is not packed there.
+/// old nodes are all freed into the list before the new ones are made, so
+/// the new ones take whole pages. (`BTreeMap::append` rebuilds a tree
+/// without a list, but makes the new nodes among the old ones it frees,
+/// fewer than them: the pages of the old ones stay partly used, and
+/// resident.) Where the list would be held at the agent's largest
+/// moment, the tree is not packed there.
 pub(crate) fn pack<K: Ord, V>(map: &mut BTreeMap<K, V>) {
     *map = std::mem::take(map).into_iter().collect();
 }
