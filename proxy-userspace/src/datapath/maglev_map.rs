@@ -2,7 +2,7 @@
 //! per table. Its value size (`size * 4`) is chosen at run time, so the
 //! agent creates and pins the map before the programs load (they take the
 //! pinned map), and reads and writes whole tables with raw calls.
-use std::{collections::BTreeMap, os::fd::AsFd as _, path::Path};
+use std::{os::fd::AsFd as _, path::Path};
 
 use aya::maps::MapData;
 use proxy_common::map_sizes;
@@ -89,28 +89,28 @@ impl MaglevMap {
         sys::map_delete(self.map.fd().as_fd(), &u32::from(id).to_ne_bytes()).map_err(syscall("delete"))
     }
 
-    /// Every table, by id.
-    pub(crate) fn tables(&self) -> Result<BTreeMap<u16, Vec<u32>>, MapError> {
+    /// Hands every table to `each`, one at a time (only one is held).
+    pub(crate) fn for_each_table(&self, mut each: impl FnMut(u16, &[u32])) -> Result<(), MapError> {
         let fd = self.map.fd().as_fd();
-        let mut out = BTreeMap::new();
         let mut key = [0u8; 4];
         let mut value = vec![0u8; self.size * 4];
+        let mut table = Vec::with_capacity(self.size);
         let mut first = true;
         loop {
             let mut next = [0u8; 4];
             let more = sys::map_next_key(fd, (!first).then_some(&key[..]), &mut next).map_err(syscall("next key"))?;
             if !more {
-                break;
+                return Ok(());
             }
             first = false;
             key = next;
             if sys::map_lookup(fd, &key, &mut value).map_err(syscall("lookup"))? {
-                let table = value.chunks_exact(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+                table.clear();
+                table.extend(value.chunks_exact(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])));
                 if let Ok(id) = u16::try_from(u32::from_ne_bytes(key)) {
-                    out.insert(id, table);
+                    each(id, &table);
                 }
             }
         }
-        Ok(out)
     }
 }

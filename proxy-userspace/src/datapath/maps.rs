@@ -2,7 +2,6 @@
 //! `crate::reconcile::maps::ServiceMaps` that writes through aya and raw
 //! batch syscalls.
 use std::{
-    collections::BTreeMap,
     io,
     os::fd::{AsFd as _, OwnedFd},
     path::Path,
@@ -15,7 +14,7 @@ use proxy_common::{
 };
 
 use super::maglev_map::MaglevMap;
-pub(crate) use crate::reconcile::maps::{Batch, Dump, MapError, MapName, ServiceMaps};
+pub(crate) use crate::reconcile::maps::{Batch, Dump, Entry, MapError, MapName, ServiceMaps};
 use crate::reconcile::maps::{lane_len, one_by_one};
 
 /// The maps in the kernel, through aya (and raw batch writes, which aya
@@ -207,23 +206,24 @@ impl KernelMaps {
         }
     }
 
-    /// The backends' array without its empty entries.
-    fn backend_entries(&self) -> Result<BTreeMap<u32, BackendValue>, MapError> {
+    /// Hands each backend of the array to `each`, leaving out the empty
+    /// entries (`backends_fresh_from`: none in an array never written).
+    fn read_backends(&self, each: &mut dyn FnMut(Entry<'_>)) -> Result<(), MapError> {
         if self.backends_fresh_from == 0 {
-            return Ok(BTreeMap::new());
+            return Ok(());
         }
-        let keep = |_: &u32, value: &BackendValue| !is_empty_backend(value);
-        match super::sys::read_map_where(self.backends_fd.as_fd(), READ_BATCH, keep) {
-            Ok(Some(entries)) => Ok(entries.into_iter().collect()),
-            Ok(None) => {
-                let mut entries = BTreeMap::new();
+        let mut one = |id: u32, value: BackendValue| {
+            if !is_empty_backend(&value) {
+                each(Entry::Backend(id, value));
+            }
+        };
+        match super::sys::for_each_entry(self.backends_fd.as_fd(), READ_BATCH, &mut one) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
                 for (id, value) in (0..).zip(self.backends.iter()) {
-                    let value = value.map_err(|source| MapError::Aya { map: MapName::Backends, source })?;
-                    if keep(&id, &value) {
-                        entries.insert(id, value);
-                    }
+                    one(id, value.map_err(|source| MapError::Aya { map: MapName::Backends, source })?);
                 }
-                Ok(entries)
+                Ok(())
             }
             Err(source) => Err(MapError::Syscall { map: MapName::Backends, op: "bpf_map_lookup_batch", source }),
         }
@@ -425,16 +425,24 @@ const ENOMEM_PAUSES: [std::time::Duration; 3] =
 /// larger).
 const READ_BATCH: usize = 4096;
 
-/// `read_hash_map` into a sorted map, falling back to `fallback` (one
-/// entry at a time through aya) on a kernel without batch reads.
-fn collect_batched<K: Ord + aya::Pod, V: aya::Pod>(
+/// Hands every entry of the hash map `fd` to `each`, read in batches,
+/// falling back to `fallback` (one entry at a time through aya) on a
+/// kernel without batch reads.
+fn read_batched<K: aya::Pod, V: aya::Pod, I: Iterator<Item = Result<(K, V), AyaMapError>>>(
     map: MapName,
     fd: &OwnedFd,
-    fallback: impl FnOnce() -> Result<BTreeMap<K, V>, MapError>,
-) -> Result<BTreeMap<K, V>, MapError> {
-    match super::sys::read_hash_map::<K, V>(fd.as_fd(), READ_BATCH) {
-        Ok(Some(entries)) => Ok(entries.into_iter().collect()),
-        Ok(None) => fallback(),
+    mut each: impl FnMut(K, V),
+    fallback: impl FnOnce() -> I,
+) -> Result<(), MapError> {
+    match super::sys::for_each_entry::<K, V>(fd.as_fd(), READ_BATCH, &mut each) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            for entry in fallback() {
+                let (k, v) = entry.map_err(|source| MapError::Aya { map, source })?;
+                each(k, v);
+            }
+            Ok(())
+        }
         Err(source) => Err(MapError::Syscall { map, op: "bpf_map_lookup_batch", source }),
     }
 }
@@ -470,13 +478,6 @@ fn delete_result(map: MapName, result: Result<(), AyaMapError>) -> Result<(), Ma
         Err(AyaMapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         Err(e) => Err(update_error(map, e)),
     }
-}
-
-fn collect<K: Ord, V>(
-    map: MapName,
-    iter: impl Iterator<Item = Result<(K, V), AyaMapError>>,
-) -> Result<BTreeMap<K, V>, MapError> {
-    iter.collect::<Result<_, _>>().map_err(|source| MapError::Aya { map, source })
 }
 
 impl ServiceMaps for KernelMaps {
@@ -619,22 +620,45 @@ impl ServiceMaps for KernelMaps {
         delete_result(MapName::Names, self.names.remove(&rev_nat))
     }
 
-    fn dump(&self) -> Result<Dump, MapError> {
-        let ranges: Vec<LpmKey<SourceRange>> = self
-            .source_ranges
-            .keys()
-            .collect::<Result<_, _>>()
-            .map_err(|source| MapError::Aya { map: MapName::SourceRanges, source })?;
-        Ok(Dump {
-            services: collect_batched(MapName::Services, &self.services_fd, || {
-                collect(MapName::Services, self.services.iter())
-            })?,
-            backends: self.backend_entries()?,
-            rev_nat: collect(MapName::RevNat, self.rev_nat.iter())?,
-            maglev: self.maglev.tables()?,
-            source_ranges: ranges.iter().filter_map(source_range_of).collect(),
-            names: collect(MapName::Names, self.names.iter())?,
-        })
+    fn read(&self, map: MapName, each: &mut dyn FnMut(Entry<'_>)) -> Result<(), MapError> {
+        match map {
+            MapName::Services => read_batched(
+                map,
+                &self.services_fd,
+                |key, value| each(Entry::Service(key, value)),
+                || self.services.iter(),
+            ),
+            MapName::Backends => self.read_backends(each),
+            MapName::RevNat => {
+                read_batched(map, &self.rev_nat_fd, |id, value| each(Entry::RevNat(id, value)), || self.rev_nat.iter())
+            }
+            MapName::Names => read_batched(
+                map,
+                &self.names_fd,
+                |id, name: ServiceName| each(Entry::Name(id, &name)),
+                || self.names.iter(),
+            ),
+            MapName::Maglev => self.maglev.for_each_table(|id, table| each(Entry::Maglev(id, table))),
+            MapName::SourceRanges => {
+                for key in self.source_ranges.keys() {
+                    let key = key.map_err(|source| MapError::Aya { map, source })?;
+                    if let Some((id, net)) = source_range_of(&key) {
+                        each(Entry::SourceRange(id, net));
+                    }
+                }
+                Ok(())
+            }
+            MapName::ActiveConns | MapName::Ct => Ok(()),
+        }
+    }
+
+    fn capacity(&self, map: MapName) -> Option<usize> {
+        let (services, backends) = self.sizes().ok()?;
+        match map {
+            MapName::Services => usize::try_from(services).ok(),
+            MapName::Backends => usize::try_from(backends).ok(),
+            _ => None,
+        }
     }
 }
 

@@ -263,6 +263,25 @@ pub(crate) fn read_map_where<K: aya::Pod, V: aya::Pod>(
     chunk: usize,
     mut keep: impl FnMut(&K, &V) -> bool,
 ) -> io::Result<Option<Vec<(K, V)>>> {
+    let mut out = Vec::new();
+    let read = for_each_entry(fd, chunk, |k: K, v: V| {
+        if keep(&k, &v) {
+            out.push((k, v));
+        }
+    })?;
+    Ok(read.then_some(out))
+}
+
+/// Hands every entry of the map `fd` (keys `K`, values `V`, exactly the
+/// map's sizes) to `each`, read `chunk` at a time with
+/// `BPF_MAP_LOOKUP_BATCH`: only a chunk is held at once. `Ok(false)`: the
+/// kernel has no batch reads (nothing was handed over). Any map with batch
+/// reads: an array's position is its last index (`u32`).
+pub(crate) fn for_each_entry<K: aya::Pod, V: aya::Pod>(
+    fd: BorrowedFd<'_>,
+    chunk: usize,
+    mut each: impl FnMut(K, V),
+) -> io::Result<bool> {
     // The kernel writes whole keys and values of the map's sizes: they
     // must be those of `K` and `V`.
     let (key_size, value_size) = map_kv_sizes(fd)?;
@@ -273,30 +292,32 @@ pub(crate) fn read_map_where<K: aya::Pod, V: aya::Pod>(
             size_of::<V>()
         )));
     }
-    let mut out = Vec::new();
     let mut token = None;
-    let mut size = chunk.max(1);
+    // Batches grow to `chunk` as they come full: a map of a few entries
+    // (the fresh maps a start reads) takes small lists.
+    let mut size = chunk.clamp(1, 256);
+    let mut keys = Vec::new();
+    let mut values = Vec::new();
     loop {
-        let mut keys = vec![MaybeUninit::<K>::uninit(); size];
-        let mut values = vec![MaybeUninit::<V>::uninit(); size];
+        keys.resize(size, MaybeUninit::<K>::uninit());
+        values.resize(size, MaybeUninit::<V>::uninit());
         match map_lookup_batch(fd, &mut token, &mut keys, &mut values) {
             Ok((read, done)) => {
-                // SAFETY: the kernel wrote `read` whole keys and values of
-                // the map's sizes, checked above to be those of `K` and `V`,
-                // from the start; any bytes are a valid `Pod`.
-                out.extend(
-                    keys[..read]
-                        .iter()
-                        .zip(&values[..read])
-                        .map(|(k, v)| unsafe { (k.assume_init(), v.assume_init()) })
-                        .filter(|(k, v)| keep(k, v)),
-                );
+                if read == size {
+                    size = (size * 2).min(chunk.max(size));
+                }
+                for (k, v) in keys[..read].iter().zip(&values[..read]) {
+                    // SAFETY: the kernel wrote `read` whole keys and values
+                    // of the map's sizes, checked above to be those of `K`
+                    // and `V`, from the start; any bytes are a valid `Pod`.
+                    each(unsafe { k.assume_init() }, unsafe { v.assume_init() });
+                }
                 if done {
-                    return Ok(Some(out));
+                    return Ok(true);
                 }
             }
             Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => size *= 2,
-            Err(err) if token.is_none() && err.raw_os_error() == Some(libc::EINVAL) => return Ok(None),
+            Err(err) if token.is_none() && err.raw_os_error() == Some(libc::EINVAL) => return Ok(false),
             Err(err) => return Err(err),
         }
     }

@@ -7,6 +7,7 @@ pub(crate) mod explain;
 mod frontends;
 mod input;
 mod object_ids;
+pub(crate) mod packed;
 mod problem;
 mod service;
 

@@ -145,8 +145,15 @@ impl TableState {
         // By key, claimants in object order (their place in `outputs`):
         // the first serves the key.
         claims.sort_unstable();
-        let mut table = Vec::new();
-        let mut claimants = Vec::new();
+        // Each tree is built from a list of its entries (in order: every
+        // node full, in one pass), each list made at its size and dropped
+        // once its tree is built, before the next is made: beside the
+        // trees, one list at a time (the table's is the largest, 112 bytes
+        // a frontend), at a start's translation and at a restart's, beside
+        // the reconciler read back.
+        let groups = claims.chunk_by(|a, b| a.0 == b.0).count();
+        let mut table = Vec::with_capacity(groups);
+        let mut claimants = Vec::with_capacity(groups);
         let mut conflicts = Vec::new();
         for group in claims.chunk_by(|a, b| a.0 == b.0) {
             let (key, first, at) = group[0];
@@ -167,15 +174,16 @@ impl TableState {
             let mut ids: Vec<ServiceId> = group.iter().map(|&(_, i, _)| outputs[i].0.clone()).collect();
             ids.shrink_to_fit();
             claimants.push((key, ids));
-            delta.keys.insert(key);
             table.push((key, frontend));
         }
+        drop(claims);
+        self.table = table.into_iter().collect();
+        self.claims = claimants.into_iter().collect();
+        delta.keys = self.table.keys().copied().collect();
+        self.conflicts = conflicts.into_iter().collect();
         self.health_checked =
             outputs.iter().filter(|(_, o)| o.health_check.is_some()).map(|(id, _)| id.clone()).collect();
         self.services = outputs.into_iter().collect();
-        self.claims = claimants.into_iter().collect();
-        self.conflicts = conflicts.into_iter().collect();
-        self.table = table.into_iter().collect();
         delta
     }
 
@@ -184,9 +192,9 @@ impl TableState {
     /// `replace_all` does) leave each node about half empty. Later updates
     /// insert into the packed nodes.
     fn compact(&mut self) {
-        self.services = std::mem::take(&mut self.services).into_iter().collect();
-        self.claims = std::mem::take(&mut self.claims).into_iter().collect();
-        self.table = std::mem::take(&mut self.table).into_iter().collect();
+        super::packed::pack(&mut self.services);
+        super::packed::pack(&mut self.claims);
+        super::packed::pack(&mut self.table);
     }
 
     /// Re-translates the services in `changes` (with the node the state was

@@ -8,7 +8,9 @@
 //! and a record costs 40 bytes where a tree or hash map entry keyed by id
 //! and address cost several times that. The index by address holds ids
 //! only (4 bytes each), hashing the address in the id's record.
-use std::{collections::BTreeMap, hash::BuildHasher, num::NonZeroU32};
+#[cfg(test)]
+use std::collections::BTreeMap;
+use std::{hash::BuildHasher, num::NonZeroU32};
 
 use hashbrown::HashTable;
 use proxy_common::Backend as BackendValue;
@@ -127,28 +129,63 @@ pub(crate) struct BackendTable {
     pool: IdPool<u32>,
     /// Records written to the map.
     written: usize,
+    /// The records were read back and `ids` is not made yet
+    /// (`index_recovered`).
+    unindexed: bool,
 }
 
 impl BackendTable {
     /// The backends found in the map; returns the ids to delete: those of
     /// no backend (an unknown protocol, id 0 or too large).
-    pub(crate) fn recover(found: &BTreeMap<u32, BackendValue>) -> (Self, Vec<u32>) {
-        let mut this = Self::default();
-        let mut stale = Vec::new();
-        for (id, value) in found {
-            let Some(addr) = codec::backend_addr(value).ok().filter(|_| (1..MAX_ID).contains(id)) else {
-                stale.push(*id);
-                continue;
-            };
-            *this.slot(*id) = Some(Record::new(*value, true));
-            if this.lookup(&addr).is_none() {
-                this.index(*id);
-            }
-            this.written += 1;
-        }
-        // The id pool is built by `reserve_recovered`, once the slots
-        // naming ids are read too.
+    #[cfg(test)]
+    pub(crate) fn recover_all(found: &BTreeMap<u32, BackendValue>) -> (Self, Vec<u32>) {
+        let mut this = Self::recovering(None);
+        let stale = found.iter().filter(|(id, value)| !this.recover(**id, **value)).map(|(id, _)| *id).collect();
+        this.index_recovered();
         (this, stale)
+    }
+
+    /// A table to take the backends of a map back into, one at a time
+    /// (`recover`), then `index_recovered`; room for the ids of a map of
+    /// `capacity` entries is made at once (the pages of ids never read are
+    /// never touched).
+    pub(crate) fn recovering(capacity: Option<usize>) -> Self {
+        let mut this = Self { unindexed: true, ..Self::default() };
+        if let Some(capacity) = capacity {
+            let ids = usize::try_from(MAX_ID).expect("u32 fits usize");
+            this.by_id.reserve_exact(capacity.min(ids) + 1);
+        }
+        this
+    }
+
+    /// Takes backend `id` found in the map; false when it is no backend
+    /// (an unknown protocol, id 0 or too large): the caller deletes it.
+    pub(crate) fn recover(&mut self, id: u32, value: BackendValue) -> bool {
+        if codec::backend_addr(&value).is_err() || !(1..MAX_ID).contains(&id) {
+            return false;
+        }
+        *self.slot(id) = Some(Record::new(value, true));
+        self.written += 1;
+        true
+    }
+
+    /// Indexes the backends `recover` took by address (the index made at
+    /// once, not grown), before the first lookup: a restart makes it once
+    /// the lists are translated, not beside them. An address the map holds
+    /// at two ids is known by the lower. (The id pool is built by
+    /// `reserve_recovered`, once the slots naming ids are read too.)
+    pub(crate) fn index_recovered(&mut self) {
+        if !std::mem::take(&mut self.unindexed) {
+            return;
+        }
+        let Self { by_id, ids, hasher, written, .. } = self;
+        ids.reserve(*written, |id| record_addr(by_id, *id).map_or(0, |a| hasher.hash_one(a)));
+        for id in 0..self.by_id.len() {
+            let id = to_id(id);
+            if record_addr(&self.by_id, id).is_some_and(|addr| self.lookup(&addr).is_none()) {
+                self.index(id);
+            }
+        }
     }
 
     fn ids_in_use(&self) -> impl Iterator<Item = u32> + '_ {
@@ -185,6 +222,7 @@ impl BackendTable {
 
     /// The id `addr` is indexed by.
     fn lookup(&self, addr: &BackendAddr) -> Option<u32> {
+        debug_assert!(!self.unindexed, "a lookup before `index_recovered`");
         let by_id = &self.by_id;
         self.ids.find(self.hasher.hash_one(addr), |id| record_addr(by_id, *id).as_ref() == Some(addr)).copied()
     }
@@ -210,15 +248,15 @@ impl BackendTable {
     }
 
     /// Every id with a record, in order.
+    #[cfg(test)]
     pub(crate) fn all_ids(&self) -> Vec<u32> {
         self.ids_in_use().collect()
     }
 
-    /// The id each address is known by (written or reserved), in order.
-    pub(crate) fn primary_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self.ids.iter().copied().collect();
-        ids.sort_unstable();
-        ids
+    /// Every id with a record is below this: `1..bound()` goes over them
+    /// in order without a list of them (a million at 100,000 services).
+    pub(crate) fn bound(&self) -> u32 {
+        to_id(self.by_id.len())
     }
 
     /// The id of `addr` in the map (`None`: not written).
@@ -239,14 +277,6 @@ impl BackendTable {
     /// The address of backend `id` (`None`: no such backend).
     pub(crate) fn addr(&self, id: u32) -> Option<BackendAddr> {
         codec::backend_addr(&self.get(id)?.value).ok()
-    }
-
-    /// Every written backend's address, by id (recovery's Maglev check).
-    pub(crate) fn addrs(&self) -> BTreeMap<u32, BackendAddr> {
-        self.ids_in_use()
-            .filter(|id| self.get(*id).is_some_and(Record::written))
-            .filter_map(|id| Some((id, self.addr(id)?)))
-            .collect()
     }
 
     /// The id of `addr`, reserving a free one when it has none (`None`:
@@ -470,7 +500,7 @@ mod tests {
     fn recovery_keeps_the_lowest_id_of_an_address_and_drops_bad_ids() {
         let value = codec::backend_value(BackendEntry { addr: addr(1), state: BackendState::Active, local: false });
         let found = BTreeMap::from([(0, value), (3, value), (5, value), (MAX_ID, value)]);
-        let (mut t, stale) = BackendTable::recover(&found);
+        let (mut t, stale) = BackendTable::recover_all(&found);
         assert_eq!(stale, vec![0, MAX_ID]);
         assert_eq!((t.len(), t.id(&addr(1)), t.all_ids()), (2, Some(3), vec![3, 5]));
         t.add_slot(7);

@@ -9,7 +9,7 @@ use proxy_common::{Backend as BackendValue, RevNat, RevNatId, ServiceKey, Servic
 
 use super::{
     codec,
-    maps::{Batch, Dump, MapError, MapName, ServiceMaps, one_by_one},
+    maps::{Batch, Dump, Entry, MapError, MapName, ServiceMaps, one_by_one},
 };
 use crate::model::Scope;
 
@@ -332,6 +332,16 @@ impl ServiceMaps for FakeMaps {
         self.state.names.remove(&rev_nat);
         self.check_reader_view();
         Ok(())
+    }
+
+    fn read(&self, map: MapName, each: &mut dyn FnMut(Entry<'_>)) -> Result<(), MapError> {
+        self.state.read(map, each);
+        Ok(())
+    }
+
+    fn capacity(&self, map: MapName) -> Option<usize> {
+        let _ = map;
+        self.capacity
     }
 
     fn dump(&self) -> Result<Dump, MapError> {

@@ -47,38 +47,43 @@ pub(crate) fn identity(b: &BackendAddr) -> Vec<u8> {
     out
 }
 
-/// The table for `list` (backend ids in slot order, with their addresses
-/// in `addrs`): entry `i` holds the id of the backend flows hashing to `i`
+/// The table for `list` (backend ids in slot order, `addr` giving their
+/// addresses): entry `i` holds the id of the backend flows hashing to `i`
 /// go to.
 #[must_use]
-pub(crate) fn build(list: &[u32], addrs: &BTreeMap<u32, BackendAddr>, size: usize) -> Option<Vec<u32>> {
-    let identities: Vec<Vec<u8>> = list.iter().map(|id| addrs.get(id).map(identity)).collect::<Option<_>>()?;
+pub(crate) fn build(list: &[u32], addr: impl Fn(u32) -> Option<BackendAddr>, size: usize) -> Option<Vec<u32>> {
+    let identities: Vec<Vec<u8>> = list.iter().map(|id| addr(*id).as_ref().map(identity)).collect::<Option<_>>()?;
     Some(crate::reconcile::maglev::table(&identities, size).into_iter().map(|i| list[i as usize]).collect())
 }
 
 impl MaglevTables {
-    /// The tables found in the maps. `lists` names, per table id, the
-    /// backend list of a frontend whose slot 0 names it: a table built from
-    /// that list can be reused by frontends with the same list.
+    /// Takes table `id` found in the maps (`content`). `list` is the
+    /// backend list of a frontend whose slot 0 names it (`addr` gives the
+    /// addresses of the backends in the map): a table built from that list
+    /// can be reused by frontends with the same list. Once every table is
+    /// read, `recovered`.
     pub(crate) fn recover(
-        found: &BTreeMap<u16, Vec<u32>>,
-        lists: &BTreeMap<u16, Vec<u32>>,
-        addrs: &BTreeMap<u32, BackendAddr>,
+        &mut self,
+        id: u16,
+        content: &[u32],
+        list: Option<&Vec<u32>>,
+        addr: impl Fn(u32) -> Option<BackendAddr>,
         size: usize,
-    ) -> Self {
-        let mut this = Self { pool: IdPool::with_used(found.keys().copied()), ..Self::default() };
-        for (id, content) in found {
-            this.unused.insert(*id);
-            let list = lists
-                .get(id)
-                .filter(|list| content.len() == size && build(list, addrs, size).as_ref() == Some(content))
-                .cloned();
-            if let Some(list) = &list {
-                this.by_list.entry(list.clone()).or_insert(*id);
-            }
-            this.add(*id, Table { ids: content.iter().copied().collect(), list });
+    ) {
+        self.unused.insert(id);
+        let list =
+            list.filter(|list| content.len() == size && build(list, &addr, size).as_deref() == Some(content)).cloned();
+        // Of two tables of one list, the lower id is reused, in whatever
+        // order they are read.
+        if let Some(list) = &list {
+            self.by_list.entry(list.clone()).and_modify(|held| *held = (*held).min(id)).or_insert(id);
         }
-        this
+        self.add(id, Table { ids: content.iter().copied().collect(), list });
+    }
+
+    /// Every table found is in: their ids are taken.
+    pub(crate) fn recovered(&mut self) {
+        self.pool = IdPool::with_used(self.tables.keys().copied());
     }
 
     fn add(&mut self, id: u16, table: Table) {
@@ -125,7 +130,8 @@ impl MaglevTables {
         if let Some(id) = self.by_list.get(list) {
             return Ok(*id);
         }
-        let content = build(list, addrs, maps.maglev_size()).expect("every listed backend is in the map");
+        let content =
+            build(list, |id| addrs.get(&id).copied(), maps.maglev_size()).expect("every listed backend is in the map");
         let id = self.pool.allocate().ok_or(MapError::Full { map: MapName::Maglev })?;
         *writes += 1;
         if let Err(err) = maps.set_maglev(id, &content) {

@@ -28,6 +28,80 @@ pub struct Dump {
     pub names: BTreeMap<RevNatId, ServiceName>,
 }
 
+impl Dump {
+    /// Adds one entry read back.
+    pub fn insert(&mut self, entry: Entry<'_>) {
+        match entry {
+            Entry::Service(key, value) => {
+                self.services.insert(key, value);
+            }
+            Entry::Backend(id, value) => {
+                self.backends.insert(id, value);
+            }
+            Entry::RevNat(id, value) => {
+                self.rev_nat.insert(id, value);
+            }
+            Entry::Maglev(id, table) => {
+                self.maglev.insert(id, table.to_vec());
+            }
+            Entry::SourceRange(id, net) => {
+                self.source_ranges.insert((id, net));
+            }
+            Entry::Name(id, name) => {
+                self.names.insert(id, *name);
+            }
+        }
+    }
+
+    /// Hands every entry of `map` to `each`, as `ServiceMaps::read` does.
+    pub fn read(&self, map: MapName, each: &mut dyn FnMut(Entry<'_>)) {
+        self.read_in(map, false, each);
+    }
+
+    /// As `read`, in key order or (`reversed`) the reverse of it.
+    pub(crate) fn read_in(&self, map: MapName, reversed: bool, each: &mut dyn FnMut(Entry<'_>)) {
+        fn each_of<T>(items: impl DoubleEndedIterator<Item = T>, reversed: bool, mut f: impl FnMut(T)) {
+            if reversed {
+                items.rev().for_each(&mut f);
+            } else {
+                items.for_each(&mut f);
+            }
+        }
+        match map {
+            MapName::Services => each_of(self.services.iter(), reversed, |(k, v)| each(Entry::Service(*k, *v))),
+            MapName::Backends => each_of(self.backends.iter(), reversed, |(id, v)| each(Entry::Backend(*id, *v))),
+            MapName::RevNat => each_of(self.rev_nat.iter(), reversed, |(id, v)| each(Entry::RevNat(*id, *v))),
+            MapName::Maglev => each_of(self.maglev.iter(), reversed, |(id, t)| each(Entry::Maglev(*id, t))),
+            MapName::SourceRanges => {
+                each_of(self.source_ranges.iter(), reversed, |(id, net)| each(Entry::SourceRange(*id, *net)));
+            }
+            MapName::Names => each_of(self.names.iter(), reversed, |(id, name)| each(Entry::Name(*id, name))),
+            MapName::ActiveConns | MapName::Ct => {}
+        }
+    }
+}
+
+/// One entry of the maps, as `ServiceMaps::read` hands it over.
+#[derive(Clone, Copy, Debug)]
+pub enum Entry<'a> {
+    /// A `SERVICES` entry.
+    Service(ServiceKey, ServiceValue),
+    /// A `BACKENDS` entry that is not empty.
+    Backend(u32, BackendValue),
+    /// A `REVNAT` entry.
+    RevNat(RevNatId, RevNat),
+    /// A Maglev table.
+    Maglev(u16, &'a [u32]),
+    /// A loadBalancerSourceRange: (rev-NAT id, source network).
+    SourceRange(RevNatId, IpNet),
+    /// A service port's name, by rev-NAT id.
+    Name(RevNatId, &'a ServiceName),
+}
+
+/// The maps `ServiceMaps::read` reads: those the reconciler writes.
+pub const READ_MAPS: [MapName; 6] =
+    [MapName::Services, MapName::Backends, MapName::RevNat, MapName::Maglev, MapName::SourceRanges, MapName::Names];
+
 /// A batch write of one map, in a lane of `ServiceMaps::write_lanes`.
 #[derive(Clone, Copy, Debug)]
 pub enum Batch<'a> {
@@ -139,8 +213,27 @@ pub trait ServiceMaps {
     }
     /// Deletes the name of frontend `rev_nat`.
     fn remove_name(&mut self, rev_nat: RevNatId) -> Result<(), MapError>;
-    /// Every entry of the maps.
-    fn dump(&self) -> Result<Dump, MapError>;
+    /// Hands every entry of `map` (one of `READ_MAPS`; another has none
+    /// here) to `each`, one at a time, in no set order: a restart reads
+    /// the maps back through this into its reconciler (at 100,000 services
+    /// 1,600,000 entries) without holding them all at once.
+    fn read(&self, map: MapName, each: &mut dyn FnMut(Entry<'_>)) -> Result<(), MapError>;
+    /// The most entries `map` holds (`None`: not known): a read-back makes
+    /// room for `BACKENDS`' ids at once rather than growing its records
+    /// while they arrive.
+    fn capacity(&self, map: MapName) -> Option<usize> {
+        let _ = map;
+        None
+    }
+    /// Every entry of the maps, held at once (`ebpf-proxy service`, the
+    /// drift audit, tests).
+    fn dump(&self) -> Result<Dump, MapError> {
+        let mut dump = Dump::default();
+        for map in READ_MAPS {
+            self.read(map, &mut |entry| dump.insert(entry))?;
+        }
+        Ok(dump)
+    }
 }
 
 /// Writes `entries` one at a time through `one`, in order, up to the first

@@ -23,7 +23,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use proxy_common::{Backend as BackendValue, RevNat, RevNatId, ServiceKey, ServiceName, ServiceValue};
+use proxy_common::{Backend as BackendValue, RevNatId, ServiceKey, ServiceValue};
 
 pub mod audit;
 mod backend_table;
@@ -43,7 +43,7 @@ pub mod sizing;
 mod tests;
 
 pub(crate) use self::codec::BackendAddr;
-pub use self::maps::{Dump, MapError, MapName, ServiceMaps};
+pub use self::maps::{Dump, Entry, MapError, MapName, READ_MAPS, ServiceMaps};
 use self::{
     backend_table::{BackendTable, Wanted},
     codec::FrontendFlags,
@@ -88,14 +88,6 @@ impl AppliedFrontend {
             slots: Vec::new(),
             ranges: BTreeSet::new(),
             wanted: Box::default(),
-        }
-    }
-
-    /// Takes the service port `name` names (recovery).
-    fn recover_name(&mut self, name: Option<&ServiceName>) {
-        if let Some(name) = name {
-            self.service_port = codec::service_port_of(name);
-            self.name_written = true;
         }
     }
 
@@ -261,12 +253,13 @@ struct Stale {
     rev_nat: Vec<RevNatId>,
     ranges: Vec<(RevNatId, IpNet)>,
     names: Vec<RevNatId>,
-    backends: Vec<u32>,
+    /// With the value read (a removal writes it back emptied).
+    backends: Vec<(u32, BackendValue)>,
 }
 
 impl Stale {
-    /// Deletes every entry (`backends`: the entries the dump read).
-    fn remove(&self, maps: &mut impl ServiceMaps, backends: &BTreeMap<u32, BackendValue>) -> Result<(), MapError> {
+    /// Deletes every entry.
+    fn remove(&self, maps: &mut impl ServiceMaps) -> Result<(), MapError> {
         for key in &self.services {
             maps.remove_service(key)?;
         }
@@ -279,8 +272,8 @@ impl Stale {
         for id in &self.names {
             maps.remove_name(*id)?;
         }
-        for id in &self.backends {
-            maps.remove_backend(*id, &backends[id])?;
+        for (id, value) in &self.backends {
+            maps.remove_backend(*id, value)?;
         }
         Ok(())
     }
@@ -309,6 +302,9 @@ pub struct Reconciler {
     /// frontends, so that reporting a sync (every sync: the log line, the
     /// metrics) does not walk 100,000 frontends.
     counts: Counts,
+    /// The frontends were read back and their names not yet
+    /// (`read_names`, by the next `apply`).
+    names_unread: bool,
 }
 
 /// Frontends served (slot 0 written) and `SERVICES` entries in use.
@@ -422,6 +418,26 @@ fn entry_slots(entry: usize, len: usize) -> std::ops::Range<usize> {
     first.min(len)..(first + codec::SLOTS_PER_ENTRY).min(len)
 }
 
+/// The frontends by rev-NAT id, while entries kept by that id are read
+/// back (sorted: a few bytes a frontend, for the read only).
+struct ByRevNat(Vec<(RevNatId, FrontendKey)>);
+
+impl ByRevNat {
+    fn of(frontends: &BTreeMap<FrontendKey, AppliedFrontend>) -> Self {
+        let mut ids: Vec<(RevNatId, FrontendKey)> =
+            frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k)).collect();
+        ids.sort_unstable();
+        Self(ids)
+    }
+
+    /// The frontends whose slot 0 names `id` (two may, after a crash:
+    /// each takes the entry).
+    fn named(&self, id: RevNatId) -> impl Iterator<Item = FrontendKey> + '_ {
+        let at = self.0.partition_point(|(r, _)| *r < id);
+        self.0[at..].iter().take_while(move |(r, _)| *r == id).map(|(_, k)| *k)
+    }
+}
+
 impl Reconciler {
     #[cfg(test)]
     /// A reconciler for empty maps.
@@ -432,23 +448,37 @@ impl Reconciler {
 
     /// Rebuilds the applied state from the maps (after a restart), and
     /// deletes entries no reader can reach: slots without a slot 0, rev-NAT
-    /// entries of no frontend, entries of unknown protocols.
+    /// entries of no frontend, entries of unknown protocols. The maps are
+    /// read one entry at a time into the records kept (`ServiceMaps::read`):
+    /// besides them, only the entries to delete and, for a moment, the
+    /// frontends' rev-NAT ids are held.
     pub fn recover(maps: &mut impl ServiceMaps) -> Result<(Self, Recovery), MapError> {
-        let Dump { services, backends, rev_nat, maglev, source_ranges, names } = maps.dump()?;
         let mut this = Self::default();
         let mut stale = Stale::default();
-        (this.backends, stale.backends) = BackendTable::recover(&backends);
-        this.recover_frontends(&services, &rev_nat, &names, &mut stale.services);
-        this.drop_orphan_slots(&services, &mut stale.services);
-        let used_rev_nat: BTreeSet<RevNatId> =
-            this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0).collect();
-        stale.rev_nat = rev_nat.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
-        stale.names = names.keys().filter(|id| !used_rev_nat.contains(id)).copied().collect();
-        stale.ranges = this.recover_source_ranges(&source_ranges);
-        this.recover_maglev_tables(&maglev, maps.maglev_size());
-        stale.remove(maps, &backends)?;
+        let mut backends = BackendTable::recovering(maps.capacity(MapName::Backends));
+        maps.read(MapName::Backends, &mut |entry| {
+            if let Entry::Backend(id, value) = entry
+                && !backends.recover(id, value)
+            {
+                stale.backends.push((id, value));
+            }
+        })?;
+        this.backends = backends;
+        // Every frontend's service port until its name is read (`read_names`).
+        let unnamed = ServicePort::default();
+        maps.read(MapName::Services, &mut |entry| {
+            if let Entry::Service(key, value) = entry {
+                this.recover_entry(key, value, &unnamed, &mut stale.services);
+            }
+        })?;
+        this.drop_orphan_slots(&mut stale.services);
+        this.pack_frontends();
+        this.recover_by_rev_nat(maps, &mut stale)?;
+        this.recover_maglev_tables(maps)?;
+        stale.remove(maps)?;
         this.backends.reserve_recovered();
-        this.rev_nat_pool = IdPool::with_used(used_rev_nat.iter().copied());
+        this.names_unread = !this.frontends.is_empty();
+        this.rev_nat_pool = IdPool::with_used(this.frontends.values().map(|f| f.rev_nat).filter(|id| *id != 0));
         this.counts = this.recount();
         let recovery = Recovery {
             frontends: this.frontends.len(),
@@ -458,48 +488,45 @@ impl Reconciler {
         Ok((this, recovery))
     }
 
-    /// Rebuilds each frontend from its slot 0 and slots entries; entries
-    /// that are no frontend's go to `stale`.
-    fn recover_frontends(
+    /// Takes one `SERVICES` entry into its frontend (slot 0, or a slots
+    /// entry); one that is no frontend's goes to `stale`.
+    fn recover_entry(
         &mut self,
-        services: &BTreeMap<ServiceKey, ServiceValue>,
-        rev_nat: &BTreeMap<RevNatId, RevNat>,
-        names: &BTreeMap<RevNatId, ServiceName>,
+        key: ServiceKey,
+        value: ServiceValue,
+        unnamed: &ServicePort,
         stale: &mut BTreeSet<ServiceKey>,
     ) {
-        for (key, value) in services {
-            let Ok((fk, slot)) = codec::frontend_of(key) else {
-                stale.insert(*key);
-                continue;
-            };
-            let fe = self.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(ServicePort::default()));
-            if slot == 0 {
-                fe.slot_zero = Some(*value);
-                fe.rev_nat = value.rev_nat;
-                fe.rev_nat_written = rev_nat.get(&value.rev_nat).is_some_and(|r| *r == codec::rev_nat_value(fk));
-                fe.recover_name(names.get(&value.rev_nat));
-            } else {
-                let ids = value.slot_ids();
-                // An entry naming no backend is none a writer leaves.
-                let Some(last) = ids.iter().rposition(|id| *id != 0) else {
-                    stale.insert(*key);
-                    continue;
-                };
-                let first = (usize::from(slot) - 1) * codec::SLOTS_PER_ENTRY;
-                if fe.slots.len() <= first + last {
-                    fe.slots.resize(first + last + 1, 0);
-                }
-                for (i, id) in ids[..=last].iter().enumerate() {
-                    fe.slots[first + i] = *id;
-                    self.backends.add_slot(*id);
-                }
-            }
+        let Ok((fk, slot)) = codec::frontend_of(&key) else {
+            stale.insert(key);
+            return;
+        };
+        if slot == 0 {
+            let fe = self.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(unnamed.clone()));
+            fe.slot_zero = Some(value);
+            fe.rev_nat = value.rev_nat;
+            return;
+        }
+        let ids = value.slot_ids();
+        // An entry naming no backend is none a writer leaves.
+        let Some(last) = ids.iter().rposition(|id| *id != 0) else {
+            stale.insert(key);
+            return;
+        };
+        let fe = self.frontends.entry(fk).or_insert_with(|| AppliedFrontend::new(unnamed.clone()));
+        let first = (usize::from(slot) - 1) * codec::SLOTS_PER_ENTRY;
+        if fe.slots.len() <= first + last {
+            fe.slots.resize(first + last + 1, 0);
+        }
+        for (i, id) in ids[..=last].iter().enumerate() {
+            fe.slots[first + i] = *id;
+            self.backends.add_slot(*id);
         }
     }
 
     /// Forgets the frontends without slot 0, whose slots are unreachable,
     /// and adds their slots entries to `stale`.
-    fn drop_orphan_slots(&mut self, services: &BTreeMap<ServiceKey, ServiceValue>, stale: &mut BTreeSet<ServiceKey>) {
+    fn drop_orphan_slots(&mut self, stale: &mut BTreeSet<ServiceKey>) {
         let orphans: Vec<FrontendKey> =
             self.frontends.iter().filter(|(_, f)| f.slot_zero.is_none()).map(|(k, _)| *k).collect();
         for fk in orphans {
@@ -507,29 +534,88 @@ impl Reconciler {
             for id in &fe.slots {
                 self.backends.remove_slot(*id);
             }
-            let keys = (0..codec::slot_entries(fe.slots.len())).map(|e| codec::slots_key(fk, e));
-            stale.extend(keys.filter(|k| services.contains_key(k)));
+            // An entry read names a backend in one of its slots (one that
+            // named none is stale already); the others were not read.
+            let read = (0..codec::slot_entries(fe.slots.len()))
+                .filter(|e| entry_slots(*e, fe.slots.len()).any(|i| fe.slots[i] != 0));
+            stale.extend(read.map(|e| codec::slots_key(fk, e)));
         }
     }
 
-    /// Gives each frontend its source ranges; the ranges of no frontend.
-    fn recover_source_ranges(&mut self, source_ranges: &BTreeSet<(RevNatId, IpNet)>) -> Vec<(RevNatId, IpNet)> {
-        let by_rev_nat: HashMap<RevNatId, FrontendKey> =
-            self.frontends.iter().filter(|(_, f)| f.rev_nat != 0).map(|(k, f)| (f.rev_nat, *k)).collect();
-        let mut stale = Vec::new();
-        for (id, net) in source_ranges {
-            match by_rev_nat.get(id) {
-                Some(fk) => {
-                    self.frontends.get_mut(fk).expect("listed above").ranges.insert(*net);
-                }
-                None => stale.push((*id, *net)),
+    /// Reads the entries kept by rev-NAT id (`REVNAT`, the source ranges)
+    /// into the frontends whose slot 0 names that id; those of no frontend
+    /// go to `stale`, with the names of none (the others are read by the
+    /// first sync: `read_names`).
+    fn recover_by_rev_nat(&mut self, maps: &impl ServiceMaps, stale: &mut Stale) -> Result<(), MapError> {
+        let by_rev_nat = ByRevNat::of(&self.frontends);
+        let frontends = &mut self.frontends;
+        maps.read(MapName::RevNat, &mut |entry| {
+            let Entry::RevNat(id, value) = entry else { return };
+            let mut any = false;
+            for fk in by_rev_nat.named(id) {
+                let fe = frontends.get_mut(&fk).expect("listed above");
+                fe.rev_nat_written = value == codec::rev_nat_value(fk);
+                any = true;
             }
+            if !any {
+                stale.rev_nat.push(id);
+            }
+        })?;
+        maps.read(MapName::Names, &mut |entry| {
+            if let Entry::Name(id, _) = entry
+                && by_rev_nat.named(id).next().is_none()
+            {
+                stale.names.push(id);
+            }
+        })?;
+        maps.read(MapName::SourceRanges, &mut |entry| {
+            let Entry::SourceRange(id, net) = entry else { return };
+            // A range is the first frontend's of its id.
+            match by_rev_nat.named(id).next() {
+                Some(fk) => {
+                    frontends.get_mut(&fk).expect("listed above").ranges.insert(net);
+                }
+                None => stale.ranges.push((id, net)),
+            }
+        })
+    }
+
+    /// Takes the names the maps hold for the frontends read back, with the
+    /// desired table at hand (the first sync after `recover`): a name
+    /// equal to the table's takes the table's service port, its shared
+    /// strings (a restart allocates no service port per frontend); another
+    /// one is decoded (the frontend's removal reports it). A frontend
+    /// without one has its name written. After a read that fails, every
+    /// name not read is written again (or deleted with its frontend).
+    fn read_names(&mut self, maps: &impl ServiceMaps, desired: &ServiceTable, report: &mut Report) {
+        if !std::mem::take(&mut self.names_unread) {
+            return;
         }
-        stale
+        let by_rev_nat = ByRevNat::of(&self.frontends);
+        let frontends = &mut self.frontends;
+        let read = maps.read(MapName::Names, &mut |entry| {
+            let Entry::Name(id, name) = entry else { return };
+            for fk in by_rev_nat.named(id) {
+                let fe = frontends.get_mut(&fk).expect("listed above");
+                fe.service_port = match desired.get(&fk) {
+                    Some(f) if codec::service_name(&f.service_port) == *name => f.service_port.clone(),
+                    _ => codec::service_port_of(name),
+                };
+                fe.name_written = true;
+            }
+        });
+        if let Err(error) = read {
+            // Unread, the service port differs from the table's: the name
+            // is written again, or deleted (a missing one is no failure).
+            for fe in frontends.values_mut() {
+                fe.name_written = true;
+            }
+            report.failures.push(Failure { subject: "the names read back".to_owned(), error });
+        }
     }
 
     /// Takes back the Maglev tables the frontends' slots 0 name.
-    fn recover_maglev_tables(&mut self, maglev: &BTreeMap<u16, Vec<u32>>, size: usize) {
+    fn recover_maglev_tables(&mut self, maps: &impl ServiceMaps) -> Result<(), MapError> {
         // A table a frontend's slot 0 names was built from that frontend's
         // slots (checked when recovering it).
         let lists: BTreeMap<u16, Vec<u32>> = self
@@ -538,10 +624,21 @@ impl Reconciler {
             .filter_map(|f| Some((f.slot_zero?.maglev, f.live_slots().to_vec())))
             .filter(|(id, _)| *id != 0)
             .collect();
-        self.maglev = MaglevTables::recover(maglev, &lists, &self.backends.addrs(), size);
+        let size = maps.maglev_size();
+        let mut tables = MaglevTables::default();
+        let backends = &self.backends;
+        let addr = |id: u32| backends.is_written(id).then(|| backends.addr(id)).flatten();
+        maps.read(MapName::Maglev, &mut |entry| {
+            if let Entry::Maglev(id, content) = entry {
+                tables.recover(id, content, lists.get(&id), addr, size);
+            }
+        })?;
+        tables.recovered();
+        self.maglev = tables;
         for fe in self.frontends.values() {
             self.maglev.slot_zero_changed(0, fe.slot_zero.map_or(0, |m| m.maglev));
         }
+        Ok(())
     }
 
     /// Number of frontends in the maps: those whose slot 0 is written (a
@@ -633,6 +730,9 @@ impl Reconciler {
     /// table is compared (see `apply_changes` for a few frontends).
     pub fn apply(&mut self, maps: &mut impl ServiceMaps, desired: &ServiceTable) -> Report {
         let mut report = Report::default();
+        let frontends_before = self.frontends.len();
+        self.backends.index_recovered();
+        self.read_names(maps, desired, &mut report);
         self.backends.clear_wants();
         // The ids of new frontends are kept for their bulk write (all of
         // them on a start; a relist or an audit keeps next to none).
@@ -647,23 +747,31 @@ impl Reconciler {
             };
             self.want(*key, frontend, ids, &mut report);
         }
-        let keys: Vec<FrontendKey> = desired.keys().chain(self.frontends.keys()).copied().collect();
-        // The list of ids is not kept through the frontends' writes (it
-        // would be held at a start's peak): the removal below goes
-        // over every id, also a second id of one address (left by a crash).
-        self.upsert_backends(maps, &self.backends.primary_ids(), &mut report);
-        self.apply_keys(maps, desired, keys, wanted, &mut report);
-        self.remove_unused_backends(maps, self.backends.all_ids(), &mut report);
+        // Every id in order, without a list of them: only the ids the
+        // table wants have a value to write (a second id of one address,
+        // left by a crash, is wanted by none), and the removal goes over
+        // every id.
+        self.upsert_backends(maps, 1..self.backends.bound(), &mut report);
+        let updates: Vec<FrontendKey> = desired.keys().copied().collect();
+        let removals = self.frontends.keys().filter(|k| !desired.contains_key(k)).copied().collect();
+        self.apply_keys(maps, desired, (updates, removals), wanted, &mut report);
+        self.remove_unused_backends(maps, 1..self.backends.bound(), &mut report);
         self.indexed = report.failures.is_empty();
-        self.pack_frontends();
+        // Packed where many were added (a start's, in key order). Not
+        // after a restart, a relist or an audit, whose tree was packed or
+        // read back packed: the list `pack` makes would be held at the
+        // agent's largest moment, for the few frontends they add.
+        if self.frontends.len() > frontends_before + frontends_before / 8 {
+            self.pack_frontends();
+        }
         report
     }
 
-    /// Rebuilds the frontends' tree in order, every node full (see
-    /// `model::TableState::compact`): frontends inserted one by one in key
-    /// order leave each node about half empty.
+    /// Rebuilds the frontends' tree in order, every node full
+    /// (`model::packed`): frontends inserted one by one in key order, or
+    /// read back in no order, leave nodes partly empty.
     fn pack_frontends(&mut self) {
-        self.frontends = std::mem::take(&mut self.frontends).into_iter().collect();
+        crate::model::packed::pack(&mut self.frontends);
     }
 
     /// Makes the maps hold `desired` when it differs from the table last
@@ -699,8 +807,9 @@ impl Reconciler {
         }
         ids.sort_unstable();
         ids.dedup();
-        self.upsert_backends(maps, &ids, &mut report);
-        self.apply_keys(maps, desired, keys.into_iter().collect(), WantedIds::default(), &mut report);
+        self.upsert_backends(maps, ids.iter().copied(), &mut report);
+        let keys = keys.into_iter().partition(|k| desired.contains_key(k));
+        self.apply_keys(maps, desired, keys, WantedIds::default(), &mut report);
         self.remove_unused_backends(maps, ids, &mut report);
         self.indexed = report.failures.is_empty();
         report
@@ -723,23 +832,21 @@ impl Reconciler {
         }
     }
 
-    /// Brings frontends `keys` to what `desired` says (their backends are
-    /// written already), then removes the Maglev tables nothing refers to
-    /// any more (the caller removes the backends); `wanted`: the ids `want`
-    /// gave frontends (new ones written in bulk take theirs from there).
+    /// Brings frontends `updates` (keys of `desired`) to what `desired`
+    /// says (their backends are written already) and removes frontends
+    /// `removals` (keys it lacks), each key once, in order; then removes
+    /// the Maglev tables nothing refers to any more (the caller removes
+    /// the backends); `wanted`: the ids `want` gave frontends (new ones
+    /// written in bulk take theirs from there).
     fn apply_keys(
         &mut self,
         maps: &mut impl ServiceMaps,
         desired: &ServiceTable,
-        mut keys: Vec<FrontendKey>,
+        (mut updates, removals): (Vec<FrontendKey>, Vec<FrontendKey>),
         wanted: WantedIds,
         report: &mut Report,
     ) {
-        keys.sort();
-        keys.dedup();
-        let before = Counts::sum(keys.iter().map(|k| Counts::of(self.frontends.get(k))));
-        let (mut updates, removals): (Vec<FrontendKey>, Vec<FrontendKey>) =
-            keys.into_iter().partition(|k| desired.contains_key(k));
+        let before = Counts::sum(updates.iter().chain(&removals).map(|k| Counts::of(self.frontends.get(k))));
         // External twins are written first (an entry's slot 0 says
         // TWO_SCOPES only once its twin is there) and removed last (after
         // their entry stopped saying so): keys of scope All sort first.
@@ -810,18 +917,24 @@ impl Reconciler {
     /// Writes those of backends `ids` that are new or changed, in batches
     /// of up to `CHUNK`, the new ones through `add_backends`; a new one
     /// that fails is forgotten (its id freed).
-    fn upsert_backends(&mut self, maps: &mut impl ServiceMaps, ids: &[u32], report: &mut Report) {
+    fn upsert_backends(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        ids: impl IntoIterator<Item = u32>,
+        report: &mut Report,
+    ) {
         // A start's backends are written a chunk at a time: lists of the
         // whole table's would be made at the agent's peak.
         const CHUNK: usize = 4096;
-        let mut new: Vec<(u32, BackendValue)> = Vec::with_capacity(ids.len().min(CHUNK));
+        let mut ids = ids.into_iter().peekable();
+        let mut new: Vec<(u32, BackendValue)> = Vec::new();
         let mut changed: Vec<(u32, BackendValue)> = Vec::new();
-        for chunk in ids.chunks(CHUNK) {
+        while ids.peek().is_some() {
             new.clear();
             changed.clear();
-            for id in chunk {
-                if let Some((value, is_new)) = self.backends.to_write(*id) {
-                    if is_new { &mut new } else { &mut changed }.push((*id, value));
+            for id in ids.by_ref().take(CHUNK) {
+                if let Some((value, is_new)) = self.backends.to_write(id) {
+                    if is_new { &mut new } else { &mut changed }.push((id, value));
                 }
             }
             report.writes += new.len() + changed.len();
@@ -1132,7 +1245,12 @@ impl Reconciler {
 
     /// Deletes those of backends `ids` that no slot and no Maglev table
     /// names and that the desired table does not want at that id.
-    fn remove_unused_backends(&mut self, maps: &mut impl ServiceMaps, ids: Vec<u32>, report: &mut Report) {
+    fn remove_unused_backends(
+        &mut self,
+        maps: &mut impl ServiceMaps,
+        ids: impl IntoIterator<Item = u32>,
+        report: &mut Report,
+    ) {
         for id in ids {
             if self.backends.unused(id).is_none() || self.maglev.holds_backend(id) {
                 continue;

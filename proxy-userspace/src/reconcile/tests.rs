@@ -817,6 +817,153 @@ proptest! {
     }
 }
 
+/// Maps whose read-back hands each map's entries over in the reverse of
+/// the fake maps' order (the kernel's hash maps give theirs in no order),
+/// and can fail the `n`th read of the names.
+struct Reversed {
+    maps: FakeMaps,
+    fail_names_read: Option<usize>,
+    names_reads: std::cell::Cell<usize>,
+}
+
+impl Reversed {
+    fn of(maps: &FakeMaps) -> Self {
+        let maps = FakeMaps { state: maps.state.clone(), ..FakeMaps::default() };
+        Self { maps, fail_names_read: None, names_reads: std::cell::Cell::new(0) }
+    }
+}
+
+impl super::ServiceMaps for Reversed {
+    fn set_backend(&mut self, id: u32, value: &proxy_common::Backend) -> Result<(), MapError> {
+        self.maps.set_backend(id, value)
+    }
+    fn remove_backend(&mut self, id: u32, held: &proxy_common::Backend) -> Result<(), MapError> {
+        self.maps.remove_backend(id, held)
+    }
+    fn set_service(
+        &mut self,
+        key: &proxy_common::ServiceKey,
+        value: &proxy_common::ServiceValue,
+    ) -> Result<(), MapError> {
+        self.maps.set_service(key, value)
+    }
+    fn remove_service(&mut self, key: &proxy_common::ServiceKey) -> Result<(), MapError> {
+        self.maps.remove_service(key)
+    }
+    fn set_rev_nat(&mut self, id: proxy_common::RevNatId, value: &proxy_common::RevNat) -> Result<(), MapError> {
+        self.maps.set_rev_nat(id, value)
+    }
+    fn remove_rev_nat(&mut self, id: proxy_common::RevNatId) -> Result<(), MapError> {
+        self.maps.remove_rev_nat(id)
+    }
+    fn maglev_size(&self) -> usize {
+        self.maps.maglev_size()
+    }
+    fn set_maglev(&mut self, id: u16, table: &[u32]) -> Result<(), MapError> {
+        self.maps.set_maglev(id, table)
+    }
+    fn remove_maglev(&mut self, id: u16) -> Result<(), MapError> {
+        self.maps.remove_maglev(id)
+    }
+    fn set_source_range(&mut self, rev_nat: proxy_common::RevNatId, net: IpNet) -> Result<(), MapError> {
+        self.maps.set_source_range(rev_nat, net)
+    }
+    fn remove_source_range(&mut self, rev_nat: proxy_common::RevNatId, net: IpNet) -> Result<(), MapError> {
+        self.maps.remove_source_range(rev_nat, net)
+    }
+    fn set_name(&mut self, rev_nat: proxy_common::RevNatId, name: &proxy_common::ServiceName) -> Result<(), MapError> {
+        self.maps.set_name(rev_nat, name)
+    }
+    fn remove_name(&mut self, rev_nat: proxy_common::RevNatId) -> Result<(), MapError> {
+        self.maps.remove_name(rev_nat)
+    }
+    fn read(&self, map: super::MapName, each: &mut dyn FnMut(super::Entry<'_>)) -> Result<(), MapError> {
+        if map == super::MapName::Names {
+            let n = self.names_reads.get() + 1;
+            self.names_reads.set(n);
+            if self.fail_names_read == Some(n) {
+                let source = std::io::Error::other("injected read fault");
+                return Err(MapError::Syscall { map, op: "injected", source });
+            }
+        }
+        self.maps.state.read_in(map, true, each);
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// The maps read back one entry at a time in any order (here: the
+    /// reverse of the sorted one), also maps a failed write left (slots
+    /// past a count, a frontend without its slot 0): the same recovery,
+    /// the same stale entries deleted, and the same writes after it.
+    #[test]
+    fn recovery_takes_the_entries_in_any_order(a in arb_table(), b in arb_table(), fail in 0usize..40) {
+        let mut maps = FakeMaps::default();
+        let mut r = Reconciler::new();
+        r.apply(&mut maps, &a);
+        maps.fail_at = Some(maps.ops + fail);
+        let _ = r.apply(&mut maps, &b);
+        maps.fail_at = None;
+        let mut reversed = Reversed::of(&maps);
+        let (mut in_order, recovery) = Reconciler::recover(&mut maps).unwrap();
+        let (mut out_of_order, reversed_recovery) = Reconciler::recover(&mut reversed).unwrap();
+        prop_assert_eq!(recovery, reversed_recovery);
+        prop_assert_eq!(&maps.state, &reversed.maps.state, "the same stale entries deleted");
+        let report = in_order.apply(&mut maps, &b);
+        let reversed_report = out_of_order.apply(&mut reversed, &b);
+        prop_assert!(report.failures.is_empty() && reversed_report.failures.is_empty());
+        prop_assert_eq!(report.writes, reversed_report.writes);
+        assert_exact(&reversed.maps, &b);
+        let ids = |r: &Reconciler| r.frontend_ids().collect::<Vec<_>>();
+        prop_assert_eq!(ids(&in_order), ids(&out_of_order));
+    }
+}
+
+#[test]
+fn a_restart_reads_the_names_with_the_table() {
+    let mut maps = FakeMaps::default();
+    let (web, dns, gone) = (fk(1, 80, Protocol::Tcp), fk(2, 53, Protocol::Udp), fk(3, 80, Protocol::Tcp));
+    let t = table(&[(web, vec![be(1, 80)]), (dns, vec![be(2, 53)]), (gone, vec![be(3, 80)])]);
+    Reconciler::new().apply(&mut maps, &t);
+    let (mut r, _) = Reconciler::recover(&mut maps).unwrap();
+    // Another service at web's address, and one gone.
+    let mut next = t.clone();
+    next.get_mut(&web).unwrap().service_port = ServicePort::new("other", "web", "http");
+    next.remove(&gone);
+    let report = r.apply(&mut maps, &next);
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_exact(&maps, &next);
+    let change = |key| report.changes.iter().find(|c| c.frontend == key).expect("a change");
+    assert_eq!(change(web).service_port, ServicePort::new("other", "web", "http"), "its name written anew");
+    let removed = change(gone);
+    assert_eq!((removed.kind, &removed.service_port), (ChangeKind::Removed, &t[&gone].service_port), "as read back");
+    assert!(report.changes.iter().all(|c| c.frontend != dns), "dns is as it was");
+    let ids: Vec<_> = r.frontend_ids().collect();
+    assert!(ids.iter().all(|(_, key, port)| port.shares(&next[key].service_port)), "{ids:?}");
+}
+
+#[test]
+fn names_that_cannot_be_read_back_are_written_again() {
+    let mut maps = FakeMaps::default();
+    let (web, gone) = (fk(1, 80, Protocol::Tcp), fk(3, 80, Protocol::Tcp));
+    let t = table(&[(web, vec![be(1, 80)]), (gone, vec![be(3, 80)])]);
+    Reconciler::new().apply(&mut maps, &t);
+    let mut maps = Reversed { fail_names_read: Some(2), ..Reversed::of(&maps) };
+    let (mut r, recovery) = Reconciler::recover(&mut maps).unwrap();
+    assert_eq!(recovery.stale_entries_removed, 0);
+    let mut next = t.clone();
+    next.remove(&gone);
+    let report = r.apply(&mut maps, &next);
+    assert_eq!(report.failures.len(), 1, "the read: {report:?}");
+    assert_exact(&maps.maps, &next);
+    assert!(!maps.maps.state.names.values().any(|n| *n == codec::service_name(&t[&gone].service_port)), "deleted");
+    // The retry (a whole apply) finds the maps as the table wants them.
+    let report = r.apply(&mut maps, &next);
+    assert_eq!((report.failures.len(), report.writes), (0, 0), "{report:?}");
+}
+
 #[test]
 fn external_frontends_share_one_maglev_table_per_backend_list() {
     let mut maps = FakeMaps::default();
@@ -948,4 +1095,16 @@ fn liveness_answers_what_the_slots_hold() {
     r.apply(&mut maps, &table(&[(web, vec![be(1, 8080)]), (dns, vec![be(3, 53)])]));
     assert!(!r.serves(&web, two), "a removed backend serves no more");
     assert_eq!(r.by_rev_nat(&asked).get(&web_id), Some(&HashSet::from([one])));
+}
+
+/// The sizes docs/design.md ("What the agent holds") counts per frontend
+/// and per backend.
+#[test]
+fn the_records_are_the_sizes_the_design_counts() {
+    use std::mem::size_of;
+    assert_eq!(size_of::<FrontendKey>(), 22, "the frontends' key");
+    assert_eq!(size_of::<super::AppliedFrontend>(), 120, "a frontend's record, 100,000 at 100,000 services");
+    assert_eq!(size_of::<Frontend>(), 88, "the table's frontend");
+    assert_eq!(size_of::<Backend>(), 22, "a backend in a frontend's list");
+    assert_eq!(size_of::<crate::model::SliceSpec>(), 56, "a slice as the store holds it");
 }

@@ -68,11 +68,14 @@ impl<K: Clone + Eq + Hash, V> Kind<K, V> {
     /// reallocated (which would scatter the store's long-lived objects
     /// among the freed list pages, where the heap cannot give memory back).
     fn unchanged(&mut self, id: &K, version: Option<&str>) -> bool {
-        let same = version.is_some() && self.live.get(id).is_some_and(|e| e.version.as_deref() == version);
-        if same && let Some(seen) = self.relist.as_mut() {
-            seen.insert(id.clone());
+        let held = self.live.get_key_value(id).filter(|(_, e)| version.is_some() && e.version.as_deref() == version);
+        // The id held, not `id`: the list's own copy of it is dropped with
+        // the list's object, so that a relist holds no copy of an id
+        // beside the store's (a shared id: the pointer's 8 bytes).
+        if let (Some((held, _)), Some(seen)) = (held, self.relist.as_mut()) {
+            seen.insert(held.clone());
         }
-        same
+        held.is_some()
     }
 
     /// Puts `value` at `version` in place; returns what it replaced.
