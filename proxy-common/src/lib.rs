@@ -72,6 +72,16 @@ pub mod dsr_option {
     pub const V6_HDR_LEN: u8 = 24;
 }
 
+/// Indexes of `TAIL_CALLS`: the programs `nodeport_ingress` hands a
+/// packet to, each verified on its own.
+pub mod tail_call {
+    /// `nodeport_dsr_to_snat`: a UDP datagram too long for its DSR flow's
+    /// route moves the flow to source NAT.
+    pub const DSR_TO_SNAT: u32 = 0;
+    /// Entries of `TAIL_CALLS`.
+    pub const LEN: u32 = 1;
+}
+
 /// Map names, as the eBPF object declares them and as they are pinned.
 pub mod map_names {
     pub const SERVICES: &str = "SERVICES";
@@ -86,6 +96,9 @@ pub mod map_names {
     pub const SOURCE_RANGES: &str = "SOURCE_RANGES";
     pub const EXTERNAL_STATS: &str = "EXTERNAL_STATS";
     pub const OUTSIDE_HANDOVER: &str = "OUTSIDE_HANDOVER";
+    /// Programs `nodeport_ingress` hands a packet to by tail call
+    /// (`tail_call`).
+    pub const TAIL_CALLS: &str = "TAIL_CALLS";
     /// Userspace only (the programs never read it): the service port of
     /// each frontend, for `ebpf-proxy service` with the agent stopped.
     pub const SERVICE_NAMES: &str = "SERVICE_NAMES";
@@ -414,17 +427,23 @@ pub mod external_stat {
     /// Dropped: a packet carrying a DSR option that names no frontend
     /// with this node's backend at its destination (`dsr_option`).
     pub const DSR_REFUSED: u32 = 11;
-    /// Dropped: a UDP datagram of a DSR flow that its DSR option would make
-    /// larger than the route's MTU (the device would drop it where nothing
-    /// counts it).
+    /// Dropped: a UDP datagram of a DSR flow that its DSR option or outer
+    /// header would make larger than the route's MTU, and that could not go
+    /// by source NAT instead (`DSR_TO_SNAT`; the device would drop it where
+    /// nothing counts it).
     pub const DSR_TOO_BIG: u32 = 12;
     /// Answered with ICMP fragmentation needed (ICMPv6 packet too big): a
     /// TCP segment of a DSR flow the outer header (`dsr_dispatch::IPIP`)
     /// would make larger than the route's MTU; the client's path MTU
     /// discovery then sends smaller ones.
     pub const DSR_FRAG_NEEDED: u32 = 13;
+    /// A UDP datagram of a DSR flow that its DSR option or outer header
+    /// would make larger than the route's MTU: the flow went by source NAT
+    /// from then on, this datagram with it (`dsr_too_big` counts those
+    /// dropped when that failed).
+    pub const DSR_TO_SNAT: u32 = 14;
     /// Number of counters of one path.
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 15;
     /// The pods' own traffic, translated per packet on pod-facing devices
     /// (`--socket-lb host-namespace`, VMs, meshes), is counted in a second
     /// set of the same counters from here (`POD_BASE + NEW_FLOW`, ...).
@@ -447,6 +466,7 @@ pub mod external_stat {
         "dsr_refused",
         "dsr_too_big",
         "dsr_frag_needed",
+        "dsr_to_snat",
     ];
 }
 

@@ -10,7 +10,7 @@ use proxy_common::{Addr, CtKey, CtValue, ct_dir, ct_flags, ct_lifetime, flow_has
 
 use crate::{
     access::now_ns,
-    maps::{count_flow, ct_entry, ct_insert, ct_update, uncount_active},
+    maps::{count_flow, ct_entry, ct_insert, ct_remove, ct_update, uncount_active},
     packet::{Packet, TCP_FIN, TCP_RST},
 };
 
@@ -221,6 +221,27 @@ pub fn create(pkt: &Packet, value: &mut CtValue) -> bool {
         count_flow(value.backend_id);
     }
     created
+}
+
+/// Moves DSR flow `value` (its entry, as found for the packet's tuple) to
+/// source NAT from `value.nat_addr`, which the caller sets: a free port
+/// claimed by a new reply entry, the old one (from the backend to the
+/// client) removed, the flow's entry rewritten. Its backend and its count
+/// as an active connection stay. `false` when no port is free (the flow
+/// stays as it was).
+#[inline(never)]
+pub fn dsr_to_snat(pkt: &Packet, value: &mut CtValue) -> bool {
+    let key = &pkt.ct_key(ct_dir::ORIGINAL);
+    let direct_reply = other_key(key, value);
+    value.flags = (value.flags & !ct_flags::DSR) | ct_flags::SNAT;
+    value.last_seen_ns = now_ns();
+    let port = snat_port(pkt, value);
+    if port == 0 {
+        return false;
+    }
+    value.nat_port = port;
+    ct_remove(&direct_reply);
+    ct_insert(key, value)
 }
 
 /// The reply entry of a new flow: from the backend back to the frontend

@@ -88,6 +88,7 @@ fn log_enabled() -> bool {
 
 use access::Family;
 use frame::Tc;
+use proxy_common::{external_stat, tail_call};
 use sock::Hook;
 
 /// Translates `connect()` to a service address (TCP, and connected UDP) into
@@ -158,7 +159,24 @@ pub fn sock_release(ctx: SockContext) -> i32 {
 /// node source-NATed go back to their clients.
 #[classifier]
 pub fn nodeport_ingress(ctx: TcContext) -> i32 {
-    nodeport::ingress(&Tc::<false>(ctx))
+    let tc = Tc::<false>(ctx);
+    match nodeport::ingress(&tc) {
+        nodeport::BY_SNAT => {
+            // Here, in the program's own frame: the kernel refuses a tail
+            // call below frames of 256 bytes and more.
+            maps::tail_call(&tc.0, tail_call::DSR_TO_SNAT);
+            frame::drop_packet::<Tc<false>>(external_stat::DSR_TOO_BIG)
+        }
+        action => action,
+    }
+}
+
+/// A UDP datagram of a DSR flow too long for the route with the option or
+/// outer header, from `nodeport_ingress` by tail call (`TAIL_CALLS`): its
+/// flow goes by source NAT from now on.
+#[classifier]
+pub fn nodeport_dsr_to_snat(ctx: TcContext) -> i32 {
+    nodeport::dsr_to_snat(&Tc::<false>(ctx))
 }
 
 /// Traffic leaving on a node device: replies of backends on this node get

@@ -7,7 +7,8 @@
 use aya_ebpf::{
     bindings::{BPF_EXIST, BPF_F_MMAPABLE, BPF_F_NO_PREALLOC, BPF_NOEXIST},
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray, lpm_trie::Key},
+    programs::TcContext,
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, CtKey, CtValue, OutsideHandover, RevNat, RevNatId, SOURCE_RANGE_ID_BITS,
@@ -357,6 +358,28 @@ pub fn ct_update<R>(key: &CtKey, f: impl FnOnce(&mut CtValue) -> R) -> Option<R>
 #[inline(always)]
 pub fn ct_insert(key: &CtKey, value: &CtValue) -> bool {
     CT.insert(key, value, 0).is_ok()
+}
+
+/// Removes a `CT` entry, if there is one.
+#[inline(always)]
+pub fn ct_remove(key: &CtKey) {
+    let _ = CT.remove(key);
+}
+
+/// Programs the TC ingress program hands a packet to (`tail_call`
+/// indexes), each verified with a budget of its own. Pinned: the kernel
+/// empties a program array once no file or pin holds it, and the
+/// programs outlive the agent.
+#[map]
+static TAIL_CALLS: ProgramArray = ProgramArray::pinned(proxy_common::tail_call::LEN, 0);
+
+/// Runs program `index` of `TAIL_CALLS` on `ctx` in place of the caller;
+/// returns only when there is none (the agent has not set it yet).
+#[inline(always)]
+pub fn tail_call(ctx: &TcContext, index: u32) {
+    // SAFETY: control goes to a program of the same type on the same
+    // context, or stays here; nothing of the caller's is used after it.
+    unsafe { TAIL_CALLS.tail_call(ctx, index) }
 }
 
 /// Entry `index` of Maglev table `id`, whose tables have `size` entries.

@@ -104,6 +104,39 @@ pub fn egress<F: Frame>(ctx: &F) -> i32 {
     F::PASS
 }
 
+/// `nodeport_dsr_to_snat`, tail-called for a datagram `ingress` answered
+/// with `BY_SNAT`: its DSR flow (the entry `ingress` found or made) goes by
+/// source NAT from now on, as a flow to a backend elsewhere does without
+/// DSR, and the datagram with it (no outer header or option: it fits).
+/// Later datagrams of the flow find it source-NATed. Dropped and counted
+/// (`dsr_too_big`) if the flow is gone or no port is free.
+#[inline(always)]
+pub fn dsr_to_snat<F: Frame>(ctx: &F) -> i32 {
+    let mut parsed = Packet::parse(ctx);
+    let Some(pkt) = parsed.as_mut() else { return drop_packet::<F>(external_stat::DSR_TOO_BIG) };
+    let mut flow = CtValue::default();
+    if pkt.proto != proto::UDP || !ct::lookup_into(pkt, ct_dir::ORIGINAL, &mut flow) || flow.flags & ct_flags::DSR == 0
+    {
+        return drop_packet::<F>(external_stat::DSR_TOO_BIG);
+    }
+    if snat_address_apart(ctx, pkt, &mut flow) != Way::Routed {
+        return drop_packet::<F>(external_stat::NO_ROUTE);
+    }
+    if !ct::dsr_to_snat(pkt, &mut flow) {
+        return drop_packet::<F>(external_stat::NO_SNAT_PORT);
+    }
+    F::count(external_stat::DSR_TO_SNAT);
+    forward(ctx, pkt, &flow, ct_dir::ORIGINAL)
+}
+
+/// `snat_address` on a frame of its own: its route stays off the frame of
+/// `dsr_to_snat`, which holds the packet and its flow (the kernel allows
+/// 512 bytes of stack down the deepest chain).
+#[inline(never)]
+fn snat_address_apart<F: Frame>(ctx: &F, pkt: &Packet, flow: &mut CtValue) -> Way {
+    snat_address(ctx, pkt, flow)
+}
+
 /// A backend on another node answers a flow this node source-NATed: back
 /// to the client, from the frontend. Such a reply comes to a port of
 /// `snat_ports` (`ct::snat_port`): every other packet arriving (the node's
@@ -235,12 +268,12 @@ fn forward_dsr<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> i32 {
     let mut to = Route::new(pkt.proto, &pkt.src, pkt.sport, &flow.addr, flow.port);
     if with_option && pkt.proto == proto::UDP {
         // A datagram the option makes too long for the route would be
-        // dropped by the device, unseen; the count says why.
+        // dropped by the device, unseen: it goes by source NAT instead.
         to.tot_len = pkt.ip_len_with_dsr_option(ctx).unwrap_or(0);
     }
     match route_status(ctx, &mut to) {
         0 if ctx.can_send(&to) => {}
-        ROUTE_FRAG_NEEDED if to.tot_len != 0 => return drop_packet::<F>(external_stat::DSR_TOO_BIG),
+        ROUTE_FRAG_NEEDED if to.tot_len != 0 => return BY_SNAT,
         _ => return ctx.unfinished(external_stat::NO_ROUTE),
     }
     // The option first, while the destination is still the frontend.
@@ -257,6 +290,17 @@ fn forward_dsr<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> i32 {
     ctx.send(&to)
 }
 
+/// `ingress` (through `forward_dsr` or `forward_encapsulated`): a UDP
+/// datagram of a DSR flow its DSR option or outer header would make too
+/// long for the route (it would be dropped by the device, unseen, and UDP
+/// has no path MTU discovery to make it shorter). The TC program hands it
+/// to `nodeport_dsr_to_snat` (`dsr_to_snat`), which moves the flow to
+/// source NAT: by tail call, with a verification budget of its own, which
+/// the ingress programs have no room left for. Never a verdict (those are
+/// -1..=7), and below `FRAG_NEEDED`. XDP never returns it: it leaves a
+/// DSR flow's packets that would grow to TC.
+pub const BY_SNAT: i32 = -0x100;
+
 /// `forward_encapsulated`: the packet must be answered with fragmentation
 /// needed, naming the MTU above this. The caller answers (`Frame::too_big`):
 /// the answer's frames below this function's would pass the verifier's
@@ -268,7 +312,7 @@ const FRAG_NEEDED: i32 = 1 << 16;
 /// (`encap.rs`), every packet of the flow alike. One the header would make
 /// too long for the route is answered with ICMP fragmentation needed
 /// (TCP, `FRAG_NEEDED`: the client's path MTU discovery then sends smaller
-/// segments) or dropped and counted (UDP, `dsr_too_big`).
+/// segments) or goes by source NAT (UDP, `BY_SNAT`).
 #[inline(never)]
 fn forward_encapsulated<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> i32 {
     if !F::GROWS {
@@ -287,7 +331,7 @@ fn forward_encapsulated<F: Frame>(ctx: &F, pkt: &mut Packet, flow: &CtValue) -> 
         ROUTE_FRAG_NEEDED if pkt.proto == proto::TCP => {
             return FRAG_NEEDED + i32::from(to.tot_len.saturating_sub(encap::overhead(pkt.family())));
         }
-        ROUTE_FRAG_NEEDED => return drop_packet::<F>(external_stat::DSR_TOO_BIG),
+        ROUTE_FRAG_NEEDED => return BY_SNAT,
         _ => return ctx.unfinished(external_stat::NO_ROUTE),
     }
     if pkt.decrement_ttl(ctx).is_err() {

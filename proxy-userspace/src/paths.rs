@@ -34,8 +34,8 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
 /// translated per packet (`external_stat::POD_BASE`). 11: the
 /// `dsr_too_big` counter. 12: `service_flags::FORWARD_SNAT` and
 /// `FORWARD_DSR` (the `nodeport-mode` annotation), the `dsr_frag_needed`
-/// counter.
-pub const MAP_LAYOUT_VERSION: u32 = 12;
+/// counter. 13: the `dsr_to_snat` counter and `TAIL_CALLS`.
+pub const MAP_LAYOUT_VERSION: u32 = 13;
 /// Tests only: stands in for another build's layout version, to exercise
 /// the switch-over between layouts.
 pub const LAYOUT_VERSION_ENV: &str = "EBPF_PROXY_TEST_MAP_LAYOUT_VERSION";

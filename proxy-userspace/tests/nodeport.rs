@@ -361,7 +361,7 @@ fn with_ipip_dispatch_replies_leave_the_backend_s_node_straight_to_the_client() 
 
 /// DSR between two nodes with `agent_args` on both: the backend sees the
 /// client; a 4 MiB download and UDP replies leave node 2 straight to the
-/// client, never through node 1.
+/// client, never through node 1; full-size datagrams go by source NAT.
 fn dsr_end_to_end(agent_args: &[&str]) {
     const BIG: usize = 4 << 20;
     let mut topo = Topology::new(&[0, 2]);
@@ -449,6 +449,16 @@ fn dsr_end_to_end(agent_args: &[&str]) {
     // there).
     let sent = one[2];
     assert!(sent < answered * 3 / 2, "node 1 carried the replies: {one:?} (tx, rx bytes, packets)");
+
+    // Datagrams that fill the 1,500-byte MTU (1,472 bytes of UDP payload)
+    // have no room for the option or the outer header, and UDP has no path
+    // MTU discovery: their flow goes by source NAT through node 1, and
+    // each is answered.
+    let (ok, lines) = topo.probe(&["udp-sendto", "198.51.100.53", "53", "3", "0", "21100", "1472"]);
+    assert!(ok, "{lines:?}");
+    assert_eq!(udp_replies(&lines), vec![("pod-2-1".to_owned(), "198.51.100.53:53".to_owned()); 3], "{lines:?}");
+    assert_eq!(external_counter(&topo, 1, "dsr_to_snat"), 1, "one flow moved to source NAT");
+    assert_eq!(external_counter(&topo, 1, "dsr_too_big"), 0);
     assert_eq!(external_counter(&topo, 2, "dsr_refused"), 0);
 }
 

@@ -1258,23 +1258,55 @@ fn to_spread(seen: &Seen) -> bool {
 }
 
 /// A UDP datagram that fills the MTU (1,472 bytes of payload on a
-/// 1,500-byte link) has no room for the DSR option: it is dropped and
-/// counted (`dsr_too_big`), where the device used to drop it unseen; one
-/// with room still goes by DSR.
+/// 1,500-byte link) has no room for the DSR option, and UDP has no path MTU
+/// discovery to make it shorter: its flow goes by source NAT from then on
+/// (the tail-called `nodeport_dsr_to_snat`), as the issue asks ("goes by
+/// SNAT for that flow"); the device used to drop it unseen. Its reply
+/// comes back through this node; a flow whose datagrams fit stays DSR.
 #[test]
-fn a_dsr_datagram_the_option_would_make_too_long_is_dropped_and_counted() {
+fn a_dsr_datagram_the_option_would_make_too_long_moves_its_flow_to_source_nat() {
     common::require_root!();
     Lab::new().with_node_mode(dsr_services(), &[NODE_IP, NODE_IP6], NodePortMode::Dsr, |node| {
-        let (client, frontend) = (sa("198.51.100.20:5000"), sa("203.0.113.53:53"));
-        let full = packet::frame(client, frontend, None, &[7u8; 1472]);
-        assert_eq!(node.ingress(&full).0, SHOT, "1,500 bytes and the option do not fit a 1,500-byte MTU");
-        assert_eq!(node.stat("dsr_too_big"), 1);
-        let (action, out) = node.ingress(&packet::frame(client, frontend, None, &[7u8; 1464]));
+        let frontend = sa("203.0.113.53:53");
+        let client = sa("198.51.100.20:5000");
+        let (action, out) = node.ingress(&packet::frame(client, frontend, None, &[7u8; 1472]));
+        assert_eq!(action, REDIRECT, "1,500 bytes and the option do not fit a 1,500-byte MTU: by source NAT");
+        assert_source_natted(&out, 1472);
+        let nat = packet::parse(&out).src;
+        assert_eq!((node.stat("dsr_to_snat"), node.stat("dsr_too_big")), (1, 0));
+
+        // Later datagrams of the flow, small ones too, keep its port.
+        let (action, out) = node.ingress(&packet::frame(client, frontend, None, b"small"));
+        assert_eq!(action, REDIRECT);
+        assert_source_natted(&out, 5);
+        assert_eq!(packet::parse(&out).src, nat, "the flow keeps its SNAT port");
+        assert_eq!(node.stat("dsr_to_snat"), 1, "moved once");
+
+        // The backend's reply comes back here and goes to the client, from
+        // the frontend.
+        let (action, out) = node.ingress(&packet::frame(sa("10.244.2.7:5353"), nat, None, b"answer"));
+        assert_eq!(action, REDIRECT);
+        let back = packet::parse(&out);
+        assert_eq!((back.src, back.dst), (frontend, client));
+
+        // Another flow whose datagrams fit goes by DSR.
+        let (action, out) = node.ingress(&packet::frame(sa("198.51.100.21:5000"), frontend, None, &[7u8; 1464]));
         assert_eq!(action, REDIRECT, "with 8 bytes to spare it goes by DSR");
         assert_eq!(packet::dsr_option(&out), Some(frontend));
         assert_eq!(out.len(), 14 + 1500);
-        assert_eq!(node.stat("dsr_too_big"), 1);
+        assert_eq!(node.stat("dsr_to_snat"), 1);
     });
+}
+
+/// `out` is a datagram of `len` bytes of payload from the node's address
+/// (a SNAT port) to the echo backend on n2, without a DSR option.
+fn assert_source_natted(out: &[u8], len: usize) {
+    let seen = packet::parse(out);
+    assert_eq!(seen.src.ip(), NODE_IP.parse::<IpAddr>().unwrap(), "from the node's address");
+    assert!(seen.src.port() >= proxy_common::snat_ports::MIN, "from a SNAT port: {seen:?}");
+    assert_eq!(seen.dst, sa("10.244.2.7:5353"));
+    assert_eq!(packet::dsr_option(out), None);
+    assert_eq!(out.len(), 14 + 20 + 8 + len, "{seen:?}");
 }
 
 #[test]
@@ -1462,7 +1494,7 @@ fn ipip_dispatch_sends_every_packet_of_a_dsr_flow_inside_an_outer_header_to_the_
 /// With the 20 bytes of the outer header a full-size packet no longer fits
 /// the 1,500-byte link: a TCP segment is answered with ICMP fragmentation
 /// needed naming 1,480 (the client's path MTU discovery then sends smaller
-/// segments), a UDP datagram is dropped and counted; one that fits goes.
+/// segments), a UDP datagram's flow goes by source NAT; one that fits goes.
 #[test]
 fn ipip_dispatch_answers_a_segment_too_long_for_the_outer_header_with_fragmentation_needed() {
     common::require_root!();
@@ -1483,10 +1515,14 @@ fn ipip_dispatch_answers_a_segment_too_long_for_the_outer_header_with_fragmentat
         assert_eq!(action, REDIRECT);
         assert_eq!(out.len(), 14 + 1500, "1,480 bytes and the header fill the link");
 
+        // A UDP datagram has no path MTU discovery: its flow goes by
+        // source NAT, without an outer header.
         let (udp_client, dns) = (sa("198.51.100.20:5000"), sa("203.0.113.53:53"));
-        assert_eq!(node.ingress(&packet::frame(udp_client, dns, None, &[7u8; 1472])).0, SHOT);
-        assert_eq!(node.stat("dsr_too_big"), 1);
-        let (action, out) = node.ingress(&packet::frame(udp_client, dns, None, &[7u8; 1452]));
+        let (action, out) = node.ingress(&packet::frame(udp_client, dns, None, &[7u8; 1472]));
+        assert_eq!(action, REDIRECT);
+        assert_source_natted(&out, 1472);
+        assert_eq!((node.stat("dsr_to_snat"), node.stat("dsr_too_big")), (1, 0));
+        let (action, out) = node.ingress(&packet::frame(sa("198.51.100.21:5000"), dns, None, &[7u8; 1452]));
         assert_eq!(action, REDIRECT);
         assert_eq!(packet::decapsulated(&out).1, "10.244.2.7".parse::<IpAddr>().unwrap());
     });

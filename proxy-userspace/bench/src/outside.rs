@@ -52,6 +52,10 @@ pub enum Variant {
     /// ebpf-proxy's TC programs, direct server return.
     #[value(name = "tc-dsr")]
     TcDsr,
+    /// ebpf-proxy's TC programs, direct server return by IPIP
+    /// (`--dsr-dispatch ipip`).
+    #[value(name = "tc-dsr-ipip")]
+    TcDsrIpip,
     /// ebpf-proxy's XDP program (TC for what it passes up).
     Xdp,
     /// kube-proxy iptables mode, on iptables-nft.
@@ -63,8 +67,21 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const ALL: [Self; 7] =
-        [Self::Direct, Self::TcSnat, Self::TcDsr, Self::Xdp, Self::IptablesNft, Self::IptablesLegacy, Self::Nftables];
+    pub const ALL: [Self; 8] = [
+        Self::Direct,
+        Self::TcSnat,
+        Self::TcDsr,
+        Self::TcDsrIpip,
+        Self::Xdp,
+        Self::IptablesNft,
+        Self::IptablesLegacy,
+        Self::Nftables,
+    ];
+
+    /// Whether its replies leave the backend's node straight to the client.
+    const fn is_dsr(self) -> bool {
+        matches!(self, Self::TcDsr | Self::TcDsrIpip)
+    }
 
     #[must_use]
     pub const fn name(self) -> &'static str {
@@ -72,6 +89,7 @@ impl Variant {
             Self::Direct => "direct",
             Self::TcSnat => "ebpf-proxy TC/SNAT",
             Self::TcDsr => "ebpf-proxy TC/DSR",
+            Self::TcDsrIpip => "ebpf-proxy TC/DSR (IPIP)",
             Self::Xdp => "ebpf-proxy XDP",
             Self::IptablesNft => "iptables-nft",
             Self::IptablesLegacy => "iptables-legacy",
@@ -85,6 +103,7 @@ impl Variant {
         match self {
             Self::TcSnat => Some((None, &[])),
             Self::TcDsr => Some((Some("--nodeport-mode"), &["--nodeport-mode", "dsr"])),
+            Self::TcDsrIpip => Some((Some("--dsr-dispatch"), &["--nodeport-mode", "dsr", "--dsr-dispatch", "ipip"])),
             Self::Xdp => Some((Some("--nodeport-acceleration"), &["--nodeport-acceleration", "native"])),
             _ => None,
         }
@@ -213,7 +232,7 @@ impl OutsideNet {
 
             attach(lan, backend, &format!("ob{k}"), &format!("{}/24", lane.backend_node_ip()))?;
             backend.ip(&["route", "add", "local", ENDPOINT_NETS, "dev", "lo"])?;
-            if *variant == Variant::TcDsr {
+            if variant.is_dsr() {
                 // Replies go to the client directly, never through the
                 // entry node: the client is on the same lan.
                 backend.ip(&["route", "add", &lane.client_net(), "dev", "eth0"])?;
@@ -311,7 +330,7 @@ pub fn run(settings: &Settings, n: u32, variants: &[Variant]) -> anyhow::Result<
         let Some((_, flags)) = variant.agent_flags() else { continue };
         let lane = &net.lanes[net.index(variant)];
         let mut nodes = vec![(&net.entries[net.index(variant)], "entry-node", lane.node_ip())];
-        if variant == Variant::TcDsr {
+        if variant.is_dsr() {
             nodes.push((&net.backends[net.index(variant)], BACKEND_NODE, lane.backend_node_ip()));
         }
         for (ns, node, ip) in nodes {
@@ -367,6 +386,7 @@ pub fn run(settings: &Settings, n: u32, variants: &[Variant]) -> anyhow::Result<
 const fn agent_label(variant: Variant) -> &'static str {
     match variant {
         Variant::TcDsr => "ebpf-proxy TC/DSR (services file, NodePort)",
+        Variant::TcDsrIpip => "ebpf-proxy TC/DSR by IPIP (services file, NodePort)",
         Variant::Xdp => "ebpf-proxy XDP (services file, NodePort)",
         _ => "ebpf-proxy TC/SNAT (services file, NodePort)",
     }
@@ -455,9 +475,10 @@ mod tests {
             variants,
             [Variant::Direct, Variant::TcSnat, Variant::IptablesNft, Variant::IptablesLegacy, Variant::Nftables]
         );
-        assert_eq!(notes.len(), 2);
+        assert_eq!(notes.len(), 3);
         assert!(notes[0].contains("TC/DSR") && notes[0].contains("--nodeport-mode"), "{notes:?}");
-        assert!(notes[1].contains("XDP") && notes[1].contains("--nodeport-acceleration"), "{notes:?}");
+        assert!(notes[1].contains("IPIP") && notes[1].contains("--dsr-dispatch"), "{notes:?}");
+        assert!(notes[2].contains("XDP") && notes[2].contains("--nodeport-acceleration"), "{notes:?}");
 
         let help = "--nodeport-mode <MODE>\n--nodeport-acceleration <MODE>\n";
         let (variants, notes) = available(Some(&[Variant::TcDsr, Variant::Xdp]), help);
@@ -467,12 +488,12 @@ mod tests {
 
     #[test]
     fn lanes_have_their_own_addresses() {
-        let lanes: Vec<Lane> = (1..=7).map(|k| Lane { variant: Variant::Direct, k }).collect();
+        let lanes: Vec<Lane> = (1..=8).map(|k| Lane { variant: Variant::Direct, k }).collect();
         let mut all: Vec<Ipv4Addr> =
             lanes.iter().flat_map(|l| [l.node_ip(), l.entry_inside(), l.backend_node_ip()]).collect();
         all.sort_unstable();
         all.dedup();
-        assert_eq!(all.len(), 21);
+        assert_eq!(all.len(), 24);
         // None of them is an endpoint address (owned by the backend nodes).
         assert!(all.iter().all(|a| !(128..192).contains(&a.octets()[1])));
     }

@@ -94,6 +94,10 @@ pub(super) const SOCK_RELEASE_PROGRAM: &str = "sock_release";
 pub(super) const TC_PROGRAMS: &[(&str, TcAttachType)] =
     &[("nodeport_ingress", TcAttachType::Ingress), ("nodeport_egress", TcAttachType::Egress)];
 
+/// The program `nodeport_ingress` hands a UDP datagram too long for its
+/// DSR flow's route to (`TAIL_CALLS`, `tail_call::DSR_TO_SNAT`).
+pub(super) const DSR_TO_SNAT_PROGRAM: &str = "nodeport_dsr_to_snat";
+
 /// Prefix of the pinned tcx links: `tc-DEVICE-ingress`, `tc-DEVICE-egress`.
 const TC_LINK_PREFIX: &str = "tc-";
 
@@ -337,6 +341,9 @@ pub enum LoadError {
     /// A map's information cannot be read.
     #[error("cannot read map {name}: {source}")]
     MapInfo { name: &'static str, source: AyaMapError },
+    /// A program cannot be put in a program array.
+    #[error("cannot put program {name} in map {map}: {source}")]
+    TailCall { name: &'static str, map: &'static str, source: AyaMapError },
     /// A map operation failed.
     #[error(transparent)]
     Maps(#[from] MapError),

@@ -13,12 +13,17 @@ use std::thread::JoinHandle;
 
 use aya::{
     Ebpf,
+    maps::ProgramArray,
     programs::{CgroupSock, CgroupSockAddr, SchedClassifier, Xdp},
 };
+use proxy_common::{map_names, tail_call};
 
 use super::{
     acceleration::Acceleration,
-    loader::{LoadError, POD_PROGRAMS, SOCK_PROGRAMS, SOCK_RELEASE_PROGRAM, TC_PROGRAMS, XDP_PROGRAM, program},
+    loader::{
+        DSR_TO_SNAT_PROGRAM, LoadError, POD_PROGRAMS, SOCK_PROGRAMS, SOCK_RELEASE_PROGRAM, TC_PROGRAMS, XDP_PROGRAM,
+        program,
+    },
 };
 
 /// The object's programs, loaded into the kernel.
@@ -135,6 +140,9 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
             break;
         }
     }
+    if tc_loaded && let Err(err) = load_tail_calls(&mut ebpf) {
+        tracing::warn!(%err, "a UDP datagram of a DSR flow too long for the route with the DSR option or outer header is dropped (dsr_too_big), not sent by source NAT");
+    }
     let xdp_loaded = tc_loaded && acceleration.wants_xdp() && load_xdp(&mut ebpf, acceleration)?;
     // Most of it is the verifier's (docs/performance.md, "The verifier's
     // work at each start").
@@ -145,6 +153,21 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
         "programs loaded"
     );
     Ok(Loaded { ebpf, tc: tc_loaded, xdp: xdp_loaded })
+}
+
+/// Loads the programs `nodeport_ingress` hands packets to by tail call and
+/// puts them in `TAIL_CALLS` (pinned: on a restart the new programs take
+/// the old ones' places, which the attached programs call meanwhile).
+fn load_tail_calls(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    let (name, map) = (DSR_TO_SNAT_PROGRAM, map_names::TAIL_CALLS);
+    // Taken out: the program below borrows the object. Its pin keeps it.
+    let tail_calls = ebpf.take_map(map).ok_or(LoadError::MissingMap { name: map })?;
+    let mut tail_calls =
+        ProgramArray::try_from(tail_calls).map_err(|source| LoadError::TailCall { name, map, source })?;
+    let program: &mut SchedClassifier = program(ebpf, name)?;
+    program.load().map_err(|source| LoadError::Program { name, source })?;
+    let fd = program.fd().map_err(|source| LoadError::Program { name, source })?;
+    tail_calls.set(tail_call::DSR_TO_SNAT, fd, 0).map_err(|source| LoadError::TailCall { name, map, source })
 }
 
 /// Loads the XDP program; whether it loaded. A failure is an error for

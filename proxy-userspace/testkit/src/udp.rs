@@ -1,5 +1,7 @@
 //! A UDP echo server bound inside a test namespace: it answers each
-//! datagram with `NAME:PAYLOAD` and counts datagrams.
+//! datagram with `NAME:PAYLOAD` (at most `ECHOED` bytes of the payload, so
+//! that the answer to a datagram that fills the MTU fits it too) and
+//! counts datagrams.
 use std::{
     io,
     net::{IpAddr, SocketAddr, UdpSocket},
@@ -12,6 +14,9 @@ use std::{
 };
 
 use ebpf_proxy::sandbox::NetNs;
+
+/// Bytes of a datagram's payload the answer repeats.
+const ECHOED: usize = 512;
 
 pub struct UdpBackend {
     name: String,
@@ -34,7 +39,7 @@ impl UdpBackend {
                     if let Ok((n, from)) = sock.recv_from(&mut buf) {
                         received.fetch_add(1, Ordering::SeqCst);
                         let mut reply = format!("{name}:").into_bytes();
-                        reply.extend_from_slice(&buf[..n]);
+                        reply.extend_from_slice(&buf[..n.min(ECHOED)]);
                         let _ = sock.send_to(&reply, from);
                     }
                 }

@@ -2,8 +2,9 @@
 """Socket probes for the kernel tests: plain sockets and syscalls, printing
 what the application sees (reply sources, getpeername()).
 
-  probe.py udp-sendto HOST PORT N [INTERVAL [SRCPORT]]
-      unconnected: sendto + recvfrom (from SRCPORT when given)
+  probe.py udp-sendto HOST PORT N [INTERVAL [SRCPORT [SIZE]]]
+      unconnected: sendto + recvfrom (from SRCPORT when given, SRCPORT 0:
+      any; each datagram padded to SIZE bytes when given)
   probe.py udp-connect HOST PORT N            connect, getpeername, send + recvfrom
   probe.py tcp-peer HOST PORT                 connect, getpeername
   probe.py udp-connect-loop HOST PORT N INTERVAL
@@ -47,10 +48,10 @@ def fail(e):
     sys.exit(1)
 
 
-def udp(mode, host, port, n, interval, srcport=None):
+def udp(mode, host, port, n, interval, srcport=None, size=None):
     s = socket.socket(family(host), socket.SOCK_DGRAM)
     s.settimeout(2)
-    if srcport is not None:
+    if srcport:
         s.bind(("::" if ":" in host else "0.0.0.0", srcport))
     try:
         if mode == "udp-connect":
@@ -58,6 +59,8 @@ def udp(mode, host, port, n, interval, srcport=None):
             print("peer", show(s.getpeername()), flush=True)
         for i in range(n):
             msg = b"ping%d" % i
+            if size is not None:
+                msg = msg.ljust(size, b".")
             if mode == "udp-connect":
                 s.send(msg)
             else:
@@ -277,7 +280,8 @@ def main():
         n = int(sys.argv[4])
         interval = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
         srcport = int(sys.argv[6]) if len(sys.argv) > 6 else None
-        udp(mode, host, port, n, interval, srcport)
+        size = int(sys.argv[7]) if len(sys.argv) > 7 else None
+        udp(mode, host, port, n, interval, srcport, size)
 
 
 main()
