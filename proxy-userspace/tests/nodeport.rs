@@ -1545,7 +1545,7 @@ fn fill_ct(topo: &Topology, n: u8, count: u32) {
 /// its mark (58,982 on 2 CPUs, src/observe/ct_fill.rs) make its next
 /// sweep move it to one twice as big, and connections from outside (DSR
 /// and source NAT) held across the move go on: their entries are carried.
-/// Once: the grown map is under half full.
+/// Once: the grown map is under half full. A restart keeps its size.
 #[test]
 fn a_ct_sized_from_memory_grows_when_nearly_full_and_keeps_the_flows() {
     common::require_root!();
@@ -1612,4 +1612,16 @@ fn a_ct_sized_from_memory_grows_when_nearly_full_and_keeps_the_flows() {
         let (ok, lines) = finish(probe);
         assert!(ok && lines.len() == 300, "the {name} connection through the growth: {lines:?}");
     }
+    // A restart keeps the grown map (the memory's share is still 65,536).
+    topo.stop_agent(1);
+    topo.start_agent_env(1, &["--nodeport-mode", "dsr"], &[(ebpf_proxy::node::memory::MEMORY_ENV, &memory)]);
+    let agent = topo.agents[0].as_ref().unwrap();
+    let resized = agent
+        .records()
+        .into_iter()
+        .find(|r| proxy_testkit::message(r).is_some_and(|m| m.starts_with("conntrack map (CT) resized")));
+    assert!(resized.is_none(), "a restart resized the grown map: {resized:?}");
+    let maps_dir = ebpf_proxy::paths::current_maps_dir(&topo.node(1).pin_dir).unwrap();
+    let pinned = aya::maps::MapData::from_pin(maps_dir.join(proxy_common::map_names::CT)).unwrap();
+    assert_eq!(pinned.info().unwrap().max_entries(), 131_072, "the pinned map after the restart");
 }
