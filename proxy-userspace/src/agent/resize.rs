@@ -10,6 +10,9 @@
 //! previous agent) the same plan is made from the translated table, so a
 //! start with a big cluster writes once, into maps that hold it, instead of
 //! filling small maps, having writes refused and moving on.
+//!
+//! The same swap grows a `CT` sized from memory that filled up
+//! (`grow_ct`): the set stays, only `CT` is made anew, twice as big.
 use proxy_common::{CtValue, map_names};
 use tracing::{info, warn};
 
