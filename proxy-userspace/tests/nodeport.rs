@@ -1490,3 +1490,148 @@ fn reserved_ports_are_left_alone_without_overlap_or_with_none() {
         assert!(!topo.node(n).pin_dir.join("reserved-ports").exists(), "node {n} recorded a reservation");
     }
 }
+
+/// Node `n`'s agent's /metrics (read in the node's namespace).
+fn agent_metrics(topo: &Topology, n: u8) -> String {
+    let agent = topo.agents[usize::from(n - 1)].as_ref().unwrap();
+    let record = agent
+        .wait_for(0, std::time::Duration::from_secs(10), |r| {
+            proxy_testkit::message(r).is_some_and(|m| m.starts_with("serving metrics"))
+        })
+        .expect("the agent serves no metrics");
+    let address = proxy_testkit::field(&record, "address").and_then(|a| a.as_str()).unwrap().to_owned();
+    let out = topo.node(n).command("curl").args(["-sS", &format!("http://{address}/metrics")]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The `CT` node `n`'s agent has pinned (the one its programs use).
+fn pinned_ct(
+    topo: &Topology,
+    n: u8,
+) -> aya::maps::HashMap<aya::maps::MapData, proxy_common::CtKey, proxy_common::CtValue> {
+    let maps_dir = ebpf_proxy::paths::current_maps_dir(&topo.node(n).pin_dir).expect("the agent's maps are pinned");
+    let data = aya::maps::MapData::from_pin(maps_dir.join(proxy_common::map_names::CT)).unwrap();
+    aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap()
+}
+
+/// Entries of flows from outside to NodePort `port` in node `n`'s pinned `CT`.
+fn ct_flows_to(topo: &Topology, n: u8, port: u16) -> usize {
+    let ct = pinned_ct(topo, n);
+    ct.keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.dport == port.to_be() && k.dir == proxy_common::ct_dir::ORIGINAL)
+        .count()
+}
+
+/// Writes `count` entries of made-up TCP flows (from 198.18.0.0/15, the
+/// benchmarking range, naming no frontend or backend) into the `CT` node
+/// `n`'s agent has pinned: the map fills as if that many flows were live.
+fn fill_ct(topo: &Topology, n: u8, count: u32) {
+    use proxy_common::{Addr, CtKey, CtValue, ct_dir, proto};
+    let mut ct = pinned_ct(topo, n);
+    let v4 = |a: [u8; 4]| {
+        let mut bytes = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
+        bytes[12..].copy_from_slice(&a);
+        Addr(bytes)
+    };
+    for i in 0..count {
+        let [_, hi, mid, lo] = i.to_be_bytes();
+        let key = CtKey {
+            src: v4([198, 18 + (hi & 1), mid, lo]),
+            dst: v4([198, 19, 255, 254]),
+            sport: 40_000u16.to_be(),
+            dport: 80u16.to_be(),
+            proto: proto::TCP,
+            dir: ct_dir::ORIGINAL,
+            pad: [0; 2],
+        };
+        ct.insert(key, CtValue::default(), 0).unwrap();
+    }
+}
+
+/// `CT` sized from the node's memory grows when it fills up
+/// (docs/design.md, "Growing `CT`"): node 1's agent starts with the
+/// smallest (65,536 entries, for 1 GiB of memory), entries written past
+/// its mark (58,982 on 2 CPUs, src/observe/ct_fill.rs) make its next
+/// sweep move it to one twice as big, and connections from outside (DSR
+/// and source NAT) held across the move go on: their entries are carried.
+/// Once: the grown map is under half full. A restart keeps its size.
+#[test]
+fn a_ct_sized_from_memory_grows_when_nearly_full_and_keeps_the_flows() {
+    common::require_root!();
+    let mut topo = Topology::new(&[0, 1]);
+    topo.tcp_echo_on(2, 1, 9000);
+    let services = service("dsr", "NodePort", &[("echo", 80, 30080, "TCP")], "", &[])
+        + &endpoints("dsr", ("echo", 9000, "TCP"), &[(2, 1)])
+        + &service("snat", "NodePort", &[("echo", 80, 30081, "TCP")], "", &[]).replacen(
+            "namespace: t}",
+            "namespace: t, annotations: {ebpf-proxy.io/nodeport-mode: snat}}",
+            1,
+        )
+        + &endpoints("snat", ("echo", 9000, "TCP"), &[(2, 1)]);
+    topo.write_services(&services);
+    let memory = (1u64 << 30).to_string();
+    topo.start_agent_env(1, &["--nodeport-mode", "dsr"], &[(ebpf_proxy::node::memory::MEMORY_ENV, &memory)]);
+    topo.start_agent_with(2, &["--nodeport-mode", "dsr"]);
+    let node1 = node_ip(1).to_string();
+    // 300 exchanges 0.1 s apart on each connection: past the next sweep
+    // (every 10 s) and the move.
+    let dsr = probe_in_background(&topo, &["tcp-hold", &node1, "30080", "300", "0.1"]);
+    let snat = probe_in_background(&topo, &["tcp-hold", &node1, "30081", "300", "0.1"]);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let agent = topo.agents[0].as_ref().unwrap();
+    let mark = agent.mark();
+    fill_ct(&topo, 1, 61_000);
+    let grown = agent
+        .wait_for(mark, std::time::Duration::from_secs(25), |r| {
+            proxy_testkit::message(r) == Some(ebpf_proxy::agent::CT_GROWN)
+        })
+        .unwrap_or_else(|e| panic!("the conntrack map did not grow ({e}):\n{}", agent_metrics(&topo, 1)));
+    let field = |name: &str| proxy_testkit::field(&grown, name).and_then(serde_json::Value::as_u64).unwrap();
+    assert_eq!((field("from"), field("to")), (65_536, 131_072), "{grown}");
+    assert!(field("entries") >= field("mark"), "{grown}");
+    // Copied when the new map was made (src/datapath/ct_resize.rs); the
+    // carries around the swap add what the old programs opened meanwhile.
+    let copied = agent
+        .records()
+        .into_iter()
+        .skip(mark)
+        .find(|r| proxy_testkit::message(r).is_some_and(|m| m.starts_with("conntrack map (CT) resized")))
+        .and_then(|r| proxy_testkit::field(&r, "flows_entries_copied").and_then(serde_json::Value::as_u64))
+        .expect("the old map's entries copied");
+    assert!(copied >= field("mark"), "every entry copied: {copied}");
+    // The new programs (TC's too) use the new map: a connection opened
+    // now has its entry there.
+    let before = ct_flows_to(&topo, 1, 30081);
+    let (ok, lines) = topo.probe(&["tcp-hold", &node1, "30081", "1", "0"]);
+    assert!(ok && lines.len() == 1, "a new connection after the growth: {lines:?}");
+    assert!(ct_flows_to(&topo, 1, 30081) > before, "the new connection's entry is in the new map");
+    // The next sweep finds it under half full: no second growth.
+    let mark = agent.mark();
+    agent
+        .wait_for(mark, std::time::Duration::from_secs(15), |r| {
+            proxy_testkit::message(r) == Some("the connection-tracking map (CT) is no longer nearly full")
+        })
+        .expect("the grown map counted below the mark");
+    let text = agent_metrics(&topo, 1);
+    #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "counts, read as floats")]
+    let metric = |name: &str| common::metric(&text, name) as u64;
+    assert_eq!(metric("ebpf_proxy_ct_capacity"), 131_072, "{text}");
+    assert_eq!(metric("ebpf_proxy_ct_growths_total"), 1, "{text}");
+    for (name, probe) in [("DSR", dsr), ("source NAT", snat)] {
+        let (ok, lines) = finish(probe);
+        assert!(ok && lines.len() == 300, "the {name} connection through the growth: {lines:?}");
+    }
+    // A restart keeps the grown map (the memory's share is still 65,536).
+    topo.stop_agent(1);
+    topo.start_agent_env(1, &["--nodeport-mode", "dsr"], &[(ebpf_proxy::node::memory::MEMORY_ENV, &memory)]);
+    let agent = topo.agents[0].as_ref().unwrap();
+    let resized = agent
+        .records()
+        .into_iter()
+        .find(|r| proxy_testkit::message(r).is_some_and(|m| m.starts_with("conntrack map (CT) resized")));
+    assert!(resized.is_none(), "a restart resized the grown map: {resized:?}");
+    let maps_dir = ebpf_proxy::paths::current_maps_dir(&topo.node(1).pin_dir).unwrap();
+    let pinned = aya::maps::MapData::from_pin(maps_dir.join(proxy_common::map_names::CT)).unwrap();
+    assert_eq!(pinned.info().unwrap().max_entries(), 131_072, "the pinned map after the restart");
+}

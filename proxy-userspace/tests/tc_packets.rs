@@ -308,6 +308,7 @@ impl Node {
             backends_map_size: 4096,
             maglev_size: 1021,
             ct_map_size,
+            ct_map_grows: false,
             // Loads the XDP program too (nothing is attached here).
             acceleration: Acceleration::Native,
             outside_handover: OutsideHandover::Off,

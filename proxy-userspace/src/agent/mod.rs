@@ -246,7 +246,9 @@ async fn run_with(
             () = &mut shutdown => break,
             // Only flows tracked per packet need it: none without a device.
             _ = sweep.tick(), if observers.tracks_flows() => {
-                sweep_ended_flows(&datapath, &mut ct_fill, metrics);
+                if let Some(full) = sweep_ended_flows(&datapath, &mut ct_fill, metrics) {
+                    grow_ct_or_warn(full, (&mut datapath, &mut observers), &pipeline, config, telemetries);
+                }
                 continue;
             }
             wake = pipeline.wait(&mut source) => wake,
@@ -395,13 +397,18 @@ fn read_back(maps: &mut crate::datapath::maps::KernelMaps) -> anyhow::Result<Rec
 /// the next sweep tries again.
 ///
 /// The sweep reads all of `CT`, so it also counts its entries
-/// (`crate::observe::ct_fill`): exported, and a warning when the map is nearly full.
-fn sweep_ended_flows(datapath: &Datapath, fill: &mut crate::observe::ct_fill::CtFill, metrics: &Metrics) {
+/// (`crate::observe::ct_fill`): exported, and the count when it just
+/// passed the mark (`grow_ct_or_warn`).
+fn sweep_ended_flows(
+    datapath: &Datapath,
+    fill: &mut crate::observe::ct_fill::CtFill,
+    metrics: &Metrics,
+) -> Option<NearlyFull> {
     let sweep = match datapath.sweep_ended_flows() {
         Ok(sweep) => sweep,
         Err(err) => {
             warn!(%err, "cannot take back the active connections of ended flows from outside");
-            return;
+            return None;
         }
     };
     if sweep.taken > 0 {
@@ -410,29 +417,101 @@ fn sweep_ended_flows(datapath: &Datapath, fill: &mut crate::observe::ct_fill::Ct
     let entries = u64::try_from(sweep.ct_entries).unwrap_or(u64::MAX);
     metrics.ct_entries.set(i64::try_from(entries).unwrap_or(i64::MAX));
     let capacity = match datapath.ct_capacity() {
-        Ok(capacity) => u64::from(capacity),
+        Ok(capacity) => capacity,
         Err(err) => {
             warn!(%err, "cannot read the size of the connection-tracking map");
-            return;
+            return None;
         }
     };
-    metrics.ct_capacity.set(i64::try_from(capacity).unwrap_or(i64::MAX));
-    match fill.observe(entries, capacity) {
-        Some(crate::observe::ct_fill::Change::NearlyFull { percent, mark }) => warn!(
-            entries,
-            capacity,
-            percent,
-            mark,
-            code = "ConntrackNearlyFull",
-            fix =
-                "raise --ct-map-size (config ctMapSize); the agent moves the flows to the larger map at its next start",
-            "the connection-tracking map (CT) is nearly full: past the mark the kernel's LRU may evict the least recently used entry for each new flow, a live flow's too"
-        ),
+    metrics.ct_capacity.set(i64::from(capacity));
+    match fill.observe(entries, u64::from(capacity)) {
+        Some(crate::observe::ct_fill::Change::NearlyFull { percent, mark }) => {
+            Some(NearlyFull { entries, capacity, percent, mark })
+        }
         Some(crate::observe::ct_fill::Change::Relieved { percent }) => {
             info!(entries, capacity, percent, "the connection-tracking map (CT) is no longer nearly full");
+            None
         }
-        None => {}
+        None => None,
     }
+}
+
+/// A count of `CT` that just passed its mark.
+#[derive(Debug, Clone, Copy)]
+struct NearlyFull {
+    entries: u64,
+    capacity: u32,
+    percent: u64,
+    mark: u64,
+}
+
+/// `CT` passed its mark: moved to one twice as big when it was sized from
+/// the node's memory and may grow (`node::memory::grown`; docs/design.md,
+/// "Growing `CT`"), the TC programs' links swapped in before the last
+/// carry of flows; otherwise (or when the move fails, which leaves the
+/// current maps running) the warning that says what to do.
+fn grow_ct_or_warn(
+    full: NearlyFull,
+    (datapath, observers): (&mut Datapath, &mut Observers),
+    pipeline: &Pipeline,
+    config: &AgentConfig,
+    Telemetries { telemetry, metrics }: &Telemetries,
+) {
+    let Some(to) = crate::node::memory::grown(full.capacity, config.load.ct_map_grows) else {
+        let fix = if config.load.ct_map_grows { FIX_AT_MOST } else { FIX_EXPLICIT };
+        warn_ct_nearly_full(full, fix, None);
+        return;
+    };
+    let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
+    let grown = crate::agent::resize::grow_ct(datapath, &config.load, to, |moved| {
+        observers.attach_again(config, moved, &node_ips);
+    });
+    match grown {
+        Ok(()) => {
+            metrics.ct_growths.inc();
+            metrics.ct_capacity.set(i64::from(to));
+            take_counters(datapath, telemetry);
+            info!(
+                from = full.capacity,
+                to,
+                entries = full.entries,
+                mark = full.mark,
+                reason = "past the mark, where the kernel's LRU may evict a live flow's entry for a new one",
+                "{CT_GROWN}"
+            );
+        }
+        Err(err) => warn_ct_nearly_full(full, FIX_NOT_GROWN, Some(&err)),
+    }
+}
+
+/// The message logged when `CT` was moved to one twice as big (fields:
+/// `from`, `to`, `entries`, `mark`, `reason`).
+pub const CT_GROWN: &str = "conntrack map (CT) grown: its flows carried into one twice as big";
+
+/// What to do about a nearly full `CT` of the size `--ct-map-size` set.
+const FIX_EXPLICIT: &str = "raise --ct-map-size (config ctMapSize), or leave it unset to size the map from the node's memory and grow it; the agent moves the flows to the larger map at its next start";
+/// ... sized from memory and grown as far as it grows on its own.
+const FIX_AT_MOST: &str = "the map is at the most it grows to on its own: set a larger --ct-map-size (config ctMapSize); the agent moves the flows to the larger map at its next start";
+/// ... whose move to one twice as big failed (`err`).
+const FIX_NOT_GROWN: &str = "the move to a map twice as big failed and the agent goes on with this one (it tries again when the map fills up again): give the agent's cgroup the memory, or set --ct-map-size (config ctMapSize) and restart it";
+
+/// The warning that `CT` is nearly full and stays as big, with `fix` (and
+/// `err`, when a move to a bigger one failed).
+fn warn_ct_nearly_full(
+    NearlyFull { entries, capacity, percent, mark }: NearlyFull,
+    fix: &str,
+    err: Option<&crate::datapath::loader::LoadError>,
+) {
+    warn!(
+        entries,
+        capacity,
+        percent,
+        mark,
+        err = err.map(tracing::field::display),
+        code = "ConntrackNearlyFull",
+        fix,
+        "the connection-tracking map (CT) is nearly full: past the mark the kernel's LRU may evict the least recently used entry for each new flow, a live flow's too"
+    );
 }
 
 /// Frees a sync's report; one of many changes (a relist that changed
@@ -604,6 +683,16 @@ impl Observers {
         }
         self.health_checks.update(&pipeline.model().health_checks()).await;
         Ok(())
+    }
+
+    /// Attaches the TC programs of `datapath`, a set just moved to, to the
+    /// devices they were on (swapping them into the pinned links).
+    fn attach_again(&mut self, config: &AgentConfig, datapath: &mut Datapath, node_ips: &[std::net::IpAddr]) {
+        self.devices = None;
+        attach_devices(&config.devices, datapath, node_ips, &mut self.devices);
+        if self.pod_devices.take().is_some() {
+            self.attach_pod_devices(&config.pod_devices, datapath, node_ips);
+        }
     }
 
     /// A link came, went or changed: the pod-facing devices are chosen

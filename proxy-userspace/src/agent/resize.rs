@@ -10,11 +10,17 @@
 //! previous agent) the same plan is made from the translated table, so a
 //! start with a big cluster writes once, into maps that hold it, instead of
 //! filling small maps, having writes refused and moving on.
-use proxy_common::map_names;
+//!
+//! The same swap grows a `CT` sized from memory that filled up
+//! (`grow_ct`): the set stays, only `CT` is made anew, twice as big.
+use proxy_common::{CtValue, map_names};
 use tracing::{info, warn};
 
 use crate::{
-    datapath::loader::{Datapath, LoadOptions},
+    datapath::{
+        handover::OutsideHandover,
+        loader::{Datapath, LoadError, LoadOptions},
+    },
     pipeline::Pipeline,
     reconcile::{
         Reconciler, Report,
@@ -58,6 +64,8 @@ pub(crate) fn after_sync(
     let current = datapath.sizes();
     let Some(next) = sizing::plan(current, demand, full, opts.bounds()) else { return Ok(None) };
     log_resizing(current, next, demand, false);
+    // The new set's `CT` is made anew: of the size this one has now.
+    let opts = &datapath.options_for_next(opts);
     let mut moved = Datapath::load_sized(opts, next, &datapath.sessions_to_carry())?;
     moved.copy_outside_handover(datapath)?;
     // Loaded beside the write of the whole table.
@@ -66,19 +74,10 @@ pub(crate) fn after_sync(
     reconciler.reserve_backends(demand.backends);
     let (written, old) = pipeline.move_to(reconciler, &mut moved.maps);
     if attached {
-        // The flows in the old `CT` name the old set's ids: carried with
-        // the new ones before the programs swap over, and again after it
-        // for the flows the old programs opened meanwhile.
+        // The flows in the old `CT` name the old set's ids.
         let remap = IdRemap::new(&old, pipeline.reconciler());
-        carry_flows(datapath, &mut moved, &remap, "before the swap");
-        moved.attach()?;
-        carry_flows(datapath, &mut moved, &remap, "after the swap");
-        // The new maps come with a `CT` of their own (`loader::Sessions`):
-        // flows netfilter translated (a takeover from kube-proxy) are
-        // marked again from conntrack.
-        if !matches!(moved.outside_handover(), Ok(Some(crate::datapath::handover::OutsideHandover::Off))) {
-            moved.mark_netfilter_flows_or_warn("flows kube-proxy translated may be taken over in the new maps");
-        }
+        // The TC programs' links are swapped by the caller, after the sync.
+        swap_programs(datapath, &mut moved, |v| remap.flow(v), |_| {})?;
     }
     *datapath = moved;
     info!(
@@ -91,11 +90,62 @@ pub(crate) fn after_sync(
     Ok(Some(written))
 }
 
+/// Swaps the programs of `moved` (loaded beside `datapath`) into the
+/// pinned links. `CT`'s flows, with the ids `flow` gives them, are carried
+/// into `moved`'s before the swap, and again after it for the flows the
+/// old programs opened meanwhile; `tc` swaps the TC programs' links in
+/// between when the caller wants them in before that second carry.
+fn swap_programs(
+    datapath: &Datapath,
+    moved: &mut Datapath,
+    flow: impl Fn(CtValue) -> Option<CtValue>,
+    tc: impl FnOnce(&mut Datapath),
+) -> Result<(), LoadError> {
+    carry_flows(datapath, moved, &flow, "before the swap");
+    moved.attach()?;
+    tc(moved);
+    carry_flows(datapath, moved, &flow, "after the swap");
+    // The new maps come with a `CT` of their own (`loader::Sessions`):
+    // flows netfilter translated (a takeover from kube-proxy) are marked
+    // again from conntrack.
+    if !matches!(moved.outside_handover(), Ok(Some(OutsideHandover::Off))) {
+        moved.mark_netfilter_flows_or_warn("flows kube-proxy translated may be taken over in the new maps");
+    }
+    Ok(())
+}
+
+/// Moves `datapath` to a `CT` of `to` entries (docs/design.md, "Growing
+/// `CT`"), the way a move to bigger service maps does (`after_sync`), on
+/// the same set: its service and session maps are opened again from their
+/// pins and only `CT` is made anew (`crate::datapath::ct_resize`, which
+/// copies its entries at the load), so every id stays and the flows are
+/// carried as they are. `tc` swaps the TC programs' links in (see
+/// `swap_programs`). On an error `datapath` is the one that runs; its old
+/// `CT` is no longer pinned (the next start takes the new one, which
+/// holds a copy of its flows).
+pub(crate) fn grow_ct(
+    datapath: &mut Datapath,
+    opts: &LoadOptions,
+    to: u32,
+    tc: impl FnOnce(&mut Datapath),
+) -> Result<(), LoadError> {
+    // The load writes the options' handover mode into the set's pinned
+    // map, which the running programs read: the mode they follow now.
+    let mode = datapath.outside_handover().ok().flatten().unwrap_or(opts.outside_handover);
+    let opts = LoadOptions { ct_map_size: to, outside_handover: mode, ..opts.clone() };
+    let mut moved = Datapath::load_sized(&opts, datapath.sizes(), &datapath.sessions_to_carry())?;
+    moved.copy_outside_handover(datapath)?;
+    moved.start_loading_programs()?;
+    swap_programs(datapath, &mut moved, Some, tc)?;
+    *datapath = moved;
+    Ok(())
+}
+
 /// Carries the flows of `from`'s `CT` into `to`'s (`SessionMaps::carry_flows`)
-/// with the ids `remap` gives them; a failure costs only the flows, so it
+/// with the ids `flow` gives them; a failure costs only the flows, so it
 /// is a warning.
-fn carry_flows(from: &Datapath, to: &mut Datapath, remap: &IdRemap<'_>, when: &str) {
-    match to.sessions.carry_flows(&from.sessions, |v| remap.flow(v)) {
+fn carry_flows(from: &Datapath, to: &mut Datapath, flow: impl Fn(CtValue) -> Option<CtValue>, when: &str) {
+    match to.sessions.carry_flows(&from.sessions, flow) {
         Ok((carried, left)) => info!(carried, left_behind = left, when, "flows carried into the new maps"),
         Err(err) => warn!(%err, when, "cannot carry the flows into the new maps; flows from outside may break"),
     }
@@ -128,6 +178,7 @@ pub(crate) fn before_first_write(
         return Ok(false);
     };
     log_resizing(current, next, demand, true);
+    let opts = &datapath.options_for_next(opts);
     let mut moved = Datapath::load_sized(opts, next, &datapath.sessions_to_carry())?;
     moved.copy_outside_handover(datapath)?;
     let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;

@@ -75,6 +75,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             backends_map_size: proxy_common::map_sizes::BACKENDS,
             maglev_size: crate::reconcile::maglev::DEFAULT_SIZE,
             ct_map_size: proxy_common::map_sizes::CT,
+            ct_map_grows: false,
             acceleration: crate::datapath::acceleration::Acceleration::Disabled,
             outside_handover: crate::datapath::handover::OutsideHandover::Off,
             nodeport_mode: crate::datapath::loader::NodePortMode::Snat,

@@ -1,4 +1,5 @@
-//! `--ct-map-size` changed across a restart. A pinned map is reused as it
+//! `--ct-map-size` changed across a restart, or `CT` grown while the agent
+//! runs (`crate::agent::resize::grow_ct`). A pinned map is reused as it
 //! is (aya opens the pin and ignores the size asked for), so without this
 //! a larger `CT` would only come with a new set of maps, and an operator
 //! raising the size after `ConntrackNearlyFull` (`crate::observe::ct_fill`) would
@@ -89,7 +90,7 @@ impl CtResize {
             from = self.from,
             to = self.to,
             flows_entries_copied = copied,
-            "conntrack map (CT) resized to --ct-map-size; its entries were copied"
+            "conntrack map (CT) resized; its entries were copied"
         );
         Ok(copied)
     }

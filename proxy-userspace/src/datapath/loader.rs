@@ -134,6 +134,9 @@ pub struct LoadOptions {
     pub maglev_size: usize,
     /// Entries of the connection-tracking map (traffic from outside).
     pub ct_map_size: u32,
+    /// `ct_map_size` is the node's memory's share, not `--ct-map-size`:
+    /// the agent grows `CT` when it fills up (`node::memory::grown`).
+    pub ct_map_grows: bool,
     /// `--nodeport-acceleration`: the XDP program in front of the TC
     /// ingress program on the devices.
     pub acceleration: Acceleration,
@@ -409,6 +412,8 @@ pub struct Datapath {
     acceleration: Acceleration,
     /// Sizes of the services and backends maps of this set.
     sizes: Sizes,
+    /// `CT`'s entries (the options' `ct_map_size` it was loaded with).
+    ct_size: u32,
     maglev_size: usize,
     /// Made by this start (none found pinned) or onto such a set's unused
     /// session maps, and never attached: its session maps hold nothing.
@@ -450,6 +455,7 @@ impl Datapath {
             || sizing::wanted(sizing::Demand::default(), opts.bounds()),
             |(services, backends, frontends)| Sizes { services, backends, frontends },
         );
+        let opts = &keeping_grown_ct(opts, &maps_dir(&opts.pin_dir, opts.maglev_size, sizes));
         let mut datapath = Self::load_sized(opts, sizes, &Sessions::New)?;
         datapath.unused = pinned.is_none();
         if pinned.is_some() {
@@ -508,6 +514,7 @@ impl Datapath {
             handover,
             acceleration: opts.acceleration,
             sizes,
+            ct_size: opts.ct_map_size,
             maglev_size: opts.maglev_size,
             unused: matches!(carry, Sessions::Unused(_)),
             cluster_ips_per_packet: opts.socket_lb == SocketLb::HostNamespace || !opts.cluster_cidrs.is_empty(),
@@ -613,6 +620,13 @@ impl Datapath {
     #[must_use]
     pub(crate) const fn sizes(&self) -> Sizes {
         self.sizes
+    }
+
+    /// `opts` for a set replacing this one: with this set's `CT` size,
+    /// which may have grown since the start (`crate::agent::resize::grow_ct`).
+    #[must_use]
+    pub(crate) fn options_for_next(&self, opts: &LoadOptions) -> LoadOptions {
+        LoadOptions { ct_map_size: self.ct_size, ..opts.clone() }
     }
 
     /// Where this set of maps is pinned.
@@ -890,6 +904,17 @@ impl Sessions {
             Self::Live(from) => (&[map_names::SOCK_REVNAT], Some(from)),
         }
     }
+}
+
+/// `opts`, with the size of the `CT` pinned in `maps_dir` when a previous
+/// agent grew it (`node::memory::ct_entries_at_start`).
+fn keeping_grown_ct(opts: &LoadOptions, maps_dir: &Path) -> LoadOptions {
+    use std::os::fd::AsFd as _;
+    let pinned = super::sys::obj_get(&maps_dir.join(map_names::CT))
+        .and_then(|map| super::sys::map_max_entries(map.as_fd()))
+        .ok();
+    let ct_map_size = crate::node::memory::ct_entries_at_start(opts.ct_map_size, pinned, opts.ct_map_grows);
+    LoadOptions { ct_map_size, ..opts.clone() }
 }
 
 /// Sets the conntrack map aside when its size changes, then loads the

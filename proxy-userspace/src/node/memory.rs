@@ -3,6 +3,11 @@
 //! connection tracking and NAT maps the same way, from a share of the
 //! node's memory (`bpf-map-dynamic-size-ratio`, 0.0025 by default), and an
 //! explicit size beats the share there too.
+//!
+//! A `CT` sized from memory is where it starts: the agent doubles it when
+//! it fills up (`grown`; docs/design.md, "Growing `CT`"), as Calico grows
+//! its conntrack map, up to `MAX_ENTRIES`. An explicit `--ct-map-size` is
+//! the operator's choice of memory, so it stays as it is.
 use std::path::Path;
 
 /// The share of memory `CT` may take: Cilium's default ratio.
@@ -32,12 +37,41 @@ pub(crate) fn ct_entries(memory: u64) -> u32 {
     u32::try_from(pow2.clamp(u64::from(MIN_ENTRIES), u64::from(MAX_ENTRIES))).unwrap_or(MAX_ENTRIES)
 }
 
+/// Tests only: stands in for the node's memory (bytes), so that a test
+/// starts with the smallest `CT` sized from memory on any machine.
+pub const MEMORY_ENV: &str = "EBPF_PROXY_TEST_NODE_MEMORY";
+
+/// The size a `CT` sized from memory (`grows`) and now of `capacity`
+/// entries grows to when it is nearly full: twice as big, up to
+/// `MAX_ENTRIES`. `None`: it stays (an explicit size, or at the most).
+/// Twice leaves a map that passed the mark (at most 90%,
+/// `crate::observe::ct_fill`) under half full, well below the mark again,
+/// so one filling makes one growth.
+#[must_use]
+pub(crate) fn grown(capacity: u32, grows: bool) -> Option<u32> {
+    let next = capacity.saturating_mul(2).min(MAX_ENTRIES);
+    (grows && next > capacity).then_some(next)
+}
+
+/// `CT`'s size at a start with `auto` from memory, when a previous agent
+/// pinned one of `pinned` entries: a `CT` it grew (`grown`) keeps its
+/// size, so a restart does not shrink it (and drop flows) for the
+/// agent to grow it again. An explicit size is taken as it is
+/// (`crate::datapath::ct_resize`).
+#[must_use]
+pub(crate) fn ct_entries_at_start(auto: u32, pinned: Option<u32>, grows: bool) -> u32 {
+    pinned.filter(|p| grows && *p > auto && *p <= MAX_ENTRIES).unwrap_or(auto)
+}
+
 /// The memory the agent's maps may take: the node's (`/proc/meminfo`'s
 /// `MemTotal`), or the agent's cgroup's limit (`memory.max`) when lower,
 /// since the kernel charges a map's memory to the cgroup that makes it (a
 /// DaemonSet's memory limit). `None` when neither can be read.
 #[must_use]
 pub(crate) fn available() -> Option<u64> {
+    if let Some(memory) = std::env::var(MEMORY_ENV).ok().and_then(|m| m.parse().ok()) {
+        return Some(memory);
+    }
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| mem_total(&m));
     let limit = cgroup_limit();
     match (total, limit) {
@@ -92,6 +126,37 @@ mod tests {
             (4096 * GIB, MAX_ENTRIES),
         ] {
             assert_eq!(ct_entries(memory), entries, "{} GiB", memory / GIB);
+        }
+    }
+
+    /// (capacity, sized from memory) -> what it grows to.
+    #[test]
+    fn ct_doubles_up_to_its_bound_and_only_when_sized_from_memory() {
+        for (capacity, grows, want) in [
+            (MIN_ENTRIES, true, Some(131_072)),
+            (1_048_576, true, Some(2_097_152)),
+            (2_097_152, true, Some(MAX_ENTRIES)),
+            (MAX_ENTRIES, true, None),
+            (3_000_000, true, Some(MAX_ENTRIES)),
+            (u32::MAX, true, None),
+            (MIN_ENTRIES, false, None),
+            (1024, false, None),
+        ] {
+            assert_eq!(grown(capacity, grows), want, "{capacity}, grows: {grows}");
+        }
+    }
+
+    /// (from memory, pinned, grows) -> the size at a start.
+    #[test]
+    fn a_grown_ct_keeps_its_size_across_a_restart() {
+        for (auto, pinned, grows, want) in [
+            (65_536, None, true, 65_536),
+            (65_536, Some(131_072), true, 131_072),
+            (262_144, Some(131_072), true, 262_144), // more memory now
+            (65_536, Some(8_388_608), true, 65_536), // above what growth makes
+            (65_536, Some(131_072), false, 65_536),  // an explicit size
+        ] {
+            assert_eq!(ct_entries_at_start(auto, pinned, grows), want, "{auto}, {pinned:?}, {grows}");
         }
     }
 

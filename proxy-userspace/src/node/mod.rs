@@ -6,7 +6,7 @@ pub(crate) mod client_netns;
 pub(crate) mod devices;
 pub(crate) mod fs;
 pub(crate) mod local_addrs;
-pub(crate) mod memory;
+pub mod memory;
 pub mod nodeport_addresses;
 pub(crate) mod pod_devices;
 pub(crate) mod port_reservation;

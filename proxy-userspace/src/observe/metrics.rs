@@ -116,6 +116,8 @@ pub(crate) struct Metrics {
     /// most it holds (`crate::observe::ct_fill`).
     pub(crate) ct_entries: Gauge,
     pub(crate) ct_capacity: Gauge,
+    /// Times `CT` was moved to one twice as big (`crate::agent::resize::grow_ct`).
+    pub(crate) ct_growths: Counter,
     /// Service ports with a Local traffic policy and no endpoint on this
     /// node, by policy.
     no_local_endpoints: Family<TrafficPolicyLabels, Gauge>,
@@ -139,8 +141,13 @@ impl Metrics {
         );
         self.registry.register(
             "ebpf_proxy_ct_capacity",
-            "The most entries the connection-tracking map holds (--ct-map-size); near it the LRU evicts the least recently used",
+            "The most entries the connection-tracking map holds (--ct-map-size, or sized from memory and grown); near it the LRU evicts the least recently used",
             self.ct_capacity.clone(),
+        );
+        self.registry.register(
+            "ebpf_proxy_ct_growths",
+            "Times the connection-tracking map, sized from the node's memory, filled up and was moved to one twice as big, its flows carried",
+            self.ct_growths.clone(),
         );
     }
 
@@ -167,6 +174,7 @@ impl Metrics {
             takeover_differences: Gauge::default(),
             ct_entries: Gauge::default(),
             ct_capacity: Gauge::default(),
+            ct_growths: Counter::default(),
             no_local_endpoints: Family::default(),
             healthz: Family::default(),
             livez: Family::default(),

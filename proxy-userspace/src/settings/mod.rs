@@ -170,8 +170,10 @@ pub struct Settings {
         "Entries of the connection-tracking map of the flows translated per packet (two per flow, LRU, allocated \
          at start; a restart with another size copies the flows into a new map), 1 to {MAX_MAP_SIZE}. Default: \
          from the node's memory, as Cilium sizes its maps: 0.25% of it (or of the agent's cgroup memory limit, if \
-         lower) at 160 bytes an entry, down to a power of two from {} to {} (262,144 on a 24 GiB node)",
+         lower) at 160 bytes an entry, down to a power of two from {} to {} (262,144 on a 24 GiB node), then \
+         doubled (up to {}, its flows carried) each time it is nearly full; a size set here is kept as it is",
         crate::node::memory::MIN_ENTRIES,
+        crate::node::memory::MAX_ENTRIES,
         crate::node::memory::MAX_ENTRIES
     ))]
     pub(crate) ct_map_size: Option<u32>,

@@ -74,6 +74,7 @@ impl Settings {
             backends_map_size: self.backends_map_size.unwrap_or(DEFAULT_BOUNDS.backends),
             maglev_size: self.maglev_table_size.unwrap_or(maglev::DEFAULT_SIZE),
             ct_map_size: self.ct_map_size.unwrap_or_else(crate::node::memory::ct_entries_here),
+            ct_map_grows: self.ct_map_size.is_none(),
             acceleration: self.nodeport_acceleration.into(),
             outside_handover: self.outside_handover.with_end(self.outside_handover_seconds),
             nodeport_mode: self.nodeport_mode.unwrap_or_default().into(),

@@ -306,6 +306,23 @@ impl Topology {
     /// `start_agent` with these arguments instead of `agent_args`.
     pub fn start_agent_args(&mut self, n: u8, args: Vec<String>) {
         let agent = AgentProcess::start_in(&self.node(n).ns, Path::new(AGENT), args).unwrap();
+        self.adopt_agent(n, agent);
+    }
+
+    /// `start_agent_with`, `envs` in the agent's environment too (the
+    /// agent's test-only variables).
+    pub fn start_agent_env(&mut self, n: u8, extra: &[&str], envs: &[(&str, &str)]) {
+        let mut args = self.agent_args(n);
+        args.extend(extra.iter().map(ToString::to_string));
+        let mut cmd = spawn_in(&self.node(n).ns, None, AGENT).unwrap();
+        cmd.envs(envs.iter().copied());
+        let agent = AgentProcess::start_command(cmd, args).unwrap();
+        self.adopt_agent(n, agent);
+    }
+
+    /// Waits for node `n`'s `agent` to sync and attach its TC programs,
+    /// and keeps it (stopped when the topology goes).
+    fn adopt_agent(&mut self, n: u8, agent: AgentProcess) {
         let _ = agent.wait_applied(0);
         agent
             .wait_for(0, std::time::Duration::from_secs(10), |r| {
