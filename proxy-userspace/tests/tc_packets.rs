@@ -319,6 +319,8 @@ impl Node {
         })
         .unwrap();
         assert!(datapath.serves_external_traffic(), "the TC programs did not load");
+        // As the agent does once it attached the TC programs to a device.
+        datapath.set_tail_calls().unwrap();
         let stats = datapath.external_stats.take().unwrap();
         let (reconciler, _) = Reconciler::recover(&mut datapath.maps).unwrap();
         let mut node = Self { datapath, reconciler, ifindex, context: NodeContext::new("n1").with_ips(ips), stats };

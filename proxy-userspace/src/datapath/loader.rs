@@ -693,7 +693,18 @@ impl Datapath {
         }
         // Links of devices no longer listed (or no longer accelerated).
         unpin_unwanted(&links_dir, &[TC_LINK_PREFIX, XDP_LINK_PREFIX], &wanted)?;
+        if results.iter().any(|r| r.result.is_ok()) {
+            self.set_tail_calls()?;
+        }
         Ok(results)
+    }
+
+    /// Loads the programs the TC ingress program tail-calls, once
+    /// (`programs::Loaded::set_tail_calls`); `attach_devices` does when it
+    /// attached a device.
+    pub fn set_tail_calls(&mut self) -> Result<(), LoadError> {
+        self.programs.loaded()?.set_tail_calls();
+        Ok(())
     }
 
     /// Attaches the pod-facing TC programs to exactly `devices` (ingress and

@@ -34,6 +34,38 @@ pub(crate) struct Loaded {
     pub(crate) tc: bool,
     /// Whether the XDP program loaded (`--nodeport-acceleration`).
     pub(crate) xdp: bool,
+    /// Whether the programs `nodeport_ingress` tail-calls were loaded (or
+    /// failed to, which was logged): `set_tail_calls`.
+    tail_calls_done: bool,
+}
+
+impl Loaded {
+    /// Loads the programs `nodeport_ingress` hands packets to by tail call
+    /// and puts them in `TAIL_CALLS`, once: when the TC programs are first
+    /// attached to a device (`Datapath::attach_devices`), not with the
+    /// others. They serve one rare case (a DSR flow's UDP datagram too long
+    /// for the route), and their verification would take CPU from the
+    /// start's lists and first write, on which every service waits. Until
+    /// then (and if they fail to load) such a datagram is dropped and
+    /// counted (`dsr_too_big`); after a restart, the previous agent's
+    /// programs stay in the pinned array meanwhile.
+    pub(crate) fn set_tail_calls(&mut self) {
+        if !self.tc || self.tail_calls_done {
+            return;
+        }
+        self.tail_calls_done = true;
+        let started = std::time::Instant::now();
+        match load_tail_calls(&mut self.ebpf) {
+            Ok(()) => tracing::info!(
+                ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "tail-called programs loaded"
+            ),
+            Err(err) => tracing::warn!(
+                %err,
+                "a UDP datagram of a DSR flow too long for the route with the DSR option or outer header is dropped (dsr_too_big), not sent by source NAT"
+            ),
+        }
+    }
 }
 
 /// A datapath's programs, from the object to the loaded programs.
@@ -140,9 +172,6 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
             break;
         }
     }
-    if tc_loaded && let Err(err) = load_tail_calls(&mut ebpf) {
-        tracing::warn!(%err, "a UDP datagram of a DSR flow too long for the route with the DSR option or outer header is dropped (dsr_too_big), not sent by source NAT");
-    }
     let xdp_loaded = tc_loaded && acceleration.wants_xdp() && load_xdp(&mut ebpf, acceleration)?;
     // Most of it is the verifier's (docs/performance.md, "The verifier's
     // work at each start").
@@ -152,7 +181,7 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
         ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         "programs loaded"
     );
-    Ok(Loaded { ebpf, tc: tc_loaded, xdp: xdp_loaded })
+    Ok(Loaded { ebpf, tc: tc_loaded, xdp: xdp_loaded, tail_calls_done: false })
 }
 
 /// Loads the programs `nodeport_ingress` hands packets to by tail call and
