@@ -726,6 +726,18 @@ fn arb_table() -> impl Strategy<Value = ServiceTable> {
     })
 }
 
+/// Maps with `a` written, then `b` written until write `fail` failed (the
+/// agent stopped there).
+fn after_a_failed_write(a: &ServiceTable, b: &ServiceTable, fail: usize) -> FakeMaps {
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::new();
+    r.apply(&mut maps, a);
+    maps.fail_at = Some(maps.ops + fail);
+    let _ = r.apply(&mut maps, b);
+    maps.fail_at = None;
+    maps
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -803,12 +815,7 @@ proptest! {
     /// and converges.
     #[test]
     fn a_restart_after_a_failed_write_converges(a in arb_table(), b in arb_table(), fail in 0usize..40) {
-        let mut maps = FakeMaps::default();
-        let mut r = Reconciler::new();
-        r.apply(&mut maps, &a);
-        maps.fail_at = Some(maps.ops + fail);
-        let _ = r.apply(&mut maps, &b);
-        maps.fail_at = None;
+        let mut maps = after_a_failed_write(&a, &b, fail);
         let (mut recovered, _) = Reconciler::recover(&mut maps).unwrap();
         let report = recovered.apply(&mut maps, &b);
         prop_assert!(report.failures.is_empty());
@@ -900,12 +907,7 @@ proptest! {
     /// the same stale entries deleted, and the same writes after it.
     #[test]
     fn recovery_takes_the_entries_in_any_order(a in arb_table(), b in arb_table(), fail in 0usize..40) {
-        let mut maps = FakeMaps::default();
-        let mut r = Reconciler::new();
-        r.apply(&mut maps, &a);
-        maps.fail_at = Some(maps.ops + fail);
-        let _ = r.apply(&mut maps, &b);
-        maps.fail_at = None;
+        let mut maps = after_a_failed_write(&a, &b, fail);
         let mut reversed = Reversed::of(&maps);
         let (mut in_order, recovery) = Reconciler::recover(&mut maps).unwrap();
         let (mut out_of_order, reversed_recovery) = Reconciler::recover(&mut reversed).unwrap();
