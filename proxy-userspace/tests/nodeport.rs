@@ -1025,6 +1025,19 @@ fn finish(mut probe: common::topology::ChildGuard) -> (bool, Vec<String>) {
     (status.success(), out.lines().map(str::to_owned).collect())
 }
 
+/// Two NodePorts to the TCP echo server of pod (2, 1): 30080 by the node's
+/// mode, 30081 by source NAT (the `nodeport-mode` annotation).
+fn dsr_and_snat_echo() -> String {
+    service("dsr", "NodePort", &[("echo", 80, 30080, "TCP")], "", &[])
+        + &endpoints("dsr", ("echo", 9000, "TCP"), &[(2, 1)])
+        + &service("snat", "NodePort", &[("echo", 80, 30081, "TCP")], "", &[]).replacen(
+            "namespace: t}",
+            "namespace: t, annotations: {ebpf-proxy.io/nodeport-mode: snat}}",
+            1,
+        )
+        + &endpoints("snat", ("echo", 9000, "TCP"), &[(2, 1)])
+}
+
 /// A move to bigger maps (`agent::resize`) under traffic from outside fails
 /// no flow: the flows in `CT` are carried into the new maps under the new
 /// set's ids (`reconcile::remap`). Without that, a DSR connection's replies
@@ -1037,14 +1050,7 @@ fn a_move_to_bigger_maps_fails_no_flow_from_outside() {
     common::require_root!();
     let mut topo = Topology::new(&[0, 1]);
     topo.tcp_echo_on(2, 1, 9000);
-    let base = service("dsr", "NodePort", &[("echo", 80, 30080, "TCP")], "", &[])
-        + &endpoints("dsr", ("echo", 9000, "TCP"), &[(2, 1)])
-        + &service("snat", "NodePort", &[("echo", 80, 30081, "TCP")], "", &[]).replacen(
-            "namespace: t}",
-            "namespace: t, annotations: {ebpf-proxy.io/nodeport-mode: snat}}",
-            1,
-        )
-        + &endpoints("snat", ("echo", 9000, "TCP"), &[(2, 1)]);
+    let base = dsr_and_snat_echo();
     topo.write_services(&base);
     for n in 1..=2 {
         topo.start_agent_with(n, &["--nodeport-mode", "dsr"]);
@@ -1129,11 +1135,7 @@ fn assert_east_west_flow_not_marked(topo: &Topology) {
         .expect("the agent marks netfilter's flows");
     let field = |name| proxy_testkit::field(&marked, name).and_then(serde_json::Value::as_u64).unwrap();
     assert_eq!(field("dnat_flows") - field("to_frontends_seen"), 1, "the east-west flow is left out: {marked}");
-    let ct: aya::maps::HashMap<_, proxy_common::CtKey, proxy_common::CtValue> =
-        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(
-            aya::maps::MapData::from_pin(maps_dir(topo, 1).join(proxy_common::map_names::CT)).unwrap(),
-        ))
-        .unwrap();
+    let ct = pinned_ct(topo, 1);
     let web = proxy_common::net::encode(cluster_ip("web").into());
     assert!(!ct.iter().filter_map(Result::ok).any(|(k, _)| k.dst == web), "an east-west flow marked in CT");
 }
@@ -1491,26 +1493,12 @@ fn reserved_ports_are_left_alone_without_overlap_or_with_none() {
     }
 }
 
-/// Node `n`'s agent's /metrics (read in the node's namespace).
-fn agent_metrics(topo: &Topology, n: u8) -> String {
-    let agent = topo.agents[usize::from(n - 1)].as_ref().unwrap();
-    let record = agent
-        .wait_for(0, std::time::Duration::from_secs(10), |r| {
-            proxy_testkit::message(r).is_some_and(|m| m.starts_with("serving metrics"))
-        })
-        .expect("the agent serves no metrics");
-    let address = proxy_testkit::field(&record, "address").and_then(|a| a.as_str()).unwrap().to_owned();
-    let out = topo.node(n).command("curl").args(["-sS", &format!("http://{address}/metrics")]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The `CT` node `n`'s agent has pinned (the one its programs use).
 fn pinned_ct(
     topo: &Topology,
     n: u8,
 ) -> aya::maps::HashMap<aya::maps::MapData, proxy_common::CtKey, proxy_common::CtValue> {
-    let maps_dir = ebpf_proxy::paths::current_maps_dir(&topo.node(n).pin_dir).expect("the agent's maps are pinned");
-    let data = aya::maps::MapData::from_pin(maps_dir.join(proxy_common::map_names::CT)).unwrap();
+    let data = aya::maps::MapData::from_pin(maps_dir(topo, n).join(proxy_common::map_names::CT)).unwrap();
     aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(data)).unwrap()
 }
 
@@ -1561,14 +1549,7 @@ fn a_ct_sized_from_memory_grows_when_nearly_full_and_keeps_the_flows() {
     common::require_root!();
     let mut topo = Topology::new(&[0, 1]);
     topo.tcp_echo_on(2, 1, 9000);
-    let services = service("dsr", "NodePort", &[("echo", 80, 30080, "TCP")], "", &[])
-        + &endpoints("dsr", ("echo", 9000, "TCP"), &[(2, 1)])
-        + &service("snat", "NodePort", &[("echo", 80, 30081, "TCP")], "", &[]).replacen(
-            "namespace: t}",
-            "namespace: t, annotations: {ebpf-proxy.io/nodeport-mode: snat}}",
-            1,
-        )
-        + &endpoints("snat", ("echo", 9000, "TCP"), &[(2, 1)]);
+    let services = dsr_and_snat_echo();
     topo.write_services(&services);
     let memory = (1u64 << 30).to_string();
     topo.start_agent_env(1, &["--nodeport-mode", "dsr"], &[(ebpf_proxy::node::memory::MEMORY_ENV, &memory)]);
@@ -1586,7 +1567,7 @@ fn a_ct_sized_from_memory_grows_when_nearly_full_and_keeps_the_flows() {
         .wait_for(mark, std::time::Duration::from_secs(25), |r| {
             proxy_testkit::message(r) == Some(ebpf_proxy::agent::CT_GROWN)
         })
-        .unwrap_or_else(|e| panic!("the conntrack map did not grow ({e}):\n{}", agent_metrics(&topo, 1)));
+        .unwrap_or_else(|e| panic!("the conntrack map did not grow ({e}):\n{}", topo.metrics(1)));
     let field = |name: &str| proxy_testkit::field(&grown, name).and_then(serde_json::Value::as_u64).unwrap();
     assert_eq!((field("from"), field("to")), (65_536, 131_072), "{grown}");
     assert!(field("entries") >= field("mark"), "{grown}");
@@ -1613,7 +1594,7 @@ fn a_ct_sized_from_memory_grows_when_nearly_full_and_keeps_the_flows() {
             proxy_testkit::message(r) == Some("the connection-tracking map (CT) is no longer nearly full")
         })
         .expect("the grown map counted below the mark");
-    let text = agent_metrics(&topo, 1);
+    let text = topo.metrics(1);
     #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "counts, read as floats")]
     let metric = |name: &str| common::metric(&text, name) as u64;
     assert_eq!(metric("ebpf_proxy_ct_capacity"), 131_072, "{text}");
@@ -1631,7 +1612,6 @@ fn a_ct_sized_from_memory_grows_when_nearly_full_and_keeps_the_flows() {
         .into_iter()
         .find(|r| proxy_testkit::message(r).is_some_and(|m| m.starts_with("conntrack map (CT) resized")));
     assert!(resized.is_none(), "a restart resized the grown map: {resized:?}");
-    let maps_dir = ebpf_proxy::paths::current_maps_dir(&topo.node(1).pin_dir).unwrap();
-    let pinned = aya::maps::MapData::from_pin(maps_dir.join(proxy_common::map_names::CT)).unwrap();
+    let pinned = aya::maps::MapData::from_pin(maps_dir(&topo, 1).join(proxy_common::map_names::CT)).unwrap();
     assert_eq!(pinned.info().unwrap().max_entries(), 131_072, "the pinned map after the restart");
 }

@@ -114,17 +114,6 @@ fn pod_paths(topo: &Topology) -> Vec<String> {
         .collect()
 }
 
-/// Node 1's agent's /metrics (read in the node's namespace).
-fn metrics(topo: &Topology) -> String {
-    let agent = topo.agents[0].as_ref().unwrap();
-    let record = agent
-        .wait_for(0, Duration::from_secs(10), |r| message(r).is_some_and(|m| m.starts_with("serving metrics")))
-        .expect("the agent serves no metrics");
-    let address = proxy_testkit::field(&record, "address").and_then(|a| a.as_str()).unwrap().to_owned();
-    let out = topo.node(1).command("curl").args(["-sS", &format!("http://{address}/metrics")]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The value of the series `name` (with its labels) in `text`.
 fn series(text: &str, name: &str) -> u64 {
     text.lines()
@@ -135,7 +124,7 @@ fn series(text: &str, name: &str) -> u64 {
 
 /// `ebpf_proxy_pod_packets_total{result="new_flow"}` of node 1's agent.
 fn pod_new_flows(topo: &Topology) -> u64 {
-    series(&metrics(topo), "ebpf_proxy_pod_packets_total{result=\"new_flow\"}")
+    series(&topo.metrics(1), "ebpf_proxy_pod_packets_total{result=\"new_flow\"}")
 }
 
 #[test]
@@ -375,11 +364,11 @@ fn a_nearly_full_conntrack_map_is_counted_and_warned_about() {
         .wait_for(0, Duration::from_secs(25), |r| {
             proxy_testkit::field(r, "code").and_then(|c| c.as_str()) == Some("ConntrackNearlyFull")
         })
-        .unwrap_or_else(|e| panic!("no warning that the conntrack map is nearly full ({e}):\n{}", metrics(&topo)));
+        .unwrap_or_else(|e| panic!("no warning that the conntrack map is nearly full ({e}):\n{}", topo.metrics(1)));
     let field = |name: &str| proxy_testkit::field(&warned, name).and_then(serde_json::Value::as_u64).unwrap();
     assert_eq!(field("capacity"), 1024, "{warned}");
     assert!(field("entries") >= field("mark") && field("mark") >= 512, "{warned}");
-    let text = metrics(&topo);
+    let text = topo.metrics(1);
     assert_eq!(series(&text, "ebpf_proxy_ct_capacity"), 1024);
     assert!(series(&text, "ebpf_proxy_ct_entries") >= field("mark"), "{text}");
     drop(held.stdin.take());
@@ -427,7 +416,7 @@ fn a_larger_ct_map_size_takes_effect_at_a_restart_and_keeps_the_flows() {
         "one flow, one backend: {backends:?}"
     );
     // The kernel's map is the new size.
-    let capacity = || series(&metrics(&topo), "ebpf_proxy_ct_capacity");
+    let capacity = || series(&topo.metrics(1), "ebpf_proxy_ct_capacity");
     let deadline = Instant::now() + Duration::from_secs(15);
     while capacity() != 2048 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));

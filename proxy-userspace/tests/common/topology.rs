@@ -386,6 +386,19 @@ impl Topology {
         (out.status.success(), String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect())
     }
 
+    /// Node `n`'s agent's /metrics (read in the node's namespace).
+    pub fn metrics(&self, n: u8) -> String {
+        let agent = self.agents[usize::from(n - 1)].as_ref().expect("node n's agent runs");
+        let record = agent
+            .wait_for(0, std::time::Duration::from_secs(10), |r| {
+                message(r).is_some_and(|m| m.starts_with("serving metrics"))
+            })
+            .expect("the agent serves no metrics");
+        let address = proxy_testkit::field(&record, "address").and_then(|a| a.as_str()).unwrap().to_owned();
+        let out = self.node(n).command("curl").args(["-sS", &format!("http://{address}/metrics")]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Starts `python3 -m http.server` in pod (n, k) on 8080, serving a
     /// directory with `name.txt` holding the pod's name.
     pub fn python_http_server(&mut self, n: u8, k: u8) {
