@@ -77,6 +77,7 @@ pub(crate) fn after_sync(
         // The flows in the old `CT` name the old set's ids.
         let remap = IdRemap::new(&old, pipeline.reconciler());
         // The TC programs' links are swapped by the caller, after the sync.
+        carry_flows(datapath, &mut moved, |v| remap.flow(v), "before the swap");
         swap_programs(datapath, &mut moved, |v| remap.flow(v), |_| {})?;
     }
     *datapath = moved;
@@ -90,18 +91,17 @@ pub(crate) fn after_sync(
     Ok(Some(written))
 }
 
-/// Swaps the programs of `moved` (loaded beside `datapath`) into the
-/// pinned links. `CT`'s flows, with the ids `flow` gives them, are carried
-/// into `moved`'s before the swap, and again after it for the flows the
-/// old programs opened meanwhile; `tc` swaps the TC programs' links in
-/// between when the caller wants them in before that second carry.
+/// Swaps the programs of `moved` (loaded beside `datapath`, `CT`'s flows
+/// already in it) into the pinned links, then carries into `moved`'s `CT`,
+/// with the ids `flow` gives them, the flows the old programs opened
+/// meanwhile; `tc` swaps the TC programs' links in before that carry when
+/// the caller wants them in.
 fn swap_programs(
     datapath: &Datapath,
     moved: &mut Datapath,
     flow: impl Fn(CtValue) -> Option<CtValue>,
     tc: impl FnOnce(&mut Datapath),
 ) -> Result<(), LoadError> {
-    carry_flows(datapath, moved, &flow, "before the swap");
     moved.attach()?;
     tc(moved);
     carry_flows(datapath, moved, &flow, "after the swap");
@@ -136,6 +136,7 @@ pub(crate) fn grow_ct(
     let mut moved = Datapath::load_sized(&opts, datapath.sizes(), &datapath.sessions_to_carry())?;
     moved.copy_outside_handover(datapath)?;
     moved.start_loading_programs()?;
+    // No carry before the swap: the load copied `CT`'s entries.
     swap_programs(datapath, &mut moved, Some, tc)?;
     *datapath = moved;
     Ok(())
