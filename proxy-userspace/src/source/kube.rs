@@ -39,8 +39,13 @@ use super::{
     store::ObjectStore,
 };
 
-/// Syncs start at most this often unless configured otherwise.
-pub(crate) const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_millis(20);
+/// Syncs start at most this often unless configured otherwise. A sync
+/// writes only what changed (a few map entries per EndpointSlice update),
+/// so the interval only needs to gather what a burst queued while the last
+/// sync ran; it bounds the time from a change to its maps written during
+/// churn (docs/performance.md, "The control plane": the churn's p99 follows
+/// this period), where kube-proxy's 1 s pays for whole-ruleset restores.
+pub(crate) const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::from_millis(5);
 
 /// Watch events and errors since start (each error is retried, see
 /// `super::retry`).
