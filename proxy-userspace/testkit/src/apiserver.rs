@@ -752,37 +752,69 @@ fn list(
         metadata["continue"] = json!(format!("{list_rv}:{next}"));
         metadata["remainingItemCount"] = json!(keys.len() - next);
     }
-    // An object deleted since the first page is left out.
+    // An object deleted since the first page is left out. The items are
+    // taken (shared, not copied) under the lock and the body is written
+    // after it is released, as it is sent: the lists of several kinds are
+    // served at once, and a list of 100,000 objects is never one buffer
+    // (kube-apiserver streams a large list's encoding too).
     let page = keys.get(offset..end).unwrap_or_default();
-    if pb {
-        let items = page.iter().filter_map(|k| st.pb_items.get(k)).map(|b| &b[..]);
-        let body = protobuf::list(kind, &metadata, items);
-        let response = Response::builder()
-            .status(StatusCode::OK)
-            .header("content-type", protobuf::MEDIA_TYPE)
-            .body(Full::new(Bytes::from(body)).boxed())
-            .expect("response");
-        return (response, read);
-    }
-    let page = page.iter().filter_map(|k| st.items.get(k));
-    let head = json!({"kind": format!("{}List", kind.name()), "apiVersion": kind.api_version(), "metadata": metadata});
-    let mut body = head.to_string().into_bytes();
-    body.pop(); // the closing brace: the items follow
-    body.extend_from_slice(br#","items":["#);
-    for (i, item) in page.enumerate() {
-        if i > 0 {
-            body.push(b',');
-        }
-        body.extend_from_slice(item);
-    }
-    body.extend_from_slice(b"]}");
+    let stored = if pb { &st.pb_items } else { &st.items };
+    let items: Vec<Bytes> = page.iter().filter_map(|k| stored.get(k)).cloned().collect();
+    drop(guard);
+    let (head, tail, content_type) = if pb {
+        let (head, tail) = protobuf::list_frame(kind, &metadata, items.iter().map(Bytes::len));
+        (head, tail, protobuf::MEDIA_TYPE)
+    } else {
+        let head =
+            json!({"kind": format!("{}List", kind.name()), "apiVersion": kind.api_version(), "metadata": metadata});
+        let mut head = head.to_string().into_bytes();
+        head.pop(); // the closing brace: the items follow
+        head.extend_from_slice(br#","items":["#);
+        (head, b"]}".to_vec(), "application/json")
+    };
     let response = Response::builder()
         .status(StatusCode::OK)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)).boxed())
+        .header("content-type", content_type)
+        .body(BodyExt::boxed(StreamBody::new(list_chunks(head, items, tail, pb))))
         .expect("response");
     (response, read)
 }
+
+/// A list body in chunks of about [`LIST_CHUNK`] bytes: `head`, the items
+/// (length-delimited in protobuf, comma-separated in JSON), `tail`.
+fn list_chunks(
+    head: Vec<u8>,
+    items: Vec<Bytes>,
+    tail: Vec<u8>,
+    pb: bool,
+) -> impl futures::Stream<Item = Result<Frame<Bytes>, Infallible>> {
+    let mut rest = items.into_iter().enumerate().peekable();
+    let mut head = Some(head);
+    let mut tail = Some(tail);
+    futures::stream::iter(std::iter::from_fn(move || {
+        let mut chunk = head.take()?;
+        while chunk.len() < LIST_CHUNK {
+            let Some((i, item)) = rest.next() else { break };
+            if pb {
+                protobuf::list_item(&item, &mut chunk);
+            } else {
+                if i > 0 {
+                    chunk.push(b',');
+                }
+                chunk.extend_from_slice(&item);
+            }
+        }
+        if rest.peek().is_none() {
+            chunk.extend_from_slice(&tail.take().unwrap_or_default());
+        } else {
+            head = Some(Vec::with_capacity(LIST_CHUNK + 4096));
+        }
+        Some(Ok(Frame::data(Bytes::from(chunk))))
+    }))
+}
+
+/// About how much of a list body goes out at once.
+const LIST_CHUNK: usize = 256 * 1024;
 
 fn event_line(change: &str, object: &Value) -> Bytes {
     let mut line = json!({"type": change, "object": object}).to_string();

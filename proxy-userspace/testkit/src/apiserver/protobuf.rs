@@ -294,12 +294,51 @@ fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
 /// JSON ListMeta).
 #[must_use]
 pub fn list<'a>(kind: Kind, metadata: &Value, items: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut list = Vec::new();
-    len_delimited(1, &message(LIST_META, metadata), &mut list);
+    let items: Vec<&[u8]> = items.collect();
+    let (head, tail) = list_frame(kind, metadata, items.iter().map(|i| i.len()));
+    let mut out = head;
     for item in items {
-        len_delimited(2, item, &mut list);
+        len_delimited(2, item, &mut out);
     }
-    envelope(kind.api_version(), &format!("{}List", kind.name()), &list)
+    out.extend_from_slice(&tail);
+    out
+}
+
+/// What goes before and after a list's items (each written as
+/// `list_item` writes it) when `lens` are their lengths: the same bytes
+/// as [`list`], so a list can be sent as it is written, as kube-apiserver
+/// streams a large one, without the whole body in memory.
+#[must_use]
+pub fn list_frame(kind: Kind, metadata: &Value, lens: impl Iterator<Item = usize>) -> (Vec<u8>, Vec<u8>) {
+    let mut meta = Vec::new();
+    len_delimited(1, &message(LIST_META, metadata), &mut meta);
+    let raw_len = meta.len() + lens.map(|n| 1 + varint_len(n as u64) + n).sum::<usize>();
+    let mut type_meta = Vec::new();
+    len_delimited(1, kind.api_version().as_bytes(), &mut type_meta);
+    len_delimited(2, format!("{}List", kind.name()).as_bytes(), &mut type_meta);
+    let mut head = MAGIC.to_vec();
+    len_delimited(1, &type_meta, &mut head);
+    key(2, 2, &mut head);
+    varint(raw_len as u64, &mut head);
+    head.extend_from_slice(&meta);
+    let mut tail = Vec::new();
+    len_delimited(3, b"", &mut tail);
+    len_delimited(4, b"", &mut tail);
+    (head, tail)
+}
+
+/// One item of a list body, as [`list`] writes it, appended to `out`.
+pub fn list_item(item: &[u8], out: &mut Vec<u8>) {
+    len_delimited(2, item, out);
+}
+
+fn varint_len(mut v: u64) -> usize {
+    let mut n = 1;
+    while v >= 0x80 {
+        v >>= 7;
+        n += 1;
+    }
+    n
 }
 
 /// An object alone (a watch event's).
@@ -335,5 +374,33 @@ mod tests {
         assert_eq!(super::unix_seconds("1970-01-01T00:00:00Z"), 0);
         assert_eq!(super::unix_seconds("2026-11-22T00:00:00Z"), 1_795_305_600);
         assert_eq!(super::unix_seconds("2000-03-01T01:02:03Z"), 951_872_523);
+    }
+
+    /// The frame a streamed list is sent in holds the same bytes as the
+    /// list's one message: the `Unknown` envelope around a `*List` of the
+    /// items, whatever their sizes (lengths of one to three varint bytes).
+    #[test]
+    fn a_streamed_list_is_the_list_message() {
+        use super::{Kind, LIST_META, envelope, len_delimited, list, list_frame, list_item, message};
+        let metadata = serde_json::json!({"resourceVersion": "42", "continue": "42:3"});
+        let items: Vec<Vec<u8>> = [0usize, 1, 127, 128, 300, 16_383, 16_384, 70_000]
+            .iter()
+            .map(|&n| (0..n).map(|i| u8::try_from(i % 251).unwrap_or_default()).collect())
+            .collect();
+        for kind in [Kind::Service, Kind::EndpointSlice] {
+            let mut raw = Vec::new();
+            len_delimited(1, &message(LIST_META, &metadata), &mut raw);
+            for item in &items {
+                len_delimited(2, item, &mut raw);
+            }
+            let whole = envelope(kind.api_version(), &format!("{}List", kind.name()), &raw);
+            let (mut streamed, tail) = list_frame(kind, &metadata, items.iter().map(Vec::len));
+            for item in &items {
+                list_item(item, &mut streamed);
+            }
+            streamed.extend_from_slice(&tail);
+            assert_eq!(streamed, whole, "{kind:?}");
+            assert_eq!(list(kind, &metadata, items.iter().map(Vec::as_slice)), whole, "{kind:?}");
+        }
     }
 }
