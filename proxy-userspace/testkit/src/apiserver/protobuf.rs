@@ -290,24 +290,11 @@ fn envelope(api_version: &str, kind: &str, raw: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A list body of `items` (each as `item` made it) under `metadata` (a
-/// JSON ListMeta).
-#[must_use]
-pub fn list<'a>(kind: Kind, metadata: &Value, items: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
-    let items: Vec<&[u8]> = items.collect();
-    let (head, tail) = list_frame(kind, metadata, items.iter().map(|i| i.len()));
-    let mut out = head;
-    for item in items {
-        len_delimited(2, item, &mut out);
-    }
-    out.extend_from_slice(&tail);
-    out
-}
-
 /// What goes before and after a list's items (each written as
-/// `list_item` writes it) when `lens` are their lengths: the same bytes
-/// as [`list`], so a list can be sent as it is written, as kube-apiserver
-/// streams a large one, without the whole body in memory.
+/// [`list_item`] writes it) when `lens` are their lengths, under
+/// `metadata` (a JSON ListMeta): together the `Unknown` envelope around
+/// the `*List` message, so a list can be sent as it is written, as
+/// kube-apiserver streams a large one, without the whole body in memory.
 #[must_use]
 pub fn list_frame(kind: Kind, metadata: &Value, lens: impl Iterator<Item = usize>) -> (Vec<u8>, Vec<u8>) {
     let mut meta = Vec::new();
@@ -327,7 +314,7 @@ pub fn list_frame(kind: Kind, metadata: &Value, lens: impl Iterator<Item = usize
     (head, tail)
 }
 
-/// One item of a list body, as [`list`] writes it, appended to `out`.
+/// One item of a list body (as `item` made it), appended to `out`.
 pub fn list_item(item: &[u8], out: &mut Vec<u8>) {
     len_delimited(2, item, out);
 }
@@ -381,7 +368,7 @@ mod tests {
     /// items, whatever their sizes (lengths of one to three varint bytes).
     #[test]
     fn a_streamed_list_is_the_list_message() {
-        use super::{Kind, LIST_META, envelope, len_delimited, list, list_frame, list_item, message};
+        use super::{Kind, LIST_META, envelope, len_delimited, list_frame, list_item, message};
         let metadata = serde_json::json!({"resourceVersion": "42", "continue": "42:3"});
         let items: Vec<Vec<u8>> = [0usize, 1, 127, 128, 300, 16_383, 16_384, 70_000]
             .iter()
@@ -400,7 +387,6 @@ mod tests {
             }
             streamed.extend_from_slice(&tail);
             assert_eq!(streamed, whole, "{kind:?}");
-            assert_eq!(list(kind, &metadata, items.iter().map(Vec::as_slice)), whole, "{kind:?}");
         }
     }
 }
