@@ -4,6 +4,7 @@
 mod common;
 
 use common::{Env, backend_ip, service, slice, web};
+use proxy_testkit::message;
 
 #[test]
 fn spreads_300_connections_over_three_backends() {
@@ -413,4 +414,32 @@ fn a_removed_backends_id_turns_empty_and_the_next_backend_takes_it_whole() {
     let answers = env.requests("10.96.0.10", 60);
     assert!(answers.iter().all(|a| ["backend-1", "backend-2", "backend-4"].contains(&a.as_str())), "{answers:?}");
     assert!(answers.iter().any(|a| a == "backend-4"), "the new backend gets connections");
+}
+
+/// A start serves the pods' connections once the maps hold the table: the
+/// socket programs are attached with the first sync, while the TC programs
+/// (nearly all of the verifier's work, docs/performance.md) still load;
+/// those attach after (here to no device: `--devices none`). The order of
+/// the agent's lines shows it, and a client is served in between. This
+/// relies on the TC programs' verification taking longer than a sync of
+/// one service, which it does by far (a second against milliseconds).
+#[test]
+fn the_socket_programs_serve_before_the_tc_programs_are_loaded() {
+    common::require_root!();
+    let mut env = Env::new(1);
+    env.write_services(&web(&[1]));
+    env.start_agent();
+    assert_eq!(env.requests("10.96.0.10", 3), vec!["backend-1"; 3]);
+    let agent = env.agent.as_ref().expect("agent running");
+    let served = agent.mark();
+    let tc_line = |r: &serde_json::Value| message(r).is_some_and(|m| m.starts_with("traffic from outside"));
+    agent.wait_for(0, std::time::Duration::from_secs(30), tc_line).expect("the TC programs loaded");
+    let records = agent.records();
+    let at = |f: &dyn Fn(&serde_json::Value) -> bool| records.iter().position(f);
+    let waiting = at(&|r| message(r).is_some_and(|m| m.starts_with("the socket programs serve;")))
+        .expect("the socket programs took over before the TC programs loaded");
+    let applied = at(&|r| message(r) == Some(ebpf_proxy::agent::APPLIED)).expect("first sync");
+    let tc = at(&tc_line).expect("TC line");
+    assert!(waiting < applied && applied < tc, "socket programs at {waiting}, first sync at {applied}, TC at {tc}");
+    assert!(tc >= served, "the client was served before the TC programs were attached ({tc} < {served})");
 }

@@ -241,9 +241,21 @@ async fn run_with(
     let (_explain_server, mut explain_requests) = explain_socket::start(config.explain_socket.as_deref());
     let mut observers = Observers::new(config, telemetry);
     let (mut sweep, mut ct_fill) = flow_sweep();
+    // Whether the last sync wrote everything (for a takeover attempt when
+    // the TC programs attach after it).
+    let mut last_complete = false;
     loop {
         let wake = tokio::select! {
             () = &mut shutdown => break,
+            // The TC programs' load, after the first sync wrote the maps and
+            // the socket programs took over (`Observers::observe`).
+            () = tokio::time::sleep(PROGRAMS_POLL), if observers.devices_pending => {
+                if datapath.programs_finished() {
+                    observers.serve_devices(config, &mut datapath, &pipeline).await;
+                    take_over(&mut takeover, Some(last_complete), &pipeline, &mut datapath, metrics)?;
+                }
+                continue;
+            }
             // Only flows tracked per packet need it: none without a device.
             _ = sweep.tick(), if observers.tracks_flows() => {
                 if let Some(full) = sweep_ended_flows(&datapath, &mut ct_fill, metrics) {
@@ -287,7 +299,11 @@ async fn run_with(
             pins.keep();
         }
         publish_sync(telemetries, &applied, source.name(), (&pipeline, &synced), &observers, &datapath);
-        take_over(&mut takeover, Some(synced.report.failures.is_empty()), &pipeline, &mut datapath, metrics)?;
+        // Traffic from outside is handed over from kube-proxy's rules only
+        // to TC programs that are attached.
+        last_complete = synced.report.failures.is_empty();
+        let complete = last_complete && !observers.devices_pending;
+        take_over(&mut takeover, Some(complete), &pipeline, &mut datapath, metrics)?;
         free_aside(synced);
     }
     info!(
@@ -296,6 +312,10 @@ async fn run_with(
     );
     Ok(())
 }
+
+/// How often the loop looks whether the TC programs' load ended, while the
+/// socket programs serve alone after the first sync.
+const PROGRAMS_POLL: Duration = Duration::from_millis(20);
 
 /// Hands back what the lists' churn freed (see `memory::JEMALLOC_CONF`).
 fn settle_memory() {
@@ -635,6 +655,10 @@ struct Observers {
     pod_devices: Option<Vec<String>>,
     /// The programs took over (after the first sync).
     attached: bool,
+    /// The socket programs serve, and the TC programs are still being
+    /// verified: the devices, pod-facing devices and health check servers
+    /// follow when the load ends (`serve_devices`).
+    devices_pending: bool,
 }
 
 impl Observers {
@@ -655,6 +679,7 @@ impl Observers {
             devices: None,
             pod_devices: None,
             attached: false,
+            devices_pending: false,
         }
     }
 
@@ -667,13 +692,41 @@ impl Observers {
         source: &impl ChangeSource,
     ) -> anyhow::Result<()> {
         forget_removed_backends(&synced.report, datapath, pipeline.reconciler(), &mut self.destroyer);
-        if !self.attached {
+        let first = !self.attached;
+        if first {
             // Only now that the maps hold the table do the programs (and so
-            // a new layout's maps) take over.
+            // a new layout's maps) take over. The socket programs only: the
+            // TC programs may still be in the verifier (`devices_pending`).
             datapath.attach()?;
             self.attached = true;
             source.started(pipeline.reconciler().frontend_count());
         }
+        // At the first attach only: the TC programs found on the devices are
+        // none (a fresh node) or a previous agent's on these same maps. A
+        // later move to bigger maps swaps them at once, as its flows are
+        // carried (`crate::agent::resize`).
+        if first && !datapath.programs_finished() {
+            if !self.devices_pending {
+                info!(
+                    "the socket programs serve; traffic from outside and the pods' per-packet path are served once the TC programs are verified and attached"
+                );
+            }
+            self.devices_pending = true;
+            return Ok(());
+        }
+        self.serve_devices(config, datapath, pipeline).await;
+        Ok(())
+    }
+
+    /// Attaches the TC programs to the node's devices and the pod-facing
+    /// ones (when the choice changed) and serves the health check ports:
+    /// at each sync once the programs are loaded, and when their load ends
+    /// after the first sync.
+    async fn serve_devices(&mut self, config: &AgentConfig, datapath: &mut Datapath, pipeline: &Pipeline) {
+        self.devices_pending = false;
+        // Before the devices' lines, which say that a node serves traffic
+        // from outside: a load balancer's checks find their ports then.
+        self.health_checks.update(&pipeline.model().health_checks()).await;
         let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
         attach_devices(&config.devices, datapath, &node_ips, &mut self.devices);
         // Once here; then at each link or address change (`links_changed`),
@@ -681,8 +734,6 @@ impl Observers {
         if self.pod_devices.is_none() {
             self.attach_pod_devices(&config.pod_devices, datapath, &node_ips);
         }
-        self.health_checks.update(&pipeline.model().health_checks()).await;
-        Ok(())
     }
 
     /// Attaches the TC programs of `datapath`, a set just moved to, to the
@@ -704,7 +755,8 @@ impl Observers {
         pipeline: &Pipeline,
         telemetry: &Shared,
     ) {
-        if self.attached {
+        // While the TC programs load, `serve_devices` chooses when they end.
+        if self.attached && !self.devices_pending {
             let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
             self.attach_pod_devices(&config.pod_devices, datapath, &node_ips);
             telemetry.lock().expect("telemetry lock").pod_devices = self.pod_devices.as_ref().map_or(0, Vec::len);

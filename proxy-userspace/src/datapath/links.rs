@@ -8,11 +8,16 @@
 //!
 //! aya 0.14 can pin a link but not update one or read its target, so those
 //! calls are made through `sys`.
-use std::{fs::File, io, os::fd::AsFd as _, os::unix::fs::MetadataExt as _, path::Path};
+use std::{
+    fs::File,
+    io,
+    os::fd::{AsFd as _, BorrowedFd},
+    os::unix::fs::MetadataExt as _,
+    path::Path,
+};
 
 use aya::programs::{
-    CgroupAttachMode, CgroupSock, CgroupSockAddr, LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode,
-    links::FdLink, tc::TcAttachOptions,
+    LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode, links::FdLink, tc::TcAttachOptions,
 };
 
 use super::sys::{self, LINK_TYPE_CGROUP, LINK_TYPE_TCX};
@@ -35,6 +40,9 @@ pub enum LinkError {
     /// A program cannot be attached.
     #[error("cannot attach {name} to {target}: {source}")]
     Attach { name: &'static str, target: String, source: ProgramError },
+    /// A program known by its fd cannot be linked (`BPF_LINK_CREATE`).
+    #[error("cannot attach {name} to {target}: BPF_LINK_CREATE failed: {source}")]
+    Create { name: &'static str, target: String, source: io::Error },
     /// A link cannot be made pinnable.
     #[error("cannot turn the link of {name} into a pinnable one: {source}")]
     Convert { name: &'static str, source: aya::programs::links::LinkError },
@@ -65,64 +73,33 @@ const LINK_TYPE_XDP: u32 = 6;
 const TCX_INGRESS: u64 = 46;
 const TCX_EGRESS: u64 = 47;
 
-/// A cgroup program the agent pins a link of: the socket-address hooks
-/// (`CgroupSockAddr`) and `sock_release` (`CgroupSock`), which aya types
-/// apart but attach alike.
-pub(crate) trait CgroupProgram {
-    fn program_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError>;
-    /// Attaches to `cgroup` and hands the link over as a pinnable one.
-    fn attach_link(&mut self, cgroup: &File) -> Result<Result<FdLink, aya::programs::links::LinkError>, ProgramError>;
-}
-
-impl CgroupProgram for CgroupSockAddr {
-    fn program_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError> {
-        self.fd()
-    }
-
-    fn attach_link(&mut self, cgroup: &File) -> Result<Result<FdLink, aya::programs::links::LinkError>, ProgramError> {
-        // Through a bpf_link (kernel 5.7+) the kernel takes no attach flags,
-        // and links always coexist with other programs on the cgroup (a
-        // CNI's, say): `Single` is what passes flags 0.
-        let id = self.attach(cgroup, CgroupAttachMode::Single)?;
-        Ok(FdLink::try_from(self.take_link(id)?))
-    }
-}
-
-impl CgroupProgram for CgroupSock {
-    fn program_fd(&self) -> Result<&aya::programs::ProgramFd, ProgramError> {
-        self.fd()
-    }
-
-    fn attach_link(&mut self, cgroup: &File) -> Result<Result<FdLink, aya::programs::links::LinkError>, ProgramError> {
-        // As for `CgroupSockAddr`.
-        let id = self.attach(cgroup, CgroupAttachMode::Single)?;
-        Ok(FdLink::try_from(self.take_link(id)?))
-    }
+/// A loaded socket program, by its fd (`super::programs::SocketProgram`):
+/// linked to the cgroup at its attach type (`enum bpf_attach_type`).
+pub(crate) struct CgroupProgram<'a> {
+    pub(crate) name: &'static str,
+    pub(crate) fd: BorrowedFd<'a>,
+    pub(crate) attach_type: u32,
 }
 
 /// Attaches `program` (loaded) to `cgroup_path` through the link pinned at
-/// `pin`: updates it when it is on that cgroup, else makes a new one.
+/// `pin`: updates it when it is on that cgroup, else makes a new one. By
+/// the program's fd alone: the socket programs are attached while the
+/// object that holds them still loads the per-packet ones on its thread
+/// (`super::programs`).
 pub(crate) fn attach_cgroup(
-    program: &mut impl CgroupProgram,
-    name: &'static str,
+    program: &CgroupProgram<'_>,
     cgroup_path: &Path,
     pin: &Path,
 ) -> Result<LinkOutcome, LinkError> {
-    let target = format!("cgroup {}", cgroup_path.display());
-    let attach_err = |source| LinkError::Attach { name, target: target.clone(), source };
-    let cgroup_id = std::fs::metadata(cgroup_path)
-        .map_err(|source| LinkError::Cgroup { path: cgroup_path.display().to_string(), source })?
-        .ino();
-    let prog = program
-        .program_fd()
-        .map_err(attach_err)?
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|source| LinkError::Syscall { path: pin.display().to_string(), op: "dup", source })?;
-    attach_pinned(prog.as_fd(), name, (LINK_TYPE_CGROUP, cgroup_id), pin, || {
-        let cgroup = File::open(cgroup_path)
-            .map_err(|source| LinkError::Cgroup { path: cgroup_path.display().to_string(), source })?;
-        program.attach_link(&cgroup).map_err(attach_err)?.map_err(|source| LinkError::Convert { name, source })
+    let name = program.name;
+    let cgroup_err = |source| LinkError::Cgroup { path: cgroup_path.display().to_string(), source };
+    let cgroup_id = std::fs::metadata(cgroup_path).map_err(cgroup_err)?.ino();
+    attach_pinned(program.fd, name, (LINK_TYPE_CGROUP, cgroup_id), pin, || {
+        let cgroup = File::open(cgroup_path).map_err(cgroup_err)?;
+        let link = sys::link_create(program.fd, cgroup.as_fd(), program.attach_type).map_err(|source| {
+            LinkError::Create { name, target: format!("cgroup {}", cgroup_path.display()), source }
+        })?;
+        Ok(NewLink::Fd(link))
     })
 }
 
@@ -151,7 +128,7 @@ pub(crate) fn attach_tc(
         let options = TcAttachOptions::TcxOrder(LinkOrder::default());
         let id = program.attach_with_options(device, direction, options).map_err(attach_err)?;
         let link = program.take_link(id).map_err(attach_err)?;
-        FdLink::try_from(link).map_err(|source| LinkError::Convert { name, source })
+        FdLink::try_from(link).map(NewLink::Aya).map_err(|source| LinkError::Convert { name, source })
     })
 }
 
@@ -184,7 +161,7 @@ pub(crate) fn attach_xdp(
             }
         })?;
         let link = program.take_link(id).map_err(attach_err)?;
-        FdLink::try_from(link).map_err(|source| LinkError::Convert { name, source })
+        FdLink::try_from(link).map(NewLink::Aya).map_err(|source| LinkError::Convert { name, source })
     })
 }
 
@@ -202,7 +179,7 @@ fn attach_pinned(
     name: &'static str,
     wanted: (u32, u64),
     pin: &Path,
-    attach: impl FnOnce() -> Result<FdLink, LinkError>,
+    attach: impl FnOnce() -> Result<NewLink, LinkError>,
 ) -> Result<LinkOutcome, LinkError> {
     let syscall = |op: &'static str| {
         let path = pin.display().to_string();
@@ -221,9 +198,20 @@ fn attach_pinned(
         std::fs::remove_file(pin).map_err(syscall("unpin"))?;
         outcome = LinkOutcome::Moved;
     }
-    let link = attach()?;
-    link.pin(pin).map_err(|source| LinkError::Pin { name, path: pin.display().to_string(), source })?;
+    match attach()? {
+        NewLink::Aya(link) => {
+            link.pin(pin).map_err(|source| LinkError::Pin { name, path: pin.display().to_string(), source })?;
+        }
+        NewLink::Fd(link) => sys::obj_pin(link.as_fd(), pin).map_err(syscall("BPF_OBJ_PIN"))?,
+    }
     Ok(outcome)
+}
+
+/// A link `attach_pinned`'s caller made: through aya, or by a raw
+/// `BPF_LINK_CREATE` (`sys::link_create`).
+enum NewLink {
+    Aya(FdLink),
+    Fd(std::os::fd::OwnedFd),
 }
 
 /// What a pinned link is attached to.

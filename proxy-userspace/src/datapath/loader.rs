@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{Map, MapError as AyaMapError},
-    programs::{CgroupSock, CgroupSockAddr, ProgramError, SchedClassifier, TcAttachType, Xdp},
+    programs::{ProgramError, SchedClassifier, TcAttachType, Xdp},
 };
 use proxy_common::{
     AffinityKey, AffinityValue, Backend, CLUSTER_CIDR_V4, CLUSTER_CIDR_V6, CONNECTIONS_STRIDE, CtKey, CtValue,
@@ -365,6 +365,10 @@ pub enum LoadError {
     /// The thread that loads the programs cannot be started.
     #[error("cannot start the thread that loads the programs: {source}")]
     Thread { source: std::io::Error },
+    /// A loaded program's fd cannot be duplicated (the process is out of
+    /// file descriptors: raise its limit).
+    #[error("cannot duplicate the fd of program {name}: {source}; raise the agent's open-file limit")]
+    ProgramFd { name: &'static str, source: std::io::Error },
     /// The programs failed to load (reported before).
     #[error("the programs failed to load (the error was logged and returned before)")]
     ProgramsFailed,
@@ -647,18 +651,24 @@ impl Datapath {
     pub(crate) fn attach(&mut self) -> Result<(), LoadError> {
         self.unused = false;
         let links_dir = self.links_dir()?;
-        let loaded = self.programs.loaded()?;
-        for name in SOCK_PROGRAMS {
-            let program: &mut CgroupSockAddr = program(&mut loaded.ebpf, name)?;
-            let outcome = links::attach_cgroup(program, name, &self.cgroup, &links_dir.join(name))?;
-            tracing::info!(program = name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
+        let cgroup = self.cgroup.clone();
+        for program in self.programs.sockets()? {
+            let link = links::CgroupProgram {
+                name: program.name,
+                fd: std::os::fd::AsFd::as_fd(&program.fd),
+                attach_type: program.attach_type,
+            };
+            let outcome = links::attach_cgroup(&link, &cgroup, &links_dir.join(program.name))?;
+            tracing::info!(program = program.name, ?outcome, cgroup = %cgroup.display(), "program attached");
         }
-        let release: &mut CgroupSock = program(&mut loaded.ebpf, SOCK_RELEASE_PROGRAM)?;
-        let outcome =
-            links::attach_cgroup(release, SOCK_RELEASE_PROGRAM, &self.cgroup, &links_dir.join(SOCK_RELEASE_PROGRAM))?;
-        tracing::info!(program = SOCK_RELEASE_PROGRAM, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         remove_other_layouts(&self.pin_dir, &self.maps_dir());
         Ok(())
+    }
+
+    /// Whether the programs' load is over (`programs::Programs::finished`):
+    /// the TC programs attach without waiting.
+    pub(crate) fn programs_finished(&self) -> bool {
+        self.programs.finished()
     }
 
     /// Attaches the TC programs to exactly `devices` (ingress and egress of

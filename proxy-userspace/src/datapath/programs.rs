@@ -9,7 +9,18 @@
 //! it. A failure is logged when it happens and returned where the programs
 //! are first needed (`Programs::loaded`). See docs/design.md, "Restarts
 //! and upgrades".
-use std::thread::JoinHandle;
+//!
+//! The socket programs load first and are handed over by their fds
+//! (`Programs::sockets`) while the per-packet (TC) programs, most of the
+//! verifier's work, go on loading: the pods' connections are served once
+//! the maps are written, without waiting for the verification of programs
+//! that serve other traffic (`Programs::finished` says when those can be
+//! attached).
+use std::{
+    os::fd::{AsFd as _, OwnedFd},
+    sync::mpsc,
+    thread::JoinHandle,
+};
 
 use aya::{
     Ebpf,
@@ -26,10 +37,38 @@ use super::{
     },
 };
 
+/// A socket program, loaded: a duplicate of its fd and where it attaches,
+/// which is all a cgroup link needs (`super::links::attach_cgroup`).
+pub(crate) struct SocketProgram {
+    pub(crate) name: &'static str,
+    pub(crate) fd: OwnedFd,
+    /// `enum bpf_attach_type`.
+    pub(crate) attach_type: u32,
+}
+
+/// Where each socket program attaches (`enum bpf_attach_type` in
+/// linux/bpf.h), as its ELF section (`cgroup/connect4`, ...) says to aya.
+fn attach_type(name: &str) -> Option<u32> {
+    Some(match name {
+        "connect4" => 10,
+        "connect6" => 11,
+        "sendmsg4" => 14,
+        "sendmsg6" => 15,
+        "recvmsg4" => 19,
+        "recvmsg6" => 20,
+        "getpeername4" => 29,
+        "getpeername6" => 30,
+        SOCK_RELEASE_PROGRAM => 34,
+        _ => return None,
+    })
+}
+
 /// The object's programs, loaded into the kernel.
 pub(crate) struct Loaded {
     /// Owns the programs (and the maps not taken out of it).
     pub(crate) ebpf: Ebpf,
+    /// The socket programs (`Programs::sockets`).
+    sockets: Vec<SocketProgram>,
     /// Whether the TC programs loaded (traffic from outside can be served).
     pub(crate) tc: bool,
     /// Whether the XDP program loaded (`--nodeport-acceleration`).
@@ -91,18 +130,48 @@ impl Programs {
             return Ok(());
         }
         let Self::Waiting(ebpf, acceleration) = std::mem::replace(self, Self::Failed) else { unreachable!() };
+        let (sockets_tx, sockets) = mpsc::sync_channel(1);
         let handle = std::thread::Builder::new()
             .name("load-programs".into())
             .spawn(move || {
-                let loaded = load(*ebpf, acceleration);
+                let loaded = load(*ebpf, acceleration, &sockets_tx);
                 if let Err(err) = &loaded {
                     tracing::error!(%err, "cannot load the programs");
                 }
                 loaded
             })
             .map_err(|source| LoadError::Thread { source })?;
-        *self = Self::Loading(Loading(Some(handle)));
+        *self = Self::Loading(Loading { handle: Some(handle), sockets, received: None });
         Ok(())
+    }
+
+    /// The socket programs, loaded (starting the load when nothing did):
+    /// waits for them alone, not for the TC programs still loading; the
+    /// load's error when it failed before them.
+    pub(crate) fn sockets(&mut self) -> Result<&[SocketProgram], LoadError> {
+        self.start()?;
+        if let Self::Loading(loading) = self
+            && loading.received.is_none()
+            && let Ok(sockets) = loading.sockets.recv()
+        {
+            loading.received = Some(sockets);
+        }
+        match self {
+            Self::Loading(Loading { received: Some(sockets), .. }) => Ok(sockets),
+            // The load ended without them: its error (or they are in
+            // the loaded programs).
+            _ => Ok(&self.loaded()?.sockets),
+        }
+    }
+
+    /// Whether the load is over (loaded or failed), without waiting: the
+    /// TC programs can then be attached at once (`loaded`).
+    pub(crate) fn finished(&self) -> bool {
+        match self {
+            Self::Waiting(..) => false,
+            Self::Loading(loading) => loading.handle.as_ref().is_none_or(JoinHandle::is_finished),
+            Self::Loaded(_) | Self::Failed => true,
+        }
     }
 
     /// The loaded programs, waiting for the load to finish; its error the
@@ -132,27 +201,37 @@ impl Programs {
 /// dropped while its programs load: a start that moves to bigger maps
 /// before its first write), it waits for the load, so that no program
 /// outlives it unseen (a test's cleanup, `cleanup` after a stop).
-pub(crate) struct Loading(Option<JoinHandle<Result<Loaded, LoadError>>>);
+pub(crate) struct Loading {
+    handle: Option<JoinHandle<Result<Loaded, LoadError>>>,
+    /// The socket programs, sent as soon as they are loaded.
+    sockets: mpsc::Receiver<Vec<SocketProgram>>,
+    received: Option<Vec<SocketProgram>>,
+}
 
 impl Loading {
     fn join(mut self) -> Result<Loaded, LoadError> {
-        let handle = self.0.take().expect("joined once");
+        let handle = self.handle.take().expect("joined once");
         handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 }
 
 impl Drop for Loading {
     fn drop(&mut self) {
-        if let Some(handle) = self.0.take() {
+        if let Some(handle) = self.handle.take() {
             let _ = handle.join();
         }
     }
 }
 
-/// Loads the socket programs (a failure is an error), the TC programs (a
-/// failure leaves traffic from outside unserved, with an error logged) and
-/// the XDP program when `acceleration` wants it.
-fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError> {
+/// Loads the socket programs (a failure is an error) and sends them on
+/// `sockets`, then the TC programs (a failure leaves traffic from outside
+/// unserved, with an error logged) and the XDP program when
+/// `acceleration` wants it.
+fn load(
+    mut ebpf: Ebpf,
+    acceleration: Acceleration,
+    sockets_tx: &mpsc::SyncSender<Vec<SocketProgram>>,
+) -> Result<Loaded, LoadError> {
     let started = std::time::Instant::now();
     for name in SOCK_PROGRAMS {
         let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
@@ -160,6 +239,9 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
     }
     let release: &mut CgroupSock = program(&mut ebpf, SOCK_RELEASE_PROGRAM)?;
     release.load().map_err(|source| LoadError::Program { name: SOCK_RELEASE_PROGRAM, source })?;
+    let sockets = socket_programs(&mut ebpf)?;
+    // The receiver may be gone (a datapath dropped while it loads).
+    let _ = sockets_tx.send(socket_programs(&mut ebpf)?);
     // Without the TC programs (an old kernel, a verifier that rejects
     // them) clients on the node are still served: say so and go on.
     let mut tc_loaded = true;
@@ -181,7 +263,24 @@ fn load(mut ebpf: Ebpf, acceleration: Acceleration) -> Result<Loaded, LoadError>
         ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         "programs loaded"
     );
-    Ok(Loaded { ebpf, tc: tc_loaded, xdp: xdp_loaded, tail_calls_done: false })
+    Ok(Loaded { ebpf, sockets, tc: tc_loaded, xdp: xdp_loaded, tail_calls_done: false })
+}
+
+/// The loaded socket programs of `ebpf`, by duplicates of their fds.
+fn socket_programs(ebpf: &mut Ebpf) -> Result<Vec<SocketProgram>, LoadError> {
+    let mut out = Vec::new();
+    for &name in SOCK_PROGRAMS.iter().chain(&[SOCK_RELEASE_PROGRAM]) {
+        let program = ebpf.program(name).ok_or(LoadError::MissingProgram { name })?;
+        let fd = program
+            .fd()
+            .map_err(|source| LoadError::Program { name, source })?
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| LoadError::ProgramFd { name, source })?;
+        let attach_type = attach_type(name).ok_or(LoadError::MissingProgram { name })?;
+        out.push(SocketProgram { name, fd, attach_type });
+    }
+    Ok(out)
 }
 
 /// Loads the programs `nodeport_ingress` hands packets to by tail call and
@@ -210,5 +309,21 @@ fn load_xdp(ebpf: &mut Ebpf, acceleration: Acceleration) -> Result<bool, LoadErr
             tracing::warn!(%err, "--nodeport-acceleration=best-effort: the XDP program cannot be loaded; the TC programs alone serve traffic from outside");
             Ok(false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SOCK_PROGRAMS, SOCK_RELEASE_PROGRAM, attach_type};
+
+    /// Every socket program has its attach type, each its own.
+    #[test]
+    fn every_socket_program_has_an_attach_type() {
+        let types: Vec<u32> =
+            SOCK_PROGRAMS.iter().chain(&[SOCK_RELEASE_PROGRAM]).map(|n| attach_type(n).expect("attach type")).collect();
+        let mut distinct = types.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), types.len());
     }
 }

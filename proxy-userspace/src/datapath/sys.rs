@@ -1,5 +1,6 @@
 //! Raw bpf(2) calls aya 0.14 does not expose: opening a pinned link, reading
-//! a link's info, swapping a link's program, element access to a map
+//! a link's info, linking a program known by its fd alone, swapping a
+//! link's program, element access to a map
 //! whose value size is known only at run time (the Maglev tables), and
 //! batch writes and reads. Numbers and layouts are those of `union
 //! bpf_attr` and `struct bpf_link_info` in linux/bpf.h. Also the cookie
@@ -26,6 +27,7 @@ const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 
 /// bpf(cmd, attr, size): with `read_hash_map` taking what it filled in,
@@ -111,6 +113,18 @@ fn map_info(map: BorrowedFd<'_>) -> io::Result<[u64; 3]> {
 pub(crate) fn map_max_entries(map: BorrowedFd<'_>) -> io::Result<u32> {
     #[expect(clippy::cast_possible_truncation, reason = "the low u32 of the word")]
     Ok(map_info(map)?[2] as u32)
+}
+
+/// Links the loaded program `prog` to the cgroup `cgroup` at
+/// `attach_type` (`enum bpf_attach_type`): the new link (kernel 5.7+). Flags
+/// 0: the link runs beside other programs on the cgroup (a CNI's).
+pub(crate) fn link_create(prog: BorrowedFd<'_>, cgroup: BorrowedFd<'_>, attach_type: u32) -> io::Result<OwnedFd> {
+    // { __u32 prog_fd; __u32 target_fd; __u32 attach_type; __u32 flags; ... }
+    let mut attr = [fd_u64(prog) | (fd_u64(cgroup) << 32), u64::from(attach_type), 0, 0, 0, 0];
+    let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
+    let fd = i32::try_from(fd).map_err(io::Error::other)?;
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Makes `link` run `prog` instead of its current program, atomically.
