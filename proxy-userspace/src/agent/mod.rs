@@ -251,7 +251,7 @@ async fn run_with(
             // the socket programs took over (`Observers::observe`).
             () = tokio::time::sleep(PROGRAMS_POLL), if observers.devices_pending => {
                 if datapath.programs_finished() {
-                    observers.serve_devices(config, &mut datapath, &pipeline).await;
+                    observers.serve_devices(config, &mut datapath, &pipeline).await?;
                     take_over(&mut takeover, Some(last_complete), &pipeline, &mut datapath, metrics)?;
                 }
                 continue;
@@ -714,16 +714,24 @@ impl Observers {
             self.devices_pending = true;
             return Ok(());
         }
-        self.serve_devices(config, datapath, pipeline).await;
-        Ok(())
+        self.serve_devices(config, datapath, pipeline).await
     }
 
     /// Attaches the TC programs to the node's devices and the pod-facing
     /// ones (when the choice changed) and serves the health check ports:
     /// at each sync once the programs are loaded, and when their load ends
     /// after the first sync.
-    async fn serve_devices(&mut self, config: &AgentConfig, datapath: &mut Datapath, pipeline: &Pipeline) {
+    async fn serve_devices(
+        &mut self,
+        config: &AgentConfig,
+        datapath: &mut Datapath,
+        pipeline: &Pipeline,
+    ) -> anyhow::Result<()> {
         self.devices_pending = false;
+        // A load that failed ends the agent here, as at the first attach
+        // (the XDP program with `--nodeport-acceleration=native`); TC
+        // programs the kernel refuses are not a failure of the load.
+        datapath.programs_loaded()?;
         // Before the devices' lines, which say that a node serves traffic
         // from outside: a load balancer's checks find their ports then.
         self.health_checks.update(&pipeline.model().health_checks()).await;
@@ -734,6 +742,7 @@ impl Observers {
         if self.pod_devices.is_none() {
             self.attach_pod_devices(&config.pod_devices, datapath, &node_ips);
         }
+        Ok(())
     }
 
     /// Attaches the TC programs of `datapath`, a set just moved to, to the

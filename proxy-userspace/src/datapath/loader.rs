@@ -665,6 +665,13 @@ impl Datapath {
         Ok(())
     }
 
+    /// Waits for the programs' load: its error the first time it failed
+    /// (a socket program, or the XDP program with
+    /// `--nodeport-acceleration=native`).
+    pub(crate) fn programs_loaded(&mut self) -> Result<(), LoadError> {
+        self.programs.loaded().map(drop)
+    }
+
     /// Whether the programs' load is over (`programs::Programs::finished`):
     /// the TC programs attach without waiting.
     pub(crate) fn programs_finished(&self) -> bool {
