@@ -701,11 +701,12 @@ impl Observers {
             self.attached = true;
             source.started(pipeline.reconciler().frontend_count());
         }
-        // At the first attach only: the TC programs found on the devices are
+        // From the first attach until the load ends (a sync meanwhile does
+        // not wait for it either): the TC programs found on the devices are
         // none (a fresh node) or a previous agent's on these same maps. A
         // later move to bigger maps swaps them at once, as its flows are
         // carried (`crate::agent::resize`).
-        if first && !datapath.programs_finished() {
+        if (first || self.devices_pending) && !datapath.programs_finished() {
             if !self.devices_pending {
                 info!(
                     "the socket programs serve; traffic from outside and the pods' per-packet path are served once the TC programs are verified and attached"
