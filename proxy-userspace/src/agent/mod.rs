@@ -249,7 +249,7 @@ async fn run_with(
             () = &mut shutdown => break,
             // The TC programs' load, after the first sync wrote the maps and
             // the socket programs took over (`Observers::observe`).
-            () = tokio::time::sleep(PROGRAMS_POLL), if observers.devices_pending => {
+            () = datapath.programs_done(), if observers.devices_pending => {
                 if datapath.programs_finished() {
                     observers.serve_devices(config, &mut datapath, &pipeline).await?;
                     take_over(&mut takeover, Some(last_complete), &pipeline, &mut datapath, metrics)?;
@@ -312,10 +312,6 @@ async fn run_with(
     );
     Ok(())
 }
-
-/// How often the loop looks whether the TC programs' load ended, while the
-/// socket programs serve alone after the first sync.
-const PROGRAMS_POLL: Duration = Duration::from_millis(20);
 
 /// Hands back what the lists' churn freed (see `memory::JEMALLOC_CONF`).
 fn settle_memory() {

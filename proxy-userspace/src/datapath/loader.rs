@@ -672,6 +672,11 @@ impl Datapath {
         self.programs.loaded().map(drop)
     }
 
+    /// Ends when the programs' load does (`programs::Programs::done`).
+    pub(crate) fn programs_done(&self) -> impl std::future::Future<Output = ()> + use<> {
+        self.programs.done()
+    }
+
     /// Whether the programs' load is over (`programs::Programs::finished`):
     /// the TC programs attach without waiting.
     pub(crate) fn programs_finished(&self) -> bool {

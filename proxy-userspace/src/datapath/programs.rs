@@ -131,6 +131,7 @@ impl Programs {
         }
         let Self::Waiting(ebpf, acceleration) = std::mem::replace(self, Self::Failed) else { unreachable!() };
         let (sockets_tx, sockets) = mpsc::sync_channel(1);
+        let (done_tx, done) = tokio::sync::watch::channel(false);
         let handle = std::thread::Builder::new()
             .name("load-programs".into())
             .spawn(move || {
@@ -138,10 +139,12 @@ impl Programs {
                 if let Err(err) = &loaded {
                     tracing::error!(%err, "cannot load the programs");
                 }
+                // Also when nobody waits any more.
+                let _ = done_tx.send(true);
                 loaded
             })
             .map_err(|source| LoadError::Thread { source })?;
-        *self = Self::Loading(Loading { handle: Some(handle), sockets, received: None });
+        *self = Self::Loading(Loading { handle: Some(handle), sockets, received: None, done });
         Ok(())
     }
 
@@ -161,6 +164,22 @@ impl Programs {
             // The load ended without them: its error (or they are in
             // the loaded programs).
             _ => Ok(&self.loaded()?.sockets),
+        }
+    }
+
+    /// Ends when the load does (at once when it is not running), for an
+    /// event loop to wait on without polling.
+    pub(crate) fn done(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let done = match self {
+            Self::Loading(loading) => Some(loading.done.clone()),
+            _ => None,
+        };
+        async move {
+            if let Some(mut done) = done {
+                // An error: the thread ended without a word (a panic, which
+                // `loaded` passes on).
+                let _ = done.wait_for(|done| *done).await;
+            }
         }
     }
 
@@ -206,6 +225,8 @@ pub(crate) struct Loading {
     /// The socket programs, sent as soon as they are loaded.
     sockets: mpsc::Receiver<Vec<SocketProgram>>,
     received: Option<Vec<SocketProgram>>,
+    /// Set when the load ends (`Programs::done`).
+    done: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Loading {
