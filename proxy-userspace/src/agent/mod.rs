@@ -249,11 +249,10 @@ async fn run_with(
             () = &mut shutdown => break,
             // The TC programs' load, after the first sync wrote the maps and
             // the socket programs took over (`Observers::observe`).
+            // (`serve_devices` joins the load thread, which has signalled.)
             () = datapath.programs_done(), if observers.devices_pending => {
-                if datapath.programs_finished() {
-                    observers.serve_devices(config, &mut datapath, &pipeline).await?;
-                    take_over(&mut takeover, Some(last_complete), &pipeline, &mut datapath, metrics)?;
-                }
+                observers.serve_devices(config, &mut datapath, &pipeline).await?;
+                take_over(&mut takeover, Some(last_complete), &pipeline, &mut datapath, metrics)?;
                 continue;
             }
             // Only flows tracked per packet need it: none without a device.

@@ -8,19 +8,16 @@
 //!
 //! aya 0.14 can pin a link but not update one or read its target, so those
 //! calls are made through `sys`.
-use std::{
-    fs::File,
-    io,
-    os::fd::{AsFd as _, BorrowedFd},
-    os::unix::fs::MetadataExt as _,
-    path::Path,
-};
+use std::{fs::File, io, os::fd::AsFd as _, os::unix::fs::MetadataExt as _, path::Path};
 
 use aya::programs::{
     LinkOrder, ProgramError, SchedClassifier, TcAttachType, Xdp, XdpMode, links::FdLink, tc::TcAttachOptions,
 };
 
-use super::sys::{self, LINK_TYPE_CGROUP, LINK_TYPE_TCX};
+use super::{
+    programs::SocketProgram,
+    sys::{self, LINK_TYPE_CGROUP, LINK_TYPE_TCX},
+};
 
 /// What `attach_cgroup` / `attach_tc` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,30 +70,18 @@ const LINK_TYPE_XDP: u32 = 6;
 const TCX_INGRESS: u64 = 46;
 const TCX_EGRESS: u64 = 47;
 
-/// A loaded socket program, by its fd (`super::programs::SocketProgram`):
-/// linked to the cgroup at its attach type (`enum bpf_attach_type`).
-pub(crate) struct CgroupProgram<'a> {
-    pub(crate) name: &'static str,
-    pub(crate) fd: BorrowedFd<'a>,
-    pub(crate) attach_type: u32,
-}
-
 /// Attaches `program` (loaded) to `cgroup_path` through the link pinned at
 /// `pin`: updates it when it is on that cgroup, else makes a new one. By
 /// the program's fd alone: the socket programs are attached while the
 /// object that holds them still loads the per-packet ones on its thread
 /// (`super::programs`).
-pub(crate) fn attach_cgroup(
-    program: &CgroupProgram<'_>,
-    cgroup_path: &Path,
-    pin: &Path,
-) -> Result<LinkOutcome, LinkError> {
+pub(crate) fn attach_cgroup(program: &SocketProgram, cgroup_path: &Path, pin: &Path) -> Result<LinkOutcome, LinkError> {
     let name = program.name;
     let cgroup_err = |source| LinkError::Cgroup { path: cgroup_path.display().to_string(), source };
     let cgroup_id = std::fs::metadata(cgroup_path).map_err(cgroup_err)?.ino();
-    attach_pinned(program.fd, name, (LINK_TYPE_CGROUP, cgroup_id), pin, || {
+    attach_pinned(program.fd.as_fd(), name, (LINK_TYPE_CGROUP, cgroup_id), pin, || {
         let cgroup = File::open(cgroup_path).map_err(cgroup_err)?;
-        let link = sys::link_create(program.fd, cgroup.as_fd(), program.attach_type).map_err(|source| {
+        let link = sys::link_create(program.fd.as_fd(), cgroup.as_fd(), program.attach_type).map_err(|source| {
             LinkError::Create { name, target: format!("cgroup {}", cgroup_path.display()), source }
         })?;
         Ok(NewLink::Fd(link))

@@ -651,15 +651,9 @@ impl Datapath {
     pub(crate) fn attach(&mut self) -> Result<(), LoadError> {
         self.unused = false;
         let links_dir = self.links_dir()?;
-        let cgroup = self.cgroup.clone();
         for program in self.programs.sockets()? {
-            let link = links::CgroupProgram {
-                name: program.name,
-                fd: std::os::fd::AsFd::as_fd(&program.fd),
-                attach_type: program.attach_type,
-            };
-            let outcome = links::attach_cgroup(&link, &cgroup, &links_dir.join(program.name))?;
-            tracing::info!(program = program.name, ?outcome, cgroup = %cgroup.display(), "program attached");
+            let outcome = links::attach_cgroup(program, &self.cgroup, &links_dir.join(program.name))?;
+            tracing::info!(program = program.name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         }
         remove_other_layouts(&self.pin_dir, &self.maps_dir());
         Ok(())

@@ -67,7 +67,7 @@ fn attach_type(name: &str) -> Option<u32> {
 pub(crate) struct Loaded {
     /// Owns the programs (and the maps not taken out of it).
     pub(crate) ebpf: Ebpf,
-    /// The socket programs (`Programs::sockets`).
+    /// The socket programs (`Programs::sockets`), as the load sent them.
     sockets: Vec<SocketProgram>,
     /// Whether the TC programs loaded (traffic from outside can be served).
     pub(crate) tc: bool,
@@ -230,9 +230,12 @@ pub(crate) struct Loading {
 }
 
 impl Loading {
+    /// The loaded programs, with the socket programs the load sent.
     fn join(mut self) -> Result<Loaded, LoadError> {
         let handle = self.handle.take().expect("joined once");
-        handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        let mut loaded = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        loaded.sockets = self.received.take().or_else(|| self.sockets.try_recv().ok()).unwrap_or_default();
+        Ok(loaded)
     }
 }
 
@@ -260,9 +263,9 @@ fn load(
     }
     let release: &mut CgroupSock = program(&mut ebpf, SOCK_RELEASE_PROGRAM)?;
     release.load().map_err(|source| LoadError::Program { name: SOCK_RELEASE_PROGRAM, source })?;
-    let sockets = socket_programs(&mut ebpf)?;
-    // The receiver may be gone (a datapath dropped while it loads).
-    let _ = sockets_tx.send(socket_programs(&mut ebpf)?);
+    // The receiver may be gone (a datapath dropped while it loads); they
+    // reach `Loaded` through it (`Loading::join`).
+    let _ = sockets_tx.send(socket_programs(&ebpf)?);
     // Without the TC programs (an old kernel, a verifier that rejects
     // them) clients on the node are still served: say so and go on.
     let mut tc_loaded = true;
@@ -284,11 +287,11 @@ fn load(
         ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         "programs loaded"
     );
-    Ok(Loaded { ebpf, sockets, tc: tc_loaded, xdp: xdp_loaded, tail_calls_done: false })
+    Ok(Loaded { ebpf, sockets: Vec::new(), tc: tc_loaded, xdp: xdp_loaded, tail_calls_done: false })
 }
 
 /// The loaded socket programs of `ebpf`, by duplicates of their fds.
-fn socket_programs(ebpf: &mut Ebpf) -> Result<Vec<SocketProgram>, LoadError> {
+fn socket_programs(ebpf: &Ebpf) -> Result<Vec<SocketProgram>, LoadError> {
     let mut out = Vec::new();
     for &name in SOCK_PROGRAMS.iter().chain(&[SOCK_RELEASE_PROGRAM]) {
         let program = ebpf.program(name).ok_or(LoadError::MissingProgram { name })?;
