@@ -1547,12 +1547,16 @@ fn fill_ct(topo: &Topology, n: u8, count: u32) {
 #[test]
 fn a_ct_sized_from_memory_grows_when_nearly_full_and_keeps_the_flows() {
     common::require_root!();
+    // Node 1's agent runs with 1 GiB of memory, as a DaemonSet's limit
+    // would give it (src/node/memory.rs reads its cgroup's limit). Made
+    // before the topology, so it goes after the agent.
+    let memory =
+        proxy_testkit::TestCgroup::with_memory_limit(&proxy_testkit::unique_name("ebpf-proxy-mem"), 1 << 30).unwrap();
     let mut topo = Topology::new(&[0, 1]);
     topo.tcp_echo_on(2, 1, 9000);
     let services = dsr_and_snat_echo();
     topo.write_services(&services);
-    let memory = (1u64 << 30).to_string();
-    topo.start_agent_env(1, &["--nodeport-mode", "dsr"], &[(ebpf_proxy::node::memory::MEMORY_ENV, &memory)]);
+    topo.start_agent_in(1, &["--nodeport-mode", "dsr"], &memory);
     topo.start_agent_with(2, &["--nodeport-mode", "dsr"]);
     let node1 = node_ip(1).to_string();
     // 300 exchanges 0.1 s apart on each connection: past the next sweep
@@ -1605,7 +1609,7 @@ fn a_ct_sized_from_memory_grows_when_nearly_full_and_keeps_the_flows() {
     }
     // A restart keeps the grown map (the memory's share is still 65,536).
     topo.stop_agent(1);
-    topo.start_agent_env(1, &["--nodeport-mode", "dsr"], &[(ebpf_proxy::node::memory::MEMORY_ENV, &memory)]);
+    topo.start_agent_in(1, &["--nodeport-mode", "dsr"], &memory);
     let agent = topo.agents[0].as_ref().unwrap();
     let resized = agent
         .records()

@@ -8,7 +8,7 @@
 //! it fills up (`grown`; docs/design.md, "Growing `CT`"), as Calico grows
 //! its conntrack map, up to `MAX_ENTRIES`. An explicit `--ct-map-size` is
 //! the operator's choice of memory, so it stays as it is.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The share of memory `CT` may take: Cilium's default ratio.
 const SHARE: f64 = 0.0025;
@@ -37,10 +37,6 @@ pub(crate) fn ct_entries(memory: u64) -> u32 {
     u32::try_from(pow2.clamp(u64::from(MIN_ENTRIES), u64::from(MAX_ENTRIES))).unwrap_or(MAX_ENTRIES)
 }
 
-/// Tests only: stands in for the node's memory (bytes), so that a test
-/// starts with the smallest `CT` sized from memory on any machine.
-pub const MEMORY_ENV: &str = "EBPF_PROXY_TEST_NODE_MEMORY";
-
 /// The size a `CT` sized from memory (`grows`) and now of `capacity`
 /// entries grows to when it is nearly full: twice as big, up to
 /// `MAX_ENTRIES`. `None`: it stays (an explicit size, or at the most).
@@ -64,14 +60,11 @@ pub(crate) fn ct_entries_at_start(auto: u32, pinned: Option<u32>, grows: bool) -
 }
 
 /// The memory the agent's maps may take: the node's (`/proc/meminfo`'s
-/// `MemTotal`), or the agent's cgroup's limit (`memory.max`) when lower,
-/// since the kernel charges a map's memory to the cgroup that makes it (a
-/// DaemonSet's memory limit). `None` when neither can be read.
+/// `MemTotal`), or the agent's cgroup's limit when lower, since the kernel
+/// charges a map's memory to the cgroup that makes it (a DaemonSet's
+/// memory limit). `None` when neither can be read.
 #[must_use]
 pub(crate) fn available() -> Option<u64> {
-    if let Some(memory) = std::env::var(MEMORY_ENV).ok().and_then(|m| m.parse().ok()) {
-        return Some(memory);
-    }
     let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| mem_total(&m));
     let limit = cgroup_limit();
     match (total, limit) {
@@ -94,19 +87,52 @@ fn mem_total(meminfo: &str) -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// The memory limit of the agent's own cgroup (cgroup v2's `memory.max`;
-/// `None`: no limit, or no cgroup2 mount to read it from).
+/// The memory limit of the agent's own cgroup (`None`: no limit, or
+/// nothing to read it from). On a host with cgroup v2's memory controller
+/// that is `memory.max`; on one that keeps the memory controller in a v1
+/// hierarchy (a hybrid host, as kubelet still supports), the v1
+/// `memory.limit_in_bytes`, whose "no limit" is a number far above any
+/// node's memory (`available` takes the lower of the two).
 fn cgroup_limit() -> Option<u64> {
     let mounts = std::fs::read_to_string(crate::paths::MOUNTS).ok()?;
-    let root = mounts.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let (_, path, fstype) = (fields.next()?, fields.next()?, fields.next()?);
-        (fstype == "cgroup2").then(|| path.to_owned())
-    })?;
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let max = std::fs::read_to_string(Path::new(&root).join(path.trim_start_matches('/')).join("memory.max")).ok()?;
-    max.trim().parse().ok()
+    limit_files(&mounts, &own)
+        .into_iter()
+        .filter_map(|file| std::fs::read_to_string(file).ok()?.trim().parse().ok())
+        .min()
+}
+
+/// The files that may hold the memory limit of the cgroup a process is in,
+/// from `/proc/self/mounts`' text and `/proc/self/cgroup`'s: the v2
+/// hierarchy's `memory.max` (lines `0::PATH`) and the v1 memory
+/// hierarchy's `memory.limit_in_bytes` (lines `N:CONTROLLERS:PATH` naming
+/// `memory`), each under where its hierarchy is mounted.
+pub(crate) fn limit_files(mounts: &str, own: &str) -> Vec<PathBuf> {
+    let mount = |v2: bool| {
+        mounts.lines().find_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (_, path, fstype, options) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+            let wanted =
+                if v2 { fstype == "cgroup2" } else { fstype == "cgroup" && options.split(',').any(|o| o == "memory") };
+            wanted.then_some(path)
+        })
+    };
+    let mut files = Vec::new();
+    for line in own.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else { continue };
+        let (v2, file) = if controllers.is_empty() {
+            (true, "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (false, "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        if let Some(root) = mount(v2) {
+            files.push(Path::new(root).join(path.trim_start_matches('/')).join(file));
+        }
+    }
+    files
 }
 
 #[cfg(test)]
@@ -165,6 +191,37 @@ mod tests {
         let meminfo = "MemTotal:       24591156 kB\nMemFree:        1000 kB\n";
         assert_eq!(mem_total(meminfo), Some(24_591_156 * 1024));
         assert_eq!(mem_total("MemFree: 1 kB\n"), None);
+    }
+
+    /// (mounts, /proc/self/cgroup) -> the limit files read, in order.
+    #[test]
+    fn the_limit_is_read_from_the_hierarchy_that_holds_the_memory_controller() {
+        let v2_only = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n";
+        // A hybrid host: the memory controller in v1, an empty v2 beside it.
+        let hybrid = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n\
+                      cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\n\
+                      cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0\n";
+        let hybrid_own = "5:cpu,cpuacct:/pod1\n4:memory:/kubepods/pod1/agent\n0::/\n";
+        for (mounts, own, want) in [
+            (v2_only, "0::/kubepods.slice/agent.scope\n", vec!["/sys/fs/cgroup/kubepods.slice/agent.scope/memory.max"]),
+            (
+                hybrid,
+                hybrid_own,
+                vec![
+                    "/sys/fs/cgroup/memory/kubepods/pod1/agent/memory.limit_in_bytes",
+                    "/sys/fs/cgroup/unified/memory.max",
+                ],
+            ),
+            // In a cgroup namespace a process sees its cgroup as the root.
+            (v2_only, "0::/\n", vec!["/sys/fs/cgroup/memory.max"]),
+            // A v1 memory line with no v1 memory mount to read it from.
+            (v2_only, "4:memory:/x\n", vec![]),
+            ("", hybrid_own, vec![]),
+        ] {
+            let files = limit_files(mounts, own);
+            let want: Vec<PathBuf> = want.into_iter().map(PathBuf::from).collect();
+            assert_eq!(files, want, "{own:?}");
+        }
     }
 
     #[test]

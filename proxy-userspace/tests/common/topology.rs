@@ -309,13 +309,12 @@ impl Topology {
         self.adopt_agent(n, agent);
     }
 
-    /// `start_agent_with`, `envs` in the agent's environment too (the
-    /// agent's test-only variables).
-    pub fn start_agent_env(&mut self, n: u8, extra: &[&str], envs: &[(&str, &str)]) {
+    /// `start_agent_with`, the agent's process in `cgroup` (one made with
+    /// a memory limit, `TestCgroup::with_memory_limit`).
+    pub fn start_agent_in(&mut self, n: u8, extra: &[&str], cgroup: &TestCgroup) {
         let mut args = self.agent_args(n);
         args.extend(extra.iter().map(ToString::to_string));
-        let mut cmd = spawn_in(&self.node(n).ns, None, AGENT).unwrap();
-        cmd.envs(envs.iter().copied());
+        let cmd = spawn_in(&self.node(n).ns, Some(cgroup), AGENT).unwrap();
         let agent = AgentProcess::start_command(cmd, args).unwrap();
         self.adopt_agent(n, agent);
     }
