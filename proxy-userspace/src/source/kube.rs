@@ -291,7 +291,8 @@ async fn drive<K: Send + 'static>(
 /// Polls one watch and sends its events to `events`. A failure is
 /// counted, logged the first time and then as a reminder every 30 s
 /// (`Reachability`, which also logs when the watch is back) and retried
-/// after the delay `RetrySchedule` gives.
+/// after the delay `RetrySchedule` gives, or at once when the server was
+/// unreachable and another watch is back.
 async fn pump<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     kind: &'static str,
@@ -335,7 +336,16 @@ async fn pump<K>(
                     reachability.failed(kind, &err);
                     debug!(kind, %err, "watch still failing");
                 }
-                tokio::time::sleep(schedule.next_delay(failure, fastrand::f64())).await;
+                let delay = tokio::time::sleep(schedule.next_delay(failure, fastrand::f64()));
+                if failure == Failure::Unreachable {
+                    // Another watch back means the server is: try now.
+                    tokio::select! {
+                        () = delay => {}
+                        () = reachability.reached() => debug!(kind, "the API server answers again: retrying now"),
+                    }
+                } else {
+                    delay.await;
+                }
             }
         }
     }
@@ -538,6 +548,16 @@ mod tests {
     /// attempts made, the loop's failures, whether the watch counts as
     /// failing at the end, and how each failure was classified.
     async fn watch_against(answer: Option<&'static str>, window: Duration) -> (u64, u64, bool, Vec<Failure>) {
+        let (outcome, ()) = watch_against_while(answer, |_, _| tokio::time::sleep(window)).await;
+        outcome
+    }
+
+    /// `watch_against`, for as long as `during` (given the attempts so far
+    /// and the watches' reachability) runs; also what it returned.
+    async fn watch_against_while<F: Future>(
+        answer: Option<&'static str>,
+        during: impl FnOnce(Arc<AtomicU64>, Arc<Reachability>) -> F,
+    ) -> ((u64, u64, bool, Vec<Failure>), F::Output) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let attempts = Arc::new(AtomicU64::new(0));
@@ -564,7 +584,7 @@ mod tests {
         let counters = Arc::new(WatchCounters::default());
         let reachability = Arc::new(Reachability::default());
         let pump = tokio::spawn(pump(stream, "Node", events, counters.clone(), reachability.clone()));
-        tokio::time::sleep(window).await;
+        let out = during(attempts.clone(), reachability.clone()).await;
         let made = attempts.load(Ordering::Relaxed);
         pump.abort();
         server.abort();
@@ -572,7 +592,21 @@ mod tests {
             assert!(matches!(event, watcher::Event::Init), "only list starts, no objects");
         }
         let seen = seen.lock().unwrap().clone();
-        (made, counters.errors.load(Ordering::Relaxed), reachability.is_failing("Node"), seen)
+        ((made, counters.errors.load(Ordering::Relaxed), reachability.is_failing("Node"), seen), out)
+    }
+
+    /// Waits until `attempts` reaches `n` (at most 20 s), then for the next
+    /// attempt, so that the watch has just begun a delay; returns the count.
+    async fn just_after_attempt(attempts: &AtomicU64, n: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while attempts.load(Ordering::Relaxed) < n && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let at = attempts.load(Ordering::Relaxed);
+        while attempts.load(Ordering::Relaxed) == at && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        attempts.load(Ordering::Relaxed)
     }
 
     /// Reads a request's head (a GET has no body), writes `answer` (short
@@ -643,6 +677,38 @@ mod tests {
             assert!(made <= most, "{failure:?}: {made} attempts in {WINDOW:?}; the schedule allows {most}");
             assert!(errors >= made - 1, "{failure:?}: {errors} failures of {made} attempts");
             assert!(failing, "{failure:?}: an attempt that failed is not a success");
+        }
+    }
+
+    /// A watch waiting out its delay for an unreachable server retries at
+    /// once when another watch is back (the server answers again), so the
+    /// watches come back together after an outage; one waiting after an
+    /// error the server answered (500) keeps its delay. After the fifth
+    /// failure the unreachable schedule's delay is at least 0.5 s (1 s at
+    /// the most jitter), after the second the answered one's at least 0.8 s:
+    /// the next attempt coming sooner than that was woken.
+    #[tokio::test]
+    async fn a_watch_of_an_unreachable_server_retries_when_another_is_back() {
+        const ERROR: &str = "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        const SOONEST: Duration = Duration::from_millis(400);
+        // Logging to a subscriber of this thread, as the test above does:
+        // a callsite first hit where none is set is cached as disabled for
+        // every thread, and that test, run beside this one, missed its lines.
+        let (_log, _guard) = crate::source::log_capture::Captured::start();
+        for (answer, after, woken) in [(None, 5, true), (Some(ERROR), 2, false)] {
+            let (_, next) = watch_against_while(answer, move |attempts, reachability| async move {
+                let made = just_after_attempt(&attempts, after).await;
+                // The Service watch was failing and is back.
+                reachability.failed("Service", &"connection refused");
+                let woke = Instant::now();
+                reachability.succeeded("Service");
+                while attempts.load(Ordering::Relaxed) == made && woke.elapsed() < SOONEST {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                attempts.load(Ordering::Relaxed) > made
+            })
+            .await;
+            assert_eq!(next, woken, "answer {answer:?}: tried again within {SOONEST:?} of another watch being back");
         }
     }
 

@@ -6,6 +6,12 @@
 //! the Kubernetes client's requests (`super::requests`) clears the mark at
 //! the first successful response to a request for that kind: the list or
 //! watch that actually succeeded.
+//!
+//! A watch back after failing also means the API server answers again:
+//! the other watches waiting to retry an unreachable server are woken
+//! (`reached`) instead of each sleeping out its own delay (up to a second,
+//! `super::retry`), so they come back together and a relist after an
+//! outage waits for the first of them, not the last.
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -49,6 +55,8 @@ pub(crate) enum Logged {
 #[derive(Debug, Default)]
 pub(crate) struct Reachability {
     failing: Mutex<HashMap<&'static str, Failing>>,
+    /// Told when a failing watch is back.
+    back: tokio::sync::Notify,
 }
 
 impl Reachability {
@@ -83,12 +91,22 @@ impl Reachability {
     }
 
     /// A list or watch of `kind` succeeded: logs "watch is back" once
-    /// after failures.
+    /// after failures, and wakes the watches waiting in `reached`.
     pub(crate) fn succeeded(&self, kind: &str) {
         let failing = self.failing.lock().expect("reachability lock").remove(kind);
         if let Some(Failing { since, failures, .. }) = failing {
             info!(kind, down_seconds = since.elapsed().as_secs_f64(), failures, "watch is back");
+            self.back.notify_waiters();
         }
+    }
+
+    /// Completes when a failing watch is back (`succeeded`) after this
+    /// call: the API server answers again. A watch waiting to retry an
+    /// unreachable server waits for this beside its delay.
+    pub(crate) fn reached(&self) -> impl Future<Output = ()> + '_ {
+        // A `Notified` receives `notify_waiters` from its creation on,
+        // polled or not.
+        self.back.notified()
     }
 
     /// An observer of the client's requests (`super::requests`) that
