@@ -150,14 +150,26 @@ impl AgentProcess {
     /// Waits for a record that satisfies `pred` among those after the first
     /// `skip`, returning it.
     pub fn wait_for(&self, skip: usize, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Result<Value, String> {
+        let at = self.wait_for_position(skip, timeout, pred)?;
+        Ok(self.log.0.lock().expect("log lock")[at].clone())
+    }
+
+    /// `wait_for`, returning the record's position (`at + 1` is a mark to
+    /// wait after it) without copying the log.
+    pub fn wait_for_position(
+        &self,
+        skip: usize,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Result<usize, String> {
         let deadline = Instant::now() + timeout;
         let (lock, cv) = &*self.log;
         let mut records = lock.lock().expect("log lock");
         // Each record is looked at once (a sync may log thousands).
         let mut checked = skip;
         loop {
-            if let Some(found) = records.iter().skip(checked).find(|r| pred(r)) {
-                return Ok(found.clone());
+            if let Some(i) = records.iter().skip(checked).position(&pred) {
+                return Ok(checked + i);
             }
             checked = checked.max(records.len());
             let now = Instant::now();
