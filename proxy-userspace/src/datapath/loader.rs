@@ -446,7 +446,8 @@ impl Datapath {
     /// is attached yet: see `attach`.
     ///
     /// The programs start loading (on a thread) at once when the maps were
-    /// pinned, beside the read of what they hold; with new small maps they
+    /// pinned, beside the read of what they hold, the TC programs only at
+    /// the first attach (a previous agent's serve until then); with new small maps they
     /// wait for the first write, which usually goes to bigger maps made
     /// then (`crate::agent::resize::before_first_write`): a load now would be
     /// thrown away, and would take a core from the lists meanwhile. (A
@@ -463,7 +464,9 @@ impl Datapath {
         let mut datapath = Self::load_sized(opts, sizes, &Sessions::New)?;
         datapath.unused = pinned.is_none();
         if pinned.is_some() {
-            datapath.start_loading_programs()?;
+            // The previous agent's TC programs serve until the first sync:
+            // only the socket programs load beside the lists and the read.
+            datapath.programs.start_holding_tc()?;
         }
         Ok(datapath)
     }
@@ -655,6 +658,8 @@ impl Datapath {
             let outcome = links::attach_cgroup(program, &self.cgroup, &links_dir.join(program.name))?;
             tracing::info!(program = program.name, ?outcome, cgroup = %self.cgroup.display(), "program attached");
         }
+        // The TC programs a restart held back load now (`load`).
+        self.programs.release_tc();
         remove_other_layouts(&self.pin_dir, &self.maps_dir());
         Ok(())
     }

@@ -126,16 +126,36 @@ impl Programs {
 
     /// Starts loading the programs on a thread (once).
     pub(crate) fn start(&mut self) -> Result<(), LoadError> {
+        self.start_with(false)
+    }
+
+    /// Starts loading the programs on a thread (once), the TC programs
+    /// only when `release_tc` says (or the loaded programs are asked for):
+    /// after a restart, whose previous agent's TC programs go on serving
+    /// meanwhile, their verification would otherwise take a core from the
+    /// lists and the read-back that the first sync waits for.
+    pub(crate) fn start_holding_tc(&mut self) -> Result<(), LoadError> {
+        self.start_with(true)
+    }
+
+    fn start_with(&mut self, hold_tc: bool) -> Result<(), LoadError> {
         if !matches!(self, Self::Waiting(..)) {
             return Ok(());
         }
         let Self::Waiting(ebpf, acceleration) = std::mem::replace(self, Self::Failed) else { unreachable!() };
         let (sockets_tx, sockets) = mpsc::sync_channel(1);
         let (done_tx, done) = tokio::sync::watch::channel(false);
+        // Dropping the sender releases the thread too.
+        let (release, hold) = if hold_tc {
+            let (tx, rx) = mpsc::sync_channel::<()>(1);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
         let handle = std::thread::Builder::new()
             .name("load-programs".into())
             .spawn(move || {
-                let loaded = load(*ebpf, acceleration, &sockets_tx);
+                let loaded = load(*ebpf, acceleration, &sockets_tx, hold);
                 if let Err(err) = &loaded {
                     tracing::error!(%err, "cannot load the programs");
                 }
@@ -144,8 +164,15 @@ impl Programs {
                 loaded
             })
             .map_err(|source| LoadError::Thread { source })?;
-        *self = Self::Loading(Loading { handle: Some(handle), sockets, received: None, done });
+        *self = Self::Loading(Loading { handle: Some(handle), sockets, received: None, done, release });
         Ok(())
+    }
+
+    /// Lets a load held by `start_holding_tc` go on with the TC programs.
+    pub(crate) fn release_tc(&mut self) {
+        if let Self::Loading(loading) = self {
+            loading.release.take();
+        }
     }
 
     /// The socket programs, loaded (starting the load when nothing did):
@@ -197,6 +224,7 @@ impl Programs {
     /// first time (`LoadError::ProgramsFailed` after that).
     pub(crate) fn loaded(&mut self) -> Result<&mut Loaded, LoadError> {
         self.start()?;
+        self.release_tc();
         if matches!(self, Self::Loading(_)) {
             let Self::Loading(loading) = std::mem::replace(self, Self::Failed) else { unreachable!() };
             *self = Self::Loaded(loading.join()?);
@@ -227,6 +255,8 @@ pub(crate) struct Loading {
     received: Option<Vec<SocketProgram>>,
     /// Set when the load ends (`Programs::done`).
     done: tokio::sync::watch::Receiver<bool>,
+    /// Holds the TC programs' load until dropped (`Programs::release_tc`).
+    release: Option<mpsc::SyncSender<()>>,
 }
 
 impl Loading {
@@ -241,6 +271,8 @@ impl Loading {
 
 impl Drop for Loading {
     fn drop(&mut self) {
+        // A held load goes on to its end, as any other.
+        self.release.take();
         if let Some(handle) = self.handle.take() {
             let _ = handle.join();
         }
@@ -248,13 +280,14 @@ impl Drop for Loading {
 }
 
 /// Loads the socket programs (a failure is an error) and sends them on
-/// `sockets`, then the TC programs (a failure leaves traffic from outside
-/// unserved, with an error logged) and the XDP program when
-/// `acceleration` wants it.
+/// `sockets`, then (once `hold`, if any, is released) the TC programs (a
+/// failure leaves traffic from outside unserved, with an error logged) and
+/// the XDP program when `acceleration` wants it.
 fn load(
     mut ebpf: Ebpf,
     acceleration: Acceleration,
     sockets_tx: &mpsc::SyncSender<Vec<SocketProgram>>,
+    hold: Option<mpsc::Receiver<()>>,
 ) -> Result<Loaded, LoadError> {
     let started = std::time::Instant::now();
     for name in SOCK_PROGRAMS {
@@ -266,6 +299,13 @@ fn load(
     // The receiver may be gone (a datapath dropped while it loads); they
     // reach `Loaded` through it (`Loading::join`).
     let _ = sockets_tx.send(socket_programs(&ebpf)?);
+    let mut waited = std::time::Duration::ZERO;
+    if let Some(hold) = hold {
+        // Nothing is ever sent: the sender's drop is the release.
+        let at = std::time::Instant::now();
+        let _ = hold.recv();
+        waited = at.elapsed();
+    }
     // Without the TC programs (an old kernel, a verifier that rejects
     // them) clients on the node are still served: say so and go on.
     let mut tc_loaded = true;
@@ -284,7 +324,8 @@ fn load(
     tracing::info!(
         tc = tc_loaded,
         xdp = xdp_loaded,
-        ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        ms = u64::try_from(started.elapsed().saturating_sub(waited).as_millis()).unwrap_or(u64::MAX),
+        held_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
         "programs loaded"
     );
     Ok(Loaded { ebpf, sockets: Vec::new(), tc: tc_loaded, xdp: xdp_loaded, tail_calls_done: false })
