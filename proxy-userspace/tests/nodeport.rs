@@ -210,6 +210,52 @@ fn health_check_node_port_answers_200_or_503_as_endpoints_move() {
     assert_eq!(topo.requests("203.0.113.10:80", 3), vec!["pod-2-1"; 3]);
 }
 
+/// After an agent restart the health check ports answer from the first
+/// sync on, while the new TC programs still load (a restart verifies them
+/// only after its first sync, src/datapath/programs.rs): the previous
+/// agent's TC programs serve traffic from outside on the same maps
+/// meanwhile, so a load balancer's checks need not fail for the
+/// verifier's time. kube-proxy's health server likewise answers once its
+/// first sync is done (pkg/proxy/healthcheck, updated after
+/// syncProxyRules).
+#[test]
+fn after_a_restart_the_health_check_port_answers_before_the_new_tc_programs_load() {
+    common::require_root!();
+    let mut topo = Topology::new(&[1, 0]);
+    topo.http_on(1, 1);
+    topo.write_services(
+        &(service(
+            "lb",
+            "LoadBalancer",
+            &[("http", 80, 30083, "TCP")],
+            "  externalTrafficPolicy: Local\n  healthCheckNodePort: 32001\n",
+            &["203.0.113.10"],
+        ) + &endpoints("lb", ("http", 8080, "TCP"), &[(1, 1)])),
+    );
+    topo.start_agents();
+    let url = format!("http://{}/", on_node(1, 32001));
+    assert_eq!(http_get(&topo, &url).0, 200, "before the restart");
+    topo.stop_agent(1);
+    let agent = proxy_testkit::AgentProcess::start_in(
+        &topo.node(1).ns,
+        std::path::Path::new(common::AGENT),
+        topo.agent_args(1),
+    )
+    .unwrap();
+    let _ = agent.wait_applied(0);
+    let (status, body) = http_get(&topo, &url);
+    let answered = agent.mark();
+    assert_eq!(status, 200, "the health check port after the first sync: {body}");
+    let tc = agent
+        .wait_for(0, std::time::Duration::from_secs(30), |r| {
+            proxy_testkit::message(r).is_some_and(|m| m.starts_with("serving traffic from outside"))
+        })
+        .expect("the new TC programs attached");
+    let tc_at = agent.records().iter().position(|r| *r == tc).expect("found");
+    assert!(tc_at >= answered, "the check was answered before the new TC programs were attached");
+    topo.agents[0] = Some(agent);
+}
+
 #[test]
 fn load_balancer_source_ranges_block_and_allow() {
     common::require_root!();

@@ -707,6 +707,13 @@ impl Observers {
                     "the socket programs serve; traffic from outside and the pods' per-packet path are served once the TC programs are verified and attached"
                 );
             }
+            if datapath.taken_over() {
+                // A restart: the previous agent's TC programs serve traffic
+                // from outside on these maps meanwhile, so a load
+                // balancer's checks find their ports now, as before the
+                // restart, not once the new programs are verified.
+                self.health_checks.update(&pipeline.model().health_checks()).await;
+            }
             self.devices_pending = true;
             return Ok(());
         }

@@ -422,6 +422,9 @@ pub struct Datapath {
     /// Made by this start (none found pinned) or onto such a set's unused
     /// session maps, and never attached: its session maps hold nothing.
     unused: bool,
+    /// Opened on the maps a previous agent pinned, whose TC programs serve
+    /// them until this set's own are loaded (`load`).
+    taken_over: bool,
     /// The TC programs translate packets to ClusterIPs too: the pods'
     /// (`--socket-lb host-namespace`) or those routed to the node
     /// (`--cluster-cidr`).
@@ -467,6 +470,7 @@ impl Datapath {
             // The previous agent's TC programs serve until the first sync:
             // only the socket programs load beside the lists and the read.
             datapath.programs.start_holding_tc()?;
+            datapath.taken_over = true;
         }
         Ok(datapath)
     }
@@ -524,6 +528,7 @@ impl Datapath {
             ct_size: opts.ct_map_size,
             maglev_size: opts.maglev_size,
             unused: matches!(carry, Sessions::Unused(_)),
+            taken_over: false,
             cluster_ips_per_packet: opts.socket_lb == SocketLb::HostNamespace || !opts.cluster_cidrs.is_empty(),
         })
     }
@@ -669,6 +674,14 @@ impl Datapath {
     /// `--nodeport-acceleration=native`).
     pub(crate) fn programs_loaded(&mut self) -> Result<(), LoadError> {
         self.programs.loaded().map(drop)
+    }
+
+    /// Whether this set was opened on maps a previous agent pinned (a
+    /// restart), whose TC programs serve traffic from outside until this
+    /// set's are loaded and attached.
+    #[must_use]
+    pub(crate) const fn taken_over(&self) -> bool {
+        self.taken_over
     }
 
     /// Ends when the programs' load does (`programs::Programs::done`).
