@@ -16,8 +16,10 @@ fn health_and_metrics_report_the_agents_state() {
     let health = address(env.agent(), "health");
     let metrics = address(env.agent(), "metrics");
 
+    common::wait_outside_served(env.agent());
     let (status, body) = get(&health, "/healthz");
     assert_eq!(status, 200, "{body}");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["outsideTrafficServed"], true, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(json["lastUpdated"].as_str().is_some_and(|t| t.starts_with("20")), "{body}");
     assert!(json["currentTime"].is_string() && json["nodeEligible"] == true, "{body}");
@@ -68,6 +70,7 @@ fn health_turns_503_when_a_change_cannot_be_applied() {
     args.extend(["--health-timeout".to_owned(), "1".to_owned()]);
     let agent = AgentProcess::start(std::path::Path::new(common::AGENT), args).unwrap();
     let _ = agent.wait_applied(0);
+    common::wait_outside_served(&agent);
     let health = address(&agent, "health");
     env.agent = Some(agent);
     assert_eq!(get(&health, "/healthz").0, 200);
@@ -128,6 +131,7 @@ fn taken_health_and_metrics_ports_do_not_stop_the_agent() {
             .unwrap_or_else(|e| panic!("{what} is served once the port is free: {e}"));
         assert_eq!(field(&record, "retried"), Some(&serde_json::Value::Bool(true)), "{record}");
     }
+    common::wait_outside_served(env.agent());
     let (status, body) = common::http_get_in(Some(&env.ns), &format!("127.0.0.1:{health_port}"), "/healthz");
     assert_eq!(status, 200, "{body}");
     let (status, text) = common::http_get_in(Some(&env.ns), &format!("127.0.0.1:{metrics_port}"), "/metrics");

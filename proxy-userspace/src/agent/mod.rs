@@ -499,6 +499,12 @@ fn grow_ct_or_warn(
     }
 }
 
+/// The message logged once, when `/healthz` may first say healthy: traffic
+/// from outside is served (the TC programs attached after a fresh start's
+/// first sync, or a previous agent's serving after a restart;
+/// `crate::observe::health`).
+pub const OUTSIDE_SERVED: &str = "traffic from outside is served: /healthz can report healthy";
+
 /// The message logged when `CT` was moved to one twice as big (fields:
 /// `from`, `to`, `entries`, `mark`, `reason`).
 pub const CT_GROWN: &str = "conntrack map (CT) grown: its flows carried into one twice as big";
@@ -642,6 +648,8 @@ fn take_counters(datapath: &mut Datapath, telemetry: &Shared) {
 
 /// What reacts to a sync, besides telemetry.
 struct Observers {
+    /// For /healthz: whether traffic from outside is served.
+    telemetry: Shared,
     health_checks: HealthCheckServers,
     destroyer: SocketDestroyer,
     /// The devices the TC programs are attached to (`None`: not yet).
@@ -666,6 +674,7 @@ impl Observers {
 
     fn new(config: &AgentConfig, telemetry: &Shared) -> Self {
         Self {
+            telemetry: telemetry.clone(),
             health_checks: HealthCheckServers::new({
                 let (telemetry, timeout) = (telemetry.clone(), config.health_timeout);
                 Arc::new(move || telemetry.lock().expect("telemetry lock").health.healthy(Instant::now(), timeout))
@@ -713,6 +722,7 @@ impl Observers {
                 // balancer's checks find their ports now, as before the
                 // restart, not once the new programs are verified.
                 self.health_checks.update(&pipeline.model().health_checks()).await;
+                self.outside_served();
             }
             self.devices_pending = true;
             return Ok(());
@@ -740,12 +750,21 @@ impl Observers {
         self.health_checks.update(&pipeline.model().health_checks()).await;
         let node_ips = pipeline.node().map(|n| n.node_ips.clone()).unwrap_or_default();
         attach_devices(&config.devices, datapath, &node_ips, &mut self.devices);
+        self.outside_served();
         // Once here; then at each link or address change (`links_changed`),
         // not at every sync: a device dump costs a netlink round trip.
         if self.pod_devices.is_none() {
             self.attach_pod_devices(&config.pod_devices, datapath, &node_ips);
         }
         Ok(())
+    }
+
+    /// /healthz may say healthy from now on (`observe::health`).
+    fn outside_served(&self) {
+        let health = &mut self.telemetry.lock().expect("telemetry lock").health;
+        if !std::mem::replace(&mut health.outside_served, true) {
+            info!("{OUTSIDE_SERVED}");
+        }
     }
 
     /// Attaches the TC programs of `datapath`, a set just moved to, to the

@@ -684,6 +684,13 @@ impl Datapath {
         self.taken_over
     }
 
+    /// Marks a set replacing `other` before the first attach as taken
+    /// over too when `other` was: the previous agent's TC programs serve
+    /// (`other`'s maps) until the swap.
+    pub(crate) fn inherit_taken_over(&mut self, other: &Self) {
+        self.taken_over = other.taken_over;
+    }
+
     /// Ends when the programs' load does (`programs::Programs::done`).
     pub(crate) fn programs_done(&self) -> impl std::future::Future<Output = ()> + use<> {
         self.programs.done()

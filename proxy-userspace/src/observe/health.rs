@@ -8,7 +8,13 @@
 //!   not eligible for traffic: being deleted (deletionTimestamp) or tainted
 //!   `ToBeDeletedByClusterAutoscaler`, so load balancers drain it first;
 //!   `/livez` ignores eligibility (a node being drained must not restart
-//!   its proxy).
+//!   its proxy);
+//! - `/healthz` is also 503 on a fresh node until traffic from outside is
+//!   served (the TC programs attached, after the first sync): a load
+//!   balancer that checks it for externalTrafficPolicy Cluster (KEP-3836)
+//!   would otherwise send to NodePorts nothing serves yet. kube-proxy's
+//!   first sync writes its NodePort rules with the rest. After a restart
+//!   the previous agent's programs serve them from the start.
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
@@ -36,6 +42,10 @@ pub(crate) struct ProxyHealth {
     pub(crate) synced: bool,
     /// A change seen but not yet applied since this instant.
     pub(crate) pending_since: Option<Instant>,
+    /// Traffic from outside is served: the TC programs were attached to
+    /// the devices (or found none to attach to), or a previous agent's
+    /// serve on the same maps (a restart).
+    pub(crate) outside_served: bool,
     /// The Node says this node should get traffic. True until its Node
     /// object says otherwise (as kube-proxy assumed before it read its
     /// Node; the file source has none).
@@ -44,7 +54,7 @@ pub(crate) struct ProxyHealth {
 
 impl Default for ProxyHealth {
     fn default() -> Self {
-        Self { last_updated: None, synced: false, pending_since: None, node_eligible: true }
+        Self { last_updated: None, synced: false, pending_since: None, outside_served: false, node_eligible: true }
     }
 }
 
@@ -84,7 +94,7 @@ impl ProxyHealth {
         let proxier_healthy = self.healthy(now, timeout);
         let ok = match endpoint {
             Endpoint::Livez => proxier_healthy,
-            Endpoint::Healthz => proxier_healthy && self.node_eligible && self.synced,
+            Endpoint::Healthz => proxier_healthy && self.node_eligible && self.synced && self.outside_served,
         };
         // kube-proxy reports "now" as lastUpdated while healthy (older
         // clients read a recent lastUpdated as healthy).
@@ -94,6 +104,11 @@ impl ProxyHealth {
             "currentTime": go_time(Some(wall)),
             "healthy": proxier_healthy,
         });
+        if endpoint == Endpoint::Healthz {
+            // Ours, beside kube-proxy's fields: why a synced, healthy
+            // proxy's /healthz is 503 on a fresh node.
+            body["outsideTrafficServed"] = json!(self.outside_served);
+        }
         if let Some(synced) = self.last_updated {
             // One proxier serves both families here.
             let proxier = json!({ "lastUpdated": go_time(Some(synced)), "healthy": proxier_healthy });
@@ -130,6 +145,7 @@ mod tests {
         let (now, wall) = (Instant::now(), SystemTime::now());
         h.queued(now);
         h.updated(wall);
+        h.outside_served = true;
         (h, now, wall)
     }
 
@@ -185,6 +201,21 @@ mod tests {
         assert_eq!(h.answer(Endpoint::Livez, late, wall, TIMEOUT).status, 503);
     }
 
+    /// A fresh node's first sync is done but its TC programs are still
+    /// being verified: NodePorts are not served yet, so /healthz (which a
+    /// load balancer checks) waits; /livez does not.
+    #[test]
+    fn healthz_waits_for_traffic_from_outside_to_be_served() {
+        let (mut h, now, wall) = synced();
+        h.outside_served = false;
+        let a = h.answer(Endpoint::Healthz, now, wall, TIMEOUT);
+        assert_eq!(a.status, 503);
+        assert_eq!((&a.body["healthy"], &a.body["outsideTrafficServed"]), (&json!(true), &json!(false)), "{}", a.body);
+        assert_eq!(h.answer(Endpoint::Livez, now, wall, TIMEOUT).status, 200);
+        h.outside_served = true;
+        assert_eq!(h.answer(Endpoint::Healthz, now, wall, TIMEOUT).status, 200);
+    }
+
     #[test]
     fn node_not_eligible_fails_healthz_only() {
         let (mut h, now, wall) = synced();
@@ -222,7 +253,7 @@ mod tests {
     /// the timeout.
     #[test]
     fn failing_syncs_turn_unhealthy_after_the_timeout() {
-        let mut h = ProxyHealth::default();
+        let mut h = ProxyHealth { outside_served: true, ..ProxyHealth::default() };
         let (now, wall) = (Instant::now(), SystemTime::now());
         h.queued(now);
         h.failed();

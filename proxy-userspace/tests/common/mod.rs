@@ -402,6 +402,17 @@ pub fn agent_address(agent: &AgentProcess, what: &str) -> String {
 }
 
 /// GET over loopback with curl: (status, body).
+/// Waits until `agent` serves traffic from outside, from when its
+/// `/healthz` can say healthy (after the first sync, once the TC
+/// programs are attached: src/observe/health.rs).
+pub fn wait_outside_served(agent: &proxy_testkit::AgentProcess) {
+    agent
+        .wait_for(0, std::time::Duration::from_secs(30), |r| {
+            proxy_testkit::message(r) == Some(ebpf_proxy::agent::OUTSIDE_SERVED)
+        })
+        .expect("the agent serves traffic from outside");
+}
+
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     http_get_in(None, addr, path)
 }
