@@ -432,6 +432,16 @@ fn the_socket_programs_serve_before_the_tc_programs_are_loaded() {
     assert_eq!(env.requests("10.96.0.10", 3), vec!["backend-1"; 3]);
     let agent = env.agent.as_ref().expect("agent running");
     let served = agent.mark();
+    // Meanwhile /healthz, which load balancers check, is not yet healthy
+    // (src/observe/health.rs): a 200 now would need the line saying the
+    // traffic from outside is served.
+    let (status, body) = common::http_get(&common::agent_address(agent, "health"), "/healthz");
+    let outside = |r: &serde_json::Value| message(r) == Some(ebpf_proxy::agent::OUTSIDE_SERVED);
+    if status == 200 {
+        assert!(agent.records().iter().any(outside), "/healthz healthy before traffic from outside is served: {body}");
+    } else {
+        assert!(body.contains("\"outsideTrafficServed\":false"), "{status} {body}");
+    }
     let tc_line = |r: &serde_json::Value| message(r).is_some_and(|m| m.starts_with("traffic from outside"));
     agent.wait_for(0, std::time::Duration::from_secs(30), tc_line).expect("the TC programs loaded");
     let records = agent.records();
@@ -442,4 +452,6 @@ fn the_socket_programs_serve_before_the_tc_programs_are_loaded() {
     let tc = at(&tc_line).expect("TC line");
     assert!(waiting < applied && applied < tc, "socket programs at {waiting}, first sync at {applied}, TC at {tc}");
     assert!(tc >= served, "the client was served before the TC programs were attached ({tc} < {served})");
+    common::wait_outside_served(agent);
+    assert_eq!(common::http_get(&common::agent_address(agent, "health"), "/healthz").0, 200);
 }
