@@ -455,8 +455,8 @@ impl Datapath {
     /// then (`crate::agent::resize::before_first_write`): a load now would be
     /// thrown away, and would take a core from the lists meanwhile. (A
     /// restart whose pinned maps turn out too small, or above a lowered
-    /// bound, does load them twice: the first load is waited for and
-    /// dropped with its datapath.)
+    /// bound, loads the socket programs twice: the first load, held before
+    /// its TC programs, stops there when its datapath is dropped.)
     pub fn load(opts: &LoadOptions) -> Result<Self, LoadError> {
         let pinned = crate::paths::pinned_sizes(&opts.pin_dir, opts.maglev_size);
         let sizes = pinned.map_or_else(

@@ -145,7 +145,8 @@ impl Programs {
         let Self::Waiting(ebpf, acceleration) = std::mem::replace(self, Self::Failed) else { unreachable!() };
         let (sockets_tx, sockets) = mpsc::sync_channel(1);
         let (done_tx, done) = tokio::sync::watch::channel(false);
-        // Dropping the sender releases the thread too.
+        // A send releases the thread; the sender dropped unsent abandons
+        // the TC programs (the datapath went before its first attach).
         let (release, hold) = if hold_tc {
             let (tx, rx) = mpsc::sync_channel::<()>(1);
             (Some(tx), Some(rx))
@@ -170,8 +171,11 @@ impl Programs {
 
     /// Lets a load held by `start_holding_tc` go on with the TC programs.
     pub(crate) fn release_tc(&mut self) {
-        if let Self::Loading(loading) = self {
-            loading.release.take();
+        if let Self::Loading(loading) = self
+            && let Some(release) = loading.release.take()
+        {
+            // The thread waits for it (or has ended: nothing to do).
+            let _ = release.send(());
         }
     }
 
@@ -255,7 +259,8 @@ pub(crate) struct Loading {
     received: Option<Vec<SocketProgram>>,
     /// Set when the load ends (`Programs::done`).
     done: tokio::sync::watch::Receiver<bool>,
-    /// Holds the TC programs' load until dropped (`Programs::release_tc`).
+    /// Holds the TC programs' load until a send (`Programs::release_tc`);
+    /// dropped unsent, they are not loaded.
     release: Option<mpsc::SyncSender<()>>,
 }
 
@@ -271,7 +276,9 @@ impl Loading {
 
 impl Drop for Loading {
     fn drop(&mut self) {
-        // A held load goes on to its end, as any other.
+        // A load still held stops before the TC programs: nothing would
+        // attach them (a stop, or a move to other maps, before the first
+        // attach), and the verifier's seconds would only delay the end.
         self.release.take();
         if let Some(handle) = self.handle.take() {
             let _ = handle.join();
@@ -280,9 +287,10 @@ impl Drop for Loading {
 }
 
 /// Loads the socket programs (a failure is an error) and sends them on
-/// `sockets`, then (once `hold`, if any, is released) the TC programs (a
-/// failure leaves traffic from outside unserved, with an error logged) and
-/// the XDP program when `acceleration` wants it.
+/// `sockets`, then (once `hold`, if any, is released; not at all when it
+/// is abandoned) the TC programs (a failure leaves traffic from outside
+/// unserved, with an error logged) and the XDP program when
+/// `acceleration` wants it.
 fn load(
     mut ebpf: Ebpf,
     acceleration: Acceleration,
@@ -301,9 +309,11 @@ fn load(
     let _ = sockets_tx.send(socket_programs(&ebpf)?);
     let mut waited = std::time::Duration::ZERO;
     if let Some(hold) = hold {
-        // Nothing is ever sent: the sender's drop is the release.
         let at = std::time::Instant::now();
-        let _ = hold.recv();
+        if hold.recv().is_err() {
+            tracing::debug!("the TC programs' load was abandoned before the first attach");
+            return Ok(Loaded { ebpf, sockets: Vec::new(), tc: false, xdp: false, tail_calls_done: false });
+        }
         waited = at.elapsed();
     }
     // Without the TC programs (an old kernel, a verifier that rejects
