@@ -44,7 +44,10 @@ pub(crate) struct ProxyHealth {
     pub(crate) pending_since: Option<Instant>,
     /// Traffic from outside is served: the TC programs were attached to
     /// the devices (or found none to attach to), or a previous agent's
-    /// serve on the same maps (a restart).
+    /// serve on the same maps (a restart). Also set when the kernel refused
+    /// the TC programs: that is logged as an error and does not change,
+    /// and a readiness probe failing for ever would only stall rollouts,
+    /// while the pods' connections are served.
     pub(crate) outside_served: bool,
     /// The Node says this node should get traffic. True until its Node
     /// object says otherwise (as kube-proxy assumed before it read its
