@@ -302,7 +302,10 @@ async fn pump<K>(
 ) {
     let mut stream = std::pin::pin!(stream);
     let mut schedule = RetrySchedule::default();
-    while let Some(event) = stream.next().await {
+    loop {
+        // Read before the attempt the next event may make (`back_since`).
+        let generation = reachability.generation(kind);
+        let Some(event) = stream.next().await else { break };
         match event {
             Ok(event) => {
                 // `Init` only says a list starts: the watcher sends it
@@ -341,7 +344,9 @@ async fn pump<K>(
                     // Another watch back means the server is: try now.
                     tokio::select! {
                         () = delay => {}
-                        () = reachability.reached() => debug!(kind, "the API server answers again: retrying now"),
+                        () = reachability.back_since(kind, generation) => {
+                            debug!(kind, "the API server answers again: retrying now");
+                        }
                     }
                 } else {
                     delay.await;

@@ -9,7 +9,7 @@
 //!
 //! A watch back after failing also means the API server answers again:
 //! the other watches waiting to retry an unreachable server are woken
-//! (`reached`) instead of each sleeping out its own delay (up to a second,
+//! (`back_since`) instead of each sleeping out its own delay (up to a second,
 //! `super::retry`), so they come back together and a relist after an
 //! outage waits for the first of them, not the last.
 use std::{
@@ -55,8 +55,9 @@ pub(crate) enum Logged {
 #[derive(Debug, Default)]
 pub(crate) struct Reachability {
     failing: Mutex<HashMap<&'static str, Failing>>,
-    /// Told when a failing watch is back.
-    back: tokio::sync::Notify,
+    /// How often the watch of each kind (`KINDS`' order) came back after
+    /// failing (`back_since`).
+    back: tokio::sync::watch::Sender<[u64; KINDS.len()]>,
 }
 
 impl Reachability {
@@ -96,17 +97,31 @@ impl Reachability {
         let failing = self.failing.lock().expect("reachability lock").remove(kind);
         if let Some(Failing { since, failures, .. }) = failing {
             info!(kind, down_seconds = since.elapsed().as_secs_f64(), failures, "watch is back");
-            self.back.notify_waiters();
+            if let Some(i) = KINDS.iter().position(|(_, k)| *k == kind) {
+                self.back.send_modify(|n| n[i] += 1);
+            }
         }
     }
 
-    /// Completes when a failing watch is back (`succeeded`) after this
-    /// call: the API server answers again. A watch waiting to retry an
-    /// unreachable server waits for this beside its delay.
-    pub(crate) fn reached(&self) -> impl Future<Output = ()> + '_ {
-        // A `Notified` receives `notify_waiters` from its creation on,
-        // polled or not.
-        self.back.notified()
+    /// How often the watches of kinds other than `kind` came back so far:
+    /// a mark for `back_since`.
+    pub(crate) fn generation(&self, kind: &str) -> u64 {
+        others(&self.back.borrow(), kind)
+    }
+
+    /// Completes when the watch of a kind other than `kind` came back
+    /// (`succeeded`) after `generation` was read: the API server answers
+    /// again. A watch reads it before each attempt and, when the attempt
+    /// finds the server unreachable, waits for this beside its delay; so a
+    /// watch that came back while the attempt was under way is not missed.
+    /// Its own kind does not count: a server that accepts the watch and
+    /// drops it at once would otherwise have it retried without a pause.
+    pub(crate) fn back_since(&self, kind: &'static str, generation: u64) -> impl Future<Output = ()> + use<> {
+        let mut back = self.back.subscribe();
+        async move {
+            // An error: the sender is gone with the agent.
+            let _ = back.wait_for(|n| others(n, kind) != generation).await;
+        }
     }
 
     /// An observer of the client's requests (`super::requests`) that
@@ -145,9 +160,37 @@ impl Reachability {
     }
 }
 
+/// The sum of `counts` but for `kind`'s.
+fn others(counts: &[u64; KINDS.len()], kind: &str) -> u64 {
+    KINDS.iter().zip(counts).filter(|((_, k), _)| *k != kind).map(|(_, n)| n).sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::Reachability;
+
+    /// Another kind's watch coming back wakes a watch waiting on an
+    /// unreachable server, also when it came back before the wait began
+    /// (during the attempt); its own kind's does not (a server that drops
+    /// each watch at once must not be retried without a pause).
+    #[tokio::test]
+    async fn another_watch_back_wakes_a_waiting_one_its_own_does_not() {
+        use std::time::Duration;
+        let r = Reachability::default();
+        let before = r.generation("Node");
+        r.failed("Node", &"refused");
+        r.succeeded("Node");
+        let own = tokio::time::timeout(Duration::from_millis(50), r.back_since("Node", before)).await;
+        assert!(own.is_err(), "its own kind woke it");
+        r.succeeded("Service");
+        assert_eq!(r.generation("Node"), before, "a kind that was not failing is not back");
+        r.failed("Service", &"refused");
+        r.succeeded("Service");
+        // Came back before the wait: it ends at once.
+        let other = tokio::time::timeout(Duration::from_millis(50), r.back_since("Node", before)).await;
+        assert!(other.is_ok(), "another kind back did not wake it");
+        assert_eq!(r.generation("Node"), before + 1);
+    }
 
     #[test]
     fn request_paths_name_their_kind() {
