@@ -500,10 +500,12 @@ fn grow_ct_or_warn(
 }
 
 /// The message logged once, when `/healthz` may first say healthy: traffic
-/// from outside is served (the TC programs attached after a fresh start's
-/// first sync, or a previous agent's serving after a restart;
-/// `crate::observe::health`).
-pub const OUTSIDE_SERVED: &str = "traffic from outside is served: /healthz can report healthy";
+/// from outside is served on the devices there are (the TC programs
+/// attached after a fresh start's first sync, or a previous agent's
+/// serving after a restart; `crate::observe::health`). Worded for the
+/// node without devices too, where it comes after "not served: no
+/// devices".
+pub const OUTSIDE_SERVED: &str = "the TC programs are attached: /healthz can report healthy";
 
 /// The message logged when `CT` was moved to one twice as big (fields:
 /// `from`, `to`, `entries`, `mark`, `reason`).
