@@ -46,21 +46,28 @@ pub(crate) struct SocketProgram {
     pub(crate) attach_type: u32,
 }
 
-/// Where each socket program attaches (`enum bpf_attach_type` in
-/// linux/bpf.h), as its ELF section (`cgroup/connect4`, ...) says to aya.
+/// Where each socket program attaches, as its ELF section
+/// (`cgroup/connect4`, ...) says to aya, which keeps it to itself: named
+/// by aya-obj's bindings of `enum bpf_attach_type` (linux/bpf.h).
 fn attach_type(name: &str) -> Option<u32> {
-    Some(match name {
-        "connect4" => 10,
-        "connect6" => 11,
-        "sendmsg4" => 14,
-        "sendmsg6" => 15,
-        "recvmsg4" => 19,
-        "recvmsg6" => 20,
-        "getpeername4" => 29,
-        "getpeername6" => 30,
-        SOCK_RELEASE_PROGRAM => 34,
+    use aya_obj::generated::bpf_attach_type::{
+        BPF_CGROUP_INET_SOCK_RELEASE, BPF_CGROUP_INET4_CONNECT, BPF_CGROUP_INET4_GETPEERNAME, BPF_CGROUP_INET6_CONNECT,
+        BPF_CGROUP_INET6_GETPEERNAME, BPF_CGROUP_UDP4_RECVMSG, BPF_CGROUP_UDP4_SENDMSG, BPF_CGROUP_UDP6_RECVMSG,
+        BPF_CGROUP_UDP6_SENDMSG,
+    };
+    let attach_type = match name {
+        "connect4" => BPF_CGROUP_INET4_CONNECT,
+        "connect6" => BPF_CGROUP_INET6_CONNECT,
+        "sendmsg4" => BPF_CGROUP_UDP4_SENDMSG,
+        "sendmsg6" => BPF_CGROUP_UDP6_SENDMSG,
+        "recvmsg4" => BPF_CGROUP_UDP4_RECVMSG,
+        "recvmsg6" => BPF_CGROUP_UDP6_RECVMSG,
+        "getpeername4" => BPF_CGROUP_INET4_GETPEERNAME,
+        "getpeername6" => BPF_CGROUP_INET6_GETPEERNAME,
+        SOCK_RELEASE_PROGRAM => BPF_CGROUP_INET_SOCK_RELEASE,
         _ => return None,
-    })
+    };
+    Some(attach_type as u32)
 }
 
 /// The object's programs, loaded into the kernel.
