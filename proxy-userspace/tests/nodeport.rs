@@ -164,22 +164,26 @@ fn http_get(topo: &Topology, url: &str) -> (u16, String) {
     (code.parse().unwrap_or(0), body.to_owned())
 }
 
+/// LoadBalancer `lb` (203.0.113.10:80, NodePort 30083) with
+/// externalTrafficPolicy Local and its health check on port 32001, with
+/// endpoints on `pods` (node, pod).
+fn local_lb(pods: &[(u8, u8)]) -> String {
+    service(
+        "lb",
+        "LoadBalancer",
+        &[("http", 80, 30083, "TCP")],
+        "  externalTrafficPolicy: Local\n  healthCheckNodePort: 32001\n",
+        &["203.0.113.10"],
+    ) + &endpoints("lb", ("http", 8080, "TCP"), pods)
+}
+
 #[test]
 fn health_check_node_port_answers_200_or_503_as_endpoints_move() {
     common::require_root!();
     let mut topo = Topology::new(&[1, 1]);
     topo.http_on(1, 1);
     topo.http_on(2, 1);
-    let lb = |pods: &[(u8, u8)]| {
-        service(
-            "lb",
-            "LoadBalancer",
-            &[("http", 80, 30083, "TCP")],
-            "  externalTrafficPolicy: Local\n  healthCheckNodePort: 32001\n",
-            &["203.0.113.10"],
-        ) + &endpoints("lb", ("http", 8080, "TCP"), pods)
-    };
-    topo.write_services(&lb(&[(1, 1)]));
+    topo.write_services(&local_lb(&[(1, 1)]));
     topo.start_agents();
     topo.route_to_node("203.0.113.0/24", 1);
 
@@ -199,7 +203,7 @@ fn health_check_node_port_answers_200_or_503_as_endpoints_move() {
     assert_eq!(topo.requests("203.0.113.10:80", 3), vec!["pod-1-1"; 3]);
 
     // The endpoint moves to node 2.
-    topo.apply(&lb(&[(2, 1)]));
+    topo.apply(&local_lb(&[(2, 1)]));
     assert_eq!(check(1).0, 503);
     assert_eq!(check(2).0, 200);
     // Node 1 now drops; once the load balancer follows the health checks
@@ -223,15 +227,7 @@ fn after_a_restart_the_health_check_port_answers_before_the_new_tc_programs_load
     common::require_root!();
     let mut topo = Topology::new(&[1, 0]);
     topo.http_on(1, 1);
-    topo.write_services(
-        &(service(
-            "lb",
-            "LoadBalancer",
-            &[("http", 80, 30083, "TCP")],
-            "  externalTrafficPolicy: Local\n  healthCheckNodePort: 32001\n",
-            &["203.0.113.10"],
-        ) + &endpoints("lb", ("http", 8080, "TCP"), &[(1, 1)])),
-    );
+    topo.write_services(&local_lb(&[(1, 1)]));
     topo.start_agents();
     let url = format!("http://{}/", on_node(1, 32001));
     assert_eq!(http_get(&topo, &url).0, 200, "before the restart");
