@@ -660,6 +660,9 @@ struct Observers {
     pod_devices: Option<Vec<String>>,
     /// The programs took over (after the first sync).
     attached: bool,
+    /// The first attach was onto a previous agent's maps (a restart): its
+    /// TC programs serve traffic from outside until ours are attached.
+    restarted: bool,
     /// The socket programs serve, and the TC programs are still being
     /// verified: the devices, pod-facing devices and health check servers
     /// follow when the load ends (`serve_devices`).
@@ -685,6 +688,7 @@ impl Observers {
             devices: None,
             pod_devices: None,
             attached: false,
+            restarted: false,
             devices_pending: false,
         }
     }
@@ -700,6 +704,7 @@ impl Observers {
         forget_removed_backends(&synced.report, datapath, pipeline.reconciler(), &mut self.destroyer);
         let first = !self.attached;
         if first {
+            self.restarted = datapath.previous_agents();
             // Only now that the maps hold the table do the programs (and so
             // a new layout's maps) take over. The socket programs only: the
             // TC programs may still be in the verifier (`devices_pending`).
@@ -718,7 +723,7 @@ impl Observers {
                     "the socket programs serve; traffic from outside and the pods' per-packet path are served once the TC programs are verified and attached"
                 );
             }
-            if datapath.taken_over() {
+            if self.restarted {
                 // A restart: the previous agent's TC programs serve traffic
                 // from outside on these maps meanwhile, so a load
                 // balancer's checks find their ports now, as before the

@@ -68,9 +68,6 @@ pub(crate) fn after_sync(
     let opts = &datapath.options_for_next(opts);
     let mut moved = Datapath::load_sized(opts, next, &datapath.sessions_to_carry())?;
     moved.copy_outside_handover(datapath)?;
-    if !attached {
-        moved.inherit_taken_over(datapath);
-    }
     // Loaded beside the write of the whole table.
     moved.start_loading_programs()?;
     let (mut reconciler, _) = Reconciler::recover(&mut moved.maps)?;
@@ -185,7 +182,6 @@ pub(crate) fn before_first_write(
     let opts = &datapath.options_for_next(opts);
     let mut moved = Datapath::load_sized(opts, next, &datapath.sessions_to_carry())?;
     moved.copy_outside_handover(datapath)?;
-    moved.inherit_taken_over(datapath);
     let (reconciler, _) = Reconciler::recover(&mut moved.maps)?;
     pipeline.write_through(reconciler);
     pipeline.reserve_backends(demand.backends);

@@ -422,9 +422,6 @@ pub struct Datapath {
     /// Made by this start (none found pinned) or onto such a set's unused
     /// session maps, and never attached: its session maps hold nothing.
     unused: bool,
-    /// Opened on the maps a previous agent pinned, whose TC programs serve
-    /// them until this set's own are loaded (`load`).
-    taken_over: bool,
     /// The TC programs translate packets to ClusterIPs too: the pods'
     /// (`--socket-lb host-namespace`) or those routed to the node
     /// (`--cluster-cidr`).
@@ -470,7 +467,6 @@ impl Datapath {
             // The previous agent's TC programs serve until the first sync:
             // only the socket programs load beside the lists and the read.
             datapath.programs.start_holding_tc()?;
-            datapath.taken_over = true;
         }
         Ok(datapath)
     }
@@ -528,7 +524,6 @@ impl Datapath {
             ct_size: opts.ct_map_size,
             maglev_size: opts.maglev_size,
             unused: matches!(carry, Sessions::Unused(_)),
-            taken_over: false,
             cluster_ips_per_packet: opts.socket_lb == SocketLb::HostNamespace || !opts.cluster_cidrs.is_empty(),
         })
     }
@@ -676,19 +671,13 @@ impl Datapath {
         self.programs.loaded().map(drop)
     }
 
-    /// Whether this set was opened on maps a previous agent pinned (a
+    /// Before the first attach: whether these maps (or those a set made
+    /// before the first write replaces) are a previous agent's, pinned (a
     /// restart), whose TC programs serve traffic from outside until this
-    /// set's are loaded and attached.
+    /// agent's are attached. (`unused` says the opposite until `attach`.)
     #[must_use]
-    pub(crate) const fn taken_over(&self) -> bool {
-        self.taken_over
-    }
-
-    /// Marks a set replacing `other` before the first attach as taken
-    /// over too when `other` was: the previous agent's TC programs serve
-    /// (`other`'s maps) until the swap.
-    pub(crate) fn inherit_taken_over(&mut self, other: &Self) {
-        self.taken_over = other.taken_over;
+    pub(crate) const fn previous_agents(&self) -> bool {
+        !self.unused
     }
 
     /// Ends when the programs' load does (`programs::Programs::done`).
