@@ -14,8 +14,11 @@ pub struct TestCgroup {
 impl TestCgroup {
     /// Creates `NAME` under the cgroup2 root.
     pub fn create(name: &str) -> io::Result<Self> {
-        let root = crate::node::fs::cgroup2_root().map_err(io::Error::other)?;
-        let path = root.join(name);
+        Self::make(crate::node::fs::cgroup2_root().map_err(io::Error::other)?.join(name))
+    }
+
+    /// Makes the cgroup at `path`, anew (a leftover there is removed).
+    fn make(path: PathBuf) -> io::Result<Self> {
         if path.exists() {
             remove(&path);
         }
@@ -50,12 +53,7 @@ impl TestCgroup {
             }
             (root, "memory.max")
         };
-        let path = parent.join(name);
-        if path.exists() {
-            remove(&path);
-        }
-        fs::create_dir(&path)?;
-        let cgroup = Self { path };
+        let cgroup = Self::make(parent.join(name))?;
         fs::write(cgroup.path.join(file), limit.to_string())?;
         Ok(cgroup)
     }
