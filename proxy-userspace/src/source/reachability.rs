@@ -92,7 +92,7 @@ impl Reachability {
     }
 
     /// A list or watch of `kind` succeeded: logs "watch is back" once
-    /// after failures, and wakes the watches waiting in `reached`.
+    /// after failures, and counts it for the watches waiting in `back_since`.
     pub(crate) fn succeeded(&self, kind: &str) {
         let failing = self.failing.lock().expect("reachability lock").remove(kind);
         if let Some(Failing { since, failures, .. }) = failing {
