@@ -242,13 +242,17 @@ fn after_a_restart_the_health_check_port_answers_before_the_new_tc_programs_load
     let (status, body) = http_get(&topo, &url);
     let answered = agent.mark();
     assert_eq!(status, 200, "the health check port after the first sync: {body}");
-    let tc = agent
-        .wait_for(0, std::time::Duration::from_secs(30), |r| {
+    let loaded = agent
+        .wait_for_position(0, std::time::Duration::from_secs(30), |r| {
+            proxy_testkit::message(r) == Some("programs loaded")
+        })
+        .expect("the new TC programs loaded");
+    assert!(loaded >= answered, "the check was answered before the new TC programs were loaded");
+    agent
+        .wait_for(loaded, std::time::Duration::from_secs(30), |r| {
             proxy_testkit::message(r).is_some_and(|m| m.starts_with("serving traffic from outside"))
         })
         .expect("the new TC programs attached");
-    let tc_at = agent.records().iter().position(|r| *r == tc).expect("found");
-    assert!(tc_at >= answered, "the check was answered before the new TC programs were attached");
     topo.agents[0] = Some(agent);
 }
 
