@@ -371,12 +371,14 @@ fn first_sync(
     // counted, so only what `reserve_backends` asks for is offered.
     maps.1 = Some(demand.backends + demand.backends / 8 + 2);
     let sizing_peak = peak();
+    let started = std::time::Instant::now();
     let synced = pipeline.write(translated, maps);
+    let write = started.elapsed();
     assert!(synced.report.failures.is_empty());
     drop(synced);
     if detail() {
         println!(
-            "{what}: before {}, translation's peak {} ({translation:.2?}), translated {}, sizing's peak {}, sync's peak {}, after it {}",
+            "{what}: before {}, translation's peak {} ({translation:.2?}), translated {}, sizing's peak {}, sync's peak {} ({write:.2?}), after it {}",
             mib(before),
             mib(translation_peak),
             mib(translated_live),

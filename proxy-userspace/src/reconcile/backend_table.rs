@@ -132,6 +132,11 @@ pub(crate) struct BackendTable {
     /// The records were read back and `ids` is not made yet
     /// (`index_recovered`).
     unindexed: bool,
+    /// Records of an address `ids` knows by a lower id (the maps held it
+    /// twice, left by a crash, until the first sync deletes them). While
+    /// there are any, an id found at a frontend's slot is not trusted to be
+    /// its address's (`reserve_at`).
+    duplicates: usize,
 }
 
 impl BackendTable {
@@ -179,11 +184,19 @@ impl BackendTable {
             return;
         }
         let Self { by_id, ids, hasher, written, .. } = self;
-        ids.reserve(*written, |id| record_addr(by_id, *id).map_or(0, |a| hasher.hash_one(a)));
-        for id in 0..self.by_id.len() {
+        let rehash = |id: &u32| record_addr(by_id, *id).map_or(0, |a| hasher.hash_one(a));
+        ids.reserve(*written, rehash);
+        // One probe an id (found, or the place to insert it): ids go up,
+        // so an address found already has its lower id there.
+        for id in 0..by_id.len() {
             let id = to_id(id);
-            if record_addr(&self.by_id, id).is_some_and(|addr| self.lookup(&addr).is_none()) {
-                self.index(id);
+            let Some(addr) = record_addr(by_id, id) else { continue };
+            let same = |other: &u32| record_addr(by_id, *other).as_ref() == Some(&addr);
+            match ids.entry(hasher.hash_one(addr), same, rehash) {
+                hashbrown::hash_table::Entry::Vacant(place) => {
+                    place.insert(id);
+                }
+                hashbrown::hash_table::Entry::Occupied(_) => self.duplicates += 1,
             }
         }
     }
@@ -218,6 +231,13 @@ impl BackendTable {
         ids.reserve(backends.saturating_sub(ids.len()), |id| record_addr(by_id, *id).map_or(0, |a| hasher.hash_one(a)));
         // Ids start at 1.
         by_id.reserve_exact((backends + 1 + backends / 8).saturating_sub(by_id.len()));
+    }
+
+    /// Whether `id` is the id `addr` is indexed by, known from its record
+    /// alone: a record holds one address, and while no address has two
+    /// records the index names every record by its own.
+    fn indexed_as(&self, id: u32, addr: &BackendAddr) -> bool {
+        self.duplicates == 0 && !self.unindexed && record_addr(&self.by_id, id).as_ref() == Some(addr)
     }
 
     /// The id `addr` is indexed by.
@@ -264,6 +284,17 @@ impl BackendTable {
         self.lookup(addr).filter(|id| self.is_written(*id))
     }
 
+    /// `id(addr)`, tried first at `hint` (the id a frontend's slot
+    /// held at that place): a table that did not change there finds its ids
+    /// in the records the frontend names, near one another, without a probe
+    /// of the index for each (a million at a restart's first sync).
+    pub(crate) fn id_at(&self, addr: &BackendAddr, hint: Option<u32>) -> Option<u32> {
+        match hint {
+            Some(id) if self.indexed_as(id, addr) => self.is_written(id).then_some(id),
+            _ => self.id(addr),
+        }
+    }
+
     /// Whether backend `id` is in the map.
     pub(crate) fn is_written(&self, id: u32) -> bool {
         self.get(id).is_some_and(Record::written)
@@ -290,6 +321,14 @@ impl BackendTable {
         *self.slot(id) = Some(Record::new(value, false));
         self.index(id);
         Some(id)
+    }
+
+    /// `reserve(addr)`, tried first at `hint` (as `id_at`).
+    pub(crate) fn reserve_at(&mut self, addr: BackendAddr, hint: Option<u32>) -> Option<u32> {
+        match hint {
+            Some(id) if self.indexed_as(id, &addr) => Some(id),
+            _ => self.reserve(addr),
+        }
     }
 
     /// A frontend of the desired table wants backend `id` (`wanted`: a
@@ -341,10 +380,14 @@ impl BackendTable {
     /// Drops the record of `id` (deleted from the map, or never written)
     /// and frees the id.
     pub(crate) fn forget(&mut self, id: u32) {
-        if let Some(addr) = record_addr(&self.by_id, id)
-            && let Ok(entry) = self.ids.find_entry(self.hasher.hash_one(addr), |x| *x == id)
-        {
-            entry.remove();
+        if let Some(addr) = record_addr(&self.by_id, id) {
+            match self.ids.find_entry(self.hasher.hash_one(addr), |x| *x == id) {
+                Ok(entry) => drop(entry.remove()),
+                // Not indexed: a second id of its address (or a record
+                // read back and not indexed yet).
+                Err(_) if !self.unindexed => self.duplicates = self.duplicates.saturating_sub(1),
+                Err(_) => {}
+            }
         }
         let Some(r) = self.slot(id).take() else { return };
         if r.written() {

@@ -818,8 +818,10 @@ impl Reconciler {
     /// Counts what frontend `key` of the desired table wants of its
     /// backends, reserving ids for the new ones; adds their ids to `ids`.
     fn want(&mut self, key: FrontendKey, frontend: &Frontend, ids: &mut Vec<u32>, report: &mut Report) {
-        for (addr, way) in wanted_of(key, frontend) {
-            let Some(id) = self.backends.reserve(addr) else {
+        let Self { frontends, backends, .. } = self;
+        let held = frontends.get(&key).map_or(&[][..], |f| &f.slots);
+        for (i, (addr, way)) in wanted_of(key, frontend).enumerate() {
+            let Some(id) = backends.reserve_at(addr, held.get(i).copied()) else {
                 let error = MapError::Full { map: MapName::Backends };
                 let subject = format!("backend {addr}/{}", addr.protocol);
                 if !report.failures.iter().any(|f| f.subject == subject) {
@@ -827,7 +829,7 @@ impl Reconciler {
                 }
                 continue;
             };
-            self.backends.want(id, way, true);
+            backends.want(id, way, true);
             ids.push(id);
         }
     }
@@ -895,12 +897,14 @@ impl Reconciler {
         report: &mut Report,
     ) {
         let frontend = &desired[&key];
+        let held = self.frontends.get(&key).map_or(&[][..], |f| &f.slots);
         let targets: Option<Vec<(BackendAddr, u32)>> = frontend
             .backends
             .iter()
-            .map(|b| {
+            .enumerate()
+            .map(|(i, b)| {
                 let addr = BackendAddr { addr: b.addr, port: b.port, protocol: key.protocol };
-                self.backends.id(&addr).map(|id| (addr, id))
+                self.backends.id_at(&addr, held.get(i).copied()).map(|id| (addr, id))
             })
             .collect();
         // A missing backend failed to be written (and is reported).

@@ -596,6 +596,26 @@ fn recovery_after_restart_writes_nothing_when_in_sync() {
 }
 
 #[test]
+fn a_backend_read_back_at_two_ids_ends_at_the_lower_one() {
+    // A crash left backend 10.244.0.2 in BACKENDS at a second id, 3, which
+    // the second frontend's slot names. The first sync takes the lower id
+    // (the index's) for both frontends, not the id a slot held, and
+    // deletes the other.
+    let mut maps = FakeMaps::default();
+    let (a, b) = (fk(1, 80, Protocol::Tcp), fk(2, 80, Protocol::Tcp));
+    let t = table(&[(a, vec![be(1, 80), be(2, 80)]), (b, vec![be(2, 80)])]);
+    Reconciler::new().apply(&mut maps, &t);
+    assert_eq!(maps.state.backends.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    maps.state.backends.insert(3, maps.state.backends[&2]);
+    maps.state.services.insert(codec::slots_key(b, 0), codec::slots_value(&[3], 0));
+    let (mut r, _) = Reconciler::recover(&mut maps).unwrap();
+    r.apply(&mut maps, &t);
+    assert_exact(&maps, &t);
+    assert_eq!(maps.state.services[&codec::slots_key(b, 0)].slot_ids()[0], 2);
+    assert!(!maps.state.backends.contains_key(&3));
+}
+
+#[test]
 fn recovery_removes_entries_the_agent_never_writes() {
     let mut maps = FakeMaps::default();
     let t = table(&[(fk(1, 80, Protocol::Tcp), vec![be(1, 80)])]);
