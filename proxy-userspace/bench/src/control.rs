@@ -20,6 +20,11 @@ pub struct Control {
     pub cold_start_seconds: f64,
     /// Of that, the first sync: from the lists complete to maps written.
     pub first_sync_seconds: f64,
+    /// From starting the agent to /healthz healthy: the TC programs
+    /// (traffic from outside, the pods' per-packet path) verified and
+    /// attached, which a fresh start does after the socket programs serve
+    /// (`None`: not within two minutes, say on a kernel that refuses them).
+    pub healthy_seconds: Option<f64>,
     pub changes: usize,
     /// From a change reaching the agent to its maps written (the agent's
     /// own `latency_us`), milliseconds.
@@ -47,6 +52,9 @@ pub struct Control {
     /// the start to every map written, the maps read back and compared
     /// with the table the lists give.
     pub agent_restart_seconds: f64,
+    /// Of that, the first sync: from the lists complete (and the maps
+    /// read back) to maps written.
+    pub agent_restart_first_sync_seconds: f64,
     /// Map writes of that first sync (none when the maps were kept whole).
     pub agent_restart_writes: u64,
     /// Peak resident memory of the restarted agent (at its first sync).
@@ -98,17 +106,21 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     let start_on = |cgroup: &TestCgroup,
                     bpffs: &BpfFs,
                     flags: &[&str]|
-     -> anyhow::Result<(proxy_testkit::AgentProcess, serde_json::Value, f64)> {
+     -> anyhow::Result<(proxy_testkit::AgentProcess, serde_json::Value, f64, Instant)> {
         let started = Instant::now();
         let source: Vec<&str> = ["--kubeconfig", &kubeconfig].into_iter().chain(flags.iter().copied()).collect();
         let agent = settings.start_agent_with(&source, cgroup.path(), bpffs.path(), FILTER)?;
         let first = first_applied(&agent, "the agent")?;
-        Ok((agent, first, started.elapsed().as_secs_f64()))
+        Ok((agent, first, started.elapsed().as_secs_f64(), started))
     };
     let start = || start_on(&cgroup, &bpffs, &[]);
-    let (agent, first, cold_start_seconds) = start()?;
-    let start_list_bytes = list_bytes(&agent, "protobuf")?;
+    let (agent, first, cold_start_seconds, started) = start()?;
     let first_sync_seconds = latency_ms(&first) / 1000.0;
+    let healthy_seconds = agent
+        .wait_for_position(0, Duration::from_mins(2), |r| message(r) == Some(ebpf_proxy::agent::OUTSIDE_SERVED))
+        .ok()
+        .map(|_| started.elapsed().as_secs_f64());
+    let start_list_bytes = list_bytes(&agent, "protobuf")?;
 
     let mut at_agent = Vec::new();
     let mut end_to_end = Vec::new();
@@ -141,7 +153,8 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     drop(agent);
     // A restart of the agent (an upgrade, a crash): the maps stay pinned,
     // the new process reads them back and writes what differs.
-    let (agent, first, agent_restart_seconds) = start()?;
+    let (agent, first, agent_restart_seconds, _) = start()?;
+    let agent_restart_first_sync_seconds = latency_ms(&first) / 1000.0;
     let agent_restart_writes = field(&first, "writes")
         .and_then(serde_json::Value::as_u64)
         .with_context(|| format!("an applied record without its writes: {first}"))?;
@@ -151,7 +164,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     // start, not a restart).
     let json_cgroup = TestCgroup::create(&unique_name("ebpf-proxy-bench-json"))?;
     let json_bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-bench-json"))?;
-    let (agent, _, json_cold_start_seconds) =
+    let (agent, _, json_cold_start_seconds, _) =
         start_on(&json_cgroup, &json_bpffs, &["--kube-api-content-type", "application/json"])?;
     let json_start_list_bytes = list_bytes(&agent, "json")?;
     let json_peak_rss_mib = rss(agent.pid()).0;
@@ -161,6 +174,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         endpoints: n * u32::from(spec::ENDPOINTS),
         cold_start_seconds,
         first_sync_seconds,
+        healthy_seconds,
         changes: settings.changes,
         change_p50_ms: percentile(&mut at_agent, 0.5),
         change_p99_ms: percentile(&mut at_agent, 0.99),
@@ -173,6 +187,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
         relist_peak_rss_mib: restarts.relist_peak_rss_mib,
         rss_after_relist_mib: restarts.rss_after_relist_mib,
         agent_restart_seconds,
+        agent_restart_first_sync_seconds,
         agent_restart_writes,
         agent_restart_peak_rss_mib,
         start_list_bytes,

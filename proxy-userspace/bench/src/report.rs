@@ -184,6 +184,8 @@ fn control_table(out: &mut String, c: &Control) {
     let _ = writeln!(out, "| measure | value |\n|---|---:|");
     let _ = writeln!(out, "| start to every map written | {:.2} s |", c.cold_start_seconds);
     let _ = writeln!(out, "| of which the first sync | {:.2} s |", c.first_sync_seconds);
+    let healthy = c.healthy_seconds.map_or_else(|| "not within 2 minutes".to_owned(), |s| format!("{s:.2} s"));
+    let _ = writeln!(out, "| start to /healthz healthy (the TC programs verified and attached) | {healthy} |");
     let _ = writeln!(
         out,
         "| one endpoint change, at the agent, p50 / p99 ({} changes) | {:.2} / {:.2} ms |",
@@ -213,6 +215,7 @@ fn control_table(out: &mut String, c: &Control) {
         "| agent restart (maps pinned): start to every map written | {:.2} s ({} writes) |",
         c.agent_restart_seconds, c.agent_restart_writes
     );
+    let _ = writeln!(out, "| of which the first sync | {:.2} s |", c.agent_restart_first_sync_seconds);
     let _ = writeln!(out, "| agent peak RSS after its restart | {:.1} MiB |", c.agent_restart_peak_rss_mib);
     let mib = |bytes: u64| {
         #[expect(clippy::cast_precision_loss, reason = "bytes far below 2^52")]
