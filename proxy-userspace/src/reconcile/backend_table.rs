@@ -539,6 +539,37 @@ mod tests {
         assert_eq!((t.ids.capacity(), t.by_id.capacity()), room, "grown by the first new backends");
     }
 
+    proptest::proptest! {
+        /// A hint is taken only when the index would give the same id:
+        /// maps read back with addresses at several ids (a crash's), then
+        /// ids forgotten and addresses reserved, asked at every id.
+        #[test]
+        fn a_hint_is_taken_only_for_the_id_the_index_gives(
+            found in proptest::collection::btree_map(1u32..40, 0u8..12, 0..30),
+            forgotten in proptest::collection::vec(1u32..40, 0..10),
+            reserved in proptest::collection::vec(0u8..16, 0..10),
+        ) {
+            let value = |n: u8| codec::backend_value(BackendEntry { addr: addr(n), state: BackendState::Active, local: false });
+            let found: BTreeMap<u32, BackendValue> = found.into_iter().map(|(id, n)| (id, value(n))).collect();
+            let (mut t, _) = BackendTable::recover_all(&found);
+            t.reserve_recovered();
+            for id in forgotten {
+                t.forget(id);
+            }
+            for n in reserved {
+                t.reserve(addr(n));
+            }
+            for n in 0..16 {
+                for hint in (0..45).map(Some).chain([None]) {
+                    proptest::prop_assert_eq!(t.id_at(&addr(n), hint), t.id(&addr(n)), "{} at {:?}", n, hint);
+                    if hint.is_some_and(|id| t.indexed_as(id, &addr(n))) {
+                        proptest::prop_assert_eq!(t.lookup(&addr(n)), hint);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn recovery_keeps_the_lowest_id_of_an_address_and_drops_bad_ids() {
         let value = codec::backend_value(BackendEntry { addr: addr(1), state: BackendState::Active, local: false });
