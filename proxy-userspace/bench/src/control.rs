@@ -106,20 +106,17 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     let start_on = |cgroup: &TestCgroup,
                     bpffs: &BpfFs,
                     flags: &[&str]|
-     -> anyhow::Result<(proxy_testkit::AgentProcess, serde_json::Value, f64, Instant)> {
+     -> anyhow::Result<(proxy_testkit::AgentProcess, serde_json::Value, f64)> {
         let started = Instant::now();
         let source: Vec<&str> = ["--kubeconfig", &kubeconfig].into_iter().chain(flags.iter().copied()).collect();
         let agent = settings.start_agent_with(&source, cgroup.path(), bpffs.path(), FILTER)?;
         let first = first_applied(&agent, "the agent")?;
-        Ok((agent, first, started.elapsed().as_secs_f64(), started))
+        Ok((agent, first, started.elapsed().as_secs_f64()))
     };
     let start = || start_on(&cgroup, &bpffs, &[]);
-    let (agent, first, cold_start_seconds, started) = start()?;
+    let (mut agent, first, cold_start_seconds) = start()?;
     let first_sync_seconds = latency_ms(&first) / 1000.0;
-    let healthy_seconds = agent
-        .wait_for_position(0, Duration::from_mins(2), |r| message(r) == Some(ebpf_proxy::agent::OUTSIDE_SERVED))
-        .ok()
-        .map(|_| started.elapsed().as_secs_f64());
+    let healthy_seconds = healthy_after(&mut agent, &first).map(|after| cold_start_seconds + after);
     let start_list_bytes = list_bytes(&agent, "protobuf")?;
 
     let mut at_agent = Vec::new();
@@ -153,7 +150,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     drop(agent);
     // A restart of the agent (an upgrade, a crash): the maps stay pinned,
     // the new process reads them back and writes what differs.
-    let (agent, first, agent_restart_seconds, _) = start()?;
+    let (agent, first, agent_restart_seconds) = start()?;
     let agent_restart_first_sync_seconds = latency_ms(&first) / 1000.0;
     let agent_restart_writes = field(&first, "writes")
         .and_then(serde_json::Value::as_u64)
@@ -164,7 +161,7 @@ pub fn run(settings: &Settings, n: u32) -> anyhow::Result<Control> {
     // start, not a restart).
     let json_cgroup = TestCgroup::create(&unique_name("ebpf-proxy-bench-json"))?;
     let json_bpffs = BpfFs::mount_temp(&unique_name("ebpf-proxy-bench-json"))?;
-    let (agent, _, json_cold_start_seconds, _) =
+    let (agent, _, json_cold_start_seconds) =
         start_on(&json_cgroup, &json_bpffs, &["--kube-api-content-type", "application/json"])?;
     let json_start_list_bytes = list_bytes(&agent, "json")?;
     let json_peak_rss_mib = rss(agent.pid()).0;
@@ -227,6 +224,24 @@ pub fn metric(agent: &proxy_testkit::AgentProcess, series: &str) -> anyhow::Resu
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .with_context(|| format!("no {series} in the agent's metrics"))
+}
+
+/// Seconds from `first` (the agent's first sync) to its TC programs
+/// attached (`/healthz` healthy), by the two records' timestamps; `None`
+/// when that is not logged within two minutes (a kernel that refuses the
+/// programs), the agent ended or the bench is stopping.
+fn healthy_after(agent: &mut proxy_testkit::AgentProcess, first: &serde_json::Value) -> Option<f64> {
+    let deadline = Instant::now() + Duration::from_mins(2);
+    let at = |r: &serde_json::Value| r.get("timestamp")?.as_str()?.parse::<k8s_openapi::jiff::Timestamp>().ok();
+    while Instant::now() < deadline && !stopping() && agent.is_running() {
+        let served = |r: &serde_json::Value| message(r) == Some(ebpf_proxy::agent::OUTSIDE_SERVED);
+        if let Ok(record) = agent.wait_for(0, Duration::from_secs(1), served) {
+            #[expect(clippy::cast_precision_loss, reason = "microseconds far below 2^52")]
+            let us = (at(&record)?.as_microsecond() - at(first)?.as_microsecond()).max(0) as f64;
+            return Some(us / 1e6);
+        }
+    }
+    None
 }
 
 /// The `latency_us` of an "applied" record, in milliseconds.

@@ -123,22 +123,26 @@ impl AppliedFrontend {
         }
     }
 
-    /// Whether the maps hold `frontend` as it is, with slot 0's `flags`
-    /// and backends `targets`, so that `Reconciler::update_frontend` would
-    /// write nothing: its rev-NAT entry, ranges, slots, slot 0 and name.
+    /// Whether the maps hold `frontend` as it is, with its source ranges
+    /// `ranges`, slot 0's `flags` and backends `targets`, so that
+    /// `Reconciler::update_frontend` would write nothing: its rev-NAT
+    /// entry, ranges, slots, slot 0 and name.
     /// Not known here for a frontend with a Maglev table (the table's id
     /// is the tables' to give).
-    fn holds(&self, frontend: &Frontend, (flags, targets): (u16, &[(BackendAddr, u32)])) -> bool {
+    fn holds(
+        &self,
+        frontend: &Frontend,
+        ranges: &BTreeSet<IpNet>,
+        (flags, targets): (u16, &[(BackendAddr, u32)]),
+    ) -> bool {
         let maglev = frontend.reach.from_outside() && !targets.is_empty();
-        let ranges = frontend.source_ranges.as_deref().unwrap_or_default();
         !maglev
             && self.rev_nat != 0
             && self.rev_nat_written
             && self.name_written
             && self.slots.len() == targets.len()
             && self.slots.iter().zip(targets).all(|(id, (_, target))| id == target)
-            && ranges.len() == self.ranges.len()
-            && ranges.iter().all(|net| self.ranges.contains(net))
+            && *ranges == self.ranges
             && self.slot_zero == Some(codec::slot_zero_value(frontend, targets.len(), self.rev_nat, flags, 0))
     }
 
@@ -1015,12 +1019,13 @@ impl Reconciler {
         report: &mut Report,
     ) -> Result<(), MapError> {
         let existed = self.frontends.contains_key(&key) && !new;
+        let ranges: BTreeSet<IpNet> = frontend.source_ranges.iter().flatten().copied().collect();
         self.set_wanted(key, frontend);
         // A full sync (a restart's, a relist's, an audit's) passes every
         // frontend here, nearly all as the maps hold them: those are known
         // from their record at once. (Debug builds go on, and check that
         // nothing was written.)
-        let unchanged = existed && self.frontends[&key].holds(frontend, (flags, targets));
+        let unchanged = existed && self.frontends[&key].holds(frontend, &ranges, (flags, targets));
         if unchanged && !cfg!(debug_assertions) {
             return Ok(());
         }
@@ -1029,7 +1034,6 @@ impl Reconciler {
             self.frontends.get(&key).filter(|_| !new).map(|f| f.live_slots().to_vec()).unwrap_or_default();
         let writes_before = report.writes;
         self.write_rev_nat(maps, key, report)?;
-        let ranges: BTreeSet<IpNet> = frontend.source_ranges.iter().flatten().copied().collect();
         self.add_source_ranges(maps, key, &ranges, report)?;
         let list: Vec<u32> = targets.iter().map(|(_, id)| *id).collect();
         self.write_changed_slots(maps, key, &list, report)?;

@@ -1066,6 +1066,23 @@ fn two_scopes_and_source_ranges_follow_the_table() {
 }
 
 #[test]
+fn ranges_listed_twice_are_one_range() {
+    // A frontend's ranges as a set: [a, a] after {a, b} removes b (and a
+    // frontend the maps hold as it is is not one whose ranges differ).
+    let mut maps = FakeMaps::default();
+    let mut r = Reconciler::new();
+    let key = FrontendKey::new(Ipv4Addr::new(203, 0, 113, 50).into(), 443, Protocol::Tcp);
+    let (a, b): (IpNet, IpNet) = ("198.51.100.0/24".parse().unwrap(), "192.0.2.0/24".parse().unwrap());
+    let t: ServiceTable = [(key, external(vec![], Reach::Outside, Some(vec![a, b])))].into_iter().collect();
+    r.apply(&mut maps, &t);
+    assert_eq!(maps.state.source_ranges.len(), 2);
+    let t: ServiceTable = [(key, external(vec![], Reach::Outside, Some(vec![a, a])))].into_iter().collect();
+    r.apply(&mut maps, &t);
+    assert_eq!(decode(&maps.state)[&key].ranges, Some(BTreeSet::from([a])));
+    assert_eq!(maps.state.source_ranges.len(), 1);
+}
+
+#[test]
 fn recovery_reuses_maglev_tables_and_ranges() {
     let mut maps = FakeMaps::default();
     let key = FrontendKey::new(Ipv4Addr::new(172, 30, 0, 11).into(), 30080, Protocol::Tcp);
