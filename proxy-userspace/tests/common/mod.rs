@@ -401,7 +401,6 @@ pub fn agent_address(agent: &AgentProcess, what: &str) -> String {
     proxy_testkit::field(&record, "address").and_then(|a| a.as_str()).expect("address").to_owned()
 }
 
-/// GET over loopback with curl: (status, body).
 /// Waits until `agent` serves traffic from outside, from when its
 /// `/healthz` can say healthy (after the first sync, once the TC
 /// programs are attached: src/observe/health.rs).
@@ -413,6 +412,7 @@ pub fn wait_outside_served(agent: &proxy_testkit::AgentProcess) {
         .expect("the agent serves traffic from outside");
 }
 
+/// GET over loopback with curl: (status, body).
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     http_get_in(None, addr, path)
 }
