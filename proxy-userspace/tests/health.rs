@@ -19,8 +19,8 @@ fn health_and_metrics_report_the_agents_state() {
     common::wait_outside_served(env.agent());
     let (status, body) = get(&health, "/healthz");
     assert_eq!(status, 200, "{body}");
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["outsideTrafficServed"], true, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["outsideTrafficServed"], true, "{body}");
     assert!(json["lastUpdated"].as_str().is_some_and(|t| t.starts_with("20")), "{body}");
     assert!(json["currentTime"].is_string() && json["nodeEligible"] == true, "{body}");
     // kube-proxy's newer fields: overall and per-family health.
