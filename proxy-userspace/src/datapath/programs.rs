@@ -154,12 +154,7 @@ impl Programs {
         let (done_tx, done) = tokio::sync::watch::channel(false);
         // A send releases the thread; the sender dropped unsent abandons
         // the TC programs (the datapath went before its first attach).
-        let (release, hold) = if hold_tc {
-            let (tx, rx) = mpsc::sync_channel::<()>(1);
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        };
+        let (release, hold) = hold_tc.then(|| mpsc::sync_channel::<()>(1)).unzip();
         let handle = std::thread::Builder::new()
             .name("load-programs".into())
             .spawn(move || {
